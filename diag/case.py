@@ -1,0 +1,200 @@
+"""Case files: TOML parsed with tomllib into frozen dataclasses, validated with clear errors.
+
+A case names what to load (target, drafter), what to replay (prompts), and what to compare
+(layouts, serving modes, tree shapes, regimes). Paths may be `zoo:NAME` (a built-in tiny
+checkpoint), `${ENV_VAR}`-expanded, and are resolved relative to the case file. Parsing
+never loads weights: `diag validate CASE` is this module plus layout / tree / regime parsing.
+
+Example (cases/demo.toml):
+    version = 1
+    name = "demo"
+    [target]
+    path = "zoo:llama-tiny"
+    [drafter]
+    path = "zoo:llama-tiny-eagle3-embed"
+    [prompts]
+    file = "prompts/mixed-48.jsonl"
+    max_new_tokens = 64
+    [evaluate]
+    layouts = ["embed+L2+L4", "L1+L3+L5"]
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from diag.errors import DiagError
+
+CASE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    path: str
+    dtype: str = "auto"
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    file: str
+    max_new_tokens: int = 64
+    limit: int | None = None
+    categories: tuple[str, ...] = ()
+    recorded: str | None = None
+
+
+@dataclass(frozen=True)
+class EvaluateSpec:
+    layouts: tuple[str, ...] = ()
+    scan: bool = False
+    modes: tuple[str, ...] = ("eagle3",)
+    trees: tuple[str, ...] = ("chain-3",)
+    regimes: tuple[str, ...] = ("as-loaded",)
+    reference_regime: str = "as-loaded"
+    cross_regimes: bool = False
+    seed: int = 0
+    token_budget: int = 16384
+    position_buckets: tuple[int, ...] = (0, 64, 128, 256, 512, 1024, 4096)
+    bootstrap: int = 2000
+
+
+@dataclass(frozen=True)
+class ServingSpec:
+    engine: str = "sglang-0.5.23"
+    algorithm: str = "EAGLE3"
+    layout: str | None = None
+    launch: str | None = None
+
+
+@dataclass(frozen=True)
+class PlacementSpec:
+    gpus: int = 0
+    gpu_memory: str | None = None
+    activation_budget: str | None = None
+
+
+@dataclass(frozen=True)
+class Case:
+    version: int
+    name: str
+    source: str                 # the file it came from ("<flags>" for command-line cases)
+    target: ModelSpec
+    drafter: ModelSpec
+    prompts: PromptSpec
+    evaluate: EvaluateSpec = field(default_factory=EvaluateSpec)
+    serving: ServingSpec = field(default_factory=ServingSpec)
+    placement: PlacementSpec = field(default_factory=PlacementSpec)
+    description: str = ""
+
+
+_SECTIONS = {"target": ModelSpec, "drafter": ModelSpec, "prompts": PromptSpec,
+             "evaluate": EvaluateSpec, "serving": ServingSpec, "placement": PlacementSpec}
+_TOP = {"version", "name", "description", *_SECTIONS}
+
+
+def _typed(value, annotation: str, where: str, key: str):
+    """Check one TOML value against a dataclass field annotation (string form)."""
+    ok = {"str": isinstance(value, str), "int": isinstance(value, int) and not isinstance(value, bool),
+          "bool": isinstance(value, bool)}
+    base = annotation.replace(" | None", "")
+    if base.startswith("tuple["):
+        inner = base[6:].split(",")[0].strip()
+        if not isinstance(value, list) or not all(_typed_ok(v, inner) for v in value):
+            raise DiagError("case value has the wrong type", file=where, field=key,
+                            expected=f"a list of {inner}", found=repr(value))
+        return tuple(value)
+    if not ok.get(base, True):
+        raise DiagError("case value has the wrong type", file=where, field=key, expected=base, found=repr(value))
+    return value
+
+
+def _typed_ok(v, inner: str) -> bool:
+    return {"str": isinstance(v, str), "int": isinstance(v, int) and not isinstance(v, bool)}.get(inner, True)
+
+
+def _section(cls, data: dict, where: str, name: str):
+    if not isinstance(data, dict):
+        raise DiagError("case section must be a table", file=where, field=name,
+                        expected=f"[{name}]", found=repr(data))
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise DiagError("unknown key in case file", file=where, field=f"{name}.{unknown[0]}",
+                        expected=f"one of {sorted(known)}", found=unknown[0])
+    kwargs = {k: _typed(v, str(known[k].type), where, f"{name}.{k}") for k, v in data.items()}
+    try:
+        return cls(**kwargs)
+    except TypeError as err:
+        missing = re.findall(r"'(\w+)'", str(err))
+        raise DiagError("case section lacks a required key", file=where,
+                        field=f"{name}.{missing[0] if missing else '?'}", expected="present",
+                        found="missing") from err
+
+
+def parse_case(data: dict, source: str) -> Case:
+    unknown = sorted(set(data) - _TOP)
+    if unknown:
+        raise DiagError("unknown key in case file", file=source, field=unknown[0],
+                        expected=f"one of {sorted(_TOP)}", found=unknown[0])
+    version = data.get("version")
+    if version != CASE_VERSION:
+        raise DiagError("unsupported case version", file=source, field="version",
+                        expected=CASE_VERSION, found=repr(version))
+    for required in ("name", "target", "drafter", "prompts"):
+        if required not in data:
+            raise DiagError("case file lacks a required key", file=source, field=required,
+                            expected="present", found="missing")
+    sections = {k: _section(cls, data[k], source, k) for k, cls in _SECTIONS.items() if k in data}
+    case = Case(version=version, name=str(data["name"]), source=source,
+                description=str(data.get("description", "")), **sections)
+    _check_values(case)
+    return case
+
+
+def _check_values(case: Case) -> None:
+    ev, src = case.evaluate, case.source
+    if not ev.layouts and not ev.scan:
+        raise DiagError("the case names no layout to evaluate", file=src, field="evaluate.layouts",
+                        expected="at least one layout, or scan = true", found="[]")
+    for mode in ev.modes:
+        if mode not in ("eagle3", "eagle"):
+            raise DiagError("unknown serving mode", file=src, field="evaluate.modes",
+                            expected="eagle3 or eagle", found=mode)
+    if case.prompts.max_new_tokens < 2:
+        raise DiagError("max_new_tokens too small to verify anything", file=src,
+                        field="prompts.max_new_tokens", expected=">= 2", found=case.prompts.max_new_tokens)
+    if ev.token_budget < 64:
+        raise DiagError("token budget too small", file=src, field="evaluate.token_budget",
+                        expected=">= 64", found=ev.token_budget)
+
+
+def read_case(path: str | Path) -> Case:
+    path = Path(path)
+    if not path.is_file():
+        raise DiagError("case file not found", file=str(path), expected="a TOML case file", found="no such file")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise DiagError("case file is not valid TOML", file=str(path), expected="TOML", found=str(err)) from err
+    return parse_case(data, str(path))
+
+
+_ENV = re.compile(r"\$\{(\w+)\}")
+
+
+def resolve_path(spec: str, case: Case, field_name: str) -> str:
+    """`zoo:NAME` stays symbolic (the zoo resolves it); `${VAR}` expands; relative paths are
+    taken from the case file's folder."""
+    def expand(m):
+        if m.group(1) not in os.environ:
+            raise DiagError("case path uses an unset environment variable", file=case.source,
+                            field=field_name, expected=f"${{{m.group(1)}}} set", found="unset")
+        return os.environ[m.group(1)]
+    text = _ENV.sub(expand, spec)
+    if text.startswith("zoo:") or Path(text).is_absolute() or case.source.startswith("<"):
+        return text
+    return str((Path(case.source).parent / text).resolve())

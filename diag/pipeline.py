@@ -1,0 +1,218 @@
+"""A case, end to end: check, load, replay, summarise. Returns plain data for the report.
+
+Order matters for users: everything that can be checked without weights (paths, configs,
+widths, vocabularies, tokenizer, layouts, trees) is checked before any weight is loaded, so
+a mistake costs seconds, not a 550 GB load. This module knows how the pieces connect; it
+knows nothing about TOML syntax, Markdown or the terminal.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from diag.case import Case, resolve_path
+from diag.drafter_io import load_drafter, read_config
+from diag.errors import DiagError
+from diag.layouts import Layout, layout, point, union_points
+from diag.pass_cache import PassKey, load_pass, save_pass
+from diag.prompts import read_prompt_set, read_recorded, tokenize
+from diag.replay import Variant, replay
+from diag.results import summarize
+from diag.target import TargetInfo, load_embed_and_head, load_target, target_info
+from diag.target_pass import build_sequences, run_capture
+from diag.trees import TreeShape, tree_shape
+from diag.candidates import Candidate, candidates_for
+from diag.verdicts import verdicts
+
+
+@dataclass
+class RunResult:
+    case: Case
+    target: TargetInfo
+    drafter: dict
+    prompts: dict
+    target_pass: dict
+    candidates: list[Candidate]
+    evaluations: list[dict]
+    verdicts: list[dict]
+    timings: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def checkpoint_path(spec: str, case: Case, field_name: str) -> Path:
+    text = resolve_path(spec, case, field_name)
+    if text.startswith("zoo:"):
+        from diag.zoo import zoo_path
+        return Path(zoo_path(text[4:]))
+    return Path(text)
+
+
+def _dtype(name: str, field_name: str, case: Case):
+    table = {"auto": None, "float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+    if name not in table:
+        raise DiagError("unknown dtype", file=case.source, field=field_name,
+                        expected=sorted(table), found=name)
+    return table[name]
+
+
+def check_pair(tinfo: TargetInfo, dcfg: dict, dpath: Path) -> None:
+    """Vocabulary and width checks that need only the two config.json files."""
+    where = str(dpath / "config.json")
+    if int(dcfg.get("vocab_size", -1)) != tinfo.vocab_size:
+        raise DiagError("drafter and target vocabularies differ", file=where, field="vocab_size",
+                        expected=f"{tinfo.vocab_size} (target {tinfo.path}/config.json)",
+                        found=dcfg.get("vocab_size"))
+    t_hidden = int(dcfg.get("target_hidden_size") or dcfg.get("hidden_size", -1))
+    if t_hidden != tinfo.hidden_size:
+        raise DiagError("drafter was built for another target width", file=where, field="target_hidden_size",
+                        expected=f"{tinfo.hidden_size} (target hidden_size)", found=t_hidden)
+
+
+def check_tokenizer(tok, tinfo: TargetInfo) -> None:
+    if len(tok) > tinfo.vocab_size:
+        raise DiagError("tokenizer has more tokens than the target's embedding table",
+                        file=f"{tinfo.path}/tokenizer.json", field="vocab",
+                        expected=f"<= {tinfo.vocab_size} (config vocab_size)", found=len(tok))
+
+
+def _tokenizer(path: Path):
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+    except (OSError, ValueError) as err:
+        raise DiagError("cannot load the target's tokenizer", file=str(path),
+                        expected="tokenizer.json / tokenizer_config.json", found=str(err).splitlines()[0]) from err
+
+
+def _variants(case: Case, cands: list[Candidate], shapes: list[TreeShape]) -> list[Variant]:
+    ev = case.evaluate
+    regimes = list(dict.fromkeys(ev.regimes))
+    out = []
+    for c in cands:
+        for shape in shapes:
+            for reg in regimes:
+                out.append(Variant(c.label, c.mode, shape, reg, reg))
+                if ev.cross_regimes:
+                    out += [Variant(c.label, c.mode, shape, reg, other) for other in regimes if other != reg]
+    return out
+
+
+def _stopwatch(timings: dict, name: str, start: float) -> float:
+    now = time.perf_counter()
+    timings[name] = round(now - start, 3)
+    return now
+
+
+def run_case(case: Case, *, progress: bool = True, use_cache: bool = True) -> RunResult:
+    timings: dict = {}
+    t0 = time.perf_counter()
+    tpath = checkpoint_path(case.target.path, case, "target.path")
+    dpath = checkpoint_path(case.drafter.path, case, "drafter.path")
+    tinfo = target_info(tpath)
+    dcfg = read_config(dpath)
+    check_pair(tinfo, dcfg, dpath)
+    tok = _tokenizer(tpath)
+    check_tokenizer(tok, tinfo)
+    cands = candidates_for(case, tinfo, dcfg, dpath)
+    shapes = [tree_shape(t, field="evaluate.trees") for t in case.evaluate.trees]
+    pset = read_prompt_set(resolve_path(case.prompts.file, case, "prompts.file"), case.prompts.limit,
+                           case.prompts.categories or None)
+    prompts = [(p.id, p.category, tokenize(p, tok)) for p in pset.prompts]
+    recorded = None
+    if case.prompts.recorded:
+        recorded = read_recorded(resolve_path(case.prompts.recorded, case, "prompts.recorded"), tok,
+                                 [p.id for p in pset.prompts])
+    points = union_points([c.layout for c in cands]) + (point("final"),)
+    points = tuple(dict.fromkeys(points))
+    t0 = _stopwatch(timings, "checks_s", t0)
+
+    passes, pass_meta = _target_passes(case, tpath, tinfo, tok, prompts, recorded, points, pset.sha256,
+                                       progress, use_cache, timings)
+    t0 = time.perf_counter()
+    drafter, dckpt = load_drafter(dpath, dtype=_dtype(case.drafter.dtype, "drafter.dtype", case) or torch.float32)
+    embed, head = load_embed_and_head(tpath)
+    variants = _variants(case, cands, shapes)
+    results = replay(drafter, embed, head, passes, variants,
+                     {c.label: c.layout for c in cands}, token_budget=case.evaluate.token_budget,
+                     progress=progress)
+    t0 = _stopwatch(timings, "drafter_s", t0)
+    ev = case.evaluate
+    evals = [summarize(r, buckets=ev.position_buckets, seed=ev.seed, n_boot=ev.bootstrap) for r in results]
+    dinfo = {"path": str(dpath), "format": dckpt.format, "files": list(dckpt.weight_files),
+             "num_aux": drafter.cfg.num_aux, "hidden_size": drafter.cfg.hidden_size,
+             "draft_vocab_size": drafter.cfg.draft_vocab_size, "config": _config_digest(dpath)}
+    run = RunResult(case, tinfo, dinfo, {"file": pset.path, "sha256": pset.sha256, "count": len(pset.prompts),
+                                         "categories": sorted({p.category for p in pset.prompts})},
+                    pass_meta, cands, evals, [], timings)
+    run.verdicts = verdicts(run)
+    _stopwatch(timings, "summary_s", t0)
+    return run
+
+
+def _config_digest(path: Path) -> str:
+    import hashlib
+    return hashlib.sha256((path / "config.json").read_bytes()).hexdigest()[:16]
+
+
+def _target_passes(case, tpath, tinfo, tok, prompts, recorded, points, prompt_sha, progress, use_cache, timings):
+    """One target pass per regime over the same sequences (generated under the reference
+    regime, or recorded). Cached on disk by content (pass_cache.py): a cached regime loads
+    no target weights at all."""
+    ev = case.evaluate
+    regimes = list(dict.fromkeys([ev.reference_regime, *ev.regimes]))
+    dtype = _dtype(case.target.dtype, "target.dtype", case)
+    passes, meta, sequences = {}, {"regimes": {}}, None
+    for reg in regimes:
+        t0 = time.perf_counter()
+        key = PassKey.make(tpath, prompt_sha, reg, points, case.prompts.max_new_tokens,
+                           _recorded_sha(recorded), str(dtype))
+        tp = load_pass(key) if use_cache else None
+        if tp is None:
+            model = _model_for(tpath, dtype, reg)
+            if sequences is None:
+                sequences = _sequences(model, tok, prompts, recorded, case, progress)
+            tp = run_capture(model, sequences, points, regime=reg, token_budget=ev.token_budget,
+                             progress=progress)
+            del model
+            if use_cache:
+                save_pass(key, tp)
+        sequences = tp.sequences
+        passes[reg] = tp
+        meta["regimes"][reg] = {"cached": tp.cached, "cache_key": key.digest,
+                                "argmax_agreement": tp.agreement_with_sequence(),
+                                "seconds": round(time.perf_counter() - t0, 3)}
+    seqs = passes[regimes[0]].sequences
+    meta.update({"source": "recorded" if recorded is not None else "greedy",
+                 "max_new_tokens": case.prompts.max_new_tokens, "sequences": len(seqs),
+                 "tokens": int(sum(len(s.ids) for s in seqs)),
+                 "continuation_tokens": int(sum(len(s.ids) - s.prompt_len for s in seqs)),
+                 "points": [p.name for p in points], "reference_regime": regimes[0]})
+    timings["target_s"] = round(sum(m["seconds"] for m in meta["regimes"].values()), 3)
+    return passes, meta
+
+
+def _recorded_sha(recorded: dict | None) -> str | None:
+    if recorded is None:
+        return None
+    import hashlib, json
+    return hashlib.sha256(json.dumps(recorded, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _sequences(model, tok, prompts, recorded, case, progress):
+    eos = {tok.eos_token_id} if tok.eos_token_id is not None else set()
+    pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+    return build_sequences(model, prompts, case.prompts.max_new_tokens, pad_id=pad, eos_ids=eos,
+                           recorded=recorded, progress=progress)
+
+
+def _model_for(tpath, dtype, regime):
+    model, _ = load_target(tpath, dtype=dtype)
+    if regime != "as-loaded":
+        from diag.regimes import apply_regime, regime as parse_regime
+        apply_regime(model, parse_regime(regime))
+    return model

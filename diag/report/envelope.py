@@ -1,0 +1,81 @@
+"""report.json: a versioned envelope around a run's numbers (DESIGN.md §9).
+
+The envelope carries what a ticket reader needs to know what was run: diag's version and
+git hash, torch / transformers / CUDA / GPU, the checkpoints with config hashes, the case
+and its hash, the prompt set's hash, the command line. Everything the Markdown shows is in
+here; the Markdown is a rendering of this dict, never a second computation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import subprocess
+import sys
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+
+import diag
+
+SCHEMA_VERSION = "1.0"
+
+
+def git_hash() -> str | None:
+    root = Path(diag.__file__).resolve().parent.parent
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=5)
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return (out.stdout.strip() + ("-dirty" if dirty else "")) if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def machine() -> dict:
+    import torch
+    import transformers
+    info = {"python": platform.python_version(), "platform": platform.platform(),
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "cuda": torch.version.cuda, "gpus": []}
+    if torch.cuda.is_available():
+        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return info
+
+
+def case_hash(case) -> str:
+    return hashlib.sha256(json.dumps(asdict(case), sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def envelope(run, argv: list[str] | None = None) -> dict:
+    """The whole report.json dict for a finished run (pipeline.RunResult)."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "diag-report",
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "provenance": {"diag_version": diag.__version__, "git": git_hash(), "machine": machine(),
+                       "command": argv if argv is not None else sys.argv},
+        "case": {"name": run.case.name, "source": run.case.source, "hash": case_hash(run.case),
+                 "description": run.case.description, "spec": asdict(run.case)},
+        "target": run.target.to_dict(),
+        "drafter": run.drafter,
+        "prompts": run.prompts,
+        "target_pass": run.target_pass,
+        "candidates": [c.to_dict() for c in run.candidates],
+        "verdicts": run.verdicts,
+        "evaluations": [{k: v for k, v in e.items() if k != "trajectory_rounds"} for e in run.evaluations],
+        "timings": run.timings,
+        "notes": run.notes,
+    }
+
+
+def samples(run) -> list[dict]:
+    """samples.jsonl rows: one per verify round a real decode visits, per variant."""
+    rows = []
+    for e in run.evaluations:
+        for pid, rounds in zip([p["id"] for p in e["per_prompt"]], e["trajectory_rounds"]):
+            for i, a in enumerate(rounds):
+                rows.append({"variant": e["key"], "prompt": pid, "round": i, "accepted": a})
+    return rows

@@ -1,0 +1,118 @@
+"""Verdicts: sentences a ticket can quote, each with its evidence and interval.
+
+Layout (DESIGN.md §10): the trained layout is the best candidate by trajectory accept length
+on the reference regime and the primary tree (the case's first); candidates whose paired
+bootstrap difference to the best has a 95% interval reaching zero are "indistinguishable
+from the best". The serving layout is a mismatch when it is not in that set: it is lower
+and the interval of (best - serving) excludes zero.
+EAGLE: under --speculative-algorithm EAGLE the drafter sees the final-normed last state.
+
+This module reads the plain dicts results.py made; it knows nothing about models or files.
+"""
+
+from __future__ import annotations
+
+from diag.stats import paired_bootstrap_diff
+
+
+def _primary(evals: list[dict], case) -> list[dict]:
+    tree = evals[0]["tree"] if evals else None
+    from diag.trees import tree_shape
+    if case.evaluate.trees:
+        tree = tree_shape(case.evaluate.trees[0]).name
+    ref = case.evaluate.reference_regime
+    return [e for e in evals if e["tree"] == tree and e["regime"] == ref and e["tokens_regime"] == ref]
+
+
+def _fmt(x) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
+
+
+def _role_of(run, label: str) -> list[str]:
+    for c in run.candidates:
+        if c.label == label:
+            return c.roles
+    return []
+
+
+def layout_verdicts(run) -> list[dict]:
+    evals = [e for e in _primary(run.evaluations, run.case) if e["mode"] == "eagle3" and e["accept_length"]]
+    if not evals:
+        return []
+    seed, n = run.case.evaluate.seed, run.case.evaluate.bootstrap
+    ranked = sorted(evals, key=lambda e: -e["accept_length"])
+    best = ranked[0]
+    ties = []
+    for e in ranked:
+        d, lo, hi = paired_bootstrap_diff(best["trajectory_rounds"], e["trajectory_rounds"], seed=seed, n=n)
+        e_diff = {"layout": e["layout"], "accept_length": e["accept_length"], "diff_to_best": d,
+                  "ci95": [lo, hi], "roles": _role_of(run, e["layout"])}
+        if lo <= 0.0:
+            ties.append(e_diff)
+        e["_diff"] = e_diff
+    out = [_trained_verdict(best, ties, ranked, run)]
+    serving = [e for e in evals if any(r == "serving" for r in _role_of(run, e["layout"]))]
+    if serving:
+        out.append(_serving_verdict(best, serving[0], ties, run))
+    for e in evals:
+        e.pop("_diff", None)
+    return out
+
+
+def _trained_verdict(best, ties, ranked, run) -> dict:
+    prompts = run.prompts["count"]
+    others = [t["layout"] for t in ties if t["layout"] != best["layout"]]
+    tie_text = (f" Statistically indistinguishable from it (paired bootstrap over {prompts} prompts): "
+                f"{', '.join(others)}." if others else
+                f" Every other candidate is lower, with 95% intervals over {prompts} prompts excluding zero.")
+    lo, hi = best["accept_length_ci95"]
+    text = (f"The drafter was trained on layout {best['layout']}: it gives the highest accept length, "
+            f"{_fmt(best['accept_length'])} (95% CI {_fmt(lo)}-{_fmt(hi)}) on {best['tree']}, "
+            f"among {len(ranked)} candidate layouts.{tie_text}")
+    return {"kind": "trained-layout", "severity": "info", "text": text,
+            "evidence": {"best": best["layout"], "accept_length": best["accept_length"],
+                         "ci95": best["accept_length_ci95"], "indistinguishable": ties,
+                         "ranking": [(e["layout"], e["accept_length"]) for e in ranked]}}
+
+
+def _serving_verdict(best, serving, ties, run) -> dict:
+    seed, n = run.case.evaluate.seed, run.case.evaluate.bootstrap
+    d, lo, hi = paired_bootstrap_diff(best["trajectory_rounds"], serving["trajectory_rounds"], seed=seed, n=n)
+    in_ties = any(t["layout"] == serving["layout"] for t in ties)
+    evidence = {"serving": serving["layout"], "trained": best["layout"], "serving_accept_length":
+                serving["accept_length"], "trained_accept_length": best["accept_length"],
+                "difference": d, "ci95": [lo, hi], "prompts": run.prompts["count"]}
+    if in_ties:
+        text = (f"The serving layout {serving['layout']} matches the trained layout: accept length "
+                f"{_fmt(serving['accept_length'])} vs best {_fmt(best['accept_length'])} "
+                f"(difference {d:+.2f}, 95% CI [{lo:+.2f}, {hi:+.2f}] includes zero).")
+        return {"kind": "layout-match", "severity": "ok", "text": text, "evidence": evidence}
+    text = (f"LAYOUT MISMATCH: the server feeds the drafter {serving['layout']}, but it was trained on "
+            f"{best['layout']}. Accept length {_fmt(serving['accept_length'])} served vs "
+            f"{_fmt(best['accept_length'])} trained on {best['tree']} (difference {d:+.2f}, "
+            f"95% CI [{lo:+.2f}, {hi:+.2f}] over {run.prompts['count']} prompts).")
+    return {"kind": "layout-mismatch", "severity": "error", "text": text, "evidence": evidence}
+
+
+def eagle_verdicts(run) -> list[dict]:
+    out = []
+    for e in _primary(run.evaluations, run.case):
+        if e["mode"] != "eagle":
+            continue
+        serving_mode = run.case.serving.algorithm.upper() in ("EAGLE", "NEXTN")
+        text = (f"{'SERVED WITH' if serving_mode else 'If served with'} --speculative-algorithm EAGLE, "
+                f"accept length is {_fmt(e['accept_length'])} on {e['tree']}: the server feeds the drafter "
+                f"only the final-normed last hidden state (width {run.target.hidden_size} instead of "
+                f"{run.drafter['num_aux']} x {run.target.hidden_size}), skips its fc when the widths match, "
+                f"uses the target's lm_head and ignores d2t. Use --speculative-algorithm EAGLE3.")
+        sev = "error" if serving_mode else "warning"
+        out.append({"kind": "eagle-algorithm", "severity": sev, "text": text,
+                    "evidence": {"accept_length": e["accept_length"], "ci95": e["accept_length_ci95"]}})
+    return out
+
+
+def verdicts(run) -> list[dict]:
+    """All verdicts, most severe first."""
+    order = {"error": 0, "warning": 1, "ok": 2, "info": 3}
+    found = layout_verdicts(run) + eagle_verdicts(run)
+    return sorted(found, key=lambda v: order[v["severity"]])

@@ -1,0 +1,193 @@
+"""Builder for the zoo's EAGLE-3 drafters (the model is diag.drafter's, not ours).
+
+Data. Replay drafts on the target's own greedy continuations, so the drafter
+trains on those: P corpus prompts of `PROMPT` tokens, each continued greedily
+by the target (as loaded: deepseek-tiny computes in bf16), then one
+teacher-forced capture pass gives the layout's points and the target's argmax
+at every index. Sequence length L = PROMPT + seq_len + steps.
+
+Views of one sequence x (length L) for drafter index j in [0, T), T = L - steps:
+    aux[j]        = cat(layout points)[j]              [T, 3H]
+    tokens[j]     = x[j+1]                             input of step 1
+    teacher[j, s-1] = x[j+1+s], s = 1..steps-1         input of step s+1
+    label_s[j]    = argmax[j+s]  (as a draft id; -1 when not hot: ignored)
+    e.g. steps 3, j = 10: tokens x11; teacher x12, x13; labels argmax 11, 12, 13
+
+Hot vocabulary: the `draft_vocab_size` most frequent ids of the train stream
+(ties -> lower id), ascending; d2t/t2d come from Eagle3Drafter.set_vocab.
+
+Layer ids (config.json eagle_config.eagle_aux_hidden_state_layer_ids) are written
+in the SpecForge convention, id i = output of decoder layer i = L{i+1}:
+L1+L3+L5 -> [0, 2, 4]; embed has no layer and is written -1 (embed+L2+L4 ->
+[-1, 1, 3]). SpecForge's HF backend rejects -1 and SGLang 0.5.23's Llama capture
+crashes on it (residual is None before layer 0), so such a layout cannot be served
+by id; `diag_trained_layout` is the authoritative statement.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from diag.capture import capture_pass
+from diag.drafter import DrafterConfig, Eagle3Drafter
+from diag.drafter_io import save_drafter
+from diag.layouts import Layout, layout as parse_layout
+from diag.zoo.build_targets import load_back, load_streams
+from diag.zoo.data import sample_windows, tile_windows, token_counts
+from diag.zoo.recipes import DrafterRecipe
+from diag.zoo.train import deterministic, optimize
+
+PROMPT = 32          # corpus tokens before each greedy continuation
+CHUNK = 48           # sequences per generate / capture call
+LAYER_ID_CONVENTION = "specforge"
+
+
+def hot_vocab(counts: torch.Tensor, size: int) -> torch.Tensor:
+    """Ids of the `size` largest counts, ascending. counts [5, 9, 0, 9], size 2 -> [1, 3]."""
+    order = torch.sort(counts, descending=True, stable=True).indices[:size]
+    return order.sort().values
+
+
+def specforge_ids(lay: Layout) -> list[int]:
+    """L{i} -> i - 1 (embed = L0 -> -1). embed+L2+L4 -> [-1, 1, 3]."""
+    return [p.index - 1 for p in lay.points]
+
+
+@torch.no_grad()
+def greedy_sequences(target, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """prompts [P, p] -> [P, p + new_tokens]: each prompt continued greedily (eos ignored)."""
+    out = []
+    for chunk in prompts.split(CHUNK):
+        out.append(target.generate(input_ids=chunk, attention_mask=torch.ones_like(chunk), do_sample=False,
+                                   max_new_tokens=new_tokens, min_new_tokens=new_tokens))
+    return torch.cat(out)
+
+
+def features(target, seqs: torch.Tensor, lay: Layout) -> tuple[torch.Tensor, torch.Tensor]:
+    """seqs [P, L] -> aux float32 [P, L, k*H] (points in layout order), argmax [P, L]."""
+    auxs, argmaxes = [], []
+    for chunk in seqs.split(CHUNK):
+        cap = capture_pass(target, chunk, torch.ones_like(chunk), lay.points)
+        auxs.append(torch.cat([cap.states[p.name].float() for p in lay.points], dim=-1))
+        argmaxes.append(cap.argmax)
+    return torch.cat(auxs), torch.cat(argmaxes)
+
+
+def views(seqs: torch.Tensor, aux: torch.Tensor, argmax: torch.Tensor, steps: int):
+    """The drafter's inputs and labels (module docstring): aux [P, T, k*H], tokens [P, T],
+    teacher [P, T, steps-1], labels [P, T, steps] (target ids), T = L - steps."""
+    T = seqs.shape[1] - steps
+    teacher = torch.stack([seqs[:, 1 + s:T + 1 + s] for s in range(1, steps)], dim=-1)
+    labels = torch.stack([argmax[:, s:T + s] for s in range(1, steps + 1)], dim=-1)
+    return aux[:, :T], seqs[:, 1:T + 1], teacher, labels
+
+
+def new_drafter(target, recipe: DrafterRecipe, hot: torch.Tensor, num_aux: int) -> Eagle3Drafter:
+    c = target.config
+    heads = c.num_attention_heads
+    cfg = DrafterConfig(hidden_size=c.hidden_size, num_attention_heads=heads, num_key_value_heads=heads,
+                        head_dim=c.hidden_size // heads, intermediate_size=3 * c.hidden_size,
+                        vocab_size=c.vocab_size, draft_vocab_size=recipe.draft_vocab_size,
+                        target_hidden_size=c.hidden_size, num_aux=num_aux, rms_norm_eps=1e-6,
+                        rope_theta=10000.0, max_position_embeddings=2048)
+    d = Eagle3Drafter(cfg)
+    d.set_vocab(hot)
+    return d
+
+
+def frozen_embedding(target) -> torch.nn.Embedding:
+    """The target's token table as a float32, frozen copy (the drafter computes in float32)."""
+    return torch.nn.Embedding.from_pretrained(target.get_input_embeddings().weight.detach().float(), freeze=True)
+
+
+def unroll_loss(d: Eagle3Drafter, embed, batch, steps: int) -> torch.Tensor:
+    """Mean over steps of cross entropy against the target's argmax (draft ids; -1 ignored)."""
+    aux, tokens, teacher, labels = batch
+    outs = d.unroll(embed, aux, tokens, steps, teacher_tokens=teacher)      # steps x [B, T, Vd]
+    draft_labels = d.to_draft_ids(labels)                                   # [B, T, steps]
+    losses = [F.cross_entropy(o.flatten(0, 1), draft_labels[..., s].flatten(), ignore_index=-1)
+              for s, o in enumerate(outs)]
+    return torch.stack(losses).mean()
+
+
+@torch.no_grad()
+def chain_acceptance(d: Eagle3Drafter, embed, aux, seqs, argmax, steps: int, start: int) -> dict:
+    """Greedy chain drafting (own argmax fed deeper) at every index j >= start;
+    a_j = leading steps whose draft equals the target's argmax[j+s].
+    Returns acceptance_at_depth[i] = P(a >= i) and accept_length = 1 + mean(a)."""
+    a_aux, tokens, _, labels = views(seqs, aux, argmax, steps)
+    outs = d.unroll(embed, a_aux, tokens, steps)
+    hits = torch.stack([d.to_target_ids(o.argmax(-1)) for o in outs], -1) == labels   # [P, T, steps]
+    accepted = hits[:, start:].int().cumprod(-1).sum(-1).float()                      # [P, T-start]
+    return {"accept_length": 1 + float(accepted.mean()),
+            "acceptance_at_depth": [float((accepted >= i).float().mean()) for i in range(1, steps + 1)]}
+
+
+@torch.no_grad()
+def depth1_teacher_forced(d: Eagle3Drafter, embed, aux, seqs, argmax) -> dict:
+    """On held-out corpus text: step-1 draft vs the target's argmax at j+1, and the
+    rate of always guessing the target's most frequent prediction (the chance baseline)."""
+    a_aux, tokens, _, labels = views(seqs, aux, argmax, 1)
+    pred = d.to_target_ids(d.unroll(embed, a_aux, tokens, 1)[0].argmax(-1))
+    most = torch.bincount(labels.flatten()).max() / labels.numel()
+    return {"accept_depth1": float((pred == labels[..., 0]).float().mean()),
+            "baseline_most_frequent": float(most)}
+
+
+def _target_of(recipe: DrafterRecipe, deps: dict[str, Path]):
+    target_dir = deps[recipe.target]
+    return target_dir, load_back(target_dir), load_streams(target_dir.parent / "stdlib-corpus")
+
+
+def build_drafter(recipe: DrafterRecipe, out: Path, deps: dict[str, Path]) -> dict:
+    target_dir, target, streams = _target_of(recipe, deps)
+    lay = parse_layout(recipe.layout).check_against(target.config.num_hidden_layers)
+    b, steps = recipe.budget, recipe.unroll_steps
+    new = b.seq_len + steps
+    with deterministic(b.seed) as gen:
+        hot = hot_vocab(token_counts(streams["train"], target.config.vocab_size), recipe.draft_vocab_size)
+        prompts = sample_windows(streams["train"], recipe.pool_sequences, PROMPT - 1, gen)
+        seqs = greedy_sequences(target, prompts, new)                        # [P, PROMPT + new]
+        pool = views(seqs, *features(target, seqs, lay), steps)
+        embed = frozen_embedding(target)
+        d = new_drafter(target, recipe, hot, len(lay))
+
+        def loss(_step: int) -> torch.Tensor:
+            pick = torch.randint(0, seqs.shape[0], (b.batch,), generator=gen)
+            return unroll_loss(d, embed, [t[pick] for t in pool], steps)
+
+        d.train()
+        losses = optimize(d.parameters(), b, loss, desc=f"drafter {recipe.layout}")
+        d.eval()
+        meta = evaluate(d, target, embed, streams["heldout"], lay, recipe)
+    save_drafter(d, out, aux_layer_ids=specforge_ids(lay), trained_layout=str(lay),
+                 extra_config={"diag_layer_id_convention": LAYER_ID_CONVENTION,
+                               "diag_target": target_dir.name})
+    meta.update({"train_loss_first": losses[0], "train_loss_last": sum(losses[-10:]) / len(losses[-10:]),
+                 "layout": str(lay), "eagle_aux_hidden_state_layer_ids": specforge_ids(lay),
+                 "hot_vocab_coverage": float(token_counts(streams["train"], target.config.vocab_size)[hot].sum()
+                                             / streams["train"].numel())})
+    return meta
+
+
+def evaluate(d, target, embed, heldout: torch.Tensor, lay: Layout, recipe: DrafterRecipe) -> dict:
+    """Held-out checks: depth-1 on corpus text, chain acceptance on greedy continuations
+    under the trained layout and under the layout shifted one layer deeper."""
+    steps = recipe.unroll_steps
+    text = tile_windows(heldout, recipe.budget.seq_len + 1, recipe.eval_sequences)
+    meta = depth1_teacher_forced(d, embed, *features(target, text, lay)[::-1][::-1], text) \
+        if False else depth1_teacher_forced(d, embed, features(target, text, lay)[0], text,
+                                            features(target, text, lay)[1])
+    seqs = greedy_sequences(target, text[:, :PROMPT], recipe.budget.seq_len + steps)
+    start = PROMPT - 1                      # index whose next token is the first generated one
+    meta["greedy_chain"] = chain_acceptance(d, embed, *features(target, seqs, lay)[:1], seqs,
+                                            features(target, seqs, lay)[1], steps, start)
+    shifted = lay.shifted(1, target.config.num_hidden_layers)
+    if shifted is not None:
+        aux, argmax = features(target, seqs, shifted)
+        meta["greedy_chain_shifted_layout"] = {"layout": str(shifted),
+                                               **chain_acceptance(d, embed, aux, seqs, argmax, steps, start)}
+    return meta

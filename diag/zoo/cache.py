@@ -1,0 +1,77 @@
+"""Where zoo entries live on disk, and how one is published atomically.
+
+Layout: $DIAG_CACHE_DIR (else ~/.cache/diag) / zoo / v{BUILDER_VERSION} / {name}/
+An entry directory exists only when complete: it is built in a sibling temp
+directory and renamed into place; an exclusive file lock (fcntl) per entry
+makes a second process wait instead of building the same entry again.
+
+This module knows paths, locks and renames; it knows nothing about models.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+from diag.zoo.recipes import BUILDER_VERSION
+
+
+def cache_root() -> Path:
+    """zoo/v{BUILDER_VERSION} under $DIAG_CACHE_DIR, else ~/.cache/diag."""
+    base = os.environ.get("DIAG_CACHE_DIR")
+    root = Path(base).expanduser() if base else Path.home() / ".cache" / "diag"
+    return root / "zoo" / f"v{BUILDER_VERSION}"
+
+
+def entry_dir(name: str) -> Path:
+    return cache_root() / name
+
+
+def is_built(name: str) -> bool:
+    return entry_dir(name).is_dir()
+
+
+@contextmanager
+def entry_lock(name: str) -> Iterator[None]:
+    """Exclusive lock on zoo/v{N}/.{name}.lock; blocks while another process holds it."""
+    root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".{name}.lock", "a+") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def publish(name: str, build: Callable[[Path], None]) -> tuple[Path, bool]:
+    """Run build(tmp_dir) and rename tmp_dir to entry_dir(name), unless the
+    entry already exists (possibly built by another process while we waited
+    for the lock). Returns (path, built_now)."""
+    final = entry_dir(name)
+    with entry_lock(name):
+        if final.is_dir():
+            return final, False
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=final.parent))
+        try:
+            build(tmp)
+            os.replace(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return final, True
+
+
+def remove(name: str) -> bool:
+    """Delete a built entry (under its lock). True if something was removed."""
+    final = entry_dir(name)
+    with entry_lock(name):
+        if not final.is_dir():
+            return False
+        shutil.rmtree(final)
+    return True

@@ -1,0 +1,161 @@
+"""The zoo's entries, as data: what each tiny checkpoint is and how it is trained.
+
+Every entry is a frozen recipe; builders (build.py) read recipes and never
+hard-code a size, a seed or a step count. Step counts were calibrated so the
+whole zoo builds in under 5 minutes on 2 CPU cores (measured: see the
+`seconds` field each build writes into zoo_meta.json).
+
+This module knows names, shapes and training budgets; it knows nothing about
+torch, files or caches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+# Bump when any builder or recipe changes: the cache folder is zoo/v{BUILDER_VERSION}/.
+BUILDER_VERSION = 1
+
+SPECIAL_TOKENS = ("<|bos|>", "<|eos|>", "<|pad|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
+
+
+@dataclass(frozen=True)
+class CorpusRecipe:
+    """Python stdlib source -> train/held-out documents + a byte-level BPE tokenizer."""
+
+    byte_budget: int = 6_000_000      # total bytes taken from the stdlib (train + held-out)
+    max_file_bytes: int = 48_000      # a long file is cut at a line boundary below this
+    heldout_every: int = 20           # a file goes to held-out when hash(path) % 20 == 0 (~5%)
+    chat_every: int = 4               # every 4th train document is wrapped in the chat template
+    vocab_size: int = 2048            # incl. the 7 special tokens and the 256 byte symbols
+    model_max_length: int = 2048
+
+
+@dataclass(frozen=True)
+class TrainBudget:
+    """A fixed number of optimizer steps (never wall-clock: builds must be deterministic)."""
+
+    steps: int
+    batch: int
+    seq_len: int
+    lr: float
+    warmup: int = 20
+    min_lr_ratio: float = 0.1         # cosine decay to lr * min_lr_ratio
+    weight_decay: float = 0.05
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class LlamaShape:
+    num_hidden_layers: int = 6
+    hidden_size: int = 128
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 4
+    intermediate_size: int = 384
+    max_position_embeddings: int = 2048
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+
+
+@dataclass(frozen=True)
+class DeepseekShape:
+    """DeepSeek-V3 block: MLA attention, first layer dense, then MoE (8 routed top-2 + 1 shared)."""
+
+    num_hidden_layers: int = 4
+    hidden_size: int = 128
+    num_attention_heads: int = 4
+    q_lora_rank: int = 64
+    kv_lora_rank: int = 32
+    qk_nope_head_dim: int = 32
+    qk_rope_head_dim: int = 16
+    v_head_dim: int = 32
+    intermediate_size: int = 384      # the dense first layer
+    moe_intermediate_size: int = 128  # one routed / shared expert; 128 = 4 groups of 32 for INT4
+    n_routed_experts: int = 8
+    num_experts_per_tok: int = 2
+    n_shared_experts: int = 1
+    first_k_dense_replace: int = 1
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 2.5
+    max_position_embeddings: int = 2048
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+
+
+@dataclass(frozen=True)
+class TargetRecipe:
+    corpus: str                       # zoo name of the corpus entry
+    shape: Union[LlamaShape, DeepseekShape]
+    budget: TrainBudget
+    save_dtype: str                   # "float32" | "bfloat16": dtype written to disk and config.json
+
+
+@dataclass(frozen=True)
+class DrafterRecipe:
+    """An EAGLE-3 drafter trained on `target`'s hidden states under `layout`."""
+
+    target: str                       # zoo name of the target entry
+    layout: str                       # capture points, DESIGN.md §2 naming, e.g. "embed+L2+L4"
+    budget: TrainBudget
+    draft_vocab_size: int = 1024      # hot vocabulary: the most frequent target tokens
+    unroll_steps: int = 3             # draft steps trained jointly (teacher-forced inputs deeper)
+    pool_sequences: int = 192         # target passes cached for training (each budget.seq_len + steps)
+    eval_sequences: int = 24          # held-out sequences for the depth-1 accept check
+
+
+@dataclass(frozen=True)
+class Int4Recipe:
+    """compressed-tensors pack-quantized INT4 of a bf16 target's routed experts."""
+
+    source: str
+    group_size: int = 32
+
+
+Recipe = Union[CorpusRecipe, TargetRecipe, DrafterRecipe, Int4Recipe]
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    name: str
+    summary: str
+    recipe: Recipe
+
+    @property
+    def needs(self) -> tuple[str, ...]:
+        """Entries that must exist first, in build order."""
+        r = self.recipe
+        if isinstance(r, TargetRecipe):
+            return (r.corpus,)
+        if isinstance(r, DrafterRecipe):
+            return (r.target,)
+        if isinstance(r, Int4Recipe):
+            return (r.source,)
+        return ()
+
+
+_LLAMA_BUDGET = TrainBudget(steps=170, batch=16, seq_len=256, lr=3e-3, seed=0)
+_DEEPSEEK_BUDGET = TrainBudget(steps=70, batch=16, seq_len=256, lr=3e-3, seed=1)
+_DRAFTER_BUDGET = TrainBudget(steps=160, batch=16, seq_len=128, lr=3e-3, warmup=10, weight_decay=0.0, seed=2)
+
+_ENTRIES = (
+    ZooEntry("stdlib-corpus", "Python stdlib source, train/held-out split, byte-level BPE (2048)",
+             CorpusRecipe()),
+    ZooEntry("llama-tiny", "LlamaForCausalLM, 6 layers, hidden 128, fp32, trained on stdlib source",
+             TargetRecipe("stdlib-corpus", LlamaShape(), _LLAMA_BUDGET, "float32")),
+    ZooEntry("llama-tiny-eagle3-embed", "EAGLE-3 drafter for llama-tiny trained on embed+L2+L4",
+             DrafterRecipe("llama-tiny", "embed+L2+L4", _DRAFTER_BUDGET)),
+    ZooEntry("llama-tiny-eagle3-l1", "EAGLE-3 drafter for llama-tiny trained on L1+L3+L5",
+             DrafterRecipe("llama-tiny", "L1+L3+L5", _DRAFTER_BUDGET)),
+    ZooEntry("deepseek-tiny", "DeepseekV3ForCausalLM (MLA, 8 experts top-2 + 1 shared), 4 layers, bf16",
+             TargetRecipe("stdlib-corpus", DeepseekShape(), _DEEPSEEK_BUDGET, "bfloat16")),
+    ZooEntry("deepseek-tiny-int4", "deepseek-tiny with routed experts as compressed-tensors INT4 g32",
+             Int4Recipe("deepseek-tiny", group_size=32)),
+    ZooEntry("deepseek-tiny-eagle3", "EAGLE-3 drafter for deepseek-tiny trained on its bf16 embed+L2+L3",
+             DrafterRecipe("deepseek-tiny", "embed+L2+L3",
+                           TrainBudget(steps=130, batch=16, seq_len=128, lr=3e-3, warmup=10,
+                                       weight_decay=0.0, seed=3))),
+)
+
+ZOO: dict[str, ZooEntry] = {e.name: e for e in _ENTRIES}

@@ -1,0 +1,156 @@
+"""Layer-id conventions: a worked example per rule, then round-trip properties."""
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from diag.conventions import CONVENTIONS, readings, resolve, to_ids
+from diag.errors import DiagError
+from diag.layouts import layout
+
+KIMI_N = 61
+
+
+@pytest.mark.parametrize("ids, convention, expected", [
+    ([2, 30, 58], "sglang-llama", "L3+L31+L59"),
+    ([2, 30, 58], "sglang-deepseek", "L2+L30+L58"),
+    ([1, 29, 57], "sglang-deepseek", "L2+L30+L58"),
+    (None, "sglang-llama", "L2+L30+L58"),
+    (None, "sglang-deepseek", "L2+L30+L58"),
+    ([2, 30, 58], "sglang-default", "L2+L30+L58"),   # ids ignored
+    ([2, 30, 58], "vllm", "L2+L30+L58"),
+    ([2, 30, 58], "eagle-reference", "L2+L30+L58"),
+    ([2, 30, 58], "specforge", "L3+L31+L59"),
+    (None, "specforge", "L2+L30+L58"),               # [1, 29, 57] + 1
+    (None, "speculators", "L2+L30+L58+L61"),         # [2, 30, 58, 61]
+    ([0, 3, 61], "speculators", "embed+L3+L61"),
+    ([-1, 2, 30], "sglang-llama", "embed+L3+L31"),   # layers_to_capture 0 = embeddings
+])
+def test_kimi_worked_examples(ids, convention, expected):
+    assert str(resolve(ids, convention, KIMI_N).layout) == expected
+
+
+def test_sglang_concatenates_ascending_whatever_the_list_order():
+    res = resolve([30, 2, 58], "sglang-llama", KIMI_N)
+    assert str(res.layout) == "L3+L31+L59"
+    assert "ascending" in res.rule
+    assert str(resolve([30, 2, 58], "vllm", KIMI_N).layout) == "L30+L2+L58"
+
+
+def test_deepseek_first_one_rule_reads_list_order_not_minimum():
+    # [30, 1, 58]: first id is 30, so no shift: L1+L30+L58 sorted
+    assert str(resolve([30, 1, 58], "sglang-deepseek", KIMI_N).layout) == "L1+L30+L58"
+
+
+def test_rule_names_engine_version_and_source():
+    rule = resolve([2, 30, 58], "sglang-deepseek", KIMI_N).rule
+    assert "SGLang 0.5.23" in rule and "deepseek_v2.py" in rule and "L2+L30+L58" in rule
+
+
+def test_small_model_defaults():
+    # N = 8: sglang default [2, 8//2, 8-3] = [2, 4, 5]; specforge ids [1, 3, 4] + 1
+    assert str(resolve(None, "specforge", 8).layout) == "L2+L4+L5"  # ids [1, 3, 4]
+    assert str(resolve(None, "sglang-llama", 8).layout) == "L2+L4+L5"
+    with pytest.raises(DiagError):  # N = 6: [2, 3, 3] repeats L3
+        resolve(None, "sglang-llama", 6)
+
+
+@pytest.mark.parametrize("ids, convention", [
+    ([2, 30, 60], "sglang-llama"),      # layers_to_capture 61 is never reached
+    ([0, 30, 58], "sglang-deepseek"),   # capture at layer 0 adds residual None
+    ([2, 30, 61], "vllm"),
+    ([2, 30, 62], "speculators"),
+    ([2, 2, 30], "sglang-llama"),
+    ([], "vllm"),
+])
+def test_uncapturable_ids_raise(ids, convention):
+    with pytest.raises(DiagError):
+        resolve(ids, convention, KIMI_N)
+
+
+def test_unknown_convention_names_the_known_ones():
+    with pytest.raises(DiagError) as err:
+        resolve([1], "tensorrt", 4)
+    assert "sglang-llama" in str(err.value)
+
+
+@pytest.mark.parametrize("text, convention, expected", [
+    ("L3+L31+L59", "sglang-llama", [2, 30, 58]),
+    ("L2+L30+L58", "sglang-deepseek", [2, 30, 58]),
+    ("L1+L30+L58", "sglang-deepseek", None),   # id 1 first would trigger the +1 shift
+    ("embed+L3+L31", "sglang-deepseek", None),
+    ("embed+L3+L31", "sglang-llama", [-1, 2, 30]),
+    ("L31+L3", "sglang-llama", None),          # SGLang cannot concatenate out of order
+    ("L31+L3", "vllm", [31, 3]),
+    ("final", "vllm", None),
+    ("L2+L30+L58", "sglang-default", None),
+    ("L61", "speculators", [61]),
+    ("L61", "vllm", None),
+])
+def test_to_ids(text, convention, expected):
+    assert to_ids(layout(text), convention, KIMI_N) == expected
+
+
+def test_readings_group_conventions_by_layout():
+    got = {str(r.layout): set(r.conventions) for r in readings([2, 30, 58], KIMI_N)}
+    assert got == {"L3+L31+L59": {"sglang-llama", "specforge"},
+                   "L2+L30+L58": {"sglang-deepseek", "vllm", "eagle-reference", "speculators"}}
+
+
+def test_readings_skip_conventions_that_cannot_read():
+    got = {str(r.layout): set(r.conventions) for r in readings([0, 3, 61], KIMI_N)}
+    assert got == {"embed+L3+L61": {"speculators"}}
+
+
+N_LAYERS = st.integers(min_value=4, max_value=96)
+
+
+@st.composite
+def ids_for(draw, convention):
+    n = draw(N_LAYERS)
+    conv = CONVENTIONS[convention]
+    lo, hi = conv.min_index - conv.shift, n + conv.max_from_n - conv.shift
+    ids = draw(st.lists(st.integers(lo, hi), min_size=1, max_size=4, unique=True))
+    return n, ids
+
+
+ID_CONVENTIONS = [name for name, c in CONVENTIONS.items() if c.reads_ids]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_ids_points_ids_round_trip(data):
+    name = data.draw(st.sampled_from(ID_CONVENTIONS))
+    n, ids = data.draw(ids_for(name))
+    conv = CONVENTIONS[name]
+    # sglang-deepseek with first id 1 shifts every id by one: keep them in range
+    assume(not (conv.first_one_shift and ids[0] == 1 and max(ids) + 1 > n - 1))
+    res = resolve(ids, name, n)
+    back = to_ids(res.layout, name, n)
+    assert back is not None
+    assert resolve(back, name, n).layout == res.layout
+    if not conv.ascending and not conv.first_one_shift:
+        assert back == ids
+    if conv.ascending and not (conv.first_one_shift and ids[0] == 1):
+        assert back == sorted(ids)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_points_ids_points_round_trip(data):
+    name = data.draw(st.sampled_from(ID_CONVENTIONS))
+    n = data.draw(N_LAYERS)
+    idx = data.draw(st.lists(st.integers(0, n), min_size=1, max_size=4, unique=True))
+    lay = layout("+".join(f"L{r}" for r in idx))
+    ids = to_ids(lay, name, n)
+    if ids is not None:
+        assert resolve(ids, name, n).layout == lay
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.one_of(st.just("embed"), st.just("final"),
+                          st.integers(1, 200).map(lambda i: f"L{i}")),
+                min_size=1, max_size=5, unique=True))
+def test_layout_parse_print_round_trip(names):
+    text = "+".join(names)
+    assert str(layout(text)) == text

@@ -1,0 +1,134 @@
+"""Replay on a tiny random target: capture equals output_hidden_states, and the batched
+replay's per-round counts equal a one-sequence-at-a-time reference."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from diag.capture import capture_pass, chunked_argmax
+from diag.drafter import DrafterConfig, Eagle3Drafter
+from diag.drafting import DraftHead, DraftInputs, draft_beam, draft_chain
+from diag.layouts import layout, point
+from diag.replay import Variant, eval_roots, replay
+from diag.target_pass import Sequence, budget_batches, run_capture
+from diag.tree_build import finalize
+from diag.trees import tree_shape
+from diag.verify import accepted_chain, target_next_windows
+
+V, H, N = 64, 32, 4
+
+
+@pytest.fixture(scope="module")
+def target():
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=V, hidden_size=H, intermediate_size=64, num_hidden_layers=N,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def drafter():
+    torch.manual_seed(1)
+    d = Eagle3Drafter(DrafterConfig(hidden_size=H, num_attention_heads=4, num_key_value_heads=4,
+                                    intermediate_size=48, vocab_size=V, draft_vocab_size=40,
+                                    target_hidden_size=H, num_aux=3))
+    for p in d.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    d.set_vocab(torch.arange(40) + 10)
+    return d.eval()
+
+
+def sequences(n=5, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        p = int(torch.randint(3, 9, (1,), generator=g))
+        t = p + int(torch.randint(6, 14, (1,), generator=g))
+        out.append(Sequence(f"p{i}", "test", p, torch.randint(0, V, (t,), generator=g)))
+    return out
+
+
+@torch.no_grad()
+def test_capture_equals_output_hidden_states(target):
+    seq = sequences(1)[0].ids[None]
+    points = (point("embed"), point("L1"), point("L3"), point(f"L{N}"), point("final"))
+    got = capture_pass(target, seq, torch.ones_like(seq), points)
+    ref = target(seq, output_hidden_states=True)
+    hs = ref.hidden_states
+    torch.testing.assert_close(got.states["embed"], hs[0])
+    torch.testing.assert_close(got.states["L1"], hs[1])
+    torch.testing.assert_close(got.states["L3"], hs[3])
+    torch.testing.assert_close(got.states["final"], hs[N])
+    # L{N} is the last layer's output before the final norm: normalising it gives `final`
+    torch.testing.assert_close(target.model.norm(got.states[f"L{N}"]), hs[N])
+    assert torch.equal(got.argmax[0], ref.logits[0].argmax(-1))
+
+
+def test_chunked_argmax_matches_full(target):
+    h = torch.randn(7, H)
+    full = target.lm_head(h).argmax(-1)
+    assert torch.equal(chunked_argmax(h, target.lm_head, chunk=5), full)
+
+
+def test_budget_batches_worked_example():
+    assert budget_batches([5, 9, 3, 8], 18) == [[1, 3], [0, 2]]
+
+
+def test_eval_roots_worked_example():
+    assert list(eval_roots(5, 12, 3)) == [4, 5, 6, 7]
+
+
+@torch.no_grad()
+def test_batched_replay_equals_per_sequence_reference(target, drafter):
+    seqs = sequences()
+    lay = layout("embed+L1+L3")
+    tp = run_capture(target, seqs, lay.points + (point("final"),), regime="as-loaded",
+                     token_budget=40, progress=False)
+    shapes = [tree_shape("chain-1"), tree_shape("chain-3")]
+    res = replay(drafter, target.get_input_embeddings(), target.lm_head, {"as-loaded": tp},
+                 [Variant(str(lay), "eagle3", s) for s in shapes], {str(lay): lay},
+                 token_budget=40, progress=False)
+    for i, s in enumerate(seqs):
+        aux = torch.cat([tp.states[p.name][i] for p in lay.points], -1)[None]
+        toks = torch.cat([s.ids[1:], s.ids[-1:]])[None]
+        logits = drafter.unroll(target.get_input_embeddings(), aux, toks, 3)
+        draft = torch.stack([drafter.to_target_ids(l.argmax(-1)) for l in logits], -1)[0]
+        roots = list(eval_roots(s.prompt_len, len(s.ids), 3))
+        win = target_next_windows(tp.argmax[i], 3)[roots]
+        for shape, r in zip(shapes, res):
+            want = accepted_chain(draft[roots][:, :shape.num_steps], win[:, :shape.num_steps])
+            assert torch.equal(r.accepted[i], want), (shape, i)
+            assert r.roots[i].tolist() == roots
+
+
+@torch.no_grad()
+def test_topk1_beam_equals_chain(target, drafter):
+    seqs = sequences(2)
+    lay = layout("L1+L2+L3")
+    tp = run_capture(target, seqs, lay.points, regime="x", token_budget=100, progress=False)
+    from diag.target_pass import pad_right
+    aux, valid = pad_right([torch.cat([tp.states[p.name][i] for p in lay.points], -1) for i in range(2)])
+    toks, _ = pad_right([torch.cat([s.ids[1:], s.ids[-1:]]) for s in seqs])
+    x = DraftInputs(aux, toks, valid, 2)
+    dh = DraftHead(target.get_input_embeddings())
+    chain = draft_chain(drafter, dh, x, 3)                                  # [B, Q, 3]
+    tree = finalize(draft_beam(drafter, dh, x, 3, 1), 4)
+    assert torch.equal(tree.tokens[:, 1:].view(chain.shape), chain)
+    assert tree.parents[0].tolist() == [-1, 0, 1, 2]
+
+
+@torch.no_grad()
+def test_eagle_mode_uses_final_state_and_target_head(target, drafter):
+    seqs = sequences(2)
+    tp = run_capture(target, seqs, (point("final"),), regime="as-loaded", token_budget=100, progress=False)
+    v = Variant("final", "eagle", tree_shape("chain-2"))
+    (res,) = replay(drafter, target.get_input_embeddings(), target.lm_head, {"as-loaded": tp}, [v],
+                    {"final": layout("final")}, progress=False)
+    s = seqs[0]
+    aux = tp.states["final"][0][None]
+    toks = torch.cat([s.ids[1:], s.ids[-1:]])[None]
+    logits = drafter.unroll(target.get_input_embeddings(), aux, toks, 2, head=target.lm_head)
+    draft = torch.stack([l.argmax(-1) for l in logits], -1)[0]              # target ids, no d2t
+    roots = list(eval_roots(s.prompt_len, len(s.ids), 2))
+    want = accepted_chain(draft[roots], target_next_windows(tp.argmax[0], 2)[roots])
+    assert torch.equal(res.accepted[0], want)
