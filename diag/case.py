@@ -71,6 +71,17 @@ class ServingSpec:
 
 
 @dataclass(frozen=True)
+class SpeedupSpec:
+    """Step costs for the speedup model: measured on the loaded models (measure = true), or
+    the user's own, e.g. from their server: t_decode_ms, t_draft_ms, t_verify_ms = {"4" = 21.5}."""
+    measure: bool = True
+    context: int = 128
+    t_decode_ms: float | None = None
+    t_draft_ms: float | None = None
+    t_verify_ms: dict | None = None
+
+
+@dataclass(frozen=True)
 class PlacementSpec:
     gpus: int = 0
     gpu_memory: str | None = None
@@ -88,18 +99,21 @@ class Case:
     evaluate: EvaluateSpec = field(default_factory=EvaluateSpec)
     serving: ServingSpec = field(default_factory=ServingSpec)
     placement: PlacementSpec = field(default_factory=PlacementSpec)
+    speedup: SpeedupSpec = field(default_factory=SpeedupSpec)
     description: str = ""
 
 
 _SECTIONS = {"target": ModelSpec, "drafter": ModelSpec, "prompts": PromptSpec,
-             "evaluate": EvaluateSpec, "serving": ServingSpec, "placement": PlacementSpec}
+             "evaluate": EvaluateSpec, "serving": ServingSpec, "placement": PlacementSpec,
+             "speedup": SpeedupSpec}
 _TOP = {"version", "name", "description", *_SECTIONS}
 
 
 def _typed(value, annotation: str, where: str, key: str):
     """Check one TOML value against a dataclass field annotation (string form)."""
     ok = {"str": isinstance(value, str), "int": isinstance(value, int) and not isinstance(value, bool),
-          "bool": isinstance(value, bool)}
+          "bool": isinstance(value, bool), "dict": isinstance(value, dict),
+          "float": isinstance(value, (int, float)) and not isinstance(value, bool)}
     base = annotation.replace(" | None", "")
     if base.startswith("tuple["):
         inner = base[6:].split(",")[0].strip()
@@ -155,8 +169,25 @@ def parse_case(data: dict, source: str) -> Case:
     return case
 
 
+def _in_file(fn, text: str, field_name: str, src: str):
+    """Run a parser; a DiagError it raises gains the case file's name."""
+    try:
+        return fn(text, field=field_name)
+    except DiagError as err:
+        raise DiagError(err.message, file=src, field=err.field, expected=err.expected,
+                        found=err.found) from err
+
+
 def _check_values(case: Case) -> None:
+    from diag.layouts import layout
+    from diag.trees import tree_shape
     ev, src = case.evaluate, case.source
+    for text in ev.layouts:
+        _in_file(layout, text, "evaluate.layouts", src)
+    for text in ev.trees:
+        _in_file(tree_shape, text, "evaluate.trees", src)
+    if case.serving.layout:
+        _in_file(layout, case.serving.layout, "serving.layout", src)
     if not ev.layouts and not ev.scan:
         raise DiagError("the case names no layout to evaluate", file=src, field="evaluate.layouts",
                         expected="at least one layout, or scan = true", found="[]")
@@ -167,6 +198,12 @@ def _check_values(case: Case) -> None:
     if case.prompts.max_new_tokens < 2:
         raise DiagError("max_new_tokens too small to verify anything", file=src,
                         field="prompts.max_new_tokens", expected=">= 2", found=case.prompts.max_new_tokens)
+    sp = case.speedup
+    given = [sp.t_decode_ms, sp.t_draft_ms, sp.t_verify_ms]
+    if any(g is not None for g in given) and not all(g is not None for g in given):
+        raise DiagError("user step costs need all three", file=src, field="speedup",
+                        expected="t_decode_ms, t_draft_ms and t_verify_ms together",
+                        found={k: v for k, v in zip(("t_decode_ms", "t_draft_ms", "t_verify_ms"), given)})
     if ev.token_budget < 64:
         raise DiagError("token budget too small", file=src, field="evaluate.token_budget",
                         expected=">= 64", found=ev.token_budget)

@@ -26,6 +26,8 @@ from diag.target import TargetInfo, load_embed_and_head, load_target, target_inf
 from diag.target_pass import build_sequences, run_capture
 from diag.trees import TreeShape, tree_shape
 from diag.candidates import Candidate, candidates_for
+from diag.costs import measure_costs
+from diag.speedup_table import speedup_section, user_costs
 from diag.verdicts import verdicts
 
 
@@ -41,6 +43,7 @@ class RunResult:
     verdicts: list[dict]
     timings: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    speedup: dict | None = None
 
 
 def checkpoint_path(spec: str, case: Case, field_name: str) -> Path:
@@ -143,15 +146,33 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True) -> Ru
     t0 = _stopwatch(timings, "drafter_s", t0)
     ev = case.evaluate
     evals = [summarize(r, buckets=ev.position_buckets, seed=ev.seed, n_boot=ev.bootstrap) for r in results]
+    speed = _speedup(case, tpath, drafter, embed, shapes, evals, timings)
     dinfo = {"path": str(dpath), "format": dckpt.format, "files": list(dckpt.weight_files),
              "num_aux": drafter.cfg.num_aux, "hidden_size": drafter.cfg.hidden_size,
              "draft_vocab_size": drafter.cfg.draft_vocab_size, "config": _config_digest(dpath)}
     run = RunResult(case, tinfo, dinfo, {"file": pset.path, "sha256": pset.sha256, "count": len(pset.prompts),
                                          "categories": sorted({p.category for p in pset.prompts})},
-                    pass_meta, cands, evals, [], timings)
+                    pass_meta, cands, evals, [], timings, speedup=speed)
     run.verdicts = verdicts(run)
     _stopwatch(timings, "summary_s", t0)
     return run
+
+
+def _speedup(case, tpath, drafter, embed, shapes, evals, timings) -> dict | None:
+    """Price every evaluated shape: the user's costs when given, else measured here."""
+    t0 = time.perf_counter()
+    costs = user_costs(case.speedup)
+    source = "user (case [speedup])"
+    if costs is None:
+        if not case.speedup.measure:
+            return None
+        model, _ = load_target(tpath, dtype=_dtype(case.target.dtype, "target.dtype", case))
+        costs = measure_costs(model, drafter, embed, [s.num_draft_tokens for s in shapes],
+                              context=case.speedup.context)
+        source = f"measured by diag on the loaded models (batch 1, context {case.speedup.context})"
+        del model
+    _stopwatch(timings, "speedup_s", t0)
+    return speedup_section([e for e in evals if e["accept_length"] is not None], costs, source)
 
 
 def _config_digest(path: Path) -> str:

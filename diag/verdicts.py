@@ -111,8 +111,39 @@ def eagle_verdicts(run) -> list[dict]:
     return out
 
 
+def _best_layout(run) -> str | None:
+    evals = [e for e in _primary(run.evaluations, run.case) if e["mode"] == "eagle3" and e["accept_length"]]
+    return max(evals, key=lambda e: e["accept_length"])["layout"] if evals else None
+
+
+def speedup_verdicts(run) -> list[dict]:
+    """The best tree shape for the trained layout at the run's step costs, and whether
+    speculation pays at all (its break-even accept length)."""
+    sp, lay = run.speedup, _best_layout(run)
+    if not sp or lay is None:
+        return []
+    ref = run.case.evaluate.reference_regime
+    rows = [r for r in sp["rows"] if r["layout"] == lay and r["mode"] == "eagle3" and r["regime"] == ref
+            and r["tokens_regime"] == ref and r.get("speedup") is not None]
+    if not rows:
+        return []
+    best = max(rows, key=lambda r: r["speedup"])
+    ev = {"layout": lay, "best": best, "costs": sp["costs"], "costs_source": sp["source"],
+          "shapes": [(r["tree"], r["accept_length"], r["speedup"], r["break_even_accept_length"]) for r in rows]}
+    core = (f"{best['tree']} (S={best['num_steps']}, K={best['topk']}, D={best['num_draft_tokens']}) on "
+            f"{lay}: accept length {_fmt(best['accept_length'])}, break-even "
+            f"{_fmt(best['break_even_accept_length'])}, predicted {best['speedup']:.2f}x plain decoding "
+            f"(costs {sp['source']}).")
+    if best["speedup"] < 1.0:
+        text = (f"SPECULATION DOES NOT PAY at these step costs: even the best of {len(rows)} shapes, {core} "
+                f"Every shape needs a higher accept length than the drafter reaches.")
+        return [{"kind": "speedup", "severity": "warning", "text": text, "evidence": ev}]
+    return [{"kind": "tree-choice", "severity": "info",
+             "text": f"Best tree shape of {len(rows)} evaluated: {core}", "evidence": ev}]
+
+
 def verdicts(run) -> list[dict]:
     """All verdicts, most severe first."""
     order = {"error": 0, "warning": 1, "ok": 2, "info": 3}
-    found = layout_verdicts(run) + eagle_verdicts(run)
+    found = layout_verdicts(run) + eagle_verdicts(run) + speedup_verdicts(run)
     return sorted(found, key=lambda v: order[v["severity"]])

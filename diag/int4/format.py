@@ -71,8 +71,10 @@ def unpack_int4(packed: torch.Tensor, width: int) -> torch.Tensor:
     Byte order of the host does not matter: nibbles are read arithmetically."""
     if packed.dtype != torch.int32:
         raise TypeError(f"unpack_int4 wants int32 words, got {packed.dtype}")
-    words = packed.to(torch.int64) & 0xFFFFFFFF  # [..., in/8], unsigned
-    u = (words.unsqueeze(-1) >> _SHIFTS.to(words.device)) & 0xF  # [..., in/8, 8]
+    # int32 shifts are arithmetic (sign bits come in from the left) but the
+    # & 0xF keeps only the 4 bits we want: 0x7BA9F810 >> 28 = 7; -1 >> 28 = -1, & 0xF = 15
+    shifts = _SHIFTS.to(device=packed.device, dtype=torch.int32)
+    u = (packed.unsqueeze(-1) >> shifts) & 0xF  # [..., in/8, 8] int32
     return (u.flatten(-2)[..., :width] - OFFSET).to(torch.int8)
 
 

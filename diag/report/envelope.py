@@ -66,6 +66,7 @@ def envelope(run, argv: list[str] | None = None) -> dict:
         "candidates": [c.to_dict() for c in run.candidates],
         "verdicts": run.verdicts,
         "evaluations": [{k: v for k, v in e.items() if k != "trajectory_rounds"} for e in run.evaluations],
+        "speedup": run.speedup,
         "timings": run.timings,
         "notes": run.notes,
     }

@@ -41,7 +41,7 @@ from diag.zoo.recipes import DrafterRecipe
 from diag.zoo.train import deterministic, optimize
 
 PROMPT = 32          # corpus tokens before each greedy continuation
-CHUNK = 48           # sequences per generate / capture call
+CHUNK = 256          # sequences per generate / capture call (decode cost is per step, not per row)
 LAYER_ID_CONVENTION = "specforge"
 
 
@@ -80,7 +80,8 @@ def views(seqs: torch.Tensor, aux: torch.Tensor, argmax: torch.Tensor, steps: in
     """The drafter's inputs and labels (module docstring): aux [P, T, k*H], tokens [P, T],
     teacher [P, T, steps-1], labels [P, T, steps] (target ids), T = L - steps."""
     T = seqs.shape[1] - steps
-    teacher = torch.stack([seqs[:, 1 + s:T + 1 + s] for s in range(1, steps)], dim=-1)
+    teacher = torch.stack([seqs[:, 1 + s:T + 1 + s] for s in range(1, steps)], dim=-1) if steps > 1 \
+        else seqs.new_zeros(seqs.shape[0], T, 0)
     labels = torch.stack([argmax[:, s:T + s] for s in range(1, steps + 1)], dim=-1)
     return aux[:, :T], seqs[:, 1:T + 1], teacher, labels
 
@@ -127,7 +128,7 @@ def chain_acceptance(d: Eagle3Drafter, embed, aux, seqs, argmax, steps: int, sta
 
 
 @torch.no_grad()
-def depth1_teacher_forced(d: Eagle3Drafter, embed, aux, seqs, argmax) -> dict:
+def depth1_teacher_forced(d: Eagle3Drafter, embed, aux, argmax, seqs) -> dict:
     """On held-out corpus text: step-1 draft vs the target's argmax at j+1, and the
     rate of always guessing the target's most frequent prediction (the chance baseline)."""
     a_aux, tokens, _, labels = views(seqs, aux, argmax, 1)
@@ -137,13 +138,10 @@ def depth1_teacher_forced(d: Eagle3Drafter, embed, aux, seqs, argmax) -> dict:
             "baseline_most_frequent": float(most)}
 
 
-def _target_of(recipe: DrafterRecipe, deps: dict[str, Path]):
+def build_drafter(recipe: DrafterRecipe, out: Path, deps: dict[str, Path], corpus: str) -> dict:
+    """deps: every entry this one needs, transitively (target and its corpus)."""
     target_dir = deps[recipe.target]
-    return target_dir, load_back(target_dir), load_streams(target_dir.parent / "stdlib-corpus")
-
-
-def build_drafter(recipe: DrafterRecipe, out: Path, deps: dict[str, Path]) -> dict:
-    target_dir, target, streams = _target_of(recipe, deps)
+    target, streams = load_back(target_dir), load_streams(deps[corpus])
     lay = parse_layout(recipe.layout).check_against(target.config.num_hidden_layers)
     b, steps = recipe.budget, recipe.unroll_steps
     new = b.seq_len + steps
@@ -174,17 +172,16 @@ def build_drafter(recipe: DrafterRecipe, out: Path, deps: dict[str, Path]) -> di
 
 
 def evaluate(d, target, embed, heldout: torch.Tensor, lay: Layout, recipe: DrafterRecipe) -> dict:
-    """Held-out checks: depth-1 on corpus text, chain acceptance on greedy continuations
-    under the trained layout and under the layout shifted one layer deeper."""
+    """Held-out checks: depth 1 on corpus text, then chain acceptance on the target's greedy
+    continuations of held-out prompts, under the trained layout and under the layout
+    shifted one layer deeper (embed+L2+L4 -> L1+L3+L5), which should score lower."""
     steps = recipe.unroll_steps
-    text = tile_windows(heldout, recipe.budget.seq_len + 1, recipe.eval_sequences)
-    meta = depth1_teacher_forced(d, embed, *features(target, text, lay)[::-1][::-1], text) \
-        if False else depth1_teacher_forced(d, embed, features(target, text, lay)[0], text,
-                                            features(target, text, lay)[1])
+    text = tile_windows(heldout, recipe.budget.seq_len + 1, recipe.eval_sequences)   # [E, T+2]
+    meta = depth1_teacher_forced(d, embed, *features(target, text, lay), text)
     seqs = greedy_sequences(target, text[:, :PROMPT], recipe.budget.seq_len + steps)
-    start = PROMPT - 1                      # index whose next token is the first generated one
-    meta["greedy_chain"] = chain_acceptance(d, embed, *features(target, seqs, lay)[:1], seqs,
-                                            features(target, seqs, lay)[1], steps, start)
+    start = PROMPT - 1                      # first index whose next token was generated
+    aux, argmax = features(target, seqs, lay)
+    meta["greedy_chain"] = chain_acceptance(d, embed, aux, seqs, argmax, steps, start)
     shifted = lay.shifted(1, target.config.num_hidden_layers)
     if shifted is not None:
         aux, argmax = features(target, seqs, shifted)

@@ -1,0 +1,26 @@
+"""The zoo: tiny but real checkpoints diag builds itself, for tests and demos.
+
+    from diag.zoo import zoo_path, ZOO
+    target = zoo_path("llama-tiny")               # builds on first use, then cached
+    drafter = zoo_path("llama-tiny-eagle3-embed")
+
+Entries (recipes.py): stdlib-corpus, llama-tiny, llama-tiny-eagle3-embed,
+llama-tiny-eagle3-l1, deepseek-tiny, deepseek-tiny-int4, deepseek-tiny-eagle3.
+Cache: $DIAG_CACHE_DIR or ~/.cache/diag, then zoo/v{BUILDER_VERSION}/{name}/.
+Each entry directory holds a zoo_meta.json: recipe, build time, quality metrics.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from diag.zoo.cache import cache_root, entry_dir, is_built
+from diag.zoo.recipes import BUILDER_VERSION, ZOO, ZooEntry
+
+__all__ = ["ZOO", "ZooEntry", "BUILDER_VERSION", "zoo_path", "cache_root", "entry_dir", "is_built"]
+
+
+def zoo_path(name: str, *, progress: bool = True) -> Path:
+    """The directory of zoo entry `name`, building it and what it needs if missing."""
+    from diag.zoo.build import ensure
+    return ensure([name], progress=progress)[name]

@@ -1,0 +1,118 @@
+"""Building zoo entries on demand: dependency order, dispatch by recipe type,
+atomic publication (cache.py) and a zoo_meta.json per entry.
+
+zoo_meta.json holds what was built and how well it came out:
+  {"name", "builder_version", "recipe" (the frozen recipe as a dict), "seconds",
+   "torch", "transformers", "python", "threads", "metrics": {... builder-specific ...}}
+
+This module knows the order of things; the work is in build_targets.py and
+build_drafters.py, the numerics of INT4 in diag.int4.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+import transformers
+from tqdm.auto import tqdm
+
+from diag.errors import DiagError
+from diag.zoo import cache
+from diag.zoo.recipes import BUILDER_VERSION, ZOO, CorpusRecipe, DrafterRecipe, Int4Recipe, TargetRecipe
+from diag.zoo.train import BUILD_THREADS
+
+META_FILE = "zoo_meta.json"
+
+
+def entry(name: str):
+    if name not in ZOO:
+        raise DiagError("unknown zoo entry", field="name", expected=", ".join(ZOO), found=repr(name))
+    return ZOO[name]
+
+
+def closure(names: list[str]) -> list[str]:
+    """Every entry the names need, dependencies first, each once.
+    ["llama-tiny-eagle3-l1"] -> ["stdlib-corpus", "llama-tiny", "llama-tiny-eagle3-l1"]."""
+    order: list[str] = []
+
+    def visit(n: str) -> None:
+        for dep in entry(n).needs:
+            visit(dep)
+        if n not in order:
+            order.append(n)
+
+    for n in names:
+        visit(n)
+    return order
+
+
+def _run_builder(name: str, out: Path, deps: dict[str, Path]) -> dict:
+    recipe = entry(name).recipe
+    if isinstance(recipe, CorpusRecipe):
+        from diag.zoo.build_targets import build_corpus
+        return build_corpus(recipe, out)
+    if isinstance(recipe, TargetRecipe):
+        from diag.zoo.build_targets import build_target
+        return build_target(recipe, out, deps)
+    if isinstance(recipe, DrafterRecipe):
+        from diag.zoo.build_drafters import build_drafter
+        return build_drafter(recipe, out, deps, corpus=entry(recipe.target).recipe.corpus)
+    if isinstance(recipe, Int4Recipe):
+        return _build_int4(recipe, out, deps)
+    raise TypeError(f"no builder for {type(recipe).__name__}")
+
+
+def _build_int4(recipe: Int4Recipe, out: Path, deps: dict[str, Path]) -> dict:
+    from safetensors import safe_open
+
+    from diag.int4.write import quantize_checkpoint
+    quantize_checkpoint(deps[recipe.source], out, group_size=recipe.group_size)
+    packed = 0
+    for f in sorted(out.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as fh:
+            packed += sum(1 for k in fh.keys() if k.endswith(".weight_packed"))
+    return {"packed_linears": packed, "group_size": recipe.group_size}
+
+
+def _meta(name: str, seconds: float, metrics: dict) -> dict:
+    return {"name": name, "builder_version": BUILDER_VERSION,
+            "recipe": dataclasses.asdict(entry(name).recipe), "seconds": round(seconds, 2),
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version(), "threads": BUILD_THREADS, "metrics": metrics}
+
+
+def build_one(name: str, deps: dict[str, Path]) -> tuple[Path, bool]:
+    """Build `name` (its dependencies must be in deps) unless it exists. Returns (path, built_now)."""
+    def work(tmp: Path) -> None:
+        start = time.perf_counter()
+        metrics = _run_builder(name, tmp, deps)
+        (tmp / META_FILE).write_text(json.dumps(_meta(name, time.perf_counter() - start, metrics),
+                                                indent=2) + "\n")
+    return cache.publish(name, work)
+
+
+def ensure(names: list[str], progress: bool = True) -> dict[str, Path]:
+    """Build whatever of names (and their dependencies) is missing; return every path."""
+    paths: dict[str, Path] = {}
+    todo = closure(names)
+    missing = [n for n in todo if not cache.is_built(n)]
+    bar = tqdm(total=len(missing), desc="diag zoo", unit="entry", disable=not progress or not missing)
+    for n in todo:
+        if cache.is_built(n):
+            paths[n] = cache.entry_dir(n)
+            continue
+        bar.set_postfix_str(n)
+        paths[n], _ = build_one(n, paths)
+        bar.update(1)
+    bar.close()
+    return paths
+
+
+def read_meta(name: str) -> dict | None:
+    f = cache.entry_dir(name) / META_FILE
+    return json.loads(f.read_text()) if f.is_file() else None

@@ -1,0 +1,74 @@
+"""PackedExperts / PackedLinear equal their dense counterparts built from the
+dequantized weights, and dequantize only the experts that get tokens."""
+
+import torch
+from torch.nn import functional as F
+
+from diag.int4.format import fake_quantize
+from diag.int4.packed import PackedExperts, PackedLinear, resident_bytes
+from test_int4_tiny import deepseek_config
+
+
+def _dense_experts(seed=0):
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Experts
+
+    cfg = deepseek_config()
+    cfg._experts_implementation = "eager"
+    torch.manual_seed(seed)
+    experts = DeepseekV3Experts(cfg)
+    with torch.no_grad():
+        experts.gate_up_proj.normal_(0, 0.1)
+        experts.down_proj.normal_(0, 0.1)
+    return experts.to(torch.bfloat16)
+
+
+def _routing(tokens=10, k=2, experts=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.stack([torch.randperm(experts, generator=g)[:k] for _ in range(tokens)])  # [T, K]
+    weights = torch.rand(tokens, k, generator=g)  # fp32, as the router returns
+    return idx, weights
+
+
+def test_packed_experts_equal_dense_on_dequantized_weights():
+    dense = _dense_experts()
+    packed = PackedExperts.from_dense(dense, 32)
+    with torch.no_grad():
+        dense.gate_up_proj.copy_(fake_quantize(dense.gate_up_proj, 32))
+        dense.down_proj.copy_(fake_quantize(dense.down_proj, 32))
+    x = torch.randn(10, 64).to(torch.bfloat16)
+    idx, w = _routing()
+    assert torch.equal(packed(x, idx, w), dense(x, idx, w))
+
+
+def test_only_routed_experts_are_dequantized(monkeypatch):
+    packed = PackedExperts.from_dense(_dense_experts(), 32)
+    seen = []
+    real = PackedExperts.expert_weight
+    monkeypatch.setattr(PackedExperts, "expert_weight",
+                        lambda self, proj, e, dtype: seen.append(e) or real(self, proj, e, dtype))
+    idx = torch.tensor([[1, 5], [5, 1], [1, 5]])
+    packed(torch.randn(3, 64, dtype=torch.bfloat16), idx, torch.ones(3, 2))
+    assert sorted(set(seen)) == [1, 5] and len(seen) == 4  # gate_up + down for each
+
+
+def test_packed_experts_are_small():
+    dense = _dense_experts()
+    packed = PackedExperts.from_dense(dense, 32)
+    # int4 = 1/4 of bf16, plus one bf16 scale per 32 values (1/32 of bf16)
+    assert resident_bytes(packed) == resident_bytes(dense) // 4 + resident_bytes(dense) // 32
+
+
+def test_packed_linear_matches_dense():
+    torch.manual_seed(3)
+    lin = torch.nn.Linear(64, 16, bias=True).to(torch.bfloat16)
+    from diag.int4.format import pack_int4, quantize_rtn
+
+    q, scale = quantize_rtn(lin.weight.detach(), 32)
+    packed = PackedLinear.like(lin, 32, dtype=torch.bfloat16)
+    packed.weight_packed.copy_(pack_int4(q))
+    packed.weight_scale.copy_(scale)
+    packed.bias.data.copy_(lin.bias.detach())
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    expect = F.linear(x, fake_quantize(lin.weight.detach(), 32), lin.bias.detach())
+    assert torch.equal(packed(x), expect)
+    assert "int4 packed" in repr(packed)
