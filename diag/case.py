@@ -53,6 +53,7 @@ class EvaluateSpec:
     scan: bool = False
     modes: tuple[str, ...] = ("eagle3",)
     trees: tuple[str, ...] = ("chain-3",)
+    tree_grid: dict | None = None     # {num_steps = [..], topk = [..], num_draft_tokens = [..]}
     regimes: tuple[str, ...] = ("as-loaded",)
     reference_regime: str = "as-loaded"
     cross_regimes: bool = False
@@ -186,6 +187,14 @@ def _check_values(case: Case) -> None:
         _in_file(layout, text, "evaluate.layouts", src)
     for text in ev.trees:
         _in_file(tree_shape, text, "evaluate.trees", src)
+    if ev.tree_grid is not None:
+        keys = {"num_steps", "topk", "num_draft_tokens"}
+        bad = set(ev.tree_grid) ^ keys
+        if bad or not all(isinstance(v, list) and v and all(isinstance(x, int) and x >= 1 for x in v)
+                          for v in ev.tree_grid.values()):
+            raise DiagError("malformed tree grid", file=src, field="evaluate.tree_grid",
+                            expected="{num_steps = [..], topk = [..], num_draft_tokens = [..]} of positive ints",
+                            found=ev.tree_grid)
     if case.serving.layout:
         _in_file(layout, case.serving.layout, "serving.layout", src)
     if not ev.layouts and not ev.scan:

@@ -48,7 +48,6 @@ KIMI_TEXT: dict = {
     "rope_scaling": {"beta_fast": 1.0, "beta_slow": 1.0, "factor": 64.0, "mscale": 1.0,
                      "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096, "type": "yarn"},
     "attention_bias": False, "attention_dropout": 0.0, "tie_word_embeddings": False,
-    "bos_token_id": 163584, "eos_token_id": 163585, "pad_token_id": 163839,
     "torch_dtype": "bfloat16",
 }
 # SpecForge configs/kimi-k2-eagle3.json: Llama-style EAGLE-3 head on Kimi's hidden states.
@@ -75,6 +74,7 @@ def kimi_config(layers: int, *, widths: dict | None = None, wrapper: bool = Fals
         raise DiagError("a Kimi-shaped checkpoint needs at least one layer", field="layers",
                         expected=">= 1", found=layers)
     text = {**KIMI_TEXT, **(widths or {}), "num_hidden_layers": layers}
+    text.update(special_ids(int(text["vocab_size"])))
     _check_widths(text, group_size)
     ignore = KIMI_K25_IGNORE if wrapper else KIMI_IGNORE
     text["quantization_config"] = quantization_config(group_size, ignore=ignore)
@@ -82,6 +82,13 @@ def kimi_config(layers: int, *, widths: dict | None = None, wrapper: bool = Fals
         return text
     return {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
             "text_config": text, "vision_config": {}, "torch_dtype": "bfloat16"}
+
+
+def special_ids(vocab: int) -> dict:
+    """Kimi's special ids sit at fixed distances from the top of the vocabulary:
+    163840 -> bos 163584, eos 163585, pad 163839; a shrunk vocabulary keeps the offsets
+    (1024 -> 768, 769, 1023)."""
+    return {"bos_token_id": vocab - 256, "eos_token_id": vocab - 255, "pad_token_id": vocab - 1}
 
 
 def _check_widths(text: dict, group_size: int) -> None:

@@ -17,14 +17,15 @@ import torch
 from diag.case import Case, resolve_path
 from diag.drafter_io import load_drafter, read_config
 from diag.errors import DiagError
-from diag.layouts import Layout, layout, point, union_points
+from diag.layouts import point, union_points
 from diag.pass_cache import PassKey, load_pass, save_pass
 from diag.prompts import read_prompt_set, read_recorded, tokenize
 from diag.replay import Variant, replay
+from diag.regime_report import regime_section
 from diag.results import summarize
-from diag.target import TargetInfo, load_embed_and_head, load_target, target_info
+from diag.target import TargetInfo, load_embed_and_head, load_target, read_target_config, target_info
 from diag.target_pass import build_sequences, run_capture
-from diag.trees import TreeShape, tree_shape
+from diag.trees import TreeShape, grid, tree_shape
 from diag.candidates import Candidate, candidates_for
 from diag.costs import measure_costs
 from diag.speedup_table import speedup_section, user_costs
@@ -44,6 +45,15 @@ class RunResult:
     timings: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     speedup: dict | None = None
+    regimes: dict | None = None
+
+
+def best_layout(evals: list[dict], case: Case, tree: str) -> str | None:
+    """The eagle3 layout with the highest accept length on the reference regime and tree."""
+    ref = case.evaluate.reference_regime
+    pool = [e for e in evals if e["mode"] == "eagle3" and e["tree"] == tree and e["regime"] == ref
+            and e["tokens_regime"] == ref and e["accept_length"] is not None]
+    return max(pool, key=lambda e: e["accept_length"])["layout"] if pool else None
 
 
 def checkpoint_path(spec: str, case: Case, field_name: str) -> Path:
@@ -105,6 +115,37 @@ def _variants(case: Case, cands: list[Candidate], shapes: list[TreeShape]) -> li
     return out
 
 
+def tree_shapes(case: Case) -> tuple[list[TreeShape], list[str]]:
+    """The case's named shapes, then its sweep grid after SGLang's topk=1 rewrite."""
+    shapes = [tree_shape(t, field="evaluate.trees") for t in case.evaluate.trees]
+    notes = []
+    if case.evaluate.tree_grid:
+        g = case.evaluate.tree_grid
+        more, rewritten = grid(g["num_steps"], g["topk"], g["num_draft_tokens"])
+        shapes += more
+        notes += [f"tree grid: (S={s}, K={k}, D={d}) runs as {shape.name}: SGLang forces "
+                  f"num_draft_tokens = num_steps + 1 when topk = 1" for (s, k, d), shape in rewritten]
+    return list(dict.fromkeys(shapes)), notes
+
+
+def with_launch(case: Case, tpath: Path) -> tuple[Case, list[TreeShape], list[str]]:
+    """What the case's SGLang launch command really runs (diag/launch.py): its algorithm
+    becomes the serving algorithm, its effective tree joins the shapes, its rewrites and
+    crashes become notes."""
+    if not case.serving.launch:
+        return case, [], []
+    from dataclasses import replace
+    from diag.launch import effective_config, parse_launch
+    eff = effective_config(parse_launch(case.serving.launch), read_target_config(tpath))
+    notes = [f"launch command: {n}" for n in eff.notes]
+    if eff.crash:
+        notes.append(f"launch command: SGLang would crash: {eff.crash}")
+    shapes = [eff.tree.shape] if eff.tree is not None and eff.tree.shape is not None else []
+    if eff.algorithm:
+        case = replace(case, serving=replace(case.serving, algorithm=eff.algorithm))
+    return case, shapes, notes
+
+
 def _stopwatch(timings: dict, name: str, start: float) -> float:
     now = time.perf_counter()
     timings[name] = round(now - start, 3)
@@ -121,8 +162,11 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True) -> Ru
     check_pair(tinfo, dcfg, dpath)
     tok = _tokenizer(tpath)
     check_tokenizer(tok, tinfo)
+    case, served_shapes, notes = with_launch(case, tpath)
     cands = candidates_for(case, tinfo, dcfg, dpath)
-    shapes = [tree_shape(t, field="evaluate.trees") for t in case.evaluate.trees]
+    shapes, grid_notes = tree_shapes(case)
+    shapes = list(dict.fromkeys(shapes + served_shapes))
+    notes += grid_notes
     pset = read_prompt_set(resolve_path(case.prompts.file, case, "prompts.file"), case.prompts.limit,
                            case.prompts.categories or None)
     prompts = [(p.id, p.category, tokenize(p, tok)) for p in pset.prompts]
@@ -147,12 +191,14 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True) -> Ru
     ev = case.evaluate
     evals = [summarize(r, buckets=ev.position_buckets, seed=ev.seed, n_boot=ev.bootstrap) for r in results]
     speed = _speedup(case, tpath, drafter, embed, shapes, evals, timings)
+    regs = regime_section(passes, pass_meta["reference_regime"], evals, best_layout(evals, case, shapes[0].name),
+                          shapes[0].name, seed=ev.seed, n_boot=ev.bootstrap)
     dinfo = {"path": str(dpath), "format": dckpt.format, "files": list(dckpt.weight_files),
              "num_aux": drafter.cfg.num_aux, "hidden_size": drafter.cfg.hidden_size,
              "draft_vocab_size": drafter.cfg.draft_vocab_size, "config": _config_digest(dpath)}
     run = RunResult(case, tinfo, dinfo, {"file": pset.path, "sha256": pset.sha256, "count": len(pset.prompts),
                                          "categories": sorted({p.category for p in pset.prompts})},
-                    pass_meta, cands, evals, [], timings, speedup=speed)
+                    pass_meta, cands, evals, [], timings, notes=notes, speedup=speed, regimes=regs)
     run.verdicts = verdicts(run)
     _stopwatch(timings, "summary_s", t0)
     return run
@@ -190,7 +236,8 @@ def _target_passes(case, tpath, tinfo, tok, prompts, recorded, points, prompt_sh
     passes, meta, sequences = {}, {"regimes": {}}, None
     for reg in regimes:
         t0 = time.perf_counter()
-        key = PassKey.make(tpath, prompt_sha, reg, points, case.prompts.max_new_tokens,
+        ckpt = Path(zoo_or_path(reg[5:])) if reg.startswith("ckpt:") else tpath
+        key = PassKey.make(ckpt, prompt_sha, reg, points, case.prompts.max_new_tokens,
                            _recorded_sha(recorded), str(dtype))
         tp = load_pass(key) if use_cache else None
         if tp is None:
@@ -217,6 +264,23 @@ def _target_passes(case, tpath, tinfo, tok, prompts, recorded, points, prompt_sh
     return passes, meta
 
 
+def _other_checkpoint(tpath: Path, spec: str, dtype):
+    other = Path(zoo_or_path(spec))
+    mine, theirs = target_info(tpath), target_info(other)
+    for key in ("num_layers", "hidden_size", "vocab_size"):
+        if getattr(mine, key) != getattr(theirs, key):
+            raise DiagError("a ckpt: regime must be the same model in another format", file=str(other),
+                            field=key, expected=f"{getattr(mine, key)} (as {tpath})", found=getattr(theirs, key))
+    return load_target(other, dtype=dtype)[0]
+
+
+def zoo_or_path(spec: str) -> str:
+    if spec.startswith("zoo:"):
+        from diag.zoo import zoo_path
+        return str(zoo_path(spec[4:]))
+    return spec
+
+
 def _recorded_sha(recorded: dict | None) -> str | None:
     if recorded is None:
         return None
@@ -232,8 +296,12 @@ def _sequences(model, tok, prompts, recorded, case, progress):
 
 
 def _model_for(tpath, dtype, regime):
+    """The target under a regime; "ckpt:PATH" loads another checkpoint of the same model."""
+    if regime.startswith("ckpt:"):
+        return _other_checkpoint(tpath, regime[5:], dtype)
     model, _ = load_target(tpath, dtype=dtype)
     if regime != "as-loaded":
-        from diag.regimes import apply_regime, regime as parse_regime
+        from diag.regime_apply import apply_regime
+        from diag.regimes import regime as parse_regime
         apply_regime(model, parse_regime(regime))
     return model

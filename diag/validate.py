@@ -56,4 +56,7 @@ def validate_case(case: Case) -> list[str]:
 def _regimes(case: Case) -> None:
     from diag.regimes import regime
     for text in (*case.evaluate.regimes, case.evaluate.reference_regime):
-        regime(text)
+        if text.startswith("ckpt:"):
+            _path_line(text[5:], case, "evaluate.regimes")
+        else:
+            regime(text)

@@ -142,8 +142,49 @@ def speedup_verdicts(run) -> list[dict]:
              "text": f"Best tree shape of {len(rows)} evaluated: {core}", "evidence": ev}]
 
 
+def _worst_drift(row: dict, layout: str) -> tuple[str, dict]:
+    pts = [p for p in layout.split("+") if p in row["drift"]] or list(row["drift"])
+    worst = min(pts, key=lambda p: row["drift"][p]["cosine"])
+    return worst, row["drift"][worst]
+
+
+def _cross(sec: dict, feats: str, toks: str):
+    for c in sec["cross"]:
+        if c["features"] == feats and c["tokens"] == toks:
+            return c["accept_length"]
+    return None
+
+
+def regime_verdicts(run) -> list[dict]:
+    """Per regime: accept length against the reference, with the interval; where it moved
+    (the drifted capture points); and, with the cross matrix, whether the drafter's inputs
+    or the target's answers moved."""
+    sec = run.regimes
+    if not sec:
+        return []
+    ref, lay, out = sec["reference"], sec["layout"], []
+    for row in sec["regimes"]:
+        if row["regime"] == ref or "vs_reference" not in row:
+            continue
+        d, (lo, hi) = row["vs_reference"]["difference"], row["vs_reference"]["ci95"]
+        point, dr = _worst_drift(row, lay)
+        text = (f"Regime {row['regime']} vs {ref}: accept length {_fmt(row['accept_length'])} vs "
+                f"{_fmt(_cross(sec, ref, ref))} on {lay}, {sec['tree']} (difference {d:+.2f}, 95% CI "
+                f"[{lo:+.2f}, {hi:+.2f}]); greedy tokens agree at {row['argmax_agreement']:.1%} of positions; "
+                f"largest drift of the layout's points at {point} (cosine {dr['cosine']:.4f}, relative L2 "
+                f"{dr['relative_l2']:.3f}).")
+        inputs, answers = _cross(sec, row["regime"], ref), _cross(sec, ref, row["regime"])
+        if inputs is not None and answers is not None:
+            text += (f" Cross matrix: drafter inputs from {row['regime']} with {ref}'s tokens give "
+                     f"{_fmt(inputs)} (the inputs moved); {ref}'s inputs with {row['regime']}'s tokens give "
+                     f"{_fmt(answers)} (the answers moved).")
+        sev = "warning" if hi < 0 else "info"
+        out.append({"kind": "quantization", "severity": sev, "text": text, "evidence": row})
+    return out
+
+
 def verdicts(run) -> list[dict]:
     """All verdicts, most severe first."""
     order = {"error": 0, "warning": 1, "ok": 2, "info": 3}
-    found = layout_verdicts(run) + eagle_verdicts(run) + speedup_verdicts(run)
+    found = layout_verdicts(run) + eagle_verdicts(run) + regime_verdicts(run) + speedup_verdicts(run)
     return sorted(found, key=lambda v: order[v["severity"]])

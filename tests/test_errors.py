@@ -2,7 +2,6 @@
 found, and never leave a report directory behind."""
 
 import json
-from pathlib import Path
 
 import pytest
 

@@ -41,6 +41,7 @@ def register(sub) -> None:
     p.add_argument("--scan", action="store_true", help="also evaluate every neighbouring layout")
     p.add_argument("--algorithm", help="--speculative-algorithm the server runs (EAGLE3, EAGLE, NEXTN)")
     p.add_argument("--serving-layout", help="the layout the server feeds, if known")
+    p.add_argument("--launch", help="the SGLang launch command line, to report what it really runs")
     p.add_argument("--out", help="report directory (default reports/<case name>)")
     p.add_argument("--no-cache", action="store_true", help="recompute the target pass")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -56,9 +57,9 @@ def case_from_flags(a) -> Case:
         raise SystemExit("diag run: --target and --drafter go together (or give a case file)")
     prompts = PromptSpec(file=a.prompts or str(repo_file(DEFAULT_PROMPTS).resolve()),
                          max_new_tokens=a.max_new_tokens or 64, limit=a.limit, recorded=a.recorded)
-    ev = EvaluateSpec(layouts=tuple(a.layout), scan=a.scan, modes=tuple(a.mode) or ("eagle3",),
+    ev = EvaluateSpec(layouts=tuple(a.layout), scan=a.scan or not a.layout, modes=tuple(a.mode) or ("eagle3",),
                       trees=tuple(a.tree) or ("chain-3",), regimes=tuple(a.regime) or ("as-loaded",))
-    serving = ServingSpec(algorithm=a.algorithm or "EAGLE3", layout=a.serving_layout)
+    serving = ServingSpec(algorithm=a.algorithm or "EAGLE3", layout=a.serving_layout, launch=a.launch)
     return Case(version=1, name=Path(a.drafter.removeprefix("zoo:")).name or "run", source="<flags>",
                 target=ModelSpec(a.target), drafter=ModelSpec(a.drafter), prompts=prompts, evaluate=ev,
                 serving=serving)
@@ -71,7 +72,8 @@ def apply_overrides(case: Case, a) -> Case:
                  modes=tuple(a.mode) or ev.modes, regimes=tuple(a.regime) or ev.regimes, scan=a.scan or ev.scan)
     pr = replace(pr, limit=a.limit if a.limit is not None else pr.limit,
                  max_new_tokens=a.max_new_tokens or pr.max_new_tokens, recorded=a.recorded or pr.recorded)
-    sv = replace(sv, algorithm=a.algorithm or sv.algorithm, layout=a.serving_layout or sv.layout)
+    sv = replace(sv, algorithm=a.algorithm or sv.algorithm, layout=a.serving_layout or sv.layout,
+                 launch=a.launch or sv.launch)
     return replace(case, evaluate=ev, prompts=pr, serving=sv)
 
 

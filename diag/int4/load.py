@@ -62,7 +62,7 @@ def load_packed_target(path, *, dtype: torch.dtype = torch.bfloat16, device="cpu
     infos = tensor_infos(root)
     model = build_meta(text)
     slots = _install_packed(model, scheme, text, infos, device)
-    slots += _dense_slots(model, slots)
+    slots += _dense_slots(model, slots, text.prefix)
     used = _check_keys(model, text, scheme, slots, infos, root)
     _load(model, slots, infos, used, dtype=dtype, device=device)
     _tie_or_fail(model, root)
@@ -194,15 +194,15 @@ def _set_module(model: nn.Module, name: str, new: nn.Module) -> None:
 
 # ---- everything else -----------------------------------------------------
 
-def _dense_slots(model: nn.Module, taken: list[Slot]) -> list[Slot]:
+def _dense_slots(model: nn.Module, taken: list[Slot], prefix: str) -> list[Slot]:
     """Parameters and persistent buffers not fed by a packed/expert slot are
-    loaded under their own name (plus the wrapper prefix, see _check_keys)."""
+    loaded under their own name (plus the wrapper prefix)."""
     covered = {s.target for s in taken}
     out = []
     for target, t in model.state_dict(keep_vars=True).items():
         if target in covered or target.endswith(_PACKED):
             continue
-        out.append(Slot(target, target, "dense", tuple(t.shape)))
+        out.append(Slot(prefix + target, target, "dense", tuple(t.shape)))
     return out
 
 
@@ -217,11 +217,8 @@ def _tied(model: nn.Module) -> dict[str, str]:
 
 def _check_keys(model, text: TextModel, scheme: Int4Scheme, slots: list[Slot],
                 infos: dict[str, TensorInfo], root: Path) -> set[str]:
-    """Prefix slot keys, then fail on missing, unexpected or misshapen tensors."""
+    """Fail on missing, unexpected or misshapen tensors; the keys to read."""
     tied = _tied(model)
-    for i, s in enumerate(slots):
-        if s.kind == "dense" and not s.index:
-            slots[i] = Slot(text.prefix + s.key, s.target, s.kind, s.shape, s.index)
     wanted = {s.key: s for s in slots}
     for key, s in wanted.items():
         if key not in infos and not (s.target in tied and key.removeprefix(text.prefix) in tied):

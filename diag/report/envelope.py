@@ -67,6 +67,7 @@ def envelope(run, argv: list[str] | None = None) -> dict:
         "verdicts": run.verdicts,
         "evaluations": [{k: v for k, v in e.items() if k != "trajectory_rounds"} for e in run.evaluations],
         "speedup": run.speedup,
+        "regimes": run.regimes,
         "timings": run.timings,
         "notes": run.notes,
     }

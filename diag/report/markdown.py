@@ -35,12 +35,22 @@ def _what_ran(rep: dict) -> list[str]:
             f"vocab {t['vocab_size']}, quantization {t['quantization'] or 'none'}, config hash `{t['config_hash']}`",
             f"- drafter `{d['path']}`: {d['format']}, fc takes {d['num_aux']} points, draft vocab "
             f"{d['draft_vocab_size']}, config hash `{d['config']}`",
+            _serving_line(rep),
             f"- prompts `{rep['prompts']['file']}`: {rep['prompts']['count']} prompts "
             f"({', '.join(rep['prompts']['categories'])}), hash `{rep['prompts']['sha256']}`",
             f"- target pass: {tp['source']} continuations, max_new_tokens {tp['max_new_tokens']}, "
             f"{tp['sequences']} sequences, {tp['tokens']} tokens ({tp['continuation_tokens']} continuation); "
             f"captured {', '.join(tp['points'])}; {cached}",
-            f"- timings: " + ", ".join(f"{k} {v}" for k, v in rep["timings"].items()), ""]
+            "- timings: " + ", ".join(f"{k} {v}" for k, v in rep["timings"].items()), ""]
+
+
+def _serving_line(rep: dict) -> str:
+    """The serving configuration the case describes and the layout diag resolved it to."""
+    sv = rep["case"]["spec"]["serving"]
+    served = [c["label"] for c in rep["candidates"] if "serving" in c["roles"]]
+    return (f"- serving: {sv['engine']}, --speculative-algorithm {sv['algorithm']}, feeds "
+            f"{', '.join(f'`{s}`' for s in served) or 'an unresolved layout'}"
+            + (" (set in the case)" if sv.get("layout") else " (resolved from the drafter config)"))
 
 
 def _candidates(rep: dict) -> list[str]:
@@ -80,6 +90,39 @@ def _by_position(rep: dict) -> list[str]:
     return out + [""]
 
 
+def _drift(rep: dict) -> list[str]:
+    rows = rep.get("drift") or []
+    if not rows:
+        return []
+    out = ["## Hidden-state drift", "", "Per capture point, against the reference regime: mean cosine over "
+           "tokens and relative L2 (||other - ref|| / ||ref||).", "",
+           "| regime | reference | point | cosine | relative L2 |", "|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['regime']} | {r['reference']} | `{r['point']}` | {_f(r['cosine_mean'], 4)} | "
+                   f"{_f(r['relative_l2'], 4)} |")
+    return out + [""]
+
+
+def _speedup(rep: dict) -> list[str]:
+    sp = rep.get("speedup")
+    if not sp or not sp.get("rows"):
+        return []
+    c = sp["costs"]
+    verify = ", ".join(f"D={d}: {t * 1e3:.2f} ms" for d, t in c["t_verify"].items())
+    out = ["## Will speculation pay?", "",
+           f"Step costs ({sp['source']}): decode {c['t_decode'] * 1e3:.2f} ms, draft step "
+           f"{c['t_draft'] * 1e3:.2f} ms, draft extend {c['t_draft_extend'] * 1e3:.2f} ms, verify {verify}. "
+           "Break-even accept length = round cost / decode cost; above it speculation beats plain decoding.", "",
+           "| tree | layout | mode | regime | round cost | break-even | reachable | accept length | speedup |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(sp["rows"], key=lambda r: (r["tree"], -(r.get("speedup") or 0))):
+        reg = r["regime"] if r["regime"] == r["tokens_regime"] else f"{r['regime']}→{r['tokens_regime']}"
+        out.append(f"| {r['tree']} | `{r['layout']}` | {r['mode']} | {reg} | {r['round_cost_s'] * 1e3:.2f} ms | "
+                   f"{_f(r['break_even_accept_length'])} | {'yes' if r['break_even_reachable'] else 'no'} | "
+                   f"{_f(r.get('accept_length'))} | {_f(r.get('speedup'))}x |")
+    return out + [""]
+
+
 def _plots(rep: dict) -> list[str]:
     plots = rep.get("plots") or []
     if not plots:
@@ -93,5 +136,5 @@ def render(rep: dict) -> str:
         head += [rep["case"]["description"], ""]
     notes = ["## Notes", ""] + [f"- {n}" for n in rep["notes"]] + [""] if rep["notes"] else []
     body = (head + _verdicts(rep) + _what_ran(rep) + _candidates(rep) + _table(rep) + _by_position(rep)
-            + _plots(rep) + notes)
+            + _drift(rep) + _speedup(rep) + _plots(rep) + notes)
     return "\n".join(body) + "\n"

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from diag.report.envelope import envelope, samples
 from diag.report.markdown import render
+from diag.report.plots import make_plots
 
 
 def write_report(run, out_dir: str | Path, argv: list[str] | None = None) -> tuple[Path, dict]:
@@ -22,7 +23,7 @@ def write_report(run, out_dir: str | Path, argv: list[str] | None = None) -> tup
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     try:
         rep = envelope(run, argv)
-        rep["plots"] = _plots(rep, tmp)
+        rep["plots"] = make_plots(rep, tmp)
         (tmp / "report.json").write_text(json.dumps(rep, indent=2, default=str) + "\n")
         with open(tmp / "samples.jsonl", "w") as fh:
             for row in samples(run):
@@ -36,10 +37,3 @@ def write_report(run, out_dir: str | Path, argv: list[str] | None = None) -> tup
         raise
     return out, rep
 
-
-def _plots(rep: dict, folder: Path) -> list[dict]:
-    try:
-        from diag.report.plots import make_plots
-    except ImportError:
-        return []
-    return make_plots(rep, folder)

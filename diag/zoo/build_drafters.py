@@ -176,9 +176,10 @@ def evaluate(d, target, embed, heldout: torch.Tensor, lay: Layout, recipe: Draft
     continuations of held-out prompts, under the trained layout and under the layout
     shifted one layer deeper (embed+L2+L4 -> L1+L3+L5), which should score lower."""
     steps = recipe.unroll_steps
-    text = tile_windows(heldout, recipe.budget.seq_len + 1, recipe.eval_sequences)   # [E, T+2]
+    width = PROMPT + recipe.budget.seq_len + steps                          # as in training
+    text = tile_windows(heldout, width - 1, recipe.eval_sequences)         # [E, width]
     meta = depth1_teacher_forced(d, embed, *features(target, text, lay), text)
-    seqs = greedy_sequences(target, text[:, :PROMPT], recipe.budget.seq_len + steps)
+    seqs = greedy_sequences(target, text[:, :PROMPT], width - PROMPT)
     start = PROMPT - 1                      # first index whose next token was generated
     aux, argmax = features(target, seqs, lay)
     meta["greedy_chain"] = chain_acceptance(d, embed, aux, seqs, argmax, steps, start)

@@ -58,14 +58,17 @@ def python_prompts(docs: tuple[Document, ...], count: int = 8, lines: int = 6) -
 
 @torch.no_grad()
 def greedy_continuations(model, tokenizer, prompts: list[str], max_new_tokens: int = 64) -> list[Continuation]:
-    """Greedy decode of each prompt (bos + text) with transformers' generate."""
+    """Greedy decode of all prompts (bos + text) in one left-padded batch:
+    prompts of 5 and 3 ids -> rows [a a a a a], [pad pad b b b], mask 0 on the pads."""
+    encs = [tokenizer.encode(p).ids for p in prompts]
+    width, pad = max(len(e) for e in encs), model.config.pad_token_id
+    ids = torch.tensor([[pad] * (width - len(e)) + e for e in encs])                  # [P, width]
+    mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encs])
+    gen = model.generate(input_ids=ids, attention_mask=mask, do_sample=False,
+                         max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens)
     out = []
-    for prompt in prompts:
-        ids = torch.tensor([tokenizer.encode(prompt).ids])                  # [1, P], starts with bos
-        gen = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                             max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens)
-        new = gen[0, ids.shape[1]:].tolist()
-        out.append(Continuation(prompt, tokenizer.decode(new), distinct_2(new), loop_period(new)))
+    for prompt, row in zip(prompts, gen[:, width:].tolist()):
+        out.append(Continuation(prompt, tokenizer.decode(row), distinct_2(row), loop_period(row)))
     return out
 
 

@@ -77,7 +77,7 @@ def optimize(params, budget: TrainBudget, loss_fn: Callable[[int], torch.Tensor]
         opt.step()
         if after_step is not None:
             after_step(step)
-        losses.append(float(loss))
+        losses.append(loss.detach().item())
         bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
     return losses
 
@@ -104,6 +104,8 @@ def perplexity(model: torch.nn.Module, stream: torch.Tensor, seq_len: int = 256,
                max_windows: int = 64, batch: int = 16) -> float:
     """exp(mean next-token cross entropy) over non-overlapping held-out windows."""
     windows = tile_windows(stream, seq_len, max_windows)                    # [W, T+1]
+    if windows.numel() == 0:
+        raise ValueError(f"held-out stream of {stream.numel()} ids is shorter than one window of {seq_len + 1}")
     total, count = 0.0, 0
     for chunk in windows.split(batch):
         logits = model(input_ids=chunk[:, :-1], use_cache=False).logits.float()

@@ -1,0 +1,156 @@
+"""Assertions over a finished report, for diagnostic test suites (pytest or plain Python).
+
+    from diag.assertions import assert_serving_layout_is_trained, assert_accept_length_at_least
+    def test_deployment(diag_run):                     # the pytest plugin's session fixture
+        assert_serving_layout_is_trained(diag_run)
+        assert_accept_length_at_least(diag_run, 2.5, tree="chain-3")
+
+Every failure message quotes the numbers it compared and the report path, so a failing CI
+run points straight at the report to attach to a ticket. The helpers read report.json
+fields only (the same numbers as report.md and the terminal table); they compute nothing
+but comparisons. A request the report cannot answer (no such variant) is the caller's
+mistake and raises DiagError, not AssertionError.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from diag.errors import DiagError
+from diag.report.compare import load_report
+from diag.trees import tree_shape
+
+DECLARED_ROLE = "declared (diag_trained_layout)"
+
+
+@dataclass(frozen=True)
+class DiagReport:
+    """A report dict and the directory it was written to (None when it came from memory)."""
+
+    report: dict
+    path: Path | None = None
+
+    @classmethod
+    def load(cls, path: str | Path) -> "DiagReport":
+        rep, file = load_report(path)
+        return cls(rep, file.parent)
+
+    def __getitem__(self, key: str):
+        return self.report[key]
+
+    @property
+    def where(self) -> str:
+        return f"report: {self.path / 'report.md'}" if self.path else "report: (in memory, no path)"
+
+
+def as_report(report) -> DiagReport:
+    """DiagReport, a report dict, or a report directory / report.json path -> DiagReport."""
+    if isinstance(report, DiagReport):
+        return report
+    if isinstance(report, dict):
+        return DiagReport(report)
+    if isinstance(report, (str, Path)):
+        return DiagReport.load(report)
+    raise DiagError("not a diag report", field="report", expected="DiagReport, report dict or path",
+                    found=type(report).__name__)
+
+
+def _f(x) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
+
+
+def assert_no_error_verdicts(report) -> None:
+    r = as_report(report)
+    errors = [v for v in r["verdicts"] if v["severity"] == "error"]
+    if errors:
+        lines = [f"{len(errors)} error verdict(s):"] + [f"  - {v['text']}" for v in errors]
+        raise AssertionError("\n".join(lines + [r.where]))
+
+
+def serving_candidate(rep: dict) -> dict | None:
+    """The candidate the report says the server feeds (role "serving"), if any."""
+    return next((c for c in rep["candidates"] if "serving" in c["roles"]), None)
+
+
+def _verdict(rep: dict, *kinds: str) -> dict | None:
+    return next((v for v in rep["verdicts"] if v["kind"] in kinds), None)
+
+
+def _measured(rep: dict) -> str:
+    v = _verdict(rep, "layout-mismatch", "layout-match")
+    return f"measured: {v['text']}" if v else "measured: no layout verdict (no verify rounds)"
+
+
+def assert_serving_layout_is_trained(report) -> None:
+    """The server must feed the layout the drafter was trained on.
+
+    Fails when (1) the measurement says so (a layout-mismatch verdict: the serving layout is
+    not among the layouts statistically indistinguishable from the best); (2) the server runs
+    --speculative-algorithm EAGLE (the drafter sees `final`, never a trained layout); or (3)
+    the drafter's config states its trained layout (diag_trained_layout) and the serving
+    layout differs, whether or not these prompts can tell the two apart."""
+    r = as_report(report)
+    rep = r.report
+    serving = serving_candidate(rep)
+    if serving is None:
+        raise AssertionError(f"the report names no serving layout\n{r.where}")
+    bad = _verdict(rep, "layout-mismatch")
+    if bad:
+        ev = bad["evidence"]
+        raise AssertionError(
+            f"serving layout {ev['serving']} is not the trained layout {ev['trained']}: accept length "
+            f"{_f(ev['serving_accept_length'])} served vs {_f(ev['trained_accept_length'])} trained "
+            f"(difference {ev['difference']:+.2f}, 95% CI [{ev['ci95'][0]:+.2f}, {ev['ci95'][1]:+.2f}] "
+            f"over {ev['prompts']} prompts)\n{bad['text']}\n{r.where}")
+    if serving["mode"] == "eagle":
+        raise AssertionError(f"the server runs --speculative-algorithm {rep['case']['spec']['serving']['algorithm']}"
+                             f": the drafter is fed {serving['layout']}, not a layout it was trained on\n"
+                             f"{r.where}")
+    declared = next((c for c in rep["candidates"] if DECLARED_ROLE in c["roles"]), None)
+    if declared and declared["label"] != serving["label"]:
+        raise AssertionError(
+            f"serving layout {serving['label']} is not the trained layout {declared['label']} "
+            f"(declared in the drafter config: {'; '.join(declared['rules'])})\n{_measured(rep)}\n{r.where}")
+
+
+def _primary_tree(rep: dict) -> str:
+    trees = rep["case"]["spec"]["evaluate"]["trees"]
+    return tree_shape(trees[0]).name if trees else rep["evaluations"][0]["tree"]
+
+
+def find_evaluation(report, *, tree: str | None = None, layout: str | None = None, mode: str = "eagle3",
+                    regime: str | None = None) -> dict:
+    """The one evaluation matching the filters. Defaults: the case's first tree, the serving
+    layout, the reference regime (features and tokens both)."""
+    r = as_report(report)
+    rep = r.report
+    if not rep["evaluations"]:
+        raise DiagError("the report has no evaluations", file=str(r.path), field="evaluations",
+                        expected="at least one variant", found="[]")
+    tree = tree_shape(tree).name if tree else _primary_tree(rep)
+    if layout is None:
+        serving = serving_candidate(rep)
+        layout = serving["label"] if serving else None
+    regime = regime or rep["target_pass"]["reference_regime"]
+    hits = [e for e in rep["evaluations"] if e["tree"] == tree and e["layout"] == layout and e["mode"] == mode
+            and e["regime"] == regime and e["tokens_regime"] == regime]
+    if len(hits) != 1:
+        raise DiagError("no single evaluation matches", file=str(r.path), field="evaluations",
+                        expected=f"one of {sorted(e['key'] for e in rep['evaluations'])}",
+                        found=f"{layout}|{mode}|{tree}|{regime} ({len(hits)} matches)")
+    return hits[0]
+
+
+def assert_accept_length_at_least(report, minimum: float, *, tree: str | None = None,
+                                  layout: str | None = None, mode: str = "eagle3",
+                                  regime: str | None = None) -> None:
+    """Trajectory accept length (bonus included) of one variant must reach `minimum`."""
+    r = as_report(report)
+    e = find_evaluation(r, tree=tree, layout=layout, mode=mode, regime=regime)
+    got = e["accept_length"]
+    if got is None or got < minimum:
+        lo, hi = e["accept_length_ci95"]
+        raise AssertionError(
+            f"accept length {_f(got)} (95% CI {_f(lo)}-{_f(hi)}, {e['trajectory']['rounds']} rounds) for "
+            f"{e['layout']} {e['mode']} {e['tree']} {e['regime']} is below {minimum:.2f}\n{r.where}")

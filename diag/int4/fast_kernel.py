@@ -1,0 +1,63 @@
+"""The Triton kernel behind diag.int4.fast: a grouped GEMM over routed experts whose weights
+stay INT4 packed in global memory and are dequantized tile by tile in registers.
+
+  out[p, n] = sum_k A[row(p), k] * W_e[n, k]            (p: a (token, slot) pair routed to e)
+  W_e[n, k] = (((packed[e, n, k // 8] >> 4 * (k % 8)) & 0xF) - 8) * scale[e, n, k // group]
+
+Worked example of one word: packed = 0x7BA9F810, k % 8 = 3 -> (word >> 12) & 0xF = 0xF = 15
+-> q = 7. An arithmetic right shift of a negative word fills the top bits with ones; the
+`& 0xF` drops them, so negative words decode like positive ones.
+
+Rows are laid out by diag.int4.fast.route: `sorted_ids` [num_blocks * BLOCK_M] lists pair
+indices grouped by expert, each expert's run padded to a multiple of BLOCK_M with the
+sentinel S (= number of pairs); `block_expert` [num_blocks] names each block's expert, -1
+for unused blocks. Importing this module needs Triton; nothing else in diag does.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def moe_int4_gemm(a_ptr, w_ptr, s_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr, route_w_ptr,
+                  N, K, num_pairs, a_div,
+                  stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_om,
+                  GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, MUL_ROUTE: tl.constexpr):
+    """One [BLOCK_M, BLOCK_N] tile of out. A [rows, K] bf16; packed W [E, N, K/8] int32;
+    scales [E, N, K/GROUP] bf16; out [num_pairs, N] bf16. K % BLOCK_K == 0."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    expert = tl.load(block_expert_ptr + pid_m)
+    if expert < 0:
+        return
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_ids_ptr + offs_m)                                   # [BM]
+    row_ok = pair < num_pairs
+    a_row = tl.where(row_ok, pair // a_div, 0)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + a_row[:, None] * stride_am + offs_k[None, :]            # [BM, BK]
+    w_base = w_ptr + expert.to(tl.int64) * stride_we
+    w_ptrs = w_base + offs_n[None, :] * stride_wn + (offs_k[:, None] // 8)    # [BK, BN]
+    s_base = s_ptr + expert.to(tl.int64) * stride_se
+    s_ptrs = s_base + offs_n[None, :] * stride_sn + (offs_k[:, None] // GROUP)
+    shifts = (offs_k[:, None] % 8) * 4
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for _ in range(0, K, BLOCK_K):
+        a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
+        words = tl.load(w_ptrs, mask=n_ok[None, :], other=0)
+        scale = tl.load(s_ptrs, mask=n_ok[None, :], other=0.0)
+        q = ((words >> shifts) & 0xF) - 8
+        b = (q.to(tl.float32) * scale.to(tl.float32)).to(tl.bfloat16)        # bf16, as dequantize()
+        acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K // 8
+        s_ptrs += BLOCK_K // GROUP
+    if MUL_ROUTE:
+        acc = acc * tl.load(route_w_ptr + pair, mask=row_ok, other=0.0)[:, None]
+    out_ptrs = out_ptr + pair[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+    tl.store(out_ptrs, acc.to(tl.bfloat16), mask=row_ok[:, None] & n_ok[None, :])

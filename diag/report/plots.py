@@ -1,0 +1,185 @@
+"""Plots for report.md, drawn from the report dict only (PNG, Agg, byte-for-byte repeatable).
+
+    acceptance_at_depth.png  P(a >= d) against depth d, one panel per tree shape, one line per
+                             (layout, mode, regime) variant, over the trajectory's rounds
+    accept_hist.png          share of verify rounds by accept length (a + 1, bonus included),
+                             one panel per tree shape
+    drift.png                only when the report has a `drift` section: relative L2 and cosine
+                             of each capture point against the reference regime, per regime
+    speedup.png              only when the report has a `speedup` section: accept length against
+                             num_draft_tokens per tree shape, with the break-even accept length
+
+Section shapes read here (report.schema.json has them too):
+    drift    = [{"regime", "reference", "point", "cosine_mean", "relative_l2"}, ...]
+    speedup  = {"source": "...", "costs": {...}, "rows": [{"tree": "chain-3", "layout", "mode",
+                "regime", "tokens_regime", "topk", "num_draft_tokens", "accept_length",
+                "break_even_accept_length", ...}, ...]}      (diag/speedup_table.py)
+
+Repeatable: no pyplot state, fixed figure sizes and DPI, PNG metadata without the matplotlib
+version, variants drawn in sorted order. This module knows matplotlib and the report's keys;
+it computes no metric (every number comes from the report).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from diag.layouts import point
+
+DPI = 100
+PANEL = (4.2, 3.2)          # inches per panel
+WIDE = (7.5, 4.5)           # a figure of one panel
+COLUMNS = 3                 # panels per row
+PNG_META = {"Software": None}
+
+
+def _label(e: dict) -> str:
+    """embed+L2+L4 eagle3 as-loaded; a cross-regime variant reads w4a16-g32>as-loaded."""
+    reg = e["regime"] if e["regime"] == e["tokens_regime"] else f"{e['regime']}>{e['tokens_regime']}"
+    return f"{e['layout']} {e['mode']} {reg}"
+
+
+def _by_tree(rep: dict) -> dict[str, list[dict]]:
+    """Evaluations with at least one trajectory round, grouped by tree, in a fixed order:
+    trees by (num_steps, topk, num_draft_tokens), variants by label."""
+    groups: dict[str, list[dict]] = {}
+    for e in rep.get("evaluations", []):
+        if e["trajectory"]["rounds"]:
+            groups.setdefault(e["tree"], []).append(e)
+    order = sorted(groups, key=lambda t: (groups[t][0]["num_steps"], groups[t][0]["topk"],
+                                          groups[t][0]["num_draft_tokens"]))
+    return {t: sorted(groups[t], key=_label) for t in order}
+
+
+def _figure(panels: int, panel: tuple[float, float] = PANEL) -> tuple[Figure, list]:
+    """A figure with `panels` axes laid out COLUMNS to a row. 5 panels -> 2 rows x 3 columns,
+    the sixth axes removed."""
+    cols = min(COLUMNS, panels)
+    rows = -(-panels // cols)
+    fig = Figure(figsize=(panel[0] * cols, panel[1] * rows), dpi=DPI)
+    FigureCanvasAgg(fig)
+    axes = [fig.add_subplot(rows, cols, i + 1) for i in range(rows * cols)]
+    for ax in axes[panels:]:
+        fig.delaxes(ax)
+    return fig, axes[:panels]
+
+
+def _save(fig: Figure, folder: Path, name: str, title: str) -> dict:
+    (folder / "plots").mkdir(parents=True, exist_ok=True)
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    fig.savefig(folder / "plots" / name, format="png", dpi=DPI, metadata=PNG_META)
+    return {"file": f"plots/{name}", "title": title}
+
+
+def acceptance_at_depth(rep: dict, folder: Path) -> dict | None:
+    groups = _by_tree(rep)
+    if not groups:
+        return None
+    fig, axes = _figure(len(groups))
+    for ax, (tree, evals) in zip(axes, groups.items()):
+        for e in evals:
+            depth = e["trajectory"]["acceptance_at_depth"]
+            ax.plot(range(1, len(depth) + 1), depth, marker="o", label=_label(e))
+        ax.set(title=tree, xlabel="depth d", ylabel="P(a >= d)", ylim=(-0.02, 1.02))
+        ax.set_xticks(range(1, evals[0]["num_steps"] + 1))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper right")
+    return _save(fig, folder, "acceptance_at_depth.png",
+                 "Acceptance at depth, over the rounds a real decode visits")
+
+
+def accept_hist(rep: dict, folder: Path) -> dict | None:
+    groups = _by_tree(rep)
+    if not groups:
+        return None
+    fig, axes = _figure(len(groups))
+    for ax, (tree, evals) in zip(axes, groups.items()):
+        width = 0.8 / len(evals)
+        for i, e in enumerate(evals):
+            hist, rounds = e["trajectory"]["accepted_hist"], e["trajectory"]["rounds"]
+            x = [a + 1 + (i - (len(evals) - 1) / 2) * width for a in range(len(hist))]  # accept length a+1
+            ax.bar(x, [n / rounds for n in hist], width=width, label=_label(e))
+        ax.set(title=tree, xlabel="accept length (a + 1, bonus included)", ylabel="share of rounds",
+               ylim=(0, 1.02))
+        ax.set_xticks(range(1, evals[0]["num_steps"] + 2))
+        ax.legend(fontsize=7, loc="upper right")
+    return _save(fig, folder, "accept_hist.png", "Accept length per verify round (trajectory)")
+
+
+def _point_order(name: str) -> tuple[int, int]:
+    """embed, L1, ..., LN, final: residual-stream order."""
+    p = point(name)
+    return (1, 0) if p.is_final else (0, p.index)
+
+
+def drift(rep: dict, folder: Path) -> dict | None:
+    rows = rep.get("drift") or []
+    if not rows:
+        return None
+    points = sorted({r["point"] for r in rows}, key=_point_order)
+    fig, (ax_l2, ax_cos) = _figure(2)
+    for (reg, ref) in sorted({(r["regime"], r["reference"]) for r in rows}):
+        mine = {r["point"]: r for r in rows if r["regime"] == reg and r["reference"] == ref}
+        xs = [i for i, p in enumerate(points) if p in mine]
+        label = f"{reg} vs {ref}"
+        ax_l2.plot(xs, [mine[points[i]]["relative_l2"] for i in xs], marker="o", label=label)
+        ax_cos.plot(xs, [mine[points[i]]["cosine_mean"] for i in xs], marker="o", label=label)
+    for ax, name in ((ax_l2, "relative L2"), (ax_cos, "mean cosine")):
+        ax.set_xticks(range(len(points)), points, rotation=45, fontsize=8)
+        ax.set(xlabel="capture point", ylabel=name, title=name)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return _save(fig, folder, "drift.png", "Hidden-state drift per capture point vs the reference regime")
+
+
+def _reference_rows(rep: dict) -> list[dict]:
+    """Speedup rows of eagle3 variants on the reference regime that have a break-even number."""
+    ref = rep.get("target_pass", {}).get("reference_regime", "as-loaded")
+    return [r for r in (rep.get("speedup") or {}).get("rows", [])
+            if r.get("break_even_accept_length") is not None and r["mode"] == "eagle3"
+            and r["regime"] == ref and r["tokens_regime"] == ref]
+
+
+def _break_even_curves(ax, rows: list[dict]) -> None:
+    """One dashed line per topk through (D, break-even accept length) of each tree shape.
+    The break-even depends on the shape and the costs only, not on the layout."""
+    shapes = {r["tree"]: (r["topk"], r["num_draft_tokens"], r["break_even_accept_length"]) for r in rows}
+    for k in sorted({v[0] for v in shapes.values()}):
+        pts = sorted((d, be, tree) for tree, (kk, d, be) in shapes.items() if kk == k)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "k--" if k == 1 else "k:", marker="x",
+                label=f"break-even, topk={k}")
+        for d, be, tree in pts:
+            ax.annotate(tree, (d, be), fontsize=7, textcoords="offset points", xytext=(4, -10))
+
+
+def speedup(rep: dict, folder: Path) -> dict | None:
+    rows = _reference_rows(rep)
+    if not rows:
+        return None
+    fig, (ax,) = _figure(1, panel=WIDE)
+    _break_even_curves(ax, rows)
+    for lay in sorted({r["layout"] for r in rows}):
+        pts = sorted((r["num_draft_tokens"], r["accept_length"]) for r in rows
+                     if r["layout"] == lay and r.get("accept_length") is not None)
+        ax.scatter([p[0] for p in pts], [p[1] for p in pts], label=f"{lay} (measured)", zorder=3)
+    ax.set(xlabel="num_draft_tokens D (root included)", ylabel="accept length (bonus included)",
+           title=f"speculation pays above its break-even (costs {rep['speedup']['source']})")
+    ax.title.set_fontsize(9)
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, folder, "speedup.png", "Accept length vs break-even, per tree shape")
+
+
+PLOTS = (acceptance_at_depth, accept_hist, drift, speedup)
+
+
+def make_plots(rep: dict, folder: str | Path) -> list[dict]:
+    """Draw every plot the report has data for into folder/plots/; returns
+    [{"file": "plots/x.png", "title": ...}] in a fixed order (markdown links them)."""
+    folder = Path(folder)
+    return [made for plot in PLOTS if (made := plot(rep, folder)) is not None]
