@@ -154,3 +154,21 @@ def assert_accept_length_at_least(report, minimum: float, *, tree: str | None = 
         raise AssertionError(
             f"accept length {_f(got)} (95% CI {_f(lo)}-{_f(hi)}, {e['trajectory']['rounds']} rounds) for "
             f"{e['layout']} {e['mode']} {e['tree']} {e['regime']} is below {minimum:.2f}\n{r.where}")
+
+
+def assert_speculation_pays(report, *, tree: str | None = None, layout: str | None = None) -> None:
+    """Predicted speedup over plain decoding must exceed 1 for one variant (default: the
+    serving layout on the case's first tree), from the report's speedup section: accept
+    length against the break-even accept length at the run's step costs (DESIGN.md §6)."""
+    r = as_report(report)
+    e = find_evaluation(r, tree=tree, layout=layout)
+    sp = r.report.get("speedup")
+    row = next((x for x in (sp or {}).get("rows", []) if x["key"] == e["key"]), None)
+    if row is None:
+        raise DiagError("the report has no speedup row for this variant", file=str(r.path), field="speedup",
+                        expected=f"a row with key {e['key']}", found="none (no step costs measured or given)")
+    if row.get("speedup") is None or row["speedup"] <= 1.0:
+        raise AssertionError(
+            f"speculation does not pay for {e['layout']} on {e['tree']}: accept length {_f(row.get('accept_length'))}"
+            f" vs break-even {_f(row['break_even_accept_length'])}, predicted {_f(row.get('speedup'))}x plain "
+            f"decoding (costs {sp['source']})\n{r.where}")

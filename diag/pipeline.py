@@ -103,16 +103,22 @@ def _tokenizer(path: Path):
 
 
 def _variants(case: Case, cands: list[Candidate], shapes: list[TreeShape]) -> list[Variant]:
-    ev = case.evaluate
-    regimes = list(dict.fromkeys(ev.regimes))
-    out = []
-    for c in cands:
-        for shape in shapes:
-            for reg in regimes:
-                out.append(Variant(c.label, c.mode, shape, reg, reg))
-                if ev.cross_regimes:
-                    out += [Variant(c.label, c.mode, shape, reg, other) for other in regimes if other != reg]
-    return out
+    """Every candidate x shape x regime, features and tokens from the same regime."""
+    regimes = _regimes(case)
+    return [Variant(c.label, c.mode, shape, reg, reg) for c in cands for shape in shapes for reg in regimes]
+
+
+def _cross_variants(case: Case, layout_label: str | None, shape: TreeShape) -> list[Variant]:
+    """The cross matrix, only for the trained (best) layout on the primary tree: features
+    from regime A, verifying tokens from regime B != A."""
+    regimes = _regimes(case)
+    if not case.evaluate.cross_regimes or layout_label is None or len(regimes) < 2:
+        return []
+    return [Variant(layout_label, "eagle3", shape, a, b) for a in regimes for b in regimes if a != b]
+
+
+def _regimes(case: Case) -> list[str]:
+    return list(dict.fromkeys([case.evaluate.reference_regime, *case.evaluate.regimes]))
 
 
 def tree_shapes(case: Case) -> tuple[list[TreeShape], list[str]]:
@@ -183,13 +189,17 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True) -> Ru
     t0 = time.perf_counter()
     drafter, dckpt = load_drafter(dpath, dtype=_dtype(case.drafter.dtype, "drafter.dtype", case) or torch.float32)
     embed, head = load_embed_and_head(tpath)
-    variants = _variants(case, cands, shapes)
-    results = replay(drafter, embed, head, passes, variants,
-                     {c.label: c.layout for c in cands}, token_budget=case.evaluate.token_budget,
-                     progress=progress)
-    t0 = _stopwatch(timings, "drafter_s", t0)
     ev = case.evaluate
+    layouts = {c.label: c.layout for c in cands}
+    results = replay(drafter, embed, head, passes, _variants(case, cands, shapes), layouts,
+                     token_budget=ev.token_budget, progress=progress)
     evals = [summarize(r, buckets=ev.position_buckets, seed=ev.seed, n_boot=ev.bootstrap) for r in results]
+    cross = _cross_variants(case, best_layout(evals, case, shapes[0].name), shapes[0])
+    if cross:
+        results = replay(drafter, embed, head, passes, cross, layouts, token_budget=ev.token_budget,
+                         progress=progress)
+        evals += [summarize(r, buckets=ev.position_buckets, seed=ev.seed, n_boot=ev.bootstrap) for r in results]
+    t0 = _stopwatch(timings, "drafter_s", t0)
     speed = _speedup(case, tpath, drafter, embed, shapes, evals, timings)
     regs = regime_section(passes, pass_meta["reference_regime"], evals, best_layout(evals, case, shapes[0].name),
                           shapes[0].name, seed=ev.seed, n_boot=ev.bootstrap)

@@ -87,7 +87,8 @@ def grouped_int4_gemm(a: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor
                         N, K, r.num_pairs, a_div,
                         a.stride(0), packed.stride(0), packed.stride(1), scale.stride(0), scale.stride(1),
                         out.stride(0), GROUP=group, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=bk,
-                        MUL_ROUTE=route_w is not None, num_warps=4, num_stages=3)
+                        MUL_ROUTE=route_w is not None, UPCAST=_interpreting(),
+                        num_warps=4, num_stages=3)
     return out
 
 
@@ -107,6 +108,10 @@ def fused_experts(module: PackedExperts, hidden: torch.Tensor, top_k_index: torc
     return y.view(T, K, -1).sum(dim=1, dtype=torch.float32).to(hidden.dtype)
 
 
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def triton_available() -> bool:
     try:
         import triton  # noqa: F401
@@ -120,7 +125,7 @@ class FastPackedExperts(PackedExperts):
     eager loop elsewhere. Same buffers, same state dict: only the class differs."""
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
-        usable = hidden_states.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+        usable = hidden_states.is_cuda or _interpreting()
         if usable and self.gate_up_proj_scale.dtype == torch.bfloat16 and triton_available():
             return fused_experts(self, hidden_states, top_k_index, top_k_weights)
         return super().forward(hidden_states, top_k_index, top_k_weights)

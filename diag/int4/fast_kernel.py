@@ -25,9 +25,10 @@ def moe_int4_gemm(a_ptr, w_ptr, s_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr
                   N, K, num_pairs, a_div,
                   stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_om,
                   GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr, MUL_ROUTE: tl.constexpr):
+                  BLOCK_K: tl.constexpr, MUL_ROUTE: tl.constexpr, UPCAST: tl.constexpr):
     """One [BLOCK_M, BLOCK_N] tile of out. A [rows, K] bf16; packed W [E, N, K/8] int32;
-    scales [E, N, K/GROUP] bf16; out [num_pairs, N] bf16. K % BLOCK_K == 0."""
+    scales [E, N, K/GROUP] bf16; out [num_pairs, N] bf16. K % BLOCK_K == 0.
+    UPCAST: dot in fp32 on the same bf16 values (only for TRITON_INTERPRET=1)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     expert = tl.load(block_expert_ptr + pid_m)
@@ -53,7 +54,10 @@ def moe_int4_gemm(a_ptr, w_ptr, s_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr
         scale = tl.load(s_ptrs, mask=n_ok[None, :], other=0.0)
         q = ((words >> shifts) & 0xF) - 8
         b = (q.to(tl.float32) * scale.to(tl.float32)).to(tl.bfloat16)        # bf16, as dequantize()
-        acc = tl.dot(a, b, acc)
+        if UPCAST:  # Triton's CPU interpreter multiplies bf16 dots wrongly; fp32 there
+            acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+        else:
+            acc = tl.dot(a, b, acc)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K // 8
         s_ptrs += BLOCK_K // GROUP

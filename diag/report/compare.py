@@ -178,7 +178,8 @@ def _diff_cell(v: dict) -> str:
 
 def render_markdown(cmp: dict) -> str:
     out = [f"# diag compare: {cmp['a']['case']} vs {cmp['b']['case']}", "",
-           f"- A: `{cmp['a']['path']}` ({cmp['a']['created']})", f"- B: `{cmp['b']['path']}` ({cmp['b']['created']})",
+           f"- A: `{cmp['a']['path']}` ({cmp['a']['created']})",
+           f"- B: `{cmp['b']['path']}` ({cmp['b']['created']})",
            "", "## Verdict changes", ""]
     changed = [v for v in cmp["verdicts"] if v["change"] != "same"]
     out += [f"- **{v['kind']}** {v['change']}: A {_verdict_text(v['a'])} → B {_verdict_text(v['b'])}"

@@ -90,16 +90,25 @@ def _by_position(rep: dict) -> list[str]:
     return out + [""]
 
 
-def _drift(rep: dict) -> list[str]:
-    rows = rep.get("drift") or []
-    if not rows:
+def _regimes(rep: dict) -> list[str]:
+    sec = rep.get("regimes")
+    if not sec:
         return []
-    out = ["## Hidden-state drift", "", "Per capture point, against the reference regime: mean cosine over "
-           "tokens and relative L2 (||other - ref|| / ||ref||).", "",
-           "| regime | reference | point | cosine | relative L2 |", "|---|---|---|---|---|"]
-    for r in rows:
-        out.append(f"| {r['regime']} | {r['reference']} | `{r['point']}` | {_f(r['cosine_mean'], 4)} | "
-                   f"{_f(r['relative_l2'], 4)} |")
+    ref, points = sec["reference"], sec["points"]
+    out = ["## Quantization regimes", "",
+           f"Against `{ref}`, over the same sequences; accept length of `{sec['layout']}` on {sec['tree']}. "
+           "Drift per capture point: mean cosine / relative L2.", "",
+           "| regime | greedy agreement | accept length | vs reference [95% CI] | "
+           + " | ".join(f"`{p}`" for p in points) + " |", "|---" * (4 + len(points)) + "|"]
+    for r in sec["regimes"]:
+        vs = r.get("vs_reference")
+        vs_cell = f"{vs['difference']:+.2f} [{vs['ci95'][0]:+.2f}, {vs['ci95'][1]:+.2f}]" if vs else "–"
+        cells = [f"{_f(r['drift'][p]['cosine'], 3)} / {_f(r['drift'][p]['relative_l2'], 3)}" for p in points]
+        out.append(f"| {r['regime']} | {_f(r['argmax_agreement'], 3)} | {_f(r.get('accept_length'))} | "
+                   f"{vs_cell} | " + " | ".join(cells) + " |")
+    if sec.get("cross"):
+        out += ["", "Cross matrix (features from one regime, verifying tokens from another): "
+                + ", ".join(f"{c['features']}→{c['tokens']}: {_f(c['accept_length'])}" for c in sec["cross"])]
     return out + [""]
 
 
@@ -136,5 +145,5 @@ def render(rep: dict) -> str:
         head += [rep["case"]["description"], ""]
     notes = ["## Notes", ""] + [f"- {n}" for n in rep["notes"]] + [""] if rep["notes"] else []
     body = (head + _verdicts(rep) + _what_ran(rep) + _candidates(rep) + _table(rep) + _by_position(rep)
-            + _drift(rep) + _speedup(rep) + _plots(rep) + notes)
+            + _regimes(rep) + _speedup(rep) + _plots(rep) + notes)
     return "\n".join(body) + "\n"

@@ -4,13 +4,14 @@
                              (layout, mode, regime) variant, over the trajectory's rounds
     accept_hist.png          share of verify rounds by accept length (a + 1, bonus included),
                              one panel per tree shape
-    drift.png                only when the report has a `drift` section: relative L2 and cosine
-                             of each capture point against the reference regime, per regime
+    drift.png                only when the report has a `regimes` section with a regime besides
+                             the reference: relative L2 and cosine of each capture point, per regime
     speedup.png              only when the report has a `speedup` section: accept length against
                              num_draft_tokens per tree shape, with the break-even accept length
 
 Section shapes read here (report.schema.json has them too):
-    drift    = [{"regime", "reference", "point", "cosine_mean", "relative_l2"}, ...]
+    regimes  = {"reference", "points": [...], "regimes": [{"regime", "drift": {point: {"cosine",
+                "relative_l2"}}, ...}], ...}                        (diag/regime_report.py)
     speedup  = {"source": "...", "costs": {...}, "rows": [{"tree": "chain-3", "layout", "mode",
                 "regime", "tokens_regime", "topk", "num_draft_tokens", "accept_length",
                 "break_even_accept_length", ...}, ...]}      (diag/speedup_table.py)
@@ -26,8 +27,6 @@ from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-
-from diag.layouts import point
 
 DPI = 100
 PANEL = (4.2, 3.2)          # inches per panel
@@ -110,24 +109,18 @@ def accept_hist(rep: dict, folder: Path) -> dict | None:
     return _save(fig, folder, "accept_hist.png", "Accept length per verify round (trajectory)")
 
 
-def _point_order(name: str) -> tuple[int, int]:
-    """embed, L1, ..., LN, final: residual-stream order."""
-    p = point(name)
-    return (1, 0) if p.is_final else (0, p.index)
-
-
 def drift(rep: dict, folder: Path) -> dict | None:
-    rows = rep.get("drift") or []
+    sec = rep.get("regimes") or {}
+    rows = [r for r in sec.get("regimes", []) if r["regime"] != sec.get("reference") and r.get("drift")]
     if not rows:
         return None
-    points = sorted({r["point"] for r in rows}, key=_point_order)
+    points = sec["points"]                                   # residual-stream order: embed, L1, ..., final
     fig, (ax_l2, ax_cos) = _figure(2)
-    for (reg, ref) in sorted({(r["regime"], r["reference"]) for r in rows}):
-        mine = {r["point"]: r for r in rows if r["regime"] == reg and r["reference"] == ref}
-        xs = [i for i, p in enumerate(points) if p in mine]
-        label = f"{reg} vs {ref}"
-        ax_l2.plot(xs, [mine[points[i]]["relative_l2"] for i in xs], marker="o", label=label)
-        ax_cos.plot(xs, [mine[points[i]]["cosine_mean"] for i in xs], marker="o", label=label)
+    for r in sorted(rows, key=lambda r: r["regime"]):
+        xs = [i for i, p in enumerate(points) if p in r["drift"]]
+        label = f"{r['regime']} vs {sec['reference']}"
+        ax_l2.plot(xs, [r["drift"][points[i]]["relative_l2"] for i in xs], marker="o", label=label)
+        ax_cos.plot(xs, [r["drift"][points[i]]["cosine"] for i in xs], marker="o", label=label)
     for ax, name in ((ax_l2, "relative L2"), (ax_cos, "mean cosine")):
         ax.set_xticks(range(len(points)), points, rotation=45, fontsize=8)
         ax.set(xlabel="capture point", ylabel=name, title=name)

@@ -1,0 +1,63 @@
+"""The CPU benchmark: a small Kimi-shaped pair (real formats, shrunk widths) through the
+same measurements as the GPU run where they make sense on a CPU: capture-pass tokens/s
+(diag's eager packed loop), batched drafter replay (3 layouts x 6 trees) against the
+measured fp32 matmul rate, and the naive loop's speed ratio. The numbers describe diag's
+overheads at toy widths, not Kimi speed.
+
+This module is orchestration; the measurements live in target.py, drafter.py, naive.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from diag.bench.common import envelope, matmul_peak, save, section
+from diag.bench.drafter import replay_bench
+from diag.bench.naive import naive_loop
+from diag.bench.target import capture_throughput, synthetic_sequences
+from diag.layouts import layout, union_points
+
+SMALL = {"hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 64,
+         "n_routed_experts": 16, "num_experts_per_tok": 4, "q_lora_rank": 96, "kv_lora_rank": 64,
+         "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32, "num_attention_heads": 4,
+         "num_key_value_heads": 4, "vocab_size": 4096}
+SMALL_DRAFTER = {"num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 64,
+                 "intermediate_size": 512, "draft_vocab_size": 1024}
+
+
+def run(out: Path, workdir: Path, *, layers: int = 4, num_seqs: int = 8, seq_len: int = 128,
+        prompt_len: int = 32) -> dict:
+    from diag.drafter_io import load_drafter
+    from diag.int4.load import load_packed_target
+    from diag.kimi_shaped import kimi_shaped
+
+    res = envelope("cpu", {"layers": layers, "widths": SMALL, "num_seqs": num_seqs, "seq_len": seq_len})
+    ceil = section(res, "ceilings", lambda: {"fp32_matmul_flops": matmul_peak("cpu", 1024, 5, torch.float32)})
+    peak = ceil["fp32_matmul_flops"] if ceil else 1e11
+    ks = kimi_shaped(workdir, layers=layers, widths=SMALL, drafter_widths=SMALL_DRAFTER)
+    model = load_packed_target(ks.target, dtype=torch.float32)
+    drafter, _ = load_drafter(ks.drafter)
+    seqs = synthetic_sequences(num_seqs, seq_len, prompt_len, SMALL["vocab_size"])
+    lays = [ks.layout, f"L1+L{layers}+final", "embed+L1+final"]
+    points = tuple(dict.fromkeys(union_points([layout(x) for x in lays]) + (layout("final").points[0],)))
+    st = {}
+
+    def target():
+        row, st["tp"] = capture_throughput(model, seqs, points, 4096)
+        return row
+    section(res, "target_pass", target)
+    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+    rp = section(res, "drafter", lambda: replay_bench(drafter, embed, head, st["tp"], lays, peak,
+                                                      token_budget=1024))
+
+    def naive():
+        out = naive_loop(model, drafter, embed, seqs[0].ids, lays[0], prompt_len=prompt_len, positions=8)
+        tgt = res["sections"]["target_pass"]
+        batched = tgt["seconds"] / tgt["tokens"] + rp["seconds"] / max(rp["rounds"], 1)
+        out.update({"batched_seconds_per_position": batched,
+                    "speedup_over_naive": out["seconds_per_position"] / batched})
+        return out
+    section(res, "naive", naive)
+    return save(res, out) and res

@@ -1,0 +1,98 @@
+"""diag.bench and the fused INT4 path: routing layout, CPU fallback, the Triton kernel when
+it can run (CUDA, or Triton's interpreter), the naive loop's cache handling, rendering."""
+
+import json
+import os
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from diag.bench.render import goal_lines, render
+from diag.bench.target import expert_flops, synthetic_sequences
+from diag.int4.fast import FastPackedExperts, accelerate, fused_experts, route, triton_available
+from diag.int4.packed import PackedExperts
+
+
+def _experts(seed=0, E=8, H=128, I=64):
+    torch.manual_seed(seed)
+    m = PackedExperts(E, H, I, 32, F.silu)
+    for name in ("gate_up_proj", "down_proj"):
+        packed = getattr(m, f"{name}_packed")
+        packed.copy_(torch.randint(-2 ** 31, 2 ** 31, packed.shape, dtype=torch.int64).to(torch.int32))
+        getattr(m, f"{name}_scale").copy_(torch.rand(getattr(m, f"{name}_scale").shape) * 0.05)
+    return m
+
+
+def test_route_worked_example():
+    r = route(torch.tensor([[1], [0], [1]]), 2, 2)          # the module docstring's example
+    S = 3
+    assert r.sorted_ids.tolist()[:4] == [1, S, 0, 2]
+    assert r.block_expert.tolist()[:2] == [0, 1] and set(r.block_expert.tolist()[2:]) <= {-1}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_route_places_every_pair_once_in_its_experts_block(seed):
+    gen = torch.Generator().manual_seed(seed)
+    E, T, K, B = 7, 37, 3, 4
+    idx = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(T)])
+    r = route(idx, E, B)
+    ids, experts = r.sorted_ids.view(-1, B), r.block_expert
+    seen = []
+    for block, e in zip(ids.tolist(), experts.tolist()):
+        real = [p for p in block if p < T * K]
+        assert e >= 0 or not real
+        assert all(int(idx.view(-1)[p]) == e for p in real)
+        seen += real
+    assert sorted(seen) == list(range(T * K))
+
+
+def test_accelerate_swaps_class_and_falls_back_on_cpu(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    m = _experts()
+    model = torch.nn.Sequential(m)
+    x = torch.randn(20, 128).to(torch.bfloat16)
+    idx, w = torch.randint(0, 8, (20, 2)), torch.rand(20, 2)
+    before = m(x, idx, w)
+    assert accelerate(model) == 1 and type(m) is FastPackedExperts
+    assert torch.equal(m(x, idx, w), before)                 # CPU: the eager loop, bit for bit
+    assert accelerate(model) == 0
+
+
+kernel_runs = triton_available() and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
+
+
+@pytest.mark.skipif(not kernel_runs, reason="needs Triton with CUDA or TRITON_INTERPRET=1")
+def test_fused_kernel_matches_eager_loop():
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    m = _experts(1).to(dev)
+    x = torch.randn(50, 128, device=dev).to(torch.bfloat16)
+    idx = torch.stack([torch.randperm(8)[:3] for _ in range(50)]).to(dev)
+    w = torch.rand(50, 3, device=dev)
+    ref, got = PackedExperts.forward(m, x, idx, w).float(), fused_experts(m, x, idx, w).float()
+    assert float((got - ref).norm() / ref.norm()) < 3e-2
+
+
+def test_flops_worked_example_and_sequences():
+    assert expert_flops(8192, 8, 2048, 7168) == 6 * 8192 * 8 * 2048 * 7168
+    seqs = synthetic_sequences(3, 20, 5, 100)
+    assert [len(s.ids) for s in seqs] == [20, 20, 20] and all(s.prompt_len == 5 for s in seqs)
+    assert int(max(s.ids.max() for s in seqs)) < 100
+
+
+def _result(**sections):
+    return {"kind": "gpu", "git": None, "machine": {"torch": "x", "gpu": "G"}, "sections": sections}
+
+
+def test_goal_lines_read_the_json(tmp_path):
+    res = _result(naive={"speedup_over_naive": 45.0}, checkpoint={"resident_over_checkpoint": 1.3},
+                  experts={"rows": [{"tokens": 8192, "int4_fraction_of_peak": 0.2}], "weight_memory_ratio": 0.28},
+                  drafter={"error": "boom"})
+    lines = "\n".join(goal_lines(res))
+    assert "| speedup over the naive loop | 45 | >= 30 | met |" in lines
+    assert "| resident / checkpoint bytes | 1.3 | <= 1.15 | NOT met |" in lines
+    assert "| MoE layer fraction of bf16 peak (8k tokens, dequant included) | 0.2 | >= 0.4 | NOT met |" in lines
+    assert "| drafter replay fraction of peak | not measured |" in lines
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps(res))
+    assert "speedup_over_naive=45" in render([path])

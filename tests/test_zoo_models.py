@@ -1,0 +1,70 @@
+"""On the zoo's trained checkpoints: captured states equal transformers' own
+output_hidden_states, for the Llama and the DeepSeek-V3 targets (bf16 and INT4), and the
+demo case's report identifies the trained layout."""
+
+import json
+
+import pytest
+import torch
+
+from diag.capture import capture_pass
+from diag.layouts import point
+from diag.target import load_target
+from diag.zoo import zoo_path
+
+
+def _ids(path, n=40):
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(str(path))
+    text = "def read_config(path):\n    \"\"\"Read a config file.\"\"\"\n    with open(path) as fh:\n"
+    return torch.tensor([tok(text)["input_ids"][:n]])
+
+
+@pytest.mark.parametrize("name", ["llama-tiny", "deepseek-tiny", "deepseek-tiny-int4"])
+@torch.no_grad()
+def test_capture_equals_output_hidden_states(name):
+    path = zoo_path(name)
+    model, info = load_target(path, dtype=torch.float32)
+    n = info.num_layers
+    ids = _ids(path)
+    points = tuple(point(p) for p in ["embed", "L1", f"L{n - 1}", f"L{n}", "final"])
+    got = capture_pass(model, ids, torch.ones_like(ids), points)
+    ref = model(ids, output_hidden_states=True)
+    hs = ref.hidden_states
+    assert len(hs) == n + 1
+    torch.testing.assert_close(got.states["embed"], hs[0])
+    torch.testing.assert_close(got.states["L1"], hs[1])
+    torch.testing.assert_close(got.states[f"L{n - 1}"], hs[n - 1])
+    torch.testing.assert_close(got.states["final"], hs[n])
+    torch.testing.assert_close(model.model.norm(got.states[f"L{n}"]), hs[n])
+    assert torch.equal(got.argmax, ref.logits.argmax(-1))
+
+
+@torch.no_grad()
+def test_int4_target_states_match_transformers_compressed_tensors():
+    """diag's packed INT4 path vs transformers' own loading (which dequantizes at load)."""
+    pytest.importorskip("compressed_tensors")
+    from transformers import AutoModelForCausalLM
+    path = zoo_path("deepseek-tiny-int4")
+    ours, _ = load_target(path, dtype=torch.bfloat16)
+    theirs = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.bfloat16)
+    theirs.config._experts_implementation = "eager"
+    ids = _ids(path)
+    a = ours(ids, output_hidden_states=True)
+    b = theirs(ids, output_hidden_states=True)
+    for x, y in zip(a.hidden_states, b.hidden_states):
+        torch.testing.assert_close(x.float(), y.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_demo_report_identifies_the_trained_layout(tmp_path, monkeypatch):
+    from diag.cli import main
+    out = tmp_path / "demo"
+    assert main(["run", "--out", str(out), "--quiet", "--limit", "24", "--tree", "chain-3"]) == 0
+    rep = json.loads((out / "report.json").read_text())
+    trained = next(v for v in rep["verdicts"] if v["kind"] == "trained-layout")
+    assert trained["evidence"]["best"] == "embed+L2+L4"
+    by_layout = {e["layout"]: e["accept_length"] for e in rep["evaluations"]
+                 if e["tree"] == "chain-3" and e["mode"] == "eagle3"}
+    assert by_layout["embed+L2+L4"] > by_layout["L1+L3+L5"] + 0.3
+    eagle = next(e for e in rep["evaluations"] if e["mode"] == "eagle")
+    assert eagle["accept_length"] <= 1.05
