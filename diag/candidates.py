@@ -45,6 +45,7 @@ class _Book:
     def __init__(self, k: int, n: int):
         self.items: dict[str, Candidate] = {}
         self.k, self.n = k, n
+        self.notes: list[str] = []
 
     def add(self, lay: Layout, role: str, rule: str = "", mode: str = "eagle3") -> None:
         if mode == "eagle3" and (len(lay) != self.k or any(
@@ -80,11 +81,22 @@ def neighbours(lay: Layout, n: int) -> list[tuple[Layout, str]]:
     return out
 
 
+def _declared(dcfg: dict, n: int, where: str, book: "_Book") -> list:
+    """The drafter's declared layouts; ids its trainer's convention cannot read become a
+    note (the run goes on with the other candidates), never a silent skip."""
+    try:
+        return declared_layouts(dcfg, n, file=where)
+    except DiagError as err:
+        book.notes.append(f"declared layer ids not readable under the trainer's convention: "
+                          f"{err.message} ({err.found}); evaluated under every convention that reads them")
+        return []
+
+
 def _from_indices(idx: list[int]) -> Layout:
     return Layout(tuple(point(f"L{i}") for i in idx))
 
 
-def candidates_for(case: Case, tinfo: TargetInfo, dcfg: dict, dpath: Path) -> list[Candidate]:
+def candidates_for(case: Case, tinfo: TargetInfo, dcfg: dict, dpath: Path) -> tuple[list[Candidate], list[str]]:
     n = tinfo.num_layers
     tcfg = read_target_config(tinfo.path)
     k = _num_aux(dpath, tinfo)
@@ -103,7 +115,7 @@ def candidates_for(case: Case, tinfo: TargetInfo, dcfg: dict, dpath: Path) -> li
         book.add(layout("final"), "serving mode eagle", "--speculative-algorithm EAGLE: final-normed last "
                  "hidden state, fc bypassed when widths match, target lm_head, no d2t", "eagle")
     where = str(dpath / "config.json")
-    for d in declared_layouts(dcfg, n, file=where):
+    for d in _declared(dcfg, n, where, book):
         book.add(d.layout, f"declared ({d.source})", d.rule)
     ids = nested_ids(dcfg, file=where) or top_level_ids(dcfg, file=where)
     if ids is not None:
@@ -113,7 +125,7 @@ def candidates_for(case: Case, tinfo: TargetInfo, dcfg: dict, dpath: Path) -> li
         for base in [c for c in list(book.items.values()) if c.mode == "eagle3"]:
             for lay, how in neighbours(base.layout, n):
                 book.add(lay, f"scan: {how} of {base.label}")
-    return list(book.items.values())
+    return list(book.items.values()), book.notes
 
 
 def _num_aux(dpath: Path, tinfo: TargetInfo) -> int:

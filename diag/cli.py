@@ -11,7 +11,7 @@ import sys
 
 from diag.errors import DiagError
 
-COMMANDS = ("run", "zoo", "explain", "effective", "lint", "compare", "bench")
+COMMANDS = ("run", "zoo", "kimi", "explain", "effective", "lint", "compare", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -178,8 +178,8 @@ class Eagle3Drafter(nn.Module):
     def set_vocab(self, hot_ids: torch.Tensor) -> None:
         """hot_ids [Vd] ascending target ids. d2t[d] = hot_ids[d] - d, so t = d + d2t[d].
         Example: hot_ids [0, 5, 9] -> d2t [0, 4, 7]; t2d true at 0, 5, 9 only."""
-        hot = hot_ids.to(torch.long)
-        self.d2t.copy_(hot - torch.arange(len(hot)))
+        hot = hot_ids.to(torch.long).to(self.d2t.device)
+        self.d2t.copy_(hot - torch.arange(len(hot), device=hot.device))
         self.t2d.zero_()
         self.t2d[hot] = True
 

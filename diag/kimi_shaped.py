@@ -231,8 +231,9 @@ def write_drafter(out_dir: str | Path, layers: int, *, seed: int = 1, widths: di
                         max_position_embeddings=w["max_position_embeddings"])
     torch.manual_seed(seed)
     with torch.device(device):
-        drafter = Eagle3Drafter(cfg)
-    drafter.set_vocab(_hot_ids(text["vocab_size"], w["draft_vocab_size"], seed).to(drafter.d2t.device))
+        drafter = Eagle3Drafter(cfg)  # initialised where it is fast, written from the CPU
+    drafter = drafter.cpu()
+    drafter.set_vocab(_hot_ids(text["vocab_size"], w["draft_vocab_size"], seed))
     layout, ids = drafter_layout(layers)
     save_drafter(drafter, out_dir, aux_layer_ids=ids, trained_layout=layout)
     return Path(out_dir), layout

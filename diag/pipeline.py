@@ -169,10 +169,10 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True) -> Ru
     tok = _tokenizer(tpath)
     check_tokenizer(tok, tinfo)
     case, served_shapes, notes = with_launch(case, tpath)
-    cands = candidates_for(case, tinfo, dcfg, dpath)
+    cands, cand_notes = candidates_for(case, tinfo, dcfg, dpath)
     shapes, grid_notes = tree_shapes(case)
     shapes = list(dict.fromkeys(shapes + served_shapes))
-    notes += grid_notes
+    notes += grid_notes + cand_notes
     pset = read_prompt_set(resolve_path(case.prompts.file, case, "prompts.file"), case.prompts.limit,
                            case.prompts.categories or None)
     prompts = [(p.id, p.category, tokenize(p, tok)) for p in pset.prompts]
@@ -188,6 +188,7 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True) -> Ru
                                        progress, use_cache, timings)
     t0 = time.perf_counter()
     drafter, dckpt = load_drafter(dpath, dtype=_dtype(case.drafter.dtype, "drafter.dtype", case) or torch.float32)
+    drafter.to(_main_device(case))
     embed, head = load_embed_and_head(tpath)
     ev = case.evaluate
     layouts = {c.label: c.layout for c in cands}
@@ -222,7 +223,7 @@ def _speedup(case, tpath, drafter, embed, shapes, evals, timings) -> dict | None
     if costs is None:
         if not case.speedup.measure:
             return None
-        model, _ = load_target(tpath, dtype=_dtype(case.target.dtype, "target.dtype", case))
+        model = _model_for(tpath, _dtype(case.target.dtype, "target.dtype", case), "as-loaded", case)
         costs = measure_costs(model, drafter, embed, [s.num_draft_tokens for s in shapes],
                               context=case.speedup.context)
         source = f"measured by diag on the loaded models (batch 1, context {case.speedup.context})"
@@ -251,7 +252,7 @@ def _target_passes(case, tpath, tinfo, tok, prompts, recorded, points, prompt_sh
                            _recorded_sha(recorded), str(dtype))
         tp = load_pass(key) if use_cache else None
         if tp is None:
-            model = _model_for(tpath, dtype, reg)
+            model = _model_for(tpath, dtype, reg, case)
             if sequences is None:
                 sequences = _sequences(model, tok, prompts, recorded, case, progress)
             tp = run_capture(model, sequences, points, regime=reg, token_budget=ev.token_budget,
@@ -274,14 +275,14 @@ def _target_passes(case, tpath, tinfo, tok, prompts, recorded, points, prompt_sh
     return passes, meta
 
 
-def _other_checkpoint(tpath: Path, spec: str, dtype):
+def _other_checkpoint(tpath: Path, spec: str, dtype, case):
     other = Path(zoo_or_path(spec))
     mine, theirs = target_info(tpath), target_info(other)
     for key in ("num_layers", "hidden_size", "vocab_size"):
         if getattr(mine, key) != getattr(theirs, key):
             raise DiagError("a ckpt: regime must be the same model in another format", file=str(other),
                             field=key, expected=f"{getattr(mine, key)} (as {tpath})", found=getattr(theirs, key))
-    return load_target(other, dtype=dtype)[0]
+    return load_target(other, dtype=dtype, device_map=_device_map(case, other))[0]
 
 
 def zoo_or_path(spec: str) -> str:
@@ -305,11 +306,24 @@ def _sequences(model, tok, prompts, recorded, case, progress):
                            recorded=recorded, progress=progress)
 
 
-def _model_for(tpath, dtype, regime):
-    """The target under a regime; "ckpt:PATH" loads another checkpoint of the same model."""
+def _main_device(case: Case) -> torch.device:
+    """Where the drafter runs: the first GPU when the case places the target on GPUs."""
+    return torch.device("cuda:0" if case.placement.gpus > 0 else "cpu")
+
+
+def _device_map(case: Case, path: Path):
+    from diag.placement import device_map_for
+    pl = case.placement
+    return device_map_for(path, pl.gpus, pl.gpu_memory, pl.activation_budget,
+                          token_budget=case.evaluate.token_budget)
+
+
+def _model_for(tpath, dtype, regime, case):
+    """The target under a regime, placed by the case; "ckpt:PATH" loads another checkpoint
+    of the same model."""
     if regime.startswith("ckpt:"):
-        return _other_checkpoint(tpath, regime[5:], dtype)
-    model, _ = load_target(tpath, dtype=dtype)
+        return _other_checkpoint(tpath, regime[5:], dtype, case)
+    model, _ = load_target(tpath, dtype=dtype, device_map=_device_map(case, tpath))
     if regime != "as-loaded":
         from diag.regime_apply import apply_regime
         from diag.regimes import regime as parse_regime

@@ -83,10 +83,11 @@ def load_target(path: str | Path, *, dtype: torch.dtype | None = None, device_ma
     info = target_info(path)
     if info.quantization == "pack-quantized":
         from diag.int4.load import load_packed_target
-        model = load_packed_target(path, dtype=dtype or torch.bfloat16)
-        if device_map is not None:
-            from accelerate import dispatch_model
-            model = dispatch_model(model, device_map=device_map)
+        model = load_packed_target(path, dtype=dtype or torch.bfloat16,
+                                   device=device_map if device_map is not None else "cpu")
+        if any(p.is_cuda for p in model.parameters()):
+            from diag.int4.fast import accelerate
+            accelerate(model)          # fused dequant + grouped GEMM for the routed experts
         return model.eval(), info
     if info.quantization is not None:
         raise DiagError("unsupported quantization format", file=str(Path(path) / "config.json"),

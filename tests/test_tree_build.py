@@ -1,6 +1,8 @@
 """Tree building on hand-made draft distributions: SGLang's selection, order, ties, orphans."""
 
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from diag.tree_build import PAD, expand_step, finalize, first_step, lineage_rows
 from diag.trees import TreeShape, ancestor_mask, depths
@@ -111,3 +113,20 @@ def test_lineage_rows_follow_source_rows():
     b2 = expand_step(b1, torch.stack([dist(V, {6: .5, 7: .5}), dist(V, {8: .5, 9: .5})])[None])
     assert b1.source_row.tolist() == [[1, 0]] and b2.source_row.tolist() == [[0, 0]]
     assert lineage_rows([b0, b1, b2]).tolist() == [[[1, 1], [0, 0], [0, 1]]]
+
+
+@given(st.integers(1, 6), st.integers(1, 12), st.integers(0, 10_000))
+@settings(max_examples=60, deadline=None)
+def test_linear_top_equals_stable_sort(k, width, seed):
+    """_top (linear in the width) equals a full stable descending sort, ties to the lower
+    index, NaN first, on values drawn from few levels so ties are common."""
+    from diag.tree_build import _top
+    k = min(k, width)
+    g = torch.Generator().manual_seed(seed)
+    vals = torch.randint(0, 3, (4, width), generator=g).float()
+    vals[torch.rand(4, width, generator=g) < 0.1] = float("nan")
+    key = torch.where(torch.isnan(vals), torch.full_like(vals, float("inf")), vals)
+    ref = torch.sort(key, dim=-1, descending=True, stable=True).indices[..., :k]
+    got_vals, got = _top(vals, k)
+    assert torch.equal(got, ref)
+    assert torch.equal(got_vals.isnan(), vals.gather(-1, ref).isnan())

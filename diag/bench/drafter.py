@@ -8,7 +8,6 @@ This module knows the replay entry point and timing; nothing about files or repo
 
 from __future__ import annotations
 
-import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from diag.bench.common import timed

@@ -118,7 +118,7 @@ def _grown(model, seqs, points, max_layers, st) -> dict:
     from diag.kimi_shaped import kimi_config
     from diag.placement import activation_bytes, place
 
-    reserve = activation_bytes(model.config, 16384) + 8 * GiB  # + drafter and its replay
+    reserve = activation_bytes(model.config, 16384) + 24 * GiB  # + drafter and its beam replay
     n = grow(model, layers_that_fit(model, reserve, max_layers))
     total = torch.cuda.get_device_properties(0).total_memory
     try:
@@ -142,7 +142,7 @@ def _drafter(st, model, lays, peak) -> dict:
     drafter, _ = load_drafter(st["ks"].drafter, dtype=torch.bfloat16)
     st["drafter"] = drafter.to("cuda")
     embed, head = model.get_input_embeddings(), model.get_output_embeddings()
-    out = replay_bench(st["drafter"], embed, head, st["tp"], lays, peak, token_budget=4096)
+    out = replay_bench(st["drafter"], embed, head, st["tp"], lays, peak, token_budget=2048)
     st["replay"] = out
     return out
 

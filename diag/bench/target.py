@@ -79,6 +79,7 @@ def experts_compare(moe: nn.Module, tokens: list[int], peak: float, *, eager_tok
         x, idx, w = routed_inputs(moe, eager_tokens)
         out["eager_seconds"] = {eager_tokens: timed(lambda: PackedExperts.forward(packed, x, idx, w),
                                                     repeat=1, warmup=0)}
+    out["tiles"] = tune_tiles(moe, 8192)
     dense = dense_grouped_mm(packed, cfg)
     out["bf16_bytes"] = resident_bytes(dense)
     rows = []
@@ -97,6 +98,31 @@ def experts_compare(moe: nn.Module, tokens: list[int], peak: float, *, eager_tok
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return out
+
+
+TILE_CHOICES = ({"block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 4, "num_stages": 3},
+                {"block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 3},
+                {"block_m": 64, "block_n": 128, "block_k": 128, "num_warps": 8, "num_stages": 3},
+                {"block_m": 128, "block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 4})
+
+
+@torch.no_grad()
+def tune_tiles(moe: nn.Module, tokens: int) -> list[dict]:
+    """Time the fused path under each tile choice at `tokens`; keep the fastest in
+    diag.int4.fast.TILES for the rest of the run."""
+    from diag.int4 import fast
+
+    x, idx, w = routed_inputs(moe, tokens, seed=2)
+    rows = []
+    for tiles in TILE_CHOICES:
+        fast.TILES.update(tiles)
+        try:
+            rows.append({**tiles, "seconds": timed(lambda: fast.fused_experts(moe.experts, x, idx, w), repeat=3)})
+        except Exception as err:  # e.g. a tile needing more shared memory than the GPU has
+            rows.append({**tiles, "seconds": float("inf"), "error": repr(err)[:300]})
+    fast.TILES.update({k: v for k, v in min(rows, key=lambda r: r["seconds"]).items()
+                       if k not in ("seconds", "error")})
+    return rows
 
 
 def capture_throughput(model: nn.Module, seqs: list[Sequence], points: tuple[CapturePoint, ...],

@@ -42,6 +42,8 @@ def register(sub) -> None:
     p.add_argument("--algorithm", help="--speculative-algorithm the server runs (EAGLE3, EAGLE, NEXTN)")
     p.add_argument("--serving-layout", help="the layout the server feeds, if known")
     p.add_argument("--launch", help="the SGLang launch command line, to report what it really runs")
+    p.add_argument("--gpus", type=int, help="place the target across N GPUs (0: CPU)")
+    p.add_argument("--gpu-memory", help="memory budget per GPU for weights, e.g. 130GiB")
     p.add_argument("--out", help="report directory (default reports/<case name>)")
     p.add_argument("--no-cache", action="store_true", help="recompute the target pass")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -66,15 +68,16 @@ def case_from_flags(a) -> Case:
 
 
 def apply_overrides(case: Case, a) -> Case:
-    """Command-line flags given alongside a case file override its values."""
-    ev, pr, sv = case.evaluate, case.prompts, case.serving
+    """Command-line flags given alongside a case file (or a flags case) override its values."""
+    ev, pr, sv, pl = case.evaluate, case.prompts, case.serving, case.placement
+    pl = replace(pl, gpus=a.gpus if a.gpus is not None else pl.gpus, gpu_memory=a.gpu_memory or pl.gpu_memory)
     ev = replace(ev, layouts=tuple(a.layout) or ev.layouts, trees=tuple(a.tree) or ev.trees,
                  modes=tuple(a.mode) or ev.modes, regimes=tuple(a.regime) or ev.regimes, scan=a.scan or ev.scan)
     pr = replace(pr, limit=a.limit if a.limit is not None else pr.limit,
                  max_new_tokens=a.max_new_tokens or pr.max_new_tokens, recorded=a.recorded or pr.recorded)
     sv = replace(sv, algorithm=a.algorithm or sv.algorithm, layout=a.serving_layout or sv.layout,
                  launch=a.launch or sv.launch)
-    return replace(case, evaluate=ev, prompts=pr, serving=sv)
+    return replace(case, evaluate=ev, prompts=pr, serving=sv, placement=pl)
 
 
 def run(a) -> int:
@@ -83,7 +86,7 @@ def run(a) -> int:
     from diag.report.writer import write_report
 
     if a.target or a.drafter:
-        case = case_from_flags(a)
+        case = apply_overrides(case_from_flags(a), a)
     else:
         case = apply_overrides(read_case(a.case or repo_file(DEMO)), a)
     run_result = run_case(case, progress=not a.quiet, use_cache=not a.no_cache)

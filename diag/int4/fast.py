@@ -30,8 +30,8 @@ from torch import nn
 
 from diag.int4.packed import PackedExperts
 
-BLOCK_M = int(os.environ.get("DIAG_INT4_BLOCK_M", "64"))
-BLOCK_N, BLOCK_K = 128, 64
+# Tile shape and launch; diag.bench times alternatives on the GPU at hand and may set these.
+TILES = {"block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 4, "num_stages": 3}
 
 
 @dataclass(frozen=True)
@@ -64,8 +64,9 @@ def route(top_k_index: torch.Tensor, num_experts: int, block_m: int) -> Routing:
 
 
 def _block_k(width: int, group: int) -> int:
-    """Largest of 128/64/32 that is a multiple of the group and divides the width."""
-    for bk in (128, 64, 32):
+    """The configured K tile if it is a multiple of the group and divides the width, else
+    the first of 128/64/32 that is."""
+    for bk in (TILES["block_k"], 128, 64, 32):
         if bk % group == 0 and width % bk == 0:
             return bk
     raise ValueError(f"no K tile for width {width}, group {group}")
@@ -81,14 +82,14 @@ def grouped_int4_gemm(a: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor
     N, K = packed.shape[1], packed.shape[2] * 8
     out = torch.empty(r.num_pairs, N, dtype=torch.bfloat16, device=a.device)
     bk = _block_k(K, group)
-    grid = (r.block_expert.numel(), triton.cdiv(N, BLOCK_N))
+    grid = (r.block_expert.numel(), triton.cdiv(N, TILES["block_n"]))
     moe_int4_gemm[grid](a, packed, scale, out, r.sorted_ids, r.block_expert,
                         route_w if route_w is not None else out,
                         N, K, r.num_pairs, a_div,
                         a.stride(0), packed.stride(0), packed.stride(1), scale.stride(0), scale.stride(1),
-                        out.stride(0), GROUP=group, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=bk,
-                        MUL_ROUTE=route_w is not None, UPCAST=_interpreting(),
-                        num_warps=4, num_stages=3)
+                        out.stride(0), GROUP=group, BLOCK_M=TILES["block_m"], BLOCK_N=TILES["block_n"],
+                        BLOCK_K=bk, MUL_ROUTE=route_w is not None, UPCAST=_interpreting(),
+                        num_warps=TILES["num_warps"], num_stages=TILES["num_stages"])
     return out
 
 
@@ -97,7 +98,7 @@ def fused_experts(module: PackedExperts, hidden: torch.Tensor, top_k_index: torc
     """hidden [T, H], top_k_index / top_k_weights [T, K] -> [T, H] in hidden's dtype."""
     T, K = top_k_index.shape
     x = hidden.to(torch.bfloat16).contiguous()
-    r = route(top_k_index, module.num_experts, BLOCK_M)
+    r = route(top_k_index, module.num_experts, TILES["block_m"])
     gu = grouped_int4_gemm(x, module.gate_up_proj_packed, module.gate_up_proj_scale, r,
                            module.group_size, a_div=K)                      # [S, 2I]
     gate, up = gu.chunk(2, dim=-1)

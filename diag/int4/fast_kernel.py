@@ -8,6 +8,9 @@ Worked example of one word: packed = 0x7BA9F810, k % 8 = 3 -> (word >> 12) & 0xF
 -> q = 7. An arithmetic right shift of a negative word fills the top bits with ones; the
 `& 0xF` drops them, so negative words decode like positive ones.
 
+Tiles of W are read as [BLOCK_N, BLOCK_K / 8] words, contiguous along k (coalesced), then
+unpacked in registers to [BLOCK_N, BLOCK_K] and fed transposed to the dot.
+
 Rows are laid out by diag.int4.fast.route: `sorted_ids` [num_blocks * BLOCK_M] lists pair
 indices grouped by expert, each expert's run padded to a multiple of BLOCK_M with the
 sentinel S (= number of pairs); `block_expert` [num_blocks] names each block's expert, -1
@@ -42,22 +45,26 @@ def moe_int4_gemm(a_ptr, w_ptr, s_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr
     n_ok = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + a_row[:, None] * stride_am + offs_k[None, :]            # [BM, BK]
-    w_base = w_ptr + expert.to(tl.int64) * stride_we
-    w_ptrs = w_base + offs_n[None, :] * stride_wn + (offs_k[:, None] // 8)    # [BK, BN]
-    s_base = s_ptr + expert.to(tl.int64) * stride_se
-    s_ptrs = s_base + offs_n[None, :] * stride_sn + (offs_k[:, None] // GROUP)
-    shifts = (offs_k[:, None] % 8) * 4
+    offs_w = tl.arange(0, BLOCK_K // 8)
+    w_ptrs = (w_ptr + expert.to(tl.int64) * stride_we + offs_n[:, None] * stride_wn
+              + offs_w[None, :])                                            # [BN, BK/8], rows contiguous
+    offs_g = tl.arange(0, BLOCK_K // GROUP)
+    s_ptrs = (s_ptr + expert.to(tl.int64) * stride_se + offs_n[:, None] * stride_sn
+              + offs_g[None, :])                                            # [BN, BK/GROUP]
+    shifts = tl.arange(0, 8) * 4                                            # nibble k % 8 at 4 * (k % 8)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for _ in range(0, K, BLOCK_K):
         a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
-        words = tl.load(w_ptrs, mask=n_ok[None, :], other=0)
-        scale = tl.load(s_ptrs, mask=n_ok[None, :], other=0.0)
-        q = ((words >> shifts) & 0xF) - 8
-        b = (q.to(tl.float32) * scale.to(tl.float32)).to(tl.bfloat16)        # bf16, as dequantize()
+        words = tl.load(w_ptrs, mask=n_ok[:, None], other=0)
+        q = tl.reshape((words[:, :, None] >> shifts[None, None, :]) & 0xF, (BLOCK_N, BLOCK_K)) - 8
+        scale = tl.load(s_ptrs, mask=n_ok[:, None], other=0.0)
+        scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (BLOCK_N, BLOCK_K // GROUP, GROUP)),
+                           (BLOCK_N, BLOCK_K))
+        w = (q.to(tl.float32) * scale.to(tl.float32)).to(tl.bfloat16)        # [BN, BK], as dequantize()
         if UPCAST:  # Triton's CPU interpreter multiplies bf16 dots wrongly; fp32 there
-            acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+            acc = tl.dot(a.to(tl.float32), tl.trans(w).to(tl.float32), acc)
         else:
-            acc = tl.dot(a, b, acc)
+            acc = tl.dot(a, tl.trans(w), acc)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K // 8
         s_ptrs += BLOCK_K // GROUP

@@ -49,8 +49,24 @@ class Slot:
     index: tuple = ()
 
 
+def device_of(name: str, device) -> torch.device:
+    """Where a module's tensors live: `device` itself, or, for an accelerate device map
+    {module name: gpu index | "cpu"}, the entry of the longest prefix of `name`.
+    Example: {"model.layers.0": 0, "model.layers.1": 1} -> "model.layers.1.mlp" on cuda:1."""
+    if not isinstance(device, dict):
+        return torch.device(device)
+    best = max((k for k in device if k == "" or name == k or name.startswith(k + ".")), key=len, default=None)
+    if best is None:
+        raise DiagError("device map does not place a module", field=name,
+                        expected="a device map covering every module", found=sorted(device)[:5])
+    where = device[best]
+    return torch.device(f"cuda:{where}" if isinstance(where, int) else where)
+
+
 def load_packed_target(path, *, dtype: torch.dtype = torch.bfloat16, device="cpu") -> nn.Module:
-    """An INT4 pack-quantized checkpoint -> eval-mode transformers causal LM."""
+    """An INT4 pack-quantized checkpoint -> eval-mode transformers causal LM.
+    `device`: one device, or an accelerate device map (each tensor is created on its own
+    GPU, read shard by shard through host memory, then accelerate's hooks are added)."""
     root = Path(path)
     cfg_file = root / "config.json"
     text = resolve_config(json.loads(cfg_file.read_text()), file=str(cfg_file))
@@ -67,6 +83,9 @@ def load_packed_target(path, *, dtype: torch.dtype = torch.bfloat16, device="cpu
     _load(model, slots, infos, used, dtype=dtype, device=device)
     _tie_or_fail(model, root)
     model.diag_load_notes = text.notes
+    if isinstance(device, dict):
+        from accelerate import dispatch_model
+        return dispatch_model(model, device_map=device).eval()
     return model.to(device).eval()  # moves computed buffers (rotary tables) too
 
 
@@ -111,7 +130,7 @@ def _maybe_packed_linear(model, name, module, scheme, text, infos, device) -> li
     if gs is None:
         return []
     check_group(module.in_features, gs, field=f"{ckpt}.weight_scale", file="config.json")
-    new = PackedLinear.like(module, gs, device=device)
+    new = PackedLinear.like(module, gs, device=device_of(name, device))
     _set_module(model, name, _with_scale_dtype(new, infos, f"{ckpt}.weight_scale"))
     out_f, in_f = module.out_features, module.in_features
     return _packed_slots(ckpt, f"{name}.weight", out_f, in_f, gs, ())
@@ -140,7 +159,7 @@ def _maybe_packed_experts(model, name, module, scheme, text, infos, device) -> l
         return _dense_expert_slots(name, text.prefix, num, inter, hidden)
     check_group(hidden, gs, field=f"{names[0]}.weight_scale", file="config.json")
     check_group(inter, gs, field=f"{names[2]}.weight_scale", file="config.json")
-    new = PackedExperts.like(module, gs, device=device)
+    new = PackedExperts.like(module, gs, device=device_of(name, device))
     _set_module(model, name, _with_scale_dtype(new, infos, f"{names[0]}.weight_scale"))
     return [s for e in range(num) for s in _expert_packed(name, text.prefix, e, inter, hidden, gs)]
 
@@ -285,7 +304,8 @@ def _load(model, slots: list[Slot], infos: dict[str, TensorInfo], used: set[str]
             continue
         info = infos[s.key]
         if info.file not in handles:
-            handles[info.file] = safe_open(str(info.file), framework="pt", device=str(device))
+            where = "cpu" if isinstance(device, dict) else str(device)
+            handles[info.file] = safe_open(str(info.file), framework="pt", device=where)
         _apply(model, s, handles[info.file].get_tensor(s.key), info)
 
 
@@ -300,7 +320,7 @@ def _materialise(model: nn.Module, dtype, keep32: tuple[str, ...], device, *, sk
         want = t.dtype if not t.dtype.is_floating_point else want
         parent, _, leaf = name.rpartition(".")
         mod = model.get_submodule(parent) if parent else model
-        real = torch.empty(t.shape, dtype=want, device=device)
+        real = torch.empty(t.shape, dtype=want, device=device_of(parent, device))
         if leaf in mod._parameters:
             mod._parameters[leaf] = nn.Parameter(real, requires_grad=False)
         else:

@@ -48,11 +48,14 @@ def loop_period(ids: list[int], tail: int = 32, max_period: int = 8) -> int:
 
 
 def python_prompts(docs: tuple[Document, ...], count: int = 8, lines: int = 6) -> list[str]:
-    """The first `lines` non-empty lines of the first `count` held-out files."""
+    """Code, not licence headers: from each of the first `count` held-out files, the
+    first line starting with "def " or "class " (at any indent) and the non-empty lines
+    after it, `lines` in all; a file without one gives its first `lines` non-empty lines."""
     prompts = []
     for d in docs[:count]:
-        body = [ln for ln in d.text.splitlines() if ln.strip()][:lines]
-        prompts.append("\n".join(body) + "\n")
+        body = [ln for ln in d.text.splitlines() if ln.strip()]
+        start = next((i for i, ln in enumerate(body) if ln.lstrip().startswith(("def ", "class "))), 0)
+        prompts.append("\n".join(body[start:start + lines]) + "\n")
     return prompts
 
 
