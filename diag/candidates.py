@@ -46,6 +46,7 @@ class _Book:
         self.items: dict[str, Candidate] = {}
         self.k, self.n = k, n
         self.notes: list[str] = []
+        self.serving_error: str | None = None
 
     def add(self, lay: Layout, role: str, rule: str = "", mode: str = "eagle3") -> None:
         if mode == "eagle3" and (len(lay) != self.k or any(
@@ -81,6 +82,19 @@ def neighbours(lay: Layout, n: int) -> list[tuple[Layout, str]]:
     return out
 
 
+def _serving(case: Case, dcfg: dict, tcfg: dict, book: "_Book"):
+    """What the engine will feed; ids it cannot capture become a serving error (a verdict),
+    and the run goes on to find what the drafter was trained on."""
+    try:
+        plan = serving_plan(dcfg, tcfg, engine_name=case.serving.engine, algorithm=case.serving.algorithm)
+    except DiagError as err:
+        book.serving_error = f"{err.message} ({err.field}: {err.found}; expected {err.expected})"
+        return None
+    if plan.crash:
+        book.serving_error = plan.crash
+    return plan
+
+
 def _declared(dcfg: dict, n: int, where: str, book: "_Book") -> list:
     """The drafter's declared layouts; ids its trainer's convention cannot read become a
     note (the run goes on with the other candidates), never a silent skip."""
@@ -108,10 +122,12 @@ def candidates_for(case: Case, tinfo: TargetInfo, dcfg: dict, dpath: Path) -> tu
                             field="evaluate.layouts", expected=f"{k} capture points (fc.weight is "
                             f"[H, {k}x{tinfo.hidden_size}] in {dpath})", found=f"{text} ({len(lay)} points)")
         book.add(lay, "case")
-    plan = serving_plan(dcfg, tcfg, engine_name=case.serving.engine, algorithm=case.serving.algorithm)
-    serving = layout(case.serving.layout, field="serving.layout") if case.serving.layout else plan.layout
-    book.add(serving, "serving", plan.rule, plan.mode)
-    if "eagle" in case.evaluate.modes or plan.mode == "eagle":
+    plan = _serving(case, dcfg, tcfg, book)
+    if case.serving.layout:
+        book.add(layout(case.serving.layout, field="serving.layout"), "serving", "given in the case")
+    elif plan is not None:
+        book.add(plan.layout, "serving", plan.rule, plan.mode)
+    if "eagle" in case.evaluate.modes or (plan is not None and plan.mode == "eagle"):
         book.add(layout("final"), "serving mode eagle", "--speculative-algorithm EAGLE: final-normed last "
                  "hidden state, fc bypassed when widths match, target lm_head, no d2t", "eagle")
     where = str(dpath / "config.json")
@@ -125,6 +141,8 @@ def candidates_for(case: Case, tinfo: TargetInfo, dcfg: dict, dpath: Path) -> tu
         for base in [c for c in list(book.items.values()) if c.mode == "eagle3"]:
             for lay, how in neighbours(base.layout, n):
                 book.add(lay, f"scan: {how} of {base.label}")
+    if book.serving_error:
+        book.notes.append(f"serving error: {book.serving_error}")
     return list(book.items.values()), book.notes
 
 

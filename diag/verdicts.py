@@ -183,8 +183,29 @@ def regime_verdicts(run) -> list[dict]:
     return out
 
 
+def serving_error_verdicts(run) -> list[dict]:
+    """The engine cannot serve the drafter as configured (e.g. layer ids it cannot capture)."""
+    errors = [n[len("serving error: "):] for n in run.notes if n.startswith("serving error: ")]
+    if not errors:
+        return []
+    best = _best_layout(run)
+    fix = ""
+    if best is not None:
+        from diag import conventions
+        from diag.layouts import layout
+        fam = "sglang-deepseek" if run.target.family == "deepseek" else "sglang-llama"
+        ids = conventions.to_ids(layout(best), fam, run.target.num_layers)
+        fix = (f" The drafter was trained on {best}; write eagle_config.eagle_aux_hidden_state_layer_ids = "
+               f"{ids} for {fam}." if ids is not None else
+               f" The drafter was trained on {best}, which {fam} cannot capture.")
+    text = f"SERVING ERROR: {run.case.serving.engine} cannot serve this drafter as configured: {errors[0]}.{fix}"
+    return [{"kind": "serving-error", "severity": "error", "text": text, "evidence": {"errors": errors,
+                                                                                     "trained": best}}]
+
+
 def verdicts(run) -> list[dict]:
     """All verdicts, most severe first."""
     order = {"error": 0, "warning": 1, "ok": 2, "info": 3}
-    found = layout_verdicts(run) + eagle_verdicts(run) + regime_verdicts(run) + speedup_verdicts(run)
+    found = (serving_error_verdicts(run) + layout_verdicts(run) + eagle_verdicts(run) + regime_verdicts(run)
+             + speedup_verdicts(run))
     return sorted(found, key=lambda v: order[v["severity"]])

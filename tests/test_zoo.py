@@ -34,7 +34,7 @@ from diag.zoo.recipes import (CorpusRecipe, DeepseekShape, DrafterRecipe, Int4Re
 from diag.zoo.targets import new_model, per_expert_state
 from diag.zoo.train import lr_at
 
-TINY_CORPUS = CorpusRecipe(byte_budget=120_000, heldout_every=5, vocab_size=320)
+TINY_CORPUS = CorpusRecipe(byte_budget=120_000, max_file_bytes=4000, heldout_every=5, vocab_size=320)
 TINY_BUDGET = TrainBudget(steps=3, batch=2, seq_len=32, lr=1e-3, warmup=1, seed=7)
 TINY_SHAPES = {
     "llama": LlamaShape(num_hidden_layers=2, hidden_size=32, num_attention_heads=2, num_key_value_heads=2,
@@ -314,8 +314,11 @@ def test_zoo_targets_load_and_are_trained(name):
     tok = AutoTokenizer.from_pretrained(path)
     assert model.config.vocab_size == len(tok) and tok.chat_template
     meta = read_meta(name)["metrics"]
-    assert meta["heldout_perplexity"] < 120
-    assert meta["continuations"]["distinct_texts"] >= 6 and meta["continuations"]["looping"] <= 4
+    assert meta["heldout_perplexity"] < meta["unigram_perplexity"] / 3
+    if name == "llama-tiny":                         # the calibration target: varied, structured text
+        assert meta["heldout_perplexity"] < 90
+        assert meta["continuations"]["distinct_texts"] >= 7
+        assert meta["continuations"]["mean_distinct_2"] > 0.15
 
 
 @_zoo_test

@@ -69,7 +69,10 @@ def _figure(panels: int, panel: tuple[float, float] = PANEL) -> tuple[Figure, li
 def _save(fig: Figure, folder: Path, name: str, title: str) -> dict:
     (folder / "plots").mkdir(parents=True, exist_ok=True)
     fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
+    import warnings
+    with warnings.catch_warnings():     # a crowded legend may not fit; the PNG is still right
+        warnings.simplefilter("ignore", UserWarning)
+        fig.tight_layout()
     fig.savefig(folder / "plots" / name, format="png", dpi=DPI, metadata=PNG_META)
     return {"file": f"plots/{name}", "title": title}
 

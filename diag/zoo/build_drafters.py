@@ -1,10 +1,12 @@
 """Builder for the zoo's EAGLE-3 drafters (the model is diag.drafter's, not ours).
 
-Data. Replay drafts on the target's own greedy continuations, so the drafter
-trains on those: P corpus prompts of `PROMPT` tokens, each continued greedily
-by the target (as loaded: deepseek-tiny computes in bf16), then one
-teacher-forced capture pass gives the layout's points and the target's argmax
-at every index. Sequence length L = PROMPT + seq_len + steps.
+Data. Each training sequence is L = PROMPT + seq_len + steps ids: either a corpus
+window (teacher-forced text, where the target's argmax often differs from the next
+id, so only the target's hidden state tells the drafter what the target will say),
+or a corpus prompt of PROMPT ids continued greedily by the target as loaded
+(deepseek-tiny computes in bf16): the text replay drafts on. `corpus_fraction`
+splits the pool. One teacher-forced capture pass then gives the layout's points and
+the target's argmax at every index.
 
 Views of one sequence x (length L) for drafter index j in [0, T), T = L - steps:
     aux[j]        = cat(layout points)[j]              [T, 3H]
@@ -19,9 +21,10 @@ Hot vocabulary: the `draft_vocab_size` most frequent ids of the train stream
 Layer ids (config.json eagle_config.eagle_aux_hidden_state_layer_ids) are written
 in the SpecForge convention, id i = output of decoder layer i = L{i+1}:
 L1+L3+L5 -> [0, 2, 4]; embed has no layer and is written -1 (embed+L2+L4 ->
-[-1, 1, 3]). SpecForge's HF backend rejects -1 and SGLang 0.5.23's Llama capture
-crashes on it (residual is None before layer 0), so such a layout cannot be served
-by id; `diag_trained_layout` is the authoritative statement.
+[-1, 1, 3]). SpecForge's HF backend rejects -1, and SGLang's Llama capture (source read
+at commit 00239548) would take `hidden_states + residual` before layer 0, where residual
+is None: such a layout cannot be served by id. `diag_trained_layout` is the
+authoritative statement; config.json also says `diag_layer_id_convention: specforge`.
 """
 
 from __future__ import annotations
@@ -64,6 +67,19 @@ def greedy_sequences(target, prompts: torch.Tensor, new_tokens: int) -> torch.Te
         out.append(target.generate(input_ids=chunk, attention_mask=torch.ones_like(chunk), do_sample=False,
                                    max_new_tokens=new_tokens, min_new_tokens=new_tokens))
     return torch.cat(out)
+
+
+def training_sequences(target, train: torch.Tensor, recipe: DrafterRecipe, gen: torch.Generator) -> torch.Tensor:
+    """pool_sequences rows of PROMPT + seq_len + steps ids: the first round(P * corpus_fraction)
+    are corpus windows (teacher-forced text: the target's argmax often differs from the next
+    id, so the drafter must read the target's state), the rest greedy continuations.
+    P 192, fraction 0.5 -> rows 0..95 corpus, 96..191 greedy."""
+    width = PROMPT + recipe.budget.seq_len + recipe.unroll_steps
+    n_corpus = round(recipe.pool_sequences * recipe.corpus_fraction)
+    corpus = sample_windows(train, n_corpus, width - 1, gen)                          # [Pc, width]
+    prompts = sample_windows(train, recipe.pool_sequences - n_corpus, PROMPT - 1, gen)
+    greedy = greedy_sequences(target, prompts, width - PROMPT) if len(prompts) else corpus[:0]
+    return torch.cat([corpus, greedy])
 
 
 def features(target, seqs: torch.Tensor, lay: Layout) -> tuple[torch.Tensor, torch.Tensor]:
@@ -144,11 +160,9 @@ def build_drafter(recipe: DrafterRecipe, out: Path, deps: dict[str, Path], corpu
     target, streams = load_back(target_dir), load_streams(deps[corpus])
     lay = parse_layout(recipe.layout).check_against(target.config.num_hidden_layers)
     b, steps = recipe.budget, recipe.unroll_steps
-    new = b.seq_len + steps
     with deterministic(b.seed) as gen:
         hot = hot_vocab(token_counts(streams["train"], target.config.vocab_size), recipe.draft_vocab_size)
-        prompts = sample_windows(streams["train"], recipe.pool_sequences, PROMPT - 1, gen)
-        seqs = greedy_sequences(target, prompts, new)                        # [P, PROMPT + new]
+        seqs = training_sequences(target, streams["train"], recipe, gen)   # [P, PROMPT + seq_len + steps]
         pool = views(seqs, *features(target, seqs, lay), steps)
         embed = frozen_embedding(target)
         d = new_drafter(target, recipe, hot, len(lay))

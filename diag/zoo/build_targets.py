@@ -20,6 +20,7 @@ Each builder returns the metadata that build.py writes into zoo_meta.json.
 from __future__ import annotations
 
 import json
+import math
 import platform
 from pathlib import Path
 
@@ -41,6 +42,10 @@ BALANCE_GAMMA = 0.01
 
 def build_corpus(recipe: CorpusRecipe, out: Path) -> dict:
     corpus = collect(recipe)
+    if not corpus.heldout or not corpus.train:
+        raise DiagError("the corpus recipe leaves no held-out or no train file", field="byte_budget",
+                        expected="both splits non-empty (raise byte_budget or lower max_file_bytes)",
+                        found=f"{len(corpus.train)} train, {len(corpus.heldout)} held-out files")
     tok = tk.train_tokenizer((d.text for d in corpus.train), recipe)
     tk.save_tokenizer(tok, out, recipe)
     train = encode_stream(tok, corpus.train, recipe.chat_every)
@@ -55,6 +60,14 @@ def build_corpus(recipe: CorpusRecipe, out: Path) -> dict:
             "train_tokens": train.numel(), "heldout_tokens": heldout.numel()}
     (out / "corpus.json").write_text(json.dumps(info, indent=2) + "\n")
     return {k: info[k] for k in ("python", "sha256", "bytes", "train_tokens", "heldout_tokens")}
+
+
+def unigram_perplexity(streams: dict[str, torch.Tensor], vocab_size: int) -> float:
+    """Held-out perplexity of add-one unigram frequencies from the train stream: the bar
+    a trained target must clear by a wide margin (about 540 on the stdlib corpus)."""
+    counts = torch.bincount(streams["train"].long(), minlength=vocab_size).double() + 1
+    logp = (counts / counts.sum()).log()
+    return math.exp(-float(logp[streams["heldout"].long()].mean()))
 
 
 def load_streams(corpus_dir: Path) -> dict[str, torch.Tensor]:
@@ -120,6 +133,7 @@ def build_target(recipe: TargetRecipe, out: Path, deps: dict[str, Path]) -> dict
         ppl_saved = perplexity(loaded, streams["heldout"])
         conts = greedy_continuations(loaded, tok, python_prompts(load_heldout_docs(corpus_dir)))
     meta = {"heldout_perplexity": ppl_saved, "heldout_perplexity_float32": ppl_trained,
+            "unigram_perplexity": unigram_perplexity(streams, tok.get_vocab_size()),
             "train_loss_first": losses[0], "train_loss_last": sum(losses[-10:]) / len(losses[-10:]),
             "tokens_seen": b.steps * b.batch * b.seq_len, "continuations": summarize(conts),
             "samples": [c.to_dict() for c in conts[:4]]}

@@ -9,7 +9,13 @@ its path hash is 0 mod `heldout_every`.
     "json/decoder.py" -> sha256 -> int 0x3fa1... ; % 20 == 0 ? held-out : train
 
 Tests, encodings tables, bundled data and site-packages are skipped: they
-are not the Python-looking text the replay prompts resemble.
+are not the Python-looking text the replay prompts resemble. Each file is
+normalised so a tiny model does not learn comment rulers as its favourite
+loop: the leading comment block (shebang, licence) goes, lines that are
+only "#" go, and runs of blank lines collapse to one:
+
+    "#!/usr/bin/env python\n# Copyright\n#\nimport os\n#\n\n\n\nx = 1\n"
+    -> "import os\n\nx = 1\n"
 
 This module knows files and bytes; it knows nothing about tokens or models.
 """
@@ -83,12 +89,28 @@ def _cut(text: str, max_bytes: int) -> str:
     return "".join(out)
 
 
+def normalise(text: str) -> str:
+    """Drop the leading comment block and "#"-only lines; collapse blank-line runs."""
+    lines = text.replace("\r\n", "\n").split("\n")
+    start = 0
+    while start < len(lines) and (not lines[start].strip() or lines[start].lstrip().startswith("#")):
+        start += 1
+    out: list[str] = []
+    for line in lines[start:]:
+        if line.strip() == "#":
+            continue
+        if not line.strip() and out and not out[-1].strip():
+            continue
+        out.append(line.rstrip())
+    return "\n".join(out).strip("\n") + "\n"
+
+
 def _read(root: Path, rel: str) -> str | None:
     try:
         text = (root / rel).read_text(encoding="utf-8")
     except (UnicodeDecodeError, OSError):
         return None
-    text = text.replace("\r\n", "\n")
+    text = normalise(text)
     return text if text.strip() else None
 
 

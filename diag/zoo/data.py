@@ -51,7 +51,7 @@ def sample_windows(stream: torch.Tensor, batch: int, seq_len: int, gen: torch.Ge
 def tile_windows(stream: torch.Tensor, seq_len: int, max_windows: int) -> torch.Tensor:
     """Non-overlapping windows from the start of the stream: int64 [W, T+1].
     Stream of 1000 ids, T=255 -> starts 0, 256, 512 (W=3; 768+256 > 1000-1)."""
-    count = min(max_windows, (stream.numel() - 1) // (seq_len + 1))
+    count = max(0, min(max_windows, (stream.numel() - 1) // (seq_len + 1)))
     starts = torch.arange(count) * (seq_len + 1)
     return stream[starts[:, None] + torch.arange(seq_len + 1)[None, :]].long()
 

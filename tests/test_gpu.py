@@ -1,0 +1,66 @@
+"""GPU paths agree with the CPU ones. Marked `gpu`: skipped cleanly without CUDA."""
+
+import pytest
+import torch
+
+from diag.layouts import layout, point
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    from tiny import make_drafter, make_prompts, make_target
+    root = tmp_path_factory.mktemp("gpu")
+    return make_target(root / "t"), make_drafter(root / "d"), make_prompts(root / "p.jsonl")
+
+
+@torch.no_grad()
+def test_capture_and_replay_on_cuda_match_cpu(pair):
+    from diag.drafter_io import load_drafter
+    from diag.placement import device_map_for
+    from diag.replay import Variant, replay
+    from diag.target import load_embed_and_head, load_target
+    from diag.target_pass import Sequence, run_capture
+    from diag.trees import tree_shape
+
+    tpath, dpath, _ = pair
+    g = torch.Generator().manual_seed(0)
+    seqs = [Sequence(f"s{i}", "t", 5, torch.randint(0, 300, (30,), generator=g)) for i in range(4)]
+    lay = layout("embed+L2+L3")
+    out = {}
+    for where in ("cpu", "cuda"):
+        dmap = device_map_for(tpath, 1) if where == "cuda" else None
+        model, _ = load_target(tpath, dtype=torch.float32, device_map=dmap)
+        tp = run_capture(model, seqs, lay.points + (point("final"),), regime="as-loaded", token_budget=64,
+                         progress=False)
+        drafter, _ = load_drafter(dpath)
+        drafter.to(where)
+        embed, head = load_embed_and_head(tpath)
+        shapes = [tree_shape("chain-3"), tree_shape("s3-k2-d4")]
+        res = replay(drafter, embed, head, {"as-loaded": tp}, [Variant(str(lay), "eagle3", s) for s in shapes],
+                     {str(lay): lay}, token_budget=64, progress=False)
+        out[where] = (tp, res)
+    (tc, rc), (tg, rg) = out["cpu"], out["cuda"]
+    for name in tc.states:
+        for a, b in zip(tc.states[name], tg.states[name]):
+            torch.testing.assert_close(a, b.cpu(), rtol=1e-3, atol=1e-3)
+    agree = sum(int((a == b.cpu()).sum()) for x, y in zip(rc, rg) for a, b in zip(x.accepted, y.accepted))
+    total = sum(len(a) for x in rc for a in x.accepted)
+    assert agree / total > 0.97
+
+
+@torch.no_grad()
+def test_int4_zoo_target_fast_experts_on_cuda():
+    from diag.target import load_target
+    from diag.zoo import zoo_path
+    path = zoo_path("deepseek-tiny-int4")
+    cpu, _ = load_target(path, dtype=torch.bfloat16)
+    from diag.placement import device_map_for
+    gpu, _ = load_target(path, dtype=torch.bfloat16, device_map=device_map_for(path, 1))
+    ids = torch.randint(0, 1000, (2, 48))
+    a = cpu(ids, output_hidden_states=True).hidden_states
+    b = gpu(ids.cuda(), output_hidden_states=True).hidden_states
+    for x, y in zip(a, b):
+        rel = (x.float() - y.float().cpu()).norm() / x.float().norm()
+        assert rel < 3e-2
