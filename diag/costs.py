@@ -4,7 +4,8 @@ t_decode: one target forward of 1 token after a KV cache of `context` tokens;
 t_verify(D): one target forward of D tokens after the same cache;
 t_draft: one drafter depth step (one row at one position, prefix cache of `context`);
 t_draft_extend: the drafter's step-1 pass over 2 new tokens (the accepted ones, typically).
-Each is the median of `repeats` timed calls after a warm-up, synchronised on CUDA. These are
+Each is the minimum of `repeats` interleaved timed calls after a warm-up, synchronised on
+CUDA. These are
 batch-size-1 costs of *these* models on *this* machine; a server's costs differ (batching,
 CUDA graphs, tensor parallelism), so users can supply their own (case `[speedup]`).
 
@@ -13,7 +14,6 @@ This module knows models and clocks; it knows nothing about files or reports.
 
 from __future__ import annotations
 
-import statistics
 import time
 
 import torch
@@ -28,19 +28,27 @@ def _sync(dev: torch.device) -> None:
         torch.cuda.synchronize(dev)
 
 
-def _median_seconds(fn, dev, repeats: int, setup=lambda: None) -> float:
-    """Median of `repeats` timed fn(setup()) calls after one warm-up; setup is untimed."""
-    fn(setup())
+def _once(fn, dev, setup) -> float:
+    state = setup()
     _sync(dev)
-    times = []
+    t0 = time.perf_counter()
+    fn(state)
+    _sync(dev)
+    return time.perf_counter() - t0
+
+
+def _interleaved_min(jobs: dict, dev, repeats: int) -> dict:
+    """jobs: name -> (fn, setup). One warm-up each, then `repeats` rounds that time every job
+    once, in turn; the minimum per job. Interleaving puts the same background load on every
+    job, and the minimum is the least disturbed call, so the ratios the speedup model needs
+    (t_verify(D) / t_decode) stay meaningful on a shared machine."""
+    for fn, setup in jobs.values():
+        fn(setup())
+    times = {name: [] for name in jobs}
     for _ in range(repeats):
-        state = setup()
-        _sync(dev)
-        t0 = time.perf_counter()
-        fn(state)
-        _sync(dev)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for name, (fn, setup) in jobs.items():
+            times[name].append(_once(fn, dev, setup))
+    return {name: min(ts) for name, ts in times.items()}
 
 
 def _cache_kwarg(model: nn.Module) -> str:
@@ -49,9 +57,9 @@ def _cache_kwarg(model: nn.Module) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-def _time_after(model: nn.Module, prefix: torch.Tensor, new: torch.Tensor, dev, repeats: int) -> float:
-    """Seconds for the forward of `new` after a KV cache of `prefix`; the cache is rebuilt,
-    untimed, before every call so each call sees exactly len(prefix) cached tokens."""
+def _after(model: nn.Module, prefix: torch.Tensor, new: torch.Tensor):
+    """(timed fn, untimed setup) for the forward of `new` after a KV cache of `prefix`; the
+    cache is rebuilt before every call so each call sees exactly len(prefix) cached tokens."""
     key = _cache_kwarg(model)
     n = prefix.shape[1]
     pos = torch.arange(n, n + new.shape[1], device=new.device)[None]
@@ -60,8 +68,7 @@ def _time_after(model: nn.Module, prefix: torch.Tensor, new: torch.Tensor, dev, 
         out = model(input_ids=prefix, use_cache=True)
         return getattr(out, key, None) or out.past_key_values
 
-    return _median_seconds(lambda cache: model(input_ids=new, position_ids=pos, use_cache=True, **{key: cache}),
-                           dev, repeats, setup)
+    return (lambda cache: model(input_ids=new, position_ids=pos, use_cache=True, **{key: cache})), setup
 
 
 @torch.no_grad()
@@ -71,13 +78,13 @@ def measure_costs(model: nn.Module, drafter: Eagle3Drafter, embed, draft_tokens:
     vocab = vocab or model.config.vocab_size
     g = torch.Generator().manual_seed(0)
     prefix = torch.randint(0, vocab, (1, context), generator=g).to(dev)
-    t_decode = _time_after(model, prefix, prefix[:, :1], dev, repeats)
-    t_verify = {}
-    for d in sorted(set(draft_tokens)):
-        new = torch.randint(0, vocab, (1, d), generator=g).to(dev)
-        t_verify[d] = _time_after(model, prefix, new, dev, repeats)
+    jobs = {1: _after(model, prefix, prefix[:, :1])}
+    for d in sorted(set(draft_tokens) - {1}):
+        jobs[d] = _after(model, prefix, torch.randint(0, vocab, (1, d), generator=g).to(dev))
+    t = _interleaved_min(jobs, dev, repeats)
+    t_verify = {d: t[d] for d in draft_tokens}
     t_draft, t_extend = _drafter_costs(drafter, embed, context, repeats, g)
-    return StepCosts(t_decode, t_draft, t_verify, t_extend)
+    return StepCosts(t[1], t_draft, t_verify, t_extend)
 
 
 def _drafter_costs(drafter: Eagle3Drafter, embed, context: int, repeats: int, g) -> tuple[float, float]:
@@ -94,4 +101,6 @@ def _drafter_costs(drafter: Eagle3Drafter, embed, context: int, repeats: int, g)
     step = lambda _: drafter.logits(drafter.deep_step(e, h, 2, cache, [], context - 1)[0])
     extend = lambda _: drafter.logits(drafter.prefix_step(emb(tok[:, :2]), drafter.project(aux[:, :2]),
                                                           valid[:, :2])[0])
-    return _median_seconds(step, dev, repeats), _median_seconds(extend, dev, repeats)
+    none = lambda: None
+    t = _interleaved_min({"step": (step, none), "extend": (extend, none)}, dev, repeats)
+    return t["step"], t["extend"]

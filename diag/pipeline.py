@@ -202,6 +202,7 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True) -> Ru
         evals += [summarize(r, buckets=ev.position_buckets, seed=ev.seed, n_boot=ev.bootstrap) for r in results]
     t0 = _stopwatch(timings, "drafter_s", t0)
     speed = _speedup(case, tpath, drafter, embed, shapes, evals, timings)
+    t0 = time.perf_counter()
     regs = regime_section(passes, pass_meta["reference_regime"], evals, best_layout(evals, case, shapes[0].name),
                           shapes[0].name, seed=ev.seed, n_boot=ev.bootstrap)
     dinfo = {"path": str(dpath), "format": dckpt.format, "files": list(dckpt.weight_files),

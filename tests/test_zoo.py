@@ -2,8 +2,8 @@
 
 Fast tests run the real builders on tiny recipes (a 120 kB corpus, 2-layer models, a
 few steps). Tests over the real zoo call zoo_path, which builds on first use (about
-5 minutes on 2 cores) and reuses the cache afterwards; they carry the `slow` mark
-only while something is still unbuilt."""
+3.5 minutes on 2 uncontended cores) and reuses the cache afterwards; they carry the
+`slow` mark only while something is still unbuilt."""
 
 from __future__ import annotations
 
@@ -151,8 +151,11 @@ def test_failed_build_leaves_nothing(cache_dir):
         cache.publish("e", boom)
     assert not cache.is_built("e")
     assert [p.name for p in cache.cache_root().iterdir()] == [".e.lock"]
+    (cache.cache_root() / ".e.tmp-killed").mkdir()                         # a SIGKILLed build's leftovers
     path, now = cache.publish("e", lambda tmp: (tmp / "ok").write_text("1"))
     assert now and (path / "ok").read_text() == "1"
+    assert not list(cache.cache_root().glob(".e.tmp-*"))
+    assert (path.stat().st_mode & 0o777, (path / "ok").stat().st_mode & 0o777) == (0o755, 0o644)
     assert cache.publish("e", lambda tmp: pytest.fail("rebuilt"))[1] is False
 
 
@@ -268,6 +271,8 @@ def test_deepseek_is_saved_in_the_real_format(tiny_targets):
     assert dtypes["model.layers.1.mlp.experts.0.gate_proj.weight"] == torch.bfloat16
     model = load_back(path)                                               # strict: raises on any key issue
     assert type(model).__name__ == "DeepseekV3ForCausalLM"
+    cfg = json.loads((path / "config.json").read_text())
+    assert cfg["architectures"] == ["DeepseekV3ForCausalLM"] and cfg["dtype"] == "bfloat16"
 
 
 def test_expert_balancer_moves_bias_toward_idle_experts():
@@ -313,6 +318,8 @@ def test_zoo_targets_load_and_are_trained(name):
     model = load_back(path)
     tok = AutoTokenizer.from_pretrained(path)
     assert model.config.vocab_size == len(tok) and tok.chat_template
+    from diag.target import target_info
+    assert target_info(path).family == name.split("-")[0]                 # "llama" / "deepseek"
     meta = read_meta(name)["metrics"]
     assert meta["heldout_perplexity"] < meta["unigram_perplexity"] / 3
     if name == "llama-tiny":                         # the calibration target: varied, structured text
@@ -338,6 +345,10 @@ def test_zoo_drafters_declare_layout_and_vocab(name):
     meta = read_meta(name)["metrics"]
     assert meta["accept_depth1"] > meta["baseline_most_frequent"] + 0.2
     assert meta["greedy_chain"]["accept_length"] > 1.5
+    if name == "llama-tiny-eagle3-embed":            # embed vs L1 is the sharp distinction (DESIGN §10)
+        shifted = meta["greedy_chain_shifted_layout"]
+        assert shifted["layout"] == "L1+L3+L5"
+        assert meta["greedy_chain"]["accept_length"] > shifted["accept_length"] + 0.1
 
 
 @_zoo_test

@@ -73,7 +73,7 @@ def training_sequences(target, train: torch.Tensor, recipe: DrafterRecipe, gen: 
     """pool_sequences rows of PROMPT + seq_len + steps ids: the first round(P * corpus_fraction)
     are corpus windows (teacher-forced text: the target's argmax often differs from the next
     id, so the drafter must read the target's state), the rest greedy continuations.
-    P 192, fraction 0.5 -> rows 0..95 corpus, 96..191 greedy."""
+    P 192, fraction 0.25 -> rows 0..47 corpus, 48..191 greedy."""
     width = PROMPT + recipe.budget.seq_len + recipe.unroll_steps
     n_corpus = round(recipe.pool_sequences * recipe.corpus_fraction)
     corpus = sample_windows(train, n_corpus, width - 1, gen)                          # [Pc, width]

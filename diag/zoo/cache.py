@@ -57,14 +57,24 @@ def publish(name: str, build: Callable[[Path], None]) -> tuple[Path, bool]:
     with entry_lock(name):
         if final.is_dir():
             return final, False
+        for stale in final.parent.glob(f".{name}.tmp-*"):   # a killed build's leftovers
+            shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=final.parent))
         try:
             build(tmp)
+            _share(tmp)
             os.replace(tmp, final)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     return final, True
+
+
+def _share(folder: Path) -> None:
+    """mkdtemp makes 0700 and safetensors writes 0600; a cache is read by others too."""
+    folder.chmod(0o755)
+    for f in folder.rglob("*"):
+        f.chmod(0o755 if f.is_dir() else 0o644)
 
 
 def remove(name: str) -> bool:

@@ -50,12 +50,16 @@ def loop_period(ids: list[int], tail: int = 32, max_period: int = 8) -> int:
 def python_prompts(docs: tuple[Document, ...], count: int = 8, lines: int = 6) -> list[str]:
     """Code, not licence headers: from each of the first `count` held-out files, the
     first line starting with "def " or "class " (at any indent) and the non-empty lines
-    after it, `lines` in all; a file without one gives its first `lines` non-empty lines."""
+    after it, `lines` in all; a file without one gives its first `lines` non-empty lines.
+
+    A prompt ends on code, never on "\n": byte-level BPE merges a newline with the next
+    line's indentation ("\n        "), so a bare trailing "\n" token is rare in training
+    and sends a tiny model into blank-line loops (seen: deepseek-tiny, 8 of 8 prompts)."""
     prompts = []
     for d in docs[:count]:
         body = [ln for ln in d.text.splitlines() if ln.strip()]
         start = next((i for i, ln in enumerate(body) if ln.lstrip().startswith(("def ", "class "))), 0)
-        prompts.append("\n".join(body[start:start + lines]) + "\n")
+        prompts.append("\n".join(body[start:start + lines]).rstrip())
     return prompts
 
 

@@ -98,6 +98,7 @@ def save_target(model: torch.nn.Module, out_dir: Path, save_dtype: str, eos_ids:
     state = {k: _cast(k, v, dtype).contiguous().clone() for k, v in sorted(state.items())}
     save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     cfg = model.config.to_dict()
+    cfg["architectures"] = [type(model).__name__]          # what save_pretrained records
     cfg["dtype"] = save_dtype
     cfg.pop("torch_dtype", None)
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
