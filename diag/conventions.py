@@ -244,7 +244,12 @@ def to_ids(layout: Layout, convention: str, num_layers: int) -> list[int] | None
         return None
     ids = [r - conv.shift for r in idx]
     if conv.first_one_shift and ids[0] == 1:
-        return None
+        # id 1 first would trigger the +1 shift; SGLang concatenates in ascending order
+        # whatever the list order, so the same points are captured with id 1 moved last.
+        # Example (N=4): L1+L2 -> [2, 1] (first id 2: no shift; L2, L1 -> ascending L1+L2).
+        if len(ids) == 1 or not conv.ascending:
+            return None
+        ids = ids[1:] + ids[:1]
     return ids
 
 

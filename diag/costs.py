@@ -94,7 +94,7 @@ def _drafter_costs(drafter: Eagle3Drafter, embed, context: int, repeats: int, g)
     tok = torch.randint(0, c.vocab_size, (1, context), generator=g).to(dev)
     aux = torch.randn(1, context, c.fc_in, generator=g).to(dev, dtype)
     valid = torch.ones(1, context, dtype=torch.bool, device=dev)
-    emb = lambda ids: embed(ids).to(dev, dtype)
+    emb = lambda ids: embed(ids.to(embed.weight.device)).to(dev, dtype)
     _, cache = drafter.prefix_step(emb(tok), drafter.project(aux), valid)
     e = emb(tok[:, -1:, None])                                               # [1, 1, 1, H]
     h = torch.randn(1, 1, 1, c.hidden_size, generator=g).to(dev, dtype)

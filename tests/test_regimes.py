@@ -115,10 +115,18 @@ def test_kimi_scope_on_fused_experts():
     assert torch.equal(model.model.layers[2].mlp.experts.gate_up_proj, fake_quantize(gu, 32))
 
 
-def test_bf16_cast_keeps_router_fp32():
+def test_bf16_cast_keeps_router_fp32_where_transformers_does():
+    """A bf16 cast keeps in fp32 exactly what the installed transformers keeps at load
+    (`_keep_in_fp32_modules_strict`: on 5.24 the router weight and its bias correction;
+    5.17 declares less); everything else becomes bf16."""
+    from diag.int4.skeleton import fp32_names
     model = _deepseek()
     apply_regime(model, "bf16")
-    assert model.model.layers[1].mlp.gate.weight.dtype == torch.float32
+    kept = fp32_names(model)
+    want = torch.float32 if "gate.weight" in kept else torch.bfloat16
+    assert model.model.layers[1].mlp.gate.weight.dtype == want
+    bias_want = torch.float32 if "e_score_correction_bias" in kept else torch.bfloat16
+    assert model.model.layers[1].mlp.gate.e_score_correction_bias.dtype == bias_want
     assert model.model.layers[1].mlp.experts.gate_up_proj.dtype == torch.bfloat16
 
 
