@@ -19,7 +19,7 @@ from pathlib import Path
 
 from diag import conventions
 from diag.case import Case
-from diag.drafter_io import tensor_shapes
+from diag.int4.shards import tensor_infos
 from diag.errors import DiagError
 from diag.layouts import Layout, layout, point
 from diag.serving import declared_layouts, nested_ids, serving_plan, top_level_ids
@@ -149,7 +149,7 @@ def candidates_for(case: Case, tinfo: TargetInfo, dcfg: dict, dpath: Path) -> tu
 def _num_aux(dpath: Path, tinfo: TargetInfo) -> int:
     """Points per layout the drafter's fc takes, from fc.weight's width in the safetensors
     header: [H, k*Ht] -> k. Example: [128, 384] with target hidden 128 -> 3."""
-    shapes = tensor_shapes(dpath)
+    shapes = {k.removeprefix("model."): list(v.shape) for k, v in tensor_infos(dpath).items()}
     if "fc.weight" not in shapes:
         raise DiagError("drafter checkpoint has no fc.weight", file=str(dpath), field="fc.weight",
                         expected=f"[H, k*{tinfo.hidden_size}]", found="missing")

@@ -56,7 +56,7 @@ def hooks(model: nn.Module, points: tuple[CapturePoint, ...], sink: dict[str, to
     for p in points:
         def grab(_mod, _inp, out, name=p.name):
             t = out[0] if isinstance(out, (tuple, list)) else out
-            sink[name] = t.detach() if to_device is None else t.detach().to(to_device, non_blocking=True)
+            sink[name] = t.detach() if to_device is None else t.detach().to(to_device)
         handles.append(_module_for(p, embed, layers, norm).register_forward_hook(grab))
     try:
         yield sink
@@ -87,14 +87,16 @@ def chunked_argmax(hidden: torch.Tensor, lm_head: nn.Module, chunk: int = 32768)
 def capture_pass(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                  points: tuple[CapturePoint, ...], *, vocab_chunk: int = 32768,
                  to_device: torch.device | str | None = "cpu") -> Captured:
-    """input_ids, attention_mask [B, T] (right padding). Captures exactly `points` plus the argmax."""
+    """input_ids, attention_mask [B, T] (right padding). Captures exactly `points` plus the argmax.
+    Each captured state streams to `to_device` (host memory by default) as its layer finishes,
+    so GPU memory holds at most one captured point at a time beyond the model's own
+    activations; the final-normed state stays where it is for the chunked argmax."""
     base, _, _, norm, lm_head = decoder_parts(model)
-    sink: dict[str, torch.Tensor] = {}
-    want = tuple(points) + ((CapturePoint("final"),) if CapturePoint("final") not in points else ())
-    dev = next(model.parameters()).device
-    with hooks(model, want, sink, None):
-        base(input_ids=input_ids.to(dev), attention_mask=attention_mask.to(dev), use_cache=False)
-    argmax = chunked_argmax(sink["final"], lm_head, vocab_chunk)
     target = torch.device(to_device) if to_device is not None else None
-    states = {p.name: sink[p.name] if target is None else sink[p.name].to(target) for p in points}
-    return Captured(states, argmax)
+    sink: dict[str, torch.Tensor] = {}
+    final: dict[str, torch.Tensor] = {}
+    dev = next(model.parameters()).device
+    with hooks(model, tuple(points), sink, target), hooks(model, (CapturePoint("final"),), final, None):
+        base(input_ids=input_ids.to(dev), attention_mask=attention_mask.to(dev), use_cache=False)
+    argmax = chunked_argmax(final["final"], lm_head, vocab_chunk)
+    return Captured({p.name: sink[p.name] for p in points}, argmax)

@@ -195,18 +195,3 @@ def save_drafter(model: Eagle3Drafter, out_dir: str | Path, *, aux_layer_ids: li
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out
 
-
-def tensor_shapes(path: str | Path) -> dict[str, list[int]]:
-    """Tensor name -> shape from the safetensors headers alone (no weights read)."""
-    out: dict[str, list[int]] = {}
-    for f in sorted(Path(path).glob("*.safetensors")):
-        try:
-            with open(f, "rb") as fh:
-                n = int.from_bytes(fh.read(8), "little")
-                header = json.loads(fh.read(n))
-        except (ValueError, json.JSONDecodeError) as err:
-            raise DiagError("corrupt safetensors header", file=str(f), expected="8-byte length + JSON header",
-                            found=str(err)) from err
-        out.update({k.removeprefix("model.").replace("layers.0.", "midlayer."): v["shape"]
-                    for k, v in header.items() if k != "__metadata__"})
-    return out

@@ -69,16 +69,12 @@ def read_config(directory: Path) -> dict:
 
 
 def read_tensor_headers(directory: Path) -> dict[str, TensorInfo]:
-    """Name -> shape/dtype for every tensor in directory/*.safetensors (headers only)."""
-    from safetensors import safe_open
+    """Name -> shape/dtype for every tensor in directory/*.safetensors, from the headers
+    alone (diag.int4.shards checks them: a corrupt or truncated shard is an error)."""
+    from diag.int4.shards import tensor_infos
 
-    out: dict[str, TensorInfo] = {}
-    for path in sorted(Path(directory).glob("*.safetensors")):
-        with safe_open(str(path), framework="pt") as handle:
-            for name in handle.keys():
-                sl = handle.get_slice(name)
-                out[name] = TensorInfo(tuple(sl.get_shape()), str(sl.get_dtype()), str(path))
-    return out
+    return {name: TensorInfo(tuple(i.shape), i.dtype, str(i.file))
+            for name, i in tensor_infos(Path(directory)).items()}
 
 
 def _find(tensors: dict[str, TensorInfo], suffix: str) -> tuple[str, TensorInfo] | None:
