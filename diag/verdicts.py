@@ -116,6 +116,20 @@ def _best_layout(run) -> str | None:
     return max(evals, key=lambda e: e["accept_length"])["layout"] if evals else None
 
 
+def _likely_trained(run, layout_vs: list[dict]) -> str | None:
+    """The layout to recommend: among those indistinguishable from the best, one the
+    drafter's config declares or whose ids some convention reads (adjacent layers can tie,
+    DESIGN.md §10; the config then breaks the tie); else the best itself."""
+    trained = next((v for v in layout_vs if v["kind"] == "trained-layout"), None)
+    best = _best_layout(run)
+    if trained is None:
+        return best
+    for t in trained["evidence"]["indistinguishable"]:
+        if any(r.startswith(("declared", "reading")) for r in t["roles"]):
+            return t["layout"]
+    return best
+
+
 def speedup_verdicts(run) -> list[dict]:
     """The best tree shape for the trained layout at the run's step costs, and whether
     speculation pays at all (its break-even accept length)."""
@@ -183,12 +197,12 @@ def regime_verdicts(run) -> list[dict]:
     return out
 
 
-def serving_error_verdicts(run) -> list[dict]:
+def serving_error_verdicts(run, layout_vs: list[dict]) -> list[dict]:
     """The engine cannot serve the drafter as configured (e.g. layer ids it cannot capture)."""
     errors = [n[len("serving error: "):] for n in run.notes if n.startswith("serving error: ")]
     if not errors:
         return []
-    best = _best_layout(run)
+    best = _likely_trained(run, layout_vs)
     fix = ""
     if best is not None:
         from diag import conventions
@@ -206,6 +220,7 @@ def serving_error_verdicts(run) -> list[dict]:
 def verdicts(run) -> list[dict]:
     """All verdicts, most severe first."""
     order = {"error": 0, "warning": 1, "ok": 2, "info": 3}
-    found = (serving_error_verdicts(run) + layout_verdicts(run) + eagle_verdicts(run) + regime_verdicts(run)
+    layout = layout_verdicts(run)
+    found = (serving_error_verdicts(run, layout) + layout + eagle_verdicts(run) + regime_verdicts(run)
              + speedup_verdicts(run))
     return sorted(found, key=lambda v: order[v["severity"]])

@@ -35,8 +35,17 @@ def cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("DIAG_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "diag-cache"))
 
 
+def _plugin_args() -> list[str]:
+    """`-p diag.pytest_plugin` for an uninstalled checkout; nothing when the package is
+    installed, whose `pytest11` entry point already registers the plugin as "diag" (naming
+    the module as well would register it twice)."""
+    from importlib.metadata import entry_points
+    installed = any(ep.name == "diag" for ep in entry_points(group="pytest11"))
+    return [] if installed else ["-p", "diag.pytest_plugin"]
+
+
 def run(pytester, *args):
-    return pytester.runpytest_inprocess("-p", "diag.pytest_plugin", "-p", "no:cacheprovider", *args)
+    return pytester.runpytest_inprocess(*_plugin_args(), "-p", "no:cacheprovider", *args)
 
 
 def test_mismatched_serving_layout_fails_naming_both_layouts_and_the_report(pytester, pair):
