@@ -61,14 +61,18 @@ def layout_verdicts(run) -> list[dict]:
 
 def _trained_verdict(best, ties, ranked, run) -> dict:
     prompts = run.prompts["count"]
-    others = [t["layout"] for t in ties if t["layout"] != best["layout"]]
-    tie_text = (f" Statistically indistinguishable from it (paired bootstrap over {prompts} prompts): "
-                f"{', '.join(others)}." if others else
-                f" Every other candidate is lower, with 95% intervals over {prompts} prompts excluding zero.")
     lo, hi = best["accept_length_ci95"]
-    text = (f"The drafter was trained on layout {best['layout']}: it gives the highest accept length, "
-            f"{_fmt(best['accept_length'])} (95% CI {_fmt(lo)}-{_fmt(hi)}) on {best['tree']}, "
-            f"among {len(ranked)} candidate layouts.{tie_text}")
+    measured = f"{_fmt(best['accept_length'])} (95% CI {_fmt(lo)}-{_fmt(hi)}) on {best['tree']}"
+    others = [t["layout"] for t in ties if t["layout"] != best["layout"]]
+    if len(ranked) == 1:
+        text = (f"Only layout {best['layout']} was evaluated: accept length {measured}. Add layouts or "
+                f"scan = true to test which layout the drafter was trained on.")
+    else:
+        tie_text = (f" Statistically indistinguishable from it (paired bootstrap over {prompts} prompts): "
+                    f"{', '.join(others)}." if others else
+                    f" Every other candidate is lower, with 95% intervals over {prompts} prompts excluding zero.")
+        text = (f"The drafter was trained on layout {best['layout']}: it gives the highest accept length, "
+                f"{measured}, among {len(ranked)} candidate layouts.{tie_text}")
     return {"kind": "trained-layout", "severity": "info", "text": text,
             "evidence": {"best": best["layout"], "accept_length": best["accept_length"],
                          "ci95": best["accept_length_ci95"], "indistinguishable": ties,
