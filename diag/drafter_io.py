@@ -23,6 +23,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from diag.drafter import DrafterConfig, Eagle3Drafter
+from diag.config_json import read_config_json
 from diag.errors import DiagError
 
 _IGNORED_KEYS = ("rope.", "rotary_emb.")
@@ -37,16 +38,7 @@ class DrafterCheckpoint:
 
 
 def read_config(path: Path) -> dict:
-    cfg_file = Path(path) / "config.json"
-    if not cfg_file.is_file():
-        raise DiagError("drafter checkpoint has no config.json", file=str(cfg_file),
-                        expected="a directory holding config.json and *.safetensors",
-                        found="missing" if Path(path).exists() else "directory does not exist")
-    try:
-        return json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as err:
-        raise DiagError("config.json is not valid JSON", file=str(cfg_file),
-                        expected="JSON object", found=str(err)) from err
+    return read_config_json(path, "drafter")
 
 
 def _need(cfg: dict, key: str, file: Path, default=None):

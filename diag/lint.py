@@ -13,11 +13,11 @@ sglang's own ServerArgs for the effective settings and reports disagreement.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from diag import conventions, serving
+from diag.config_json import read_config_json
 from diag.errors import DiagError
 from diag.launch import EffectiveConfig, LaunchFlags, effective_config, parse_launch, server_argv
 
@@ -55,17 +55,7 @@ class _Pair:
 
 def read_config(directory: Path) -> dict:
     """directory/config.json as a dict, or a DiagError naming the file."""
-    path = Path(directory) / "config.json"
-    if not path.is_file():
-        raise DiagError("no config.json in the checkpoint directory", file=str(path),
-                        expected="a Hugging Face style checkpoint directory", found="missing")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise DiagError("config.json is not valid JSON", file=str(path), found=str(exc)) from exc
-    if not isinstance(data, dict):
-        raise DiagError("config.json must hold an object", file=str(path), found=type(data).__name__)
-    return data
+    return read_config_json(directory)
 
 
 def read_tensor_headers(directory: Path) -> dict[str, TensorInfo]:

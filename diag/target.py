@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from diag.config_json import read_config_json
 from diag.errors import DiagError
 
 _FAMILIES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "llama",
@@ -39,18 +40,7 @@ class TargetInfo:
 
 
 def read_target_config(path: str | Path) -> dict:
-    cfg_file = Path(path) / "config.json"
-    if not Path(path).is_dir():
-        raise DiagError("target checkpoint directory does not exist", file=str(path),
-                        expected="a directory with config.json and *.safetensors", found="no such directory")
-    if not cfg_file.is_file():
-        raise DiagError("target checkpoint has no config.json", file=str(cfg_file),
-                        expected="a transformers config.json", found="missing")
-    try:
-        return json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as err:
-        raise DiagError("config.json is not valid JSON", file=str(cfg_file),
-                        expected="JSON object", found=str(err)) from err
+    return read_config_json(path, "target")
 
 
 def text_config(cfg: dict) -> dict:

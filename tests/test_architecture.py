@@ -8,7 +8,7 @@ PKG = Path(__file__).resolve().parents[1] / "diag"
 
 LEAVES = {"diag.errors", "diag.layouts", "diag.conventions", "diag.trees", "diag.metrics", "diag.stats",
           "diag.regimes", "diag.drift", "diag.speedup", "diag.explain", "diag.launch", "diag.serving",
-          "diag.int4.format", "diag.int4.scheme"}
+          "diag.int4.format", "diag.int4.scheme", "diag.config_json"}
 EDGES = ("diag.cli", "diag.commands", "diag.report", "diag.pytest_plugin", "diag.assertions",
          "diag.bench", "diag.validate", "diag.lint")
 
