@@ -17,12 +17,14 @@ from diag.stats import accept_length_ci
 from diag.verify import trajectory
 
 
-def trajectory_rounds(res: VariantResult) -> list[list[int]]:
-    """Per prompt, the accepted counts of the rounds a real decode would visit."""
-    out = []
-    for acc in res.accepted:
-        out.append(acc[trajectory(acc)].tolist() if acc.numel() else [])
-    return out
+def trajectory_rounds(res: VariantResult) -> tuple[list[list[int]], list[list[int]]]:
+    """Per prompt, the rounds a real decode would visit: (accepted counts, root positions)."""
+    counts, roots = [], []
+    for acc, pos in zip(res.accepted, res.roots):
+        visit = trajectory(acc) if acc.numel() else torch.zeros(0, dtype=torch.long)
+        counts.append(acc[visit].tolist())
+        roots.append(pos[visit].tolist())
+    return counts, roots
 
 
 def summarize(res: VariantResult, *, buckets: tuple[int, ...], seed: int, n_boot: int) -> dict:
@@ -30,7 +32,7 @@ def summarize(res: VariantResult, *, buckets: tuple[int, ...], seed: int, n_boot
     S, D = v.tree.num_steps, v.tree.num_draft_tokens
     all_acc = torch.cat(res.accepted) if res.accepted else torch.zeros(0, dtype=torch.long)
     roots = torch.cat(res.roots) if res.roots else torch.zeros(0, dtype=torch.long)
-    traj = trajectory_rounds(res)
+    traj, traj_roots = trajectory_rounds(res)
     traj_counts = AcceptCounts.from_accepted([a for r in traj for a in r], S, D)
     point, lo, hi = accept_length_ci(traj, seed=seed, n=n_boot) if traj_counts.rounds else (None, None, None)
     edges = [e for e in buckets if e <= int(roots.max()) + 1] if roots.numel() else []
@@ -49,4 +51,5 @@ def summarize(res: VariantResult, *, buckets: tuple[int, ...], seed: int, n_boot
         "per_prompt": [{"id": pid, "rounds": len(r), "accepted_sum": int(sum(r))}
                        for pid, r in zip(res.prompt_ids, traj)],
         "trajectory_rounds": traj,
+        "trajectory_roots": traj_roots,
     }

@@ -20,6 +20,7 @@ from pathlib import Path
 import diag
 
 SCHEMA_VERSION = "1.0"
+_PER_ROUND = ("trajectory_rounds", "trajectory_roots")   # in samples.jsonl, not report.json
 
 
 def git_hash() -> str | None:
@@ -65,7 +66,7 @@ def envelope(run, argv: list[str] | None = None) -> dict:
         "target_pass": run.target_pass,
         "candidates": [c.to_dict() for c in run.candidates],
         "verdicts": run.verdicts,
-        "evaluations": [{k: v for k, v in e.items() if k != "trajectory_rounds"} for e in run.evaluations],
+        "evaluations": [{k: v for k, v in e.items() if k not in _PER_ROUND} for e in run.evaluations],
         "speedup": run.speedup,
         "regimes": run.regimes,
         "timings": run.timings,
@@ -74,10 +75,13 @@ def envelope(run, argv: list[str] | None = None) -> dict:
 
 
 def samples(run) -> list[dict]:
-    """samples.jsonl rows: one per verify round a real decode visits, per variant."""
+    """samples.jsonl rows: one per verify round a real decode visits, per variant.
+    `position` is the round's root index j in prompt + continuation (the target has just
+    produced token j+1); `accepted` counts draft tokens, the bonus token not included."""
     rows = []
     for e in run.evaluations:
-        for pid, rounds in zip([p["id"] for p in e["per_prompt"]], e["trajectory_rounds"]):
-            for i, a in enumerate(rounds):
-                rows.append({"variant": e["key"], "prompt": pid, "round": i, "accepted": a})
+        ids = [p["id"] for p in e["per_prompt"]]
+        for pid, rounds, roots in zip(ids, e["trajectory_rounds"], e["trajectory_roots"]):
+            for i, (a, j) in enumerate(zip(rounds, roots)):
+                rows.append({"variant": e["key"], "prompt": pid, "round": i, "position": j, "accepted": a})
     return rows
