@@ -57,11 +57,7 @@ def best_layout(evals: list[dict], case: Case, tree: str) -> str | None:
 
 
 def checkpoint_path(spec: str, case: Case, field_name: str) -> Path:
-    text = resolve_path(spec, case, field_name)
-    if text.startswith("zoo:"):
-        from diag.zoo import zoo_path
-        return Path(zoo_path(text[4:]))
-    return Path(text)
+    return Path(zoo_or_path(resolve_path(spec, case, field_name)))
 
 
 def _dtype(name: str, field_name: str, case: Case):
@@ -287,6 +283,7 @@ def _other_checkpoint(tpath: Path, spec: str, dtype, case):
 
 
 def zoo_or_path(spec: str) -> str:
+    """`zoo:NAME` -> the built-in checkpoint's folder (built on first use); else spec."""
     if spec.startswith("zoo:"):
         from diag.zoo import zoo_path
         return str(zoo_path(spec[4:]))
