@@ -18,7 +18,7 @@ from diag.case import Case, resolve_path
 from diag.drafter_io import load_drafter, read_config
 from diag.errors import DiagError
 from diag.layouts import point, union_points
-from diag.pass_cache import PassKey, load_pass, save_pass
+from diag.pass_cache import PassKey, load_pass, save_pass, token_digest
 from diag.prompts import read_prompt_set, read_recorded, tokenize
 from diag.replay import Variant, replay
 from diag.regime_report import regime_section
@@ -182,6 +182,7 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True) -> Ru
 
     passes, pass_meta = _target_passes(case, tpath, tinfo, tok, prompts, recorded, points, pset.sha256,
                                        progress, use_cache, timings)
+    notes += pass_meta.pop("cache_notes")
     t0 = time.perf_counter()
     drafter, dckpt = load_drafter(dpath, dtype=_dtype(case.drafter.dtype, "drafter.dtype", case) or torch.float32)
     drafter.to(_main_device(case))
@@ -237,17 +238,23 @@ def _config_digest(path: Path) -> str:
 def _target_passes(case, tpath, tinfo, tok, prompts, recorded, points, prompt_sha, progress, use_cache, timings):
     """One target pass per regime over the same sequences (generated under the reference
     regime, or recorded). Cached on disk by content (pass_cache.py): a cached regime loads
-    no target weights at all."""
+    no target weights at all; an entry that fails its integrity check is recomputed, with a
+    note."""
     ev = case.evaluate
     regimes = list(dict.fromkeys([ev.reference_regime, *ev.regimes]))
     dtype = _dtype(case.target.dtype, "target.dtype", case)
-    passes, meta, sequences = {}, {"regimes": {}}, None
+    eos, pad = _special_ids(tok)
+    tokens_sha = token_digest(prompts, recorded, eos, pad)
+    placement = f"gpus={case.placement.gpus}" if case.placement.gpus else "cpu"
+    passes, meta, sequences = {}, {"regimes": {}, "cache_notes": []}, None
     for reg in regimes:
         t0 = time.perf_counter()
         ckpt = Path(zoo_or_path(reg[5:])) if reg.startswith("ckpt:") else tpath
-        key = PassKey.make(ckpt, prompt_sha, reg, points, case.prompts.max_new_tokens,
-                           _recorded_sha(recorded), str(dtype))
-        tp = load_pass(key) if use_cache else None
+        key = PassKey.make(ckpt, tokens_sha, reg, points, case.prompts.max_new_tokens, str(dtype), placement) \
+            if use_cache else None
+        tp, why = load_pass(key) if use_cache else (None, None)
+        if why:
+            meta["cache_notes"].append(f"target pass [{reg}]: {why}")
         if tp is None:
             model = _model_for(tpath, dtype, reg, case)
             if sequences is None:
@@ -259,7 +266,7 @@ def _target_passes(case, tpath, tinfo, tok, prompts, recorded, points, prompt_sh
                 save_pass(key, tp)
         sequences = tp.sequences
         passes[reg] = tp
-        meta["regimes"][reg] = {"cached": tp.cached, "cache_key": key.digest,
+        meta["regimes"][reg] = {"cached": tp.cached, "cache_key": key.digest if key else None,
                                 "argmax_agreement": tp.agreement_with_sequence(),
                                 "seconds": round(time.perf_counter() - t0, 3)}
     seqs = passes[regimes[0]].sequences
@@ -290,16 +297,14 @@ def zoo_or_path(spec: str) -> str:
     return spec
 
 
-def _recorded_sha(recorded: dict | None) -> str | None:
-    if recorded is None:
-        return None
-    import hashlib, json
-    return hashlib.sha256(json.dumps(recorded, sort_keys=True).encode()).hexdigest()[:16]
+def _special_ids(tok) -> tuple[set[int], int]:
+    eos = {tok.eos_token_id} if tok.eos_token_id is not None else set()
+    pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+    return eos, pad
 
 
 def _sequences(model, tok, prompts, recorded, case, progress):
-    eos = {tok.eos_token_id} if tok.eos_token_id is not None else set()
-    pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+    eos, pad = _special_ids(tok)
     return build_sequences(model, prompts, case.prompts.max_new_tokens, pad_id=pad, eos_ids=eos,
                            recorded=recorded, progress=progress)
 

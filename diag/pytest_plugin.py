@@ -78,8 +78,10 @@ def report_dir(config, case) -> Path:
 def run_and_write(case, out: Path, argv: list[str]) -> DiagReport:
     """Run a case and write its report directory; the report as the assertions read it."""
     from diag.pipeline import run_case
+    from diag.report.outdir import check_out_dir
     from diag.report.writer import write_report
 
+    check_out_dir(out)
     path, rep = write_report(run_case(case, progress=False), out, argv=argv)
     return DiagReport(rep, path)
 

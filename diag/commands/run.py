@@ -83,14 +83,16 @@ def apply_overrides(case: Case, a) -> Case:
 def run(a) -> int:
     from diag.pipeline import run_case
     from diag.report.terminal import summary_table
+    from diag.report.outdir import check_out_dir
     from diag.report.writer import write_report
 
     if a.target or a.drafter:
         case = apply_overrides(case_from_flags(a), a)
     else:
         case = apply_overrides(read_case(a.case or repo_file(DEMO)), a)
-    run_result = run_case(case, progress=not a.quiet, use_cache=not a.no_cache)
     out = Path(a.out) if a.out else Path("reports") / case.name
+    check_out_dir(out)                  # before any weight is loaded
+    run_result = run_case(case, progress=not a.quiet, use_cache=not a.no_cache)
     path, rep = write_report(run_result, out, argv=["diag", *sys.argv[1:]])
     print(summary_table(rep))
     print(f"\nreport: {path / 'report.md'}  (json: {path / 'report.json'})")

@@ -1,26 +1,27 @@
 """Writing a report directory atomically: report.json, report.md, samples.jsonl, plots.
 
-Everything is written into a sibling temporary directory first and renamed into place at
-the end, so a failure never leaves a partial report that looks whole. This module knows
-files; the content comes from envelope.py, markdown.py and plots.py.
+Everything is written into a sibling partial directory first, listed in diag's manifest,
+and swapped into place in one step (outdir.py), so a failure or an interrupt never leaves a
+partial report that looks whole, and never removes a directory diag did not write. This
+module knows which files make a report; the content comes from envelope.py, markdown.py
+and plots.py.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from pathlib import Path
 
 from diag.report.envelope import envelope, samples
 from diag.report.markdown import render
+from diag.report.outdir import check_out_dir, partial_dir, swap_into_place, write_manifest
 from diag.report.plots import make_plots
 
 
 def write_report(run, out_dir: str | Path, argv: list[str] | None = None) -> tuple[Path, dict]:
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    out = check_out_dir(out_dir)
+    tmp = partial_dir(out)
     try:
         rep = envelope(run, argv)
         rep["plots"] = make_plots(rep, tmp)
@@ -29,11 +30,9 @@ def write_report(run, out_dir: str | Path, argv: list[str] | None = None) -> tup
             for row in samples(run):
                 fh.write(json.dumps(row) + "\n")
         (tmp / "report.md").write_text(render(rep))
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
+        write_manifest(tmp)
+        swap_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return out, rep
-
+    return Path(out_dir), rep
