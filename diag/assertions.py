@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from diag.errors import DiagError
+from diag.replay.evaluation import Evaluation, reference_axes, select
 from diag.report.compare import load_report
 from diag.trees import tree_shape
 
@@ -114,32 +115,32 @@ def assert_serving_layout_is_trained(report) -> None:
             f"(declared in the drafter config: {'; '.join(declared['rules'])})\n{_measured(rep)}\n{r.where}")
 
 
-def _primary_tree(rep: dict) -> str:
-    trees = rep["case"]["spec"]["evaluate"]["trees"]
-    return tree_shape(trees[0]).name if trees else rep["evaluations"][0]["tree"]
-
-
 def find_evaluation(report, *, tree: str | None = None, layout: str | None = None, mode: str = "eagle3",
                     regime: str | None = None) -> dict:
-    """The one evaluation matching the filters. Defaults: the case's first tree, the serving
-    layout, the reference regime (features and tokens both)."""
+    """The one evaluation matching the filters, at the report's reference for every axis not
+    given. Defaults: the case's first tree, the serving layout, the reference regime
+    (features and tokens both)."""
     r = as_report(report)
     rep = r.report
     if not rep["evaluations"]:
         raise DiagError("the report has no evaluations", file=str(r.path), field="evaluations",
                         expected="at least one variant", found="[]")
-    tree = tree_shape(tree).name if tree else _primary_tree(rep)
+    where = reference_axes(rep).but(mode=mode)
+    if tree:
+        where = where.but(tree=tree_shape(tree).name)
+    if regime:
+        where = where.but(regime=regime, tokens_regime=regime)
     if layout is None:
         serving = serving_candidate(rep)
         layout = serving["label"] if serving else None
-    regime = regime or rep["target_pass"]["reference_regime"]
-    hits = [e for e in rep["evaluations"] if e["tree"] == tree and e["layout"] == layout and e["mode"] == mode
-            and e["regime"] == regime and e["tokens_regime"] == regime]
+    where = where.but(layout=layout)
+    evals = [Evaluation.from_json(e) for e in rep["evaluations"]]
+    hits = select(evals, where)
     if len(hits) != 1:
         raise DiagError("no single evaluation matches", file=str(r.path), field="evaluations",
-                        expected=f"one of {sorted(e['key'] for e in rep['evaluations'])}",
-                        found=f"{layout}|{mode}|{tree}|{regime} ({len(hits)} matches)")
-    return hits[0]
+                        expected=f"one of {sorted(e.key for e in evals)}",
+                        found=f"{where.key} ({len(hits)} matches)")
+    return next(e for e in rep["evaluations"] if e["key"] == hits[0].key)
 
 
 def assert_accept_length_at_least(report, minimum: float, *, tree: str | None = None,

@@ -55,8 +55,8 @@ def pytest_runtest_setup(item) -> None:
 
 def case_from_options(config):
     """--diag-case, else --diag-target + --diag-drafter, else the demo case."""
-    from diag.case import read_case
-    from diag.commands.run import DEMO, case_from_flags, main_parser, repo_file
+    from diag.run.case import read_case
+    from diag.cli.run import DEMO, case_from_flags, main_parser, repo_file
 
     case, target, drafter = (config.getoption(o) for o in ("--diag-case", "--diag-target", "--diag-drafter"))
     if case and (target or drafter):
@@ -77,7 +77,7 @@ def report_dir(config, case) -> Path:
 
 def run_and_write(case, out: Path, argv: list[str]) -> DiagReport:
     """Run a case and write its report directory; the report as the assertions read it."""
-    from diag.pipeline import run_case
+    from diag.run.pipeline import run_case
     from diag.report.outdir import check_out_dir
     from diag.report.writer import write_report
 

@@ -10,8 +10,8 @@ parents[i] < i for a node in the tree. A node detached from the tree (an orphan
 whose parent was not kept, or padding) also holds -1 and counts as depth 0;
 masks, depths and positions derive from `parents` by the functions below.
 
-This module also mirrors how SGLang 0.5.23 resolves the three launch flags
-(`resolve_sglang_shape`). It knows nothing about models, logits or metrics.
+How SGLang resolves and rewrites the three launch flags is an engine rule
+(diag.engine.tree_rules). This module knows nothing about models, logits or metrics.
 """
 
 from __future__ import annotations
@@ -57,6 +57,8 @@ def _preset(s: int, k: int, d: int) -> TreeShape:
     return TreeShape(s, k, d)
 
 
+PAD = -1  # token id of padding nodes and of windows past a sequence end; equals no real token
+
 PRESETS: dict[str, TreeShape] = {
     **{f"chain-{s}": _preset(s, 1, s + 1) for s in range(1, 9)},
     "s3-k4-d5": _preset(3, 4, 5),
@@ -88,106 +90,6 @@ def tree_shape(text: str | TreeShape, *, field: str = "tree") -> TreeShape:
     raise DiagError("not a tree shape", field=field,
                     expected="chain-S, sS-kK-dD (e.g. s3-k4-d5) or one of " + ", ".join(PRESETS),
                     found=repr(text))
-
-
-# --- SGLang 0.5.23 launch-flag resolution -----------------------------------
-
-AUTO_DEFAULTS: dict[str, tuple[int, int, int]] = {
-    # auto_choose_speculative_params(): by the target's architectures[0]
-    "llama": (5, 4, 8),      # LlamaForCausalLM, and every architecture not listed
-    "deepseek": (3, 1, 4),   # DeepseekV3ForCausalLM / DeepseekV2ForCausalLM (Kimi-K2)
-}
-
-
-@dataclass(frozen=True)
-class ResolvedShape:
-    """What SGLang runs for the given flags. `requested` = the flags as given
-    (None = omitted). `crash` is the failure SGLang would hit (None if it runs);
-    `shape` is None when no shape can be resolved at all."""
-
-    shape: TreeShape | None
-    requested: tuple
-    notes: tuple[str, ...]
-    crash: str | None
-
-
-def _partial_flags_crash(s, k, d) -> str | None:
-    """SGLang: `if num_steps is None: assert topk is None and num_draft_tokens is None`,
-    then compares `topk > 1` / `topk == 1` and, for topk > 1, uses D-1 as a topk size."""
-    if s is None:
-        return ("AssertionError in ServerArgs._handle_speculative_decoding: with "
-                "--speculative-num-steps omitted, --speculative-eagle-topk and "
-                "--speculative-num-draft-tokens must be omitted too")
-    if k is None:
-        return ("TypeError: '>' not supported between instances of 'NoneType' and 'int' "
-                "(--speculative-eagle-topk omitted while --speculative-num-steps is given)")
-    if d is None and k > 1:
-        return ("TypeError: unsupported operand type(s) for -: 'NoneType' and 'int' "
-                "(--speculative-num-draft-tokens omitted with topk > 1; organize_draft_results "
-                "takes topk(num_draft_tokens - 1))")
-    return None
-
-
-def resolve_sglang_shape(num_steps: int | None, topk: int | None, num_draft_tokens: int | None,
-                         arch_family: str = "llama") -> ResolvedShape:
-    """Mirror SGLang 0.5.23 server-args resolution of (S, K, D).
-
-    Rules, in SGLang's order:
-    1. all three omitted -> auto defaults by family: llama (5,4,8), deepseek (3,1,4).
-    2. only some given -> SGLang fails (see `_partial_flags_crash`), except S and K=1
-       given without D, where rule 3 fills D.
-    3. topk == 1 and D != S+1 -> D is rewritten to S+1 (logged as a warning only).
-       Example: S=1, K=1, D=16 -> D=2: one draft token per round, not 16.
-    4. D-1 > K + (S-1)K² -> SGLang does not check this at launch; its
-       organize_draft_results calls torch.topk(scores, D-1) over fewer candidates
-       and fails with "selected index k out of range" on the first draft.
-    """
-    req = (num_steps, topk, num_draft_tokens)
-    notes: list[str] = []
-    if req == (None, None, None):
-        if arch_family not in AUTO_DEFAULTS:
-            raise DiagError("unknown architecture family for SGLang's auto defaults",
-                            field="arch_family", expected=list(AUTO_DEFAULTS), found=arch_family)
-        s, k, d = AUTO_DEFAULTS[arch_family]
-        notes.append(f"no speculative flags given: SGLang's auto default for the {arch_family} "
-                     f"family is num_steps={s}, topk={k}, num_draft_tokens={d}")
-        return ResolvedShape(TreeShape(s, k, d), req, tuple(notes), None)
-    crash = _partial_flags_crash(*req)
-    if crash is not None:
-        return ResolvedShape(None, req, (), crash)
-    s, k, d = num_steps, topk, num_draft_tokens
-    if k == 1 and d != s + 1:
-        notes.append(f"topk=1 forces num_draft_tokens = num_steps + 1 = {s + 1}"
-                     + ("" if d is None else f" (the requested {d} is ignored)"))
-        d = s + 1
-    shape = TreeShape(s, k, d)
-    if d - 1 > shape.num_candidates:
-        msg = (f"num_draft_tokens - 1 = {d - 1} exceeds the {shape.num_candidates} candidates "
-               f"K + (S-1)K² of num_steps={s}, topk={k}")
-        notes.append(msg + "; SGLang does not check this at launch")
-        return ResolvedShape(shape, req, tuple(notes),
-                             "RuntimeError: selected index k out of range (torch.topk in "
-                             "organize_draft_results: " + msg + ")")
-    return ResolvedShape(shape, req, tuple(notes), None)
-
-
-def grid(num_steps: list[int], topk: list[int],
-         num_draft_tokens: list[int]) -> tuple[list[TreeShape], list[tuple[tuple, TreeShape]]]:
-    """Sweep grid: every (S, K, D) after SGLang's topk=1 rewrite, de-duplicated in
-    first-seen order. Returns (shapes, rewritten) where rewritten lists
-    ((S, K, D) requested, shape run) for each combination SGLang would change.
-    Example: S [3], K [1, 4], D [4, 8] -> chain-3, s3-k4-d4, s3-k4-d8;
-    rewritten [((3, 1, 8), chain-3)]."""
-    shapes: dict[TreeShape, None] = {}
-    rewritten: list[tuple[tuple, TreeShape]] = []
-    for s in num_steps:
-        for k in topk:
-            for d in num_draft_tokens:
-                shape = TreeShape(s, k, s + 1 if k == 1 else d)
-                if shape.num_draft_tokens != d:
-                    rewritten.append(((s, k, d), shape))
-                shapes.setdefault(shape, None)
-    return list(shapes), rewritten
 
 
 # --- derivations from a parents tensor ---------------------------------------

@@ -7,7 +7,7 @@ import json
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from diag.cli import main
+from diag.cli.main import main
 from diag.errors import DiagError
 from diag.report.compare import _as_rounds, compare, load_report, render_markdown, render_terminal
 from diag.stats import accept_length_ci, paired_bootstrap_diff
@@ -157,6 +157,6 @@ def test_bad_inputs_are_user_errors(pair, tmp_path, capsys):
     (tmp_path / "y.json").write_text(json.dumps({"kind": "something-else"}))
     with pytest.raises(DiagError, match="not a diag report"):
         load_report(tmp_path / "y.json")
-    future = write(tmp_path, "future", {**pair[0], "schema_version": "2.0"})
+    future = write(tmp_path, "future", {**pair[0], "schema_version": "3.0"})
     assert main(["compare", str(future), str(future)]) == 2
     assert "unsupported report schema version" in capsys.readouterr().err

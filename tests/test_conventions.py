@@ -4,7 +4,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from diag.conventions import CONVENTIONS, readings, resolve, to_ids
+from diag.engine.conventions import CONVENTIONS, readings, resolve, to_ids
 from diag.errors import DiagError
 from diag.layouts import layout
 

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from diag.cli import main
+from diag.cli.main import main
 from diag.zoo import zoo_path
 
 pytestmark = pytest.mark.slow

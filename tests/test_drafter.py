@@ -1,7 +1,7 @@
 """The drafter's batched chain equals an independent per-position reference.
 
 The reference below is written from DESIGN.md §3 alone: one position at a time, one key at
-a time, plain RoPE from the formula, no shared code with diag.drafter except the weights.
+a time, plain RoPE from the formula, no shared code with diag.drafter.model except the weights.
 """
 
 import math
@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from diag.drafter import DrafterConfig, Eagle3Drafter
-from diag.drafter_io import load_drafter, save_drafter
+from diag.drafter.model import DrafterConfig, Eagle3Drafter
+from diag.drafter.checkpoint import load_drafter, save_drafter
 from diag.errors import DiagError
 
 CFG = DrafterConfig(hidden_size=16, num_attention_heads=4, num_key_value_heads=2, intermediate_size=24,

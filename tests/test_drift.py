@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from diag.drift import Drift, drift, point_drift, row_cosine
+from diag.target.drift import Drift, drift, point_drift, row_cosine
 from diag.errors import DiagError
 
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from diag.cli import main
+from diag.cli.main import main
 from tiny import make_drafter, make_prompts, make_target, write_case
 
 

@@ -6,9 +6,9 @@ import json
 import pytest
 from hypothesis import given, strategies as st
 
-from diag.commands import explain as cmd
+from diag.cli import explain as cmd
 from diag.errors import DiagError
-from diag.explain import consistent_pairs, explain, predicted_rate
+from diag.engine.explain import consistent_pairs, explain, predicted_rate
 from diag.metrics import AcceptCounts, accept_length, sglang_accept_rate, sglang_accept_rate_legacy
 from diag.trees import TreeShape
 

@@ -17,11 +17,11 @@ def pair(tmp_path_factory):
 
 @torch.no_grad()
 def test_capture_and_replay_on_cuda_match_cpu(pair):
-    from diag.drafter_io import load_drafter
-    from diag.placement import device_map_for
-    from diag.replay import Variant, replay
-    from diag.target import load_embed_and_head, load_target
-    from diag.target_pass import Sequence, run_capture
+    from diag.drafter.checkpoint import load_drafter
+    from diag.target.placement import device_map_for
+    from diag.replay.replay import Variant, replay
+    from diag.target.load import load_embed_and_head, load_target
+    from diag.target.passes import Sequence, run_capture
     from diag.trees import tree_shape
 
     tpath, dpath, _ = pair
@@ -52,11 +52,11 @@ def test_capture_and_replay_on_cuda_match_cpu(pair):
 
 @torch.no_grad()
 def test_int4_zoo_target_fast_experts_on_cuda():
-    from diag.target import load_target
+    from diag.target.load import load_target
     from diag.zoo import zoo_path
     path = zoo_path("deepseek-tiny-int4")
     cpu, _ = load_target(path, dtype=torch.bfloat16)
-    from diag.placement import device_map_for
+    from diag.target.placement import device_map_for
     gpu, _ = load_target(path, dtype=torch.bfloat16, device_map=device_map_for(path, 1))
     ids = torch.randint(0, 1000, (2, 48))
     a = cpu(ids, output_hidden_states=True).hidden_states

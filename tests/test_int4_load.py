@@ -12,7 +12,7 @@ from diag.errors import DiagError
 from diag.int4.load import load_packed_target
 from diag.int4.packed import PackedExperts, PackedLinear, resident_bytes
 from diag.int4.scheme import KIMI_K25_IGNORE
-from diag.int4.shards import tensor_infos
+from diag.checkpoint.headers import tensor_infos
 from diag.int4.write import quantize_checkpoint
 from test_int4_tiny import as_k25_wrapper, edit_config, edit_tensors, tiny_deepseek, tiny_llama
 

@@ -7,12 +7,12 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from diag.drafter_io import load_drafter
+from diag.drafter.checkpoint import load_drafter
 from diag.errors import DiagError
 from diag.int4.format import dequantize
 from diag.int4.load import load_packed_target
 from diag.int4.packed import PackedExperts, resident_bytes
-from diag.kimi_shaped import drafter_layout, kimi_config, kimi_shaped, packed_layer_bytes
+from diag.zoo.kimi_shaped import drafter_layout, kimi_config, kimi_shaped, packed_layer_bytes
 
 SMALL = {"hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 32, "n_routed_experts": 8,
          "num_experts_per_tok": 2, "q_lora_rank": 48, "kv_lora_rank": 32, "qk_nope_head_dim": 16,

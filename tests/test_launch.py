@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from diag.commands import effective as effective_cmd
+from diag.cli import effective as effective_cmd
 from diag.errors import DiagError
-from diag.launch import effective_config, parse_launch, server_argv
+from diag.engine.launch import effective_config, parse_launch, server_argv
 
 KIMI_WRAPPED = {"architectures": ["KimiK25ForConditionalGeneration"]}
 DSV3 = {"architectures": ["DeepseekV3ForCausalLM"]}
@@ -68,7 +68,7 @@ def test_auto_defaults_follow_architectures_0():
     llama = effective_config(parse_launch(base), LLAMA).tree.shape
     assert (llama.num_steps, llama.topk, llama.num_draft_tokens) == (5, 4, 8)
     # the Kimi-K2.5 multimodal wrapper is not in SGLang's DeepSeek list
-    assert effective_config(parse_launch(base), KIMI_WRAPPED).auto_family == "llama"
+    assert effective_config(parse_launch(base), KIMI_WRAPPED).architecture == "KimiK25ForConditionalGeneration"
     unknown = effective_config(parse_launch(base), None)
     assert any("target config unknown" in n for n in unknown.notes)
 

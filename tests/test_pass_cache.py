@@ -12,9 +12,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import tiny
-from diag.case import read_case
-from diag.identity import checkpoint_identity, file_digest
-from diag.pipeline import run_case
+from diag.run.case import read_case
+from diag.checkpoint.identity import checkpoint_identity, file_digest
+from diag.run.pipeline import run_case
 
 
 @pytest.fixture()
@@ -31,7 +31,7 @@ def run(case):
 
 
 def numbers(r) -> list:
-    return [(e["key"], e["accept_length"], e["trajectory_rounds"]) for e in r.evaluations]
+    return [(e.key, e.accept_length, e.trajectory_rounds) for e in r.evaluations]
 
 
 def cached(r) -> bool:

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from diag.errors import DiagError
-from diag.kimi_shaped import kimi_config
-from diag.placement import GiB, activation_bytes, device_map_for, dispatch, parse_bytes, place, plan_summary
+from diag.zoo.kimi_shaped import kimi_config
+from diag.target.placement import GiB, activation_bytes, device_map_for, dispatch, parse_bytes, place, plan_summary
 
 SMALL = {"hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 64, "n_routed_experts": 16,
          "num_experts_per_tok": 4, "q_lora_rank": 96, "kv_lora_rank": 64, "qk_nope_head_dim": 32,

@@ -6,8 +6,8 @@ import torch
 from diag.errors import DiagError
 from diag.int4.format import dequantize, fake_quantize
 from diag.int4.scheme import KIMI_IGNORE, is_targeted, match_name
-from diag.regimes import REGIMES, regime
-from diag.regime_apply import apply_regime, fake_quantize_fp8_channel, targeted_linears
+from diag.target.regimes import REGIMES, regime
+from diag.target.quantize import apply_regime, fake_quantize_fp8_channel, targeted_linears
 from test_int4_tiny import deepseek_config
 
 

@@ -5,15 +5,15 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from diag.capture import capture_pass, chunked_argmax
-from diag.drafter import DrafterConfig, Eagle3Drafter
-from diag.drafting import DraftHead, DraftInputs, draft_beam, draft_chain
+from diag.target.capture import capture_pass, chunked_argmax
+from diag.drafter.model import DrafterConfig, Eagle3Drafter
+from diag.drafter.drafting import DraftHead, DraftInputs, draft_beam, draft_chain
 from diag.layouts import layout, point
-from diag.replay import Variant, eval_roots, replay
-from diag.target_pass import Sequence, budget_batches, run_capture
-from diag.tree_build import finalize
+from diag.replay.replay import Variant, eval_roots, replay
+from diag.target.passes import Sequence, budget_batches, run_capture
+from diag.drafter.tree_build import finalize
 from diag.trees import tree_shape
-from diag.verify import accepted_chain, target_next_windows
+from diag.replay.verify import accepted_chain, target_next_windows
 
 V, H, N = 64, 32, 4
 
@@ -106,7 +106,7 @@ def test_topk1_beam_equals_chain(target, drafter):
     seqs = sequences(2)
     lay = layout("L1+L2+L3")
     tp = run_capture(target, seqs, lay.points, regime="x", token_budget=100, progress=False)
-    from diag.target_pass import pad_right
+    from diag.target.passes import pad_right
     aux, valid = pad_right([torch.cat([tp.states[p.name][i] for p in lay.points], -1) for i in range(2)])
     toks, _ = pad_right([torch.cat([s.ids[1:], s.ids[-1:]]) for s in seqs])
     x = DraftInputs(aux, toks, valid, 2)

@@ -11,8 +11,8 @@ import markdown
 import pytest
 
 import tiny
-from diag.case import read_case
-from diag.pipeline import run_case
+from diag.run.case import read_case
+from diag.run.pipeline import run_case
 from diag.report.envelope import SCHEMA_VERSION
 from diag.report.markdown import render
 from diag.report.plots import make_plots
@@ -39,7 +39,7 @@ def validator():
 
 
 def regimes_section() -> dict:
-    """By hand, in diag/regime_report.py's shape: one regime besides the reference."""
+    """By hand, in diag/run/regime_section.py's shape: one regime besides the reference."""
     points = ["embed", "L2", "L3", "final"]
     moved = {"embed": (1.0, 0.0), "L2": (0.97, 0.2), "L3": (0.95, 0.3), "final": (0.9, 0.4)}
     return {"reference": "as-loaded", "layout": "embed+L2+L3", "tree": "chain-2", "points": points,
@@ -74,7 +74,9 @@ def test_real_report_validates(written):
     (lambda r: r["evaluations"][0]["trajectory"].update(rounds=-1), "-1"),
     (lambda r: r["evaluations"][0].update(tree="chain three"), "chain three"),
     (lambda r: r.update(regimes={**regimes_section(), "points": ["layer2"]}), "layer2"),
-    (lambda r: r.update(schema_version="2.0"), "'1.0' was expected"),
+    (lambda r: r.update(schema_version="1.0"), "'2.0' was expected"),
+    (lambda r: r["evaluations"][0]["axes"].update(decoding="sample"), "decoding"),
+    (lambda r: r.pop("reference"), "reference"),
 ])
 def test_schema_rejects_what_the_code_never_writes(written, mutate, where):
     rep = json.loads((written[0] / "report.json").read_text())

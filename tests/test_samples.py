@@ -4,7 +4,7 @@ report's counts: per prompt and variant, each round's root position moves by a +
 import json
 from collections import defaultdict
 
-from diag.cli import main
+from diag.cli.main import main
 from tiny import make_drafter, make_prompts, make_target, write_case
 
 

@@ -3,8 +3,11 @@
 import pytest
 
 from diag.errors import DiagError
-from diag.serving import (declared_layouts, mode_of, nested_ids, serving_plan, target_family,
-                          top_level_ids)
+from diag.engine.algorithms import mode_of
+from diag.engine.architectures import auto_defaults_key, capture_model
+from diag.engine.serving import (ServingError, declared_layouts, nested_ids, serving_ids, serving_plan,
+                                 top_level_ids, try_serving_plan)
+from diag.layouts import layout
 
 KIMI = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
         "num_hidden_layers": 61, "hidden_size": 7168}
@@ -24,11 +27,25 @@ def drafter(ids=None, top=None, hidden=7168, **extra):
     return cfg
 
 
-def test_families():
-    assert target_family(KIMI) == "deepseek"
-    assert target_family(KIMI_WRAPPED) == "deepseek"
-    assert target_family(LLAMA) == "llama"
-    assert target_family({"architectures": ["Qwen3ForCausalLM"]}) == "llama"
+def test_capture_model_and_auto_defaults_key_are_different_questions():
+    assert capture_model(KIMI) == capture_model(KIMI_WRAPPED) == "deepseek"
+    assert capture_model(LLAMA) == capture_model({"architectures": ["Qwen3ForCausalLM"]}) == "llama"
+    # the auto tree defaults read architectures[0] as written: the wrapper names itself
+    assert auto_defaults_key(KIMI_WRAPPED) == "KimiK25ForConditionalGeneration"
+    assert auto_defaults_key(None) == "Unknown"
+
+
+def test_fix_ids_come_from_the_engine_rule():
+    assert serving_ids(layout("L3+L31+L59"), LLAMA) == [2, 30, 58]
+    assert serving_ids(layout("L2+L30+L58"), KIMI_WRAPPED) == [2, 30, 58]
+    assert serving_ids(layout("L1+L3+L5"), KIMI) == [3, 5, 1]        # id 1 moved last: no +1 shift
+    assert serving_ids(layout("L3+final+L5"), LLAMA) is None
+
+
+def test_ids_the_engine_cannot_capture_are_a_typed_serving_error():
+    err = try_serving_plan(drafter([2, 30, 70]), LLAMA)
+    assert isinstance(err, ServingError) and err.field == "eagle_config.eagle_aux_hidden_state_layer_ids"
+    assert "cannot capture" in str(err)
 
 
 def test_eagle3_llama_family_shifts_ids():

@@ -4,8 +4,9 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from diag.tree_build import DraftTree, chain_tree, expand_step, finalize, first_step
-from diag.verify import (PAD, accepted_chain, accepted_path, accepted_tree, target_next_windows,
+from diag.drafter.tree_build import DraftTree, expand_step, finalize, first_step
+from diag.trees import PAD
+from diag.replay.verify import (accepted_chain, accepted_path, accepted_tree, target_next_windows,
                          trajectory)
 
 
@@ -84,6 +85,21 @@ def test_tree_properties(seed, S, K, D):
     acc, path = accepted_path(big, target)
     last = path.gather(1, acc[:, None]).squeeze(1)
     assert (big.depths.gather(1, last[:, None]).squeeze(1) == acc).all()
+
+
+def chain_tree(draft_tokens: torch.Tensor, root_tokens: torch.Tensor | None = None) -> DraftTree:
+    """Reference: a topk=1 chain as a DraftTree: draft_tokens [P, S] -> D = S+1 nodes,
+    parents [-1, 0, 1, ..., S-1]."""
+    P, S = draft_tokens.shape
+    dev = draft_tokens.device
+    parents = torch.arange(-1, S, device=dev).expand(P, S + 1).clone()
+    depths = torch.arange(S + 1, device=dev).expand(P, S + 1).clone()
+    tokens = torch.cat([torch.full((P, 1), PAD, dtype=torch.int64, device=dev),
+                        draft_tokens.to(torch.int64)], dim=-1)
+    if root_tokens is not None:
+        tokens[:, 0] = root_tokens
+    return DraftTree(tokens, parents, depths, torch.ones(P, S + 1, dtype=torch.bool, device=dev),
+                     torch.ones(P, S + 1, dtype=torch.float32, device=dev))
 
 
 @settings(max_examples=30, deadline=None)

@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from diag.capture import capture_pass
+from diag.target.capture import capture_pass
 from diag.layouts import point
-from diag.target import load_target
+from diag.target.load import load_target
 from diag.zoo import zoo_path
 
 
@@ -59,7 +59,7 @@ def test_int4_target_states_match_transformers_compressed_tensors():
 def test_demo_report_identifies_the_trained_layout(tmp_path):
     """The built-in demo, as `diag run` runs it: one target pass, six tree shapes, the
     trained layout clearly above the wrong one (paired 95% interval excluding zero)."""
-    from diag.cli import main
+    from diag.cli.main import main
     out = tmp_path / "demo"
     assert main(["run", "--out", str(out), "--quiet"]) == 0
     rep = json.loads((out / "report.json").read_text())

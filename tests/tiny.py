@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from diag.drafter import DrafterConfig, Eagle3Drafter
-from diag.drafter_io import save_drafter
+from diag.drafter.model import DrafterConfig, Eagle3Drafter
+from diag.drafter.checkpoint import save_drafter
 
 VOCAB = 300
 HIDDEN = 32

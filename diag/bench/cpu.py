@@ -29,9 +29,9 @@ SMALL_DRAFTER = {"num_attention_heads": 4, "num_key_value_heads": 4, "head_dim":
 
 def run(out: Path, workdir: Path, *, layers: int = 4, num_seqs: int = 8, seq_len: int = 128,
         prompt_len: int = 32) -> dict:
-    from diag.drafter_io import load_drafter
+    from diag.drafter.checkpoint import load_drafter
     from diag.int4.load import load_packed_target
-    from diag.kimi_shaped import kimi_shaped
+    from diag.zoo.kimi_shaped import kimi_shaped
 
     res = envelope("cpu", {"layers": layers, "widths": SMALL, "num_seqs": num_seqs, "seq_len": seq_len})
     ceil = section(res, "ceilings", lambda: {"fp32_matmul_flops": matmul_peak("cpu", 1024, 5, torch.float32)})

@@ -12,8 +12,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from diag.bench.common import timed
 from diag.layouts import layout
-from diag.replay import Variant, replay
-from diag.target_pass import TargetPass
+from diag.replay.replay import Variant, replay
+from diag.target.passes import TargetPass
 from diag.trees import tree_shape
 
 TREES = ("chain-1", "chain-3", "chain-5", "s3-k4-d5", "s3-k4-d8", "s3-k8-d16")

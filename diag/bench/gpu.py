@@ -6,7 +6,7 @@
   pass_2layer    whole capture pass, INT4 (fused) vs bf16 grouped_mm experts, same layers
   grown          the model grown in GPU memory to as many layers as fit (extra layers are
                  copies of layer 1's random weights), capture passes at 8k and 16k tokens,
-                 peak memory vs weight bytes, and what diag.placement planned for it
+                 peak memory vs weight bytes, and what diag.target.placement planned for it
   drafter        batched replay, 3 layouts x 6 tree shapes, Kimi drafter widths
   naive          the step-by-step loop, seconds per position, and the speed ratio
 Every section is recorded even when another fails. This module is the benchmark's
@@ -62,7 +62,7 @@ def layers_that_fit(model, reserve: int, cap: int) -> int:
 def run(out: Path, workdir: Path, *, max_layers: int = 61, tokens=(2048, 8192, 16384, 32768),
         seq_len: int = 512, num_seqs: int = 32, prompt_len: int = 128) -> dict:
     from diag.int4.fast import accelerate
-    from diag.kimi_shaped import kimi_shaped
+    from diag.zoo.kimi_shaped import kimi_shaped
 
     dev = "cuda"
     res = envelope("gpu", {"max_layers": max_layers, "tokens": list(tokens), "seq_len": seq_len,
@@ -115,8 +115,8 @@ def _two_layer(model, moe, seqs, points) -> dict:
 
 
 def _grown(model, seqs, points, max_layers, st) -> dict:
-    from diag.kimi_shaped import kimi_config
-    from diag.placement import activation_bytes, place
+    from diag.zoo.kimi_shaped import kimi_config
+    from diag.target.placement import activation_bytes, place
 
     reserve = activation_bytes(model.config, 16384) + 24 * GiB  # + drafter and its beam replay
     n = grow(model, layers_that_fit(model, reserve, max_layers))
@@ -137,7 +137,7 @@ def _grown(model, seqs, points, max_layers, st) -> dict:
 
 
 def _drafter(st, model, lays, peak) -> dict:
-    from diag.drafter_io import load_drafter
+    from diag.drafter.checkpoint import load_drafter
 
     drafter, _ = load_drafter(st["ks"].drafter, dtype=torch.bfloat16)
     st["drafter"] = drafter.to("cuda")

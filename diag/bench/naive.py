@@ -16,7 +16,7 @@ import time
 import torch
 
 from diag.bench.common import sync
-from diag.capture import hooks
+from diag.target.capture import hooks
 from diag.layouts import layout
 
 

@@ -18,7 +18,7 @@ from torch import nn
 from diag.bench.common import sync, timed
 from diag.int4.packed import PackedExperts, resident_bytes
 from diag.layouts import CapturePoint
-from diag.target_pass import Sequence, run_capture
+from diag.target.passes import Sequence, run_capture
 
 
 def synthetic_sequences(n: int, length: int, prompt_len: int, vocab: int, seed: int = 0) -> list[Sequence]:

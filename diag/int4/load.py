@@ -28,7 +28,7 @@ from diag.errors import DiagError
 from diag.int4.format import check_group, packed_width
 from diag.int4.packed import PackedExperts, PackedLinear
 from diag.int4.scheme import Int4Scheme, matches, parse_quantization_config
-from diag.int4.shards import TensorInfo, tensor_infos
+from diag.checkpoint.headers import TensorInfo, tensor_infos
 from diag.int4.skeleton import (EXPERT_PROJ, TextModel, build_meta, fp32_names,
                                 ignorable_unexpected, is_fused_experts, resolve_config)
 

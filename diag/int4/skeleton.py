@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from diag.checkpoint.config import text_config
 from diag.errors import DiagError
 
 WRAPPER_PREFIX = "language_model."
@@ -52,8 +53,8 @@ class TextModel:
 def resolve_config(cfg: dict, *, file: str = "config.json") -> TextModel:
     """Find the text model inside a config (wrapper or not), map model types."""
     notes: list[str] = []
-    if isinstance(cfg.get("text_config"), dict):
-        text = copy.deepcopy(cfg["text_config"])
+    if text_config(cfg) is not cfg:
+        text = copy.deepcopy(text_config(cfg))
         prefix = WRAPPER_PREFIX
         quant = text.get("quantization_config", cfg.get("quantization_config"))
         notes.append(f"multimodal wrapper {cfg.get('model_type')!r}: loading the text model only "

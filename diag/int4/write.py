@@ -26,10 +26,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from diag.checkpoint.config import text_config
 from diag.errors import DiagError
 from diag.int4.format import check_group, pack_int4, quantize_rtn
 from diag.int4.scheme import KIMI_IGNORE, LINEAR_CLASSES, is_targeted, quantization_config
-from diag.int4.shards import INDEX, load_shard, shard_files
+from diag.checkpoint.headers import INDEX, load_shard, shard_files
 from diag.int4.skeleton import build_meta, checkpoint_linears, resolve_config
 
 _OWN_FILES = ("config.json", INDEX)
@@ -136,7 +137,7 @@ def _write_index(dst: Path, weight_map: dict[str, str]) -> None:
 
 def _write_config(cfg: dict, dst: Path, qc: dict) -> None:
     out = json.loads(json.dumps(cfg))
-    holder = out["text_config"] if isinstance(out.get("text_config"), dict) else out
+    holder = text_config(out)
     holder["quantization_config"] = qc
     (dst / "config.json").write_text(json.dumps(out, indent=2) + "\n")
 

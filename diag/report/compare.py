@@ -20,7 +20,7 @@ from pathlib import Path
 from diag.errors import DiagError
 from diag.stats import paired_bootstrap_diff
 
-SCHEMA_MAJOR = "1"
+SCHEMA_MAJORS = ("1", "2")      # 2.0 added axes / reference / serving; every field read here is in both
 
 # (name, path into the report): what a ticket reader checks first when two numbers differ.
 PROVENANCE = (
@@ -64,9 +64,9 @@ def load_report(path: str | Path) -> tuple[dict, Path]:
         raise DiagError("not a diag report", file=str(file), field="kind", expected="diag-report",
                         found=rep.get("kind") if isinstance(rep, dict) else type(rep).__name__)
     version = str(rep.get("schema_version", ""))
-    if version.split(".")[0] != SCHEMA_MAJOR:
+    if version.split(".")[0] not in SCHEMA_MAJORS:
         raise DiagError("unsupported report schema version", file=str(file), field="schema_version",
-                        expected=f"{SCHEMA_MAJOR}.x", found=version or "missing")
+                        expected=" or ".join(f"{m}.x" for m in SCHEMA_MAJORS), found=version or "missing")
     return rep, file
 
 

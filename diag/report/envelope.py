@@ -18,9 +18,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import diag
+from diag.replay.evaluation import ANY
 
-SCHEMA_VERSION = "1.0"
-_PER_ROUND = ("trajectory_rounds", "trajectory_roots")   # in samples.jsonl, not report.json
+SCHEMA_VERSION = "2.0"
 
 
 def git_hash() -> str | None:
@@ -61,17 +61,29 @@ def envelope(run, argv: list[str] | None = None) -> dict:
         "case": {"name": run.case.name, "source": run.case.source, "hash": case_hash(run.case),
                  "description": run.case.description, "spec": asdict(run.case)},
         "target": run.target.to_dict(),
+        "serving": _serving(run),
         "drafter": run.drafter,
         "prompts": run.prompts,
         "target_pass": run.target_pass,
         "candidates": [c.to_dict() for c in run.candidates],
-        "verdicts": run.verdicts,
-        "evaluations": [{k: v for k, v in e.items() if k not in _PER_ROUND} for e in run.evaluations],
+        "reference": {k: (None if v is ANY else v) for k, v in run.reference.as_dict().items()},
+        "verdicts": [v.to_json() for v in run.verdicts],
+        "evaluations": [e.to_json() for e in run.evaluations],
         "speedup": run.speedup,
         "regimes": run.regimes,
         "timings": run.timings,
         "notes": run.notes,
     }
+
+
+def _serving(run) -> dict:
+    """The engine whose rules were applied, and the serving error it reports, if any."""
+    err = run.serving_error
+    return {"engine": run.case.serving.engine, "algorithm": run.case.serving.algorithm,
+            "capture_convention": run.capture_convention,
+            "error": None if err is None else {"message": err.message, "field": err.field,
+                                               "expected": None if err.expected is None else str(err.expected),
+                                               "found": None if err.found is None else str(err.found)}}
 
 
 def samples(run) -> list[dict]:
@@ -80,8 +92,7 @@ def samples(run) -> list[dict]:
     produced token j+1); `accepted` counts draft tokens, the bonus token not included."""
     rows = []
     for e in run.evaluations:
-        ids = [p["id"] for p in e["per_prompt"]]
-        for pid, rounds, roots in zip(ids, e["trajectory_rounds"], e["trajectory_roots"]):
-            for i, (a, j) in enumerate(zip(rounds, roots)):
-                rows.append({"variant": e["key"], "prompt": pid, "round": i, "position": j, "accepted": a})
+        for p in e.per_prompt:
+            for i, (a, j) in enumerate(zip(p.accepted, p.roots)):
+                rows.append({"variant": e.key, "prompt": p.id, "round": i, "position": j, "accepted": a})
     return rows

@@ -11,10 +11,10 @@
 
 Section shapes read here (report.schema.json has them too):
     regimes  = {"reference", "points": [...], "regimes": [{"regime", "drift": {point: {"cosine",
-                "relative_l2"}}, ...}], ...}                        (diag/regime_report.py)
+                "relative_l2"}}, ...}], ...}                        (diag/run/regime_section.py)
     speedup  = {"source": "...", "costs": {...}, "rows": [{"tree": "chain-3", "layout", "mode",
                 "regime", "tokens_regime", "topk", "num_draft_tokens", "accept_length",
-                "break_even_accept_length", ...}, ...]}      (diag/speedup_table.py)
+                "break_even_accept_length", ...}, ...]}      (diag/run/pricing.py)
 
 Repeatable: no pyplot state, fixed figure sizes and DPI, PNG metadata without the matplotlib
 version, variants drawn in sorted order. This module knows matplotlib and the report's keys;
@@ -27,6 +27,8 @@ from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+
+from diag.replay.evaluation import ANY, Evaluation, reference_axes, select
 
 DPI = 100
 PANEL = (4.2, 3.2)          # inches per panel
@@ -133,11 +135,14 @@ def drift(rep: dict, folder: Path) -> dict | None:
 
 
 def _reference_rows(rep: dict) -> list[dict]:
-    """Speedup rows of eagle3 variants on the reference regime that have a break-even number."""
-    ref = rep.get("target_pass", {}).get("reference_regime", "as-loaded")
-    return [r for r in (rep.get("speedup") or {}).get("rows", [])
-            if r.get("break_even_accept_length") is not None and r["mode"] == "eagle3"
-            and r["regime"] == ref and r["tokens_regime"] == ref]
+    """Speedup rows of the variants at the report's reference axes (every layout and tree)
+    that have a break-even number."""
+    rows = (rep.get("speedup") or {}).get("rows", [])
+    if not rows:
+        return []
+    where = reference_axes(rep).but(layout=ANY, tree=ANY)
+    keys = {e.key for e in select([Evaluation.from_json(e) for e in rep.get("evaluations", [])], where)}
+    return [r for r in rows if r.get("break_even_accept_length") is not None and r["key"] in keys]
 
 
 def _break_even_curves(ax, rows: list[dict]) -> None:

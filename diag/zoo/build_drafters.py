@@ -1,4 +1,4 @@
-"""Builder for the zoo's EAGLE-3 drafters (the model is diag.drafter's, not ours).
+"""Builder for the zoo's EAGLE-3 drafters (the model is diag.drafter.model's, not ours).
 
 Data. Each training sequence is L = PROMPT + seq_len + steps ids: either a corpus
 window (teacher-forced text, where the target's argmax often differs from the next
@@ -34,9 +34,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from diag.capture import capture_pass
-from diag.drafter import DrafterConfig, Eagle3Drafter
-from diag.drafter_io import save_drafter
+from diag.target.capture import capture_pass
+from diag.drafter.model import DrafterConfig, Eagle3Drafter
+from diag.drafter.checkpoint import save_drafter
 from diag.layouts import Layout, layout as parse_layout
 from diag.zoo.build_targets import load_back, load_streams
 from diag.zoo.data import sample_windows, tile_windows, token_counts

@@ -1,0 +1,1 @@
+"""Reading checkpoint files: config.json, safetensors headers, content digests. No models."""

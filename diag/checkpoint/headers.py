@@ -1,0 +1,132 @@
+"""Safetensors checkpoints on disk: which tensor lives in which shard, with
+headers checked before any tensor is read.
+
+A shard is `u64 little-endian N | N bytes of JSON header | data`; every
+tensor's `data_offsets` [begin, end) are relative to the data section, so a
+shard is whole when 8 + N + max(end) <= file size.
+Example: N = 120 and the last tensor ends at 4096 -> the file needs
+8 + 120 + 4096 = 4224 bytes; 4000 bytes means the shard was truncated.
+
+This module knows files and headers; it knows nothing about models or
+quantization.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from diag.errors import DiagError
+
+INDEX = "model.safetensors.index.json"
+_MAX_HEADER = 100 * 2**20  # safetensors refuses larger headers too
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor lives and what its header says."""
+
+    name: str
+    file: Path
+    dtype: str  # safetensors spelling: "BF16", "I32", ...
+    shape: tuple[int, ...]
+
+
+def read_header(path: Path) -> dict[str, TensorInfo]:
+    """Parse and check one shard's header; DiagError if corrupt or truncated."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+        if n < 2 or n > min(size - 8, _MAX_HEADER):
+            raise DiagError("corrupt safetensors header", file=str(path),
+                            expected=f"a header length below the file size ({size} bytes)",
+                            found=f"header length {n}")
+        raw = f.read(n)
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise DiagError("corrupt safetensors header", file=str(path),
+                        expected="a JSON header", found=str(err)) from None
+    return _infos(header, path, data_bytes=size - 8 - n)
+
+
+def _infos(header: dict, path: Path, *, data_bytes: int) -> dict[str, TensorInfo]:
+    out: dict[str, TensorInfo] = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            begin, end = meta["data_offsets"]
+            info = TensorInfo(name, path, meta["dtype"], tuple(meta["shape"]))
+        except (KeyError, TypeError, ValueError):
+            raise DiagError("corrupt safetensors header", file=str(path), field=name,
+                            expected="dtype, shape and data_offsets", found=meta) from None
+        if end > data_bytes or begin > end:
+            raise DiagError("truncated safetensors shard: a tensor ends past the end of the file",
+                            file=str(path), field=name,
+                            expected=f"data up to byte {end}", found=f"{data_bytes} data bytes")
+        out[name] = info
+    return out
+
+
+def shard_files(directory: Path) -> list[Path]:
+    """The shards of a checkpoint: from the index if there is one, else every
+    *.safetensors file in the directory."""
+    index = directory / INDEX
+    if index.exists():
+        weight_map = _weight_map(index)
+        names = sorted(set(weight_map.values()))
+        for n in names:
+            if not (directory / n).exists():
+                raise DiagError("a shard named by the index is missing", file=str(index),
+                                field=n, expected="the file to exist", found="no such file")
+        return [directory / n for n in names]
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise DiagError("no safetensors weights in the checkpoint", file=str(directory),
+                        expected="model.safetensors or an index with shards", found="none")
+    return files
+
+
+def _weight_map(index: Path) -> dict[str, str]:
+    try:
+        return dict(json.loads(index.read_text())["weight_map"])
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise DiagError("unreadable safetensors index", file=str(index),
+                        expected="JSON with a weight_map", found=str(err)) from None
+
+
+def tensor_infos(directory: Path) -> dict[str, TensorInfo]:
+    """Every tensor of the checkpoint, headers checked, index cross-checked."""
+    infos: dict[str, TensorInfo] = {}
+    for f in shard_files(directory):
+        for name, info in read_header(f).items():
+            if name in infos:
+                raise DiagError("a tensor appears in two shards", file=str(f), field=name,
+                                expected="one shard per tensor", found=str(infos[name].file))
+            infos[name] = info
+    index = directory / INDEX
+    if index.exists():
+        _check_index(_weight_map(index), infos, index)
+    return infos
+
+
+def _check_index(weight_map: dict[str, str], infos: dict[str, TensorInfo], index: Path) -> None:
+    for name, shard in weight_map.items():
+        if name not in infos or infos[name].file.name != shard:
+            raise DiagError("the index names a tensor its shard does not hold", file=str(index),
+                            field=name, expected=f"in {shard}",
+                            found=infos[name].file.name if name in infos else "in no shard")
+
+
+def load_shard(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of one shard, after its header is checked."""
+    names = read_header(path)
+    with safe_open(str(path), framework="pt") as f:
+        return {n: f.get_tensor(n) for n in names}

@@ -1,0 +1,1 @@
+"""Static checks that load no weights: `diag lint` and `diag validate`."""

@@ -1,0 +1,38 @@
+"""Lint checks of the launch line: the tree flags SGLang rewrites or crashes on, and
+max_running_requests in speculative mode.
+
+Each check takes the Pair (pair.py) and returns Findings.
+"""
+
+from __future__ import annotations
+
+from diag.checks.lint.pair import Finding, Pair
+
+
+def check_tree(p: Pair) -> list[Finding]:
+    if p.eff is None or p.eff.tree is None:
+        return []
+    tree, flag = p.eff.tree, "--speculative-num-draft-tokens"
+    if tree.crash is not None:
+        return [Finding("error", "TREE_CRASH", f"tree flags {tree.requested} (S, K, D) fail",
+                        tree.crash, "pass all three flags with D - 1 <= K + (S-1)K^2, or none",
+                        None, flag)]
+    sev = "warning" if tree.requested != (None, None, None) else "info"
+    shape = tree.shape
+    fix = (f"to verify more than {shape.num_draft_tokens - 1} draft token(s) per round use "
+           f"topk > 1 (a tree) or more steps; otherwise pass num_draft_tokens = "
+           f"{shape.num_steps + 1} so the flags say what runs" if sev == "warning" else
+           "pass all three tree flags to pin the shape")
+    return [Finding(sev, "TREE_REWRITE" if sev == "warning" else "TREE_AUTO", note,
+                    f"SGLang runs {shape.name} (S={shape.num_steps}, K={shape.topk}, "
+                    f"D={shape.num_draft_tokens})", fix, None, flag) for note in tree.notes]
+
+
+def check_max_running(p: Pair) -> list[Finding]:
+    if p.eff is None or p.eff.tree is None or p.flags.max_running_requests is not None:
+        return []
+    return [Finding("warning", "MAX_RUNNING_REQUESTS", "--max-running-requests not given in "
+                    "speculative mode", " ".join(n for n in p.eff.notes if "max-running" in n
+                                                 or "DP workers" in n),
+                    "pass --max-running-requests sized for your load", None,
+                    "--max-running-requests")]

@@ -1,0 +1,134 @@
+"""Lint checks of the hidden-state layout: the algorithm, fc's width, where the layer ids sit,
+how the engine reads them, and whether that is the layout the drafter declares.
+
+Each check takes the Pair (pair.py) and returns Findings; none reads a weight value.
+"""
+
+from __future__ import annotations
+
+from diag.checkpoint.config import hidden_size, num_layers
+from diag.checks.lint.pair import Finding, Pair, find, is_eagle3_drafter, algorithm, under_eagle3
+from diag.engine import conventions, serving
+from diag.engine.architectures import capture_model
+from diag.engine.serving import ServingError
+from diag.errors import DiagError
+
+
+def eagle3_plan(p: Pair):
+    """The EAGLE3 plan, or None when the engine cannot serve the pair (check_serving says why)."""
+    return None if isinstance(p.plan, ServingError) else p.plan
+
+
+def check_serving(p: Pair) -> list[Finding]:
+    if not isinstance(p.plan, ServingError):
+        return []
+    e = p.plan
+    return [Finding("error", "CONFIG", e.message, "SGLang fails on or misreads this field",
+                    f"expected: {e.expected}", p.drafter_file, e.field)]
+
+
+def check_algorithm(p: Pair) -> list[Finding]:
+    if p.flags is None:
+        return [Finding("info", "NO_LAUNCH", "no launch command given: algorithm, tree flags and "
+                        "max_running_requests not checked; assuming EAGLE3",
+                        "n/a", "pass --launch \"python -m sglang.launch_server ...\"")]
+    if algorithm(p) != "EAGLE" or not is_eagle3_drafter(p):
+        return []
+    plan, base = p.eagle_plan, eagle3_plan(p)
+    h_t = hidden_size(p.target)
+    k = len(base.layout) if base is not None else 3
+    what = str(plan) if isinstance(plan, ServingError) else ("the drafter gets the final-normed last hidden state "
+                          f"({h_t} wide instead of {k}x{h_t} = {k * h_t}); fc is skipped, the "
+                          "target's lm_head replaces the drafter's, d2t is ignored; no warning "
+                          "is logged and accept length falls to about 1.00")
+    return [Finding("error", "EAGLE_ALGORITHM",
+                    f"--speculative-algorithm {p.flags.algorithm} with an EAGLE-3 drafter",
+                    what, "launch with --speculative-algorithm EAGLE3", None,
+                    "--speculative-algorithm")]
+
+
+def check_fc_width(p: Pair) -> list[Finding]:
+    hit = find(p.tensors, "fc.weight")
+    if hit is None:
+        return []
+    name, info = hit
+    plan = eagle3_plan(p)
+    if plan is None:
+        return []
+    h_t, h = hidden_size(p.target), hidden_size(p.drafter)
+    k = len(plan.layout)
+    rows, cols = info.shape[0], info.shape[-1]
+    out = []
+    if cols != k * h_t:
+        out.append(Finding(
+            "error", "FC_WIDTH", f"fc input width {cols} != {k} capture points x target hidden "
+            f"{h_t} = {k * h_t} ({plan.layout}){under_eagle3(p)}", f"SGLang concatenates {k} states "
+            f"({plan.rule}); loading or the first draft forward fails on the fc shape",
+            f"give eagle_config.eagle_aux_hidden_state_layer_ids with {cols // h_t if h_t else '?'} "
+            "ids matching training, or retrain fc", info.file, name))
+    if rows != h:
+        out.append(Finding("error", "FC_ROWS", f"fc output {rows} != drafter hidden_size {h}",
+                           "SGLang builds fc with hidden_size outputs; weight loading fails",
+                           "fix hidden_size in the drafter config.json", info.file, name))
+    return out
+
+
+def check_top_level_ids(p: Pair) -> list[Finding]:
+    top = serving.top_level_ids(p.drafter, file=p.drafter_file)
+    if top is None or serving.nested_ids(p.drafter) is not None:
+        return []
+    plan = eagle3_plan(p)
+    if plan is None:
+        return []
+    meant = conventions.resolve(top, plan.convention, num_layers(p.target)).layout
+    sev = "error" if meant != plan.layout else "warning"
+    return [Finding(sev, "TOP_LEVEL_IDS", f"eagle_aux_hidden_state_layer_ids={top} is at the top "
+                    "level of the drafter config", f"SGLang reads only eagle_config."
+                    f"eagle_aux_hidden_state_layer_ids and falls back to its defaults: serves "
+                    f"{plan.layout} (the top-level ids would give {meant})",
+                    f'move them: "eagle_config": {{"eagle_aux_hidden_state_layer_ids": {top}}}',
+                    p.drafter_file, serving.TOP_IDS_FIELD)]
+
+
+def _reading(ids: list[int], convention: str, n: int):
+    """The layout `convention` reads, or None when it cannot read these ids."""
+    try:
+        return conventions.resolve(ids, convention, n).layout
+    except DiagError:
+        return None
+
+
+def check_deepseek_first_id(p: Pair) -> list[Finding]:
+    ids = serving.nested_ids(p.drafter)
+    if ids is None or capture_model(p.target) != "deepseek":
+        return []
+    n = num_layers(p.target)
+    served = conventions.resolve(ids, serving.capture_convention(p.target, engine_name=p.engine), n).layout
+    trained = _reading(ids, "specforge", n) or served
+    shifted = ids[0] == 1
+    sev = "info" if served == trained else "warning"
+    rule = ("the first id is 1, so every id is shifted by +1" if shifted else
+            "the first id is not 1, so ids are used as layer inputs without the +1 shift")
+    return [Finding(sev, "DEEPSEEK_FIRST_ID", f"DeepSeek-family target: {p.engine} reads "
+                    f"{ids} as {served}; SpecForge-style output-of-layer ids mean {trained}",
+                    f"deepseek_v2.py set_eagle3_layers_to_capture: {rule}",
+                    "check which layout the drafter was trained on (diag scan) and write ids "
+                    "that SGLang reads as that layout", p.drafter_file, serving.IDS_FIELD)]
+
+
+def check_layout(p: Pair) -> list[Finding]:
+    n = num_layers(p.target)
+    declared = serving.declared_layouts(p.drafter, n, file=p.drafter_file)
+    if not declared:
+        return []
+    plan, trained = eagle3_plan(p), declared[0]
+    if plan is None or plan.layout == trained.layout:
+        return []
+    ids = conventions.to_ids(trained.layout, plan.convention, n)
+    fix = (f"set eagle_config.eagle_aux_hidden_state_layer_ids to {ids}" if ids is not None else
+           f"SGLang ({plan.convention}) cannot capture {trained.layout}: retrain on a layout it "
+           "can serve")
+    return [Finding("error", "LAYOUT_MISMATCH", f"drafter trained on {trained.layout} "
+                    f"({trained.source}), SGLang serves {plan.layout}{under_eagle3(p)}",
+                    plan.rule, fix,
+                    p.drafter_file, trained.source)]

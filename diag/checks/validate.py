@@ -1,0 +1,62 @@
+"""Checking a case without loading weights: every name parses, every file it can see exists.
+
+Paths behind unset environment variables are reported, not failed: a case for a cluster
+(cases/kimi-k2.5-int4.toml) validates on a laptop. This module reads configs and headers
+only; it never loads a tensor.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from diag.run.case import Case, resolve_path
+from diag.errors import DiagError
+from diag.layouts import layout
+from diag.run.prompts import read_prompt_set
+from diag.trees import tree_shape
+
+
+def _path_line(spec: str, case: Case, field: str) -> str:
+    unset = [v for v in re.findall(r"\$\{(\w+)\}", spec) if v not in __import__("os").environ]
+    if unset:
+        return f"{field}: {spec} (environment variable {', '.join(unset)} unset; resolved at run time)"
+    text = resolve_path(spec, case, field)
+    if text.startswith("zoo:"):
+        from diag.zoo import ZOO
+        if text[4:] not in ZOO:
+            raise DiagError("unknown zoo checkpoint", file=case.source, field=field,
+                            expected=f"one of {sorted(ZOO)}", found=text)
+        return f"{field}: {text} (built-in tiny checkpoint)"
+    if not (Path(text) / "config.json").is_file():
+        raise DiagError("checkpoint directory has no config.json", file=case.source, field=field,
+                        expected=f"{text}/config.json", found="missing")
+    return f"{field}: {text}"
+
+
+def validate_case(case: Case) -> list[str]:
+    lines = [f"case {case.name!r} (version {case.version}) from {case.source}"]
+    lines.append(_path_line(case.target.path, case, "target.path"))
+    lines.append(_path_line(case.drafter.path, case, "drafter.path"))
+    for text in case.evaluate.layouts:
+        layout(text, field="evaluate.layouts")
+    for text in case.evaluate.trees:
+        tree_shape(text, field="evaluate.trees")
+    if case.serving.layout:
+        layout(case.serving.layout, field="serving.layout")
+    _regimes(case)
+    pset = read_prompt_set(resolve_path(case.prompts.file, case, "prompts.file"), case.prompts.limit,
+                           case.prompts.categories or None)
+    lines.append(f"prompts: {len(pset.prompts)} from {pset.path} (hash {pset.sha256})")
+    lines.append(f"layouts: {', '.join(case.evaluate.layouts) or '(scan)'}; modes: {', '.join(case.evaluate.modes)}; "
+                 f"trees: {', '.join(case.evaluate.trees)}; regimes: {', '.join(case.evaluate.regimes)}")
+    return lines
+
+
+def _regimes(case: Case) -> None:
+    from diag.target.regimes import regime
+    for text in (*case.evaluate.regimes, case.evaluate.reference_regime):
+        if text.startswith("ckpt:"):
+            _path_line(text[5:], case, "evaluate.regimes")
+        else:
+            regime(text)

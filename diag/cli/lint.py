@@ -1,0 +1,54 @@
+"""`diag lint --drafter DIR --target DIR [--launch "CMD"]`: static checks.
+
+Prints one block per finding (severity, code, what SGLang does, the fix)
+and exits 1 if any finding is an error, 0 otherwise, 2 on a usage error.
+Reads config.json files and safetensors headers only; loads no weights.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+
+from diag.errors import DiagError
+from diag.checks.lint import Finding, lint
+
+_ORDER = {"error": 0, "warning": 1, "info": 2}
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("lint", help="check a drafter/target pair and an SGLang launch "
+                              "line without loading weights")
+    p.add_argument("--drafter", required=True, help="drafter checkpoint directory")
+    p.add_argument("--target", required=True, help="target checkpoint directory (config.json)")
+    p.add_argument("--launch", default=None, help="the SGLang launch command, quoted")
+    p.add_argument("--json", action="store_true", help="print findings as JSON")
+    p.set_defaults(func=run)
+
+
+def render(f: Finding) -> str:
+    """e.g. 'ERROR EAGLE_ALGORITHM: ...\\n  sglang: ...\\n  fix: ...'."""
+    where = ":".join(x for x in (f.file, f.field) if x)
+    lines = [f"{f.severity.upper()} {f.code}: {f.message}"]
+    if where:
+        lines.append(f"  where:  {where}")
+    lines += [f"  sglang: {f.sglang_behaviour}", f"  fix:    {f.fix}"]
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    try:
+        findings = lint(args.drafter, args.target, args.launch)
+    except DiagError as err:
+        print(err.render(), file=sys.stderr)
+        return 2
+    findings = sorted(findings, key=lambda f: _ORDER.get(f.severity, 3))
+    if args.json:
+        print(json.dumps([asdict(f) for f in findings], indent=2))
+    else:
+        print("\n\n".join(render(f) for f in findings) if findings else "no findings")
+        counts = {s: sum(f.severity == s for f in findings) for s in _ORDER}
+        print(f"\n{counts['error']} error(s), {counts['warning']} warning(s), "
+              f"{counts['info']} info")
+    return 1 if any(f.severity == "error" for f in findings) else 0

@@ -1,0 +1,46 @@
+"""The `diag` command: one subcommand per module of diag/cli (run, zoo, lint, ...).
+
+User errors (DiagError) print their message and exit 2; no report is written for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from diag.errors import DiagError
+
+COMMANDS = ("run", "zoo", "kimi", "explain", "effective", "lint", "compare", "bench")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="diag", description="EAGLE-3 drafter-vs-target diagnostics")
+    sub = parser.add_subparsers(dest="command")
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"diag.cli.{name}")
+        except ModuleNotFoundError as err:
+            if err.name != f"diag.cli.{name}":
+                raise
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    args = parser.parse_args(argv or ["run"])
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except DiagError as err:
+        print(f"diag {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

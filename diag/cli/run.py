@@ -1,0 +1,115 @@
+"""`diag run [CASE]` and `diag validate CASE`: the command-line edge of a replay.
+
+With no argument, `diag run` runs the built-in demo case (cases/demo.toml), building the
+zoo's tiny checkpoints when needed. With --target/--drafter it builds a case from flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from diag.run.case import Case, EvaluateSpec, ModelSpec, PromptSpec, ServingSpec, read_case
+
+DEMO = "cases/demo.toml"
+DEFAULT_PROMPTS = "cases/prompts/mixed-48.jsonl"
+
+
+def repo_file(rel: str) -> Path:
+    """A file of this checkout: relative to the working directory, else to the package's repo."""
+    here = Path(rel)
+    if here.exists():
+        return here
+    return Path(__file__).resolve().parents[2] / rel
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="replay prompts and compare the drafter with the target")
+    p.add_argument("case", nargs="?", help=f"case file (default: {DEMO} unless --target/--drafter given)")
+    p.add_argument("--target", help="target checkpoint directory (or zoo:NAME)")
+    p.add_argument("--drafter", help="EAGLE-3 drafter checkpoint directory (or zoo:NAME)")
+    p.add_argument("--layout", action="append", default=[], help="layout to evaluate, e.g. embed+L3+L31 (repeat)")
+    p.add_argument("--tree", action="append", default=[], help="tree shape, e.g. chain-3 or s3-k4-d5 (repeat)")
+    p.add_argument("--mode", action="append", default=[], choices=["eagle3", "eagle"], help="serving mode (repeat)")
+    p.add_argument("--regime", action="append", default=[], help="quantization regime (repeat)")
+    p.add_argument("--prompts", help=f"JSONL prompt set (default {DEFAULT_PROMPTS})")
+    p.add_argument("--limit", type=int, help="use only the first N prompts")
+    p.add_argument("--max-new-tokens", type=int, help="continuation length")
+    p.add_argument("--recorded", help="JSONL recorded continuations instead of greedy generation")
+    p.add_argument("--scan", action="store_true", help="also evaluate every neighbouring layout")
+    p.add_argument("--algorithm", help="--speculative-algorithm the server runs (EAGLE3, EAGLE, NEXTN)")
+    p.add_argument("--serving-layout", help="the layout the server feeds, if known")
+    p.add_argument("--launch", help="the SGLang launch command line, to report what it really runs")
+    p.add_argument("--gpus", type=int, help="place the target across N GPUs (0: CPU)")
+    p.add_argument("--gpu-memory", help="memory budget per GPU for weights, e.g. 130GiB")
+    p.add_argument("--out", help="report directory (default reports/<case name>)")
+    p.add_argument("--no-cache", action="store_true", help="recompute the target pass")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--strict", action="store_true", help="exit 1 when a verdict is an error")
+    p.set_defaults(func=run)
+    v = sub.add_parser("validate", help="check a case file without loading weights")
+    v.add_argument("case")
+    v.set_defaults(func=validate)
+
+
+def case_from_flags(a) -> Case:
+    if not (a.target and a.drafter):
+        raise SystemExit("diag run: --target and --drafter go together (or give a case file)")
+    prompts = PromptSpec(file=a.prompts or str(repo_file(DEFAULT_PROMPTS).resolve()),
+                         max_new_tokens=a.max_new_tokens or 64, limit=a.limit, recorded=a.recorded)
+    ev = EvaluateSpec(layouts=tuple(a.layout), scan=a.scan or not a.layout, modes=tuple(a.mode) or ("eagle3",),
+                      trees=tuple(a.tree) or ("chain-3",), regimes=tuple(a.regime) or ("as-loaded",))
+    serving = ServingSpec(algorithm=a.algorithm or "EAGLE3", layout=a.serving_layout, launch=a.launch)
+    return Case(version=1, name=Path(a.drafter.removeprefix("zoo:")).name or "run", source="<flags>",
+                target=ModelSpec(a.target), drafter=ModelSpec(a.drafter), prompts=prompts, evaluate=ev,
+                serving=serving)
+
+
+def apply_overrides(case: Case, a) -> Case:
+    """Command-line flags given alongside a case file (or a flags case) override its values."""
+    ev, pr, sv, pl = case.evaluate, case.prompts, case.serving, case.placement
+    pl = replace(pl, gpus=a.gpus if a.gpus is not None else pl.gpus, gpu_memory=a.gpu_memory or pl.gpu_memory)
+    ev = replace(ev, layouts=tuple(a.layout) or ev.layouts, trees=tuple(a.tree) or ev.trees,
+                 modes=tuple(a.mode) or ev.modes, regimes=tuple(a.regime) or ev.regimes, scan=a.scan or ev.scan)
+    pr = replace(pr, limit=a.limit if a.limit is not None else pr.limit,
+                 max_new_tokens=a.max_new_tokens or pr.max_new_tokens, recorded=a.recorded or pr.recorded)
+    sv = replace(sv, algorithm=a.algorithm or sv.algorithm, layout=a.serving_layout or sv.layout,
+                 launch=a.launch or sv.launch)
+    return replace(case, evaluate=ev, prompts=pr, serving=sv, placement=pl)
+
+
+def run(a) -> int:
+    from diag.run.pipeline import run_case
+    from diag.report.terminal import summary_table
+    from diag.report.outdir import check_out_dir
+    from diag.report.writer import write_report
+
+    if a.target or a.drafter:
+        case = apply_overrides(case_from_flags(a), a)
+    else:
+        case = apply_overrides(read_case(a.case or repo_file(DEMO)), a)
+    out = Path(a.out) if a.out else Path("reports") / case.name
+    check_out_dir(out)                  # before any weight is loaded
+    run_result = run_case(case, progress=not a.quiet, use_cache=not a.no_cache)
+    path, rep = write_report(run_result, out, argv=["diag", *sys.argv[1:]])
+    print(summary_table(rep))
+    print(f"\nreport: {path / 'report.md'}  (json: {path / 'report.json'})")
+    if a.strict and any(v["severity"] == "error" for v in rep["verdicts"]):
+        return 1
+    return 0
+
+
+def validate(a) -> int:
+    from diag.checks.validate import validate_case
+    for line in validate_case(read_case(a.case)):
+        print(line)
+    print(f"{a.case}: OK")
+    return 0
+
+
+def main_parser() -> argparse.ArgumentParser:  # used by tests that drive one command
+    parser = argparse.ArgumentParser(prog="diag")
+    register(parser.add_subparsers(dest="command", required=True))
+    return parser

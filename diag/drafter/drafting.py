@@ -1,0 +1,82 @@
+"""Drafting at every position of a batch: greedy chains and SGLang's top-K beams.
+
+Both run the drafter's steps over all indices at once (the step loop is the only Python
+loop) and return target token ids. The beam keeps SGLang's per-row draft attention: row r
+at step s sees the prefix plus the keys row r itself wrote at earlier steps, even when the
+beam reselection gave row r a different ancestor (DESIGN.md §5); the carried hidden state
+follows the true parent row.
+
+This module knows the drafter and the tree-building steps; nothing about targets, files,
+layouts or metrics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from diag.drafter.model import Eagle3Drafter
+from diag.drafter.tree_build import Beam, expand_step, first_step
+
+
+@dataclass(frozen=True)
+class DraftInputs:
+    """One padded batch. aux [B, T, W]; tokens [B, T] = x_{j+1} at index j (right padded);
+    valid [B, T]; offset: first index drafted past step 1 (indices before it only fill the
+    drafter's prefix cache)."""
+    aux: torch.Tensor
+    tokens: torch.Tensor
+    valid: torch.Tensor
+    offset: int
+
+
+@dataclass(frozen=True)
+class DraftHead:
+    """How draft logits become target ids. `head` None: the drafter's lm_head over the
+    draft vocabulary, mapped with d2t (EAGLE-3). Otherwise the target's lm_head over the
+    full vocabulary, ids as they are (the EAGLE misconfiguration)."""
+    embed: Callable[[torch.Tensor], torch.Tensor]
+    head: nn.Module | None = None
+
+
+def draft_chain(drafter: Eagle3Drafter, dh: DraftHead, x: DraftInputs, num_steps: int) -> torch.Tensor:
+    """Greedy chain of depth num_steps at every drafted index -> target ids [B, Q, S]."""
+    logits = drafter.unroll(dh.embed, x.aux, x.tokens, num_steps, x.valid, head=dh.head,
+                            offset=x.offset)
+    return torch.stack([drafter.ids(step, dh.head) for step in logits], dim=-1)
+
+
+def _token_map(drafter: Eagle3Drafter, dh: DraftHead) -> torch.Tensor | None:
+    if dh.head is not None:
+        return None
+    return drafter.to_target_ids(torch.arange(drafter.cfg.draft_vocab_size, device=drafter.d2t.device))
+
+
+def draft_beam(drafter: Eagle3Drafter, dh: DraftHead, x: DraftInputs, num_steps: int,
+               topk: int) -> list[Beam]:
+    """SGLang's beam over num_steps draft steps -> the per-step Beam history, flattened over
+    positions (P = B * Q, row p = b * Q + q). tree_build.finalize turns it into trees."""
+    B, T = x.tokens.shape
+    Q = T - x.offset
+    tmap = _token_map(drafter, dh)
+    embed = drafter.embed_tokens if drafter.embed_tokens is not None else dh.embed
+    r, cache = drafter.prefix_step(embed(x.tokens), drafter.project(x.aux), x.valid)
+    r = r[:, x.offset:, None]                                               # [B, Q, 1, H]
+    logp = torch.log_softmax(drafter.head_logits(r[:, :, 0], dh.head).float(), -1)
+    beam = first_step(logp.reshape(B * Q, -1), topk, token_map=tmap)
+    history, kv_rows = [beam], []
+    hidden = drafter.carry(r).expand(B, Q, topk, r.shape[-1])              # [B, Q, K, H]
+    for s in range(2, num_steps + 1):
+        src = beam.source_row.view(B, Q, topk, 1).expand_as(hidden)
+        h = hidden.gather(2, src)                                           # hidden of each row's parent
+        e = embed(beam.tokens.view(B, Q, topk))                             # [B, Q, K, H]
+        r, kv = drafter.deep_step(e, h, s, cache, kv_rows, x.offset)       # r [B, Q, K, H]
+        kv_rows.append(kv)                                                  # per row, never reordered
+        logp = torch.log_softmax(drafter.head_logits(r, dh.head).float(), -1)
+        beam = expand_step(beam, logp.reshape(B * Q, topk, -1), token_map=tmap)
+        history.append(beam)
+        hidden = drafter.carry(r)
+    return history

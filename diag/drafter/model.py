@@ -1,0 +1,284 @@
+"""The EAGLE-3 drafter (DESIGN.md §3) as a torch module, batched over positions.
+
+One draft step at sequence index j (input token x_{j+1}, hidden h_j):
+  e = embed(x_{j+1});  h = fc(aux_j) on the first step only (when width != H)
+  a = attn(cat[input_layernorm(e), hidden_norm(h)])   RoPE, over earlier positions
+  r = a + h;  r = r + mlp(post_attention_layernorm(r))
+  logits = lm_head(norm(r))  (draft vocabulary);  next step carries r (norm(r) if norm_output)
+  draft id -> target id: t = d + d2t[d]
+
+Positions (a choice that matches SGLang and SpecForge): the pair (x_{j+1}, h_j) sits at
+RoPE position j, and draft step s (1-based) of a round rooted at j sits at j + s - 1.
+Worked example: root j = 7, steps 1..3 -> positions [7, 8, 9].
+
+Attention at step s >= 2 (SGLang's draft decode, SpecForge's training-time test): the
+query of row r at index j sees the step-1 keys of indices 0..j (the prefix cache) plus the
+keys that row r wrote at steps 2..s at index j. Rows are beam rows (topk K); a row's
+history is NOT reordered when the beam is reselected, exactly as SGLang's per-row draft
+attention does (DESIGN.md §5); only the carried hidden state follows the parent.
+
+This module knows the drafter's arithmetic. It knows nothing about files (checkpoint.py),
+layouts, trees or targets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    vocab_size: int            # the target's vocabulary
+    draft_vocab_size: int
+    target_hidden_size: int
+    num_aux: int = 3           # capture points concatenated into fc's input
+    head_dim: int | None = None
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 2048
+    hidden_act: str = "silu"
+    norm_output: bool = False  # EAGLE-3.1: carry norm(r) instead of r into the next step
+
+    @property
+    def dim_head(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def fc_in(self) -> int:
+        return self.num_aux * self.target_hidden_size
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, width: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class Rope(nn.Module):
+    """RoPE through transformers' own Llama rotary embedding, so every rope_scaling type a
+    Llama config can name (llama3, yarn, dynamic, ...) is computed as the engines do."""
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        from transformers import LlamaConfig
+        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+        kwargs = dict(hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_attention_heads,
+                      head_dim=cfg.dim_head, max_position_embeddings=cfg.max_position_embeddings,
+                      rope_theta=cfg.rope_theta)
+        if cfg.rope_scaling:
+            kwargs["rope_scaling"] = dict(cfg.rope_scaling)
+        self.inner = LlamaRotaryEmbedding(LlamaConfig(**kwargs))
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [B, N] -> cos, sin [B, N, hd]."""
+        return self.inner(x, positions)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [..., hd] with cos/sin broadcastable; Llama's rotate-half convention."""
+    half = x.shape[-1] // 2
+    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rot * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        hd, nh, nkv = cfg.dim_head, cfg.num_attention_heads, cfg.num_key_value_heads
+        self.q_proj = nn.Linear(2 * cfg.hidden_size, nh * hd, bias=False)
+        self.k_proj = nn.Linear(2 * cfg.hidden_size, nkv * hd, bias=False)
+        self.v_proj = nn.Linear(2 * cfg.hidden_size, nkv * hd, bias=False)
+        self.o_proj = nn.Linear(nh * hd, cfg.hidden_size, bias=False)
+        self.nh, self.nkv, self.hd = nh, nkv, hd
+
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """x [..., 2H] -> q [..., nh, hd], k, v [..., nh, hd] (kv heads repeated), RoPE applied."""
+        lead = x.shape[:-1]
+        q = self.q_proj(x).view(*lead, self.nh, self.hd)
+        k = self.k_proj(x).view(*lead, self.nkv, self.hd)
+        v = self.v_proj(x).view(*lead, self.nkv, self.hd)
+        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)       # broadcast over heads
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        rep = self.nh // self.nkv
+        if rep > 1:
+            k, v = k.repeat_interleave(rep, dim=-2), v.repeat_interleave(rep, dim=-2)
+        return q, k, v
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MidLayer(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def attn_input(self, e: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.input_layernorm(e), self.hidden_norm(h)], dim=-1)  # [..., 2H]
+
+    def finish(self, attn_out: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """attn_out [..., nh, hd] -> r = o_proj(a) + h; r + mlp(post_norm(r))."""
+        r = self.self_attn.o_proj(attn_out.flatten(-2)) + h
+        return r + self.mlp(self.post_attention_layernorm(r))
+
+
+@dataclass
+class PrefixCache:
+    """Step-1 keys/values of every index, the drafter's KV cache for the prefix."""
+    k: torch.Tensor      # [B, T, nh, hd]
+    v: torch.Tensor      # [B, T, nh, hd]
+    valid: torch.Tensor  # [B, T] bool
+
+
+class Eagle3Drafter(nn.Module):
+    """Weights named as SGLang/SpecForge's LlamaForCausalLMEagle3 checkpoints name them."""
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.fc = nn.Linear(cfg.fc_in, cfg.hidden_size, bias=False)
+        self.midlayer = MidLayer(cfg)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+        self.rope = Rope(cfg)
+        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.ones(cfg.vocab_size, dtype=torch.bool))
+        self.embed_tokens: nn.Embedding | None = None   # set when the checkpoint carries one
+
+    # ---- vocabulary -------------------------------------------------------------------
+    def set_vocab(self, hot_ids: torch.Tensor) -> None:
+        """hot_ids [Vd] ascending target ids. d2t[d] = hot_ids[d] - d, so t = d + d2t[d].
+        Example: hot_ids [0, 5, 9] -> d2t [0, 4, 7]; t2d true at 0, 5, 9 only."""
+        hot = hot_ids.to(torch.long).to(self.d2t.device)
+        self.d2t.copy_(hot - torch.arange(len(hot), device=hot.device))
+        self.t2d.zero_()
+        self.t2d[hot] = True
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+    def to_draft_ids(self, target_ids: torch.Tensor) -> torch.Tensor:
+        """Target ids -> draft ids, -1 where the token is not in the hot vocabulary."""
+        table = torch.full((self.cfg.vocab_size,), -1, dtype=torch.long, device=self.d2t.device)
+        table[self.to_target_ids(torch.arange(self.cfg.draft_vocab_size, device=self.d2t.device))] = \
+            torch.arange(self.cfg.draft_vocab_size, device=self.d2t.device)
+        return table[target_ids]
+
+    # ---- pieces of one step -------------------------------------------------------------
+    def project(self, aux: torch.Tensor) -> torch.Tensor:
+        """aux [..., k*Ht] -> h [..., H]; fc is bypassed when the widths already match
+        (what SGLang does, e.g. under --speculative-algorithm EAGLE)."""
+        return aux if aux.shape[-1] == self.cfg.hidden_size else self.fc(aux)
+
+    def logits(self, r: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(r))               # [..., Vd]
+
+    def carry(self, r: torch.Tensor) -> torch.Tensor:
+        return self.norm(r) if self.cfg.norm_output else r
+
+    def prefix_step(self, e: torch.Tensor, h: torch.Tensor, valid: torch.Tensor):
+        """Step 1 over whole sequences: e, h [B, T, H], valid [B, T] (right padding).
+        Index j attends to indices 0..j. Returns r [B, T, H] and the PrefixCache."""
+        B, T, _ = e.shape
+        pos = torch.arange(T, device=e.device).expand(B, T)
+        cos, sin = self.rope(e, pos)                                        # [B, T, hd]
+        q, k, v = self.midlayer.self_attn.qkv(self.midlayer.attn_input(e, h), cos, sin)
+        causal = torch.ones(T, T, dtype=torch.bool, device=e.device).tril()
+        mask = causal[None, None] & valid[:, None, None, :]                  # [B, 1, T, T]
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                             v.transpose(1, 2), attn_mask=mask)
+        r = self.midlayer.finish(out.transpose(1, 2), h)
+        return r, PrefixCache(k, v, valid)
+
+    def deep_step(self, e: torch.Tensor, h: torch.Tensor, step: int, cache: PrefixCache,
+                  history: list[tuple[torch.Tensor, torch.Tensor]], offset: int = 0):
+        """Step `step` >= 2 for R rows at indices offset..offset+Q-1: e, h [B, Q, R, H].
+        Row r at index j sits at position j + step - 1 and sees cache indices 0..j plus its
+        own keys in `history` (steps 2..step-1), each (k, v) [B, Q, R, nh, hd].
+        Returns r [B, Q, R, H] and this step's (k, v), which the caller appends to history.
+        Example: offset 5, Q 3, step 2 -> indices [5, 6, 7] at positions [6, 7, 8]."""
+        B, Q, R, _ = e.shape
+        T = cache.k.shape[1]
+        rows = torch.arange(offset, offset + Q, device=e.device)                # [Q]
+        pos = (rows + step - 1).expand(B, Q)
+        cos, sin = self.rope(e, pos)                                        # [B, T, hd]
+        cos, sin = cos[:, :, None], sin[:, :, None]                         # [B, T, 1, hd]
+        q, k, v = self.midlayer.self_attn.qkv(self.midlayer.attn_input(e, h), cos, sin)
+        scale = q.shape[-1] ** -0.5
+        s_pre = torch.einsum("btrhd,bshd->btrhs", q, cache.k) * scale       # [B, Q, R, nh, T]
+        causal = torch.arange(T, device=e.device)[None, :] <= rows[:, None]   # [Q, T]
+        keep = (causal[None] & cache.valid[:, None, :])[:, :, None, None, :]
+        s_pre = s_pre.masked_fill(~keep, float("-inf"))
+        ks = torch.stack([hk for hk, _ in history] + [k], dim=-2)          # [B, T, R, nh, n, hd]
+        vs = torch.stack([hv for _, hv in history] + [v], dim=-2)
+        s_own = torch.einsum("btrhd,btrhnd->btrhn", q, ks) * scale          # [B, Q, R, nh, n]
+        w = torch.softmax(torch.cat([s_pre, s_own], dim=-1).float(), dim=-1).to(q.dtype)
+        out = torch.einsum("btrhs,bshd->btrhd", w[..., :T], cache.v) + \
+            torch.einsum("btrhn,btrhnd->btrhd", w[..., T:], vs)
+        return self.midlayer.finish(out, h), (k, v)
+
+    # ---- a whole chain ------------------------------------------------------------------
+    def head_logits(self, r: torch.Tensor, head: nn.Module | None) -> torch.Tensor:
+        """Draft-vocab logits, or target-vocab logits through `head` (EAGLE mode)."""
+        return self.logits(r) if head is None else head(self.norm(r))
+
+    def ids(self, logits: torch.Tensor, head: nn.Module | None) -> torch.Tensor:
+        """Greedy token as a target id (d2t applies only to the drafter's own head)."""
+        best = logits.argmax(-1)
+        return best if head is not None else self.to_target_ids(best)
+
+    def unroll(self, embed_tokens: nn.Module, aux: torch.Tensor, tokens: torch.Tensor, steps: int,
+               attention_mask: torch.Tensor | None = None,
+               teacher_tokens: torch.Tensor | None = None, *, head: nn.Module | None = None,
+               offset: int = 0) -> list[torch.Tensor]:
+        """Chain drafting (topk 1) at every index at once; the step loop is the only loop.
+        aux [B, T, k*Ht] (or [B, T, H] in EAGLE mode); tokens [B, T] = x_{j+1} at index j;
+        teacher_tokens [B, T, steps-1]: target id fed at step s+1 (None: own argmax);
+        head: replaces lm_head (EAGLE mode: the target's head, target ids, no d2t);
+        offset: only indices >= offset are drafted past step 1 (the prefix still fills the
+        cache). Returns `steps` logits [B, T - offset, V]; step s predicts x_{j+1+s}."""
+        valid = torch.ones_like(tokens, dtype=torch.bool) if attention_mask is None \
+            else attention_mask.bool()
+        embed = self.embed_tokens if self.embed_tokens is not None else embed_tokens
+        h = self.project(aux)
+        r, cache = self.prefix_step(embed(tokens), h, valid)
+        r = r[:, offset:, None]                                             # [B, Q, 1, H]
+        out, history = [self.head_logits(r[:, :, 0], head)], []
+        for s in range(2, steps + 1):
+            if teacher_tokens is not None:
+                nxt = teacher_tokens[:, offset:, s - 2, None]               # [B, Q, 1]
+            else:
+                nxt = self.ids(out[-1], head)[:, :, None]
+            r, kv = self.deep_step(embed(nxt), self.carry(r), s, cache, history, offset)
+            history.append(kv)
+            out.append(self.head_logits(r[:, :, 0], head))
+        return out

@@ -1,0 +1,217 @@
+"""The typed evaluation record: one variant's acceptance, with named axes, and the one way to
+look results up (`select`).
+
+An Evaluation is what every later part of diag reads: verdicts, the speedup and regime
+sections, the report writer, the plots, the pytest assertions. Each variant is a point on
+named axes (Axes): layout, mode, tree, regime (of the drafter's features), tokens_regime
+(whose argmax verifies). A new axis is a new Axes field with its default, filled by the
+producer (`summarize`); every `select(evaluations, where)` with a `where` built from the
+run's reference axes then pins it, so a forgotten axis cannot join a ranking silently.
+
+Worked example: reference = Axes(mode="eagle3", tree="chain-3", regime="as-loaded",
+tokens_regime="as-loaded") (layout ANY). select(evals, reference) -> every eagle3 layout on
+chain-3 as loaded; select(evals, reference, mode="eagle") -> the EAGLE-mode rows.
+
+`to_json` is the only place report.json's evaluation entries are made; `from_json` reads them
+back for code that starts from a report (compare, assertions, plots). report.json keeps per
+prompt only (rounds, accepted_sum); `from_json` turns that into rounds [sum, 0, 0, ...], which
+changes no pooled statistic (1 + Σa / rounds). This module knows counts and statistics;
+nothing about models, files or Markdown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+from diag.metrics import AcceptCounts, bucketed, summary
+from diag.replay.verify import trajectory
+from diag.stats import accept_length_ci
+from diag.trees import TreeShape, tree_shape
+
+
+class _Any:
+    def __repr__(self) -> str:
+        return "ANY"
+
+
+ANY = _Any()   # an axis value that matches every value
+
+
+@dataclass(frozen=True)
+class Axes:
+    """Where a variant sits. In a record every axis is concrete; in a query (`where`) any axis
+    may be ANY. Defaults are ANY, so Axes() matches everything."""
+
+    layout: object = ANY            # candidate label, e.g. "embed+L2+L4" or "final (EAGLE)"
+    mode: object = ANY              # "eagle3" | "eagle"
+    tree: object = ANY              # shape name, e.g. "chain-3", "s3-k4-d8"
+    regime: object = ANY            # regime of the drafter's input features
+    tokens_regime: object = ANY     # regime whose argmax verifies
+
+    def but(self, **changes) -> "Axes":
+        return replace(self, **changes)
+
+    def matches(self, other: "Axes") -> bool:
+        """other (concrete) lies in self (a query)."""
+        return all(getattr(self, f.name) is ANY or getattr(self, f.name) == getattr(other, f.name)
+                   for f in fields(self))
+
+    def as_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @property
+    def key(self) -> str:
+        """"embed+L2+L4|eagle3|chain-3|as-loaded", with "->B" for a cross-regime variant."""
+        cross = "" if self.regime == self.tokens_regime else f"->{self.tokens_regime}"
+        return f"{self.layout}|{self.mode}|{self.tree}|{self.regime}{cross}"
+
+
+@dataclass(frozen=True)
+class PromptRounds:
+    """One prompt's trajectory: accepted draft tokens per visited round and each round's
+    root position (empty when read back from report.json, which does not keep them)."""
+
+    id: str
+    accepted: tuple[int, ...]
+    roots: tuple[int, ...] = ()
+
+    @property
+    def rounds(self) -> int:
+        return len(self.accepted)
+
+    @property
+    def accepted_sum(self) -> int:
+        return int(sum(self.accepted))
+
+
+@dataclass(frozen=True)
+class PositionBucket:
+    start: int                      # root positions in [start, end)
+    end: int
+    counts: AcceptCounts
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    axes: Axes
+    shape: TreeShape
+    all_positions: AcceptCounts     # a round at every position of the continuation
+    trajectory: AcceptCounts        # only the rounds a real decode visits
+    accept_length: float | None     # trajectory accept length, bonus included
+    accept_length_ci95: tuple[float | None, float | None]
+    by_position: tuple[PositionBucket, ...]
+    per_prompt: tuple[PromptRounds, ...]
+
+    def __getattr__(self, name: str):
+        """e.layout, e.mode, ... read the axes."""
+        if name in Axes.__dataclass_fields__:
+            return getattr(self.axes, name)
+        raise AttributeError(name)
+
+    @property
+    def key(self) -> str:
+        return self.axes.key
+
+    @property
+    def trajectory_rounds(self) -> list[list[int]]:
+        return [list(p.accepted) for p in self.per_prompt]
+
+    def to_json(self) -> dict:
+        """The report.json entry (per-round lists go to samples.jsonl, not here)."""
+        lo, hi = self.accept_length_ci95
+        return {"key": self.key, **self.axes.as_dict(), "axes": self.axes.as_dict(),
+                "num_steps": self.shape.num_steps, "topk": self.shape.topk,
+                "num_draft_tokens": self.shape.num_draft_tokens,
+                "all_positions": summary(self.all_positions), "trajectory": summary(self.trajectory),
+                "accept_length_ci95": [lo, hi], "accept_length": self.accept_length,
+                "by_position": [{"from": b.start, "to": b.end, **summary(b.counts)} for b in self.by_position],
+                "per_prompt": [{"id": p.id, "rounds": p.rounds, "accepted_sum": p.accepted_sum}
+                               for p in self.per_prompt]}
+
+    @classmethod
+    def from_json(cls, e: dict) -> "Evaluation":
+        axes = Axes(**{k: e[k] for k in Axes.__dataclass_fields__ if k in e})
+        shape = TreeShape(e["num_steps"], e["topk"], e["num_draft_tokens"])
+        per_prompt = tuple(PromptRounds(p["id"], tuple([p["accepted_sum"]] + [0] * (p["rounds"] - 1))
+                                        if p["rounds"] else ()) for p in e["per_prompt"])
+        return cls(axes, shape, AcceptCounts.from_dict(e["all_positions"]),
+                   AcceptCounts.from_dict(e["trajectory"]), e["accept_length"],
+                   tuple(e["accept_length_ci95"]),
+                   tuple(PositionBucket(b["from"], b["to"], AcceptCounts.from_dict(b)) for b in e["by_position"]),
+                   per_prompt)
+
+
+def select(evaluations, where: Axes | None = None, **axes) -> list[Evaluation]:
+    """The evaluations inside `where` (default: everything), with `axes` overriding it.
+    select(evals, ref, layout="L1+L3+L5") -> that layout at the reference of every other axis."""
+    query = (where or Axes()).but(**axes) if axes else (where or Axes())
+    return [e for e in evaluations if query.matches(e.axes)]
+
+
+def one(evaluations, where: Axes | None = None, **axes) -> Evaluation | None:
+    """The single evaluation matching, None when there is none; more than one is a bug."""
+    hits = select(evaluations, where, **axes)
+    if len(hits) > 1:
+        raise ValueError(f"{len(hits)} evaluations match {(where or Axes()).but(**axes)}")
+    return hits[0] if hits else None
+
+
+def reference_axes(report: dict) -> Axes:
+    """A report's reference axes (its "reference" entry; null -> ANY)."""
+    given = report.get("reference") or {}
+    return Axes(**{k: ANY if v is None else v for k, v in given.items() if k in Axes.__dataclass_fields__})
+
+
+def best(evaluations) -> Evaluation | None:
+    """The highest accept length (ties: the first), ignoring variants without rounds."""
+    pool = [e for e in evaluations if e.accept_length is not None]
+    return max(pool, key=lambda e: e.accept_length) if pool else None
+
+
+# ---- the producer ---------------------------------------------------------------------
+
+def trajectory_rounds(accepted: list[torch.Tensor], roots: list[torch.Tensor]):
+    """Per prompt, the rounds a real decode would visit: (accepted counts, root positions)."""
+    counts, where = [], []
+    for acc, pos in zip(accepted, roots):
+        visit = trajectory(acc) if acc.numel() else torch.zeros(0, dtype=torch.long)
+        counts.append(acc[visit].tolist())
+        where.append(pos[visit].tolist())
+    return counts, where
+
+
+def _buckets(all_acc, roots, buckets: tuple[int, ...], S: int, D: int) -> tuple[PositionBucket, ...]:
+    if not roots.numel():
+        return ()
+    top = int(roots.max()) + 1
+    edges = [e for e in buckets if e <= top]
+    edges = edges + [max(top, edges[-1] + 1)] if edges else []
+    if len(edges) < 2:
+        return ()
+    counts = bucketed(all_acc, roots, edges, num_steps=S, num_draft_tokens=D)
+    return tuple(PositionBucket(a, b, c) for (a, b), c in zip(zip(edges, edges[1:]), counts))
+
+
+def summarize(res, *, buckets: tuple[int, ...], seed: int, n_boot: int) -> Evaluation:
+    """replay.VariantResult -> Evaluation: counts over all rounds and over the trajectory,
+    the trajectory accept length with a bootstrap 95% interval over prompts, acceptance by
+    position bucket, the per-prompt rounds that paired comparisons resample."""
+    v = res.variant
+    S, D = v.tree.num_steps, v.tree.num_draft_tokens
+    all_acc = torch.cat(res.accepted) if res.accepted else torch.zeros(0, dtype=torch.long)
+    roots = torch.cat(res.roots) if res.roots else torch.zeros(0, dtype=torch.long)
+    traj, traj_roots = trajectory_rounds(res.accepted, res.roots)
+    traj_counts = AcceptCounts.from_accepted([a for r in traj for a in r], S, D)
+    point, lo, hi = accept_length_ci(traj, seed=seed, n=n_boot) if traj_counts.rounds else (None, None, None)
+    per_prompt = tuple(PromptRounds(pid, tuple(r), tuple(j)) for pid, r, j in zip(res.prompt_ids, traj, traj_roots))
+    return Evaluation(v.axes, v.tree, AcceptCounts.from_accepted(all_acc, S, D), traj_counts, point, (lo, hi),
+                      _buckets(all_acc, roots, buckets, S, D), per_prompt)
+
+
+def primary_tree(trees: tuple[str, ...] | list[str], evaluations) -> str | None:
+    """The first tree a case names (its canonical name), else the first evaluated tree."""
+    if trees:
+        return tree_shape(trees[0]).name
+    return evaluations[0].tree if evaluations else None

@@ -1,0 +1,203 @@
+"""Replay: the drafter proposes at every position of every continuation; the target verifies.
+
+For each variant (layout, serving mode, tree shape, regime of the features, regime of the
+verifying tokens) and each sequence, a round is rooted at every index j of the continuation
+with a full window: j from prompt_len - 1 to T - 2 - S_max, where S_max is the deepest tree
+of the run, so every variant is scored on the same rounds. Worked example: prompt_len 5,
+T 12, S_max 3 -> roots j = 4..7 (root token t_{j+1} = t_5..t_8; depth 3 guesses t_8..t_11).
+
+The verifying tokens are the target's argmax along the sequence (= the greedy continuation
+when the target generated it). Chains of every depth share one draft; trees that share
+(num_steps, topk) share one beam. This module knows tensors and dataclasses; it knows
+nothing about TOML, files or reports.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from diag.drafter.model import Eagle3Drafter
+from diag.drafter.drafting import DraftHead, DraftInputs, draft_beam, draft_chain
+from diag.errors import DiagError
+from diag.layouts import Layout
+from diag.target.passes import TargetPass, budget_batches, pad_right
+from diag.drafter.tree_build import finalize
+from diag.trees import TreeShape
+from diag.replay.evaluation import Axes
+from diag.replay.verify import accepted_chain, accepted_tree, target_next_windows
+
+
+@dataclass(frozen=True)
+class Variant:
+    layout: str
+    mode: str                 # "eagle3" | "eagle"
+    tree: TreeShape
+    regime: str = "as-loaded"          # regime of the drafter's input features
+    tokens_regime: str = "as-loaded"   # regime whose argmax verifies
+
+    @property
+    def axes(self) -> Axes:
+        return Axes(self.layout, self.mode, self.tree.name, self.regime, self.tokens_regime)
+
+    @property
+    def key(self) -> str:
+        return self.axes.key
+
+
+@dataclass
+class VariantResult:
+    variant: Variant
+    accepted: list[torch.Tensor]       # per sequence: [R_i] accepted draft tokens per round
+    roots: list[torch.Tensor]          # per sequence: [R_i] root index j of each round
+    prompt_ids: list[str] = field(default_factory=list)
+
+
+def eval_roots(prompt_len: int, length: int, max_steps: int) -> range:
+    """Root indices with a full window of max_steps guesses (see the module docstring)."""
+    return range(prompt_len - 1, length - 1 - max_steps)
+
+
+def layout_features(tp: TargetPass, lay: Layout, mode: str, i: int) -> torch.Tensor:
+    """[T, W]: cat of the layout's points (EAGLE mode: the final-normed last state)."""
+    if mode == "eagle":
+        return tp.states["final"][i]
+    return torch.cat([tp.states[p.name][i] for p in lay.points], dim=-1)
+
+
+def _chains(drafter, dh, x, shapes, windows, rows):
+    draft = draft_chain(drafter, dh, x, max(s.num_steps for s in shapes))       # [B, Q, S]
+    picked = draft[rows[0], rows[1]]                                            # [R, S]
+    return {s: accepted_chain(picked[:, :s.num_steps], windows[:, :s.num_steps]) for s in shapes}
+
+
+def _trees(drafter, dh, x, shapes, windows, rows, Q):
+    S, K = shapes[0].num_steps, shapes[0].topk
+    history = draft_beam(drafter, dh, x, S, K)
+    flat = rows[0] * Q + rows[1]                                                # [R]
+    picked = [_select(b, flat) for b in history]
+    out = {}
+    for s in shapes:
+        tree = finalize(picked, s.num_draft_tokens)
+        out[s] = accepted_tree(tree, windows[:, :S])
+    return out
+
+
+def _select(beam, flat):
+    from dataclasses import replace
+    return replace(beam, **{f: getattr(beam, f)[flat] for f in
+                            ("tokens", "scores", "source_row", "node", "cand_tokens", "cand_scores",
+                             "cand_parent")})
+
+
+@torch.no_grad()
+def replay(drafter: Eagle3Drafter, embed: nn.Module, target_head: nn.Module,
+           passes: dict[str, TargetPass], variants: list[Variant], layouts: dict[str, Layout], *,
+           token_budget: int = 16384, progress: bool = True) -> list[VariantResult]:
+    """Run every variant. passes: regime -> TargetPass over the same sequences."""
+    max_steps = max(v.tree.num_steps for v in variants)
+    groups = defaultdict(list)          # (regime, layout, mode) -> variants; one draft per group
+    for v in variants:
+        groups[(v.regime, v.layout, v.mode)].append(v)
+    n = len(next(iter(passes.values())).sequences)
+    results = {v: VariantResult(v, [None] * n, [None] * n) for v in variants}
+    dtype = next(drafter.parameters()).dtype
+    dev = next(drafter.parameters()).device
+    bar = tqdm(total=len(groups), desc="drafter", disable=not progress, leave=False)
+    for (regime, lay_name, mode), group in groups.items():
+        dh = DraftHead(_on(embed, dev, dtype), _on(target_head, dev, dtype) if mode == "eagle" else None)
+        _replay_group(drafter, dh, passes, regime, layouts.get(lay_name), mode, group, results,
+                      max_steps, token_budget, dev, dtype)
+        bar.update()
+    bar.close()
+    for res in results.values():
+        res.prompt_ids = [s.prompt_id for s in next(iter(passes.values())).sequences]
+    return [results[v] for v in variants]
+
+
+def _on(module: nn.Module, dev, dtype):
+    """Call a target module (embedding or lm_head, wherever placement put it) from the
+    drafter's device and dtype."""
+    home = module.weight.device
+    return lambda x: module(x.to(home) if not x.is_floating_point() else x.to(home, module.weight.dtype)).to(dev, dtype)
+
+
+def _replay_group(drafter, dh, passes, regime, lay, mode, group, results, max_steps, budget, dev, dtype):
+    tp = passes[regime]
+    seqs = tp.sequences
+    _check_width(drafter, layout_features(tp, lay, mode, 0), lay, mode)
+    for idx in budget_batches([len(s.ids) for s in seqs], budget):
+        aux, valid = pad_right([layout_features(tp, lay, mode, i) for i in idx])
+        toks, _ = pad_right([torch.cat([seqs[i].ids[1:], seqs[i].ids[-1:]]) for i in idx])
+        offset = min(seqs[i].prompt_len for i in idx) - 1
+        x = DraftInputs(aux.to(dev, dtype), toks.to(dev), valid.to(dev), offset)
+        rows, roots, owners = _rows(seqs, idx, offset, max_steps)
+        if rows[0].numel() == 0:
+            for v in group:
+                _store(results[v], torch.zeros(0, dtype=torch.long), roots, owners, idx)
+            continue
+        by_tokens = defaultdict(list)
+        for v in group:
+            by_tokens[v.tokens_regime].append(v)
+        for tok_regime, vs in by_tokens.items():
+            windows = _windows(passes[tok_regime], idx, rows, offset, max_steps).to(dev)
+            acc = _accept(drafter, dh, x, vs, windows, rows, aux.shape[1] - offset)
+            for v in vs:
+                _store(results[v], acc[v.tree].cpu(), roots, owners, idx)
+
+
+def _accept(drafter, dh, x, variants, windows, rows, Q):
+    out = {}
+    shapes = sorted({v.tree for v in variants}, key=lambda s: (s.num_steps, s.topk, s.num_draft_tokens))
+    chains = [s for s in shapes if s.topk == 1]
+    if chains:
+        out.update(_chains(drafter, dh, x, chains, windows, rows))
+    beams = defaultdict(list)
+    for s in shapes:
+        if s.topk > 1:
+            beams[(s.num_steps, s.topk)].append(s)
+    for group in beams.values():
+        out.update(_trees(drafter, dh, x, group, windows, rows, Q))
+    return out
+
+
+def _rows(seqs, idx, offset, max_steps):
+    """(batch rows, drafted-index rows) of every round, its root index j, its sequence."""
+    b_rows, q_rows, roots, owners = [], [], [], []
+    for b, i in enumerate(idx):
+        r = eval_roots(seqs[i].prompt_len, len(seqs[i].ids), max_steps)
+        b_rows += [b] * len(r)
+        q_rows += [j - offset for j in r]
+        roots += list(r)
+        owners += [i] * len(r)
+    return (torch.tensor(b_rows, dtype=torch.long), torch.tensor(q_rows, dtype=torch.long)), \
+        torch.tensor(roots, dtype=torch.long), torch.tensor(owners, dtype=torch.long)
+
+
+def _windows(tp: TargetPass, idx, rows, offset, max_steps):
+    """[R, S]: the verifying tokens t_{j+2..j+1+S} of each round, from that regime's argmax."""
+    win, _ = pad_right([target_next_windows(tp.argmax[i], max_steps) for i in idx], value=-1)
+    return win[rows[0], rows[1] + offset]
+
+
+def _store(res: VariantResult, acc, roots, owners, idx):
+    for i in idx:
+        sel = owners == i
+        res.accepted[i] = acc[sel]
+        res.roots[i] = roots[sel]
+
+
+def _check_width(drafter: Eagle3Drafter, feats: torch.Tensor, lay, mode):
+    c = drafter.cfg
+    w = feats.shape[-1]
+    if w not in (c.fc_in, c.hidden_size):
+        what = "the final-normed last hidden state (--speculative-algorithm EAGLE)" if mode == "eagle" \
+            else f"layout {lay}"
+        raise DiagError("the drafter's fc cannot take these features", field="fc.weight",
+                        expected=f"input width {c.fc_in} ({c.num_aux} x {c.target_hidden_size}) or "
+                                 f"{c.hidden_size} (fc bypassed)",
+                        found=f"width {w} from {what}")

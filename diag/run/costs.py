@@ -1,0 +1,106 @@
+"""Measuring the step costs of the speedup model on the loaded models (DESIGN.md §6).
+
+t_decode: one target forward of 1 token after a KV cache of `context` tokens;
+t_verify(D): one target forward of D tokens after the same cache;
+t_draft: one drafter depth step (one row at one position, prefix cache of `context`);
+t_draft_extend: the drafter's step-1 pass over 2 new tokens (the accepted ones, typically).
+Each is the minimum of `repeats` interleaved timed calls after a warm-up, synchronised on
+CUDA. These are
+batch-size-1 costs of *these* models on *this* machine; a server's costs differ (batching,
+CUDA graphs, tensor parallelism), so users can supply their own (case `[speedup]`).
+
+This module knows models and clocks; it knows nothing about files or reports.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+from diag.drafter.model import Eagle3Drafter
+from diag.run.speedup import StepCosts
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def _once(fn, dev, setup) -> float:
+    state = setup()
+    _sync(dev)
+    t0 = time.perf_counter()
+    fn(state)
+    _sync(dev)
+    return time.perf_counter() - t0
+
+
+def _interleaved_min(jobs: dict, dev, repeats: int) -> dict:
+    """jobs: name -> (fn, setup). One warm-up each, then `repeats` rounds that time every job
+    once, in turn; the minimum per job. Interleaving puts the same background load on every
+    job, and the minimum is the least disturbed call, so the ratios the speedup model needs
+    (t_verify(D) / t_decode) stay meaningful on a shared machine."""
+    for fn, setup in jobs.values():
+        fn(setup())
+    times = {name: [] for name in jobs}
+    for _ in range(repeats):
+        for name, (fn, setup) in jobs.items():
+            times[name].append(_once(fn, dev, setup))
+    return {name: min(ts) for name, ts in times.items()}
+
+
+def _cache_kwarg(model: nn.Module) -> str:
+    """transformers 5.24 renamed `past_key_values` to `cache` (5.17 has only the former)."""
+    import inspect
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _after(model: nn.Module, prefix: torch.Tensor, new: torch.Tensor):
+    """(timed fn, untimed setup) for the forward of `new` after a KV cache of `prefix`; the
+    cache is rebuilt before every call so each call sees exactly len(prefix) cached tokens."""
+    key = _cache_kwarg(model)
+    n = prefix.shape[1]
+    pos = torch.arange(n, n + new.shape[1], device=new.device)[None]
+
+    def setup():
+        out = model(input_ids=prefix, use_cache=True)
+        return getattr(out, key, None) or out.past_key_values
+
+    return (lambda cache: model(input_ids=new, position_ids=pos, use_cache=True, **{key: cache})), setup
+
+
+@torch.no_grad()
+def measure_costs(model: nn.Module, drafter: Eagle3Drafter, embed, draft_tokens: list[int], *,
+                  context: int = 128, repeats: int = 7, vocab: int | None = None) -> StepCosts:
+    dev = next(model.parameters()).device
+    vocab = vocab or model.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    prefix = torch.randint(0, vocab, (1, context), generator=g).to(dev)
+    jobs = {1: _after(model, prefix, prefix[:, :1])}
+    for d in sorted(set(draft_tokens) - {1}):
+        jobs[d] = _after(model, prefix, torch.randint(0, vocab, (1, d), generator=g).to(dev))
+    t = _interleaved_min(jobs, dev, repeats)
+    t_verify = {d: t[d] for d in draft_tokens}
+    t_draft, t_extend = _drafter_costs(drafter, embed, context, repeats, g)
+    return StepCosts(t[1], t_draft, t_verify, t_extend)
+
+
+def _drafter_costs(drafter: Eagle3Drafter, embed, context: int, repeats: int, g) -> tuple[float, float]:
+    c = drafter.cfg
+    dev = next(drafter.parameters()).device
+    dtype = next(drafter.parameters()).dtype
+    tok = torch.randint(0, c.vocab_size, (1, context), generator=g).to(dev)
+    aux = torch.randn(1, context, c.fc_in, generator=g).to(dev, dtype)
+    valid = torch.ones(1, context, dtype=torch.bool, device=dev)
+    emb = lambda ids: embed(ids.to(embed.weight.device)).to(dev, dtype)
+    _, cache = drafter.prefix_step(emb(tok), drafter.project(aux), valid)
+    e = emb(tok[:, -1:, None])                                               # [1, 1, 1, H]
+    h = torch.randn(1, 1, 1, c.hidden_size, generator=g).to(dev, dtype)
+    step = lambda _: drafter.logits(drafter.deep_step(e, h, 2, cache, [], context - 1)[0])
+    extend = lambda _: drafter.logits(drafter.prefix_step(emb(tok[:, :2]), drafter.project(aux[:, :2]),
+                                                          valid[:, :2])[0])
+    none = lambda: None
+    t = _interleaved_min({"step": (step, none), "extend": (extend, none)}, dev, repeats)
+    return t["step"], t["extend"]

@@ -1,0 +1,54 @@
+"""Which variants a run evaluates, its reference point on every axis, and the replay that turns
+them into Evaluation records.
+
+Variants: every candidate layout x tree shape x regime (features and verifying tokens from
+the same regime), plus the cross matrix (features from regime A, tokens from regime B != A)
+for the trained layout on the primary tree when the case asks for it.
+Reference axes: mode eagle3, the primary tree (the case's first), the reference regime for
+features and tokens; layout ANY. Every ranking and lookup selects inside it.
+
+This module connects replay and evaluation; it knows nothing about files or reports.
+"""
+
+from __future__ import annotations
+
+from diag.replay.evaluation import ANY, Axes, Evaluation, best, select, summarize
+from diag.replay.replay import Variant, replay
+from diag.run.inputs import Inputs
+from diag.trees import TreeShape
+
+
+def reference_axes(inp: Inputs) -> Axes:
+    ref = inp.case.evaluate.reference_regime
+    return Axes(layout=ANY, mode="eagle3", tree=inp.shapes[0].name, regime=ref, tokens_regime=ref)
+
+
+def variants(inp: Inputs) -> list[Variant]:
+    return [Variant(c.label, c.mode, shape, reg, reg)
+            for c in inp.candidates for shape in inp.shapes for reg in inp.regimes]
+
+
+def cross_variants(inp: Inputs, layout_label: str | None, shape: TreeShape) -> list[Variant]:
+    regimes = inp.regimes
+    if not inp.case.evaluate.cross_regimes or layout_label is None or len(regimes) < 2:
+        return []
+    return [Variant(layout_label, "eagle3", shape, a, b) for a in regimes for b in regimes if a != b]
+
+
+def _summaries(results, inp: Inputs) -> list[Evaluation]:
+    ev = inp.case.evaluate
+    return [summarize(r, buckets=ev.position_buckets, seed=ev.seed, n_boot=ev.bootstrap) for r in results]
+
+
+def evaluate(inp: Inputs, drafter, embed, head, passes, *, progress: bool) -> list[Evaluation]:
+    """Replay every variant, then the cross matrix of the best layout."""
+    layouts = {c.label: c.layout for c in inp.candidates}
+    budget = inp.case.evaluate.token_budget
+    evals = _summaries(replay(drafter, embed, head, passes, variants(inp), layouts, token_budget=budget,
+                              progress=progress), inp)
+    top = best(select(evals, reference_axes(inp)))
+    cross = cross_variants(inp, top.layout if top else None, inp.shapes[0])
+    if cross:
+        evals += _summaries(replay(drafter, embed, head, passes, cross, layouts, token_budget=budget,
+                                   progress=progress), inp)
+    return evals

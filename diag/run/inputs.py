@@ -1,0 +1,165 @@
+"""Everything a run needs that costs no target weight: paths, configs, widths, vocabularies,
+the tokenizer, the serving plan, candidate layouts, tree shapes, prompts and capture points.
+
+Order matters for users: all of it is checked before any target weight is loaded, so a
+mistake costs seconds, not a 550 GB load. This module reads configs, headers and prompt
+files; it knows nothing about models or reports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from diag.checkpoint.config import read_config_json
+from diag.engine.serving import ServingError, capture_convention
+from diag.engine.tree_rules import grid
+from diag.errors import DiagError
+from diag.layouts import CapturePoint, point, union_points
+from diag.run.candidates import Candidate, candidates_for
+from diag.run.case import Case, resolve_path
+from diag.run.prompts import PromptSet, read_prompt_set, read_recorded, tokenize
+from diag.target.load import TargetInfo, target_info
+from diag.trees import TreeShape, tree_shape
+
+DTYPES = {"auto": None, "float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """A case resolved against its checkpoints and prompts, before any weight is read."""
+
+    case: Case                          # with the launch command's algorithm applied
+    target_path: Path
+    drafter_path: Path
+    target: TargetInfo
+    target_config: dict
+    drafter_config: dict
+    tokenizer: object
+    candidates: list[Candidate]
+    serving_error: ServingError | None
+    shapes: list[TreeShape]             # the primary tree first
+    prompt_set: PromptSet
+    prompts: list[tuple[str, str, list[int]]]     # (id, category, token ids)
+    recorded: dict[str, list[int]] | None
+    points: tuple[CapturePoint, ...]
+    capture_convention: str             # the layer-id rule the engine applies to this target
+    notes: list[str]
+
+    @property
+    def regimes(self) -> list[str]:
+        """The reference regime first, then the others, each once."""
+        ev = self.case.evaluate
+        return list(dict.fromkeys([ev.reference_regime, *ev.regimes]))
+
+
+def zoo_or_path(spec: str) -> str:
+    """`zoo:NAME` -> the built-in checkpoint's folder (built on first use); else spec."""
+    if spec.startswith("zoo:"):
+        from diag.zoo import zoo_path
+        return str(zoo_path(spec[4:]))
+    return spec
+
+
+def checkpoint_path(spec: str, case: Case, field_name: str) -> Path:
+    return Path(zoo_or_path(resolve_path(spec, case, field_name)))
+
+
+def dtype_of(name: str, field_name: str, case: Case):
+    if name not in DTYPES:
+        raise DiagError("unknown dtype", file=case.source, field=field_name,
+                        expected=sorted(DTYPES), found=name)
+    return DTYPES[name]
+
+
+def check_pair(tinfo: TargetInfo, dcfg: dict, dpath: Path) -> None:
+    """Vocabulary and width checks that need only the two config.json files."""
+    where = str(dpath / "config.json")
+    if int(dcfg.get("vocab_size", -1)) != tinfo.vocab_size:
+        raise DiagError("drafter and target vocabularies differ", file=where, field="vocab_size",
+                        expected=f"{tinfo.vocab_size} (target {tinfo.path}/config.json)",
+                        found=dcfg.get("vocab_size"))
+    t_hidden = int(dcfg.get("target_hidden_size") or dcfg.get("hidden_size", -1))
+    if t_hidden != tinfo.hidden_size:
+        raise DiagError("drafter was built for another target width", file=where, field="target_hidden_size",
+                        expected=f"{tinfo.hidden_size} (target hidden_size)", found=t_hidden)
+
+
+def check_tokenizer(tok, tinfo: TargetInfo) -> None:
+    if len(tok) > tinfo.vocab_size:
+        raise DiagError("tokenizer has more tokens than the target's embedding table",
+                        file=f"{tinfo.path}/tokenizer.json", field="vocab",
+                        expected=f"<= {tinfo.vocab_size} (config vocab_size)", found=len(tok))
+
+
+def load_tokenizer(path: Path):
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+    except (OSError, ValueError) as err:
+        raise DiagError("cannot load the target's tokenizer", file=str(path),
+                        expected="tokenizer.json / tokenizer_config.json", found=str(err).splitlines()[0]) from err
+
+
+def tree_shapes(case: Case) -> tuple[list[TreeShape], list[str]]:
+    """The case's named shapes, then its sweep grid after SGLang's topk=1 rewrite."""
+    shapes = [tree_shape(t, field="evaluate.trees") for t in case.evaluate.trees]
+    notes = []
+    if case.evaluate.tree_grid:
+        g = case.evaluate.tree_grid
+        more, rewritten = grid(g["num_steps"], g["topk"], g["num_draft_tokens"])
+        shapes += more
+        notes += [f"tree grid: (S={s}, K={k}, D={d}) runs as {shape.name}: SGLang forces "
+                  f"num_draft_tokens = num_steps + 1 when topk = 1" for (s, k, d), shape in rewritten]
+    return list(dict.fromkeys(shapes)), notes
+
+
+def with_launch(case: Case, target_config: dict) -> tuple[Case, list[TreeShape], list[str]]:
+    """What the case's SGLang launch command really runs (diag.engine.launch): its algorithm
+    becomes the serving algorithm, its effective tree joins the shapes, its rewrites and
+    crashes become notes."""
+    if not case.serving.launch:
+        return case, [], []
+    from diag.engine.launch import effective_config, parse_launch
+    eff = effective_config(parse_launch(case.serving.launch), target_config)
+    notes = [f"launch command: {n}" for n in eff.notes]
+    if eff.crash:
+        notes.append(f"launch command: SGLang would crash: {eff.crash}")
+    shapes = [eff.tree.shape] if eff.tree is not None and eff.tree.shape is not None else []
+    if eff.algorithm:
+        case = replace(case, serving=replace(case.serving, algorithm=eff.algorithm))
+    return case, shapes, notes
+
+
+def _prompts(case: Case, tok):
+    pset = read_prompt_set(resolve_path(case.prompts.file, case, "prompts.file"), case.prompts.limit,
+                           case.prompts.categories or None)
+    prompts = [(p.id, p.category, tokenize(p, tok)) for p in pset.prompts]
+    recorded = None
+    if case.prompts.recorded:
+        recorded = read_recorded(resolve_path(case.prompts.recorded, case, "prompts.recorded"), tok,
+                                 [p.id for p in pset.prompts])
+    return pset, prompts, recorded
+
+
+def prepare(case: Case) -> Inputs:
+    """Resolve and check everything that needs no target weight (see the module docstring)."""
+    tpath = checkpoint_path(case.target.path, case, "target.path")
+    dpath = checkpoint_path(case.drafter.path, case, "drafter.path")
+    tinfo = target_info(tpath)
+    dcfg = read_config_json(dpath, "drafter")
+    check_pair(tinfo, dcfg, dpath)
+    tok = load_tokenizer(tpath)
+    check_tokenizer(tok, tinfo)
+    tcfg = read_config_json(tpath, "target")
+    case, served_shapes, notes = with_launch(case, tcfg)
+    cands, cand_notes, serving_error = candidates_for(case, tinfo, dcfg, dpath)
+    shapes, grid_notes = tree_shapes(case)
+    pset, prompts, recorded = _prompts(case, tok)
+    points = tuple(dict.fromkeys(union_points([c.layout for c in cands]) + (point("final"),)))
+    return Inputs(case, tpath, dpath, tinfo, tcfg, dcfg, tok, cands, serving_error,
+                  list(dict.fromkeys(shapes + served_shapes)), pset, prompts, recorded, points,
+                  capture_convention(tcfg, engine_name=case.serving.engine), notes + grid_notes + cand_notes)

@@ -1,0 +1,143 @@
+"""A case, end to end: check, load the drafter, pass the target, replay, summarise, judge.
+
+    inputs.prepare        configs, tokenizer, candidates, shapes, prompts   (no weights)
+    load_drafter          the drafter's weights, checked                    (small)
+    target_passes         the target, once, or its cached passes            (large)
+    evaluate              every variant -> Evaluation records
+    sections, verdicts    speedup, regimes, then the verdicts over all of it
+
+The step costs of the speedup model are measured on the target the pass already loaded;
+when every pass came from the cache no target is loaded, and the report says the costs were
+not measured. This module knows how the pieces connect; it knows nothing about TOML syntax,
+Markdown or the terminal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from diag.drafter.checkpoint import load_drafter
+from diag.engine.serving import ServingError
+from diag.replay.evaluation import Axes, Evaluation, best, select
+from diag.run.candidates import Candidate
+from diag.run.case import Case
+from diag.run.costs import measure_costs
+from diag.run.evaluate import evaluate, reference_axes
+from diag.run.inputs import Inputs, dtype_of, prepare
+from diag.run.pricing import speedup_section, user_costs
+from diag.run.regime_section import regime_section
+from diag.run.target_passes import target_passes
+from diag.run.verdicts import Verdict, verdicts
+from diag.target.load import TargetInfo, load_embed_and_head
+
+
+@dataclass
+class RunResult:
+    case: Case
+    target: TargetInfo
+    drafter: dict
+    prompts: dict
+    target_pass: dict
+    candidates: list[Candidate]
+    evaluations: list[Evaluation]
+    reference: Axes                      # every axis's reference value; layout ANY
+    capture_convention: str = ""         # the layer-id rule the engine applies to this target
+    verdicts: list[Verdict] = field(default_factory=list)
+    serving_error: ServingError | None = None
+    timings: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    speedup: dict | None = None
+    regimes: dict | None = None
+
+    def best_layout(self) -> str | None:
+        """The eagle3 layout with the highest accept length at the reference axes."""
+        top = best(select(self.evaluations, self.reference))
+        return top.layout if top else None
+
+
+def _stopwatch(timings: dict, name: str, start: float) -> float:
+    now = time.perf_counter()
+    timings[name] = round(now - start, 3)
+    return now
+
+
+def _main_device(case: Case) -> torch.device:
+    """Where the drafter runs: the first GPU when the case places the target on GPUs."""
+    return torch.device("cuda:0" if case.placement.gpus > 0 else "cpu")
+
+
+class _Costs:
+    """Measures the step costs on the reference regime's model while the pass has it loaded."""
+
+    def __init__(self, inp: Inputs, drafter, embed):
+        self.inp, self.drafter, self.embed, self.costs = inp, drafter, embed, None
+        sp = inp.case.speedup
+        self.wanted = user_costs(sp) is None and sp.measure
+
+    def __call__(self, regime: str, model) -> None:
+        if self.wanted and regime == self.inp.regimes[0] and self.costs is None:
+            self.costs = measure_costs(model, self.drafter, self.embed,
+                                       [s.num_draft_tokens for s in self.inp.shapes],
+                                       context=self.inp.case.speedup.context)
+
+
+def _speedup(inp: Inputs, measured: _Costs, evals: list[Evaluation], notes: list[str]) -> dict | None:
+    """Price every evaluated shape: the user's costs when given, else those measured here."""
+    sp = inp.case.speedup
+    costs = user_costs(sp)
+    if costs is not None:
+        return speedup_section(evals, costs, "user (case [speedup])")
+    if measured.costs is None:
+        if measured.wanted:
+            notes.append("step costs not measured: every target pass came from the cache, so no target "
+                         "was loaded; give your server's costs in [speedup] or run with --no-cache")
+        return None
+    return speedup_section(evals, measured.costs,
+                           f"measured by diag on the loaded models (batch 1, context {sp.context})")
+
+
+def _drafter_info(dpath: Path, dckpt, drafter) -> dict:
+    return {"path": str(dpath), "format": dckpt.format, "files": list(dckpt.weight_files),
+            "num_aux": drafter.cfg.num_aux, "hidden_size": drafter.cfg.hidden_size,
+            "draft_vocab_size": drafter.cfg.draft_vocab_size,
+            "config": hashlib.sha256((dpath / "config.json").read_bytes()).hexdigest()[:16]}
+
+
+def _prompts_info(inp: Inputs) -> dict:
+    pset = inp.prompt_set
+    return {"file": pset.path, "sha256": pset.sha256, "count": len(pset.prompts),
+            "categories": sorted({p.category for p in pset.prompts})}
+
+
+def run_case(case: Case, *, progress: bool = True, use_cache: bool = True) -> RunResult:
+    timings: dict = {}
+    t0 = time.perf_counter()
+    inp = prepare(case)
+    case = inp.case
+    drafter, dckpt = load_drafter(inp.drafter_path,
+                                  dtype=dtype_of(case.drafter.dtype, "drafter.dtype", case) or torch.float32)
+    drafter.to(_main_device(case))
+    embed, head = load_embed_and_head(inp.target_path)
+    t0 = _stopwatch(timings, "checks_s", t0)
+    measured = _Costs(inp, drafter, embed)
+    passes, pass_meta = target_passes(inp, progress=progress, use_cache=use_cache, with_model=measured)
+    notes = inp.notes + pass_meta.pop("cache_notes")
+    t0 = _stopwatch(timings, "target_s", t0)
+    evals = evaluate(inp, drafter, embed, head, passes, progress=progress)
+    t0 = _stopwatch(timings, "drafter_s", t0)
+    run = RunResult(case, inp.target, _drafter_info(inp.drafter_path, dckpt, drafter), _prompts_info(inp),
+                    pass_meta, inp.candidates, evals, reference_axes(inp), inp.capture_convention,
+                    serving_error=inp.serving_error,
+                    timings=timings, notes=notes)
+    run.speedup = _speedup(inp, measured, evals, notes)
+    ev = case.evaluate
+    run.regimes = regime_section(passes, pass_meta["reference_regime"], evals, run.reference,
+                                 run.best_layout(), seed=ev.seed, n_boot=ev.bootstrap)
+    run.verdicts = verdicts(run, inp.target_config)
+    _stopwatch(timings, "summary_s", t0)
+    return run

@@ -1,0 +1,111 @@
+"""The target's side of a run: one teacher-forced pass per regime over the same sequences,
+each from the content-keyed cache when it can be, else from the target loaded once.
+
+The sequences are generated (or taken from the recorded continuations) under the reference
+regime; every other regime replays the same sequences. While a regime's model is loaded,
+`with_model(regime, model)` lets the caller use it (the step costs are measured on the
+reference regime's model here, so a run never loads the target twice). A cached regime
+loads no target weight at all; an entry that fails its integrity check is recomputed, with a
+note. This module knows models and the cache; nothing about drafters or reports.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+from diag.errors import DiagError
+from diag.run.inputs import Inputs, dtype_of, zoo_or_path
+from diag.target.load import load_target, target_info
+from diag.target.pass_cache import PassKey, load_pass, save_pass, token_digest
+from diag.target.passes import TargetPass, build_sequences, run_capture
+
+
+def special_ids(tok) -> tuple[set[int], int]:
+    eos = {tok.eos_token_id} if tok.eos_token_id is not None else set()
+    pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+    return eos, pad
+
+
+def device_map(case, path: Path):
+    from diag.target.placement import device_map_for
+    pl = case.placement
+    return device_map_for(path, pl.gpus, pl.gpu_memory, pl.activation_budget,
+                          token_budget=case.evaluate.token_budget)
+
+
+def _other_checkpoint(tpath: Path, spec: str, dtype, case):
+    other = Path(zoo_or_path(spec))
+    mine, theirs = target_info(tpath), target_info(other)
+    for key in ("num_layers", "hidden_size", "vocab_size"):
+        if getattr(mine, key) != getattr(theirs, key):
+            raise DiagError("a ckpt: regime must be the same model in another format", file=str(other),
+                            field=key, expected=f"{getattr(mine, key)} (as {tpath})", found=getattr(theirs, key))
+    return load_target(other, dtype=dtype, device_map=device_map(case, other))[0]
+
+
+def model_for(tpath: Path, dtype, regime: str, case):
+    """The target under a regime, placed by the case; "ckpt:PATH" loads another checkpoint
+    of the same model."""
+    if regime.startswith("ckpt:"):
+        return _other_checkpoint(tpath, regime[5:], dtype, case)
+    model, _ = load_target(tpath, dtype=dtype, device_map=device_map(case, tpath))
+    if regime != "as-loaded":
+        from diag.target.quantize import apply_regime
+        from diag.target.regimes import regime as parse_regime
+        apply_regime(model, parse_regime(regime))
+    return model
+
+
+def _key(inp: Inputs, regime: str, tokens_sha: str, dtype) -> PassKey:
+    case = inp.case
+    ckpt = Path(zoo_or_path(regime[5:])) if regime.startswith("ckpt:") else inp.target_path
+    placement = f"gpus={case.placement.gpus}" if case.placement.gpus else "cpu"
+    return PassKey.make(ckpt, tokens_sha, regime, inp.points, case.prompts.max_new_tokens, str(dtype),
+                        placement)
+
+
+def target_passes(inp: Inputs, *, progress: bool, use_cache: bool,
+                  with_model: Callable[[str, object], None] | None = None) -> tuple[dict[str, TargetPass], dict]:
+    """regime -> TargetPass over the same sequences, and the report's target_pass section
+    (with "cache_notes": why an entry could not be used)."""
+    case = inp.case
+    dtype = dtype_of(case.target.dtype, "target.dtype", case)
+    eos, pad = special_ids(inp.tokenizer)
+    tokens_sha = token_digest(inp.prompts, inp.recorded, eos, pad)
+    passes, meta, sequences = {}, {"regimes": {}, "cache_notes": []}, None
+    for reg in inp.regimes:
+        t0 = time.perf_counter()
+        key = _key(inp, reg, tokens_sha, dtype) if use_cache else None
+        tp, why = load_pass(key) if use_cache else (None, None)
+        if why:
+            meta["cache_notes"].append(f"target pass [{reg}]: {why}")
+        if tp is None:
+            model = model_for(inp.target_path, dtype, reg, case)
+            if sequences is None:
+                sequences = build_sequences(model, inp.prompts, case.prompts.max_new_tokens, pad_id=pad,
+                                            eos_ids=eos, recorded=inp.recorded, progress=progress)
+            tp = run_capture(model, sequences, inp.points, regime=reg, token_budget=case.evaluate.token_budget,
+                             progress=progress)
+            if with_model is not None:
+                with_model(reg, model)
+            del model
+            if use_cache:
+                save_pass(key, tp)
+        sequences = tp.sequences
+        passes[reg] = tp
+        meta["regimes"][reg] = {"cached": tp.cached, "cache_key": key.digest if key else None,
+                                "argmax_agreement": tp.agreement_with_sequence(),
+                                "seconds": round(time.perf_counter() - t0, 3)}
+    return passes, _summary(meta, passes, inp)
+
+
+def _summary(meta: dict, passes: dict[str, TargetPass], inp: Inputs) -> dict:
+    seqs = passes[inp.regimes[0]].sequences
+    meta.update({"source": "recorded" if inp.recorded is not None else "greedy",
+                 "max_new_tokens": inp.case.prompts.max_new_tokens, "sequences": len(seqs),
+                 "tokens": int(sum(len(s.ids) for s in seqs)),
+                 "continuation_tokens": int(sum(len(s.ids) - s.prompt_len for s in seqs)),
+                 "points": [p.name for p in inp.points], "reference_regime": inp.regimes[0]})
+    return meta

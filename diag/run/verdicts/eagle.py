@@ -1,0 +1,25 @@
+"""The EAGLE-mode verdict: what the drafter gets under `--speculative-algorithm EAGLE` (or
+its alias NEXTN), where the server feeds only the final-normed last hidden state.
+
+Reads Evaluation records; knows nothing about models or files.
+"""
+
+from __future__ import annotations
+
+from diag.engine.algorithms import mode_of
+from diag.replay.evaluation import select
+from diag.run.verdicts.record import Verdict, fmt
+
+
+def eagle_verdicts(run) -> list[Verdict]:
+    served_eagle = mode_of(run.case.serving.algorithm) == "eagle"
+    out = []
+    for e in select(run.evaluations, run.reference, mode="eagle"):
+        text = (f"{'SERVED WITH' if served_eagle else 'If served with'} --speculative-algorithm EAGLE, "
+                f"accept length is {fmt(e.accept_length)} on {e.tree}: the server feeds the drafter "
+                f"only the final-normed last hidden state (width {run.target.hidden_size} instead of "
+                f"{run.drafter['num_aux']} x {run.target.hidden_size}), skips its fc when the widths match, "
+                f"uses the target's lm_head and ignores d2t. Use --speculative-algorithm EAGLE3.")
+        out.append(Verdict("eagle-algorithm", "error" if served_eagle else "warning", text,
+                           {"accept_length": e.accept_length, "ci95": list(e.accept_length_ci95)}))
+    return out

@@ -1,0 +1,100 @@
+"""Layout verdicts (DESIGN.md §10): which layout the drafter was trained on, and whether the
+server feeds it.
+
+The trained layout is the best eagle3 candidate by trajectory accept length at the run's
+reference axes; candidates whose paired bootstrap difference to the best has a 95% interval
+reaching zero are "indistinguishable from the best". The serving layout is a mismatch when
+it is not in that set: it is lower and the interval of (best - serving) excludes zero.
+Reads Evaluation records and the run's candidates; knows nothing about models or files.
+"""
+
+from __future__ import annotations
+
+from diag.replay.evaluation import best, select
+from diag.run.verdicts.record import Verdict, fmt
+from diag.stats import paired_bootstrap_diff
+
+
+def roles_of(run, label: str) -> list[str]:
+    return next((c.roles for c in run.candidates if c.label == label), [])
+
+
+def ranked(run) -> list:
+    """eagle3 layouts at the reference axes with rounds, best first."""
+    pool = [e for e in select(run.evaluations, run.reference) if e.accept_length]
+    return sorted(pool, key=lambda e: -e.accept_length)
+
+
+def indistinguishable(run, order: list) -> list[dict]:
+    """Every layout whose paired difference to the best has an interval reaching zero."""
+    seed, n = run.case.evaluate.seed, run.case.evaluate.bootstrap
+    top, ties = order[0], []
+    for e in order:
+        d, lo, hi = paired_bootstrap_diff(top.trajectory_rounds, e.trajectory_rounds, seed=seed, n=n)
+        if lo <= 0.0:
+            ties.append({"layout": e.layout, "accept_length": e.accept_length, "diff_to_best": d,
+                         "ci95": [lo, hi], "roles": roles_of(run, e.layout)})
+    return ties
+
+
+def _trained(top, ties: list[dict], order: list, run) -> Verdict:
+    prompts = run.prompts["count"]
+    lo, hi = top.accept_length_ci95
+    measured = f"{fmt(top.accept_length)} (95% CI {fmt(lo)}-{fmt(hi)}) on {top.tree}"
+    others = [t["layout"] for t in ties if t["layout"] != top.layout]
+    if len(order) == 1:
+        text = (f"Only layout {top.layout} was evaluated: accept length {measured}. Add layouts or "
+                f"scan = true to test which layout the drafter was trained on.")
+    else:
+        tie_text = (f" Statistically indistinguishable from it (paired bootstrap over {prompts} prompts): "
+                    f"{', '.join(others)}." if others else
+                    f" Every other candidate is lower, with 95% intervals over {prompts} prompts excluding zero.")
+        text = (f"The drafter was trained on layout {top.layout}: it gives the highest accept length, "
+                f"{measured}, among {len(order)} candidate layouts.{tie_text}")
+    return Verdict("trained-layout", "info", text,
+                   {"best": top.layout, "accept_length": top.accept_length, "ci95": list(top.accept_length_ci95),
+                    "indistinguishable": ties, "ranking": [(e.layout, e.accept_length) for e in order]})
+
+
+def _serving(top, serving, ties: list[dict], run) -> Verdict:
+    seed, n = run.case.evaluate.seed, run.case.evaluate.bootstrap
+    d, lo, hi = paired_bootstrap_diff(top.trajectory_rounds, serving.trajectory_rounds, seed=seed, n=n)
+    evidence = {"serving": serving.layout, "trained": top.layout, "serving_accept_length": serving.accept_length,
+                "trained_accept_length": top.accept_length, "difference": d, "ci95": [lo, hi],
+                "prompts": run.prompts["count"]}
+    if any(t["layout"] == serving.layout for t in ties):
+        text = (f"The serving layout {serving.layout} matches the trained layout: accept length "
+                f"{fmt(serving.accept_length)} vs best {fmt(top.accept_length)} "
+                f"(difference {d:+.2f}, 95% CI [{lo:+.2f}, {hi:+.2f}] includes zero).")
+        return Verdict("layout-match", "ok", text, evidence)
+    text = (f"LAYOUT MISMATCH: the server feeds the drafter {serving.layout}, but it was trained on "
+            f"{top.layout}. Accept length {fmt(serving.accept_length)} served vs "
+            f"{fmt(top.accept_length)} trained on {top.tree} (difference {d:+.2f}, "
+            f"95% CI [{lo:+.2f}, {hi:+.2f}] over {run.prompts['count']} prompts).")
+    return Verdict("layout-mismatch", "error", text, evidence)
+
+
+def layout_verdicts(run) -> list[Verdict]:
+    order = ranked(run)
+    if not order:
+        return []
+    ties = indistinguishable(run, order)
+    out = [_trained(order[0], ties, order, run)]
+    serving = [e for e in order if "serving" in roles_of(run, e.layout)]
+    if serving:
+        out.append(_serving(order[0], serving[0], ties, run))
+    return out
+
+
+def likely_trained(run, found: list[Verdict]) -> str | None:
+    """The layout to recommend: among those indistinguishable from the best, one the
+    drafter's config declares or whose ids some convention reads (adjacent layers can tie,
+    DESIGN.md §10; the config then breaks the tie); else the best itself."""
+    trained = next((v for v in found if v.kind == "trained-layout"), None)
+    top = best(select(run.evaluations, run.reference))
+    if trained is None:
+        return top.layout if top else None
+    for t in trained.evidence["indistinguishable"]:
+        if any(r.startswith(("declared", "reading")) for r in t["roles"]):
+            return t["layout"]
+    return top.layout if top else None

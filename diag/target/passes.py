@@ -1,0 +1,105 @@
+"""The target side of a replay: continuations, then one teacher-forced capture pass.
+
+Sequences are prompt + continuation. The continuation is the target's greedy one (KV-cached
+generation) or a recorded one (what a live server produced). The capture pass runs over the
+sequences in token-budget batches (right padded) and keeps, per sequence, the captured
+points [T, H] and the argmax [T] (argmax[j] = the target's greedy token after index j).
+
+This module knows the target model and token ids; it knows nothing about drafters, files
+or reports (the on-disk cache of a TargetPass lives in pass_cache.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from diag.target.capture import capture_pass
+from diag.target.generate import greedy_continuations
+from diag.layouts import CapturePoint
+
+
+@dataclass
+class Sequence:
+    prompt_id: str
+    category: str
+    prompt_len: int
+    ids: torch.Tensor              # [T] int64, prompt then continuation
+
+
+@dataclass
+class TargetPass:
+    regime: str
+    sequences: list[Sequence]
+    states: dict[str, list[torch.Tensor]]   # point name -> per sequence [T_i, H]
+    argmax: list[torch.Tensor]              # per sequence [T_i]
+    cached: bool = False
+
+    def agreement_with_sequence(self) -> float:
+        """Fraction of continuation tokens equal to the target's own argmax along the sequence:
+        1.0 for the target's own greedy continuation (up to numerics), lower for a recorded one."""
+        hit = total = 0
+        for seq, am in zip(self.sequences, self.argmax):
+            cont = seq.ids[seq.prompt_len:]
+            pred = am[seq.prompt_len - 1:-1]
+            hit += int((cont == pred).sum())
+            total += len(cont)
+        return hit / max(total, 1)
+
+
+def build_sequences(model: nn.Module, prompts: list[tuple[str, str, list[int]]], max_new_tokens: int, *,
+                    pad_id: int, eos_ids: set[int], recorded: dict[str, list[int]] | None = None,
+                    batch_size: int = 16, progress: bool = True) -> list[Sequence]:
+    """prompts: (id, category, token ids). Recorded continuations win over generation."""
+    if recorded is not None:
+        conts = [recorded[pid][:max_new_tokens] for pid, _, _ in prompts]
+    else:
+        conts = greedy_continuations(model, [p for _, _, p in prompts], max_new_tokens, pad_id=pad_id,
+                                     eos_ids=eos_ids, batch_size=batch_size, progress=progress)
+    return [Sequence(pid, cat, len(p), torch.tensor(p + c, dtype=torch.long))
+            for (pid, cat, p), c in zip(prompts, conts)]
+
+
+def budget_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
+    """Indices grouped so that len(group) * max length <= token_budget, longest first.
+    Example: lengths [5, 9, 3, 8], budget 18 -> [[1, 3], [0, 2]] (2*9 <= 18, 2*5 <= 18)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= token_budget:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def pad_right(rows: list[torch.Tensor], value: int | float = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """[T_i, ...] tensors -> padded [B, T_max, ...] and valid mask [B, T_max]."""
+    T = max(r.shape[0] for r in rows)
+    out = rows[0].new_full((len(rows), T, *rows[0].shape[1:]), value)
+    valid = torch.zeros(len(rows), T, dtype=torch.bool)
+    for b, r in enumerate(rows):
+        out[b, :r.shape[0]] = r
+        valid[b, :r.shape[0]] = True
+    return out, valid
+
+
+def run_capture(model: nn.Module, sequences: list[Sequence], points: tuple[CapturePoint, ...], *,
+                regime: str, token_budget: int, progress: bool = True,
+                store: torch.device | str = "cpu") -> TargetPass:
+    """Teacher-forced pass over every sequence in token-budget batches."""
+    states: dict[str, list] = {p.name: [None] * len(sequences) for p in points}
+    argmax: list = [None] * len(sequences)
+    groups = budget_batches([len(s.ids) for s in sequences], token_budget)
+    for group in tqdm(groups, desc=f"target pass [{regime}]", disable=not progress, leave=False):
+        ids, valid = pad_right([sequences[i].ids for i in group])
+        got = capture_pass(model, ids, valid.long(), points, to_device=store)
+        for b, i in enumerate(group):
+            n = len(sequences[i].ids)
+            for name, t in got.states.items():
+                states[name][i] = t[b, :n].clone()
+            argmax[i] = got.argmax[b, :n].clone()
+    return TargetPass(regime, sequences, states, argmax)

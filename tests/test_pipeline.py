@@ -1,0 +1,61 @@
+"""The pipeline's order and its one target load (issue 11.4): the step costs are measured on the
+target the pass already loaded; a run whose passes all come from the cache loads no target and
+says the costs were not measured. Also: results are typed records looked up with `select`."""
+
+import pytest
+
+import tiny
+from diag.replay.evaluation import ANY, Evaluation, select
+from diag.run import target_passes
+from diag.run.case import read_case
+from diag.run.pipeline import run_case
+
+
+@pytest.fixture()
+def counted(tmp_path, monkeypatch):
+    monkeypatch.setenv("DIAG_CACHE_DIR", str(tmp_path / "cache"))
+    loads = []
+    real = target_passes.load_target
+
+    def load(path, **kw):
+        loads.append(str(path))
+        return real(path, **kw)
+
+    monkeypatch.setattr(target_passes, "load_target", load)
+    case = tiny.write_case(tmp_path / "case.toml", tiny.make_target(tmp_path / "t"),
+                           tiny.make_drafter(tmp_path / "d"), tiny.make_prompts(tmp_path / "p.jsonl", n=2),
+                           trees=["chain-2", "s2-k2-d4"])
+    return read_case(case), loads
+
+
+def test_one_target_load_measures_the_costs(counted):
+    case, loads = counted
+    run = run_case(case, progress=False)
+    assert len(loads) == 1
+    assert run.speedup is not None and run.speedup["source"].startswith("measured by diag")
+    assert {r["key"] for r in run.speedup["rows"]} == {e.key for e in run.evaluations}
+
+
+def test_cached_passes_load_no_target_and_say_the_costs_were_not_measured(counted):
+    case, loads = counted
+    run_case(case, progress=False)
+    again = run_case(case, progress=False)
+    assert len(loads) == 1
+    assert again.speedup is None
+    assert any("step costs not measured" in n for n in again.notes)
+
+
+def test_results_are_typed_and_selected_at_the_reference(counted):
+    case, _ = counted
+    run = run_case(case, progress=False, use_cache=False)
+    assert all(isinstance(e, Evaluation) for e in run.evaluations)
+    ref = run.reference
+    assert ref.layout is ANY and ref.mode == "eagle3" and ref.tree == "chain-2"
+    at_ref = select(run.evaluations, ref)
+    assert {e.tree for e in at_ref} == {"chain-2"} and {e.mode for e in at_ref} == {"eagle3"}
+    assert {e.layout for e in select(run.evaluations, ref, tree="s2-k2-d4")} == \
+        {c.label for c in run.candidates if c.mode == "eagle3"}
+    # report.json round trip: the same keys and numbers come back as records
+    back = [Evaluation.from_json(e.to_json()) for e in run.evaluations]
+    assert [(e.key, e.accept_length, e.trajectory.accepted_hist) for e in back] == \
+        [(e.key, e.accept_length, e.trajectory.accepted_hist) for e in run.evaluations]
