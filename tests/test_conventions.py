@@ -24,7 +24,12 @@ KIMI_N = 61
     (None, "specforge", "L2+L30+L58"),               # [1, 29, 57] + 1
     (None, "speculators", "L2+L30+L58+L61"),         # [2, 30, 58, 61]
     ([0, 3, 61], "speculators", "embed+L3+L61"),
-    ([-1, 2, 30], "sglang-llama", "embed+L3+L31"),   # layers_to_capture 0 = embeddings
+    ([-1, 2, 30], "sglang-llama", "embed+L3+L31"),   # layers_to_capture 0 = embeddings (0.5.22+)
+    ([0, 3, 31], "sglang-deepseek", "embed+L3+L31"),  # first id 0: no shift, 0 = embeddings (0.5.14+)
+    ([0, 1, 2], "sglang-deepseek", "embed+L1+L2"),
+    ([2, 30, 58], "sglang-deepseek-0.5.13", "L2+L30+L58"),
+    ([2, 30, 58], "sglang-deepseek-pre-0.5.13", "L3+L31+L59"),  # always +1 up to 0.5.12.post1
+    ([0, 3, 31], "sglang-deepseek-pre-0.5.13", "L1+L4+L32"),
 ])
 def test_kimi_worked_examples(ids, convention, expected):
     assert str(resolve(ids, convention, KIMI_N).layout) == expected
@@ -44,7 +49,9 @@ def test_deepseek_first_one_rule_reads_list_order_not_minimum():
 
 def test_rule_names_engine_version_and_source():
     rule = resolve([2, 30, 58], "sglang-deepseek", KIMI_N).rule
-    assert "SGLang 0.5.23" in rule and "deepseek_v2.py" in rule and "L2+L30+L58" in rule
+    assert "SGLang 0.5.14–0.5.23" in rule and "deepseek_v2.py" in rule and "L2+L30+L58" in rule
+    rule = resolve([2, 30, 58], "sglang-deepseek-pre-0.5.13", KIMI_N).rule
+    assert "SGLang 0.5.6–0.5.12.post1" in rule and "L3+L31+L59" in rule
 
 
 def test_small_model_defaults():
@@ -57,7 +64,9 @@ def test_small_model_defaults():
 
 @pytest.mark.parametrize("ids, convention", [
     ([2, 30, 60], "sglang-llama"),      # layers_to_capture 61 is never reached
-    ([0, 30, 58], "sglang-deepseek"),   # capture at layer 0 adds residual None
+    ([0, 30, 58], "sglang-deepseek-0.5.13"),     # capture at layer 0 adds residual None
+    ([-1, 2, 30], "sglang-deepseek-pre-0.5.13"),  # likewise, after the +1
+    ([-1, 2, 30], "sglang-llama-pre-0.5.22"),
     ([2, 30, 61], "vllm"),
     ([2, 30, 62], "speculators"),
     ([2, 2, 30], "sglang-llama"),
@@ -78,7 +87,11 @@ def test_unknown_convention_names_the_known_ones():
     ("L3+L31+L59", "sglang-llama", [2, 30, 58]),
     ("L2+L30+L58", "sglang-deepseek", [2, 30, 58]),
     ("L1+L30+L58", "sglang-deepseek", [30, 58, 1]),  # id 1 moved last: no +1 shift   # id 1 first would trigger the +1 shift
-    ("embed+L3+L31", "sglang-deepseek", None),
+    ("embed+L3+L31", "sglang-deepseek", [0, 3, 31]),
+    ("embed+L3+L31", "sglang-deepseek-0.5.13", None),
+    ("embed+L3+L31", "sglang-deepseek-pre-0.5.13", None),
+    ("L3+L31+L59", "sglang-deepseek-pre-0.5.13", [2, 30, 58]),
+    ("embed+L3+L31", "sglang-llama-pre-0.5.22", None),
     ("embed+L3+L31", "sglang-llama", [-1, 2, 30]),
     ("L31+L3", "sglang-llama", None),          # SGLang cannot concatenate out of order
     ("L31+L3", "vllm", [31, 3]),
@@ -93,13 +106,17 @@ def test_to_ids(text, convention, expected):
 
 def test_readings_group_conventions_by_layout():
     got = {str(r.layout): set(r.conventions) for r in readings([2, 30, 58], KIMI_N)}
-    assert got == {"L3+L31+L59": {"sglang-llama", "specforge"},
-                   "L2+L30+L58": {"sglang-deepseek", "vllm", "eagle-reference", "speculators"}}
+    plus_one = {"sglang-llama", "sglang-llama-pre-0.5.22", "sglang-deepseek-pre-0.5.13", "specforge"}
+    assert got == {"L3+L31+L59": plus_one,
+                   "L2+L30+L58": {"sglang-deepseek", "sglang-deepseek-0.5.13", "vllm",
+                                  "eagle-reference", "speculators"}}
 
 
 def test_readings_skip_conventions_that_cannot_read():
     got = {str(r.layout): set(r.conventions) for r in readings([0, 3, 61], KIMI_N)}
     assert got == {"embed+L3+L61": {"speculators"}}
+    got = {str(r.layout): set(r.conventions) for r in readings([0, 3, 31], KIMI_N)}
+    assert got["embed+L3+L31"] == {"sglang-deepseek", "vllm", "eagle-reference", "speculators"}
 
 
 N_LAYERS = st.integers(min_value=4, max_value=96)

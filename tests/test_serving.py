@@ -28,7 +28,7 @@ def drafter(ids=None, top=None, hidden=7168, **extra):
 
 
 def test_capture_model_and_auto_defaults_key_are_different_questions():
-    assert capture_model(KIMI) == capture_model(KIMI_WRAPPED) == "deepseek"
+    assert capture_model(KIMI) == "deepseek" and capture_model(KIMI_WRAPPED) == "kimi_k25"
     assert capture_model(LLAMA) == capture_model({"architectures": ["Qwen3ForCausalLM"]}) == "llama"
     # the auto tree defaults read architectures[0] as written: the wrapper names itself
     assert auto_defaults_key(KIMI_WRAPPED) == "KimiK25ForConditionalGeneration"
@@ -58,7 +58,7 @@ def test_eagle3_llama_family_shifts_ids():
 def test_eagle3_kimi_reads_l2_l30_l58(ids):
     plan = serving_plan(drafter(ids), KIMI_WRAPPED)
     assert str(plan.layout) == "L2+L30+L58"
-    assert "SGLang 0.5.23" in plan.rule
+    assert plan.engine == "sglang-0.5.23" and "SGLang 0.5.14–0.5.23" in plan.rule
 
 
 def test_top_level_ids_are_ignored_and_defaults_apply():

@@ -10,15 +10,19 @@ Residual-stream index r of a capture point: embed -> 0, L{i} -> i (the state
 
 Worked examples (Kimi-K2.5, N = 61 layers):
   sglang-llama    [2, 30, 58] -> r = [3, 31, 59]  -> L3+L31+L59
+  sglang-llama    [-1, 2, 30] -> r = [0, 3, 31]   -> embed+L3+L31 (0.5.22+; before: TypeError)
   sglang-deepseek [2, 30, 58] -> first id != 1, r = ids -> L2+L30+L58
   sglang-deepseek [1, 29, 57] -> first id == 1, r = ids+1 -> L2+L30+L58
+  sglang-deepseek [0, 3, 31]  -> first id != 1, r = ids -> embed+L3+L31 (0.5.14+)
+  sglang-deepseek-pre-0.5.13 [2, 30, 58] -> r = ids+1 -> L3+L31+L59 (always +1, as Llama)
   sglang default  (no ids)    -> r = [2, 61//2, 61-3] -> L2+L30+L58
   specforge       default ids [1, 61//2-1, 61-4] = [1, 29, 57] -> L2+L30+L58
   speculators     default ids [2, 30, 58, 61] -> L2+L30+L58+L61
 
-This module knows ids, shifts and ranges; it knows nothing about config files,
-drafter weights, launch flags or which convention a given deployment uses
-(serving.py decides that).
+The SGLang conventions are one per version range in which the rule held; which one an
+engine version applies to which target is capture.py's table. This module knows ids, shifts
+and ranges; it knows nothing about config files, drafter weights, launch flags or which
+convention a given deployment uses (serving.py decides that).
 """
 
 from __future__ import annotations
@@ -55,11 +59,11 @@ class Convention:
     Capturable r lies in [min_index, N + max_from_n]."""
 
     name: str
-    version: str            # engine / trainer version the rule was read from
+    version: str            # engine / trainer versions the rule was read from
     source: str             # file the rule was read from
     meaning: str            # the rule in words
     shift: int
-    first_one_shift: bool   # SGLang 0.5.23 DeepSeek-family quirk
+    first_one_shift: bool   # SGLang >= 0.5.13 DeepSeek-family quirk
     ascending: bool         # engine concatenates in ascending layer order
     min_index: int
     max_from_n: int         # -1: r <= N-1 (captured inside the layer loop); 0: r <= N
@@ -68,33 +72,57 @@ class Convention:
     reads_ids: bool = True  # False: the convention ignores any ids (SGLang without nested ids)
 
 
-_SGLANG = "SGLang 0.5.23"
 _SGL_DEFAULT = (_TWO, _HALF, _N_MINUS_3)
+_LLAMA_PY = "python/sglang/srt/models/llama.py"
+_DEEPSEEK_PY = "python/sglang/srt/models/deepseek_v2.py"
 
 CONVENTIONS: dict[str, Convention] = {
-    # python/sglang/srt/models/llama.py: set_eagle3_layers_to_capture sets
-    # layers_to_capture = [id + 1 for id in layer_ids], default [2, N//2, N-3];
-    # LlamaModel.forward appends `hidden_states + residual` (or the embeddings
-    # when residual is None, i.e. at layer 0) *before* layer i for i in
-    # layers_to_capture, looping i over range(N): ascending order, r <= N-1.
+    # llama.py set_eagle3_layers_to_capture (identical 0.5.6-0.5.23): layers_to_capture =
+    # [id + 1 for id in layer_ids], default [2, N//2, N-3]; LlamaModel.forward captures the
+    # residual stream entering layer i for i in layers_to_capture, i over range(N): ascending
+    # order, r <= N-1. Since 0.5.22 the capture runs in the layer boundary
+    # (layers/layer_boundary/stage.py), which at layer 0 captures the embeddings: id -1 = embed.
     "sglang-llama": Convention(
-        "sglang-llama", _SGLANG, "python/sglang/srt/models/llama.py",
-        "id i captures the output of layer i, L{i+1}; ascending layer order", 1, False, True,
-        0, -1, _SGL_DEFAULT, False),
-    # python/sglang/srt/models/deepseek_v2.py: set_eagle3_layers_to_capture uses
-    # [id + 1 ...] only `if layer_ids and layer_ids[0] == 1`, else list(layer_ids);
-    # default [2, N//2, N-3]. DeepseekV2Model.forward appends `hidden_states +
-    # residual` before layer i; at i = 0 residual is None (TypeError), so r >= 1.
+        "sglang-llama", "SGLang 0.5.22–0.5.23", _LLAMA_PY,
+        "id i captures the output of layer i, L{i+1}; id -1 the embeddings; ascending layer order",
+        1, False, True, 0, -1, _SGL_DEFAULT, False),
+    # 0.5.6-0.5.21: LlamaModel.forward appends `hidden_states + residual` before layer i, and
+    # residual is None before layer 0: id -1 (layers_to_capture 0) raises a TypeError at the
+    # first forward, so r >= 1.
+    "sglang-llama-pre-0.5.22": Convention(
+        "sglang-llama-pre-0.5.22", "SGLang 0.5.6–0.5.21", _LLAMA_PY,
+        "id i captures the output of layer i, L{i+1}; ascending layer order; no embeddings "
+        "(`hidden_states + residual` with residual None at layer 0)",
+        1, False, True, 1, -1, _SGL_DEFAULT, False),
+    # deepseek_v2.py set_eagle3_layers_to_capture since 0.5.13: [id + 1 ...] only
+    # `if layer_ids and layer_ids[0] == 1`, else list(layer_ids); default [2, N//2, N-3].
+    # Since 0.5.14 the capture runs in the layer communicator
+    # (prepare_attn_and_capture_last_layer_outputs), which at layer 0 captures the
+    # embeddings (residual = hidden_states): id 0 = embed.
     "sglang-deepseek": Convention(
-        "sglang-deepseek", _SGLANG, "python/sglang/srt/models/deepseek_v2.py",
-        "id i captures L{i+1} if the first id is 1, else L{i}; ascending layer order", 0, True,
-        True, 1, -1, _SGL_DEFAULT, False),
+        "sglang-deepseek", "SGLang 0.5.14–0.5.23", _DEEPSEEK_PY,
+        "id i captures L{i+1} if the first id is 1, else L{i} (id 0 = the embeddings); "
+        "ascending layer order", 0, True, True, 0, -1, _SGL_DEFAULT, False),
+    # 0.5.13, 0.5.13.post1: the first-id rule, but DeepseekV2Model.forward still appends
+    # `hidden_states + residual` before layer i (residual None at layer 0), so r >= 1.
+    "sglang-deepseek-0.5.13": Convention(
+        "sglang-deepseek-0.5.13", "SGLang 0.5.13–0.5.13.post1", _DEEPSEEK_PY,
+        "id i captures L{i+1} if the first id is 1, else L{i}; ascending layer order; no "
+        "embeddings (`hidden_states + residual` with residual None at layer 0)",
+        0, True, True, 1, -1, _SGL_DEFAULT, False),
+    # 0.5.6-0.5.12.post1: deepseek_v2.py's set_eagle3_layers_to_capture is llama.py's, always
+    # [id + 1 ...]; no embeddings either.
+    "sglang-deepseek-pre-0.5.13": Convention(
+        "sglang-deepseek-pre-0.5.13", "SGLang 0.5.6–0.5.12.post1", _DEEPSEEK_PY,
+        "id i captures the output of layer i, L{i+1}; ascending layer order; no embeddings "
+        "(`hidden_states + residual` with residual None at layer 0)",
+        1, False, True, 1, -1, _SGL_DEFAULT, False),
     # SGLang reads ids only from the drafter's nested
     # eagle_config.eagle_aux_hidden_state_layer_ids; without them both llama.py
     # and deepseek_v2.py capture layers_to_capture = [2, N//2, N-3] directly
-    # (identical default in both families).
+    # (identical default in both families and every version 0.5.6-0.5.23).
     "sglang-default": Convention(
-        "sglang-default", _SGLANG, "python/sglang/srt/models/{llama,deepseek_v2}.py",
+        "sglang-default", "SGLang 0.5.6–0.5.23", "python/sglang/srt/models/{llama,deepseek_v2}.py",
         "no ids in eagle_config: L2, L{N//2}, L{N-3} whatever else the config says", 0, False,
         True, 0, -1, _SGL_DEFAULT, False, reads_ids=False),
     # vllm/model_executor/models/llama.py: aux_hidden_state_layers = ids; the

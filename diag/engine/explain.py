@@ -1,18 +1,21 @@
 """Reconcile a server log's "accept len" and "accept rate" (DESIGN.md §1.5, §6).
 
 SGLang logs both numbers with 2 decimals. With L = accept length (bonus
-included) = 1 + mean(a), the two rate formulas reduce to
-    sglang_accept_rate (0.5.23)   R = Σa / (rounds·(D-1)) = (L - 1) / (D - 1)
-    sglang_accept_rate_legacy     R = Σ(a+1) / (rounds·D)  = L / D
+included) = 1 + mean(a), the two rate formulas (accept_rate.py says which version
+logs which) reduce to
+    sglang_accept_rate (0.5.11–0.5.23)          R = Σa / (rounds·(D-1)) = (L - 1) / (D - 1)
+    sglang_accept_rate_legacy (0.5.6–0.5.10.post1) R = Σ(a+1) / (rounds·D) = L / D
 so each (D, formula) pair predicts R from L. A pair is consistent when some
 true (L, R) inside the printed rounding intervals satisfies it, with the
-physical bound 1 <= L <= D (at most D-1 drafts accepted).
+physical bound 1 <= L <= D (at most D-1 drafts accepted). Each consistent formula
+names the SGLang releases the log can come from.
 
 Seed example: L 1.68, R 0.84. Legacy: 1.68 / D ∈ [0.835, 0.845] only for D = 2.
-0.5.23: 0.68 / (D-1) = 0.84 needs D-1 ≈ 0.81, no integer. So D = 2, legacy:
-a depth-1 chain. With flags S=1, K=1, D=16, SGLang's topk=1 rule made D = S+1 = 2.
+New: 0.68 / (D-1) = 0.84 needs D-1 ≈ 0.81, no integer. So D = 2, legacy: a depth-1
+chain on a server at 0.5.10.post1 or older. With flags S=1, K=1, D=16, SGLang's topk=1
+rule made D = S+1 = 2.
 
-This module knows arithmetic on logged numbers and SGLang's flag rules (trees.py);
+This module knows arithmetic on logged numbers and SGLang's flag rules (tree_rules.py);
 it knows nothing about models or log files.
 """
 
@@ -21,12 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from diag.errors import DiagError
+from diag.engine.accept_rate import FORMULAS, formula_for, versions_of
 from diag.engine.tree_rules import ResolvedShape, resolve_sglang_shape
-
-FORMULAS = {
-    "sglang_accept_rate": "0.5.23: Σa / (rounds·(D-1)), draft slots only",
-    "sglang_accept_rate_legacy": "before 0.5.23: Σ(a+1) / (rounds·D), bonus counted",
-}
+from diag.engine.versions import DEFAULT_ENGINE, engine
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,9 @@ class Explanation:
     resolved: ResolvedShape | None            # what SGLang ran for those flags
     implied: tuple[tuple[int, str], ...]      # consistent pairs at the resolved D
     sentences: tuple[str, ...]
+    versions: tuple[str, ...] = ()            # release ranges whose formula fits, e.g. "0.5.6–0.5.10.post1"
+    engine: str | None = None                 # the version the user named, if any
+    engine_fits: bool | None = None           # whether that version's formula fits
 
 
 def predicted_rate(accept_len: float, num_draft_tokens: int, formula: str) -> float:
@@ -77,13 +80,13 @@ def _check_inputs(accept_len: float, accept_rate: float) -> None:
                         expected="0.00 .. 1.00", found=accept_rate)
 
 
-def _flag_sentences(flags, resolved: ResolvedShape, implied, accept_len) -> list[str]:
+def _flag_sentences(flags, resolved: ResolvedShape, implied, accept_len, label: str) -> list[str]:
     d = flags[2]
     names = ("--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens")
     shown = " ".join(f"{n} {v}" for n, v in zip(names, flags) if v is not None)
     out = [f"Launched with {shown}."]
     if resolved.crash:
-        return out + [f"SGLang 0.5.23 would not run with these flags: {resolved.crash}."]
+        return out + [f"{label} would not run with these flags: {resolved.crash}."]
     out += [f"SGLang: {n}." for n in resolved.notes]
     rd = resolved.shape.num_draft_tokens
     if resolved.shape.topk == 1 and d is not None and d != rd:
@@ -112,23 +115,61 @@ def _pair_sentences(pairs, accept_len, accept_rate) -> list[str]:
     return first
 
 
+def _range_sentences(fitting) -> list[str]:
+    """Which releases the log can come from. `fitting`: the consistent (D, formula) pairs
+    (at the launched D when flags are known)."""
+    ranges = _ranges(fitting)
+    return [f"The logged numbers fit a server running SGLang {' or '.join(ranges)}."] if ranges else []
+
+
+def _engine_sentences(fitting, eng: str | None, resolved_d: int | None) -> tuple[list[str], bool | None]:
+    """Whether the version the user named logs a formula that fits."""
+    if eng is None:
+        return [], None
+    e = engine(eng)
+    mine = formula_for(e)
+    fits = any(f == mine for _, f in fitting)
+    at = f" at D = {resolved_d}" if resolved_d is not None else ""
+    if fits:
+        return [f"{e.label} logs {mine} ({FORMULAS[mine]}): consistent{at}."], True
+    ranges = _ranges(fitting)
+    return [f"{e.label} logs {mine} ({FORMULAS[mine]}), which does not fit these numbers{at}: "
+            f"the log did not come from {e.label}"
+            + (f" (it fits SGLang {' or '.join(ranges)})" if ranges else "") + "."], False
+
+
 def explain(accept_len: float, accept_rate: float, *, num_steps: int | None = None,
             topk: int | None = None, num_draft_tokens: int | None = None,
             architecture: str = "LlamaForCausalLM", decimals: int = 2,
-            max_draft_tokens: int = 64) -> Explanation:
-    """Which D and which formula make the logged pair consistent; what the flags imply.
-    Flags count as known when at least one is given (all None = flags unknown)."""
+            max_draft_tokens: int = 64, engine_name: str | None = None) -> Explanation:
+    """Which D and which formula make the logged pair consistent, which SGLang releases log
+    that formula, and what the flags imply. Flags count as known when at least one is given
+    (all None = flags unknown). engine_name: the version the user believes the server runs
+    (None: unknown; the flag rules then use the newest release)."""
     _check_inputs(accept_len, accept_rate)
     pairs = consistent_pairs(accept_len, accept_rate, decimals=decimals,
                              max_draft_tokens=max_draft_tokens)
     sentences = _pair_sentences(pairs, accept_len, accept_rate)
+    name = engine(engine_name).name if engine_name is not None else None
     flags = (num_steps, topk, num_draft_tokens)
     if flags == (None, None, None):
-        return Explanation(accept_len, accept_rate, pairs, None, None, (), tuple(sentences))
-    resolved = resolve_sglang_shape(*flags, architecture=architecture)
+        more, fits = _engine_sentences(pairs, name, None)
+        return Explanation(accept_len, accept_rate, pairs, None, None, (),
+                           tuple(sentences + _range_sentences(pairs) + more), _ranges(pairs), name, fits)
+    e = engine(name or DEFAULT_ENGINE)
+    resolved = resolve_sglang_shape(*flags, architecture=architecture, eng=e)
     implied: tuple[tuple[int, str], ...] = ()
+    rd = None
     if resolved.shape is not None and not resolved.crash:
         rd = resolved.shape.num_draft_tokens
         implied = tuple(p for p in pairs if p[0] == rd)
-    sentences += _flag_sentences(flags, resolved, implied, accept_len)
-    return Explanation(accept_len, accept_rate, pairs, flags, resolved, implied, tuple(sentences))
+    fitting = implied if rd is not None else pairs
+    sentences += _range_sentences(fitting)
+    sentences += _flag_sentences(flags, resolved, implied, accept_len, e.label)
+    more, fits = _engine_sentences(fitting, name, rd)
+    return Explanation(accept_len, accept_rate, pairs, flags, resolved, implied,
+                       tuple(sentences + more), _ranges(fitting), name, fits)
+
+
+def _ranges(pairs) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(versions_of(f) for _, f in pairs))

@@ -5,15 +5,18 @@ A launch line such as
       --speculative-draft-model-path D --speculative-num-steps 1 \
       --speculative-eagle-topk 1 --speculative-num-draft-tokens 16
 is parsed into `LaunchFlags` (also `sglang serve ...` and `--flag=value`), and
-`effective_config` applies SGLang 0.5.23's ServerArgs post-processing
-(python/sglang/srt/server_args.py, `_handle_speculative_decoding`):
+`effective_config` applies the chosen SGLang version's ServerArgs post-processing
+(python/sglang/srt/server_args.py `_handle_speculative_decoding`, since 0.5.13
+arg_groups/speculative_hook.py; these rules hold in every release 0.5.6-0.5.23):
 - NEXTN is an alias: rewritten to EAGLE before anything else.
 - In EAGLE-family speculative mode an omitted --max-running-requests becomes 48
   ("Max running requests is reset to 48 for speculative decoding"); with
   --enable-dp-attention each DP worker gets 48 // dp_size request slots.
 - Omitted tree flags take `auto_choose_speculative_params`, keyed by the target
-  config's `architectures[0]`. The tree rules themselves live in tree_rules.py,
-  the algorithm names in algorithms.py.
+  config's `architectures[0]` and the version. The tree rules themselves live in
+  tree_rules.py, the algorithm names in algorithms.py.
+- --disable-cuda-graph is kept: up to 0.5.10.post1 it decides what decode rounds capture
+  (capture.py).
 
 This module knows command-line syntax and server-args rules; it reads no files
 (the caller passes the target's config dict) and knows nothing about weights.
@@ -26,7 +29,8 @@ from dataclasses import dataclass
 
 from diag.engine.algorithms import EAGLE_WORKERS, canonical, is_alias
 from diag.engine.architectures import auto_defaults_key
-from diag.engine.tree_rules import ResolvedShape, resolve_sglang_shape
+from diag.engine.tree_rules import ResolvedShape, auto_defaults, resolve_sglang_shape
+from diag.engine.versions import DEFAULT_ENGINE, engine
 from diag.errors import DiagError
 
 # Canonical flag -> every spelling SGLang's argparse accepts for it.
@@ -42,10 +46,11 @@ FLAG_ALIASES: dict[str, tuple[str, ...]] = {
     "dp_size": ("--dp-size", "--dp"),
     "enable_dp_attention": ("--enable-dp-attention",),
     "token_map": ("--speculative-token-map",),
+    "disable_cuda_graph": ("--disable-cuda-graph",),
 }
 _INT_FIELDS = ("num_steps", "topk", "num_draft_tokens", "max_running_requests", "tp_size",
                "dp_size")
-_BOOL_FIELDS = ("enable_dp_attention",)
+_BOOL_FIELDS = ("enable_dp_attention", "disable_cuda_graph")
 _BY_SPELLING = {s: name for name, spellings in FLAG_ALIASES.items() for s in spellings}
 
 SPEC_MAX_RUNNING_REQUESTS = 48
@@ -68,6 +73,7 @@ class LaunchFlags:
     dp_size: int | None = None
     enable_dp_attention: bool = False
     token_map: str | None = None
+    disable_cuda_graph: bool = False
     other: tuple[tuple[str, str | None], ...] = ()
 
 
@@ -79,6 +85,7 @@ class EffectiveConfig:
     flags: LaunchFlags
     algorithm: str | None
     architecture: str          # architectures[0]: what SGLang's auto tree defaults are keyed on
+    engine: str                # the version whose rules were applied, e.g. "sglang-0.5.23"
     tree: ResolvedShape | None
     max_running_requests: int | None
     notes: tuple[str, ...]
@@ -194,22 +201,25 @@ def _max_running(flags: LaunchFlags) -> tuple[int | None, list[str]]:
     return SPEC_MAX_RUNNING_REQUESTS, notes
 
 
-def effective_config(flags: LaunchFlags, target_config: dict | None) -> EffectiveConfig:
-    """What SGLang 0.5.23 will run for these flags on this target."""
+def effective_config(flags: LaunchFlags, target_config: dict | None, *,
+                     engine_name: str = DEFAULT_ENGINE) -> EffectiveConfig:
+    """What this SGLang version will run for these flags on this target."""
+    eng = engine(engine_name)
     arch = auto_defaults_key(target_config)
     algo, notes = _algorithm(flags)
     if algo is None or algo not in EAGLE_WORKERS:
         if algo is not None:
             notes.append(f"{algo} is not an EAGLE-family algorithm: no tree rules applied")
-        return EffectiveConfig(flags, algo, arch, None, flags.max_running_requests,
+        return EffectiveConfig(flags, algo, arch, eng.name, None, flags.max_running_requests,
                                tuple(notes), None)
     if target_config is None and flags.num_steps is None:
-        notes.append("target config unknown: SGLang's auto defaults depend on its "
-                     "architectures[0]; assumed (5, 4, 8), its value for every architecture "
-                     "other than DeepseekV2/V3")
-    tree = resolve_sglang_shape(flags.num_steps, flags.topk, flags.num_draft_tokens, arch)
+        shape, _ = auto_defaults("Unknown", eng, algo)
+        notes.append(f"target config unknown: {eng.label}'s auto defaults depend on its "
+                     f"architectures[0]; assumed {shape}, its value for an architecture in no list")
+    tree = resolve_sglang_shape(flags.num_steps, flags.topk, flags.num_draft_tokens, arch,
+                                eng=eng, algorithm=algo)
     mrr, mrr_notes = _max_running(flags)
     if flags.draft_model_path is None and algo != "EAGLE":
         notes.append(f"no --speculative-draft-model-path given for {algo}")
-    return EffectiveConfig(flags, algo, arch, tree, mrr,
+    return EffectiveConfig(flags, algo, arch, eng.name, tree, mrr,
                            tuple(notes + list(tree.notes) + mrr_notes), tree.crash)

@@ -1,23 +1,25 @@
 """What the serving engine will feed the drafter, derived from config dicts.
 
-Given the drafter's config dict, the target's config dict, the engine and the
+Given the drafter's config dict, the target's config dict, the engine version and the
 `--speculative-algorithm`, this module says which capture points the engine
-concatenates, whether the drafter's `fc` runs, whose `lm_head` scores the
-draft, and whether `d2t` maps draft ids to target ids (DESIGN.md §2-§3).
-It also lists the layouts a drafter config *declares* it was trained on.
+concatenates, whether the drafter's `fc` runs (and for how many states SGLang built it),
+whose embedding and `lm_head` the draft uses, whether `d2t` maps draft ids to target ids,
+and what crashes (DESIGN.md §2-§3). It also lists the layouts a drafter config *declares*
+it was trained on, and the ids that serve a layout on a given version.
 
-Facts (SGLang 0.5.23):
+Facts (every release 0.5.6-0.5.23 unless a version is named; the versioned rules live in
+capture.py, drafter_keys.py, draft_tables.py):
 - ids are read only from the drafter's nested
   `eagle_config.eagle_aux_hidden_state_layer_ids`; a top-level key is ignored
-  and the target's defaults apply (model_runner: `eagle_config.get(...)`).
-- EAGLE3: the drafter's own `lm_head` and `d2t` (`hot_token_id = d2t + arange`),
-  target embeddings (`set_embed`) (speculative/eagle_worker.py, init_lm_head).
-- EAGLE (and NEXTN, an alias): no auxiliary capture
-  (`set_eagle3_layers_to_capture` is only called for EAGLE3); the draft input
-  is the target's final-normed last hidden state; `set_embed_and_head` swaps
-  in the target's embedding *and* lm_head; `d2t` is never read.
-- The drafter runs `fc` only when `hidden_states.shape[-1] !=
-  embeds.shape[-1]` (models/llama_eagle3.py, LlamaModel.forward).
+  and the target's defaults apply (model_runner: `eagle_config[...]` in a try).
+- EAGLE (and NEXTN, an alias): no auxiliary capture (`set_eagle3_layers_to_capture` is
+  only called for EAGLE3); the draft input is the target's final-normed last hidden state.
+- The drafter runs `fc` only when `hidden_states.shape[-1] != embeds.shape[-1]`
+  (models/llama_eagle3.py, LlamaModel.forward).
+- Up to 0.5.10.post1, CUDA-graph decode rounds capture the default layers (capture.py).
+Worked example (Kimi-K2.5 target, drafter trained on embed+L3+L31, ids [0, 3, 31]):
+  0.5.23 -> serves embed+L3+L31;  0.5.13 -> crash (no embeddings at layer 0);
+  0.5.12.post1 -> serves L1+L4+L32 (always +1).
 
 This module reads dicts; it knows nothing about files, weights or tensors.
 """
@@ -30,7 +32,10 @@ from diag.checkpoint.config import hidden_size, num_layers
 from diag.engine import conventions
 from diag.engine.algorithms import mode_of
 from diag.engine.architectures import capture_model
-from diag.engine.versions import DEFAULT_ENGINE, Engine, engine
+from diag.engine.capture import NoCapture, capture_rule, graph_replays_capture_defaults, graph_rule_span
+from diag.engine.draft_tables import draft_tables_for
+from diag.engine.drafter_keys import fc_inputs, uses_aux_hidden_state
+from diag.engine.versions import DEFAULT_ENGINE, RELEASES, Engine, engine, release
 from diag.errors import DiagError
 from diag.layouts import Layout, layout, point
 
@@ -41,9 +46,12 @@ TRAINED_LAYOUT_FIELD = "diag_trained_layout"
 
 @dataclass(frozen=True)
 class ServingPlan:
-    """What the engine runs. mode "eagle3" or "eagle"; layout = what the fc
-    input (or the bypassed hidden state) is made of; lm_head "drafter" or
-    "target"; crash: why the engine would fail at the first draft step, or None."""
+    """What the engine runs. mode "eagle3" or "eagle"; layout = what the fc input (or the
+    bypassed hidden state) is made of in decode rounds; embed / lm_head "drafter" or
+    "target"; vocab_limit: drafts limited to the first N ids (None: all); fc_inputs: how
+    many states SGLang built fc for; prefill_layout: what prefill captures when it differs
+    from `layout` (0.5.6-0.5.10.post1 under CUDA graphs); crash: why the engine would fail
+    at startup or at the first draft step, or None."""
 
     mode: str
     layout: Layout
@@ -54,6 +62,11 @@ class ServingPlan:
     uses_d2t: bool
     notes: tuple[str, ...]
     crash: str | None = None
+    engine: str = DEFAULT_ENGINE
+    embed: str = "target"
+    vocab_limit: int | None = None
+    fc_inputs: int | None = None
+    prefill_layout: Layout | None = None
 
 
 @dataclass(frozen=True)
@@ -98,35 +111,92 @@ def _id_notes(drafter_config: dict, ids: list[int] | None) -> list[str]:
     return []
 
 
-def _eagle3_plan(drafter_config: dict, target_config: dict, eng: Engine,
-                 has_d2t: bool) -> ServingPlan:
-    n, h_t, h = num_layers(target_config), hidden_size(target_config), hidden_size(drafter_config)
-    ids = nested_ids(drafter_config)
-    name = eng.convention_for(capture_model(target_config))
+def convention_of(target_config: dict, eng: Engine) -> str:
+    """The convention name this engine applies to this target, or a DiagError saying why
+    the engine cannot capture for it at all (capture.py)."""
+    rule = capture_rule(eng, capture_model(target_config))
+    if isinstance(rule, NoCapture):
+        arch = (target_config.get("architectures") or ["?"])[0]
+        raise DiagError(f"{eng.label} cannot serve an EAGLE3 drafter on this target: {rule.reason}",
+                        field="architectures", expected="a target whose model class captures "
+                        "auxiliary hidden states on this version", found=arch)
+    return rule
+
+
+def _resolve(ids, name: str, n: int) -> conventions.Resolution:
     try:
-        res = conventions.resolve(ids, name, n)
+        return conventions.resolve(ids, name, n)
     except DiagError as err:                 # name the key SGLang read the ids from
         raise DiagError(err.message, field=IDS_FIELD if ids is not None else err.field,
                         expected=err.expected, found=err.found, hint=err.hint) from err
-    width = len(res.layout) * h_t  # fc input: k capture points x target hidden
-    notes = _id_notes(drafter_config, ids)
-    lm_head = "drafter"
-    if drafter_config.get("draft_vocab_size") is None:
-        lm_head = "target"
-        notes.append("no draft_vocab_size: SGLang sets load_lm_head_from_target and scores "
-                     "drafts with the target's lm_head")
+
+
+def _graph_layout(res, name: str, n: int, eng: Engine, cuda_graph: bool):
+    """(decode layout, prefill layout or None, note): 0.5.6-0.5.10.post1 graph replays
+    capture the defaults. Example (N=61, 0.5.10, ids [0, 3, 31] on Llama): prefill
+    L1+L4+L32, decode rounds L2+L30+L58."""
+    if not (cuda_graph and res.ids is not None and graph_replays_capture_defaults(eng)):
+        return res.layout, None, None
+    default = conventions.resolve(None, name, n).layout
+    if default == res.layout:
+        return res.layout, None, None
+    note = (f"SGLang {graph_rule_span(eng)} captures the CUDA graphs before setting the ids: "
+            f"every CUDA-graph decode round feeds the default layout {default}, only prefill "
+            f"feeds {res.layout}; launch with --disable-cuda-graph, or use SGLang >= 0.5.11")
+    return default, res.layout, note
+
+
+def _fc_crash(layouts, k_fc: int, why: str, h_t: int, h: int) -> str | None:
+    for lay in layouts:
+        k = len(lay)
+        if k * h_t != h and k != k_fc:
+            return (f"{why}, but the engine concatenates {k} states ({lay}): fc expects "
+                    f"{k_fc} x {h_t} = {k_fc * h_t} columns and gets {k * h_t}; the first "
+                    "draft forward fails with a shape error")
+    return None
+
+
+def _final_plan(drafter_config: dict, target_config: dict, eng: Engine, has_d2t: bool,
+                note: str) -> ServingPlan:
+    """eagle_config.use_aux_hidden_state = false: EAGLE3 worker, no aux capture."""
+    h_t, h = hidden_size(target_config), hidden_size(drafter_config)
+    tables = draft_tables_for(drafter_config, "eagle3")
+    crash = None if h_t == h else (f"use_aux_hidden_state is false: the {h_t}-wide final state "
+                                   f"reaches fc, which expects k x {h_t} columns; shape error")
+    return ServingPlan("eagle3", Layout((point("final"),)), note, None, h_t != h, tables.lm_head,
+                       has_d2t and tables.uses_d2t, (note, tables.why), crash, eng.name,
+                       tables.embed, tables.vocab_limit, None)
+
+
+def _eagle3_plan(drafter_config: dict, target_config: dict, eng: Engine,
+                 has_d2t: bool, cuda_graph: bool) -> ServingPlan:
+    n, h_t, h = num_layers(target_config), hidden_size(target_config), hidden_size(drafter_config)
+    name = convention_of(target_config, eng)
+    aux, aux_note = uses_aux_hidden_state(drafter_config, eng)
+    if not aux:
+        return _final_plan(drafter_config, target_config, eng, has_d2t, aux_note)
+    ids = nested_ids(drafter_config)
+    res = _resolve(ids, name, n)
+    lay, prefill, graph_note = _graph_layout(res, name, n, eng, cuda_graph)
+    notes = _id_notes(drafter_config, ids) + [x for x in (aux_note, graph_note) if x]
+    k_fc, fc_why = fc_inputs(drafter_config, eng)
+    crash = _fc_crash([lay] + ([prefill] if prefill else []), k_fc, fc_why, h_t, h)
+    tables = draft_tables_for(drafter_config, "eagle3")
+    notes.append(tables.why)
+    width = len(lay) * h_t  # fc input: k capture points x target hidden
     if width == h:
         notes.append(f"fc input width {width} equals drafter hidden {h}: fc is skipped")
-    return ServingPlan("eagle3", res.layout, res.rule, name, width != h, lm_head,
-                       has_d2t, tuple(notes))
+    return ServingPlan("eagle3", lay, res.rule, name, width != h, tables.lm_head,
+                       has_d2t and tables.uses_d2t, tuple(notes), crash, eng.name, tables.embed,
+                       tables.vocab_limit, k_fc, prefill)
 
 
 def _eagle_plan(drafter_config: dict, target_config: dict, eng: Engine) -> ServingPlan:
     h_t, h = hidden_size(target_config), hidden_size(drafter_config)
     rule = (f"{eng.label} EAGLE/NEXTN: no auxiliary capture (set_eagle3_layers_to_capture "
             "runs only for EAGLE3); the drafter gets the target's final-normed last hidden state")
-    notes = ["target embedding and lm_head swapped in (set_embed_and_head); d2t is not read, "
-             "draft ids are target ids"]
+    tables = draft_tables_for(drafter_config, "eagle")
+    notes = [tables.why, "d2t is not read, draft ids are target ids"]
     crash = None
     if h_t != h:
         crash = (f"target hidden {h_t} != drafter hidden {h}: the {h_t}-wide state reaches fc "
@@ -135,17 +205,19 @@ def _eagle_plan(drafter_config: dict, target_config: dict, eng: Engine) -> Servi
     else:
         notes.append(f"state width {h_t} equals the embedding width: fc is bypassed")
     return ServingPlan("eagle", Layout((point("final"),)), rule, None, h_t != h, "target",
-                       False, tuple(notes), crash)
+                       False, tuple(notes), crash, eng.name, "target", tables.vocab_limit)
 
 
 def serving_plan(drafter_config: dict, target_config: dict, *, engine_name: str = DEFAULT_ENGINE,
-                 algorithm: str = "EAGLE3", has_d2t: bool = True) -> ServingPlan:
+                 algorithm: str = "EAGLE3", has_d2t: bool = True,
+                 cuda_graph: bool = True) -> ServingPlan:
     """What `engine_name` runs for this drafter/target pair under `algorithm`.
-    has_d2t: whether the drafter checkpoint carries a d2t tensor."""
+    has_d2t: whether the drafter checkpoint carries a d2t tensor; cuda_graph: False when the
+    server runs with --disable-cuda-graph."""
     eng = engine(engine_name)
     if mode_of(algorithm) == "eagle":
         return _eagle_plan(drafter_config, target_config, eng)
-    return _eagle3_plan(drafter_config, target_config, eng, has_d2t)
+    return _eagle3_plan(drafter_config, target_config, eng, has_d2t, cuda_graph)
 
 
 @dataclass(frozen=True)
@@ -165,10 +237,11 @@ class ServingError:
 
 
 def try_serving_plan(drafter_config: dict, target_config: dict, *, engine_name: str = DEFAULT_ENGINE,
-                     algorithm: str = "EAGLE3") -> ServingPlan | ServingError:
+                     algorithm: str = "EAGLE3", cuda_graph: bool = True) -> ServingPlan | ServingError:
     """serving_plan, with "the engine cannot serve this" as a ServingError value."""
     try:
-        plan = serving_plan(drafter_config, target_config, engine_name=engine_name, algorithm=algorithm)
+        plan = serving_plan(drafter_config, target_config, engine_name=engine_name, algorithm=algorithm,
+                            cuda_graph=cuda_graph)
     except DiagError as err:
         return ServingError(err.message, err.field, err.expected, err.found)
     return ServingError(plan.crash) if plan.crash else plan
@@ -176,16 +249,34 @@ def try_serving_plan(drafter_config: dict, target_config: dict, *, engine_name: 
 
 def serving_ids(lay: Layout, target_config: dict, *, engine_name: str = DEFAULT_ENGINE) -> list[int] | None:
     """The eagle_config ids that make this engine feed exactly `lay` to the drafter, or None
-    when no ids can (the drafter must be retrained on a layout the engine can capture).
-    Example, SGLang 0.5.23 on a 6-layer Llama: embed+L2+L4 -> [-1, 1, 3]."""
+    when no ids can (on this version). Examples: SGLang 0.5.23 on a 6-layer Llama:
+    embed+L2+L4 -> [-1, 1, 3]; Kimi-K2.5 (61 layers) embed+L3+L31 -> 0.5.23 [0, 3, 31],
+    0.5.13 None, 0.5.12.post1 None."""
     eng = engine(engine_name)
-    convention = eng.convention_for(capture_model(target_config))
-    return conventions.to_ids(lay, convention, num_layers(target_config))
+    rule = capture_rule(eng, capture_model(target_config))
+    if isinstance(rule, NoCapture):
+        return None
+    return conventions.to_ids(lay, rule, num_layers(target_config))
+
+
+def later_serving(lay: Layout, target_config: dict, *,
+                  engine_name: str = DEFAULT_ENGINE) -> tuple[str, list[int]] | None:
+    """The first release after `engine_name` whose ids can serve `lay`, with those ids, or None.
+    Example: Kimi-K2.5 embed+L3+L31 after 0.5.13 -> ("0.5.14", [0, 3, 31])."""
+    mine = engine(engine_name).release
+    for v in RELEASES:
+        if release(v) > mine:
+            ids = serving_ids(lay, target_config, engine_name=f"sglang-{v}")
+            if ids is not None:
+                return v, ids
+    return None
 
 
 def capture_convention(target_config: dict, *, engine_name: str = DEFAULT_ENGINE) -> str:
-    """The layer-id convention this engine applies to this target's drafter ids."""
-    return engine(engine_name).convention_for(capture_model(target_config))
+    """The layer-id convention this engine applies to this target's drafter ids
+    ("no-capture" when its model class captures nothing on this version)."""
+    rule = capture_rule(engine(engine_name), capture_model(target_config))
+    return "no-capture" if isinstance(rule, NoCapture) else rule
 
 
 def _trainer_convention(drafter_config: dict) -> str:

@@ -1,14 +1,18 @@
-"""How SGLang turns the three tree flags into the tree it runs (DESIGN.md §5).
+"""How SGLang turns the three tree flags into the tree it runs (DESIGN.md §5), per version.
 
-Rules, in ServerArgs' order (python/sglang/srt/server_args.py, `_handle_speculative_decoding`
-and `auto_choose_speculative_params`):
-1. all three flags omitted -> auto defaults keyed on the target's architectures[0]
-   (`auto_defaults`): DeepseekV3ForCausalLM / DeepseekV2ForCausalLM -> (3, 1, 4); every
-   other architecture, the Kimi-K2.5 wrapper included -> (5, 4, 8).
+Rules, in ServerArgs' order (python/sglang/srt/server_args.py `_handle_speculative_decoding`
+up to 0.5.12.post1, python/sglang/srt/arg_groups/speculative_hook.py `_handle_eagle_family`
+since 0.5.13):
+1. all three flags omitted -> auto defaults keyed on the target's architectures[0] as written
+   (`auto_defaults`, from `auto_choose_speculative_params` / `_auto_choose_speculative_params`):
+   STANDALONE -> (3, 1, 4); LlamaForCausalLM, Grok1ForCausalLM, Grok1VForCausalLM -> (5, 4, 8);
+   a listed DeepSeek-like architecture -> (3, 1, 4); every other architecture -> (5, 4, 8)
+   up to 0.5.7 and (3, 1, 4) since 0.5.8. The Kimi-K2.5 wrapper
+   (KimiK25ForConditionalGeneration) and Qwen3 are in no list: (3, 1, 4) since 0.5.8.
 2. only some given -> SGLang fails (`_partial_flags_crash`), except S and K = 1 given
    without D, where rule 3 fills D in.
-3. topk == 1 and D != S + 1 -> D is rewritten to S + 1 (logged as a warning only).
-   Example: S=1, K=1, D=16 -> D=2: one draft token per round, not 16.
+3. topk == 1 and D != S + 1 -> D is rewritten to S + 1 (logged as a warning only; the
+   same `if` in every release 0.5.6-0.5.23). Example: S=1, K=1, D=16 -> D=2.
 4. D - 1 > K + (S-1)K² -> not checked at launch; organize_draft_results calls
    torch.topk(scores, D - 1) over fewer candidates and fails on the first draft.
 
@@ -19,18 +23,39 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from diag.engine.versions import Engine, Since, engine, since, span_of
 from diag.trees import TreeShape
 
-_DEEPSEEK_AUTO = frozenset({"DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM"})
+# Always (5, 4, 8), in every release 0.5.6-0.5.23.
+_WIDE = frozenset({"LlamaForCausalLM", "Grok1ForCausalLM", "Grok1VForCausalLM"})
+_DEEPSEEK_LIKE_056 = frozenset({
+    "DeepseekV32ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM",
+    "GptOssForCausalLM", "BailingMoeForCausalLM", "BailingMoeV2ForCausalLM"})
+_DEEPSEEK_LIKE_0561 = _DEEPSEEK_LIKE_056 | {
+    "Glm4MoeForCausalLM", "MistralLarge3ForCausalLM", "PixtralForConditionalGeneration"}
+# The (3, 1, 4) lists while every other architecture still got (5, 4, 8); from 0.5.8 the
+# fallback is (3, 1, 4) too, so later additions to the list change nothing.
+DEEPSEEK_LIKE: Since = (("0.5.6", _DEEPSEEK_LIKE_056), ("0.5.6.post1", _DEEPSEEK_LIKE_0561),
+                        ("0.5.7", _DEEPSEEK_LIKE_0561 | {"MiMoV2FlashForCausalLM"}))
+# What every architecture in no list gets.
+FALLBACK: Since = (("0.5.6", (5, 4, 8)), ("0.5.8", (3, 1, 4)))
 
 
-def auto_defaults(architecture: str) -> tuple[tuple[int, int, int], str]:
+def auto_defaults(architecture: str, eng: Engine | str | None = None,
+                  algorithm: str = "EAGLE3") -> tuple[tuple[int, int, int], str]:
     """(S, K, D) SGLang picks when no tree flag is given, and why.
-    Example: "DeepseekV3ForCausalLM" -> (3, 1, 4); "KimiK25ForConditionalGeneration" -> (5, 4, 8)."""
-    if architecture in _DEEPSEEK_AUTO:
-        return (3, 1, 4), f"architectures[0] {architecture} gets (3, 1, 4)"
-    return (5, 4, 8), (f"architectures[0] {architecture} is not DeepseekV2/V3ForCausalLM, so it gets "
-                       "(5, 4, 8)")
+    Examples (0.5.23): "LlamaForCausalLM" -> (5, 4, 8); "KimiK25ForConditionalGeneration" ->
+    (3, 1, 4); on 0.5.7 the same wrapper -> (5, 4, 8); STANDALONE -> (3, 1, 4) everywhere."""
+    e = engine(eng)
+    if algorithm.upper() == "STANDALONE":
+        return (3, 1, 4), f"{e.label}: STANDALONE always gets (3, 1, 4)"
+    if architecture in _WIDE:
+        return (5, 4, 8), f"{e.label}: architectures[0] {architecture} gets (5, 4, 8)"
+    if architecture in since(DEEPSEEK_LIKE, e):
+        return (3, 1, 4), f"{e.label}: architectures[0] {architecture} is listed for (3, 1, 4)"
+    shape = since(FALLBACK, e)
+    return shape, (f"{e.label}: architectures[0] {architecture} is in no list, and SGLang "
+                   f"{span_of(FALLBACK, e)} gives every such architecture {shape}")
 
 
 def topk1_draft_tokens(num_steps: int, topk: int, num_draft_tokens: int | None) -> int | None:
@@ -69,12 +94,13 @@ def _partial_flags_crash(s, k, d) -> str | None:
 
 
 def resolve_sglang_shape(num_steps: int | None, topk: int | None, num_draft_tokens: int | None,
-                         architecture: str = "LlamaForCausalLM") -> ResolvedShape:
+                         architecture: str = "LlamaForCausalLM", *, eng: Engine | str | None = None,
+                         algorithm: str = "EAGLE3") -> ResolvedShape:
     """Mirror SGLang's server-args resolution of (S, K, D) for a target whose
     architectures[0] is `architecture` (see the module docstring for the rules)."""
     req = (num_steps, topk, num_draft_tokens)
     if req == (None, None, None):
-        (s, k, d), why = auto_defaults(architecture)
+        (s, k, d), why = auto_defaults(architecture, eng, algorithm)
         note = (f"no speculative flags given: SGLang's auto default is num_steps={s}, topk={k}, "
                 f"num_draft_tokens={d} ({why})")
         return ResolvedShape(TreeShape(s, k, d), req, (note,), None)
