@@ -1,0 +1,194 @@
+"""SGLang's own source, from its released wheels, loaded without importing `sglang`.
+
+The `sglang` package cannot be imported without its CUDA runtime, so the differential tests
+(tests/test_sglang_*.py) take the released wheel of each version (`pip download --no-deps
+sglang==X`, cached under `$DIAG_CACHE_DIR or ~/.cache/diag` / `sglang-wheels/X/`, only the
+source files the tests read are kept) and load just the top-level definitions they need
+with `ast` into a small namespace: `@torch.compile` decorators are dropped, everything the
+definitions name from elsewhere in sglang is given as a stub by the caller, and Triton
+kernels run on the CPU under TRITON_INTERPRET=1 (set only while they are defined and run).
+
+Worked example:
+    ns = load("0.5.23", "srt/models/llama.py", ["LlamaForCausalLM.set_eagle3_layers_to_capture"])
+    ns["set_eagle3_layers_to_capture"](fake_self, [2, 30, 58])   # fake_self.model.layers_to_capture
+                                                                  # -> [3, 31, 59]
+Each file is parsed once per session (lru_cache). This module is test support: it knows
+wheels, files and ast; it knows nothing about diag.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
+from pathlib import Path
+
+# Source files the differential tests read (paths inside the wheel, under sglang/); a
+# version lacks some of them, which the tests treat as a fact about that version.
+FILES = (
+    "srt/models/llama.py", "srt/models/deepseek_v2.py", "srt/models/kimi_k25.py",
+    "srt/models/kimi_vl.py", "srt/models/llama_eagle3.py", "srt/models/kimi_k25_eagle3.py",
+    "srt/server_args.py", "srt/arg_groups/speculative_hook.py",
+    "srt/speculative/spec_utils.py", "srt/speculative/eagle_utils.py",
+    "srt/speculative/eagle_worker.py", "srt/speculative/eagle_worker_v2.py",
+    "srt/speculative/triton_ops/spec_tree.py", "kernels/ops/speculative/spec_tree.py",
+    "srt/utils/common.py", "srt/model_executor/model_runner.py",
+    "srt/model_executor/cuda_graph_runner.py",
+    "srt/model_executor/model_runner_components/spec_aux_hidden_state.py",
+    "srt/model_executor/model_runner_components/attention_backend_setup.py",
+    "srt/managers/scheduler_metrics_mixin.py", "srt/observability/scheduler_metrics_mixin.py",
+    "srt/managers/scheduler_components/metrics_reporter.py",
+)
+_MARKER = ".complete"
+
+
+def cache_root() -> Path:
+    base = os.environ.get("DIAG_CACHE_DIR") or str(Path.home() / ".cache" / "diag")
+    return Path(base) / "sglang-wheels"
+
+
+def _download(version: str, into: Path) -> Path:
+    """pip download --no-deps sglang==version for CPython 3.11 on x86_64 Linux (the platform
+    every release ships for; pure wheels up to 0.5.10.post1)."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--disable-pip-version-check",
+           "--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp",
+           "--abi", "cp311", "--platform", "manylinux_2_34_x86_64", f"sglang=={version}", "-d", str(into)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    wheels = sorted(into.glob(f"sglang-{version}-*.whl"))
+    if done.returncode != 0 or not wheels:
+        raise RuntimeError(f"pip download sglang=={version} failed (the sglang differential tests "
+                           f"need PyPI; deselect them with -m 'not sglang'):\n{done.stderr[-2000:]}")
+    return wheels[0]
+
+
+def source_dir(version: str) -> Path:
+    """CACHE/version/sglang/..., holding FILES from the version's wheel (fetched once)."""
+    final = cache_root() / version
+    if (final / _MARKER).exists():
+        return final
+    cache_root().mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache_root()) as tmp:
+        wheel = _download(version, Path(tmp) / "dl")
+        stage = Path(tmp) / "src"
+        with zipfile.ZipFile(wheel) as zf:
+            names = set(zf.namelist())
+            for rel in FILES:
+                if f"sglang/{rel}" in names:
+                    zf.extract(f"sglang/{rel}", stage)
+        (stage / _MARKER).write_text(wheel.name)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(stage, final)          # atomic: a concurrent session sees all or nothing
+    return final
+
+
+def fetch_all(versions) -> dict[str, Path]:
+    """source_dir for every version, four downloads at a time."""
+    with ThreadPoolExecutor(4) as pool:
+        return dict(zip(versions, pool.map(source_dir, versions)))
+
+
+def path(version: str, rel: str) -> Path:
+    return source_dir(version) / "sglang" / rel
+
+
+def has(version: str, rel: str) -> bool:
+    return path(version, rel).is_file()
+
+
+@lru_cache(maxsize=None)
+def _tree(file: str) -> ast.Module:
+    return ast.parse(Path(file).read_text(), filename=file)
+
+
+def _is_torch_compile(dec: ast.expr) -> bool:
+    """@torch.compile, @torch.compile(...)."""
+    target = dec.func if isinstance(dec, ast.Call) else dec
+    return isinstance(target, ast.Attribute) and target.attr == "compile" and \
+        isinstance(target.value, ast.Name) and target.value.id == "torch"
+
+
+def _find(tree: ast.Module, name: str) -> ast.stmt | None:
+    """Top-level def / class / assignment `name`, or "Class.method"."""
+    owner, _, member = name.rpartition(".")
+    body = tree.body
+    if owner:
+        cls = next((n for n in body if isinstance(n, ast.ClassDef) and n.name == owner), None)
+        if cls is None:
+            return None
+        body, name = cls.body, member
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name:
+            return node
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return node
+    return None
+
+
+def definition_source(version: str, rel: str, name: str) -> str | None:
+    """The source text of one definition (None when the version has no such definition)."""
+    file = path(version, rel)
+    if not file.is_file():
+        return None
+    node = _find(_tree(str(file)), name)
+    return None if node is None else ast.get_source_segment(file.read_text(), node)
+
+
+def load(version: str, rel: str, names, namespace: dict | None = None, *, triton: bool = False) -> dict:
+    """Execute the named definitions of sglang/<rel> in `namespace` (updated in place; a
+    fresh dict by default), which also gets torch, math, IntEnum and the typing names, and
+    return it. Missing names raise KeyError."""
+    import math
+    import typing
+    from enum import IntEnum
+
+    import torch
+
+    file = path(version, rel)
+    tree = _tree(str(file))
+    nodes = []
+    for name in names:
+        node = _find(tree, name)
+        if node is None:
+            raise KeyError(f"sglang {version} {rel} has no {name}")
+        if isinstance(node, ast.FunctionDef):
+            node.decorator_list = [d for d in node.decorator_list if not _is_torch_compile(d)]
+        nodes.append(node)
+    ns = {} if namespace is None else namespace
+    base = {"torch": torch, "math": math, "IntEnum": IntEnum, "__name__": f"sglang_{version}",
+            **{n: getattr(typing, n) for n in ("List", "Optional", "Tuple", "Union", "Dict", "Any")}}
+    for key, value in base.items():
+        ns.setdefault(key, value)
+    code = compile(ast.Module(body=nodes, type_ignores=[]), str(file), "exec")
+    with interpreting(triton):
+        if triton:
+            import triton as tr
+            import triton.language as tl
+            ns.setdefault("triton", tr)
+            ns.setdefault("tl", tl)
+        exec(code, ns)
+    return ns
+
+
+@contextlib.contextmanager
+def interpreting(on: bool = True):
+    """TRITON_INTERPRET=1 for the block only (other tests in the session must not see it:
+    diag's int4 kernel switches on it)."""
+    if not on:
+        yield
+        return
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = old
