@@ -23,23 +23,27 @@ def register(subparsers) -> None:
     p.add_argument("--drafter", required=True, help="drafter checkpoint directory")
     p.add_argument("--target", required=True, help="target checkpoint directory (config.json)")
     p.add_argument("--launch", default=None, help="the SGLang launch command, quoted")
+    p.add_argument("--engine", default=None, help="the SGLang version the server runs, e.g. "
+                   "sglang-0.5.10 (default: the newest known)")
     p.add_argument("--json", action="store_true", help="print findings as JSON")
     p.set_defaults(func=run)
 
 
 def render(f: Finding) -> str:
-    """e.g. 'ERROR EAGLE_ALGORITHM: ...\\n  sglang: ...\\n  fix: ...'."""
+    """e.g. 'ERROR EAGLE_ALGORITHM: ...\\n  sglang 0.5.23: ...\\n  fix: ...'."""
     where = ":".join(x for x in (f.file, f.field) if x)
     lines = [f"{f.severity.upper()} {f.code}: {f.message}"]
     if where:
         lines.append(f"  where:  {where}")
-    lines += [f"  sglang: {f.sglang_behaviour}", f"  fix:    {f.fix}"]
+    version = f" {f.engine.removeprefix('sglang-')}" if f.engine else ""
+    lines += [f"  sglang{version}: {f.sglang_behaviour}", f"  fix:    {f.fix}"]
     return "\n".join(lines)
 
 
 def run(args) -> int:
     try:
-        findings = lint(args.drafter, args.target, args.launch)
+        findings = lint(args.drafter, args.target, args.launch,
+                        **({"engine": args.engine} if args.engine else {}))
     except DiagError as err:
         print(err.render(), file=sys.stderr)
         return 2
@@ -49,6 +53,7 @@ def run(args) -> int:
     else:
         print("\n\n".join(render(f) for f in findings) if findings else "no findings")
         counts = {s: sum(f.severity == s for f in findings) for s in _ORDER}
+        rules = findings[0].engine if findings else (args.engine or "the newest known SGLang")
         print(f"\n{counts['error']} error(s), {counts['warning']} warning(s), "
-              f"{counts['info']} info")
+              f"{counts['info']} info (rules of {rules})")
     return 1 if any(f.severity == "error" for f in findings) else 0

@@ -11,7 +11,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from diag.run.case import Case, EvaluateSpec, ModelSpec, PromptSpec, ServingSpec, read_case
+from diag.run.case import Case, EvaluateSpec, ModelSpec, PromptSpec, ServingSpec, read_case, with_engine
 
 DEMO = "cases/demo.toml"
 DEFAULT_PROMPTS = "cases/prompts/mixed-48.jsonl"
@@ -42,6 +42,8 @@ def register(sub) -> None:
     p.add_argument("--algorithm", help="--speculative-algorithm the server runs (EAGLE3, EAGLE, NEXTN)")
     p.add_argument("--serving-layout", help="the layout the server feeds, if known")
     p.add_argument("--launch", help="the SGLang launch command line, to report what it really runs")
+    p.add_argument("--engine", help="the SGLang version the server runs, e.g. sglang-0.5.10 or 0.5.10 "
+                                    "(default: the case's [serving] engine, else the newest known)")
     p.add_argument("--gpus", type=int, help="place the target across N GPUs (0: CPU)")
     p.add_argument("--gpu-memory", help="memory budget per GPU for weights, e.g. 130GiB")
     p.add_argument("--out", help="report directory (default reports/<case name>)")
@@ -77,7 +79,8 @@ def apply_overrides(case: Case, a) -> Case:
                  max_new_tokens=a.max_new_tokens or pr.max_new_tokens, recorded=a.recorded or pr.recorded)
     sv = replace(sv, algorithm=a.algorithm or sv.algorithm, layout=a.serving_layout or sv.layout,
                  launch=a.launch or sv.launch)
-    return replace(case, evaluate=ev, prompts=pr, serving=sv, placement=pl)
+    return with_engine(replace(case, evaluate=ev, prompts=pr, serving=sv, placement=pl),
+                       getattr(a, "engine", None))
 
 
 def run(a) -> int:

@@ -35,9 +35,11 @@ class DraftInputs:
 
 @dataclass(frozen=True)
 class DraftHead:
-    """How draft logits become target ids. `head` None: the drafter's lm_head over the
-    draft vocabulary, mapped with d2t (EAGLE-3). Otherwise the target's lm_head over the
-    full vocabulary, ids as they are (the EAGLE misconfiguration)."""
+    """How tokens enter and draft logits leave. `embed`: the table every step embeds with
+    (the caller picks the target's or the drafter's own, as the server does). `head` None:
+    the drafter's lm_head over the draft vocabulary, mapped with d2t (EAGLE-3). Otherwise a
+    target-vocabulary head (the target's lm_head, possibly limited to its first ids), ids as
+    they are."""
     embed: Callable[[torch.Tensor], torch.Tensor]
     head: nn.Module | None = None
 
@@ -62,7 +64,7 @@ def draft_beam(drafter: Eagle3Drafter, dh: DraftHead, x: DraftInputs, num_steps:
     B, T = x.tokens.shape
     Q = T - x.offset
     tmap = _token_map(drafter, dh)
-    embed = drafter.embed_tokens if drafter.embed_tokens is not None else dh.embed
+    embed = dh.embed
     r, cache = drafter.prefix_step(embed(x.tokens), drafter.project(x.aux), x.valid)
     r = r[:, x.offset:, None]                                               # [B, Q, 1, H]
     logp = torch.log_softmax(drafter.head_logits(r[:, :, 0], dh.head).float(), -1)

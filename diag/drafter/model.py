@@ -172,7 +172,8 @@ class Eagle3Drafter(nn.Module):
         self.rope = Rope(cfg)
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.ones(cfg.vocab_size, dtype=torch.bool))
-        self.embed_tokens: nn.Embedding | None = None   # set when the checkpoint carries one
+        self.embed_tokens: nn.Embedding | None = None   # set when the checkpoint carries one;
+        # SGLang drafts with it only when target_hidden_size != hidden_size (draft_tables.py)
 
     # ---- vocabulary -------------------------------------------------------------------
     def set_vocab(self, hot_ids: torch.Tensor) -> None:
@@ -268,7 +269,7 @@ class Eagle3Drafter(nn.Module):
         cache). Returns `steps` logits [B, T - offset, V]; step s predicts x_{j+1+s}."""
         valid = torch.ones_like(tokens, dtype=torch.bool) if attention_mask is None \
             else attention_mask.bool()
-        embed = self.embed_tokens if self.embed_tokens is not None else embed_tokens
+        embed = embed_tokens                     # the caller's choice (diag.engine.draft_tables)
         h = self.project(aux)
         r, cache = self.prefix_step(embed(tokens), h, valid)
         r = r[:, offset:, None]                                             # [B, Q, 1, H]

@@ -67,6 +67,7 @@ class ServingPlan:
     vocab_limit: int | None = None
     fc_inputs: int | None = None
     prefill_layout: Layout | None = None
+    warnings: tuple[str, ...] = ()     # version-specific behaviour a report must carry
 
 
 @dataclass(frozen=True)
@@ -165,7 +166,7 @@ def _final_plan(drafter_config: dict, target_config: dict, eng: Engine, has_d2t:
                                    f"reaches fc, which expects k x {h_t} columns; shape error")
     return ServingPlan("eagle3", Layout((point("final"),)), note, None, h_t != h, tables.lm_head,
                        has_d2t and tables.uses_d2t, (note, tables.why), crash, eng.name,
-                       tables.embed, tables.vocab_limit, None)
+                       tables.embed, tables.vocab_limit, None, None, (note,))
 
 
 def _eagle3_plan(drafter_config: dict, target_config: dict, eng: Engine,
@@ -178,7 +179,8 @@ def _eagle3_plan(drafter_config: dict, target_config: dict, eng: Engine,
     ids = nested_ids(drafter_config)
     res = _resolve(ids, name, n)
     lay, prefill, graph_note = _graph_layout(res, name, n, eng, cuda_graph)
-    notes = _id_notes(drafter_config, ids) + [x for x in (aux_note, graph_note) if x]
+    warnings = tuple(x for x in (aux_note, graph_note) if x)
+    notes = _id_notes(drafter_config, ids) + list(warnings)
     k_fc, fc_why = fc_inputs(drafter_config, eng)
     crash = _fc_crash([lay] + ([prefill] if prefill else []), k_fc, fc_why, h_t, h)
     tables = draft_tables_for(drafter_config, "eagle3")
@@ -188,7 +190,7 @@ def _eagle3_plan(drafter_config: dict, target_config: dict, eng: Engine,
         notes.append(f"fc input width {width} equals drafter hidden {h}: fc is skipped")
     return ServingPlan("eagle3", lay, res.rule, name, width != h, tables.lm_head,
                        has_d2t and tables.uses_d2t, tuple(notes), crash, eng.name, tables.embed,
-                       tables.vocab_limit, k_fc, prefill)
+                       tables.vocab_limit, k_fc, prefill, warnings)
 
 
 def _eagle_plan(drafter_config: dict, target_config: dict, eng: Engine) -> ServingPlan:
@@ -270,6 +272,34 @@ def later_serving(lay: Layout, target_config: dict, *,
             if ids is not None:
                 return v, ids
     return None
+
+
+@dataclass(frozen=True)
+class Fix:
+    """How to make `engine` serve a layout: the ids (None when no ids can on this version),
+    the first later release whose ids can (version, ids) or None, and the sentence."""
+
+    ids: list[int] | None
+    upgrade: tuple[str, list[int]] | None
+    text: str
+
+
+def fix_for(lay: Layout, target_config: dict, *, engine_name: str = DEFAULT_ENGINE) -> Fix:
+    """The fix a finding or verdict proposes for serving `lay`; retraining only when no ids
+    can serve it. Example (Kimi-K2.5, embed+L3+L31): 0.5.23 -> "write
+    eagle_config.eagle_aux_hidden_state_layer_ids = [0, 3, 31] (SGLang 0.5.23, sglang-deepseek)";
+    0.5.13 -> no ids; upgrade to 0.5.14 ([0, 3, 31]) or retrain."""
+    eng = engine(engine_name)
+    rule = capture_convention(target_config, engine_name=eng.name)
+    ids = serving_ids(lay, target_config, engine_name=eng.name)
+    if ids is not None:
+        return Fix(ids, None, f"write {IDS_FIELD} = {ids} ({eng.label}, {rule})")
+    later = later_serving(lay, target_config, engine_name=eng.name)
+    head = f"{eng.label} ({rule}) cannot capture {lay} with any ids"
+    if later is None:
+        return Fix(None, None, f"{head}: retrain the drafter on a layout it can serve")
+    return Fix(None, later, f"{head}: upgrade to SGLang {later[0]} or newer, where {IDS_FIELD} = "
+                            f"{later[1]} serves it, or retrain the drafter on a layout {eng.label} can serve")
 
 
 def capture_convention(target_config: dict, *, engine_name: str = DEFAULT_ENGINE) -> str:

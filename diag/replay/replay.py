@@ -8,8 +8,10 @@ T 12, S_max 3 -> roots j = 4..7 (root token t_{j+1} = t_5..t_8; depth 3 guesses 
 
 The verifying tokens are the target's argmax along the sequence (= the greedy continuation
 when the target generated it). Chains of every depth share one draft; trees that share
-(num_steps, topk) share one beam. This module knows tensors and dataclasses; it knows
-nothing about TOML, files or reports.
+(num_steps, topk) share one beam. Whose embedding and lm_head each serving mode drafts with,
+and how many of its logits count, is the engine's rule (diag.engine.draft_tables), applied
+in `draft_head`. This module knows tensors and dataclasses; it knows nothing about TOML,
+files or reports.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from tqdm.auto import tqdm
 
 from diag.drafter.model import Eagle3Drafter
 from diag.drafter.drafting import DraftHead, DraftInputs, draft_beam, draft_chain
+from diag.engine.draft_tables import DraftTables, draft_tables
 from diag.errors import DiagError
 from diag.layouts import Layout
 from diag.target.passes import TargetPass, budget_batches, pad_right
@@ -94,11 +97,43 @@ def _select(beam, flat):
                              "cand_parent")})
 
 
+def default_tables(drafter: Eagle3Drafter, mode: str) -> DraftTables:
+    """The engine's tables for a drafter known only by its loaded config (draft_vocab_size
+    present; a config without it should pass its own tables, draft_tables_for)."""
+    c = drafter.cfg
+    return draft_tables(mode, hidden_size=c.hidden_size, target_hidden_size=c.target_hidden_size,
+                        draft_vocab_size=c.draft_vocab_size, vocab_size=c.vocab_size)
+
+
+def draft_head(drafter: Eagle3Drafter, embed: nn.Module, target_head: nn.Module, t: DraftTables,
+               dev, dtype) -> DraftHead:
+    """The embedding and head a serving mode drafts with. Example (EAGLE, draft_vocab_size
+    32000 of 163840): the target's embedding, the target's lm_head with logits [..., :32000]."""
+    if t.embed == "drafter":
+        if drafter.embed_tokens is None:
+            raise DiagError("the server keeps the drafter's own embedding table, which the "
+                            "checkpoint lacks", field="embed_tokens.weight",
+                            expected="embed_tokens.weight in the drafter checkpoint", found="missing",
+                            hint=t.why)
+        emb = drafter.embed_tokens
+    else:
+        emb = _on(embed, dev, dtype)
+    if t.lm_head == "drafter":
+        return DraftHead(emb, None)
+    head = _on(target_head, dev, dtype)
+    if t.vocab_limit is None:
+        return DraftHead(emb, head)
+    limit = t.vocab_limit
+    return DraftHead(emb, lambda x: head(x)[..., :limit])
+
+
 @torch.no_grad()
 def replay(drafter: Eagle3Drafter, embed: nn.Module, target_head: nn.Module,
            passes: dict[str, TargetPass], variants: list[Variant], layouts: dict[str, Layout], *,
-           token_budget: int = 16384, progress: bool = True) -> list[VariantResult]:
-    """Run every variant. passes: regime -> TargetPass over the same sequences."""
+           token_budget: int = 16384, progress: bool = True,
+           tables: dict[str, DraftTables] | None = None) -> list[VariantResult]:
+    """Run every variant. passes: regime -> TargetPass over the same sequences; tables: the
+    engine's DraftTables per mode ("eagle3", "eagle"), default from the drafter's config."""
     max_steps = max(v.tree.num_steps for v in variants)
     groups = defaultdict(list)          # (regime, layout, mode) -> variants; one draft per group
     for v in variants:
@@ -109,7 +144,8 @@ def replay(drafter: Eagle3Drafter, embed: nn.Module, target_head: nn.Module,
     dev = next(drafter.parameters()).device
     bar = tqdm(total=len(groups), desc="drafter", disable=not progress, leave=False)
     for (regime, lay_name, mode), group in groups.items():
-        dh = DraftHead(_on(embed, dev, dtype), _on(target_head, dev, dtype) if mode == "eagle" else None)
+        t = (tables or {}).get(mode) or default_tables(drafter, mode)
+        dh = draft_head(drafter, embed, target_head, t, dev, dtype)
         _replay_group(drafter, dh, passes, regime, layouts.get(lay_name), mode, group, results,
                       max_steps, token_budget, dev, dtype)
         bar.update()

@@ -22,6 +22,7 @@ from diag.run.case import Case
 from diag.checkpoint.headers import tensor_infos
 from diag.errors import DiagError
 from diag.layouts import Layout, layout, point
+from diag.engine.launch import parse_launch
 from diag.engine.serving import ServingError, declared_layouts, nested_ids, serving_plan, top_level_ids
 from diag.target.load import TargetInfo, read_target_config
 
@@ -49,7 +50,8 @@ class _Book:
         self.serving_error: ServingError | None = None
 
     def add(self, lay: Layout, role: str, rule: str = "", mode: str = "eagle3") -> None:
-        if mode == "eagle3" and (len(lay) != self.k or any(
+        final_only = str(lay) == "final"       # eagle3 without aux capture (use_aux_hidden_state false)
+        if mode == "eagle3" and not final_only and (len(lay) != self.k or any(
                 not p.is_final and p.index > self.n for p in lay.points)):
             return
         label = EAGLE_LABEL if mode == "eagle" else str(lay)
@@ -85,13 +87,16 @@ def neighbours(lay: Layout, n: int) -> list[tuple[Layout, str]]:
 def _serving(case: Case, dcfg: dict, tcfg: dict, book: "_Book"):
     """What the engine will feed; ids it cannot capture become a serving error (a verdict),
     and the run goes on to find what the drafter was trained on."""
+    graphs = not (case.serving.launch and parse_launch(case.serving.launch).disable_cuda_graph)
     try:
-        plan = serving_plan(dcfg, tcfg, engine_name=case.serving.engine, algorithm=case.serving.algorithm)
+        plan = serving_plan(dcfg, tcfg, engine_name=case.serving.engine, algorithm=case.serving.algorithm,
+                            cuda_graph=graphs)
     except DiagError as err:
         book.serving_error = ServingError(err.message, err.field, err.expected, err.found)
         return None
     if plan.crash:
         book.serving_error = ServingError(plan.crash)
+    book.notes += [f"{plan.engine}: {w}" for w in plan.warnings]
     return plan
 
 

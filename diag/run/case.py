@@ -24,9 +24,10 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
+from diag.engine.versions import DEFAULT_ENGINE, engine
 from diag.errors import DiagError
 
 CASE_VERSION = 1
@@ -65,7 +66,7 @@ class EvaluateSpec:
 
 @dataclass(frozen=True)
 class ServingSpec:
-    engine: str = "sglang-0.5.23"
+    engine: str = DEFAULT_ENGINE     # "sglang-0.5.X" (or "0.5.X"); diag.engine.versions knows which
     algorithm: str = "EAGLE3"
     layout: str | None = None
     launch: str | None = None
@@ -167,7 +168,20 @@ def parse_case(data: dict, source: str) -> Case:
     case = Case(version=version, name=str(data["name"]), source=source,
                 description=str(data.get("description", "")), **sections)
     _check_values(case)
-    return case
+    return with_engine(case, case.serving.engine)
+
+
+def with_engine(case: Case, name: str | None) -> Case:
+    """The case with its serving engine named canonically ("0.5.10" -> "sglang-0.5.10"); an
+    unknown version is a DiagError listing the known ones, raised before anything loads."""
+    if name is None:
+        return case
+    try:
+        canonical = engine(name).name
+    except DiagError as err:
+        raise DiagError(err.message, file=case.source, field="serving.engine", expected=err.expected,
+                        found=err.found, hint=err.hint) from err
+    return replace(case, serving=replace(case.serving, engine=canonical))
 
 
 def _in_file(fn, text: str, field_name: str, src: str):

@@ -12,6 +12,7 @@ This module connects replay and evaluation; it knows nothing about files or repo
 
 from __future__ import annotations
 
+from diag.engine.draft_tables import draft_tables_for
 from diag.replay.evaluation import ANY, Axes, Evaluation, best, select, summarize
 from diag.replay.replay import Variant, replay
 from diag.run.inputs import Inputs
@@ -44,11 +45,12 @@ def evaluate(inp: Inputs, drafter, embed, head, passes, *, progress: bool) -> li
     """Replay every variant, then the cross matrix of the best layout."""
     layouts = {c.label: c.layout for c in inp.candidates}
     budget = inp.case.evaluate.token_budget
+    tables = {m: draft_tables_for(inp.drafter_config, m) for m in ("eagle3", "eagle")}
     evals = _summaries(replay(drafter, embed, head, passes, variants(inp), layouts, token_budget=budget,
-                              progress=progress), inp)
+                              progress=progress, tables=tables), inp)
     top = best(select(evals, reference_axes(inp)))
     cross = cross_variants(inp, top.layout if top else None, inp.shapes[0])
     if cross:
         evals += _summaries(replay(drafter, embed, head, passes, cross, layouts, token_budget=budget,
-                                   progress=progress), inp)
+                                   progress=progress, tables=tables), inp)
     return evals

@@ -124,7 +124,8 @@ def with_launch(case: Case, target_config: dict) -> tuple[Case, list[TreeShape],
     if not case.serving.launch:
         return case, [], []
     from diag.engine.launch import effective_config, parse_launch
-    eff = effective_config(parse_launch(case.serving.launch), target_config)
+    eff = effective_config(parse_launch(case.serving.launch), target_config,
+                           engine_name=case.serving.engine)
     notes = [f"launch command: {n}" for n in eff.notes]
     if eff.crash:
         notes.append(f"launch command: SGLang would crash: {eff.crash}")

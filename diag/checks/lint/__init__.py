@@ -4,14 +4,16 @@ Reads only config.json files and safetensors *headers* (names, shapes, dtypes); 
 weight value. Each Finding says what is wrong, what the selected SGLang version will do
 about it (usually: nothing, silently) and how to fix it. The rules come from diag.engine;
 the checks live beside this module by subject: layout.py (ids, fc, algorithm), vocab.py
-(vocabularies, widths), rope.py (positions), launch.py (tree flags, request cap),
-sglang.py (the cross-check against an installed sglang).
+(vocabularies, widths), tables.py (embedding / lm_head swaps, use_aux_hidden_state), rope.py
+(positions), launch.py (tree flags, request cap), sglang.py (the cross-check against an
+installed sglang). Every finding names the engine version whose rules it applies (`--engine`).
 
 This package knows files and findings; it knows nothing about running models.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from diag.checkpoint.config import read_config_json
@@ -21,16 +23,18 @@ from diag.checks.lint.layout import (check_algorithm, check_deepseek_first_id, c
 from diag.checks.lint.pair import Finding, Pair, read_tensor_headers
 from diag.checks.lint.rope import check_rope
 from diag.checks.lint.sglang import compare_with_sglang, sglang_cross_check
+from diag.checks.lint.tables import check_tables
 from diag.checks.lint.vocab import check_hidden, check_vocab
 from diag.engine.launch import effective_config, parse_launch, server_argv
 from diag.engine.serving import try_serving_plan
-from diag.engine.versions import DEFAULT_ENGINE
+from diag.engine.versions import DEFAULT_ENGINE, engine as engine_of
 from diag.errors import DiagError
 
 __all__ = ["Finding", "lint", "read_tensor_headers", "compare_with_sglang", "CHECKS"]
 
 CHECKS = (check_serving, check_algorithm, check_fc_width, check_top_level_ids, check_deepseek_first_id,
-          check_layout, check_vocab, check_hidden, check_rope, check_tree, check_max_running)
+          check_layout, check_vocab, check_hidden, check_rope, check_tree, check_max_running,
+          check_tables)
 
 
 def _run_check(check, pair: Pair) -> list[Finding]:
@@ -53,15 +57,18 @@ def _dedupe(findings: list[Finding]) -> list[Finding]:
 
 def lint(drafter_dir: str | Path, target_dir: str | Path, launch: str | None, *,
          engine: str = DEFAULT_ENGINE) -> list[Finding]:
-    """Every finding for this drafter, target and (optional) launch line."""
+    """Every finding for this drafter, target and (optional) launch line, each naming the
+    engine version whose rules it applies."""
+    engine = engine_of(engine).name
     drafter = read_config_json(Path(drafter_dir), "drafter")
     target = read_config_json(Path(target_dir), "target")
     flags = parse_launch(launch) if launch else None
-    eff = effective_config(flags, target) if flags is not None else None
+    eff = effective_config(flags, target, engine_name=engine) if flags is not None else None
+    graphs = not (flags is not None and flags.disable_cuda_graph)
     pair = Pair(drafter, target, read_tensor_headers(Path(drafter_dir)),
                 str(Path(drafter_dir) / "config.json"), str(Path(target_dir) / "config.json"),
                 flags, eff, engine,
-                try_serving_plan(drafter, target, engine_name=engine),
+                try_serving_plan(drafter, target, engine_name=engine, cuda_graph=graphs),
                 try_serving_plan(drafter, target, engine_name=engine, algorithm="EAGLE"))
     out = _dedupe([f for check in CHECKS for f in _run_check(check, pair)])
     if not pair.tensors:
@@ -69,4 +76,4 @@ def lint(drafter_dir: str | Path, target_dir: str | Path, launch: str | None, *,
                            "n/a", "save the drafter as safetensors", str(drafter_dir)))
     if eff is not None:
         out += sglang_cross_check(eff, server_argv(launch))
-    return out
+    return [f if f.engine else replace(f, engine=engine) for f in out]

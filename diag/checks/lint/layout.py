@@ -9,8 +9,8 @@ from __future__ import annotations
 from diag.checkpoint.config import hidden_size, num_layers
 from diag.checks.lint.pair import Finding, Pair, find, is_eagle3_drafter, algorithm, under_eagle3
 from diag.engine import conventions, serving
-from diag.engine.architectures import capture_model
-from diag.engine.serving import ServingError
+from diag.engine.architectures import is_deepseek_family
+from diag.engine.serving import ServingError, fix_for
 from diag.errors import DiagError
 
 
@@ -19,12 +19,26 @@ def eagle3_plan(p: Pair):
     return None if isinstance(p.plan, ServingError) else p.plan
 
 
+def _declared_fix(p: Pair) -> str | None:
+    """The fix for the layout the drafter config declares, on this engine version."""
+    try:
+        declared = serving.declared_layouts(p.drafter, num_layers(p.target), file=p.drafter_file)
+    except DiagError:
+        return None
+    if not declared:
+        return None
+    return f"the drafter declares {declared[0].layout} ({declared[0].source}): " + \
+        fix_for(declared[0].layout, p.target, engine_name=p.engine).text
+
+
 def check_serving(p: Pair) -> list[Finding]:
     if not isinstance(p.plan, ServingError):
         return []
     e = p.plan
+    fix = _declared_fix(p) or (f"expected: {e.expected}" if e.expected is not None else
+                               "see the message")
     return [Finding("error", "CONFIG", e.message, "SGLang fails on or misreads this field",
-                    f"expected: {e.expected}", p.drafter_file, e.field)]
+                    fix, p.drafter_file, e.field)]
 
 
 def check_algorithm(p: Pair) -> list[Finding]:
@@ -57,13 +71,16 @@ def check_fc_width(p: Pair) -> list[Finding]:
         return []
     h_t, h = hidden_size(p.target), hidden_size(p.drafter)
     k = len(plan.layout)
+    built = plan.fc_inputs or k
     rows, cols = info.shape[0], info.shape[-1]
     out = []
-    if cols != k * h_t:
+    if cols != built * h_t:
         out.append(Finding(
-            "error", "FC_WIDTH", f"fc input width {cols} != {k} capture points x target hidden "
-            f"{h_t} = {k * h_t} ({plan.layout}){under_eagle3(p)}", f"SGLang concatenates {k} states "
-            f"({plan.rule}); loading or the first draft forward fails on the fc shape",
+            "error", "FC_WIDTH", f"fc input width {cols} != the {built} x target hidden {h_t} = "
+            f"{built * h_t} columns {p.engine} builds fc for (serving {plan.layout}){under_eagle3(p)}",
+            f"SGLang concatenates {k} states ({plan.rule}); llama_eagle3.py sizes fc from "
+            "num_aux_hidden_states, else the nested ids, else 3 (always 3 up to 0.5.11): loading "
+            "or the first draft forward fails on the fc shape",
             f"give eagle_config.eagle_aux_hidden_state_layer_ids with {cols // h_t if h_t else '?'} "
             "ids matching training, or retrain fc", info.file, name))
     if rows != h:
@@ -99,11 +116,15 @@ def _reading(ids: list[int], convention: str, n: int):
 
 
 def check_deepseek_first_id(p: Pair) -> list[Finding]:
+    """The first-id rule of SGLang >= 0.5.13 on DeepSeek-family targets (capture.py)."""
     ids = serving.nested_ids(p.drafter)
-    if ids is None or capture_model(p.target) != "deepseek":
+    if ids is None or not is_deepseek_family(p.target) or eagle3_plan(p) is None:
+        return []
+    name = serving.capture_convention(p.target, engine_name=p.engine)
+    if not conventions.get(name).first_one_shift:
         return []
     n = num_layers(p.target)
-    served = conventions.resolve(ids, serving.capture_convention(p.target, engine_name=p.engine), n).layout
+    served = conventions.resolve(ids, name, n).layout
     trained = _reading(ids, "specforge", n) or served
     shifted = ids[0] == 1
     sev = "info" if served == trained else "warning"
@@ -124,11 +145,8 @@ def check_layout(p: Pair) -> list[Finding]:
     plan, trained = eagle3_plan(p), declared[0]
     if plan is None or plan.layout == trained.layout:
         return []
-    ids = conventions.to_ids(trained.layout, plan.convention, n)
-    fix = (f"set eagle_config.eagle_aux_hidden_state_layer_ids to {ids}" if ids is not None else
-           f"SGLang ({plan.convention}) cannot capture {trained.layout}: retrain on a layout it "
-           "can serve")
+    fix = fix_for(trained.layout, p.target, engine_name=p.engine).text
+    rule = plan.rule + "".join(f"; {note}" for note in plan.notes if "CUDA graph" in note)
     return [Finding("error", "LAYOUT_MISMATCH", f"drafter trained on {trained.layout} "
-                    f"({trained.source}), SGLang serves {plan.layout}{under_eagle3(p)}",
-                    plan.rule, fix,
-                    p.drafter_file, trained.source)]
+                    f"({trained.source}), {p.engine} serves {plan.layout}{under_eagle3(p)}",
+                    rule, fix, p.drafter_file, trained.source)]

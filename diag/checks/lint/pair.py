@@ -22,6 +22,7 @@ class Finding:
     fix: str
     file: str | None = None
     field: str | None = None
+    engine: str | None = None   # the engine version whose rules the finding applies
 
 
 @dataclass(frozen=True)

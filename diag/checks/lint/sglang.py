@@ -28,7 +28,7 @@ def sglang_cross_check(eff: EffectiveConfig, argv: list[str]) -> list[Finding]:
         from sglang.srt.server_args import prepare_server_args
     except ImportError:
         return [Finding("info", "SGLANG_UNAVAILABLE", "sglang is not installed: diag's own "
-                        "mirror of SGLang 0.5.23's rules was used, not cross-checked",
+                        f"mirror of {eff.engine}'s rules was used, not cross-checked",
                         "n/a", "pip install 'diag[sglang]' to cross-check")]
     try:
         args = prepare_server_args(argv)

@@ -20,7 +20,7 @@ __all__ = ["Verdict", "verdicts"]
 
 def verdicts(run, target_config: dict) -> list[Verdict]:
     """All verdicts, most severe first (stable within a severity)."""
-    layout = layout_verdicts(run)
+    layout = layout_verdicts(run, target_config)
     found = (serving_error_verdicts(run, layout, target_config) + layout + eagle_verdicts(run)
              + regime_verdicts(run) + speedup_verdicts(run))
     return sorted(found, key=lambda v: SEVERITIES.index(v.severity))

@@ -10,6 +10,8 @@ Reads Evaluation records and the run's candidates; knows nothing about models or
 
 from __future__ import annotations
 
+from diag.engine.serving import fix_for
+from diag.layouts import layout
 from diag.replay.evaluation import best, select
 from diag.run.verdicts.record import Verdict, fmt
 from diag.stats import paired_bootstrap_diff
@@ -56,7 +58,16 @@ def _trained(top, ties: list[dict], order: list, run) -> Verdict:
                     "indistinguishable": ties, "ranking": [(e.layout, e.accept_length) for e in order]})
 
 
-def _serving(top, serving, ties: list[dict], run) -> Verdict:
+def _fix(trained: str, run, target_config: dict | None) -> tuple[str, dict]:
+    """The engine's fix for serving the trained layout (diag.engine.serving.fix_for)."""
+    if target_config is None or trained == "final (EAGLE)":
+        return "", {}
+    f = fix_for(layout(trained), target_config, engine_name=run.case.serving.engine)
+    upgrade = None if f.upgrade is None else {"version": f.upgrade[0], "ids": f.upgrade[1]}
+    return f" Fix: {f.text}.", {"fix_ids": f.ids, "upgrade": upgrade, "engine": run.case.serving.engine}
+
+
+def _serving(top, serving, ties: list[dict], run, target_config: dict | None = None) -> Verdict:
     seed, n = run.case.evaluate.seed, run.case.evaluate.bootstrap
     d, lo, hi = paired_bootstrap_diff(top.trajectory_rounds, serving.trajectory_rounds, seed=seed, n=n)
     evidence = {"serving": serving.layout, "trained": top.layout, "serving_accept_length": serving.accept_length,
@@ -67,14 +78,17 @@ def _serving(top, serving, ties: list[dict], run) -> Verdict:
                 f"{fmt(serving.accept_length)} vs best {fmt(top.accept_length)} "
                 f"(difference {d:+.2f}, 95% CI [{lo:+.2f}, {hi:+.2f}] includes zero).")
         return Verdict("layout-match", "ok", text, evidence)
+    fix, more = _fix(top.layout, run, target_config)
     text = (f"LAYOUT MISMATCH: the server feeds the drafter {serving.layout}, but it was trained on "
             f"{top.layout}. Accept length {fmt(serving.accept_length)} served vs "
             f"{fmt(top.accept_length)} trained on {top.tree} (difference {d:+.2f}, "
-            f"95% CI [{lo:+.2f}, {hi:+.2f}] over {run.prompts['count']} prompts).")
-    return Verdict("layout-mismatch", "error", text, evidence)
+            f"95% CI [{lo:+.2f}, {hi:+.2f}] over {run.prompts['count']} prompts).{fix}")
+    return Verdict("layout-mismatch", "error", text, {**evidence, **more})
 
 
-def layout_verdicts(run) -> list[Verdict]:
+def layout_verdicts(run, target_config: dict | None = None) -> list[Verdict]:
+    """The trained-layout verdict and, when the server's layout is known, match or mismatch
+    (with the engine's fix for the trained layout when the target config is given)."""
     order = ranked(run)
     if not order:
         return []
@@ -82,7 +96,7 @@ def layout_verdicts(run) -> list[Verdict]:
     out = [_trained(order[0], ties, order, run)]
     serving = [e for e in order if "serving" in roles_of(run, e.layout)]
     if serving:
-        out.append(_serving(order[0], serving[0], ties, run))
+        out.append(_serving(order[0], serving[0], ties, run, target_config))
     return out
 
 

@@ -7,26 +7,29 @@ Reads the run's typed ServingError and Evaluation records; knows nothing about m
 
 from __future__ import annotations
 
-from diag.engine.serving import IDS_FIELD, capture_convention, serving_ids
+from diag.engine.serving import fix_for
 from diag.layouts import layout
 from diag.run.verdicts.layout import likely_trained
 from diag.run.verdicts.record import Verdict
 
 
 def serving_error_verdicts(run, found: list[Verdict], target_config: dict) -> list[Verdict]:
+    """Example (Kimi-K2.5 on 0.5.13, drafter trained on embed+L3+L31, ids [0, 3, 31]):
+    "SERVING ERROR: sglang-0.5.13 cannot serve this drafter as configured: ... The drafter
+    was trained on embed+L3+L31; SGLang 0.5.13 (sglang-deepseek-0.5.13) cannot capture
+    embed+L3+L31 with any ids: upgrade to SGLang 0.5.14 or newer, where ... = [0, 3, 31]
+    serves it, or retrain ..." (on 0.5.23 the same config serves embed+L3+L31: no error)."""
     err = run.serving_error
     if err is None:
         return []
     trained = likely_trained(run, found)
     engine = run.case.serving.engine
-    fix, ids = "", None
+    fix, ids, upgrade = "", None, None
     if trained is not None and trained != "final (EAGLE)":
-        ids = serving_ids(layout(trained), target_config, engine_name=engine)
-        rule = capture_convention(target_config, engine_name=engine)
-        fix = (f" The drafter was trained on {trained}; write {IDS_FIELD} = {ids} ({engine}, {rule})."
-               if ids is not None else
-               f" The drafter was trained on {trained}, which {engine} ({rule}) cannot capture with any "
-               "ids: retrain on a layout it can serve.")
+        f = fix_for(layout(trained), target_config, engine_name=engine)
+        ids, upgrade = f.ids, f.upgrade
+        fix = f" The drafter was trained on {trained}; {f.text}."
     text = f"SERVING ERROR: {engine} cannot serve this drafter as configured: {err}.{fix}"
     return [Verdict("serving-error", "error", text,
-                    {"errors": [str(err)], "trained": trained, "fix_ids": ids, "engine": engine})]
+                    {"errors": [str(err)], "trained": trained, "fix_ids": ids, "engine": engine,
+                     "upgrade": None if upgrade is None else {"version": upgrade[0], "ids": upgrade[1]}})]
