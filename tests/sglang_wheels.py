@@ -40,13 +40,15 @@ FILES = (
     "srt/speculative/eagle_worker.py", "srt/speculative/eagle_worker_v2.py",
     "srt/speculative/triton_ops/spec_tree.py", "kernels/ops/speculative/spec_tree.py",
     "srt/utils/common.py", "srt/model_executor/model_runner.py",
-    "srt/model_executor/cuda_graph_runner.py",
+    "srt/model_executor/cuda_graph_runner.py", "srt/model_executor/runner/base_cuda_graph_runner.py",
+    "srt/model_executor/runner/decode_cuda_graph_runner.py",
     "srt/model_executor/model_runner_components/spec_aux_hidden_state.py",
     "srt/model_executor/model_runner_components/attention_backend_setup.py",
     "srt/managers/scheduler_metrics_mixin.py", "srt/observability/scheduler_metrics_mixin.py",
     "srt/managers/scheduler_components/metrics_reporter.py",
 )
 _MARKER = ".complete"
+_FILES_KEY = __import__("hashlib").sha256("\n".join(FILES).encode()).hexdigest()[:12]
 
 
 def cache_root() -> Path:
@@ -71,7 +73,8 @@ def _download(version: str, into: Path) -> Path:
 def source_dir(version: str) -> Path:
     """CACHE/version/sglang/..., holding FILES from the version's wheel (fetched once)."""
     final = cache_root() / version
-    if (final / _MARKER).exists():
+    marker = final / _MARKER
+    if marker.exists() and marker.read_text().endswith(_FILES_KEY):
         return final
     cache_root().mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache_root()) as tmp:
@@ -82,7 +85,7 @@ def source_dir(version: str) -> Path:
             for rel in FILES:
                 if f"sglang/{rel}" in names:
                     zf.extract(f"sglang/{rel}", stage)
-        (stage / _MARKER).write_text(wheel.name)
+        (stage / _MARKER).write_text(f"{wheel.name} {_FILES_KEY}")
         shutil.rmtree(final, ignore_errors=True)
         os.replace(stage, final)          # atomic: a concurrent session sees all or nothing
     return final
@@ -94,6 +97,7 @@ def fetch_all(versions) -> dict[str, Path]:
         return dict(zip(versions, pool.map(source_dir, versions)))
 
 
+@lru_cache(maxsize=None)
 def path(version: str, rel: str) -> Path:
     return source_dir(version) / "sglang" / rel
 
@@ -104,7 +108,29 @@ def has(version: str, rel: str) -> bool:
 
 @lru_cache(maxsize=None)
 def _tree(file: str) -> ast.Module:
-    return ast.parse(Path(file).read_text(), filename=file)
+    return ast.parse(_text(file), filename=file)
+
+
+@lru_cache(maxsize=None)
+def _text(file: str) -> str:
+    return Path(file).read_text()
+
+
+@lru_cache(maxsize=None)
+def _lines(file: str) -> tuple[str, ...]:
+    return tuple(_text(file).splitlines(keepends=True))
+
+
+def _segment(file: str, node: ast.AST) -> str:
+    """ast.get_source_segment without re-splitting the file each time."""
+    lines = _lines(file)[node.lineno - 1:node.end_lineno]
+    if not lines:
+        return ""
+    if len(lines) == 1:
+        return lines[0].encode()[node.col_offset:node.end_col_offset].decode()
+    first = lines[0].encode()[node.col_offset:].decode()
+    last = lines[-1].encode()[:node.end_col_offset].decode()
+    return first + "".join(lines[1:-1]) + last
 
 
 def _is_torch_compile(dec: ast.expr) -> bool:
@@ -131,13 +157,14 @@ def _find(tree: ast.Module, name: str) -> ast.stmt | None:
     return None
 
 
+@lru_cache(maxsize=None)
 def definition_source(version: str, rel: str, name: str) -> str | None:
     """The source text of one definition (None when the version has no such definition)."""
     file = path(version, rel)
     if not file.is_file():
         return None
     node = _find(_tree(str(file)), name)
-    return None if node is None else ast.get_source_segment(file.read_text(), node)
+    return None if node is None else _segment(str(file), node)
 
 
 def load(version: str, rel: str, names, namespace: dict | None = None, *, triton: bool = False) -> dict:
@@ -192,3 +219,37 @@ def interpreting(on: bool = True):
             os.environ.pop("TRITON_INTERPRET", None)
         else:
             os.environ["TRITON_INTERPRET"] = old
+
+
+@lru_cache(maxsize=None)
+def statement(version: str, rel: str, kind: type, *needles: str) -> ast.stmt | None:
+    """The smallest statement of `kind` (ast.If, ast.Try, ...) in sglang/<rel> whose source
+    contains every needle, or None. Example: (ast.If, "speculative_eagle_topk == 1",
+    "speculative_num_steps + 1") -> the topk=1 rewrite."""
+    file = path(version, rel)
+    if not file.is_file() or not all(n in _text(str(file)) for n in needles):
+        return None
+    best = None
+    for node in ast.walk(_tree(str(file))):
+        if isinstance(node, kind):
+            seg = _segment(str(file), node)
+            if all(n in seg for n in needles) and (best is None or len(seg) < best[0]):
+                best = (len(seg), node)
+    return None if best is None else best[1]
+
+
+def segment(version: str, rel: str, node: ast.AST) -> str:
+    return _segment(str(path(version, rel)), node)
+
+
+def run_statements(version: str, rel: str, nodes, env: dict) -> dict:
+    """Execute SGLang statements (as a function body, so `return` is legal) with `env` as
+    its globals; returns env with the body's locals merged in."""
+    file = path(version, rel)
+    mod = ast.parse("def _sglang_body():\n    return locals()\n")
+    fn = mod.body[0]
+    fn.body = list(nodes) + fn.body
+    mod = ast.fix_missing_locations(mod)
+    exec(compile(mod, str(file), "exec"), env)
+    env.update(env["_sglang_body"]())
+    return env

@@ -26,6 +26,8 @@ def register(subparsers) -> None:
     p.add_argument("--target", default=None,
                    help="target checkpoint directory (config.json); default: the launch "
                         "line's --model-path when it is a local directory")
+    p.add_argument("--engine", default=None, help="the SGLang version the server runs, e.g. "
+                   "sglang-0.5.10 (default: the newest known)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("launch", nargs=argparse.REMAINDER, help="the launch command, after --")
     p.set_defaults(func=run)
@@ -42,7 +44,7 @@ def _target_config(target: str | None, model_path: str | None) -> dict | None:
 
 def describe(eff: EffectiveConfig) -> list[str]:
     """Text lines, e.g. 'tree: requested (1, 1, 16) -> runs chain-1 (S=1, K=1, D=2)'."""
-    lines = [f"program: {eff.flags.program}",
+    lines = [f"engine: {eff.engine} (its rules applied)", f"program: {eff.flags.program}",
              f"algorithm: {eff.flags.algorithm} -> {eff.algorithm}"]
     if eff.tree is not None:
         shape = eff.tree.shape
@@ -60,7 +62,7 @@ def describe(eff: EffectiveConfig) -> list[str]:
 def as_dict(eff: EffectiveConfig) -> dict:
     shape = eff.tree.shape if eff.tree is not None else None
     return {
-        "program": eff.flags.program, "algorithm_requested": eff.flags.algorithm,
+        "engine": eff.engine, "program": eff.flags.program, "algorithm_requested": eff.flags.algorithm,
         "algorithm": eff.algorithm, "architecture": eff.architecture,
         "requested": list(eff.tree.requested) if eff.tree is not None else None,
         "shape": None if shape is None else {"num_steps": shape.num_steps, "topk": shape.topk,
@@ -79,7 +81,8 @@ def run(args) -> int:
         return 2
     try:
         flags = parse_launch(words if len(words) > 1 else words[0])
-        eff = effective_config(flags, _target_config(args.target, flags.model_path))
+        eff = effective_config(flags, _target_config(args.target, flags.model_path),
+                               **({"engine_name": args.engine} if args.engine else {}))
     except DiagError as err:
         print(err.render(), file=sys.stderr)
         return 2

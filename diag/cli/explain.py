@@ -1,10 +1,12 @@
 """`diag explain`: reconcile a server log's accept len and accept rate.
 
 Usage: diag explain --accept-len 1.68 --accept-rate 0.84
-         [--num-steps 1 --topk 1 --num-draft-tokens 16] [--arch-family llama]
+         [--num-steps 1 --topk 1 --num-draft-tokens 16] [--arch-family llama] [--engine sglang-0.5.23]
 Prints which num_draft_tokens and which SGLang rate formula fit the two logged
-numbers, and what the launch flags (if given) made SGLang actually run.
-Exit status 0 when some (D, formula) fits, 1 when none does.
+numbers, which SGLang releases log that formula, whether the version given with --engine
+does, and what the launch flags (if given) made SGLang actually run.
+Exit status 0 when some (D, formula) fits (and, with --engine, that version's formula), 1
+otherwise.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ def register(subparsers) -> None:
                         "was given (default LlamaForCausalLM)")
     p.add_argument("--arch-family", choices=["llama", "deepseek"], default=None,
                    help="shorthand: llama = LlamaForCausalLM, deepseek = DeepseekV3ForCausalLM")
+    p.add_argument("--engine", default=None, help="the SGLang version you believe the server runs, "
+                   "e.g. sglang-0.5.23; diag says whether the logged numbers fit it")
     p.add_argument("--decimals", type=int, default=2, help="decimals the log printed (default 2)")
     p.add_argument("--json", action="store_true", help="print JSON instead of sentences")
     p.set_defaults(func=run)
@@ -46,6 +50,7 @@ def as_dict(e: Explanation) -> dict:
                                             "num_draft_tokens": shape.num_draft_tokens},
         "crash": None if e.resolved is None else e.resolved.crash,
         "implied": [{"num_draft_tokens": d, "formula": f} for d, f in e.implied],
+        "versions": list(e.versions), "engine": e.engine, "engine_fits": e.engine_fits,
         "sentences": list(e.sentences),
     }
 
@@ -60,9 +65,9 @@ def _architecture(args) -> str:
 def run(args) -> int:
     e = explain(args.accept_len, args.accept_rate, num_steps=args.num_steps, topk=args.topk,
                 num_draft_tokens=args.num_draft_tokens, architecture=_architecture(args),
-                decimals=args.decimals)
+                decimals=args.decimals, engine_name=args.engine)
     if args.json:
         print(json.dumps(as_dict(e), indent=2, ensure_ascii=False))
     else:
         print("\n".join(e.sentences))
-    return 0 if e.consistent else 1
+    return 0 if e.consistent and e.engine_fits is not False else 1
