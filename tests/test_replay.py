@@ -127,8 +127,61 @@ def test_eagle_mode_uses_final_state_and_target_head(target, drafter):
     s = seqs[0]
     aux = tp.states["final"][0][None]
     toks = torch.cat([s.ids[1:], s.ids[-1:]])[None]
-    logits = drafter.unroll(target.get_input_embeddings(), aux, toks, 2, head=target.lm_head)
+    limited = lambda x: target.lm_head(x)[..., :40]   # noqa: E731  draft_vocab_size 40 (draft_tables.py)
+    logits = drafter.unroll(target.get_input_embeddings(), aux, toks, 2, head=limited)
     draft = torch.stack([l.argmax(-1) for l in logits], -1)[0]              # target ids, no d2t
     roots = list(eval_roots(s.prompt_len, len(s.ids), 2))
     want = accepted_chain(draft[roots], target_next_windows(tp.argmax[0], 2)[roots])
     assert torch.equal(res.accepted[0], want)
+
+
+def _chain_drafts(drafter, embed, head, tp, seqs, mode, lay, tables=None):
+    """Depth-2 chain drafts at every index of sequence 0, through replay's own draft_head."""
+    from diag.replay.replay import default_tables, draft_head, layout_features
+    t = (tables or {}).get(mode) or default_tables(drafter, mode)
+    dh = draft_head(drafter, embed, head, t, torch.device("cpu"), torch.float32)
+    s = seqs[0]
+    x = DraftInputs(layout_features(tp, lay, mode, 0)[None], torch.cat([s.ids[1:], s.ids[-1:]])[None],
+                    torch.ones(1, len(s.ids), dtype=torch.bool), 0)
+    return draft_chain(drafter, dh, x, 2)[0]                                 # [T, 2] target ids
+
+
+@torch.no_grad()
+def test_eagle_drafts_only_the_first_draft_vocab_ids(target, drafter):
+    """SGLang keeps vocab_size = draft_vocab_size for the draft logits: with the target's head
+    under EAGLE, drafts are target ids 0..39 (draft_vocab_size 40 of 64)."""
+    from diag.engine.draft_tables import draft_tables
+    seqs = sequences(3)
+    tp = run_capture(target, seqs, (point("final"),), regime="as-loaded", token_budget=100, progress=False)
+    lay = layout("final")
+    limited = _chain_drafts(drafter, target.get_input_embeddings(), target.lm_head, tp, seqs, "eagle", lay)
+    assert int(limited.max()) < 40
+    full = draft_tables("eagle", hidden_size=H, target_hidden_size=None, draft_vocab_size=None, vocab_size=V)
+    unlimited = _chain_drafts(drafter, target.get_input_embeddings(), target.lm_head, tp, seqs, "eagle", lay,
+                              {"eagle": full})
+    assert int(unlimited.max()) >= 40          # the full vocabulary would have drafted other ids
+
+
+@torch.no_grad()
+def test_drafter_embed_tokens_used_only_when_sglang_keeps_them(target, drafter):
+    """A drafter that ships its own embed_tokens drafts with the TARGET's table (set_embed),
+    unless target_hidden_size != hidden_size (draft_tables.py)."""
+    from diag.engine.draft_tables import draft_tables
+    seqs = sequences(2)
+    lay = layout("embed+L1+L3")
+    tp = run_capture(target, seqs, lay.points, regime="as-loaded", token_budget=100, progress=False)
+    own = torch.nn.Embedding(V, H)
+    torch.nn.init.normal_(own.weight, std=1.0)
+    drafter.embed_tokens = own
+    try:
+        served = _chain_drafts(drafter, target.get_input_embeddings(), target.lm_head, tp, seqs, "eagle3", lay)
+        with_target = _chain_drafts(drafter, target.get_input_embeddings(), target.lm_head, tp, seqs, "eagle3",
+                                    lay, {"eagle3": draft_tables("eagle3", hidden_size=H, target_hidden_size=None,
+                                                                 draft_vocab_size=40, vocab_size=V)})
+        keep = draft_tables("eagle3", hidden_size=H, target_hidden_size=2 * H, draft_vocab_size=40, vocab_size=V)
+        with_own = _chain_drafts(drafter, target.get_input_embeddings(), target.lm_head, tp, seqs, "eagle3",
+                                 lay, {"eagle3": keep})
+    finally:
+        drafter.embed_tokens = None
+    assert torch.equal(served, with_target)
+    assert not torch.equal(with_own, with_target)
