@@ -226,3 +226,38 @@ def test_lint_fix_for_a_kimi_drafter_trained_on_embed_l3_l31(tmp_path, capsys):
     assert all(f.engine == "sglang-0.5.13" for f in lint(d, t, None, engine="0.5.13"))
     assert main(["lint", "--drafter", str(d), "--target", str(t), "--engine", "0.5.13"]) == 1
     assert "sglang 0.5.13:" in capsys.readouterr().out
+
+
+# ---- the verdicts' fixes ---------------------------------------------------------------------
+
+def _run(engine_name: str, error: ServingError | None):
+    from diag.replay.evaluation import ANY, Axes
+    case = NS(serving=NS(engine=engine_name), evaluate=NS(seed=0, bootstrap=10))
+    return NS(serving_error=error, case=case, evaluations=[], candidates=[],
+              reference=Axes(ANY, "eagle3", "chain-3", "as-loaded", "as-loaded"))
+
+
+def _trained(lay: str):
+    from diag.run.verdicts.record import Verdict
+    return Verdict("trained-layout", "info", "t", {"indistinguishable": [
+        {"layout": lay, "roles": ["declared (diag_trained_layout)"]}]})
+
+
+def test_serving_error_verdict_fix_names_the_version():
+    from diag.run.verdicts.serving_error import serving_error_verdicts
+    err = try_serving_plan(drafter([0, 3, 31]), KIMI, engine_name="0.5.13")
+    (v,) = serving_error_verdicts(_run("sglang-0.5.13", err), [_trained("embed+L3+L31")], KIMI)
+    assert v.text.startswith("SERVING ERROR: sglang-0.5.13 cannot serve")
+    assert "upgrade to SGLang 0.5.14" in v.text and v.evidence["upgrade"] == {"version": "0.5.14", "ids": [0, 3, 31]}
+    assert v.evidence["fix_ids"] is None and v.evidence["engine"] == "sglang-0.5.13"
+    err = try_serving_plan(drafter([2, 30, 70]), KIMI)               # id 70 is past the last layer
+    (v,) = serving_error_verdicts(_run("sglang-0.5.23", err), [_trained("embed+L3+L31")], KIMI)
+    assert v.evidence["fix_ids"] == [0, 3, 31] and "retrain" not in v.text
+
+
+def test_layout_mismatch_fix_comes_from_the_engine():
+    from diag.run.verdicts.layout import _fix
+    text, evidence = _fix("embed+L3+L31", _run("sglang-0.5.23", None), KIMI)
+    assert "= [0, 3, 31]" in text and evidence["fix_ids"] == [0, 3, 31]
+    text, evidence = _fix("final (EAGLE)", _run("sglang-0.5.23", None), KIMI)
+    assert text == "" and evidence == {}
