@@ -95,7 +95,7 @@ def check_top_level_ids(p: Pair) -> list[Finding]:
     if top is None or serving.nested_ids(p.drafter) is not None:
         return []
     plan = eagle3_plan(p)
-    if plan is None:
+    if plan is None or plan.convention is None:
         return []
     meant = conventions.resolve(top, plan.convention, num_layers(p.target)).layout
     sev = "error" if meant != plan.layout else "warning"
