@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 
 from diag.checkpoint.config import read_config_json
+from diag.checkpoint.headers import tensor_infos
+from diag.checkpoint.layers import check_layer_count
 from diag.engine.serving import ServingError, capture_convention
 from diag.engine.tree_rules import grid
 from diag.errors import DiagError
@@ -95,6 +97,12 @@ def check_tokenizer(tok, tinfo: TargetInfo) -> None:
                         expected=f"<= {tinfo.vocab_size} (config vocab_size)", found=len(tok))
 
 
+def check_target_files(tpath: Path, tcfg: dict) -> None:
+    """Every shard's header (corrupt or truncated files, byte ranges that do not fit their
+    shapes) and the decoder layers the weights hold against num_hidden_layers."""
+    check_layer_count(tensor_infos(tpath), tcfg, file=str(tpath), config_file=str(tpath / "config.json"))
+
+
 def load_tokenizer(path: Path):
     from transformers import AutoTokenizer
     try:
@@ -155,6 +163,7 @@ def prepare(case: Case) -> Inputs:
     tok = load_tokenizer(tpath)
     check_tokenizer(tok, tinfo)
     tcfg = read_config_json(tpath, "target")
+    check_target_files(tpath, tcfg)
     case, served_shapes, notes = with_launch(case, tcfg)
     cands, cand_notes, serving_error = candidates_for(case, tinfo, dcfg, dpath)
     shapes, grid_notes = tree_shapes(case)
