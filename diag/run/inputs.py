@@ -13,17 +13,17 @@ from pathlib import Path
 
 import torch
 
-from diag.checkpoint.config import read_config_json
+from diag.checkpoint.config import read_config_json, text_config
 from diag.checkpoint.headers import tensor_infos
 from diag.checkpoint.layers import check_layer_count
 from diag.engine.serving import ServingError, capture_convention
-from diag.engine.tree_rules import grid
+from diag.engine.tree_rules import grid, resolve_sglang_shape
 from diag.errors import DiagError
 from diag.layouts import CapturePoint, point, union_points
 from diag.run.candidates import Candidate, candidates_for
 from diag.run.case import Case, resolve_path
 from diag.run.prompts import PromptSet, read_prompt_set, read_recorded, tokenize
-from diag.target.load import TargetInfo, target_info
+from diag.target.load import TargetInfo, plain_config, target_info
 from diag.trees import TreeShape, tree_shape
 
 DTYPES = {"auto": None, "float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -99,8 +99,10 @@ def check_tokenizer(tok, tinfo: TargetInfo) -> None:
 
 def check_target_files(tpath: Path, tcfg: dict) -> None:
     """Every shard's header (corrupt or truncated files, byte ranges that do not fit their
-    shapes) and the decoder layers the weights hold against num_hidden_layers."""
+    shapes), the decoder layers the weights hold against num_hidden_layers, and a config
+    the loader can build (diag.target.load.plain_config)."""
     check_layer_count(tensor_infos(tpath), tcfg, file=str(tpath), config_file=str(tpath / "config.json"))
+    plain_config(tcfg, str(tpath / "config.json"))        # an unloadable config fails here, not at load
 
 
 def load_tokenizer(path: Path):
@@ -113,15 +115,33 @@ def load_tokenizer(path: Path):
 
 
 def tree_shapes(case: Case) -> tuple[list[TreeShape], list[str]]:
-    """The case's named shapes, then its sweep grid after SGLang's topk=1 rewrite."""
-    shapes = [tree_shape(t, field="evaluate.trees") for t in case.evaluate.trees]
-    notes = []
+    """The case's named shapes, then its sweep grid, each as SGLang runs it
+    (diag.engine.tree_rules): s3-k1-d8 runs as chain-3, with a note; a grid point SGLang
+    cannot run (D - 1 > K + (S-1)K^2) is left out, with a note. (A named shape SGLang cannot
+    run is already an error of the case, diag.run.case_checks.)"""
+    shapes, notes = [], []
+    for text in case.evaluate.trees:
+        asked = tree_shape(text, field="evaluate.trees")
+        runs = resolve_sglang_shape(asked.num_steps, asked.topk, asked.num_draft_tokens).shape
+        if runs != asked:
+            notes.append(f"tree {text}: SGLang runs it as {runs.name} (topk = 1 forces num_draft_tokens "
+                         f"= num_steps + 1 = {runs.num_draft_tokens}); evaluated as {runs.name}")
+        shapes.append(runs)
     if case.evaluate.tree_grid:
         g = case.evaluate.tree_grid
         more, rewritten = grid(g["num_steps"], g["topk"], g["num_draft_tokens"])
-        shapes += more
         notes += [f"tree grid: (S={s}, K={k}, D={d}) runs as {shape.name}: SGLang forces "
                   f"num_draft_tokens = num_steps + 1 when topk = 1" for (s, k, d), shape in rewritten]
+        for shape in more:
+            crash = resolve_sglang_shape(shape.num_steps, shape.topk, shape.num_draft_tokens).crash
+            if crash is None:
+                shapes.append(shape)
+            else:
+                notes.append(f"tree grid: {shape.name} left out: SGLang cannot run it ({crash})")
+    if not shapes:
+        raise DiagError("no tree shape SGLang can run is left to evaluate", file=case.source,
+                        field="evaluate.tree_grid", expected="at least one (S, K, D) with "
+                        "num_draft_tokens - 1 <= K + (S-1)K^2", found=case.evaluate.tree_grid)
     return list(dict.fromkeys(shapes)), notes
 
 
@@ -153,6 +173,28 @@ def _prompts(case: Case, tok):
     return pset, prompts, recorded
 
 
+def check_lengths(prompts, recorded, case: Case, tcfg: dict, tinfo: TargetInfo) -> None:
+    """Every sequence fits the target: prompt + continuation <= max_position_embeddings (past it
+    transformers only warns and the numbers move), recorded ids inside the vocabulary.
+    Example: a 300-token prompt with max_new_tokens 64 and max_position_embeddings 256 ->
+    DiagError naming the prompt: 364 positions > 256."""
+    limit = text_config(tcfg).get("max_position_embeddings")
+    src = case.prompts.recorded or case.prompts.file
+    for pid, _, ids in prompts:
+        cont = recorded[pid][:case.prompts.max_new_tokens] if recorded is not None else None
+        if cont is not None and (bad := [t for t in cont if t >= tinfo.vocab_size]):
+            raise DiagError("recorded continuation holds token ids outside the target's vocabulary",
+                            file=src, field=f"{pid}.token_ids", expected=f"ids < {tinfo.vocab_size} "
+                            "(config vocab_size)", found=bad[:5])
+        total = len(ids) + (len(cont) if cont is not None else case.prompts.max_new_tokens)
+        if isinstance(limit, int) and total > limit:
+            raise DiagError("a prompt and its continuation do not fit the target's context", file=src,
+                            field=pid, expected=f"prompt + continuation <= max_position_embeddings = "
+                            f"{limit} ({tinfo.path}/config.json)",
+                            found=f"{len(ids)} prompt tokens + {total - len(ids)} = {total} positions",
+                            hint="shorten the prompt, lower max_new_tokens, or drop it from the set")
+
+
 def prepare(case: Case) -> Inputs:
     """Resolve and check everything that needs no target weight (see the module docstring)."""
     tpath = checkpoint_path(case.target.path, case, "target.path")
@@ -168,6 +210,7 @@ def prepare(case: Case) -> Inputs:
     cands, cand_notes, serving_error = candidates_for(case, tinfo, dcfg, dpath)
     shapes, grid_notes = tree_shapes(case)
     pset, prompts, recorded = _prompts(case, tok)
+    check_lengths(prompts, recorded, case, tcfg, tinfo)
     points = tuple(dict.fromkeys(union_points([c.layout for c in cands]) + (point("final"),)))
     return Inputs(case, tpath, dpath, tinfo, tcfg, dcfg, tok, cands, serving_error,
                   list(dict.fromkeys(shapes + served_shapes)), pset, prompts, recorded, points,

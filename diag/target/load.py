@@ -76,6 +76,26 @@ def load_target(path: str | Path, *, dtype: torch.dtype | None = None, device_ma
     return _load_plain(path, info, dtype, device_map).eval(), info
 
 
+def plain_config(cfg: dict, file: str):
+    """The transformers config to build an unquantized target with, when config.json alone
+    would not do (None: let from_pretrained read it). `kimi_k2` is DeepSeek-V3 under another
+    model_type that only remote code knows: built as deepseek_v3, the same weights (the INT4
+    loader does the same). A multimodal wrapper (Kimi-K2.5's `text_config`) is loaded text-only
+    by the INT4 loader alone; unquantized it is an error here, before any weight is read."""
+    if quantization_format(cfg) is not None:
+        return None
+    from diag.int4.skeleton import MODEL_TYPE_ALIASES, build_config, resolve_config
+    if text_config(cfg) is not cfg:
+        raise DiagError("an unquantized multimodal wrapper cannot be loaded as a target", file=file,
+                        field="text_config", expected="a plain causal-LM config, or the wrapper as a "
+                        "compressed-tensors pack-quantized checkpoint (loaded text-only)",
+                        found=f"model_type {cfg.get('model_type')!r} wrapping "
+                              f"{text_config(cfg).get('model_type')!r} without quantization_config")
+    if cfg.get("model_type") in MODEL_TYPE_ALIASES:
+        return build_config(resolve_config(cfg, file=file))
+    return None
+
+
 def _load_plain(path, info: TargetInfo, dtype, device_map):
     from transformers import AutoModelForCausalLM
 
@@ -83,10 +103,11 @@ def _load_plain(path, info: TargetInfo, dtype, device_map):
         raise DiagError("target checkpoint holds no safetensors weights", file=str(path),
                         expected="model.safetensors or sharded *.safetensors", found="none")
     from safetensors import SafetensorError
+    config = plain_config(read_target_config(path), str(Path(path) / "config.json"))
     try:
         model, loading = AutoModelForCausalLM.from_pretrained(
             str(path), dtype=dtype or "auto", trust_remote_code=False, device_map=device_map,
-            output_loading_info=True)
+            output_loading_info=True, **({"config": config} if config is not None else {}))
     except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as err:
         raise DiagError("transformers could not load the target", file=str(path),
                         expected="a transformers causal-LM checkpoint",
