@@ -5,12 +5,13 @@ without a word (it reports them only as "unexpected"), and one with more would l
 random; both are errors here, from the safetensors headers alone, before any weight is read.
 Layer weights are named `model.layers.{i}.` (a multimodal wrapper adds `language_model.`
 before or after `model.`). DeepSeek-V3 style checkpoints also ship their multi-token-
-prediction layers after the decoder: `num_nextn_predict_layers` of them, which every loader
-skips.
+prediction layers after the decoder (`num_nextn_predict_layers` of them, which every loader
+skips); such a layer is told apart by its own weights, `eh_proj`, `enorm` and `hnorm`.
 
 Worked example: num_hidden_layers 3, weights for model.layers.0..3 -> DiagError naming
-model.layers.3.*: "config.json declares 3 layers (indices 0-2)", found "weights for layers
-0-3". DeepSeek-V3: num_hidden_layers 61, num_nextn_predict_layers 1, weights for 0..61 -> fine.
+model.layers.3.*: "num_hidden_layers = 3 (layers 0-2)", found "weights for layers 0-3".
+DeepSeek-V3: num_hidden_layers 61, num_nextn_predict_layers 1, weights for 0..61 where 61
+holds model.layers.61.eh_proj.weight -> fine.
 
 This module knows names and config keys; nothing about models.
 """
@@ -24,6 +25,7 @@ from diag.checkpoint.config import text_config
 from diag.errors import DiagError
 
 _LAYER = re.compile(r"^(?:language_model\.)?model\.(?:language_model\.)?layers\.(\d+)\.")
+_MTP_PARTS = (".eh_proj.", ".enorm.", ".hnorm.")
 
 
 def layer_index(name: str) -> int | None:
@@ -41,14 +43,17 @@ def check_layer_count(names: Iterable[str], config: dict, *, file: str, config_f
     tcfg = text_config(config)
     n, mtp = int(tcfg["num_hidden_layers"]), int(tcfg.get("num_nextn_predict_layers") or 0)
     by_layer: dict[int, str] = {}
+    mtp_layers: set[int] = set()
     for name in names:
         i = layer_index(name)
         if i is not None:
             by_layer.setdefault(i, name)
+            if any(part in name for part in _MTP_PARTS):
+                mtp_layers.add(i)
     found = sorted(by_layer)
     if not found:
         return
-    extra = [i for i in found if i >= n + mtp]
+    extra = [i for i in found if i >= n and not (i < n + mtp and i in mtp_layers)]
     if extra:
         raise DiagError("the checkpoint holds more decoder layers than config.json declares (the extra "
                         "layers would be dropped silently)", file=file, field=by_layer[extra[0]],

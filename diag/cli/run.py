@@ -87,7 +87,7 @@ def apply_overrides(case: Case, a) -> Case:
 _FLAG_OF = {"prompts.max_new_tokens": "--max-new-tokens", "prompts.limit": "--limit",
             "prompts.recorded": "--recorded", "placement.gpus": "--gpus", "evaluate.trees": "--tree",
             "evaluate.layouts": "--layout", "evaluate.modes": "--mode", "evaluate.regimes": "--regime",
-            "serving.layout": "--serving-layout"}
+            "serving.layout": "--serving-layout", "serving.algorithm": "--algorithm"}
 
 
 def checked(case: Case, a) -> Case:

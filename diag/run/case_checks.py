@@ -1,5 +1,5 @@
 """Value checks of a case that parsing its types alone does not make: ranges, tree shapes
-SGLang refuses, regime names. Run on every case after the command-line overrides, so a
+SGLang refuses, regime names, the engine version and the serving algorithm. Run on every case after the command-line overrides, so a
 flag gets the same checks as a case file (`--max-new-tokens 0`, `--limit -1`).
 
 Ranges are data (RANGES): field, the test, what is expected. Trees follow the engine's own
@@ -86,7 +86,21 @@ def check_regimes(case) -> None:
                                 expected=err.expected, found=err.found) from err
 
 
+def check_serving(case) -> None:
+    """The engine version is one diag knows, the algorithm one it can emulate."""
+    from diag.engine.algorithms import mode_of
+    from diag.engine.versions import engine
+    for fn, value, key in ((engine, case.serving.engine, "serving.engine"),
+                           (mode_of, case.serving.algorithm, "serving.algorithm")):
+        try:
+            fn(value)
+        except DiagError as err:
+            raise DiagError(err.message, file=case.source, field=key, expected=err.expected,
+                            found=err.found) from err
+
+
 def check_case_values(case) -> None:
     check_ranges(case)
     check_trees(case)
     check_regimes(case)
+    check_serving(case)

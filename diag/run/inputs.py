@@ -145,6 +145,20 @@ def tree_shapes(case: Case) -> tuple[list[TreeShape], list[str]]:
     return list(dict.fromkeys(shapes)), notes
 
 
+def launch_refusals(case: Case) -> list[str]:
+    """What the engine version's own argument parser refuses in the case's launch line
+    (diag.engine.flag_parser), as notes: such a line launches no server, so its algorithm
+    is not applied either."""
+    from diag.engine.flag_parser import flag_problems, table_for
+    from diag.engine.launch import server_argv
+    from diag.engine.versions import engine
+    table = table_for(engine(case.serving.engine).version)
+    if table is None:
+        return []
+    return [f"launch command: SGLang {table.version} would refuse it: {p.message} ({p.behaviour}; {p.fix})"
+            for p in flag_problems(server_argv(case.serving.launch), table) if p.severity == "error"]
+
+
 def with_launch(case: Case, target_config: dict) -> tuple[Case, list[TreeShape], list[str]]:
     """What the case's SGLang launch command really runs (diag.engine.launch): its algorithm
     becomes the serving algorithm, its effective tree joins the shapes, its rewrites and
@@ -152,12 +166,13 @@ def with_launch(case: Case, target_config: dict) -> tuple[Case, list[TreeShape],
     if not case.serving.launch:
         return case, [], []
     from diag.engine.launch import effective_config, parse_launch
-    eff = effective_config(parse_launch(case.serving.launch), target_config)
-    notes = [f"launch command: {n}" for n in eff.notes]
+    eff = effective_config(parse_launch(case.serving.launch, case.serving.engine), target_config)
+    refused = launch_refusals(case)
+    notes = [f"launch command: {n}" for n in eff.notes] + refused
     if eff.crash:
         notes.append(f"launch command: SGLang would crash: {eff.crash}")
     shapes = [eff.tree.shape] if eff.tree is not None and eff.tree.shape is not None else []
-    if eff.algorithm:
+    if eff.algorithm and not any("--speculative-algorithm" in n for n in refused):
         case = replace(case, serving=replace(case.serving, algorithm=eff.algorithm))
     return case, shapes, notes
 

@@ -82,8 +82,13 @@ def plain_config(cfg: dict, file: str):
     model_type that only remote code knows: built as deepseek_v3, the same weights (the INT4
     loader does the same). A multimodal wrapper (Kimi-K2.5's `text_config`) is loaded text-only
     by the INT4 loader alone; unquantized it is an error here, before any weight is read."""
-    if quantization_format(cfg) is not None:
-        return None
+    q = cfg.get("quantization_config") or text_config(cfg).get("quantization_config")
+    if q:
+        if isinstance(q, dict) and q.get("format") == "pack-quantized":
+            return None
+        raise DiagError("unsupported quantization format", file=file, field="quantization_config",
+                        expected="compressed-tensors pack-quantized (INT4), or no quantization_config",
+                        found=(q.get("format") or q.get("quant_method")) if isinstance(q, dict) else q)
     from diag.int4.skeleton import MODEL_TYPE_ALIASES, build_config, resolve_config
     if text_config(cfg) is not cfg:
         raise DiagError("an unquantized multimodal wrapper cannot be loaded as a target", file=file,
