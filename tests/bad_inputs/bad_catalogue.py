@@ -63,6 +63,7 @@ class Ctx:
         self.cache = tmp / "cache"
         self.stderr = ""
         self.stdout = ""
+        self.env: dict[str, str] = {}         # set by a build, applied before the command runs
 
     # -- copies that may be broken --------------------------------------------------------
     def copy(self, what: str) -> Path:
@@ -132,6 +133,8 @@ def check(bad: Bad, pair: dict, tmp: Path, monkeypatch, capsys) -> Ctx:
     ctx = Ctx(pair, tmp)
     monkeypatch.setenv("DIAG_CACHE_DIR", str(ctx.cache))
     argv = bad.build(ctx)
+    for k, v in ctx.env.items():
+        monkeypatch.setenv(k, v)
     if isinstance(bad.expect, Error) and bad.expect.before_weights:
         import diag.run.target_passes as tp
         monkeypatch.setattr(tp, "load_target", _no_weights)
