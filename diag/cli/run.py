@@ -96,8 +96,8 @@ def checked(case: Case, a) -> Case:
         return check_case(case)
     except DiagError as err:
         flag = _FLAG_OF.get(err.field or "")
-        dest = (flag or "--").lstrip("-").replace("-", "_")
-        if flag is None or getattr(a, dest, None) in (None, [], False):
+        given = getattr(a, (flag or "--").lstrip("-").replace("-", "_"), None)
+        if flag is None or given is None or given == []:
             raise
         raise DiagError(err.message, file=err.file, field=f"{flag} ({err.field})", expected=err.expected,
                         found=err.found, hint=err.hint) from err
