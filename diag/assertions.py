@@ -86,8 +86,10 @@ def _measured(rep: dict) -> str:
 def assert_serving_layout_is_trained(report) -> None:
     """The server must feed the layout the drafter was trained on.
 
-    Fails when (1) the measurement says so (a layout-mismatch verdict: the serving layout is
-    not among the layouts statistically indistinguishable from the best); (2) the server runs
+    Fails when (0) the drafter predicts nothing on any layout (a drafter-predicts-nothing
+    verdict: no layout can be checked); (1) the measurement says so (a layout-mismatch
+    verdict: the serving layout is not among the layouts statistically indistinguishable from
+    the best); (2) the server runs
     --speculative-algorithm EAGLE (the drafter sees `final`, never a trained layout); or (3)
     the drafter's config states its trained layout (diag_trained_layout) and the serving
     layout differs, whether or not these prompts can tell the two apart."""
@@ -96,6 +98,9 @@ def assert_serving_layout_is_trained(report) -> None:
     serving = serving_candidate(rep)
     if serving is None:
         raise AssertionError(f"the report names no serving layout\n{r.where}")
+    floor = _verdict(rep, "drafter-predicts-nothing")
+    if floor:
+        raise AssertionError(f"the drafter predicts nothing on any layout\n{floor['text']}\n{r.where}")
     bad = _verdict(rep, "layout-mismatch")
     if bad:
         ev = bad["evidence"]

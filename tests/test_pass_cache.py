@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 import tiny
 from diag.run.case import read_case
 from diag.checkpoint.identity import checkpoint_identity, file_digest
+from diag.errors import DiagError
 from diag.run.pipeline import run_case
 
 
@@ -70,7 +71,9 @@ def test_nan_corrupted_weights_miss_the_cache(setup):
     before = checkpoint_identity(target)
     _rewrite_weights(target, poison)
     assert checkpoint_identity(target) != before
-    assert not cached(run(case))
+    with pytest.raises(DiagError) as err:          # the key misses; loading it is an error (16.3)
+        run(case)
+    assert "model.layers.0.mlp.up_proj.weight" in str(err.value) and "NaN" in str(err.value)
 
 
 def test_another_tokenizer_misses_the_cache(setup):

@@ -71,8 +71,31 @@ def _infos(header: dict, path: Path, *, data_bytes: int) -> dict[str, TensorInfo
             raise DiagError("truncated safetensors shard: a tensor ends past the end of the file",
                             file=str(path), field=name,
                             expected=f"data up to byte {end}", found=f"{data_bytes} data bytes")
+        _check_extent(info, end - begin)
         out[name] = info
     return out
+
+
+# Bytes per element of each safetensors dtype; a tensor's data range must hold exactly
+# numel x size bytes. Example: BF16 [128, 384] -> 98304 bytes.
+_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
+                "F8_E4M3FNUZ": 1, "F8_E5M2FNUZ": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+                "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "C64": 8}
+
+
+def _check_extent(info: TensorInfo, nbytes: int) -> None:
+    """A tensor's byte range fits its dtype and shape (sub-byte dtypes such as F4 unchecked)."""
+    size = _DTYPE_BYTES.get(info.dtype)
+    if size is None:
+        return
+    numel = 1
+    for d in info.shape:
+        numel *= d
+    if nbytes != numel * size:
+        raise DiagError("corrupt safetensors header: a tensor's byte range does not fit its dtype and "
+                        "shape", file=str(info.file), field=info.name,
+                        expected=f"{numel} x {size} bytes ({info.dtype} {list(info.shape)})",
+                        found=f"{nbytes} bytes")
 
 
 def shard_files(directory: Path) -> list[Path]:

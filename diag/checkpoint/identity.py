@@ -63,8 +63,12 @@ def file_digest(path: str | Path) -> str:
     if _stat_key(path) == stat:                      # unchanged while we read it
         memo.parent.mkdir(parents=True, exist_ok=True)
         tmp = memo.with_name(f"{memo.name}.tmp{os.getpid()}")
-        tmp.write_text(json.dumps({**stat, "sha256": digest}))
-        os.replace(tmp, memo)
+        try:
+            tmp.write_text(json.dumps({**stat, "sha256": digest}))
+            os.replace(tmp, memo)
+        except BaseException:         # an interrupt leaves no half-written memo
+            tmp.unlink(missing_ok=True)
+            raise
     return digest
 
 

@@ -1,6 +1,8 @@
 """The `diag` command: one subcommand per module of diag/cli (run, zoo, lint, ...).
 
 User errors (DiagError) print their message and exit 2; no report is written for them.
+An interrupt (SIGINT) exits 130 without a traceback: the report swap and the cache writes
+are atomic, so what is on disk is the previous state or the complete new one.
 """
 
 from __future__ import annotations
@@ -40,6 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     except DiagError as err:
         print(f"diag {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"diag {args.command}: interrupted; the previous report and the cache are as they were "
+              "(or the new report is complete)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

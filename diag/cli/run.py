@@ -11,7 +11,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from diag.run.case import Case, EvaluateSpec, ModelSpec, PromptSpec, ServingSpec, read_case, with_engine
+from diag.errors import DiagError
+from diag.run.case import Case, EvaluateSpec, ModelSpec, PromptSpec, ServingSpec, check_case, read_case, with_engine
 
 DEMO = "cases/demo.toml"
 DEFAULT_PROMPTS = "cases/prompts/mixed-48.jsonl"
@@ -60,7 +61,8 @@ def case_from_flags(a) -> Case:
     if not (a.target and a.drafter):
         raise SystemExit("diag run: --target and --drafter go together (or give a case file)")
     prompts = PromptSpec(file=a.prompts or str(repo_file(DEFAULT_PROMPTS).resolve()),
-                         max_new_tokens=a.max_new_tokens or 64, limit=a.limit, recorded=a.recorded)
+                         max_new_tokens=64 if a.max_new_tokens is None else a.max_new_tokens, limit=a.limit,
+                         recorded=a.recorded)
     ev = EvaluateSpec(layouts=tuple(a.layout), scan=a.scan or not a.layout, modes=tuple(a.mode) or ("eagle3",),
                       trees=tuple(a.tree) or ("chain-3",), regimes=tuple(a.regime) or ("as-loaded",))
     serving = ServingSpec(algorithm=a.algorithm or "EAGLE3", layout=a.serving_layout, launch=a.launch)
@@ -76,25 +78,50 @@ def apply_overrides(case: Case, a) -> Case:
     ev = replace(ev, layouts=tuple(a.layout) or ev.layouts, trees=tuple(a.tree) or ev.trees,
                  modes=tuple(a.mode) or ev.modes, regimes=tuple(a.regime) or ev.regimes, scan=a.scan or ev.scan)
     pr = replace(pr, limit=a.limit if a.limit is not None else pr.limit,
-                 max_new_tokens=a.max_new_tokens or pr.max_new_tokens, recorded=a.recorded or pr.recorded)
+                 max_new_tokens=pr.max_new_tokens if a.max_new_tokens is None else a.max_new_tokens,
+                 recorded=a.recorded or pr.recorded)
     sv = replace(sv, algorithm=a.algorithm or sv.algorithm, layout=a.serving_layout or sv.layout,
                  launch=a.launch or sv.launch)
     return with_engine(replace(case, evaluate=ev, prompts=pr, serving=sv, placement=pl),
                        getattr(a, "engine", None))
 
 
+# case field -> the flag that sets it, so an error in a value given on the command line names the flag
+_FLAG_OF = {"prompts.max_new_tokens": "--max-new-tokens", "prompts.limit": "--limit",
+            "prompts.recorded": "--recorded", "placement.gpus": "--gpus", "evaluate.trees": "--tree",
+            "evaluate.layouts": "--layout", "evaluate.modes": "--mode", "evaluate.regimes": "--regime",
+            "serving.layout": "--serving-layout", "serving.algorithm": "--algorithm"}
+
+
+def checked(case: Case, a) -> Case:
+    """The case's value checks after the overrides; an error names the flag when one set it."""
+    try:
+        return check_case(case)
+    except DiagError as err:
+        flag = _FLAG_OF.get(err.field or "")
+        given = getattr(a, (flag or "--").lstrip("-").replace("-", "_"), None)
+        if flag is None or given is None or given == []:
+            raise
+        raise DiagError(err.message, file=err.file, field=f"{flag} ({err.field})", expected=err.expected,
+                        found=err.found, hint=err.hint) from err
+
+
 def run(a) -> int:
     from diag.run.pipeline import run_case
     from diag.report.terminal import summary_table
     from diag.report.outdir import check_out_dir
+    from diag.checkpoint.cache_dir import check_cache_dir
     from diag.report.writer import write_report
 
     if a.target or a.drafter:
         case = apply_overrides(case_from_flags(a), a)
     else:
         case = apply_overrides(read_case(a.case or repo_file(DEMO)), a)
+    checked(case, a)
     out = Path(a.out) if a.out else Path("reports") / case.name
     check_out_dir(out)                  # before any weight is loaded
+    if not a.no_cache:
+        check_cache_dir()
     run_result = run_case(case, progress=not a.quiet, use_cache=not a.no_cache)
     path, rep = write_report(run_result, out, argv=["diag", *sys.argv[1:]])
     print(summary_table(rep))

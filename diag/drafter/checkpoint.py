@@ -24,6 +24,7 @@ from safetensors.torch import save_file
 
 from diag.drafter.model import DrafterConfig, Eagle3Drafter
 from diag.checkpoint.config import read_config_json
+from diag.checkpoint.finite import check_finite
 from diag.errors import DiagError
 
 _IGNORED_KEYS = ("rope.", "rotary_emb.")
@@ -60,11 +61,13 @@ def _read_tensors(path: Path) -> tuple[dict[str, torch.Tensor], tuple[str, ...]]
     for f in files:
         try:
             with safe_open(str(f), framework="pt") as fh:
-                for k in fh.keys():
-                    tensors[k] = fh.get_tensor(k)
+                shard = {k: fh.get_tensor(k) for k in fh.keys()}
         except Exception as err:  # safetensors raises several types for corrupt files
             raise DiagError("cannot read safetensors file", file=str(f),
                             expected="a valid safetensors file", found=str(err)) from err
+        for k, t in shard.items():
+            check_finite(k, t, str(f))
+        tensors.update(shard)
     return tensors, tuple(f.name for f in files)
 
 

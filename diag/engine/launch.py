@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from diag.engine.algorithms import EAGLE_WORKERS, canonical, is_alias
 from diag.engine.architectures import auto_defaults_key
+from diag.engine.flag_parser import read_argv, table_for
 from diag.engine.tree_rules import ResolvedShape, auto_defaults, resolve_sglang_shape
 from diag.engine.versions import DEFAULT_ENGINE, engine
 from diag.errors import DiagError
@@ -116,26 +117,23 @@ def _program_end(tokens: list[str]) -> tuple[str, int]:
                     found=" ".join(tokens)[:200])
 
 
-def _pairs(args: list[str]) -> list[tuple[str, str | None]]:
-    """['--tp', '8', '--trust-remote-code', '--x=1'] ->
-    [('--tp', '8'), ('--trust-remote-code', None), ('--x', '1')]."""
+def _pairs(args: list[str], engine_name: str | None) -> list[tuple[str, str | None]]:
+    """(option, value) as the engine's argparse reads them (flag_parser.py): abbreviations
+    resolved, each option taking the values its nargs says.
+    ['--tp', '8', '--trust-remote-code', '--x=1', '--speculative-num-step', '3'] ->
+    [('--tp-size', '8'), ('--trust-remote-code', None), ('--x', '1'), ('--speculative-num-steps', '3')]
+    (0.5.23; --tp is an abbreviation of --tp-size there)."""
+    table = table_for(engine(engine_name).version)
+    if table is None:
+        raise DiagError("no launch-flag table for this engine version", field="engine",
+                        expected="a release at or above the oldest in diag/engine/server_flags.py",
+                        found=engine_name)
     out: list[tuple[str, str | None]] = []
-    i = 0
-    while i < len(args):
-        tok = args[i]
-        if not tok.startswith("--"):
+    for w in read_argv(args, table):
+        if w.kind == "stray":
             raise DiagError("unexpected word in the launch command", field="--launch",
-                            expected="--flag value pairs", found=tok)
-        if "=" in tok:
-            flag, value = tok.split("=", 1)
-            out.append((flag, value))
-            i += 1
-        elif i + 1 < len(args) and not args[i + 1].startswith("--"):
-            out.append((tok, args[i + 1]))
-            i += 2
-        else:
-            out.append((tok, None))
-            i += 1
+                            expected="--flag value pairs (SGLang's argparse would refuse it)", found=w.written)
+        out.append((w.option if w.kind in ("exact", "prefix") else w.written, w.value))
     return out
 
 
@@ -153,14 +151,14 @@ def _typed(name: str, flag: str, value: str | None) -> object:
     return value
 
 
-def parse_launch(command: str | list[str]) -> LaunchFlags:
-    """Parse an SGLang launch line (a string, or argv words) into LaunchFlags.
-    A repeated flag keeps its last value, as argparse does."""
+def parse_launch(command: str | list[str], engine_name: str | None = None) -> LaunchFlags:
+    """Parse an SGLang launch line (a string, or argv words) into LaunchFlags, reading the
+    words as the engine version's argparse does. A repeated flag keeps its last value."""
     tokens = _tokens(command)
     program, start = _program_end(tokens)
     known: dict[str, object] = {}
     other: list[tuple[str, str | None]] = []
-    for flag, value in _pairs(tokens[start:]):
+    for flag, value in _pairs(tokens[start:], engine_name):
         name = _BY_SPELLING.get(flag)
         if name is None:
             other.append((flag, value))

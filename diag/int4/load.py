@@ -24,6 +24,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from diag.checkpoint.finite import check_finite
 from diag.errors import DiagError
 from diag.int4.format import check_group, packed_width
 from diag.int4.packed import PackedExperts, PackedLinear
@@ -306,7 +307,9 @@ def _load(model, slots: list[Slot], infos: dict[str, TensorInfo], used: set[str]
         if info.file not in handles:
             where = "cpu" if isinstance(device, dict) else str(device)
             handles[info.file] = safe_open(str(info.file), framework="pt", device=where)
-        _apply(model, s, handles[info.file].get_tensor(s.key), info)
+        t = handles[info.file].get_tensor(s.key)
+        check_finite(s.key, t, str(info.file))
+        _apply(model, s, t, info)
 
 
 def _materialise(model: nn.Module, dtype, keep32: tuple[str, ...], device, *, skip: set[str]) -> None:

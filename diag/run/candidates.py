@@ -147,7 +147,23 @@ def candidates_for(case: Case, tinfo: TargetInfo, dcfg: dict,
         for base in [c for c in list(book.items.values()) if c.mode == "eagle3"]:
             for lay, how in neighbours(base.layout, n):
                 book.add(lay, f"scan: {how} of {base.label}")
+    if not any(c.mode == "eagle3" for c in book.items.values()):
+        _no_candidate(dcfg, where, ids, k, n, book)
     return list(book.items.values()), book.notes, book.serving_error
+
+
+def _no_candidate(dcfg: dict, where: str, ids, k: int, n: int, book: "_Book") -> None:
+    """Nothing to evaluate: an error now, before any weight is loaded (it used to be
+    `max() arg is an empty sequence` after the whole target pass)."""
+    why = [f"layer ids {list(ids)} fit no {k}-point layout of a {n}-layer target under any convention"
+           if ids is not None else "the drafter config names no layer ids"]
+    if book.serving_error is not None:
+        why.append(f"the engine cannot serve them: {book.serving_error}")
+    raise DiagError("no candidate layout to evaluate for this drafter", file=where,
+                    field="eagle_config.eagle_aux_hidden_state_layer_ids",
+                    expected=f"ids the engine can capture on a {n}-layer target, or layouts given with "
+                             f"--layout / evaluate.layouts ({k} points each: the drafter's fc width)",
+                    found="; ".join(why))
 
 
 def _num_aux(dpath: Path, tinfo: TargetInfo) -> int:
@@ -163,4 +179,10 @@ def _num_aux(dpath: Path, tinfo: TargetInfo) -> int:
                         file=str(dpath), field="fc.weight",
                         expected=f"[H, k*{tinfo.hidden_size}] (k capture points of the target)",
                         found=shapes["fc.weight"])
-    return width // tinfo.hidden_size
+    k = width // tinfo.hidden_size
+    if not 1 <= k <= tinfo.num_layers + 2:
+        raise DiagError("drafter fc input width fits no layout of this target", file=str(dpath),
+                        field="fc.weight", expected=f"[H, k*{tinfo.hidden_size}] with 1 <= k <= "
+                        f"{tinfo.num_layers + 2} (embed, L1..L{tinfo.num_layers}, final)",
+                        found=f"{shapes['fc.weight']}: k = {k}")
+    return k

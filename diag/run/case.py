@@ -195,6 +195,7 @@ def _in_file(fn, text: str, field_name: str, src: str):
 
 def _check_values(case: Case) -> None:
     from diag.layouts import layout
+    from diag.run.case_checks import check_case_values
     from diag.trees import tree_shape
     ev, src = case.evaluate, case.source
     for text in ev.layouts:
@@ -230,6 +231,14 @@ def _check_values(case: Case) -> None:
     if ev.token_budget < 64:
         raise DiagError("token budget too small", file=src, field="evaluate.token_budget",
                         expected=">= 64", found=ev.token_budget)
+    check_case_values(case)          # ranges, trees SGLang refuses, regime names
+
+
+def check_case(case: Case) -> Case:
+    """Every value check of a case, run again after command-line overrides (a flag gets the
+    same checks as a case file)."""
+    _check_values(case)
+    return case
 
 
 def read_case(path: str | Path) -> Case:

@@ -13,15 +13,17 @@ from pathlib import Path
 
 import torch
 
-from diag.checkpoint.config import read_config_json
+from diag.checkpoint.config import read_config_json, text_config
+from diag.checkpoint.headers import tensor_infos
+from diag.checkpoint.layers import check_layer_count
 from diag.engine.serving import ServingError, capture_convention
-from diag.engine.tree_rules import grid
+from diag.engine.tree_rules import grid, resolve_sglang_shape
 from diag.errors import DiagError
 from diag.layouts import CapturePoint, point, union_points
 from diag.run.candidates import Candidate, candidates_for
 from diag.run.case import Case, resolve_path
 from diag.run.prompts import PromptSet, read_prompt_set, read_recorded, tokenize
-from diag.target.load import TargetInfo, target_info
+from diag.target.load import TargetInfo, plain_config, target_info
 from diag.trees import TreeShape, tree_shape
 
 DTYPES = {"auto": None, "float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -95,6 +97,14 @@ def check_tokenizer(tok, tinfo: TargetInfo) -> None:
                         expected=f"<= {tinfo.vocab_size} (config vocab_size)", found=len(tok))
 
 
+def check_target_files(tpath: Path, tcfg: dict) -> None:
+    """Every shard's header (corrupt or truncated files, byte ranges that do not fit their
+    shapes), the decoder layers the weights hold against num_hidden_layers, and a config
+    the loader can build (diag.target.load.plain_config)."""
+    check_layer_count(tensor_infos(tpath), tcfg, file=str(tpath), config_file=str(tpath / "config.json"))
+    plain_config(tcfg, str(tpath / "config.json"))        # an unloadable config fails here, not at load
+
+
 def load_tokenizer(path: Path):
     from transformers import AutoTokenizer
     try:
@@ -105,16 +115,48 @@ def load_tokenizer(path: Path):
 
 
 def tree_shapes(case: Case) -> tuple[list[TreeShape], list[str]]:
-    """The case's named shapes, then its sweep grid after SGLang's topk=1 rewrite."""
-    shapes = [tree_shape(t, field="evaluate.trees") for t in case.evaluate.trees]
-    notes = []
+    """The case's named shapes, then its sweep grid, each as SGLang runs it
+    (diag.engine.tree_rules): s3-k1-d8 runs as chain-3, with a note; a grid point SGLang
+    cannot run (D - 1 > K + (S-1)K^2) is left out, with a note. (A named shape SGLang cannot
+    run is already an error of the case, diag.run.case_checks.)"""
+    shapes, notes = [], []
+    for text in case.evaluate.trees:
+        asked = tree_shape(text, field="evaluate.trees")
+        runs = resolve_sglang_shape(asked.num_steps, asked.topk, asked.num_draft_tokens).shape
+        if runs != asked:
+            notes.append(f"tree {text}: SGLang runs it as {runs.name} (topk = 1 forces num_draft_tokens "
+                         f"= num_steps + 1 = {runs.num_draft_tokens}); evaluated as {runs.name}")
+        shapes.append(runs)
     if case.evaluate.tree_grid:
         g = case.evaluate.tree_grid
         more, rewritten = grid(g["num_steps"], g["topk"], g["num_draft_tokens"])
-        shapes += more
         notes += [f"tree grid: (S={s}, K={k}, D={d}) runs as {shape.name}: SGLang forces "
                   f"num_draft_tokens = num_steps + 1 when topk = 1" for (s, k, d), shape in rewritten]
+        for shape in more:
+            crash = resolve_sglang_shape(shape.num_steps, shape.topk, shape.num_draft_tokens).crash
+            if crash is None:
+                shapes.append(shape)
+            else:
+                notes.append(f"tree grid: {shape.name} left out: SGLang cannot run it ({crash})")
+    if not shapes:
+        raise DiagError("no tree shape SGLang can run is left to evaluate", file=case.source,
+                        field="evaluate.tree_grid", expected="at least one (S, K, D) with "
+                        "num_draft_tokens - 1 <= K + (S-1)K^2", found=case.evaluate.tree_grid)
     return list(dict.fromkeys(shapes)), notes
+
+
+def launch_refusals(case: Case) -> list[str]:
+    """What the engine version's own argument parser refuses in the case's launch line
+    (diag.engine.flag_parser), as notes: such a line launches no server, so its algorithm
+    is not applied either."""
+    from diag.engine.flag_parser import flag_problems, table_for
+    from diag.engine.launch import server_argv
+    from diag.engine.versions import engine
+    table = table_for(engine(case.serving.engine).version)
+    if table is None:
+        return []
+    return [f"launch command: SGLang {table.version} would refuse it: {p.message} ({p.behaviour}; {p.fix})"
+            for p in flag_problems(server_argv(case.serving.launch), table) if p.severity == "error"]
 
 
 def with_launch(case: Case, target_config: dict) -> tuple[Case, list[TreeShape], list[str]]:
@@ -124,13 +166,14 @@ def with_launch(case: Case, target_config: dict) -> tuple[Case, list[TreeShape],
     if not case.serving.launch:
         return case, [], []
     from diag.engine.launch import effective_config, parse_launch
-    eff = effective_config(parse_launch(case.serving.launch), target_config,
+    eff = effective_config(parse_launch(case.serving.launch, case.serving.engine), target_config,
                            engine_name=case.serving.engine)
-    notes = [f"launch command: {n}" for n in eff.notes]
+    refused = launch_refusals(case)
+    notes = [f"launch command: {n}" for n in eff.notes] + refused
     if eff.crash:
         notes.append(f"launch command: SGLang would crash: {eff.crash}")
     shapes = [eff.tree.shape] if eff.tree is not None and eff.tree.shape is not None else []
-    if eff.algorithm:
+    if eff.algorithm and not any("--speculative-algorithm" in n for n in refused):
         case = replace(case, serving=replace(case.serving, algorithm=eff.algorithm))
     return case, shapes, notes
 
@@ -146,6 +189,28 @@ def _prompts(case: Case, tok):
     return pset, prompts, recorded
 
 
+def check_lengths(prompts, recorded, case: Case, tcfg: dict, tinfo: TargetInfo) -> None:
+    """Every sequence fits the target: prompt + continuation <= max_position_embeddings (past it
+    transformers only warns and the numbers move), recorded ids inside the vocabulary.
+    Example: a 300-token prompt with max_new_tokens 64 and max_position_embeddings 256 ->
+    DiagError naming the prompt: 364 positions > 256."""
+    limit = text_config(tcfg).get("max_position_embeddings")
+    src = case.prompts.recorded or case.prompts.file
+    for pid, _, ids in prompts:
+        cont = recorded[pid][:case.prompts.max_new_tokens] if recorded is not None else None
+        if cont is not None and (bad := [t for t in cont if t >= tinfo.vocab_size]):
+            raise DiagError("recorded continuation holds token ids outside the target's vocabulary",
+                            file=src, field=f"{pid}.token_ids", expected=f"ids < {tinfo.vocab_size} "
+                            "(config vocab_size)", found=bad[:5])
+        total = len(ids) + (len(cont) if cont is not None else case.prompts.max_new_tokens)
+        if isinstance(limit, int) and total > limit:
+            raise DiagError("a prompt and its continuation do not fit the target's context", file=src,
+                            field=pid, expected=f"prompt + continuation <= max_position_embeddings = "
+                            f"{limit} ({tinfo.path}/config.json)",
+                            found=f"{len(ids)} prompt tokens + {total - len(ids)} = {total} positions",
+                            hint="shorten the prompt, lower max_new_tokens, or drop it from the set")
+
+
 def prepare(case: Case) -> Inputs:
     """Resolve and check everything that needs no target weight (see the module docstring)."""
     tpath = checkpoint_path(case.target.path, case, "target.path")
@@ -156,10 +221,12 @@ def prepare(case: Case) -> Inputs:
     tok = load_tokenizer(tpath)
     check_tokenizer(tok, tinfo)
     tcfg = read_config_json(tpath, "target")
+    check_target_files(tpath, tcfg)
     case, served_shapes, notes = with_launch(case, tcfg)
     cands, cand_notes, serving_error = candidates_for(case, tinfo, dcfg, dpath)
     shapes, grid_notes = tree_shapes(case)
     pset, prompts, recorded = _prompts(case, tok)
+    check_lengths(prompts, recorded, case, tcfg, tinfo)
     points = tuple(dict.fromkeys(union_points([c.layout for c in cands]) + (point("final"),)))
     return Inputs(case, tpath, dpath, tinfo, tcfg, dcfg, tok, cands, serving_error,
                   list(dict.fromkeys(shapes + served_shapes)), pset, prompts, recorded, points,

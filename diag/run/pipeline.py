@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from diag.drafter.checkpoint import load_drafter
+from diag.drafter.health import HealthCheck, health_checks
 from diag.engine.serving import ServingError
 from diag.replay.evaluation import Axes, Evaluation, best, select
 from diag.run.candidates import Candidate
@@ -48,6 +49,7 @@ class RunResult:
     reference: Axes                      # every axis's reference value; layout ANY
     capture_convention: str = ""         # the layer-id rule the engine applies to this target
     verdicts: list[Verdict] = field(default_factory=list)
+    drafter_health: tuple[HealthCheck, ...] = ()   # why a drafter at the floor predicts nothing
     serving_error: ServingError | None = None
     timings: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -101,6 +103,11 @@ def _speedup(inp: Inputs, measured: _Costs, evals: list[Evaluation], notes: list
                            f"measured by diag on the loaded models (batch 1, context {sp.context})")
 
 
+def _continuations(tp) -> torch.Tensor:
+    """Every replayed continuation token (target ids), prompts excluded: [sum of T - prompt_len]."""
+    return torch.cat([s.ids[s.prompt_len:] for s in tp.sequences]) if tp.sequences else torch.zeros(0)
+
+
 def _drafter_info(dpath: Path, dckpt, drafter) -> dict:
     return {"path": str(dpath), "format": dckpt.format, "files": list(dckpt.weight_files),
             "num_aux": drafter.cfg.num_aux, "hidden_size": drafter.cfg.hidden_size,
@@ -130,9 +137,10 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True) -> Ru
     t0 = _stopwatch(timings, "target_s", t0)
     evals = evaluate(inp, drafter, embed, head, passes, progress=progress)
     t0 = _stopwatch(timings, "drafter_s", t0)
+    health = health_checks(drafter, _continuations(passes[inp.regimes[0]]))
     run = RunResult(case, inp.target, _drafter_info(inp.drafter_path, dckpt, drafter), _prompts_info(inp),
                     pass_meta, inp.candidates, evals, reference_axes(inp), inp.capture_convention,
-                    serving_error=inp.serving_error,
+                    serving_error=inp.serving_error, drafter_health=health,
                     timings=timings, notes=notes)
     run.speedup = _speedup(inp, measured, evals, notes)
     ev = case.evaluate

@@ -42,6 +42,9 @@ def _parse_line(obj: dict, where: str) -> Prompt:
     if has_text == has_msgs:
         raise DiagError("a prompt needs exactly one of text / messages", file=where, field=str(obj["id"]),
                         expected="text or messages", found=sorted(obj))
+    if not isinstance(obj["id"], (str, int)) or isinstance(obj["id"], bool):
+        raise DiagError("prompt id must be a string or an integer", file=where, field="id",
+                        expected="e.g. \"p1\" or 1", found=repr(obj["id"]))
     msgs = None
     if has_msgs:
         try:
@@ -49,7 +52,26 @@ def _parse_line(obj: dict, where: str) -> Prompt:
         except (TypeError, KeyError) as err:
             raise DiagError("malformed messages", file=where, field=f"{obj['id']}.messages",
                             expected='[{"role": ..., "content": ...}]', found=str(err)) from err
+        if not msgs or not all(isinstance(r, str) and isinstance(c, str) for r, c in msgs):
+            raise DiagError("malformed messages", file=where, field=f"{obj['id']}.messages",
+                            expected='a non-empty list of {"role": string, "content": string}',
+                            found=str(obj["messages"])[:80])
+    elif not isinstance(obj["text"], str) or not obj["text"].strip():
+        raise DiagError("prompt text must be a non-empty string", file=where, field=f"{obj['id']}.text",
+                        expected="a string", found=repr(obj["text"])[:80])
     return Prompt(str(obj["id"]), str(obj.get("category", "uncategorised")), obj.get("text"), msgs)
+
+
+def _lines(path: Path) -> list[tuple[int, str]]:
+    """(line number, text) of a UTF-8 file; invalid UTF-8 is an error naming the line."""
+    out = []
+    for n, raw in enumerate(path.read_bytes().split(b"\n"), 1):
+        try:
+            out.append((n, raw.decode("utf-8")))
+        except UnicodeDecodeError as err:
+            raise DiagError("file is not valid UTF-8", file=f"{path}:{n}", expected="UTF-8 text",
+                            found=f"byte {raw[err.start:err.start + 1]!r} at column {err.start + 1}") from None
+    return out
 
 
 def read_prompt_set(path: str | Path, limit: int | None = None,
@@ -58,9 +80,8 @@ def read_prompt_set(path: str | Path, limit: int | None = None,
     if not path.is_file():
         raise DiagError("prompt file not found", file=str(path), expected="a JSONL prompt set",
                         found="no such file")
-    raw = path.read_bytes()
     prompts = []
-    for n, line in enumerate(raw.decode().splitlines(), 1):
+    for n, line in _lines(path):
         if not line.strip():
             continue
         try:
@@ -98,6 +119,33 @@ def tokenize(prompt: Prompt, tokenizer) -> list[int]:
     return list(tokenizer(text, add_special_tokens=True)["input_ids"])
 
 
+def _recorded_line(line: str, where: str, tokenizer) -> tuple[str, list[int]]:
+    """One JSONL line {"id", "token_ids": [ints]} or {"id", "text": str} -> (id, token ids)."""
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise DiagError("recorded continuation line is not JSON", file=where,
+                        expected="one JSON object per line", found=str(err)) from err
+    if not isinstance(obj, dict) or not isinstance(obj.get("id"), (str, int)) or isinstance(obj.get("id"), bool):
+        raise DiagError("recorded continuation is not an object with an id", file=where, field="id",
+                        expected='{"id": ..., "token_ids": [...]}', found=line[:80])
+    pid = str(obj["id"])
+    if "token_ids" in obj:
+        ids = obj["token_ids"]
+        if not isinstance(ids, list) or not ids or not all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+            raise DiagError("recorded token_ids must be a non-empty list of token ids", file=where,
+                            field=f"{pid}.token_ids", expected="non-negative integers", found=str(ids)[:80])
+        return pid, list(ids)
+    if "text" in obj:
+        if not isinstance(obj["text"], str) or not obj["text"]:
+            raise DiagError("recorded text must be a non-empty string", file=where, field=f"{pid}.text",
+                            expected="a string", found=repr(obj["text"])[:80])
+        return pid, list(tokenizer(obj["text"], add_special_tokens=False)["input_ids"])
+    raise DiagError("recorded continuation needs token_ids or text", file=where,
+                    field=pid, expected="token_ids or text", found=sorted(obj))
+
+
 def read_recorded(path: str | Path, tokenizer, ids: list[str]) -> dict[str, list[int]]:
     """Recorded continuations keyed by prompt id; every prompt must have one."""
     path = Path(path)
@@ -105,17 +153,14 @@ def read_recorded(path: str | Path, tokenizer, ids: list[str]) -> dict[str, list
         raise DiagError("recorded continuation file not found", file=str(path),
                         expected='JSONL {"id", "token_ids"} or {"id", "text"}', found="no such file")
     out: dict[str, list[int]] = {}
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    for n, line in _lines(path):
         if not line.strip():
             continue
-        obj = json.loads(line)
-        if "token_ids" in obj:
-            out[str(obj["id"])] = [int(t) for t in obj["token_ids"]]
-        elif "text" in obj:
-            out[str(obj["id"])] = list(tokenizer(obj["text"], add_special_tokens=False)["input_ids"])
-        else:
-            raise DiagError("recorded continuation needs token_ids or text", file=f"{path}:{n}",
-                            field=str(obj.get("id")), expected="token_ids or text", found=sorted(obj))
+        pid, cont = _recorded_line(line, f"{path}:{n}", tokenizer)
+        if pid in out:
+            raise DiagError("recorded continuation appears twice", file=f"{path}:{n}", field="id",
+                            expected="one line per prompt id", found=pid)
+        out[pid] = cont
     missing = [i for i in ids if i not in out]
     if missing:
         raise DiagError("recorded continuations are missing prompts", file=str(path), field="id",

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from diag.checkpoint.config import read_config_json, text_config
+from diag.checkpoint.finite import check_finite
 from diag.errors import DiagError
 
 
@@ -75,19 +76,61 @@ def load_target(path: str | Path, *, dtype: torch.dtype | None = None, device_ma
     return _load_plain(path, info, dtype, device_map).eval(), info
 
 
+def plain_config(cfg: dict, file: str):
+    """The transformers config to build an unquantized target with, when config.json alone
+    would not do (None: let from_pretrained read it). `kimi_k2` is DeepSeek-V3 under another
+    model_type that only remote code knows: built as deepseek_v3, the same weights (the INT4
+    loader does the same). A multimodal wrapper (Kimi-K2.5's `text_config`) is loaded text-only
+    by the INT4 loader alone; unquantized it is an error here, before any weight is read."""
+    q = cfg.get("quantization_config") or text_config(cfg).get("quantization_config")
+    if q:
+        if isinstance(q, dict) and q.get("format") == "pack-quantized":
+            return None
+        raise DiagError("unsupported quantization format", file=file, field="quantization_config",
+                        expected="compressed-tensors pack-quantized (INT4), or no quantization_config",
+                        found=(q.get("format") or q.get("quant_method")) if isinstance(q, dict) else q)
+    from diag.int4.skeleton import MODEL_TYPE_ALIASES, build_config, resolve_config
+    if text_config(cfg) is not cfg:
+        raise DiagError("an unquantized multimodal wrapper cannot be loaded as a target", file=file,
+                        field="text_config", expected="a plain causal-LM config, or the wrapper as a "
+                        "compressed-tensors pack-quantized checkpoint (loaded text-only)",
+                        found=f"model_type {cfg.get('model_type')!r} wrapping "
+                              f"{text_config(cfg).get('model_type')!r} without quantization_config")
+    if cfg.get("model_type") in MODEL_TYPE_ALIASES:
+        return build_config(resolve_config(cfg, file=file))
+    return None
+
+
 def _load_plain(path, info: TargetInfo, dtype, device_map):
     from transformers import AutoModelForCausalLM
 
     if not list(Path(path).glob("*.safetensors")):
         raise DiagError("target checkpoint holds no safetensors weights", file=str(path),
                         expected="model.safetensors or sharded *.safetensors", found="none")
+    from safetensors import SafetensorError
+    config = plain_config(read_target_config(path), str(Path(path) / "config.json"))
     try:
         model, loading = AutoModelForCausalLM.from_pretrained(
             str(path), dtype=dtype or "auto", trust_remote_code=False, device_map=device_map,
-            output_loading_info=True)
-    except (OSError, ValueError, RuntimeError) as err:
+            output_loading_info=True, **({"config": config} if config is not None else {}))
+    except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as err:
         raise DiagError("transformers could not load the target", file=str(path),
-                        expected="a transformers causal-LM checkpoint", found=str(err).splitlines()[0]) from err
+                        expected="a transformers causal-LM checkpoint",
+                        found=f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}") from err
+    _check_loading(loading, path)
+    _check_finite_params(model, Path(path))
+    return model
+
+
+def _check_loading(loading: dict, path) -> None:
+    """Missing, unexpected (e.g. layers beyond num_hidden_layers) or misshapen weights are errors;
+    transformers itself only reports them."""
+    unexpected = sorted(k for k in loading.get("unexpected_keys", []) if "rotary_emb" not in k)
+    if unexpected:
+        raise DiagError("target checkpoint holds weights the model built from config.json has no place "
+                        "for (transformers would drop them silently)", file=str(path),
+                        field=", ".join(unexpected[:5]), expected="every weight used by the model",
+                        found=f"{len(unexpected)} unexpected tensor(s)")
     missing = [k for k in loading.get("missing_keys", []) if "rotary_emb" not in k]
     if missing:
         raise DiagError("target checkpoint is missing weights (transformers would leave them random)",
@@ -99,7 +142,15 @@ def _load_plain(path, info: TargetInfo, dtype, device_map):
         raise DiagError("target weights have shapes that disagree with config.json", file=str(path),
                         field=str(mismatched[0]), expected="shapes implied by config.json",
                         found=f"{len(mismatched)} mismatched tensor(s)")
-    return model
+
+
+def _check_finite_params(model, path: Path) -> None:
+    """NaN / Inf in any loaded weight, tensor by tensor where it lives (no second read of the
+    files: transformers has just placed each one), named with its shard."""
+    where = _tensor_locations(path)
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if t.device.type != "meta":                # offloaded by a device map: not in memory
+            check_finite(name, t.detach(), str(where.get(name, path)))
 
 
 _EMBED_KEYS = ("model.embed_tokens.weight", "language_model.model.embed_tokens.weight",
@@ -133,7 +184,9 @@ def load_embed_and_head(path: str | Path) -> tuple[torch.nn.Embedding, torch.nn.
         for k in keys:
             if k in where:
                 with safe_open(str(where[k]), framework="pt") as fh:
-                    return fh.get_tensor(k)
+                    t = fh.get_tensor(k)
+                check_finite(k, t, str(where[k]))
+                return t
         return None
 
     emb = read(_EMBED_KEYS, "embed")

@@ -100,8 +100,12 @@ def save_pass(key: PassKey, tp: TargetPass) -> Path:
                        "sequences": [[s.prompt_id, s.category, s.prompt_len] for s in tp.sequences]})
     key.file.parent.mkdir(parents=True, exist_ok=True)
     tmp = key.file.with_name(f"{key.file.stem}.tmp{os.getpid()}")
-    save_file(tensors, str(tmp), metadata={"diag": meta, "sha256": content_digest(tensors, meta)})
-    os.replace(tmp, key.file)
+    try:
+        save_file(tensors, str(tmp), metadata={"diag": meta, "sha256": content_digest(tensors, meta)})
+        os.replace(tmp, key.file)
+    except BaseException:                 # an interrupt or a full disk leaves no half-written file
+        tmp.unlink(missing_ok=True)
+        raise
     return key.file
 
 

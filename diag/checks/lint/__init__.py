@@ -5,8 +5,9 @@ weight value. Each Finding says what is wrong, what the selected SGLang version 
 about it (usually: nothing, silently) and how to fix it. The rules come from diag.engine;
 the checks live beside this module by subject: layout.py (ids, fc, algorithm), vocab.py
 (vocabularies, widths), tables.py (embedding / lm_head swaps, use_aux_hidden_state), rope.py
-(positions), launch.py (tree flags, request cap), sglang.py (the cross-check against an
-installed sglang). Every finding names the engine version whose rules it applies (`--engine`).
+(positions), launch.py (tree flags, request cap), flags.py (every word against the release's own
+argparse), sglang.py (the cross-check against an installed sglang). Every finding names the engine
+version whose rules it applies (`--engine`).
 
 This package knows files and findings; it knows nothing about running models.
 """
@@ -17,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from diag.checkpoint.config import read_config_json
+from diag.checks.lint.flags import check_flags
 from diag.checks.lint.launch import check_max_running, check_tree
 from diag.checks.lint.layout import (check_algorithm, check_deepseek_first_id, check_fc_width,
                                      check_layout, check_serving, check_top_level_ids)
@@ -34,7 +36,7 @@ __all__ = ["Finding", "lint", "read_tensor_headers", "compare_with_sglang", "CHE
 
 CHECKS = (check_serving, check_algorithm, check_fc_width, check_top_level_ids, check_deepseek_first_id,
           check_layout, check_vocab, check_hidden, check_rope, check_tree, check_max_running,
-          check_tables)
+          check_tables, check_flags)
 
 
 def _run_check(check, pair: Pair) -> list[Finding]:
@@ -55,6 +57,18 @@ def _dedupe(findings: list[Finding]) -> list[Finding]:
     return list(seen.values())
 
 
+def _launch_flags(launch: str | None, engine: str):
+    """The launch line's flags, or ([], an error finding) when SGLang could not parse it
+    (the flag check still reports every word)."""
+    if not launch:
+        return None, []
+    try:
+        return parse_launch(launch, engine), []
+    except DiagError as err:
+        return None, [Finding("error", "LAUNCH_UNPARSABLE", f"{err.message}: {err.found}",
+                              "SGLang's argparse exits at launch", f"expected: {err.expected}", None, err.field)]
+
+
 def lint(drafter_dir: str | Path, target_dir: str | Path, launch: str | None, *,
          engine: str = DEFAULT_ENGINE) -> list[Finding]:
     """Every finding for this drafter, target and (optional) launch line, each naming the
@@ -62,15 +76,16 @@ def lint(drafter_dir: str | Path, target_dir: str | Path, launch: str | None, *,
     engine = engine_of(engine).name
     drafter = read_config_json(Path(drafter_dir), "drafter")
     target = read_config_json(Path(target_dir), "target")
-    flags = parse_launch(launch) if launch else None
+    argv = tuple(server_argv(launch)) if launch else None
+    flags, unreadable = _launch_flags(launch, engine)
     eff = effective_config(flags, target, engine_name=engine) if flags is not None else None
     graphs = not (flags is not None and flags.disable_cuda_graph)
     pair = Pair(drafter, target, read_tensor_headers(Path(drafter_dir)),
                 str(Path(drafter_dir) / "config.json"), str(Path(target_dir) / "config.json"),
                 flags, eff, engine,
                 try_serving_plan(drafter, target, engine_name=engine, cuda_graph=graphs),
-                try_serving_plan(drafter, target, engine_name=engine, algorithm="EAGLE"))
-    out = _dedupe([f for check in CHECKS for f in _run_check(check, pair)])
+                try_serving_plan(drafter, target, engine_name=engine, algorithm="EAGLE"), argv)
+    out = _dedupe(unreadable + [f for check in CHECKS for f in _run_check(check, pair)])
     if not pair.tensors:
         out.append(Finding("warning", "NO_WEIGHTS", "no *.safetensors in the drafter directory",
                            "n/a", "save the drafter as safetensors", str(drafter_dir)))

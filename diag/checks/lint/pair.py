@@ -47,6 +47,7 @@ class Pair:
     engine: str
     plan: ServingPlan | ServingError
     eagle_plan: ServingPlan | ServingError
+    argv: tuple[str, ...] | None = None   # the launch line's words after the program
 
 
 def read_tensor_headers(directory: Path) -> dict[str, TensorInfo]:

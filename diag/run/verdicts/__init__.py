@@ -1,5 +1,7 @@
 """Verdicts: sentences a ticket can quote, each with its evidence and interval, one module
-per subject (layout, serving_error, eagle, regime, speedup), the record in record.py.
+per subject (floor, layout, serving_error, eagle, regime, speedup), the record in record.py.
+When the drafter predicts nothing on any layout (floor.py), that verdict replaces the layout
+and EAGLE verdicts: a tie of zeros says nothing about which layout the server should feed.
 
 `verdicts(run)` gathers them, most severe first. The producers read the run's typed
 Evaluation records through `select` at the run's reference axes; they know nothing about
@@ -9,6 +11,7 @@ models or files.
 from __future__ import annotations
 
 from diag.run.verdicts.eagle import eagle_verdicts
+from diag.run.verdicts.floor import floor_verdicts
 from diag.run.verdicts.layout import layout_verdicts
 from diag.run.verdicts.record import SEVERITIES, Verdict
 from diag.run.verdicts.regime import regime_verdicts
@@ -20,7 +23,8 @@ __all__ = ["Verdict", "verdicts"]
 
 def verdicts(run, target_config: dict) -> list[Verdict]:
     """All verdicts, most severe first (stable within a severity)."""
-    layout = layout_verdicts(run, target_config)
-    found = (serving_error_verdicts(run, layout, target_config) + layout + eagle_verdicts(run)
-             + regime_verdicts(run) + speedup_verdicts(run))
+    floor = floor_verdicts(run)
+    layout = [] if floor else layout_verdicts(run, target_config)
+    found = (floor + serving_error_verdicts(run, floor + layout, target_config) + layout
+             + ([] if floor else eagle_verdicts(run)) + regime_verdicts(run) + speedup_verdicts(run))
     return sorted(found, key=lambda v: SEVERITIES.index(v.severity))

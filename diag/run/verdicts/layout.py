@@ -104,6 +104,8 @@ def likely_trained(run, found: list[Verdict]) -> str | None:
     """The layout to recommend: among those indistinguishable from the best, one the
     drafter's config declares or whose ids some convention reads (adjacent layers can tie,
     DESIGN.md §10; the config then breaks the tie); else the best itself."""
+    if any(v.kind == "drafter-predicts-nothing" for v in found):
+        return None                      # a tie of zeros recommends nothing
     trained = next((v for v in found if v.kind == "trained-layout"), None)
     top = best(select(run.evaluations, run.reference))
     if trained is None:

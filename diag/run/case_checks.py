@@ -1,0 +1,106 @@
+"""Value checks of a case that parsing its types alone does not make: ranges, tree shapes
+SGLang refuses, regime names, the engine version and the serving algorithm. Run on every case after the command-line overrides, so a
+flag gets the same checks as a case file (`--max-new-tokens 0`, `--limit -1`).
+
+Ranges are data (RANGES): field, the test, what is expected. Trees follow the engine's own
+rules (diag.engine.tree_rules): a shape SGLang refuses at its first draft is an error naming
+the tree; one it rewrites is run as it runs it, with a note (diag.run.inputs.tree_shapes).
+Worked example: trees = ["s3-k4-d100"] -> DiagError field evaluate.trees, found "s3-k4-d100:
+RuntimeError: selected index k out of range ... num_draft_tokens - 1 = 99 exceeds the 36
+candidates". trees = ["s3-k1-d8"] -> runs as chain-3 (topk = 1 forces D = S + 1 = 4).
+
+This module knows the case's dataclasses and the engine's tree rules; it reads no files.
+"""
+
+from __future__ import annotations
+
+from diag.engine.tree_rules import resolve_sglang_shape
+from diag.errors import DiagError
+from diag.trees import tree_shape
+
+
+def _positive_ms(v) -> bool:
+    return v is None or v > 0
+
+
+def _verify_costs(v) -> bool:
+    """{"4": 21.5, ...}: keys are num_draft_tokens >= 2, values positive milliseconds."""
+    return v is None or (bool(v) and all(str(k).isdigit() and int(k) >= 2 and isinstance(x, (int, float))
+                                         and not isinstance(x, bool) and x > 0 for k, x in v.items()))
+
+
+def _buckets(v) -> bool:
+    return bool(v) and v[0] == 0 and all(b > a for a, b in zip(v, v[1:]))
+
+
+# (section, key, test, expected). Example: limit = -1 -> "prompts.limit: expected a positive
+# number of prompts (omit it for all), found -1" (it used to keep all prompts but the last).
+RANGES = (
+    ("prompts", "limit", lambda v: v is None or v >= 1, "a positive number of prompts (omit it for all)"),
+    ("evaluate", "bootstrap", lambda v: v >= 100,
+     ">= 100 resamples (fewer give 95% intervals that move from run to run)"),
+    ("evaluate", "seed", lambda v: v >= 0, ">= 0"),
+    ("evaluate", "position_buckets", _buckets, "ascending bucket starts beginning at 0, e.g. [0, 64, 128]"),
+    ("placement", "gpus", lambda v: v >= 0, ">= 0 (0: the CPU)"),
+    ("speedup", "context", lambda v: v >= 1, ">= 1 token of context"),
+    ("speedup", "t_decode_ms", _positive_ms, "a positive number of milliseconds"),
+    ("speedup", "t_draft_ms", lambda v: v is None or v >= 0, "a non-negative number of milliseconds"),
+    ("speedup", "t_verify_ms", _verify_costs,
+     'a table of num_draft_tokens (>= 2) -> positive milliseconds, e.g. {"4" = 21.5}'),
+)
+
+
+def check_ranges(case) -> None:
+    for section, key, ok, expected in RANGES:
+        value = getattr(getattr(case, section), key)
+        if not ok(value):
+            raise DiagError("case value out of range", file=case.source, field=f"{section}.{key}",
+                            expected=expected, found=value)
+
+
+def check_trees(case) -> None:
+    """Every named tree is one SGLang runs; a case with no tree at all is an error too."""
+    ev = case.evaluate
+    if not ev.trees and not ev.tree_grid:
+        raise DiagError("the case names no tree shape", file=case.source, field="evaluate.trees",
+                        expected="at least one shape, e.g. chain-3, or a tree_grid", found="[]")
+    for text in ev.trees:
+        shape = tree_shape(text, field="evaluate.trees")
+        resolved = resolve_sglang_shape(shape.num_steps, shape.topk, shape.num_draft_tokens)
+        if resolved.crash is not None:
+            raise DiagError("SGLang cannot run this tree shape", file=case.source, field="evaluate.trees",
+                            expected=f"num_draft_tokens - 1 <= K + (S-1)K^2 = {shape.num_candidates} "
+                                     f"for S={shape.num_steps}, K={shape.topk}",
+                            found=f"{text}: {resolved.crash}")
+
+
+def check_regimes(case) -> None:
+    """Regime names parse now, not after the reference regime's target pass."""
+    from diag.target.regimes import regime
+    for text in (*case.evaluate.regimes, case.evaluate.reference_regime):
+        if not text.startswith("ckpt:"):
+            try:
+                regime(text)
+            except DiagError as err:
+                raise DiagError(err.message, file=case.source, field="evaluate.regimes",
+                                expected=err.expected, found=err.found) from err
+
+
+def check_serving(case) -> None:
+    """The engine version is one diag knows, the algorithm one it can emulate."""
+    from diag.engine.algorithms import mode_of
+    from diag.engine.versions import engine
+    for fn, value, key in ((engine, case.serving.engine, "serving.engine"),
+                           (mode_of, case.serving.algorithm, "serving.algorithm")):
+        try:
+            fn(value)
+        except DiagError as err:
+            raise DiagError(err.message, file=case.source, field=key, expected=err.expected,
+                            found=err.found) from err
+
+
+def check_case_values(case) -> None:
+    check_ranges(case)
+    check_trees(case)
+    check_regimes(case)
+    check_serving(case)
