@@ -135,7 +135,7 @@ def read_server(case: Case, prompt_ids: list[str], target_config: dict | None, *
     if info is not None:
         s.files.append(("server_info", info.source))
         s.aggregates.append(Observed(info.accept_length, info.accept_length, info.accept_length,
-                                     f"/server_info ({info.ranks} rank(s), lifetime average)"))
+                                     f"/server_info, {info.ranks} rank(s), lifetime average"))
         s.shape(f"{info.source} (speculative_*)", info.tree)
         if info.max_running_requests is not None:
             s.mrr.append((info.source, info.max_running_requests))
@@ -192,7 +192,7 @@ def _read_vllm(s: _Sources) -> None:
     s.files.append(("vllm_metrics", got[0]))
     s.shapes.append((f"{got[0]} (vLLM drafts {k} tokens per round, a chain)", TreeShape(k, 1, k + 1)))
     al = s.vllm.accept_length
-    s.aggregates.insert(1 if s.requests else 0, Observed(al, al, al, f"vLLM counters ({s.vllm.num_drafts} drafts)"))
+    s.aggregates.insert(1 if s.requests else 0, Observed(al, al, al, f"vLLM counters, {s.vllm.num_drafts} drafts"))
 
 
 def _launch(s: _Sources) -> None:
@@ -217,7 +217,7 @@ def _observation(s: _Sources, rel, seed: int, n_boot: int) -> ServerObservation:
     tps, tps_src = sv.tokens_per_second, "server.tokens_per_second"
     if tps is None and s.log is not None:
         tps, tps_src = _mean(d.gen_throughput for d in s.log.speculative), \
-            f"scheduler log (mean gen throughput of {len(s.log.speculative)} lines)"
+            f"scheduler log, mean gen throughput of {len(s.log.speculative)} lines"
     run_al = sv.accept_length if sv.accept_length is not None else \
         (pooled_log(s.log.speculative, seed=seed, n_boot=n_boot).value if s.log is not None else
          (aggregates[0].value if aggregates else None))
@@ -241,7 +241,7 @@ def _baseline(s: _Sources) -> tuple[float | None, str | None]:
         return None, None
     lines = read_baseline_log(got[1], source=got[0])
     s.files.append(("baseline_log", got[0]))
-    return _mean(d.gen_throughput for d in lines), f"baseline log (mean gen throughput of {len(lines)} lines)"
+    return _mean(d.gen_throughput for d in lines), f"baseline log, mean gen throughput of {len(lines)} lines"
 
 
 def _load(log, mrr: int) -> LogLoad:

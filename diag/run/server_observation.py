@@ -113,7 +113,7 @@ def pooled_log(lines: tuple[DecodeLine, ...], *, seed: int, n_boot: int) -> Obse
     w = np.array([max(d.running_req, 1) for d in lines], dtype=float)
     point = float((v * w).sum() / w.sum())
     lo, hi = bootstrap_ci(v, seed=seed, n=n_boot, weights=w) if len(v) > 1 else (point, point)
-    return Observed(point, lo - ROUNDING, hi + ROUNDING, f"scheduler log ({len(lines)} decode lines)")
+    return Observed(point, lo - ROUNDING, hi + ROUNDING, f"scheduler log, {len(lines)} decode lines")
 
 
 def pooled_requests(requests: tuple[RequestCounts, ...], *, seed: int, n_boot: int) -> Observed:
@@ -123,7 +123,7 @@ def pooled_requests(requests: tuple[RequestCounts, ...], *, seed: int, n_boot: i
         raise DiagError("no /generate response has a verify round", field="meta_info.spec_verify_ct",
                         expected="> 0 for some request", found=0)
     point, lo, hi = accept_length_ci(rounds, seed=seed, n=n_boot)
-    return Observed(point, lo, hi, f"/generate responses ({len(rounds)} requests)")
+    return Observed(point, lo, hi, f"/generate responses, {len(rounds)} requests")
 
 
 # ---- the tree ----------------------------------------------------------------------------

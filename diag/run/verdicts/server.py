@@ -25,7 +25,7 @@ def _how(m: dict, mode: str) -> str:
     if mode == "per-request":
         lo, hi = m["per_request_rms_ci95"]
         return (f"diag {fmt(m['diag_value'])} vs server {fmt(m['server_value'])} on the same prompts, per-request "
-                f"RMS difference {m['per_request_rms']:.3f} {_iv(lo, hi)}")
+                f"RMS difference {m['per_request_rms']:.3f} [{lo:.3f}, {hi:.3f}]")
     lo, hi = m["difference_ci95"]
     return f"diag {fmt(m['diag_value'])}, difference {m['difference']:+.2f} {_iv(lo, hi)}"
 
@@ -51,6 +51,15 @@ def _trained_sentence(sec: dict, explaining: list[dict], server_tree: str | None
     return out
 
 
+def _config_sentence(run, best: dict) -> str:
+    """When the server runs another layout than the one its configuration resolves to."""
+    served = [c.label for c in getattr(run, "candidates", []) if "serving" in c.roles]
+    if not served or best["axes"]["layout"] in served:
+        return ""
+    return (f" The configuration diag was given resolves to `{served[0]}`: the server is not running what its "
+            "configuration says (check the drafter config it loaded, the launch command and the engine release).")
+
+
 def _match_verdict(run, sec: dict) -> list[Verdict]:
     rec = sec["reconciliation"]
     if rec is None:
@@ -66,7 +75,8 @@ def _match_verdict(run, sec: dict) -> list[Verdict]:
         others = [m["key"] for m in explaining[1:]]
         text = (f"{said} matches {_candidate(best, run.reference.regime)}{_rewrites(sec)}: {_how(best, mode)}."
                 + (f" Also consistent: {len(others)} other candidate(s) ({', '.join(others[:3])})." if others else "")
-                + _trained_sentence(sec, explaining, best["axes"]["tree"], run.reference.tree))
+                + _trained_sentence(sec, explaining, best["axes"]["tree"], run.reference.tree)
+                + _config_sentence(run, best))
         trained_ok = sec["trained_layout"] == best["axes"]["layout"] and best["axes"]["mode"] == "eagle3"
         return [Verdict("server-match", "ok" if trained_ok else "warning", text, {**ev, "best": best})]
     closest = next((m for m in rec["matches"] if m["shape_ok"]), None)
@@ -74,7 +84,8 @@ def _match_verdict(run, sec: dict) -> list[Verdict]:
         text = (f"{said} cannot be compared: the server ran {tree or 'another tree'}, which no evaluated tree "
                 f"matches ({rec['matches'][0]['shape_reason']}). Evaluate it too (--tree {tree}).")
         return [Verdict("server-unexplained", "warning", text, ev)]
-    text = (f"No evaluated candidate explains {said[4:]}: the closest, {_candidate(closest, run.reference.regime)}, "
+    text = (f"No evaluated candidate explains the server's accept length {fmt(srv['value'])} {_iv(*srv['ci95'])} "
+            f"({srv['source']}): the closest, {_candidate(closest, run.reference.regime)}, "
             f"gives {_how(closest, mode)}. The drafter configurations diag varied do not account for the gap; it "
             "lies in the engine (prefix cache, kernels, tensor-parallel numerics), in sampling (temperature > 0), "
             "or in the continuation (replay the server's own outputs with --recorded).")

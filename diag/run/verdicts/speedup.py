@@ -41,6 +41,12 @@ def _user_verdicts(run, sp: dict) -> list[Verdict]:
     return [Verdict("tree-choice", "info", f"Best tree shape of {len(rows)} evaluated: {core}", ev)]
 
 
+def _range(pair, nd: int, unit: str) -> str:
+    """[116.41, 126.5] -> "116.4-126.5 tok/s"; one number when both cost splits agree."""
+    lo, hi = (f"{x:.{nd}f}" for x in pair)
+    return f"{lo}{unit}" if lo == hi else f"{lo}-{hi}{unit}"
+
+
 def _server_verdicts(run, cal: dict) -> list[Verdict]:
     c = cal["costs"]
     said = (f"Your server: {cal['tokens_per_second']:.1f} tok/s at accept length {fmt(cal['accept_length'])} on "
@@ -52,9 +58,8 @@ def _server_verdicts(run, cal: dict) -> list[Verdict]:
         return [Verdict("speedup", "info", said, {"calibration": c})]
     top = max(rows, key=lambda r: r["speedup"][1])
     lo, hi = top["speedup"]
-    tps = top["tokens_per_second"]
     shape = (f"{top['tree']} on {run.best_layout()}: accept length {fmt(top['accept_length'])}, "
-             f"{tps[0]:.1f}-{tps[1]:.1f} tok/s, {lo:.2f}x-{hi:.2f}x")
+             f"{_range(top['tokens_per_second'], 1, ' tok/s')}, {_range(top['speedup'], 2, 'x')}")
     ev = {"calibration": c, "best": top, "rows": rows}
     if hi < 1.0:
         return [Verdict("speedup", "warning", f"SPECULATION DOES NOT PAY at your server's costs: {said} Even the best "
