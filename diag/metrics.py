@@ -103,16 +103,16 @@ def accept_length_no_bonus(c: AcceptCounts) -> float | None:
 
 
 def sglang_accept_rate(c: AcceptCounts) -> float | None:
-    """Σa / (rounds · (D-1)): SGLang 0.5.23's "accept rate" (draft slots only,
-    bonus excluded). Example: a = [0, 2, 2, 1], D = 4 -> 5 / 12 = 0.4167.
+    """Σa / (rounds · (D-1)): SGLang's "accept rate" from 0.5.11 on (draft
+    slots only, bonus excluded; diag.engine.server_releases). Example: a = [0, 2, 2, 1], D = 4 -> 5 / 12 = 0.4167.
     None with 0 rounds or D = 1 (no draft slot)."""
     slots = c.rounds * (c.num_draft_tokens - 1)
     return None if slots <= 0 else _sum_accepted(c) / slots
 
 
 def sglang_accept_rate_legacy(c: AcceptCounts) -> float | None:
-    """Σ(a+1) / (rounds · D): SGLang's "accept rate" before 0.5.23 (bonus counted
-    in both numerator and denominator). Example: a = [0, 2, 2, 1], D = 4 ->
+    """Σ(a+1) / (rounds · D): SGLang's "accept rate" up to 0.5.10.post1 (bonus
+    counted in both numerator and denominator). Example: a = [0, 2, 2, 1], D = 4 ->
     9 / 16 = 0.5625. None with 0 rounds."""
     slots = c.rounds * c.num_draft_tokens
     return None if slots <= 0 else (_sum_accepted(c) + c.rounds) / slots

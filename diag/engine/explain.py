@@ -2,8 +2,9 @@
 
 SGLang logs both numbers with 2 decimals. With L = accept length (bonus
 included) = 1 + mean(a), the two rate formulas reduce to
-    sglang_accept_rate (0.5.23)   R = Σa / (rounds·(D-1)) = (L - 1) / (D - 1)
-    sglang_accept_rate_legacy     R = Σ(a+1) / (rounds·D)  = L / D
+    sglang_accept_rate (0.5.11+)  R = Σa / (rounds·(D-1)) = (L - 1) / (D - 1)
+    sglang_accept_rate_legacy     R = Σ(a+1) / (rounds·D)  = L / D   (0.5.6 - 0.5.10.post1)
+(where each release divides: diag.engine.server_releases)
 so each (D, formula) pair predicts R from L. A pair is consistent when some
 true (L, R) inside the printed rounding intervals satisfies it, with the
 physical bound 1 <= L <= D (at most D-1 drafts accepted).
@@ -24,8 +25,8 @@ from diag.errors import DiagError
 from diag.engine.tree_rules import ResolvedShape, resolve_sglang_shape
 
 FORMULAS = {
-    "sglang_accept_rate": "0.5.23: Σa / (rounds·(D-1)), draft slots only",
-    "sglang_accept_rate_legacy": "before 0.5.23: Σ(a+1) / (rounds·D), bonus counted",
+    "sglang_accept_rate": "SGLang 0.5.11+: Σa / (rounds·(D-1)), draft slots only",
+    "sglang_accept_rate_legacy": "SGLang 0.5.6 - 0.5.10.post1: Σ(a+1) / (rounds·D), bonus counted",
 }
 
 

@@ -223,7 +223,7 @@ def _observation(s: _Sources, rel, seed: int, n_boot: int) -> ServerObservation:
          (aggregates[0].value if aggregates else None))
     base, base_src = _baseline(s)
     mrr_src, mrr = (("server.max_running_requests", sv.max_running_requests) if sv.max_running_requests else
-                    (s.mrr[0] if s.mrr else (f"SGLang's speculative default ({SPEC_MAX_RUNNING_REQUESTS})",
+                    (s.mrr[0] if s.mrr else ("SGLang's speculative-mode default",
                                              SPEC_MAX_RUNNING_REQUESTS)))
     return ServerObservation(
         show(rel), tuple(s.files), aggregates[0] if aggregates else None, tuple(aggregates[1:]), s.requests,
