@@ -20,7 +20,7 @@ from pathlib import Path
 import diag
 from diag.replay.evaluation import ANY
 
-SCHEMA_VERSION = "2.0"
+SCHEMA_VERSION = "2.1"
 
 
 def git_hash() -> str | None:
@@ -71,6 +71,7 @@ def envelope(run, argv: list[str] | None = None) -> dict:
         "evaluations": [e.to_json() for e in run.evaluations],
         "speedup": run.speedup,
         "regimes": run.regimes,
+        "server": getattr(run, "server", None),
         "timings": run.timings,
         "notes": run.notes,
     }

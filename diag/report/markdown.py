@@ -6,6 +6,8 @@ run below it. This module reads the report dict; it computes nothing new.
 
 from __future__ import annotations
 
+from diag.report.server_markdown import server_markdown
+
 _ICON = {"error": "❌", "warning": "⚠️", "ok": "✅", "info": "ℹ️"}
 
 
@@ -121,15 +123,27 @@ def _speedup(rep: dict) -> list[str]:
     out = ["## Will speculation pay?", "",
            f"Step costs ({sp['source']}): decode {c['t_decode'] * 1e3:.2f} ms, draft step "
            f"{c['t_draft'] * 1e3:.2f} ms, draft extend {c['t_draft_extend'] * 1e3:.2f} ms, verify {verify}. "
-           "Break-even accept length = round cost / decode cost; above it speculation beats plain decoding.", "",
+           "Break-even accept length = round cost / decode cost; above it speculation beats plain decoding."
+           + _spread(sp), "",
            "| tree | layout | mode | regime | round cost | break-even | reachable | accept length | speedup |",
            "|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(sp["rows"], key=lambda r: (r["tree"], -(r.get("speedup") or 0))):
         reg = r["regime"] if r["regime"] == r["tokens_regime"] else f"{r['regime']}→{r['tokens_regime']}"
         out.append(f"| {r['tree']} | `{r['layout']}` | {r['mode']} | {reg} | {r['round_cost_s'] * 1e3:.2f} ms | "
-                   f"{_f(r['break_even_accept_length'])} | {'yes' if r['break_even_reachable'] else 'no'} | "
+                   f"{'measurement error' if r.get('measurement_error') else _f(r['break_even_accept_length'])} | "
+                   f"{'yes' if r['break_even_reachable'] else 'no'} | "
                    f"{_f(r.get('accept_length'))} | {_f(r.get('speedup'))}x |")
     return out + [""]
+
+
+def _spread(sp: dict) -> str:
+    """Measured costs: a measurement with its spread, never a verdict."""
+    if sp.get("basis") != "measured" or not sp.get("spread"):
+        return ""
+    d = sp["spread"]["t_decode"]
+    return (f" Measured on this machine, {sp['repeats']} calls each (decode {d['min'] * 1e3:.2f} / {d['median'] * 1e3:.2f}"
+            f" / {d['max'] * 1e3:.2f} ms min / median / max): a measurement, not a verdict on your server. A "
+            "break-even below 1 (a round cheaper than a plain step) is a measurement error.")
 
 
 def _plots(rep: dict) -> list[str]:
@@ -145,5 +159,5 @@ def render(rep: dict) -> str:
         head += [rep["case"]["description"], ""]
     notes = ["## Notes", ""] + [f"- {n}" for n in rep["notes"]] + [""] if rep["notes"] else []
     body = (head + _verdicts(rep) + _what_ran(rep) + _candidates(rep) + _table(rep) + _by_position(rep)
-            + _regimes(rep) + _speedup(rep) + _plots(rep) + notes)
+            + _regimes(rep) + _speedup(rep) + server_markdown(rep) + _plots(rep) + notes)
     return "\n".join(body) + "\n"

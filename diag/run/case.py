@@ -84,6 +84,28 @@ class SpeedupSpec:
 
 
 @dataclass(frozen=True)
+class ServerSpec:
+    """What the live server emitted, to reconcile diag's candidates with (diag/run/reconcile.py):
+    its files (log, /generate responses, /server_info, vLLM /metrics), the release that wrote
+    them (default: [serving] engine), and the rates the user measured at the same concurrency:
+    baseline_tokens_per_second (no speculation) and tokens_per_second (speculative; default: the
+    log's mean gen throughput) at accept_length (default: the log's) on tree (default: the log's
+    server_args)."""
+    engine: str | None = None
+    log: str | None = None
+    baseline_log: str | None = None
+    responses: str | None = None
+    server_info: str | None = None
+    vllm_metrics: str | None = None
+    baseline_tokens_per_second: float | None = None
+    tokens_per_second: float | None = None
+    accept_length: float | None = None
+    tree: str | None = None
+    concurrency: int | None = None
+    max_running_requests: int | None = None
+
+
+@dataclass(frozen=True)
 class PlacementSpec:
     gpus: int = 0
     gpu_memory: str | None = None
@@ -102,12 +124,13 @@ class Case:
     serving: ServingSpec = field(default_factory=ServingSpec)
     placement: PlacementSpec = field(default_factory=PlacementSpec)
     speedup: SpeedupSpec = field(default_factory=SpeedupSpec)
+    server: ServerSpec = field(default_factory=ServerSpec)
     description: str = ""
 
 
 _SECTIONS = {"target": ModelSpec, "drafter": ModelSpec, "prompts": PromptSpec,
              "evaluate": EvaluateSpec, "serving": ServingSpec, "placement": PlacementSpec,
-             "speedup": SpeedupSpec}
+             "speedup": SpeedupSpec, "server": ServerSpec}
 _TOP = {"version", "name", "description", *_SECTIONS}
 
 
@@ -228,6 +251,9 @@ def _check_values(case: Case) -> None:
         raise DiagError("user step costs need all three", file=src, field="speedup",
                         expected="t_decode_ms, t_draft_ms and t_verify_ms together",
                         found={k: v for k, v in zip(("t_decode_ms", "t_draft_ms", "t_verify_ms"), given)})
+    from diag.run.pricing import check_user_costs
+    if all(g is not None for g in given):
+        check_user_costs(sp, src)
     if ev.token_budget < 64:
         raise DiagError("token budget too small", file=src, field="evaluate.token_budget",
                         expected=">= 64", found=ev.token_budget)
