@@ -11,6 +11,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from diag.cli import prompt_flags
 from diag.errors import DiagError
 from diag.run.case import Case, EvaluateSpec, ModelSpec, PromptSpec, ServingSpec, check_case, read_case, with_engine
 
@@ -52,6 +53,7 @@ def register(sub) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--strict", action="store_true", help="exit 1 when a verdict is an error")
     _server_flags(p.add_argument_group("the live server (reconcile with what it emitted; case [server])"))
+    prompt_flags.register(p)
     p.set_defaults(func=run)
     v = sub.add_parser("validate", help="check a case file without loading weights")
     v.add_argument("case")
@@ -116,8 +118,8 @@ def apply_overrides(case: Case, a) -> Case:
                  recorded=a.recorded or pr.recorded)
     sv = replace(sv, algorithm=a.algorithm or sv.algorithm, layout=a.serving_layout or sv.layout,
                  launch=a.launch or sv.launch)
-    return with_engine(replace(case, evaluate=ev, prompts=pr, serving=sv, placement=pl,
-                               server=_server_overrides(case.server, a)),
+    return with_engine(prompt_flags.apply(replace(case, evaluate=ev, prompts=pr, serving=sv, placement=pl,
+                                               server=_server_overrides(case.server, a)), a),
                        getattr(a, "engine", None))
 
 

@@ -7,6 +7,7 @@ run below it. This module reads the report dict; it computes nothing new.
 from __future__ import annotations
 
 from diag.report.server_markdown import server_markdown
+from diag.report.prompt_side_md import prompt_side
 
 _ICON = {"error": "❌", "warning": "⚠️", "ok": "✅", "info": "ℹ️"}
 
@@ -39,7 +40,8 @@ def _what_ran(rep: dict) -> list[str]:
             f"{d['draft_vocab_size']}, config hash `{d['config']}`",
             _serving_line(rep),
             f"- prompts `{rep['prompts']['file']}`: {rep['prompts']['count']} prompts "
-            f"({', '.join(rep['prompts']['categories'])}), hash `{rep['prompts']['sha256']}`",
+            f"({', '.join(rep['prompts']['categories'])}), hash `{rep['prompts']['sha256']}`, rendered as "
+            f"`{(rep.get('reference') or {}).get('rendering') or 'auto'}`",
             f"- target pass: {tp['source']} continuations, max_new_tokens {tp['max_new_tokens']}, "
             f"{tp['sequences']} sequences, {tp['tokens']} tokens ({tp['continuation_tokens']} continuation); "
             f"captured {', '.join(tp['points'])}; {cached}",
@@ -62,6 +64,12 @@ def _candidates(rep: dict) -> list[str]:
     return out + [""]
 
 
+def _served(rep: dict) -> list[dict]:
+    """The evaluations under the serving rendering (the others are the renderings section's)."""
+    served = (rep.get("reference") or {}).get("rendering")
+    return [e for e in rep["evaluations"] if served is None or e.get("rendering", served) == served]
+
+
 def _table(rep: dict) -> list[str]:
     out = ["## Acceptance", "",
            "accept length = 1 + mean accepted drafts per verify round (bonus token included), over the "
@@ -69,7 +77,7 @@ def _table(rep: dict) -> list[str]:
            "`all pos.` = over every position of the continuation.", "",
            "| layout | mode | tree | regime | accept length | 95% CI | all pos. | no bonus | sglang rate | "
            "legacy rate | P(a≥d), d=1.. |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for e in sorted(rep["evaluations"], key=lambda e: (e["tree"], -(e["accept_length"] or 0))):
+    for e in sorted(_served(rep), key=lambda e: (e["tree"], -(e["accept_length"] or 0))):
         tr, al = e["trajectory"], e["all_positions"]
         depth = " ".join(_f(x) for x in al["acceptance_at_depth"])
         lo, hi = e["accept_length_ci95"]
@@ -83,7 +91,7 @@ def _table(rep: dict) -> list[str]:
 def _by_position(rep: dict) -> list[str]:
     out = ["## Acceptance by position in the sequence", "",
            "Falling acceptance at long positions points at RoPE or context-length mismatches.", ""]
-    for e in rep["evaluations"]:
+    for e in _served(rep):
         if not e["by_position"]:
             continue
         cells = ", ".join(f"[{b['from']},{b['to']}): {_f(b['accept_length'])} ({b['rounds']} rounds)"
@@ -159,5 +167,5 @@ def render(rep: dict) -> str:
         head += [rep["case"]["description"], ""]
     notes = ["## Notes", ""] + [f"- {n}" for n in rep["notes"]] + [""] if rep["notes"] else []
     body = (head + _verdicts(rep) + _what_ran(rep) + _candidates(rep) + _table(rep) + _by_position(rep)
-            + _regimes(rep) + _speedup(rep) + server_markdown(rep) + _plots(rep) + notes)
+            + prompt_side(rep) + _regimes(rep) + _speedup(rep) + server_markdown(rep) + _plots(rep) + notes)
     return "\n".join(body) + "\n"

@@ -113,6 +113,28 @@ class PlacementSpec:
 
 
 @dataclass(frozen=True)
+class RenderingSpec:
+    """How prompts become token ids (diag/run/rendering.py names them): the rendering the
+    server applies (the run's reference), the one the drafter was trained with, others to
+    compare; template files by name (e.g. train = "templates/train.jinja")."""
+    serving: str = "auto"
+    trained: str | None = None
+    renderings: tuple[str, ...] = ()
+    templates: dict | None = None
+    system_prompt: str | None = None
+
+
+@dataclass(frozen=True)
+class LongContextSpec:
+    """Acceptance against position (diag/run/long_context.py): prompts of graded lengths up
+    to `length` tokens, built from the prompt set's texts or from a text `file`."""
+    length: int = 0                   # 0: off
+    file: str | None = None
+    rungs: int = 8
+    per_rung: int = 2
+
+
+@dataclass(frozen=True)
 class Case:
     version: int
     name: str
@@ -125,12 +147,15 @@ class Case:
     placement: PlacementSpec = field(default_factory=PlacementSpec)
     speedup: SpeedupSpec = field(default_factory=SpeedupSpec)
     server: ServerSpec = field(default_factory=ServerSpec)
+    rendering: RenderingSpec = field(default_factory=RenderingSpec)
+    long_context: LongContextSpec = field(default_factory=LongContextSpec)
     description: str = ""
 
 
 _SECTIONS = {"target": ModelSpec, "drafter": ModelSpec, "prompts": PromptSpec,
              "evaluate": EvaluateSpec, "serving": ServingSpec, "placement": PlacementSpec,
-             "speedup": SpeedupSpec, "server": ServerSpec}
+             "speedup": SpeedupSpec, "server": ServerSpec, "rendering": RenderingSpec,
+             "long_context": LongContextSpec}
 _TOP = {"version", "name", "description", *_SECTIONS}
 
 
@@ -254,6 +279,8 @@ def _check_values(case: Case) -> None:
     from diag.run.pricing import check_user_costs
     if all(g is not None for g in given):
         check_user_costs(sp, src)
+    check_rendering(case)
+    check_long_context(case)
     if ev.token_budget < 64:
         raise DiagError("token budget too small", file=src, field="evaluate.token_budget",
                         expected=">= 64", found=ev.token_budget)
@@ -265,6 +292,31 @@ def check_case(case: Case) -> Case:
     same checks as a case file)."""
     _check_values(case)
     return case
+
+
+def check_rendering(case: Case) -> None:
+    from diag.run.rendering import check_template_name, parse
+    spec, src = case.rendering, case.source
+    templates = spec.templates or {}
+    for name, path in templates.items():
+        _in_file(lambda t, field: check_template_name(t, field=field), name, f"rendering.templates.{name}", src)
+        if not isinstance(path, str):
+            raise DiagError("a template must be a file path", file=src, field=f"rendering.templates.{name}",
+                            expected="a path string", found=repr(path))
+    for key, text in [("serving", spec.serving), ("trained", spec.trained)] + \
+            [("renderings", r) for r in spec.renderings]:
+        if text is not None:
+            _in_file(lambda t, field: parse(t, tuple(templates), field=field), text, f"rendering.{key}", src)
+
+
+def check_long_context(case: Case) -> None:
+    lc, src = case.long_context, case.source
+    if lc.length and lc.length < 2 * case.prompts.max_new_tokens:
+        raise DiagError("long-context length too short", file=src, field="long_context.length",
+                        expected=f">= 2 x max_new_tokens = {2 * case.prompts.max_new_tokens}", found=lc.length)
+    if lc.length and (lc.rungs < 2 or lc.per_rung < 1):
+        raise DiagError("long context needs rungs >= 2 and per_rung >= 1", file=src, field="long_context",
+                        expected="rungs >= 2, per_rung >= 1", found={"rungs": lc.rungs, "per_rung": lc.per_rung})
 
 
 def read_case(path: str | Path) -> Case:

@@ -31,6 +31,7 @@ from diag.run.costs import measure_costs
 from diag.run.evaluate import evaluate, reference_axes
 from diag.run.inputs import Inputs, dtype_of, prepare
 from diag.run.pricing import speedup_section, user_costs
+from diag.run.prompt_sections import prompt_sections
 from diag.run.regime_section import regime_section
 from diag.run.server_inputs import read_server
 from diag.run.server_section import server_section
@@ -58,6 +59,10 @@ class RunResult:
     speedup: dict | None = None
     regimes: dict | None = None
     server: dict | None = None           # the live server reconciled (run/server_section.py)
+    renderings: dict | None = None       # the prompt-side sections (prompt_sections.py)
+    coverage: dict | None = None
+    loops: dict | None = None
+    long_context: dict | None = None
 
     def best_layout(self) -> str | None:
         """The eagle3 layout with the highest accept length at the reference axes."""
@@ -142,10 +147,10 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True) -> Ru
     embed, head = load_embed_and_head(inp.target_path)
     t0 = _stopwatch(timings, "checks_s", t0)
     measured = _Costs(inp, drafter, embed)
-    passes, pass_meta = target_passes(inp, progress=progress, use_cache=use_cache, with_model=measured)
+    passes, pass_meta, extra = target_passes(inp, progress=progress, use_cache=use_cache, with_model=measured)
     notes = inp.notes + pass_meta.pop("cache_notes")
     t0 = _stopwatch(timings, "target_s", t0)
-    evals = evaluate(inp, drafter, embed, head, passes, progress=progress)
+    evals = evaluate(inp, drafter, embed, head, passes, progress=progress, extra=extra)
     t0 = _stopwatch(timings, "drafter_s", t0)
     health = health_checks(drafter, _continuations(passes[inp.regimes[0]]))
     run = RunResult(case, inp.target, _drafter_info(inp.drafter_path, dckpt, drafter), _prompts_info(inp),
@@ -158,6 +163,10 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True) -> Ru
                                  run.best_layout(), seed=ev.seed, n_boot=ev.bootstrap)
     if server is not None:
         run.server = server_section(server, evals, run.reference, run.best_layout(), seed=ev.seed, n_boot=ev.bootstrap)
+    side = prompt_sections(inp, run.reference, run.best_layout(), evals, passes, extra, drafter, embed, head,
+                           progress=progress)
+    run.renderings, run.coverage, run.loops, run.long_context = \
+        side.renderings, side.coverage, side.loops, side.long_context
     run.verdicts = verdicts(run, inp.target_config)
     _stopwatch(timings, "summary_s", t0)
     return run

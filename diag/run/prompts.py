@@ -106,17 +106,11 @@ def read_prompt_set(path: str | Path, limit: int | None = None,
 
 
 def tokenize(prompt: Prompt, tokenizer) -> list[int]:
-    """Token ids of one prompt, chat template applied when the tokenizer has one."""
-    if prompt.messages is None:
-        return list(tokenizer(prompt.text, add_special_tokens=True)["input_ids"])
-    msgs = [{"role": r, "content": c} for r, c in prompt.messages]
-    if getattr(tokenizer, "chat_template", None):
-        out = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-        if isinstance(out, dict) or hasattr(out, "keys"):
-            out = out["input_ids"]
-        return list(out)
-    text = "\n".join(f"{r}: {c}" for r, c in prompt.messages) + "\nassistant:"
-    return list(tokenizer(text, add_special_tokens=True)["input_ids"])
+    """Token ids of one prompt under the default rendering ("auto": chat template for
+    messages, text raw); every rendering lives in render.py."""
+    from diag.run.render import Renderer
+    from diag.run.rendering import DEFAULT, parse
+    return Renderer(tokenizer).ids(prompt, parse(DEFAULT))
 
 
 def _recorded_line(line: str, where: str, tokenizer) -> tuple[str, list[int]]:

@@ -5,7 +5,8 @@
     drafter = zoo_path("llama-tiny-eagle3-embed")
 
 Entries (recipes.py): stdlib-corpus, llama-tiny, llama-tiny-eagle3-embed,
-llama-tiny-eagle3-l1, deepseek-tiny, deepseek-tiny-int4, deepseek-tiny-eagle3.
+llama-tiny-eagle3-l1, deepseek-tiny, deepseek-tiny-int4, deepseek-tiny-eagle3, and drafters
+derived from a trained one without training (build_derived.py): llama-tiny-eagle3-nows, ...
 Cache: $DIAG_CACHE_DIR or ~/.cache/diag, then zoo/v{BUILDER_VERSION}/{name}/.
 Each entry directory holds a zoo_meta.json: recipe, build time, quality metrics.
 """
