@@ -3,7 +3,6 @@ the thinking switch read from a template's Jinja source (Kimi-K2.5's `thinking`,
 `enable_thinking`), system prompts on and off, and where two renders part."""
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -13,12 +12,20 @@ from diag.run.prompts import Prompt, tokenize
 from diag.run.render import Renderer, load_template, thinking_switch
 from diag.run.render_diff import difference, differences, first_difference
 from diag.run.rendering import parse
+from diag.zoo.tokenizer import THINKING_CHAT_TEMPLATE
 
-KIMI = Path(__file__).resolve().parents[1] / "cases" / "templates" / "kimi-style.jinja"
 # Kimi-K2.5's generation-prompt switch, verbatim; Qwen3's reads enable_thinking.
 KIMI_SWITCH = ("{%- if thinking is defined and thinking is false -%}<think></think>"
                "{%- else -%}<think>{%- endif -%}")
 QWEN_SWITCH = "{%- if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>{%- endif %}"
+
+
+@pytest.fixture(scope="module")
+def kimi(tmp_path_factory):
+    """The zoo's Kimi-style template (llama-tiny-think's) as a user-supplied file: (path, source)."""
+    path = tmp_path_factory.mktemp("tpl") / "kimi-style.jinja"
+    path.write_text(THINKING_CHAT_TEMPLATE)
+    return str(path), THINKING_CHAT_TEMPLATE
 
 
 @pytest.fixture(scope="module")
@@ -56,15 +63,15 @@ def test_bad_names_are_errors(text, message):
         parse(text, ())
 
 
-def test_thinking_switch_is_read_from_the_template_source():
+def test_thinking_switch_is_read_from_the_template_source(kimi):
     assert thinking_switch(KIMI_SWITCH) == "thinking"
     assert thinking_switch(QWEN_SWITCH) == "enable_thinking"
     assert thinking_switch("{{ messages[0]['content'] }} {# thinking is off #}") is None
-    assert thinking_switch(KIMI.read_text()) == "thinking"
+    assert thinking_switch(kimi[1]) == "thinking"
 
 
-def test_kimi_style_thinking_on_and_off_differ_only_at_the_generation_prompt(tok):
-    r = Renderer(tok, {"kimi": (str(KIMI), KIMI.read_text())})
+def test_kimi_style_thinking_on_and_off_differ_only_at_the_generation_prompt(tok, kimi):
+    r = Renderer(tok, {"kimi": kimi})
     on, off, default = (r.ids(CHAT, parse(n, ("kimi",))) for n in ("kimi+think", "kimi+nothink", "kimi"))
     assert on == default                                    # Kimi thinks unless told not to
     k = first_difference(on, off)
@@ -72,8 +79,8 @@ def test_kimi_style_thinking_on_and_off_differ_only_at_the_generation_prompt(tok
     assert tok.decode(on).endswith("<|assistant|>\n<think>")
 
 
-def test_system_prompt_on_and_off(tok):
-    r = Renderer(tok, {"kimi": (str(KIMI), KIMI.read_text())}, system_prompt="You are Kimi.")
+def test_system_prompt_on_and_off(tok, kimi):
+    r = Renderer(tok, {"kimi": kimi}, system_prompt="You are Kimi.")
     text = lambda p, n: tok.decode(r.ids(p, parse(n, ("kimi",))))
     assert "Be brief." in text(CHAT, "kimi") and "Be brief." not in text(CHAT, "kimi+nosystem")
     assert "You are a tiny model." in text(CHAT, "kimi+nosystem")     # the template's own default
@@ -88,8 +95,8 @@ def test_raw_and_auto(tok):
     assert tok.decode(r.ids(CHAT, parse("auto"))).endswith("user: def f(x):\nassistant:")
 
 
-def test_failures_before_any_weight(tok):
-    r = Renderer(tok, {"kimi": (str(KIMI), KIMI.read_text()), "plain": ("p.jinja", "{{ messages[0].content }}")})
+def test_failures_before_any_weight(tok, kimi):
+    r = Renderer(tok, {"kimi": kimi, "plain": ("p.jinja", "{{ messages[0].content }}")})
     with pytest.raises(DiagError, match="no chat template") as e:
         r.check(parse("chat"), field_name="rendering")
     assert e.value.file == "tokenizer_config.json"

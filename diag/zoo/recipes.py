@@ -141,6 +141,8 @@ class ZooEntry:
     def needs(self) -> tuple[str, ...]:
         """Entries that must exist first, in build order."""
         r = self.recipe
+        if callable(getattr(r, "needs", None)):          # recipes that say it themselves
+            return r.needs()
         if isinstance(r, TargetRecipe):
             return (r.corpus,)
         if isinstance(r, DrafterRecipe):
@@ -180,3 +182,8 @@ _ENTRIES = (
 )
 
 ZOO: dict[str, ZooEntry] = {e.name: e for e in _ENTRIES}
+
+# The prompt-side entries (issue 14) live in their own module, which reads the classes above.
+from diag.zoo.recipes_prompt_side import ENTRIES as _PROMPT_SIDE  # noqa: E402
+
+ZOO.update({e.name: e for e in _PROMPT_SIDE})

@@ -2,8 +2,8 @@
 to the rendering the drafter was trained with?
 
 With a trained rendering named in the case and different from the serving one: a warning when
-the paired 95% interval of (serving - trained) lies below zero, ok when it reaches zero.
-Without one, an info line per rendering evaluated. Reads the renderings section
+the paired 95% interval of (serving - trained) lies below zero, ok when it reaches zero; ok when
+the two are the same rendering. Without one, an info line per rendering evaluated. Reads the renderings section
 (rendering_section.py); knows nothing about models or files.
 """
 
@@ -17,8 +17,9 @@ def _where(row: dict) -> str:
     if not d or not d["examples"]:
         return "the two render every prompt to the same tokens"
     ex = d["examples"][0]
+    side = lambda text: repr(text) if text else "nothing more"
     return (f"the renders first differ at token {ex['index']} of prompt {ex['prompt']}: after "
-            f"{ex['context']!r} the server has {ex['serving']!r}, the training render {ex['other']!r} "
+            f"{ex['context']!r} the server has {side(ex['serving'])}, the training render {side(ex['other'])} "
             f"({d['prompts'] - d['identical']} of {d['prompts']} prompts differ)")
 
 
@@ -28,7 +29,11 @@ def rendering_verdicts(run) -> list[Verdict]:
         return []
     rows = {r["rendering"]: r for r in sec["rows"]}
     serving, trained = rows[sec["serving"]], rows.get(sec["trained"]) if sec["trained"] else None
-    if trained is None or trained is serving or trained["vs_serving"] is None:
+    if trained is serving:
+        return [Verdict("rendering-match", "ok", f"The server renders prompts as the drafter was trained "
+                        f"({sec['serving']}): accept length {fmt(serving['accept_length'])} on {sec['layout']}, "
+                        f"{sec['tree']}.", {"rows": sec["rows"]})]
+    if trained is None or trained["vs_serving"] is None:
         listing = ", ".join(f"{r['rendering']} {fmt(r['accept_length'])}" for r in sec["rows"])
         return [Verdict("renderings", "info", f"Accept length by prompt rendering on {sec['layout']}, "
                         f"{sec['tree']} (serving: {sec['serving']}): {listing}.", {"rows": sec["rows"]})]
