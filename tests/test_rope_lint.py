@@ -110,3 +110,14 @@ def test_unset_theta_is_named_as_the_default():
 def test_control_a_matching_pair_has_no_rope_finding():
     assert findings("torchspec-kimi-k25-eagle3", "kimi-k2.5") == {}
     assert findings("specforge-qwen3-8b-eagle3", "qwen3-8b") == {}
+
+
+def test_precedence_as_sglang_reads_it():
+    # SGLang 0.5.23 models/llama.py: rope_parameters wins over a top-level rope_theta, and a
+    # top-level original_max_position_embeddings replaces the scaling's own
+    both = {"rope_theta": 1000000.0, "rope_parameters": {"rope_type": "default", "rope_theta": 50000.0}}
+    assert rope_spec(both).theta == 50000.0
+    assert rope_spec({"rope_parameters": {"rope_type": "default"}, "rope_theta": 5.0}).theta == DEFAULT_THETA
+    top = {"rope_scaling": {"type": "yarn", "factor": 4, "original_max_position_embeddings": 4096},
+           "original_max_position_embeddings": 8192}
+    assert rope_spec(top).param("original_max_position_embeddings") == 8192.0

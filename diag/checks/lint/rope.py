@@ -7,6 +7,9 @@ Configs spell RoPE three ways, all read into one RopeSpec:
   rope_parameters {"rope_theta": ..., "rope_type": "yarn", ...}  transformers 5 (Kimi-K2.5 dump)
 A missing theta is what the model class defaults to (DEFAULT_THETA, as transformers' Llama
 and DeepSeek-V3 configs and SGLang's llama_eagle3 do); a missing or null scaling is "default".
+Precedence as SGLang's LlamaDecoderLayer reads it (0.5.23, models/llama.py): rope_parameters, when
+present, holds both theta and scaling (a top-level rope_theta is then not read); a top-level
+original_max_position_embeddings replaces the scaling's own.
 Numbers compare as numbers: YaRN factor 40 (DeepSeek-V3) equals 40.0. A scaling mismatch names
 each parameter that differs, e.g. "beta_fast 1.0 vs 32.0".
 
@@ -45,8 +48,13 @@ def rope_spec(cfg: dict) -> RopeSpec:
     "rope_type": "yarn", "type": "yarn", "factor": 64.0, ...} -> theta 50000, kind yarn,
     params (beta_fast, beta_slow, factor, mscale, mscale_all_dim, original_max_position_embeddings)."""
     c = text_config(cfg)
-    params = dict(c.get("rope_parameters") or c.get("rope_scaling") or {})
-    theta = c.get("rope_theta", params.get("rope_theta"))
+    if c.get("rope_parameters") is not None:
+        params = dict(c["rope_parameters"])
+        theta = params.get("rope_theta")
+    else:
+        params, theta = dict(c.get("rope_scaling") or {}), c.get("rope_theta")
+    if params and c.get("original_max_position_embeddings"):
+        params["original_max_position_embeddings"] = c["original_max_position_embeddings"]
     kind = next((params[k] for k in _TYPE_KEYS if params.get(k)), "default")
     rest = tuple(sorted((k, _number(v)) for k, v in params.items() if k not in (*_TYPE_KEYS, "rope_theta")))
     limit = c.get("max_position_embeddings")
