@@ -85,7 +85,7 @@ class PromptRounds:
     id: str
     accepted: tuple[int, ...]
     roots: tuple[int, ...] = ()
-    category: str = ""              # the prompt's category (dataset); "" in reports before 2.1
+    category: str = ""              # the prompt's category (dataset); "" in reports before 2.2
 
     @property
     def rounds(self) -> int:
