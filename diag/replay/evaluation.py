@@ -67,9 +67,10 @@ class Axes:
     def key(self) -> str:
         """"embed+L2+L4|eagle3|chain-3|as-loaded", with "->B" for a cross-regime variant and
         "|chat+nothink" for a rendering other than the legacy one (keys of reports written
-        before renderings existed stay what they were)."""
+        before renderings existed stay what they were, and so do records built without one)."""
         cross = "" if self.regime == self.tokens_regime else f"->{self.tokens_regime}"
-        rendering = "" if self.rendering == LEGACY_AXES["rendering"] else f"|{self.rendering}"
+        unset = self.rendering is ANY or self.rendering == LEGACY_AXES["rendering"]
+        rendering = "" if unset else f"|{self.rendering}"
         return f"{self.layout}|{self.mode}|{self.tree}|{self.regime}{cross}{rendering}"
 
 
