@@ -4,7 +4,10 @@ trained at short context. Kept apart from recipes.py so its entries and builders
 (build_thinking.py, build_prompt_drafters.py) change without touching the others';
 recipes.py appends ENTRIES to ZOO.
 
-Build cost on 2 shared CPU cores (zoo_meta.json `seconds`): see each budget's comment.
+Build cost (zoo_meta.json `seconds`), measured on 2 CPU cores shared with ~5 other busy jobs
+(load ~10) and OMP_WAIT_POLICY=PASSIVE: llama-tiny-think 230 s, llama-tiny-think-eagle3-nothink
+326 s, llama-tiny-eagle3-short 57 s. Not measured on an idle machine; llama-tiny's own 850 steps
+of the same shape took 123 s there, so these 150 + 120 + 120 steps should take well under that.
 This module knows names and training budgets; it knows nothing about torch, files or caches.
 """
 
