@@ -276,15 +276,15 @@ def _check_values(case: Case) -> None:
         raise DiagError("user step costs need all three", file=src, field="speedup",
                         expected="t_decode_ms, t_draft_ms and t_verify_ms together",
                         found={k: v for k, v in zip(("t_decode_ms", "t_draft_ms", "t_verify_ms"), given)})
-    from diag.run.pricing import check_user_costs
-    if all(g is not None for g in given):
-        check_user_costs(sp, src)
     check_rendering(case)
     check_long_context(case)
     if ev.token_budget < 64:
         raise DiagError("token budget too small", file=src, field="evaluate.token_budget",
                         expected=">= 64", found=ev.token_budget)
     check_case_values(case)          # ranges, trees SGLang refuses, regime names
+    if all(g is not None for g in given):
+        from diag.run.pricing import check_user_costs
+        check_user_costs(sp, src)    # across values: after each value's own range check
 
 
 def check_case(case: Case) -> Case:
