@@ -10,7 +10,11 @@ from torch.nn import functional as F
 
 from diag.bench.render import goal_lines, render
 from diag.bench.target import expert_flops, synthetic_sequences
-from diag.int4.fast import FastPackedExperts, accelerate, fused_experts, route, triton_available
+from diag.int4 import fast
+from diag.int4.fast import (FastPackedExperts, accelerate, fused_experts, grouped_fits, grouped_int4_gemm,
+                            route, to_kernel_layout, triton_available)
+from diag.int4.format import pack_int4, unpack_int4
+from diag.int4.kernel_layout import fits, to_checkpoint, to_kernel
 from diag.int4.packed import PackedExperts
 
 
@@ -60,6 +64,66 @@ def test_accelerate_swaps_class_and_falls_back_on_cpu(monkeypatch):
 
 
 kernel_runs = triton_available() and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
+
+
+def test_kernel_layout_worked_example_and_round_trip():
+    q = torch.randint(-8, 8, (3, 5, 512), dtype=torch.int8, generator=torch.Generator().manual_seed(0))
+    words = pack_int4(q)
+    k = unpack_int4(to_kernel(words, 32), 512)       # position 8 * word + nibble
+    assert torch.equal(k[..., 8 * 1 + 1], q[..., 33]) and torch.equal(k[..., 8 * 44 + 1], q[..., 300])
+    for c in range(512):                             # column c = block b, group i, offset j
+        b, r = divmod(c, 256)
+        i, j = divmod(r, 32)
+        assert torch.equal(k[..., 8 * (32 * b + j) + i], q[..., c])
+    assert torch.equal(to_checkpoint(to_kernel(words, 32), 32), words)
+    assert fits(7168, 32) and fits(2048, 32) and not fits(64, 32) and not fits(256, 8)
+
+
+def test_kernel_layout_keeps_every_weight_and_the_eager_loop():
+    m = _experts(3, E=4, H=256, I=256)
+    m.__class__ = FastPackedExperts
+    before = {p: [m.expert_weight(p, e, torch.float32) for e in range(4)] for p in ("gate_up_proj", "down_proj")}
+    x, idx, w = torch.randn(9, 256), torch.randint(0, 4, (9, 2)), torch.rand(9, 2)
+    out = PackedExperts.forward(m, x, idx, w)
+    assert grouped_fits(m)
+    to_kernel_layout(m)
+    assert m.kernel_layout and m.down_proj_scale.stride()[1:] == (1, 256)
+    for p, ws in before.items():
+        assert all(torch.equal(m.expert_weight(p, e, torch.float32), ws[e]) for e in range(4))
+    assert torch.equal(PackedExperts.forward(m, x, idx, w), out)
+
+
+@pytest.fixture
+def grouped_tiles():
+    saved = {k: (dict(v) if isinstance(v, dict) else v) for k, v in fast.GROUPED.items()}
+    fast.GROUPED.update({"block_m": 16})
+    fast.GROUPED["gate_up"]["block_n"], fast.GROUPED["down"]["block_n"] = 32, 64
+    yield fast.GROUPED
+    fast.GROUPED.clear()
+    fast.GROUPED.update(saved)
+
+
+@pytest.mark.skipif(not kernel_runs, reason="needs Triton with CUDA or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("dequant", [0, 1, 2])
+def test_grouped_kernel_dequantizes_bit_for_bit_and_matches_eager(dequant, grouped_tiles):
+    """A = identity rows: out^T is the dequantized weight itself, which must equal
+    format.dequantize's bf16 bits; then the whole layer against the eager loop."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    m = _experts(5, E=4, H=256, I=256).to(dev)
+    m.__class__ = FastPackedExperts
+    grouped_tiles["dequant"] = dequant
+    want = m.expert_weight("down_proj", 2, torch.bfloat16)                      # [H, I]
+    x = torch.randn(40, 256, device=dev).to(torch.bfloat16)
+    idx = torch.stack([torch.randperm(4)[:2] for _ in range(40)]).to(dev)
+    w = torch.rand(40, 2, device=dev)
+    ref = PackedExperts.forward(m, x, idx, w).float()
+    got = fused_experts(m, x, idx, w).float()
+    assert m.kernel_layout
+    assert float((got - ref).norm() / ref.norm()) < 1e-2
+    eye = torch.eye(256, device=dev).to(torch.bfloat16)
+    r = route(torch.full((256, 1), 2, device=dev), 4, 16)
+    out = grouped_int4_gemm(eye, m.down_proj_packed, m.down_proj_scale, r, 32, "down", a_div=1)
+    assert torch.equal(out.T, want)
 
 
 @pytest.mark.skipif(not kernel_runs, reason="needs Triton with CUDA or TRITON_INTERPRET=1")

@@ -6,7 +6,10 @@ regime; every other regime replays the same sequences. While a regime's model is
 `with_model(regime, model)` lets the caller use it (the step costs are measured on the
 reference regime's model here, so a run never loads the target twice). A cached regime
 loads no target weight at all; an entry that fails its integrity check is recomputed, with a
-note. This module knows models and the cache; nothing about drafters or reports.
+note. On a first run the content digests that key the cache are not memoised yet: the
+target is then loaded before the key is computed, and the INT4 loader hashes the shards as it
+reads them, so 550 GB are read once, not twice (a hit found that way drops the model).
+This module knows models and the cache; nothing about drafters or reports.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from diag.checkpoint.identity import is_memoised
 from diag.errors import DiagError
 from diag.run.inputs import Inputs, dtype_of, zoo_or_path
 from diag.target.load import load_target, target_info
@@ -58,9 +62,19 @@ def model_for(tpath: Path, dtype, regime: str, case):
     return model
 
 
+def _checkpoint(inp: Inputs, regime: str) -> Path:
+    return Path(zoo_or_path(regime[5:])) if regime.startswith("ckpt:") else inp.target_path
+
+
+def _load_primes_digests(ckpt: Path) -> bool:
+    """True on a first run of an INT4 checkpoint: its digests are not memoised, and loading it
+    (diag.int4.load) hashes every shard during the one read it needs anyway."""
+    return target_info(ckpt).quantization == "pack-quantized" and not is_memoised(ckpt)
+
+
 def _key(inp: Inputs, regime: str, tokens_sha: str, dtype) -> PassKey:
     case = inp.case
-    ckpt = Path(zoo_or_path(regime[5:])) if regime.startswith("ckpt:") else inp.target_path
+    ckpt = _checkpoint(inp, regime)
     placement = f"gpus={case.placement.gpus}" if case.placement.gpus else "cpu"
     return PassKey.make(ckpt, tokens_sha, regime, inp.points, case.prompts.max_new_tokens, str(dtype),
                         placement)
@@ -77,12 +91,15 @@ def target_passes(inp: Inputs, *, progress: bool, use_cache: bool,
     passes, meta, sequences = {}, {"regimes": {}, "cache_notes": []}, None
     for reg in inp.regimes:
         t0 = time.perf_counter()
+        model = None
+        if use_cache and _load_primes_digests(_checkpoint(inp, reg)):
+            model = model_for(inp.target_path, dtype, reg, case)
         key = _key(inp, reg, tokens_sha, dtype) if use_cache else None
         tp, why = load_pass(key) if use_cache else (None, None)
         if why:
             meta["cache_notes"].append(f"target pass [{reg}]: {why}")
         if tp is None:
-            model = model_for(inp.target_path, dtype, reg, case)
+            model = model if model is not None else model_for(inp.target_path, dtype, reg, case)
             if sequences is None:
                 sequences = build_sequences(model, inp.prompts, case.prompts.max_new_tokens, pad_id=pad,
                                             eos_ids=eos, recorded=inp.recorded, progress=progress)
@@ -90,9 +107,9 @@ def target_passes(inp: Inputs, *, progress: bool, use_cache: bool,
                              progress=progress)
             if with_model is not None:
                 with_model(reg, model)
-            del model
             if use_cache:
                 save_pass(key, tp)
+        del model
         sequences = tp.sequences
         passes[reg] = tp
         meta["regimes"][reg] = {"cached": tp.cached, "cache_key": key.digest if key else None,
