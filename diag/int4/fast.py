@@ -43,7 +43,7 @@ TILES = {"block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 4, "num_stag
 # (the dot's N, 16..256), block_n the weight rows; "gate_up" / "down" tiles per GEMM. The
 # defaults are what diag bench measured fastest on an H200 (reports/bench/NOTES.md); a
 # bench run may set others for its own process.
-GROUPED = {"block_m": 128, "dequant": 1,
+GROUPED = {"block_m": 128, "dequant": 1, "piece": 16,
            "gate_up": {"block_n": 128, "num_warps": 8, "num_stages": 3},
            "down": {"block_n": 128, "num_warps": 8, "num_stages": 3}}
 
@@ -53,6 +53,7 @@ class Routing:
     sorted_ids: torch.Tensor     # [num_blocks * BLOCK_M] int32 pair indices, S = padding
     block_expert: torch.Tensor   # [num_blocks] int32 expert of each block, -1 unused
     num_pairs: int
+    block_m: int = 0             # rows per block (each expert's run is padded to it)
 
 
 def route(top_k_index: torch.Tensor, num_experts: int, block_m: int) -> Routing:
@@ -74,7 +75,7 @@ def route(top_k_index: torch.Tensor, num_experts: int, block_m: int) -> Routing:
     b = torch.arange(max_blocks, device=flat.device)
     expert = torch.searchsorted(ends, b, right=True)                       # [max_blocks]
     block_expert = torch.where(expert < num_experts, expert, -1).to(torch.int32)
-    return Routing(sorted_ids, block_expert, S)
+    return Routing(sorted_ids, block_expert, S, block_m)
 
 
 def _block_k(width: int, group: int) -> int:
@@ -109,10 +110,11 @@ def grouped_int4_gemm_any(a: torch.Tensor, packed: torch.Tensor, scale: torch.Te
 
 
 def grouped_int4_gemm(a: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, r: Routing,
-                      group: int, which: str, *, a_div: int,
+                      group: int, which: str, *, a_div: int, piece: int,
                       route_w: torch.Tensor | None = None) -> torch.Tensor:
-    """The grouped kernel: packed [E, N, K/8] int32 in kernel layout, scale [E, N, K/group]
-    (any strides), a [rows, K] bf16 -> out [S, N] bf16; block_m must be the routing's."""
+    """The grouped kernel: packed [E, N, K/8] int32 in kernel layout of piece width `piece`,
+    scale [E, N, K/group] (any strides), a [rows, K] bf16 -> out [S, N] bf16, in the
+    routing's block_m."""
     from diag.int4.fast_kernel import moe_int4_gemm_grouped
     import triton
 
@@ -124,28 +126,46 @@ def grouped_int4_gemm(a: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor
                                 route_w if route_w is not None else out, N, K, r.num_pairs, a_div,
                                 a.stride(0), packed.stride(0), packed.stride(1), scale.stride(0),
                                 scale.stride(1), scale.stride(2), out.stride(0), GROUP=group,
-                                BLOCK_N=t["block_n"], BLOCK_M=GROUPED["block_m"],
+                                PIECE=piece, BLOCK_N=t["block_n"], BLOCK_M=r.block_m,
                                 DEQUANT=GROUPED["dequant"], MUL_ROUTE=route_w is not None,
                                 UPCAST=_interpreting(), num_warps=t["num_warps"],
                                 num_stages=t["num_stages"])
     return out
 
 
-def grouped_fits(module: PackedExperts) -> bool:
-    g = module.group_size
-    return fits(module.hidden_dim, g) and fits(module.intermediate_dim, g)
+def grouped_block_m(pairs: int, experts: int) -> int:
+    """The token tile: GROUPED's, or the smallest power of two >= the mean pairs per expert
+    when that is smaller (16 at least). Kimi, 384 experts: 1 token (8 pairs) -> 16; 8192
+    tokens (65536 pairs, 171 per expert) -> min(GROUPED block_m, 256)."""
+    mean = -(-pairs // experts)
+    return min(GROUPED["block_m"], max(16, 1 << (mean - 1).bit_length()))
 
 
-def to_kernel_layout(module: PackedExperts) -> None:
-    """Re-lay a module's packed words (kernel_layout.to_kernel) and store its scales group
-    major, once; `module.kernel_layout` records it (expert_weight then decodes it)."""
-    if getattr(module, "kernel_layout", False):
+def grouped_fits(module: PackedExperts, piece: int | None = None) -> bool:
+    g, p = module.group_size, piece or GROUPED["piece"]
+    return fits(module.hidden_dim, g, p) and fits(module.intermediate_dim, g, p)
+
+
+def to_kernel_layout(module: PackedExperts, piece: int | None = None) -> None:
+    """Re-lay a module's packed words (kernel_layout.to_kernel, piece width GROUPED's unless
+    given) and store its scales group major; `module.kernel_layout` holds the piece width
+    (0: checkpoint layout), expert_weight decodes it. A module in another piece width is
+    re-laid again."""
+    piece = piece or GROUPED["piece"]
+    have = getattr(module, "kernel_layout", 0)
+    if have == piece:
         return
+    if type(module) is PackedExperts:
+        module.__class__ = FastPackedExperts          # whose expert_weight decodes the layout
     for proj in ("gate_up_proj", "down_proj"):
-        relayout_(getattr(module, f"{proj}_packed"), module.group_size)
+        buf = getattr(module, f"{proj}_packed")
+        if have:
+            relayout_(buf, have, forward=False)
+        relayout_(buf, piece)
         name = f"{proj}_scale"
-        module._buffers[name] = scales_group_major(getattr(module, name))
-    module.kernel_layout = True
+        if not have:
+            module._buffers[name] = scales_group_major(getattr(module, name))
+    module.kernel_layout = piece
 
 
 def fused_experts(module: PackedExperts, hidden: torch.Tensor, top_k_index: torch.Tensor,
@@ -156,14 +176,15 @@ def fused_experts(module: PackedExperts, hidden: torch.Tensor, top_k_index: torc
     grouped = grouped_fits(module)
     if grouped:
         to_kernel_layout(module)
-    block_m = GROUPED["block_m"] if grouped else TILES["block_m"]
+    block_m = grouped_block_m(T * K, module.num_experts) if grouped else TILES["block_m"]
     r = route(top_k_index, module.num_experts, block_m)
     g = module.group_size
 
     def gemm(a, proj, which, a_div, route_w=None):
         packed, scale = getattr(module, f"{proj}_packed"), getattr(module, f"{proj}_scale")
         if grouped:
-            return grouped_int4_gemm(a, packed, scale, r, g, which, a_div=a_div, route_w=route_w)
+            return grouped_int4_gemm(a, packed, scale, r, g, which, a_div=a_div, route_w=route_w,
+                                     piece=module.kernel_layout)
         return grouped_int4_gemm_any(a, packed, scale, r, g, a_div=a_div, route_w=route_w)
 
     gu = gemm(x, "gate_up_proj", "gate_up", K)                             # [S, 2I]
@@ -189,15 +210,15 @@ def triton_available() -> bool:
 class FastPackedExperts(PackedExperts):
     """PackedExperts whose forward uses the fused kernel on CUDA (bf16 scales), and the
     eager loop elsewhere. Same buffers; once the grouped kernel has run, its packed words
-    are in kernel layout (`kernel_layout` True) and expert_weight decodes that layout, so
+    are in kernel layout (`kernel_layout` its piece width) and expert_weight decodes it, so
     every reader of weights (eager loop, bf16 references) still sees the same numbers."""
 
-    kernel_layout = False
+    kernel_layout = 0          # piece width of the kernel layout; 0: the checkpoint's
 
     def expert_weight(self, proj: str, e: int, dtype: torch.dtype) -> torch.Tensor:
         if not self.kernel_layout:
             return super().expert_weight(proj, e, dtype)
-        packed = to_checkpoint(getattr(self, f"{proj}_packed")[e], self.group_size)
+        packed = to_checkpoint(getattr(self, f"{proj}_packed")[e], self.kernel_layout)
         shape = (packed.shape[0], packed.shape[1] * 8)
         return dequantize(packed, getattr(self, f"{proj}_scale")[e], shape, self.group_size, dtype)
 

@@ -77,9 +77,10 @@ def moe_int4_gemm(a_ptr, w_ptr, s_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr
 # ---- the grouped kernel: weights in diag.int4.kernel_layout, tokens on the dot's N side ----
 #
 # out^T[n, m] = sum_k W_e[n, k] * A[row(m), k]: the weight tile is the dot's left operand
-# [BLOCK_N, G] (dequantized in registers, never stored), the gathered activations its right
-# operand [G, BLOCK_M]. One K step is one block of 8G columns: BLOCK_N x G words loaded once,
-# then for i in 0..7 one shift + mask gives group 8b + i, scaled by one [BLOCK_N] vector:
+# [BLOCK_N, P] (dequantized in registers, never written to memory), the gathered
+# activations its right operand [P, BLOCK_M]. One K step is one block of 8P columns:
+# BLOCK_N x P words loaded once, then for i in 0..7 one shift + mask gives columns
+# k0 + iP .. k0 + iP + P - 1, all in group (k0 + iP) // G, scaled by one [BLOCK_N] vector:
 #   q = ((words >> 4i) & 0xF) - 8,   W = bf16(q * scale[:, group])      (as format.dequantize)
 # DEQUANT picks how q becomes a float (all exact, so all give the same bf16 bits):
 #   0  int -> fp32 convert                                 (the conversion unit: slow)
@@ -101,8 +102,8 @@ def _to_bf16(x, UPCAST: tl.constexpr):
 
 @triton.jit
 def _dequant(words, shift, scale, DEQUANT: tl.constexpr, UPCAST: tl.constexpr):
-    """[BN, G] words, [BN] bf16 scale -> [BN, G] bf16 weights of the group at `shift`."""
-    u = (words >> shift) & 0xF                                              # [BN, G] int32
+    """[BN, P] words, [BN] bf16 scale -> [BN, P] bf16 weights of the piece at `shift`."""
+    u = (words >> shift) & 0xF                                              # [BN, P] int32
     if DEQUANT == 0:
         f = (u - 8).to(tl.float32)
     elif DEQUANT == 1:
@@ -120,12 +121,13 @@ def _dequant(words, shift, scale, DEQUANT: tl.constexpr, UPCAST: tl.constexpr):
 def moe_int4_gemm_grouped(a_ptr, w_ptr, s_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr, route_w_ptr,
                           N, K, num_pairs, a_div,
                           stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_sg, stride_om,
-                          GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                          DEQUANT: tl.constexpr, MUL_ROUTE: tl.constexpr, UPCAST: tl.constexpr):
+                          GROUP: tl.constexpr, PIECE: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_M: tl.constexpr, DEQUANT: tl.constexpr, MUL_ROUTE: tl.constexpr,
+                          UPCAST: tl.constexpr):
     """One [BLOCK_N, BLOCK_M] tile of out^T. Grid (N tiles, M blocks): the N tiles of one
     block of rows run side by side, so its gathered activations are read from L2.
-    packed W [E, N, K/8] int32 in kernel layout; scales [E, N, K/GROUP] bf16 (any strides);
-    K % (8 * GROUP) == 0."""
+    packed W [E, N, K/8] int32 in kernel layout (piece PIECE); scales [E, N, K/GROUP] bf16
+    (any strides); K % (8 * PIECE) == 0 and GROUP % PIECE == 0."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     expert = tl.load(block_expert_ptr + pid_m)
@@ -137,25 +139,22 @@ def moe_int4_gemm_grouped(a_ptr, w_ptr, s_ptr, out_ptr, sorted_ids_ptr, block_ex
     a_row = tl.where(row_ok, pair // a_div, 0)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
-    offs_g = tl.arange(0, GROUP)
-    a_ptrs = a_ptr + a_row[None, :].to(tl.int64) * stride_am + offs_g[:, None]     # [G, BM]
-    w_ptrs = (w_ptr + expert.to(tl.int64) * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
-              + offs_g[None, :])                                                   # [BN, G] words
-    s_ptrs = s_ptr + expert.to(tl.int64) * stride_se + offs_n.to(tl.int64) * stride_sn  # [BN]
+    offs_p = tl.arange(0, PIECE)
+    a_base = a_ptr + a_row[None, :].to(tl.int64) * stride_am + offs_p[:, None]        # [P, BM]
+    w_base = (w_ptr + expert.to(tl.int64) * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
+              + offs_p[None, :])                                                  # [BN, P] words
+    s_base = s_ptr + expert.to(tl.int64) * stride_se + offs_n.to(tl.int64) * stride_sn  # [BN]
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for _ in range(0, K, 8 * GROUP):
-        words = tl.load(w_ptrs, mask=n_ok[:, None], other=0)
+    for k0 in range(0, K, 8 * PIECE):
+        words = tl.load(w_base + k0 // 8, mask=n_ok[:, None], other=0)
         for i in tl.static_range(8):
-            a = tl.load(a_ptrs + i * GROUP, mask=row_ok[None, :], other=0.0)       # [G, BM]
-            scale = tl.load(s_ptrs + i * stride_sg, mask=n_ok, other=0.0)          # [BN]
-            w = _dequant(words, 4 * i, scale, DEQUANT, UPCAST)                           # [BN, G]
+            a = tl.load(a_base + (k0 + i * PIECE), mask=row_ok[None, :], other=0.0)      # [P, BM]
+            scale = tl.load(s_base + ((k0 + i * PIECE) // GROUP) * stride_sg, mask=n_ok, other=0.0)
+            w = _dequant(words, 4 * i, scale, DEQUANT, UPCAST)                            # [BN, P]
             if UPCAST:  # Triton's CPU interpreter multiplies bf16 dots wrongly; fp32 there
                 acc = tl.dot(w.to(tl.float32), a.to(tl.float32), acc)
             else:
                 acc = tl.dot(w, a, acc)
-        a_ptrs += 8 * GROUP
-        w_ptrs += GROUP
-        s_ptrs += 8 * stride_sg
     if MUL_ROUTE:
         acc = acc * tl.load(route_w_ptr + pair, mask=row_ok, other=0.0)[None, :]
     out_ptrs = out_ptr + pair[None, :].to(tl.int64) * stride_om + offs_n[:, None]

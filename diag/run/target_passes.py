@@ -80,31 +80,45 @@ def _key(inp: Inputs, regime: str, tokens_sha: str, dtype) -> PassKey:
                         placement)
 
 
+def _timed(clock: dict, name: str, fn):
+    """fn(), its wall seconds recorded under clock[name] (target_load_s, target_generate_s,
+    target_capture_s)."""
+    t0 = time.perf_counter()
+    out = fn()
+    clock[name] = round(time.perf_counter() - t0, 3)
+    return out
+
+
 def target_passes(inp: Inputs, *, progress: bool, use_cache: bool,
                   with_model: Callable[[str, object], None] | None = None) -> tuple[dict[str, TargetPass], dict]:
     """regime -> TargetPass over the same sequences, and the report's target_pass section
-    (with "cache_notes": why an entry could not be used)."""
+    (with "cache_notes": why an entry could not be used, and "phases": seconds spent loading,
+    generating and capturing, summed over regimes, which the caller moves to its timings)."""
     case = inp.case
     dtype = dtype_of(case.target.dtype, "target.dtype", case)
     eos, pad = special_ids(inp.tokenizer)
     tokens_sha = token_digest(inp.prompts, inp.recorded, eos, pad)
-    passes, meta, sequences = {}, {"regimes": {}, "cache_notes": []}, None
+    passes, meta, sequences = {}, {"regimes": {}, "cache_notes": [], "phases": {}}, None
     for reg in inp.regimes:
         t0 = time.perf_counter()
+        clock: dict[str, float] = {}
         model = None
         if use_cache and _load_primes_digests(_checkpoint(inp, reg)):
-            model = model_for(inp.target_path, dtype, reg, case)
+            model = _timed(clock, "target_load_s", lambda: model_for(inp.target_path, dtype, reg, case))
         key = _key(inp, reg, tokens_sha, dtype) if use_cache else None
         tp, why = load_pass(key) if use_cache else (None, None)
         if why:
             meta["cache_notes"].append(f"target pass [{reg}]: {why}")
         if tp is None:
-            model = model if model is not None else model_for(inp.target_path, dtype, reg, case)
+            if model is None:
+                model = _timed(clock, "target_load_s", lambda: model_for(inp.target_path, dtype, reg, case))
             if sequences is None:
-                sequences = build_sequences(model, inp.prompts, case.prompts.max_new_tokens, pad_id=pad,
-                                            eos_ids=eos, recorded=inp.recorded, progress=progress)
-            tp = run_capture(model, sequences, inp.points, regime=reg, token_budget=case.evaluate.token_budget,
-                             progress=progress)
+                sequences = _timed(clock, "target_generate_s", lambda: build_sequences(
+                    model, inp.prompts, case.prompts.max_new_tokens, pad_id=pad, eos_ids=eos,
+                    recorded=inp.recorded, progress=progress))
+            tp = _timed(clock, "target_capture_s", lambda: run_capture(
+                model, sequences, inp.points, regime=reg, token_budget=case.evaluate.token_budget,
+                progress=progress))
             if with_model is not None:
                 with_model(reg, model)
             if use_cache:
@@ -115,6 +129,8 @@ def target_passes(inp: Inputs, *, progress: bool, use_cache: bool,
         meta["regimes"][reg] = {"cached": tp.cached, "cache_key": key.digest if key else None,
                                 "argmax_agreement": tp.agreement_with_sequence(),
                                 "seconds": round(time.perf_counter() - t0, 3)}
+        for name, sec in clock.items():
+            meta["phases"][name] = round(meta["phases"].get(name, 0.0) + sec, 3)
     return passes, _summary(meta, passes, inp)
 
 
