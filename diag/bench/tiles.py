@@ -25,8 +25,16 @@ CANDIDATES = ((128, 8, 3), (128, 4, 3), (64, 4, 3), (256, 8, 3), (128, 8, 4), (1
 
 
 @torch.no_grad()
-def dequant_exact(experts, dequant: int) -> bool:
-    """Both projections of expert 0 through the kernel with A = I, against expert_weight."""
+def dequant_exact(experts, dequant: int) -> bool | str:
+    """Both projections of expert 0 through the kernel with A = I, against expert_weight;
+    the error's text when the variant does not compile or run."""
+    try:
+        return _dequant_exact(experts, dequant)
+    except Exception as err:  # a variant this Triton cannot build is data, not a crash
+        return repr(err)[-600:]
+
+
+def _dequant_exact(experts, dequant: int) -> bool:
     from diag.int4 import fast
 
     saved = copy.deepcopy(fast.GROUPED)
@@ -111,7 +119,7 @@ def tune_grouped(moe, tokens: int = 8192, *, budget_s: float = 120.0, log=print)
             tag = {"block_m": 128, "dequant": d, "piece": piece}
             stage1[(piece, d)] = sum(_try(g, w, CANDIDATES[0], rows, tag) for w in ("gate_up", "down"))
             exact[f"piece{piece}_dequant{d}"] = dequant_exact(moe.experts, d)
-    ok = [k for k in stage1 if exact[f"piece{k[0]}_dequant{k[1]}"]]
+    ok = [k for k in stage1 if exact[f"piece{k[0]}_dequant{k[1]}"] is True]
     piece, best_d = min(ok, key=lambda k: stage1[k]) if ok else (16, 1)
     fast.to_kernel_layout(moe.experts, piece)
     fast.GROUPED.update(piece=piece, dequant=best_d)

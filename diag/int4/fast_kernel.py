@@ -96,25 +96,29 @@ def _to_bf16(x, UPCAST: tl.constexpr):
     if UPCAST:
         bits = x.to(tl.int32, bitcast=True)
         up = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-        return up.to(tl.int16).to(tl.bfloat16, bitcast=True)
-    return x.to(tl.bfloat16)
+        y = up.to(tl.int16).to(tl.bfloat16, bitcast=True)
+    else:
+        y = x.to(tl.bfloat16)
+    return y
 
 
 @triton.jit
 def _dequant(words, shift, scale, DEQUANT: tl.constexpr, UPCAST: tl.constexpr):
-    """[BN, P] words, [BN] bf16 scale -> [BN, P] bf16 weights of the piece at `shift`."""
+    """[BN, P] words, [BN] bf16 scale -> [BN, P] bf16 weights of the piece at `shift`.
+    (One return at the end: Triton compiles no early return out of a branch.)"""
     u = (words >> shift) & 0xF                                              # [BN, P] int32
-    if DEQUANT == 0:
-        f = (u - 8).to(tl.float32)
-    elif DEQUANT == 1:
-        f = (u | 0x4B000000).to(tl.float32, bitcast=True) - 8388616.0
-    else:
+    if DEQUANT == 2 and not UPCAST:
         h = (u | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
-        if UPCAST:  # the interpreter keeps bf16 as raw uint16 and cannot add to it
-            f = h.to(tl.float32) - 136.0
-        else:
-            return (h - 136.0).to(tl.bfloat16) * scale[:, None]
-    return _to_bf16(f * scale.to(tl.float32)[:, None], UPCAST)
+        w = (h - 136.0).to(tl.bfloat16) * scale[:, None]
+    else:
+        if DEQUANT == 0:
+            f = (u - 8).to(tl.float32)
+        elif DEQUANT == 1:
+            f = (u | 0x4B000000).to(tl.float32, bitcast=True) - 8388616.0
+        else:  # the interpreter keeps bf16 as raw uint16 and cannot add to it: fp32 there
+            f = (u | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True).to(tl.float32) - 136.0
+        w = _to_bf16(f * scale.to(tl.float32)[:, None], UPCAST)
+    return w
 
 
 @triton.jit
