@@ -1,13 +1,12 @@
 """Choosing the grouped INT4 kernel's tiles on the GPU at hand, and proving each dequant
 variant bit for bit at Kimi's widths.
 
+  tiles     CONFIGS (piece width, block_m, block_n, warps, stages), each GEMM timed alone
+            (block_m and the piece are shared by both GEMMs: routing and layout); the best
+            GEMM pair per (piece, block_m), then the best of those, go into fast.GROUPED
+            (an H200 run chose DEQUANT 2 over 0 and 1 at every tile tried; NOTES.md)
   exact     A = identity rows routed to one expert: out^T is the dequantized weight, which
             must equal format.dequantize's bf16 bits, for every DEQUANT variant
-  stage 1   piece widths 16 and 32 (the weights re-laid for each) x the three DEQUANT
-            variants at the default tiles, each GEMM timed alone
-  stage 2   with the fastest exact pair, block_m in (64, 128, 256) x (block_n, warps, stages)
-            candidates, each GEMM timed alone (block_m is shared: it is the routing's);
-            the fastest pair per block_m, then the fastest block_m, go into fast.GROUPED
 Stops trying after `budget_s` (every compile costs seconds); what was tried is returned.
 This module knows the kernel's knobs and clocks; nothing about files.
 """
@@ -21,7 +20,12 @@ import torch
 
 from diag.bench.common import timed
 
-CANDIDATES = ((128, 8, 3), (128, 4, 3), (64, 4, 3), (256, 8, 3), (128, 8, 4), (128, 8, 2), (64, 4, 4))
+# (piece, block_m, block_n, num_warps, num_stages), each tried for both GEMMs. Shared memory
+# is about stages * block_m * 8P * 2 + (stages - 1) * block_n * P * 4 bytes (232448 on an
+# H200): P 32 with block_m 256 never fits; P 16 with block_m 256 fits at 3 stages.
+CONFIGS = ((16, 256, 128, 8, 2), (16, 256, 128, 8, 3), (16, 256, 64, 4, 2), (16, 256, 64, 4, 3),
+           (16, 256, 256, 8, 2), (32, 64, 128, 8, 2), (32, 64, 256, 8, 3), (32, 128, 128, 8, 3),
+           (16, 128, 128, 8, 3), (16, 128, 256, 8, 3), (16, 128, 128, 8, 4), (16, 64, 128, 8, 3))
 
 
 @torch.no_grad()
@@ -104,52 +108,45 @@ def _try(g: _Gemms, which: str, cand: tuple, rows: list, tag: dict) -> float:
 
 
 @torch.no_grad()
-def tune_grouped(moe, tokens: int = 8192, *, budget_s: float = 120.0, log=print) -> dict:
+def tune_grouped(moe, tokens: int = 8192, *, budget_s: float = 120.0, configs=CONFIGS,
+                 dequant: int = 2, log=print) -> dict:
+    """Each config's two GEMMs timed alone at `tokens` (the weights re-laid per piece width),
+    the fastest (piece, block_m) by the sum of its best GEMMs chosen into fast.GROUPED, then
+    every DEQUANT variant proven bit-exact at the chosen layout."""
     from diag.int4 import fast
 
     t0 = time.perf_counter()
     g = _Gemms(moe, tokens)
+    fast.GROUPED["dequant"] = dequant
     rows: list[dict] = []
-    exact, stage1 = {}, {}
-    g.route(128)
-    for piece in (16, 32):
-        fast.to_kernel_layout(moe.experts, piece)
-        for d in (0, 1, 2):
-            fast.GROUPED["dequant"] = d
-            tag = {"block_m": 128, "dequant": d, "piece": piece}
-            stage1[(piece, d)] = sum(_try(g, w, CANDIDATES[0], rows, tag) for w in ("gate_up", "down"))
-            exact[f"piece{piece}_dequant{d}"] = dequant_exact(moe.experts, d)
-    ok = [k for k in stage1 if exact[f"piece{k[0]}_dequant{k[1]}"] is True]
-    piece, best_d = min(ok, key=lambda k: stage1[k]) if ok else (16, 1)
-    fast.to_kernel_layout(moe.experts, piece)
-    fast.GROUPED.update(piece=piece, dequant=best_d)
-    log(f"[bench] tiles stage 1: {stage1}, exact {exact} -> piece {piece}, dequant {best_d}")
     best: dict = {}
-    for bm in (128, 64, 256):
-        g.route(bm)
-        for which in ("gate_up", "down"):
-            for cand in CANDIDATES:
-                if time.perf_counter() - t0 > budget_s:
-                    break
-                s = _try(g, which, cand, rows, {"block_m": bm, "dequant": best_d, "piece": piece})
-                key = (bm, which)
-                if s < best.get(key, (float("inf"),))[0]:
-                    best[key] = (s, cand)
-        log(f"[bench] tiles block_m={bm}: {[(k, v) for k, v in best.items() if k[0] == bm]}")
-    out = {"dequant_bit_exact": exact, "rows": rows, **_choose(best, best_d, tokens)}
-    out["chosen_bit_exact"] = dequant_exact(moe.experts, best_d)
+    for piece in dict.fromkeys(c[0] for c in configs):
+        fast.to_kernel_layout(moe.experts, piece)
+        for _, bm, *cand in (c for c in configs if c[0] == piece):
+            if time.perf_counter() - t0 > budget_s:
+                break
+            g.route(bm)
+            for which in ("gate_up", "down"):
+                s = _try(g, which, tuple(cand), rows, {"block_m": bm, "dequant": dequant, "piece": piece})
+                if s < best.get((piece, bm, which), (float("inf"),))[0]:
+                    best[(piece, bm, which)] = (s, tuple(cand))
+        log(f"[bench] tiles piece {piece}: {[(k, v) for k, v in best.items() if k[0] == piece]}")
+    out = {"rows": rows, **_choose(best, moe.experts, dequant, tokens)}
+    out["dequant_bit_exact"] = {d: dequant_exact(moe.experts, d) for d in (0, 1, 2)}
     return out
 
 
-def _choose(best: dict, dequant: int, tokens: int) -> dict:
+def _choose(best: dict, experts, dequant: int, tokens: int) -> dict:
     from diag.int4 import fast
-    full = {bm: best[(bm, "gate_up")][0] + best[(bm, "down")][0] for bm in (64, 128, 256)
-            if (bm, "gate_up") in best and (bm, "down") in best}
+    full = {(p, bm): best[(p, bm, "gate_up")][0] + best[(p, bm, "down")][0]
+            for (p, bm, w) in best if w == "gate_up" and (p, bm, "down") in best}
     if not full:
         return {"tokens": tokens, "chosen": copy.deepcopy(fast.GROUPED), "error": "no tile ran"}
-    bm = min(full, key=full.get)
-    fast.GROUPED["block_m"], fast.GROUPED["dequant"] = bm, dequant
+    piece, bm = min(full, key=full.get)
+    fast.to_kernel_layout(experts, piece)
+    fast.GROUPED.update(piece=piece, block_m=bm, dequant=dequant)
     for which in ("gate_up", "down"):
-        bn, warps, stages = best[(bm, which)][1]
+        bn, warps, stages = best[(piece, bm, which)][1]
         fast.GROUPED[which] = {"block_n": bn, "num_warps": warps, "num_stages": stages}
-    return {"tokens": tokens, "chosen": copy.deepcopy(fast.GROUPED), "gemm_seconds": full[bm]}
+    return {"tokens": tokens, "chosen": copy.deepcopy(fast.GROUPED), "gemm_seconds": full[(piece, bm)],
+            "by_piece_and_block_m": {f"piece{p}_block_m{b}": v for (p, b), v in full.items()}}

@@ -43,9 +43,9 @@ TILES = {"block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 4, "num_stag
 # (the dot's N, 16..256), block_n the weight rows; "gate_up" / "down" tiles per GEMM. The
 # defaults are what diag bench measured fastest on an H200 (reports/bench/NOTES.md); a
 # bench run may set others for its own process.
-GROUPED = {"block_m": 128, "dequant": 1, "piece": 16,
-           "gate_up": {"block_n": 128, "num_warps": 8, "num_stages": 3},
-           "down": {"block_n": 128, "num_warps": 8, "num_stages": 3}}
+GROUPED = {"block_m": 64, "dequant": 2, "piece": 32,
+           "gate_up": {"block_n": 128, "num_warps": 8, "num_stages": 2},
+           "down": {"block_n": 256, "num_warps": 8, "num_stages": 3}}
 
 
 @dataclass(frozen=True)
