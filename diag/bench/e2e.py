@@ -28,9 +28,14 @@ TREES = ("chain-1", "chain-3", "chain-5", "s3-k4-d5", "s3-k4-d8", "s3-k8-d16")
 
 
 def e2e_layouts(trained: str, layers: int) -> list[str]:
-    """The drafter's trained layout and two others that exist at K layers.
-    K = 4: embed+L2+L4 (trained), L1+L2+L3, embed+L1+L4."""
-    cands = [trained, f"L1+L{max(2, layers // 2)}+L{max(3, layers - 1)}", f"embed+L1+L{layers}"]
+    """The drafter's trained layout and two others that exist at K layers (points embed,
+    L1..LK, final; each layout's points strictly increasing).
+    K = 4: embed+L2+L4 (trained), L1+L2+L4, embed+L1+L4.
+    K = 2: embed+L1+L2 (trained), L1+L2+final, embed+L1+final."""
+    mid = max(2, layers // 2)
+    second = f"L1+L{mid}+L{layers}" if mid < layers else f"L1+L{layers}+final"
+    third = f"embed+L1+L{layers}" if layers > 2 else "embed+L1+final"
+    cands = [trained, second, third]
     return list(dict.fromkeys(cands))
 
 
