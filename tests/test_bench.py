@@ -87,13 +87,13 @@ def test_kernel_layout_keeps_every_weight_and_the_eager_loop():
     x, idx, w = torch.randn(9, 256), torch.randint(0, 4, (9, 2)), torch.rand(9, 2)
     out = PackedExperts.forward(m, x, idx, w)
     assert grouped_fits(m)
-    to_kernel_layout(m)
+    to_kernel_layout(m, 16)
     assert m.kernel_layout == 16 and m.down_proj_scale.stride()[1:] == (1, 256)
     for p, ws in before.items():
         assert all(torch.equal(m.expert_weight(p, e, torch.float32), ws[e]) for e in range(4))
     assert torch.equal(PackedExperts.forward(m, x, idx, w), out)
-    to_kernel_layout(m, 32)                                             # re-laid in another piece
-    assert m.kernel_layout == 32 and torch.equal(PackedExperts.forward(m, x, idx, w), out)
+    to_kernel_layout(m)                                  # re-laid in GROUPED's piece (32)
+    assert m.kernel_layout == fast.GROUPED["piece"] == 32 and torch.equal(PackedExperts.forward(m, x, idx, w), out)
 
 
 @pytest.fixture

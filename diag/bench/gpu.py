@@ -110,6 +110,7 @@ def run(out: Path, workdir: Path, *, layers: int | None = None, max_layers: int 
     if "e2e" in sections:
         section(res, "e2e", lambda: _e2e(ks, layers, workdir, e2e_prompts, e2e_new_tokens, e2e_evaluate, dev))
         save(res, out)
+        _release(dev)                          # the pipeline's model, before this run loads its own
     if not set(sections) & {"experts", "pass", "grown", "drafter", "naive"}:
         return _finish(res, out)
 
@@ -155,6 +156,14 @@ def _finish(res: dict, out: Path) -> dict:
                                                           secs["checkpoint"]["shard_bytes"]))
     save(res, out)
     return res
+
+
+def _release(dev: str) -> None:
+    import gc
+
+    gc.collect()
+    if dev != "cpu":
+        torch.cuda.empty_cache()
 
 
 def _ceilings(dev: str) -> dict:
