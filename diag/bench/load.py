@@ -63,17 +63,31 @@ def _identity_alone(target: Path) -> float:
             os.environ.pop("DIAG_CACHE_DIR") if old is None else os.environ.update(DIAG_CACHE_DIR=old)
 
 
+def _warm_imports(target: Path) -> None:
+    """Build the model's meta skeleton once, untimed: the first load in a process would
+    otherwise count transformers' module imports (seconds, no disk) as load time."""
+    import json
+
+    from diag.int4.skeleton import build_meta, resolve_config
+
+    cfg = Path(target) / "config.json"
+    build_meta(resolve_config(json.loads(cfg.read_text()), file=str(cfg)))
+
+
 def load_bench(target: Path, device: str = "cuda", *, warm_threads=(4, 8, 16), with_digest: bool = True,
-               log=print) -> dict:
+               whole_machine: bool = True, log=print) -> dict:
+    """whole_machine=False: only these files' pages are dropped (a shared machine's cache
+    stays; disk.drop_page_cache)."""
     files = shard_files(Path(target))
     size = sum(f.stat().st_size for f in files)
-    out: dict = {"checkpoint_bytes": size, "files": len(files)}
+    out: dict = {"checkpoint_bytes": size, "files": len(files), "device": device}
 
     def cold(name, fn):
-        out["cache_drop"] = drop_page_cache(files)
+        out["cache_drop"] = drop_page_cache(files, whole_machine=whole_machine)
         out[name] = fn()
         log(f"[bench] load {name}: {out[name]}")
 
+    _warm_imports(target)
     cold("raw_cold", lambda: raw_read(files))
     cold("raw_cold_8_readers", lambda: raw_read(files, threads=8))
     cold("diag_cold", lambda: _diag_load(target, device, digest=False))

@@ -14,7 +14,8 @@ def register(sub) -> None:
     p.add_argument("--workdir", help="where the Kimi-shaped checkpoint is written (default: a temp dir)")
     p.add_argument("--max-layers", type=int, default=61, help="gpu: grow the target to at most this many layers")
     p.add_argument("--layers", type=int, help="gpu: layers of the Kimi-shaped checkpoint on disk (default: what the disk holds)")
-    p.add_argument("--sections", help="gpu: comma-separated subset of load,e2e,experts,pass,grown,drafter,naive")
+    p.add_argument("--sections", help="gpu: comma-separated subset of load,e2e,experts,pass,grown,drafter,naive; "
+                   "cpu: of target,drafter,naive,load")
     p.add_argument("--e2e-prompts", type=int, help="gpu e2e: use the first N prompts (default all 48)")
     p.add_argument("--e2e-new-tokens", type=int, default=512, help="gpu e2e: max_new_tokens")
     p.add_argument("--e2e-evaluate", action="append", default=[], metavar="KEY=JSON",
@@ -52,7 +53,7 @@ def run(a) -> int:
                     e2e_prompts=a.e2e_prompts, e2e_new_tokens=a.e2e_new_tokens,
                     e2e_evaluate=_overrides(a.e2e_evaluate), tile_budget_s=a.tile_budget)
         else:
-            from diag.bench.cpu import run as cpu_run
-            cpu_run(out, work)
+            from diag.bench.cpu import SECTIONS as CPU_SECTIONS, run as cpu_run
+            cpu_run(out, work, sections=tuple(a.sections.split(",")) if a.sections else CPU_SECTIONS)
     print(f"results: {out}")
     return 0
