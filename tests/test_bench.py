@@ -193,3 +193,17 @@ def test_raw_read_and_cache_drop(tmp_path):
         files.append(f)
     assert drop_page_cache(files, whole_machine=False) in ("fadvise_dontneed", "none")
     assert raw_read(files)["bytes"] == raw_read(files, threads=3)["bytes"] == 3003
+
+
+@pytest.mark.parametrize("layers,want", [
+    (2, ["embed+L1+L2", "L1+L2+final", "embed+L1+final"]),
+    (4, ["embed+L2+L4", "L1+L2+L4", "embed+L1+L4"])])
+def test_e2e_layouts_exist_at_k_layers(layers, want):
+    from diag.bench.e2e import e2e_layouts
+    from diag.layouts import layout
+    from diag.zoo.kimi_shaped import drafter_layout
+
+    got = e2e_layouts(drafter_layout(layers)[0], layers)
+    assert got == want
+    for text in got:                                  # a DiagError if a point does not exist
+        layout(text, field="t").check_against(layers, field="t")
