@@ -9,6 +9,7 @@ This module knows clocks and machines; it knows nothing about models.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -73,6 +74,10 @@ def machine() -> dict:
 
 
 def git_hash() -> str | None:
+    """DIAG_GIT_HASH when set (a copy of the tree run elsewhere, e.g. on a lent GPU machine,
+    sits inside another checkout), else HEAD of the checkout holding this file."""
+    if os.environ.get("DIAG_GIT_HASH"):
+        return os.environ["DIAG_GIT_HASH"]
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                               cwd=Path(__file__).parent, timeout=5).stdout.strip() or None

@@ -3,6 +3,9 @@ same measurements as the GPU run where they make sense on a CPU: capture-pass to
 (diag's eager packed loop), batched drafter replay (3 layouts x 6 trees) against the
 measured fp32 matmul rate, and the naive loop's speed ratio. The numbers describe diag's
 overheads at toy widths, not Kimi speed.
+`load` writes a larger Kimi-shaped target (LOAD_WIDTHS, 3 layers, 1.38 GB) and measures
+diag's load into CPU memory against the raw read of the same files (bench/load.py; only
+these files' pages are dropped, the shared machine's page cache stays).
 
 This module is orchestration; the measurements live in target.py, drafter.py, naive.py.
 """
@@ -25,17 +28,27 @@ SMALL = {"hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 
          "num_key_value_heads": 4, "vocab_size": 4096}
 SMALL_DRAFTER = {"num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 64,
                  "intermediate_size": 512, "draft_vocab_size": 1024}
+LOAD_WIDTHS = {"hidden_size": 2048, "intermediate_size": 8192, "moe_intermediate_size": 512,
+               "n_routed_experts": 256, "num_attention_heads": 16, "num_key_value_heads": 16,
+               "vocab_size": 32768}     # 256 * 3 * 512 * 2048 * (1/2 + 2/32) = 453 MB per MoE layer
+SECTIONS = ("target", "drafter", "naive", "load")
 
 
 def run(out: Path, workdir: Path, *, layers: int = 4, num_seqs: int = 8, seq_len: int = 128,
-        prompt_len: int = 32) -> dict:
+        prompt_len: int = 32, sections=SECTIONS) -> dict:
     from diag.drafter.checkpoint import load_drafter
     from diag.int4.load import load_packed_target
     from diag.zoo.kimi_shaped import kimi_shaped
 
-    res = envelope("cpu", {"layers": layers, "widths": SMALL, "num_seqs": num_seqs, "seq_len": seq_len})
+    res = envelope("cpu", {"layers": layers, "widths": SMALL, "num_seqs": num_seqs, "seq_len": seq_len,
+                           "sections": list(sections)})
     ceil = section(res, "ceilings", lambda: {"fp32_matmul_flops": matmul_peak("cpu", 1024, 5, torch.float32)})
     peak = ceil["fp32_matmul_flops"] if ceil else 1e11
+    if "load" in sections:
+        section(res, "load", lambda: _load(workdir / "load"))
+        save(res, out)
+    if not set(sections) & {"target", "drafter", "naive"}:
+        return save(res, out) and res
     ks = kimi_shaped(workdir, layers=layers, widths=SMALL, drafter_widths=SMALL_DRAFTER)
     model = load_packed_target(ks.target, dtype=torch.float32)
     drafter, _ = load_drafter(ks.drafter)
@@ -61,3 +74,16 @@ def run(out: Path, workdir: Path, *, layers: int = 4, num_seqs: int = 8, seq_len
         return out
     section(res, "naive", naive)
     return save(res, out) and res
+
+
+def _load(workdir: Path) -> dict:
+    import time
+
+    from diag.bench.load import load_bench
+    from diag.zoo.kimi_shaped import kimi_shaped
+
+    t0 = time.perf_counter()
+    ks = kimi_shaped(workdir, layers=3, widths=LOAD_WIDTHS, drafter=False)
+    write = time.perf_counter() - t0
+    return {"widths": LOAD_WIDTHS, "layers": 3, "write_seconds": write,
+            **load_bench(ks.target, "cpu", warm_threads=(2, 4), whole_machine=False)}

@@ -1,28 +1,30 @@
-"""The GPU benchmark: one call on one GPU measures, for a Kimi-shaped INT4 target,
+"""The GPU benchmark: one call on one GPU measures, for a K-layer Kimi-shaped INT4 target
+written to disk first (K: --layers, else as many as the free disk holds),
   ceilings       bf16 matmul FLOP/s and copy bandwidth, in the same run
-  checkpoint     a 2-layer real-width checkpoint written and loaded (resident vs disk bytes)
-  experts        one MoE layer: diag's eager packed loop, the fused INT4 kernel, and
-                 transformers' bf16 grouped_mm on the same (dequantized) weights
-  pass_2layer    whole capture pass, INT4 (fused) vs bf16 grouped_mm experts, same layers
+  load           raw read of the shards vs diag's load, cold and warm (bench/load.py)
+  e2e            one `diag run` end to end on that target, first run and cached (bench/e2e.py)
+  experts        one MoE layer: diag's eager packed loop, the fused INT4 kernel (tiles tuned
+                 first, bench/tiles.py), transformers' bf16 grouped_mm on the same weights
+  pass_2layer    whole capture pass, INT4 (fused) vs bf16 grouped_mm experts of layer 1
   grown          the model grown in GPU memory to as many layers as fit (extra layers are
-                 copies of layer 1's random weights), capture passes at 8k and 16k tokens,
-                 peak memory vs weight bytes, and what diag.target.placement planned for it
+                 copies of the last one), capture passes and a generation probe before and
+                 after: the per-layer slopes the 61-layer extrapolation uses
   drafter        batched replay, 3 layouts x 6 tree shapes, Kimi drafter widths
-  naive          the step-by-step loop, seconds per position, and the speed ratio
-Every section is recorded even when another fails. This module is the benchmark's
-orchestration; the measurements live in target.py, drafter.py and naive.py.
+  naive          the step-by-step loop as before and as a competent user writes it, profiled
+`sections` picks which run (ceilings and the checkpoint always do). Every section is
+recorded even when another fails. This module is the benchmark's orchestration; the
+measurements live in the modules named above and target.py, drafter.py, naive.py.
 """
 
 from __future__ import annotations
 
 import copy
-import inspect
 import time
 from pathlib import Path
 
 import torch
 
-from diag.bench.common import copy_bandwidth, envelope, matmul_peak, save, section
+from diag.bench.common import copy_bandwidth, envelope, matmul_peak, save, section, timed
 from diag.bench.drafter import replay_bench
 from diag.bench.naive import naive_loop
 from diag.bench.target import capture_throughput, experts_compare, synthetic_sequences
@@ -33,12 +35,10 @@ GiB = 2 ** 30
 
 
 def load_int4(path: Path, device: str):
-    """load_packed_target onto one device, whichever placement argument it takes."""
+    """load_packed_target onto one device."""
     from diag.int4.load import load_packed_target
 
-    params = inspect.signature(load_packed_target).parameters
-    kw = {"device_map": {"": device}} if "device_map" in params else {"device": device}
-    return load_packed_target(path, dtype=torch.bfloat16, **kw)
+    return load_packed_target(path, dtype=torch.bfloat16, device=device)
 
 
 def grow(model, layers: int) -> int:
@@ -54,50 +54,132 @@ def grow(model, layers: int) -> int:
 
 
 def layers_that_fit(model, reserve: int, cap: int) -> int:
+    if not torch.cuda.is_available():
+        return min(cap, len(model.model.layers) + 2)        # a CPU smoke run: two more
     free = torch.cuda.mem_get_info()[0]
     per_layer = resident_bytes(model.model.layers[-1])
     return min(cap, len(model.model.layers) + max(0, int((free - reserve) // per_layer)))
 
 
-def run(out: Path, workdir: Path, *, max_layers: int = 61, tokens=(2048, 8192, 16384, 32768),
-        seq_len: int = 512, num_seqs: int = 32, prompt_len: int = 128) -> dict:
+SECTIONS = ("load", "e2e", "experts", "pass", "grown", "drafter", "naive")
+
+
+def layers_for_disk(workdir: Path, cap: int = 6, margin: int = 8 * GiB) -> int:
+    """The most Kimi-shaped layers whose checkpoint fits the free disk under `margin`:
+    ~0.8 GB dense layer 0 + 9.9 GB per MoE layer + 4.7 GB embeddings and head.
+    64 GiB disk with ~60 GiB free -> 4 (5 would leave under 8 GiB)."""
+    import shutil
+    free = shutil.disk_usage(workdir).free - margin
+    return max(2, min(cap, int((free - 5.5e9) // 9.9e9) + 1))
+
+
+def run(out: Path, workdir: Path, *, layers: int | None = None, max_layers: int = 61,
+        tokens=(2048, 8192, 16384, 32768), seq_len: int = 512, num_seqs: int = 32, prompt_len: int = 128,
+        sections=SECTIONS, e2e_prompts: int | None = None, e2e_new_tokens: int = 512,
+        e2e_evaluate: dict | None = None, tile_budget_s: float = 120.0, device: str = "cuda",
+        widths: dict | None = None, drafter_widths: dict | None = None) -> dict:
+    """device/widths: "cpu" and shrunk widths run the same code paths as a smoke test."""
     from diag.int4.fast import accelerate
     from diag.zoo.kimi_shaped import kimi_shaped
 
-    dev = "cuda"
-    res = envelope("gpu", {"max_layers": max_layers, "tokens": list(tokens), "seq_len": seq_len,
-                           "num_seqs": num_seqs, "prompt_len": prompt_len})
+    dev = device
+    workdir.mkdir(parents=True, exist_ok=True)
+    layers = layers or layers_for_disk(workdir)
+    res = envelope("gpu", {"layers": layers, "max_layers": max_layers, "tokens": list(tokens),
+                           "seq_len": seq_len, "num_seqs": num_seqs, "prompt_len": prompt_len,
+                           "sections": list(sections), "e2e_prompts": e2e_prompts,
+                           "e2e_new_tokens": e2e_new_tokens, "e2e_evaluate": e2e_evaluate})
     st: dict = {}
-    ceil = section(res, "ceilings", lambda: {"bf16_matmul_flops": matmul_peak(dev),
-                                             "copy_bytes_per_s": copy_bandwidth(dev)})
+    ceil = section(res, "ceilings", lambda: _ceilings(dev))
     peak = ceil["bf16_matmul_flops"] if ceil else 7.9e14
 
     def checkpoint():
         t0 = time.perf_counter()
-        ks = kimi_shaped(workdir, layers=2, seed=0, device=dev)
-        t1 = time.perf_counter()
-        st["model"], st["ks"] = load_int4(ks.target, dev), ks
-        st["n_fast"] = accelerate(st["model"])
-        res_b = resident_bytes(st["model"])
-        return {"write_seconds": t1 - t0, "load_seconds": time.perf_counter() - t1,
-                "checkpoint_bytes": ks.bytes_on_disk, "resident_bytes": res_b,
-                "resident_over_checkpoint": res_b / ks.bytes_on_disk, "fast_experts": st["n_fast"]}
+        st["ks"] = kimi_shaped(workdir / "kimi", layers=layers, seed=0, device=dev, widths=widths,
+                               drafter_widths=drafter_widths)
+        shards = sorted(st["ks"].target.glob("*.safetensors"))
+        return {"layers": layers, "write_seconds": time.perf_counter() - t0,
+                "checkpoint_bytes": st["ks"].bytes_on_disk, "shard_bytes": [f.stat().st_size for f in shards]}
     if section(res, "checkpoint", checkpoint) is None:
+        return save(res, out) and res
+    ks = st["ks"]
+    if "load" in sections:
+        from diag.bench.load import load_bench
+        section(res, "load", lambda: load_bench(ks.target, dev))
+        save(res, out)
+    if "e2e" in sections:
+        section(res, "e2e", lambda: _e2e(ks, layers, workdir, e2e_prompts, e2e_new_tokens, e2e_evaluate, dev))
+        save(res, out)
+        _release(dev)                          # the pipeline's model, before this run loads its own
+    if not set(sections) & {"experts", "pass", "grown", "drafter", "naive"}:
+        return _finish(res, out)
+
+    def model():
+        t0 = time.perf_counter()
+        st["model"] = load_int4(ks.target, dev)
+        n = accelerate(st["model"])
+        res_b = resident_bytes(st["model"])
+        return {"load_seconds": time.perf_counter() - t0, "resident_bytes": res_b,
+                "resident_over_checkpoint": res_b / ks.bytes_on_disk, "fast_experts": n}
+    if section(res, "checkpoint_load", model) is None:
         return save(res, out) and res
     model = st["model"]
     moe = model.model.layers[1].mlp
-    section(res, "experts", lambda: experts_compare(moe, list(tokens), peak, eager_tokens=8192))
-    save(res, out)
+    if "experts" in sections:
+        section(res, "experts", lambda: experts_compare(moe, list(tokens), peak, eager_tokens=8192,
+                                                        tile_budget_s=tile_budget_s))
+        save(res, out)
     seqs = synthetic_sequences(num_seqs, seq_len, prompt_len, model.config.vocab_size)
-    lays = [st["ks"].layout, "L1+L2+final", "embed+L1+final"]
+    lays = [ks.layout, "L1+L2+final", "embed+L1+final"]
     points = tuple(dict.fromkeys(union_points([layout(x) for x in lays]) + (layout("final").points[0],)))
-    section(res, "pass_2layer", lambda: _two_layer(model, moe, seqs, points))
+    if "pass" in sections:
+        section(res, "pass_2layer", lambda: _two_layer(model, moe, seqs, points))
+        save(res, out)
+    section(res, "grown", lambda: _grown(model, seqs, points, max_layers, st, dev))
     save(res, out)
-    section(res, "grown", lambda: _grown(model, seqs, points, max_layers, st))
+    if "drafter" in sections or "naive" in sections:
+        section(res, "drafter", lambda: _drafter(st, model, lays, peak, dev))
+        save(res, out)
+    if "naive" in sections:
+        section(res, "naive", lambda: _naive(st, model, seqs, lays[0], prompt_len, res))
+    return _finish(res, out)
+
+
+def _finish(res: dict, out: Path) -> dict:
+    """The 61-layer extrapolation, when this run measured what it needs."""
+    from diag.bench.extrapolate import extrapolate
+
+    secs = res["sections"]
+    need = ("e2e", "grown", "load", "checkpoint")
+    if all(n in secs and "error" not in secs[n] for n in need):
+        section(res, "extrapolation", lambda: extrapolate(secs["e2e"], secs["grown"], secs["load"],
+                                                          secs["checkpoint"]["shard_bytes"]))
     save(res, out)
-    section(res, "drafter", lambda: _drafter(st, model, lays, peak))
-    section(res, "naive", lambda: _naive(st, model, seqs, lays[0], prompt_len, res))
-    return save(res, out) and res
+    return res
+
+
+def _release(dev: str) -> None:
+    import gc
+
+    gc.collect()
+    if dev != "cpu":
+        torch.cuda.empty_cache()
+
+
+def _ceilings(dev: str) -> dict:
+    if dev == "cpu":  # a smoke run: small, and no device copy worth measuring
+        return {"bf16_matmul_flops": matmul_peak(dev, 512, 2, torch.float32)}
+    return {"bf16_matmul_flops": matmul_peak(dev), "copy_bytes_per_s": copy_bandwidth(dev)}
+
+
+def _e2e(ks, layers, workdir, prompts, new_tokens, evaluate, dev) -> dict:
+    from diag.bench.e2e import end_to_end
+
+    cpu = dev == "cpu"
+    return end_to_end(ks.target, ks.drafter, ks.layout, layers, workdir, limit=prompts,
+                      prompts=Path(__file__).resolve().parents[2] / "cases" / "prompts" / "mixed-48.jsonl",
+                      max_new_tokens=new_tokens, evaluate=evaluate, gpus=0 if cpu else 1,
+                      dtype="float32" if cpu else "bfloat16")
 
 
 def _two_layer(model, moe, seqs, points) -> dict:
@@ -114,13 +196,31 @@ def _two_layer(model, moe, seqs, points) -> dict:
             "weight_memory_ratio": int4_row["weight_bytes"] / bf16_row["weight_bytes"]}
 
 
-def _grown(model, seqs, points, max_layers, st) -> dict:
+def _generation_probe(model, vocab: int, *, prompts: int = 16, prompt_len: int = 96,
+                      new_tokens: int = 32) -> dict:
+    """Seconds per decode step of greedy generation (one batch of `prompts`), as the
+    pipeline's greedy_continuations runs it: the per-layer slope of the e2e generate phase."""
+    from diag.target.generate import greedy_continuations
+
+    gen = torch.Generator().manual_seed(5)
+    ps = torch.randint(0, vocab, (prompts, prompt_len), generator=gen).tolist()
+    run = lambda: greedy_continuations(model, ps, new_tokens, pad_id=0, eos_ids=set(),  # noqa: E731
+                                       batch_size=prompts, progress=False)
+    seconds = timed(run, repeat=1, warmup=1)
+    return {"prompts": prompts, "new_tokens": new_tokens, "seconds": seconds,
+            "seconds_per_step": seconds / new_tokens}
+
+
+def _grown(model, seqs, points, max_layers, st, dev) -> dict:
     from diag.zoo.kimi_shaped import kimi_config
     from diag.target.placement import activation_bytes, place
 
+    base_layers = len(model.model.layers)
+    base_row, _ = capture_throughput(model, seqs, points, 16384)
+    base_gen = _generation_probe(model, model.config.vocab_size)
     reserve = activation_bytes(model.config, 16384) + 24 * GiB  # + drafter and its beam replay
     n = grow(model, layers_that_fit(model, reserve, max_layers))
-    total = torch.cuda.get_device_properties(0).total_memory
+    total = torch.cuda.get_device_properties(0).total_memory if dev != "cpu" else 64 * GiB
     try:
         place(kimi_config(n), 1, available=[total], token_budget=16384)
         planned = "fits"
@@ -130,17 +230,24 @@ def _grown(model, seqs, points, max_layers, st) -> dict:
     for budget in (8192, 16384):
         row, st["tp"] = capture_throughput(model, seqs, points, budget)
         rows.append(row)
+    gen = _generation_probe(model, model.config.vocab_size)
     weights = resident_bytes(model)
-    return {"layers": n, "weight_bytes": weights, "planner_on_this_gpu": planned,
+    added = n - base_layers
+    return {"layers": n, "base_layers": base_layers, "weight_bytes": weights, "planner_on_this_gpu": planned,
             "activation_estimate_16k": activation_bytes(model.config, 16384), "rows": rows,
-            "peak_over_weights": max(r["peak_bytes"] for r in rows) / weights}
+            "base_capture": base_row, "base_generation": base_gen, "generation": gen,
+            "peak_over_weights": max(r.get("peak_bytes", weights) for r in rows) / weights,
+            "capture_seconds_per_layer_token": (rows[-1]["seconds"] - base_row["seconds"]) / max(added, 1)
+            / rows[-1]["tokens"],
+            "generate_seconds_per_layer_step": (gen["seconds_per_step"] - base_gen["seconds_per_step"])
+            / max(added, 1)}
 
 
-def _drafter(st, model, lays, peak) -> dict:
+def _drafter(st, model, lays, peak, dev) -> dict:
     from diag.drafter.checkpoint import load_drafter
 
-    drafter, _ = load_drafter(st["ks"].drafter, dtype=torch.bfloat16)
-    st["drafter"] = drafter.to("cuda")
+    drafter, _ = load_drafter(st["ks"].drafter, dtype=torch.bfloat16 if dev != "cpu" else torch.float32)
+    st["drafter"] = drafter.to(dev)
     embed, head = model.get_input_embeddings(), model.get_output_embeddings()
     out = replay_bench(st["drafter"], embed, head, st["tp"], lays, peak, token_budget=2048)
     st["replay"] = out
@@ -148,16 +255,23 @@ def _drafter(st, model, lays, peak) -> dict:
 
 
 def _naive(st, model, seqs, lay, prompt_len, res) -> dict:
-    out = naive_loop(model, st["drafter"], model.get_input_embeddings(), seqs[0].ids, lay,
-                     prompt_len=prompt_len, positions=8, steps=3)
+    """Today's naive loop (the drafter re-drafts every index), the one a competent user
+    writes (fast experts, KV cache, drafts only at the newest index), with a profile of the
+    latter, and the batched path's cost per position against both."""
+    kw = dict(prompt_len=prompt_len, positions=8, steps=3)
+    embed = model.get_input_embeddings()
+    as_before = naive_loop(model, st["drafter"], embed, seqs[0].ids, lay, **kw)
+    competent = naive_loop(model, st["drafter"], embed, seqs[0].ids, lay, newest_only=True, profile=True,
+                           **{**kw, "positions": 10})
+    out = {"as_before": as_before, "competent": competent,
+           "seconds_per_position": competent["seconds_per_position"]}
     grown = res["sections"].get("grown", {})
     rows = grown.get("rows") or []
     if rows and "replay" in st:
-        tokens = rows[-1]["tokens"]
-        target_per_token = rows[-1]["seconds"] / tokens
+        target_per_token = rows[-1]["seconds"] / rows[-1]["tokens"]
         rp = st["replay"]
-        drafter_per_round = rp["seconds"] / max(rp["rounds"], 1)
-        batched = target_per_token + drafter_per_round
+        batched = target_per_token + rp["seconds"] / max(rp["rounds"], 1)
         out.update({"batched_seconds_per_position": batched,
-                    "speedup_over_naive": out["seconds_per_position"] / batched})
+                    "speedup_over_naive": competent["seconds_per_position"] / batched,
+                    "speedup_over_naive_as_before": as_before["seconds_per_position"] / batched})
     return out

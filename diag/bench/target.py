@@ -63,7 +63,8 @@ def dense_grouped_mm(packed: PackedExperts, config) -> nn.Module:
 
 
 @torch.no_grad()
-def experts_compare(moe: nn.Module, tokens: list[int], peak: float, *, eager_tokens: int | None) -> dict:
+def experts_compare(moe: nn.Module, tokens: list[int], peak: float, *, eager_tokens: int | None,
+                    tile_budget_s: float = 120.0) -> dict:
     """Per token count: fused INT4 and bf16 grouped_mm seconds, TFLOP/s, fraction of peak;
     the eager packed loop once at `eager_tokens`; max relative error of fused vs eager."""
     from diag.int4.fast import fused_experts
@@ -79,7 +80,10 @@ def experts_compare(moe: nn.Module, tokens: list[int], peak: float, *, eager_tok
         x, idx, w = routed_inputs(moe, eager_tokens)
         out["eager_seconds"] = {eager_tokens: timed(lambda: PackedExperts.forward(packed, x, idx, w),
                                                     repeat=1, warmup=0)}
-    out["tiles"] = tune_tiles(moe, 8192)
+    from diag.bench.tiles import tune_grouped
+    from diag.int4.fast import grouped_fits
+    out["tiles"] = tune_grouped(moe, 8192, budget_s=tile_budget_s) if grouped_fits(packed) else tune_tiles(moe, 8192)
+    out["kernel"] = "grouped" if grouped_fits(packed) else "any-width"
     dense = dense_grouped_mm(packed, cfg)
     out["bf16_bytes"] = resident_bytes(dense)
     rows = []

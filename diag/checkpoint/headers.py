@@ -35,6 +35,8 @@ class TensorInfo:
     file: Path
     dtype: str  # safetensors spelling: "BF16", "I32", ...
     shape: tuple[int, ...]
+    offset: int = -1  # absolute byte offset of the data in the file (8 + N + begin)
+    nbytes: int = 0   # end - begin
 
 
 def read_header(path: Path) -> dict[str, TensorInfo]:
@@ -53,17 +55,18 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise DiagError("corrupt safetensors header", file=str(path),
                         expected="a JSON header", found=str(err)) from None
-    return _infos(header, path, data_bytes=size - 8 - n)
+    return _infos(header, path, data_bytes=size - 8 - n, data_start=8 + n)
 
 
-def _infos(header: dict, path: Path, *, data_bytes: int) -> dict[str, TensorInfo]:
+def _infos(header: dict, path: Path, *, data_bytes: int, data_start: int = 0) -> dict[str, TensorInfo]:
     out: dict[str, TensorInfo] = {}
     for name, meta in header.items():
         if name == "__metadata__":
             continue
         try:
             begin, end = meta["data_offsets"]
-            info = TensorInfo(name, path, meta["dtype"], tuple(meta["shape"]))
+            info = TensorInfo(name, path, meta["dtype"], tuple(meta["shape"]),
+                              data_start + int(begin), int(end) - int(begin))
         except (KeyError, TypeError, ValueError):
             raise DiagError("corrupt safetensors header", file=str(path), field=name,
                             expected="dtype, shape and data_offsets", found=meta) from None

@@ -11,6 +11,9 @@ so a rewritten, retrained or corrupted file is hashed again; an unchanged one is
 Worked example: model.safetensors rewritten in place with the same size and an mtime
 restored by `touch -r` -> ctime differs -> memo miss -> re-hashed.
 
+A reader that reads every byte anyway (the INT4 weight loader, diag.checkpoint.reader) can
+hash as it reads and `prime_digest` the memo, so a first run reads 550 GB once, not twice.
+
 This module knows files and hashes; nothing about models.
 """
 
@@ -50,19 +53,31 @@ def _hash(path: Path) -> str:
     return h.hexdigest()
 
 
-def file_digest(path: str | Path) -> str:
-    """sha256 of the file's bytes, from the memo when the file's stat is unchanged."""
-    path = Path(path)
-    stat = _stat_key(path)
-    memo = _memo_file(stat)
+def stat_key(path: str | Path) -> dict:
+    """What the memo is keyed on: resolved path, size, mtime_ns, ctime_ns, inode, device."""
+    return _stat_key(Path(path))
+
+
+def memoised_digest(path: str | Path) -> str | None:
+    """The memoised sha256 of a file whose stat is unchanged, else None (nothing is read)."""
+    stat = _stat_key(Path(path))
     try:
-        saved = json.loads(memo.read_text())
+        saved = json.loads(_memo_file(stat).read_text())
         if {k: saved.get(k) for k in stat} == stat and isinstance(saved.get("sha256"), str):
             return saved["sha256"]
     except (OSError, ValueError):
         pass
-    digest = _hash(path)
-    if _stat_key(path) == stat:                      # unchanged while we read it
+    return None
+
+
+def prime_digest(path: str | Path, stat: dict, digest: str) -> bool:
+    """Memoise `digest`, computed by someone else over the file's bytes while its stat was
+    `stat` (e.g. the weight loader, which reads every byte anyway); refused (False) when the
+    file changed meanwhile, so a digest of other bytes is never recorded."""
+    if _stat_key(Path(path)) != stat:
+        return False
+    memo = _memo_file(stat)
+    try:
         memo.parent.mkdir(parents=True, exist_ok=True)
         tmp = memo.with_name(f"{memo.name}.tmp{os.getpid()}")
         try:
@@ -71,12 +86,32 @@ def file_digest(path: str | Path) -> str:
         except BaseException:         # an interrupt leaves no half-written memo
             tmp.unlink(missing_ok=True)
             raise
+    except OSError:          # a read-only cache costs a re-hash later, never a failed run
+        return False
+    return True
+
+
+def file_digest(path: str | Path) -> str:
+    """sha256 of the file's bytes, from the memo when the file's stat is unchanged."""
+    path = Path(path)
+    saved = memoised_digest(path)
+    if saved is not None:
+        return saved
+    stat = _stat_key(path)
+    digest = _hash(path)
+    prime_digest(path, stat, digest)                 # refused if it changed while we read it
     return digest
 
 
 def counted_files(directory: Path) -> list[Path]:
     return sorted(p for p in Path(directory).iterdir()
                   if p.is_file() and not p.name.startswith(".") and p.suffix in _COUNTED)
+
+
+def is_memoised(directory: str | Path) -> bool:
+    """True when every counted file's digest is in the memo: computing the identity reads
+    no file. False on a first run (or after a file changed)."""
+    return all(memoised_digest(f) is not None for f in counted_files(Path(directory)))
 
 
 def checkpoint_identity(directory: str | Path, *, threads: int = 8) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 
@@ -12,8 +13,27 @@ def register(sub) -> None:
     p.add_argument("--out", help="result JSON (default reports/bench/<where>.json); render: markdown file")
     p.add_argument("--workdir", help="where the Kimi-shaped checkpoint is written (default: a temp dir)")
     p.add_argument("--max-layers", type=int, default=61, help="gpu: grow the target to at most this many layers")
+    p.add_argument("--layers", type=int, help="gpu: layers of the Kimi-shaped checkpoint on disk (default: what the disk holds)")
+    p.add_argument("--sections", help="gpu: comma-separated subset of load,e2e,experts,pass,grown,drafter,naive; "
+                   "cpu: of target,drafter,naive,load")
+    p.add_argument("--e2e-prompts", type=int, help="gpu e2e: use the first N prompts (default all 48)")
+    p.add_argument("--e2e-new-tokens", type=int, default=512, help="gpu e2e: max_new_tokens")
+    p.add_argument("--e2e-evaluate", action="append", default=[], metavar="KEY=JSON",
+                   help="gpu e2e: override an [evaluate] field, e.g. a decoding axis (repeat)")
+    p.add_argument("--tile-budget", type=float, default=120.0, help="gpu: seconds spent trying kernel tiles")
     p.add_argument("inputs", nargs="*", help="render: JSON files")
     p.set_defaults(func=run)
+
+
+def _overrides(items: list[str]) -> dict:
+    """["trees=[\"chain-3\"]", "seed=1"] -> {"trees": ("chain-3",), "seed": 1} (lists become
+    tuples, as the case's frozen dataclasses hold them)."""
+    out = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        v = json.loads(value)
+        out[key.strip()] = tuple(v) if isinstance(v, list) else v
+    return out
 
 
 def run(a) -> int:
@@ -27,10 +47,13 @@ def run(a) -> int:
     with tempfile.TemporaryDirectory(prefix="diag-bench-") as tmp:
         work = Path(a.workdir) if a.workdir else Path(tmp)
         if a.where == "gpu":
-            from diag.bench.gpu import run as gpu_run
-            gpu_run(out, work, max_layers=a.max_layers)
+            from diag.bench.gpu import SECTIONS, run as gpu_run
+            sections = tuple(a.sections.split(",")) if a.sections else SECTIONS
+            gpu_run(out, work, max_layers=a.max_layers, layers=a.layers, sections=sections,
+                    e2e_prompts=a.e2e_prompts, e2e_new_tokens=a.e2e_new_tokens,
+                    e2e_evaluate=_overrides(a.e2e_evaluate), tile_budget_s=a.tile_budget)
         else:
-            from diag.bench.cpu import run as cpu_run
-            cpu_run(out, work)
+            from diag.bench.cpu import SECTIONS as CPU_SECTIONS, run as cpu_run
+            cpu_run(out, work, sections=tuple(a.sections.split(",")) if a.sections else CPU_SECTIONS)
     print(f"results: {out}")
     return 0

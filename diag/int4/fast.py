@@ -13,6 +13,11 @@ per-expert Python loop or bf16 weight copy exists.
 Worked routing example, BLOCK_M 2, experts [1, 0, 1] (T 3, K 1): counts [1, 2] -> blocks
 [1, 1]; sorted_ids = [1, S | 0, 2] (S = 3 pads expert 0's run); block_expert = [0, 1].
 
+Two kernels (diag.int4.fast_kernel): the grouped one wherever the widths allow it
+(kernel_layout.fits: Kimi's 7168 and 2048 with group 32 do), reading the packed words re-laid
+once, at the first forward, so that unpacking one group is a shift and a mask; the first
+one, on the checkpoint's layout, for any other width.
+
 Numerics: weights dequantize exactly as diag.int4.format (bf16 q * bf16 scale); the products
 accumulate in fp32 per tile, so outputs match the eager loop to bf16 rounding, not bit for
 bit. `accelerate(model)` switches every PackedExperts of a model to this path; on CPU, or
@@ -28,10 +33,19 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from diag.int4.format import dequantize
+from diag.int4.kernel_layout import fits, relayout_, scales_group_major, to_checkpoint
 from diag.int4.packed import PackedExperts
 
-# Tile shape and launch; diag.bench times alternatives on the GPU at hand and may set these.
+# Tile shape and launch of the first kernel (any width); diag.bench may set these.
 TILES = {"block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 4, "num_stages": 3}
+# The grouped kernel (kernel-layout weights, kernel_layout.fits): block_m is the token side
+# (the dot's N, 16..256), block_n the weight rows; "gate_up" / "down" tiles per GEMM. The
+# defaults are what diag bench measured fastest on an H200 (reports/bench/NOTES.md); a
+# bench run may set others for its own process.
+GROUPED = {"block_m": 64, "dequant": 2, "piece": 32,
+           "gate_up": {"block_n": 128, "num_warps": 8, "num_stages": 2},
+           "down": {"block_n": 256, "num_warps": 8, "num_stages": 3}}
 
 
 @dataclass(frozen=True)
@@ -39,6 +53,7 @@ class Routing:
     sorted_ids: torch.Tensor     # [num_blocks * BLOCK_M] int32 pair indices, S = padding
     block_expert: torch.Tensor   # [num_blocks] int32 expert of each block, -1 unused
     num_pairs: int
+    block_m: int = 0             # rows per block (each expert's run is padded to it)
 
 
 def route(top_k_index: torch.Tensor, num_experts: int, block_m: int) -> Routing:
@@ -60,7 +75,7 @@ def route(top_k_index: torch.Tensor, num_experts: int, block_m: int) -> Routing:
     b = torch.arange(max_blocks, device=flat.device)
     expert = torch.searchsorted(ends, b, right=True)                       # [max_blocks]
     block_expert = torch.where(expert < num_experts, expert, -1).to(torch.int32)
-    return Routing(sorted_ids, block_expert, S)
+    return Routing(sorted_ids, block_expert, S, block_m)
 
 
 def _block_k(width: int, group: int) -> int:
@@ -72,10 +87,11 @@ def _block_k(width: int, group: int) -> int:
     raise ValueError(f"no K tile for width {width}, group {group}")
 
 
-def grouped_int4_gemm(a: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, r: Routing,
-                      group: int, *, a_div: int, route_w: torch.Tensor | None = None) -> torch.Tensor:
-    """a [rows, K] bf16, packed [E, N, K/8] int32, scale [E, N, K/group] -> out [S, N] bf16;
-    row p of out uses A row p // a_div and expert block_expert[block of p]."""
+def grouped_int4_gemm_any(a: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, r: Routing,
+                          group: int, *, a_div: int, route_w: torch.Tensor | None = None) -> torch.Tensor:
+    """The first kernel, for any width: a [rows, K] bf16, packed [E, N, K/8] int32 in the
+    checkpoint's layout, scale [E, N, K/group] -> out [S, N] bf16; row p of out uses A row
+    p // a_div and expert block_expert[block of p]."""
     from diag.int4.fast_kernel import moe_int4_gemm
     import triton
 
@@ -93,19 +109,89 @@ def grouped_int4_gemm(a: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor
     return out
 
 
+def grouped_int4_gemm(a: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, r: Routing,
+                      group: int, which: str, *, a_div: int, piece: int,
+                      route_w: torch.Tensor | None = None) -> torch.Tensor:
+    """The grouped kernel: packed [E, N, K/8] int32 in kernel layout of piece width `piece`,
+    scale [E, N, K/group] (any strides), a [rows, K] bf16 -> out [S, N] bf16, in the
+    routing's block_m."""
+    from diag.int4.fast_kernel import moe_int4_gemm_grouped
+    import triton
+
+    N, K = packed.shape[1], packed.shape[2] * 8
+    t = GROUPED[which]
+    out = torch.empty(r.num_pairs, N, dtype=torch.bfloat16, device=a.device)
+    grid = (triton.cdiv(N, t["block_n"]), r.block_expert.numel())
+    moe_int4_gemm_grouped[grid](a, packed, scale, out, r.sorted_ids, r.block_expert,
+                                route_w if route_w is not None else out, N, K, r.num_pairs, a_div,
+                                a.stride(0), packed.stride(0), packed.stride(1), scale.stride(0),
+                                scale.stride(1), scale.stride(2), out.stride(0), GROUP=group,
+                                PIECE=piece, BLOCK_N=t["block_n"], BLOCK_M=r.block_m,
+                                DEQUANT=GROUPED["dequant"], MUL_ROUTE=route_w is not None,
+                                UPCAST=_interpreting(), num_warps=t["num_warps"],
+                                num_stages=t["num_stages"])
+    return out
+
+
+def grouped_block_m(pairs: int, experts: int) -> int:
+    """The token tile: GROUPED's, or the smallest power of two >= the mean pairs per expert
+    when that is smaller (16 at least). Kimi, 384 experts: 1 token (8 pairs) -> 16; 8192
+    tokens (65536 pairs, 171 per expert) -> min(GROUPED block_m, 256)."""
+    mean = -(-pairs // experts)
+    return min(GROUPED["block_m"], max(16, 1 << (mean - 1).bit_length()))
+
+
+def grouped_fits(module: PackedExperts, piece: int | None = None) -> bool:
+    g, p = module.group_size, piece or GROUPED["piece"]
+    return fits(module.hidden_dim, g, p) and fits(module.intermediate_dim, g, p)
+
+
+def to_kernel_layout(module: PackedExperts, piece: int | None = None) -> None:
+    """Re-lay a module's packed words (kernel_layout.to_kernel, piece width GROUPED's unless
+    given) and store its scales group major; `module.kernel_layout` holds the piece width
+    (0: checkpoint layout), expert_weight decodes it. A module in another piece width is
+    re-laid again."""
+    piece = piece or GROUPED["piece"]
+    have = getattr(module, "kernel_layout", 0)
+    if have == piece:
+        return
+    if type(module) is PackedExperts:
+        module.__class__ = FastPackedExperts          # whose expert_weight decodes the layout
+    for proj in ("gate_up_proj", "down_proj"):
+        buf = getattr(module, f"{proj}_packed")
+        if have:
+            relayout_(buf, have, forward=False)
+        relayout_(buf, piece)
+        name = f"{proj}_scale"
+        if not have:
+            module._buffers[name] = scales_group_major(getattr(module, name))
+    module.kernel_layout = piece
+
+
 def fused_experts(module: PackedExperts, hidden: torch.Tensor, top_k_index: torch.Tensor,
                   top_k_weights: torch.Tensor) -> torch.Tensor:
     """hidden [T, H], top_k_index / top_k_weights [T, K] -> [T, H] in hidden's dtype."""
     T, K = top_k_index.shape
     x = hidden.to(torch.bfloat16).contiguous()
-    r = route(top_k_index, module.num_experts, TILES["block_m"])
-    gu = grouped_int4_gemm(x, module.gate_up_proj_packed, module.gate_up_proj_scale, r,
-                           module.group_size, a_div=K)                      # [S, 2I]
+    grouped = grouped_fits(module)
+    if grouped:
+        to_kernel_layout(module)
+    block_m = grouped_block_m(T * K, module.num_experts) if grouped else TILES["block_m"]
+    r = route(top_k_index, module.num_experts, block_m)
+    g = module.group_size
+
+    def gemm(a, proj, which, a_div, route_w=None):
+        packed, scale = getattr(module, f"{proj}_packed"), getattr(module, f"{proj}_scale")
+        if grouped:
+            return grouped_int4_gemm(a, packed, scale, r, g, which, a_div=a_div, route_w=route_w,
+                                     piece=module.kernel_layout)
+        return grouped_int4_gemm_any(a, packed, scale, r, g, a_div=a_div, route_w=route_w)
+
+    gu = gemm(x, "gate_up_proj", "gate_up", K)                             # [S, 2I]
     gate, up = gu.chunk(2, dim=-1)
     h = (module.act_fn(gate) * up).contiguous()                            # [S, I]
     w = top_k_weights.reshape(-1).to(torch.float32).contiguous()           # [S]
-    y = grouped_int4_gemm(h, module.down_proj_packed, module.down_proj_scale, r,
-                          module.group_size, a_div=1, route_w=w)            # [S, H]
+    y = gemm(h, "down_proj", "down", 1, w)                                 # [S, H]
     return y.view(T, K, -1).sum(dim=1, dtype=torch.float32).to(hidden.dtype)
 
 
@@ -123,7 +209,18 @@ def triton_available() -> bool:
 
 class FastPackedExperts(PackedExperts):
     """PackedExperts whose forward uses the fused kernel on CUDA (bf16 scales), and the
-    eager loop elsewhere. Same buffers, same state dict: only the class differs."""
+    eager loop elsewhere. Same buffers; once the grouped kernel has run, its packed words
+    are in kernel layout (`kernel_layout` its piece width) and expert_weight decodes it, so
+    every reader of weights (eager loop, bf16 references) still sees the same numbers."""
+
+    kernel_layout = 0          # piece width of the kernel layout; 0: the checkpoint's
+
+    def expert_weight(self, proj: str, e: int, dtype: torch.dtype) -> torch.Tensor:
+        if not self.kernel_layout:
+            return super().expert_weight(proj, e, dtype)
+        packed = to_checkpoint(getattr(self, f"{proj}_packed")[e], self.kernel_layout)
+        shape = (packed.shape[0], packed.shape[1] * 8)
+        return dequantize(packed, getattr(self, f"{proj}_scale")[e], shape, self.group_size, dtype)
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
         usable = hidden_states.is_cuda or _interpreting()

@@ -72,3 +72,94 @@ def moe_int4_gemm(a_ptr, w_ptr, s_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr
         acc = acc * tl.load(route_w_ptr + pair, mask=row_ok, other=0.0)[:, None]
     out_ptrs = out_ptr + pair[:, None].to(tl.int64) * stride_om + offs_n[None, :]
     tl.store(out_ptrs, acc.to(tl.bfloat16), mask=row_ok[:, None] & n_ok[None, :])
+
+
+# ---- the grouped kernel: weights in diag.int4.kernel_layout, tokens on the dot's N side ----
+#
+# out^T[n, m] = sum_k W_e[n, k] * A[row(m), k]: the weight tile is the dot's left operand
+# [BLOCK_N, P] (dequantized in registers, never written to memory), the gathered
+# activations its right operand [P, BLOCK_M]. One K step is one block of 8P columns:
+# BLOCK_N x P words loaded once, then for i in 0..7 one shift + mask gives columns
+# k0 + iP .. k0 + iP + P - 1, all in group (k0 + iP) // G, scaled by one [BLOCK_N] vector:
+#   q = ((words >> 4i) & 0xF) - 8,   W = bf16(q * scale[:, group])      (as format.dequantize)
+# DEQUANT picks how q becomes a float (all exact, so all give the same bf16 bits):
+#   0  int -> fp32 convert                                 (the conversion unit: slow)
+#   1  fp32 magic: bits 0x4B000000 | u = 2^23 + u exactly, minus (2^23 + 8) = q
+#   2  bf16 magic: bits 0x4300 | u = 128 + u exactly (bf16), minus 136 = q; multiply in bf16
+# Worked example, u = 3: fp32 bits 0x4B000003 = 8388611.0, minus 8388616.0 = -5.0 = q.
+
+@triton.jit
+def _to_bf16(x, UPCAST: tl.constexpr):
+    """fp32 -> bf16, round to nearest even. On the GPU the hardware conversion; under
+    Triton's interpreter (whose fp32 -> bf16 truncates) the same rounding done on the bits:
+    0x3F8D8000 (1.10546875, a tie) -> 0x3F8E (even); 0x3F8C8001 -> 0x3F8D."""
+    if UPCAST:
+        bits = x.to(tl.int32, bitcast=True)
+        up = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        y = up.to(tl.int16).to(tl.bfloat16, bitcast=True)
+    else:
+        y = x.to(tl.bfloat16)
+    return y
+
+
+@triton.jit
+def _dequant(words, shift, scale, DEQUANT: tl.constexpr, UPCAST: tl.constexpr):
+    """[BN, P] words, [BN] bf16 scale -> [BN, P] bf16 weights of the piece at `shift`.
+    (One return at the end: Triton compiles no early return out of a branch.)"""
+    u = (words >> shift) & 0xF                                              # [BN, P] int32
+    if DEQUANT == 2 and not UPCAST:
+        h = (u | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
+        w = (h - 136.0).to(tl.bfloat16) * scale[:, None]
+    else:
+        if DEQUANT == 0:
+            f = (u - 8).to(tl.float32)
+        elif DEQUANT == 1:
+            f = (u | 0x4B000000).to(tl.float32, bitcast=True) - 8388616.0
+        else:  # the interpreter keeps bf16 as raw uint16 and cannot add to it: fp32 there
+            f = (u | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True).to(tl.float32) - 136.0
+        w = _to_bf16(f * scale.to(tl.float32)[:, None], UPCAST)
+    return w
+
+
+@triton.jit
+def moe_int4_gemm_grouped(a_ptr, w_ptr, s_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr, route_w_ptr,
+                          N, K, num_pairs, a_div,
+                          stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_sg, stride_om,
+                          GROUP: tl.constexpr, PIECE: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_M: tl.constexpr, DEQUANT: tl.constexpr, MUL_ROUTE: tl.constexpr,
+                          UPCAST: tl.constexpr):
+    """One [BLOCK_N, BLOCK_M] tile of out^T. Grid (N tiles, M blocks): the N tiles of one
+    block of rows run side by side, so its gathered activations are read from L2.
+    packed W [E, N, K/8] int32 in kernel layout (piece PIECE); scales [E, N, K/GROUP] bf16
+    (any strides); K % (8 * PIECE) == 0 and GROUP % PIECE == 0."""
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    expert = tl.load(block_expert_ptr + pid_m)
+    if expert < 0:
+        return
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_ids_ptr + offs_m)                                 # [BM]
+    row_ok = pair < num_pairs
+    a_row = tl.where(row_ok, pair // a_div, 0)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    offs_p = tl.arange(0, PIECE)
+    a_base = a_ptr + a_row[None, :].to(tl.int64) * stride_am + offs_p[:, None]        # [P, BM]
+    w_base = (w_ptr + expert.to(tl.int64) * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
+              + offs_p[None, :])                                                  # [BN, P] words
+    s_base = s_ptr + expert.to(tl.int64) * stride_se + offs_n.to(tl.int64) * stride_sn  # [BN]
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k0 in range(0, K, 8 * PIECE):
+        words = tl.load(w_base + k0 // 8, mask=n_ok[:, None], other=0)
+        for i in tl.static_range(8):
+            a = tl.load(a_base + (k0 + i * PIECE), mask=row_ok[None, :], other=0.0)      # [P, BM]
+            scale = tl.load(s_base + ((k0 + i * PIECE) // GROUP) * stride_sg, mask=n_ok, other=0.0)
+            w = _dequant(words, 4 * i, scale, DEQUANT, UPCAST)                            # [BN, P]
+            if UPCAST:  # Triton's CPU interpreter multiplies bf16 dots wrongly; fp32 there
+                acc = tl.dot(w.to(tl.float32), a.to(tl.float32), acc)
+            else:
+                acc = tl.dot(w, a, acc)
+    if MUL_ROUTE:
+        acc = acc * tl.load(route_w_ptr + pair, mask=row_ok, other=0.0)[None, :]
+    out_ptrs = out_ptr + pair[None, :].to(tl.int64) * stride_om + offs_n[:, None]
+    tl.store(out_ptrs, _to_bf16(acc, UPCAST), mask=n_ok[:, None] & row_ok[None, :])

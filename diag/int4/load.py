@@ -10,18 +10,19 @@ transformers only warns when weights stay random (e.g. `kimi_k2` experts);
 here anything left unloaded is a DiagError naming the tensor.
 
 This module knows the checkpoint-to-model mapping; numerics live in
-format.py, headers in shards.py, module trees in skeleton.py.
+format.py, headers in diag.checkpoint.headers, reading bytes in
+diag.checkpoint.reader, module trees in skeleton.py.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from torch import nn
 
 from diag.checkpoint.finite import check_finite
@@ -30,6 +31,8 @@ from diag.int4.format import check_group, packed_width
 from diag.int4.packed import PackedExperts, PackedLinear
 from diag.int4.scheme import Int4Scheme, matches, parse_quantization_config
 from diag.checkpoint.headers import TensorInfo, tensor_infos
+from diag.checkpoint.identity import memoised_digest, prime_digest
+from diag.checkpoint.reader import Piece, ReadStats, read_pieces
 from diag.int4.skeleton import (EXPERT_PROJ, TextModel, build_meta, fp32_names,
                                 ignorable_unexpected, is_fused_experts, resolve_config)
 
@@ -64,10 +67,13 @@ def device_of(name: str, device) -> torch.device:
     return torch.device(f"cuda:{where}" if isinstance(where, int) else where)
 
 
-def load_packed_target(path, *, dtype: torch.dtype = torch.bfloat16, device="cpu") -> nn.Module:
+def load_packed_target(path, *, dtype: torch.dtype = torch.bfloat16, device="cpu",
+                       digest: bool | None = None) -> nn.Module:
     """An INT4 pack-quantized checkpoint -> eval-mode transformers causal LM.
     `device`: one device, or an accelerate device map (each tensor is created on its own
-    GPU, read shard by shard through host memory, then accelerate's hooks are added)."""
+    GPU and read into by diag.checkpoint.reader: parallel reads, pinned staging, copies to
+    every GPU overlapping the reads; then accelerate's hooks are added). `digest`: see
+    _load. `model.diag_read_stats` says how many bytes were read and how fast."""
     root = Path(path)
     cfg_file = root / "config.json"
     text = resolve_config(json.loads(cfg_file.read_text()), file=str(cfg_file))
@@ -81,9 +87,10 @@ def load_packed_target(path, *, dtype: torch.dtype = torch.bfloat16, device="cpu
     slots = _install_packed(model, scheme, text, infos, device)
     slots += _dense_slots(model, slots, text.prefix)
     used = _check_keys(model, text, scheme, slots, infos, root)
-    _load(model, slots, infos, used, dtype=dtype, device=device)
+    stats = _load(model, slots, infos, used, dtype=dtype, device=device, digest=digest)
     _tie_or_fail(model, root)
     model.diag_load_notes = text.notes
+    model.diag_read_stats = stats
     if isinstance(device, dict):
         from accelerate import dispatch_model
         return dispatch_model(model, device_map=device).eval()
@@ -294,22 +301,70 @@ def _check_non_text(key: str, info: TensorInfo, scheme: Int4Scheme) -> None:
 
 # ---- reading -------------------------------------------------------------
 
+_TORCH_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32,
+                 "F64": torch.float64, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16,
+                 "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
+
+
 def _load(model, slots: list[Slot], infos: dict[str, TensorInfo], used: set[str], *,
-          dtype: torch.dtype, device) -> None:
+          dtype: torch.dtype, device, digest: bool | None = None) -> ReadStats:
+    """Every used slot read once by diag.checkpoint.reader, straight into its tensor when
+    the stored dtype is the tensor's (INT4 words, scales, bf16 weights of a bf16 model),
+    else into a CPU buffer that is then cast. `digest`: sha256 every shard during the read
+    and prime the content-digest memo (None: only shards the memo does not know)."""
     keep32 = fp32_names(model) if dtype in (torch.float16, torch.bfloat16) else ()
     unfed_ties = {s.target for s in slots if s.key not in used}  # tied lm_head only
     _materialise(model, dtype, keep32, device, skip=unfed_ties)
-    handles: dict[Path, object] = {}
+    # name -> tensor, looked up once: get_submodule per slot costs ~0.5 ms of Python, and
+    # Kimi-K2.5 has 60 * 384 * 3 * 3 = 207360 expert slots (~100 s) before any byte is read
+    tensors = {**dict(model.named_parameters(remove_duplicate=False)),
+               **dict(model.named_buffers(remove_duplicate=False))}
+    pieces, keys, after = [], [], []
     for s in slots:
-        if s.key not in used:
-            continue
-        info = infos[s.key]
-        if info.file not in handles:
-            where = "cpu" if isinstance(device, dict) else str(device)
-            handles[info.file] = safe_open(str(info.file), framework="pt", device=where)
-        t = handles[info.file].get_tensor(s.key)
-        check_finite(s.key, t, str(info.file))
-        _apply(model, s, t, info)
+        if s.key in used:
+            piece, then = _piece(tensors, s, infos[s.key])
+            pieces.append(piece)
+            keys.append(s.key)
+            if then is not None:
+                after.append(then)
+    stats = read_pieces(pieces, digest_files=_to_digest({p.file for p in pieces}, digest))
+    for key, piece in zip(keys, pieces):          # as read, before any cast (integers skipped)
+        check_finite(key, piece.dest, str(piece.file))
+    for then in after:
+        then()
+    for f, (sha, stat) in stats.digests.items():
+        prime_digest(f, stat, sha)
+    return stats
+
+
+def _to_digest(files: set[Path], digest: bool | None) -> set[Path]:
+    if digest is False:
+        return set()
+    return set(files) if digest else {f for f in files if memoised_digest(f) is None}
+
+
+def _piece(tensors: dict[str, torch.Tensor], s: Slot, info: TensorInfo):
+    """(Piece, None) reading straight into the slot's tensor, or (Piece into a CPU buffer,
+    a function that checks or casts it into place once read)."""
+    stored = _TORCH_DTYPES.get(info.dtype)
+    if s.kind == "packed" and info.dtype != "I32":
+        raise DiagError("weight_packed is not int32", file=str(info.file), field=s.key,
+                        expected="I32", found=info.dtype)
+    if stored is None:
+        raise DiagError("a checkpoint tensor has a dtype diag cannot load", file=str(info.file),
+                        field=s.key, expected=sorted(_TORCH_DTYPES), found=info.dtype)
+    size = math.prod(info.shape) * torch.empty((), dtype=stored).element_size()
+    if size != info.nbytes:
+        raise DiagError("corrupt safetensors header: a tensor's byte range disagrees with its shape",
+                        file=str(info.file), field=s.key, expected=f"{size} bytes ({info.dtype} "
+                        f"{list(info.shape)})", found=f"{info.nbytes} bytes")
+    if s.kind != "shape":
+        dest = tensors[s.target]
+        view = dest[s.index] if s.index else dest
+        if view.dtype == stored and view.is_contiguous():
+            return Piece(info.file, info.offset, view.data), None
+    tmp = torch.empty(info.shape, dtype=stored)
+    return Piece(info.file, info.offset, tmp), lambda: _apply(tensors, s, tmp, info)
 
 
 def _materialise(model: nn.Module, dtype, keep32: tuple[str, ...], device, *, skip: set[str]) -> None:
@@ -330,24 +385,16 @@ def _materialise(model: nn.Module, dtype, keep32: tuple[str, ...], device, *, sk
             mod._buffers[leaf] = real
 
 
-def _apply(model: nn.Module, s: Slot, t: torch.Tensor, info: TensorInfo) -> None:
+def _apply(tensors: dict[str, torch.Tensor], s: Slot, t: torch.Tensor, info: TensorInfo) -> None:
     if s.kind == "shape":
         if [int(v) for v in t.tolist()] != list(s.shape):
             raise DiagError("weight_shape does not match the model", file=str(info.file),
                             field=s.key, expected=list(s.shape), found=t.tolist())
         return
-    dest = model.get_parameter(s.target) if _is_param(model, s.target) else model.get_buffer(s.target)
-    if s.kind == "packed" and t.dtype != torch.int32:
-        raise DiagError("weight_packed is not int32", file=str(info.file), field=s.key,
-                        expected="I32", found=info.dtype)
+    dest = tensors[s.target]
     with torch.no_grad():
         view = dest[s.index] if s.index else dest
         view.copy_(t.to(view.dtype))
-
-
-def _is_param(model: nn.Module, name: str) -> bool:
-    parent, _, leaf = name.rpartition(".")
-    return leaf in (model.get_submodule(parent) if parent else model)._parameters
 
 
 def _tie_or_fail(model: nn.Module, root: Path) -> None:

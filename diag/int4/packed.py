@@ -38,8 +38,10 @@ class PackedExperts(nn.Module):
         self.group_size, self.act_fn = group_size, act_fn
         e, h, i, g = num_experts, hidden, intermediate, group_size
 
-        def buf(*shape, dtype):
-            return torch.zeros(*shape, dtype=dtype, device=device)
+        def buf(*shape, dtype):   # uninitialised: the loader (every key checked first) or
+            # from_dense writes every element; zero-filling 9.5 GB per Kimi layer would touch
+            # each page twice
+            return torch.empty(*shape, dtype=dtype, device=device)
 
         self.register_buffer("gate_up_proj_packed", buf(e, 2 * i, packed_width(h), dtype=torch.int32))
         self.register_buffer("gate_up_proj_scale", buf(e, 2 * i, h // g, dtype=scale_dtype))

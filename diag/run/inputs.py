@@ -116,6 +116,13 @@ def load_tokenizer(path: Path):
     except (OSError, ValueError) as err:
         raise DiagError("cannot load the target's tokenizer", file=str(path),
                         expected="tokenizer.json / tokenizer_config.json", found=str(err).splitlines()[0]) from err
+    except (AttributeError, KeyError, TypeError):
+        # AutoTokenizer also parses config.json, and some transformers versions crash on a
+        # model_type they do not know (kimi_k2); the tokenizer files alone are enough
+        if not (Path(path) / "tokenizer.json").is_file():
+            raise
+        from transformers import PreTrainedTokenizerFast
+        return PreTrainedTokenizerFast.from_pretrained(str(path))
 
 
 def tree_shapes(case: Case) -> tuple[list[TreeShape], list[str]]:

@@ -150,6 +150,7 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True) -> Ru
     passes, pass_meta, extra = target_passes(inp, progress=progress, use_cache=use_cache, with_model=measured)
     notes = inp.notes + pass_meta.pop("cache_notes")
     t0 = _stopwatch(timings, "target_s", t0)
+    timings.update(pass_meta.pop("phases"))          # target_load_s, _generate_s, _capture_s
     evals = evaluate(inp, drafter, embed, head, passes, progress=progress, extra=extra)
     t0 = _stopwatch(timings, "drafter_s", t0)
     health = health_checks(drafter, _continuations(passes[inp.regimes[0]]))

@@ -8,7 +8,10 @@ own greedy continuations, while that regime's target is loaded. While a regime's
 `with_model(regime, model)` lets the caller use it (the step costs are measured on the
 reference regime's model here, so a run never loads the target twice). A cached regime
 loads no target weight at all; an entry that fails its integrity check is recomputed, with a
-note. This module knows models and the cache; nothing about drafters or reports.
+note. On a first run the content digests that key the cache are not memoised yet: the
+target is then loaded before the key is computed, and the INT4 loader hashes the shards as it
+reads them, so 550 GB are read once, not twice (a hit found that way drops the model).
+This module knows models and the cache; nothing about drafters or reports.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from diag.checkpoint.identity import is_memoised
 from diag.errors import DiagError
 from diag.run.inputs import Inputs, dtype_of, zoo_or_path
 from diag.target.load import load_target, target_info
@@ -62,9 +66,19 @@ def model_for(tpath: Path, dtype, regime: str, case):
     return model
 
 
+def _checkpoint(inp: Inputs, regime: str) -> Path:
+    return Path(zoo_or_path(regime[5:])) if regime.startswith("ckpt:") else inp.target_path
+
+
+def _load_primes_digests(ckpt: Path) -> bool:
+    """True on a first run of an INT4 checkpoint: its digests are not memoised, and loading it
+    (diag.int4.load) hashes every shard during the one read it needs anyway."""
+    return target_info(ckpt).quantization == "pack-quantized" and not is_memoised(ckpt)
+
+
 def pass_key(inp: Inputs, regime: str, tokens_sha: str, dtype) -> PassKey:
     case = inp.case
-    ckpt = Path(zoo_or_path(regime[5:])) if regime.startswith("ckpt:") else inp.target_path
+    ckpt = _checkpoint(inp, regime)
     placement = f"gpus={case.placement.gpus}" if case.placement.gpus else "cpu"
     return PassKey.make(ckpt, tokens_sha, regime, inp.points, case.prompts.max_new_tokens, str(dtype),
                         placement)
@@ -79,15 +93,26 @@ def extra_prompt_sets(inp: Inputs) -> dict[str, list[tuple[str, str, list[int]]]
     return out
 
 
-class _Target:
-    """The target under one regime, loaded on first use (a cached pass needs none)."""
+def _timed(clock: dict, name: str, fn):
+    """fn(), its wall seconds added to clock[name] (target_load_s, target_generate_s,
+    target_capture_s)."""
+    t0 = time.perf_counter()
+    out = fn()
+    clock[name] = round(clock.get(name, 0.0) + time.perf_counter() - t0, 3)
+    return out
 
-    def __init__(self, inp: Inputs, regime: str, dtype):
-        self.inp, self.regime, self.dtype, self.model = inp, regime, dtype, None
+
+class _Target:
+    """The target under one regime, loaded on first use (a cached pass needs none); its
+    load time goes to `clock`."""
+
+    def __init__(self, inp: Inputs, regime: str, dtype, clock: dict):
+        self.inp, self.regime, self.dtype, self.model, self.clock = inp, regime, dtype, None, clock
 
     def get(self):
         if self.model is None:
-            self.model = model_for(self.inp.target_path, self.dtype, self.regime, self.inp.case)
+            self.model = _timed(self.clock, "target_load_s",
+                                lambda: model_for(self.inp.target_path, self.dtype, self.regime, self.inp.case))
         return self.model
 
 
@@ -95,7 +120,7 @@ def _one_pass(inp: Inputs, target: _Target, prompts, recorded, sequences, *, use
               meta: dict, label: str):
     """One TargetPass over `prompts` (or the given sequences), from the cache when it can be."""
     t0 = time.perf_counter()
-    dtype, case = target.dtype, inp.case
+    dtype, case, clock = target.dtype, inp.case, target.clock
     eos, pad = special_ids(inp.tokenizer)
     key = pass_key(inp, target.regime, token_digest(prompts, recorded, eos, pad), dtype) if use_cache else None
     tp, why = load_pass(key) if use_cache else (None, None)
@@ -104,10 +129,12 @@ def _one_pass(inp: Inputs, target: _Target, prompts, recorded, sequences, *, use
     if tp is None:
         model = target.get()
         if sequences is None:
-            sequences = build_sequences(model, prompts, case.prompts.max_new_tokens, pad_id=pad, eos_ids=eos,
-                                        recorded=recorded, progress=progress)
-        tp = run_capture(model, sequences, inp.points, regime=target.regime,
-                         token_budget=case.evaluate.token_budget, progress=progress)
+            sequences = _timed(clock, "target_generate_s", lambda: build_sequences(
+                model, prompts, case.prompts.max_new_tokens, pad_id=pad, eos_ids=eos, recorded=recorded,
+                progress=progress))
+        tp = _timed(clock, "target_capture_s", lambda: run_capture(
+            model, sequences, inp.points, regime=target.regime, token_budget=case.evaluate.token_budget,
+            progress=progress))
         if use_cache:
             save_pass(key, tp)
     return tp, {"cached": tp.cached, "cache_key": key.digest if key else None,
@@ -118,14 +145,18 @@ def target_passes(inp: Inputs, *, progress: bool, use_cache: bool,
                   with_model: Callable[[str, object], None] | None = None
                   ) -> tuple[dict[str, TargetPass], dict, dict[str, TargetPass]]:
     """regime -> TargetPass over the same sequences (the serving rendering's), the report's
-    target_pass section (with "cache_notes": why an entry could not be used), and name ->
-    TargetPass of every extra prompt set (extra_prompt_sets) at the reference regime, each
-    with its own greedy continuations. The target loads at most once per regime."""
+    target_pass section (with "cache_notes": why an entry could not be used, and "phases":
+    seconds spent loading, generating and capturing, summed over regimes, which the caller
+    moves to its timings), and name -> TargetPass of every extra prompt set
+    (extra_prompt_sets) at the reference regime, each with its own greedy continuations.
+    The target loads at most once per regime."""
     dtype = dtype_of(inp.case.target.dtype, "target.dtype", inp.case)
     passes, extra, sequences = {}, {}, None
-    meta = {"regimes": {}, "cache_notes": [], "extra_passes": {}}
+    meta = {"regimes": {}, "cache_notes": [], "extra_passes": {}, "phases": {}}
     for reg in inp.regimes:
-        target = _Target(inp, reg, dtype)
+        target = _Target(inp, reg, dtype, meta["phases"])
+        if use_cache and _load_primes_digests(_checkpoint(inp, reg)):
+            target.get()                  # the load hashes the shards: the key then costs no second read
         tp, info = _one_pass(inp, target, inp.prompts, inp.recorded, sequences, use_cache=use_cache,
                              progress=progress, meta=meta, label=reg)
         sequences = tp.sequences

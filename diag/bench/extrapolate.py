@@ -1,0 +1,61 @@
+"""From a K-layer Kimi-shaped run on one GPU to Kimi-K2.5 (61 layers, 8 GPUs): a pure
+function over the benchmark's JSON sections, every figure with the formula that made it.
+
+Assumptions (reports/bench/NOTES.md says why each holds or might not):
+  bytes     Kimi's shards hold 1 dense layer, 60 MoE layers and the embeddings/head; the
+            Kimi-shaped writer puts layer i in shard i, so bytes_61 = s_0 + 60 s_1 + s_last
+  load      the 8 GPUs' shards are read concurrently from one host's disk, so the disk, not
+            the GPUs, bounds it: load_61 = bytes_61 / (diag cold bytes/s measured here)
+  layers    placement runs layers one after another (no tensor parallelism), so a pass
+            costs the sum of its layers: phase_61 = phase_K + (61 - K) * slope, the slopes
+            measured by growing the model in GPU memory (same widths, random weights)
+  hand-off  activations cross 7 GPU boundaries per forward; at 7168 x 2 bytes per token
+            that is 229 KB for a 16-row decode step: not counted
+  drafter   replay, verdicts and report do not depend on the target's depth: as measured
+Worked example, bytes: s_0 0.8 GB, s_1 9.9 GB, s_last 4.7 GB -> 0.8 + 60 * 9.9 + 4.7 =
+599.5 GB; at 1.3 GB/s cold that loads in 461 s. This module knows arithmetic; it reads no
+files.
+"""
+
+from __future__ import annotations
+
+import math
+
+KIMI_LAYERS = 61
+
+
+def kimi_bytes(shard_bytes: list[int]) -> int:
+    """Shard sizes of a K-layer Kimi-shaped checkpoint (layer i in shard i, the last shard
+    embeddings/norm/head) -> bytes of the 61-layer one."""
+    return shard_bytes[0] + (KIMI_LAYERS - 1) * shard_bytes[1] + shard_bytes[-1]
+
+
+def extrapolate(e2e: dict, grown: dict, load: dict, shard_bytes: list[int], *, batch: int = 16) -> dict:
+    """e2e, grown, load: the benchmark's sections; batch: prompts per generation batch."""
+    k = e2e["layers"]
+    first = e2e["first"]
+    extra = KIMI_LAYERS - k
+    total = kimi_bytes(shard_bytes)
+    steps = math.ceil(first["sequences"] / batch) * e2e["max_new_tokens"]
+    load_61 = total / load["diag_cold_bytes_per_s"]
+    gen = first.get("target_generate_s", 0.0) + extra * grown["generate_seconds_per_layer_step"] * steps
+    cap = first.get("target_capture_s", 0.0) + extra * grown["capture_seconds_per_layer_token"] * first["tokens"]
+    phases = ("target_load_s", "target_generate_s", "target_capture_s")
+    other_target = first["target_s"] - sum(first.get(p, 0.0) for p in phases)   # step costs
+    other_61 = other_target * KIMI_LAYERS / k
+    rest = first["checks_s"] + first["drafter_s"] + first["summary_s"] + first["report_s"]
+    verdict = gen + cap + other_61 + rest
+    return {
+        "kimi_bytes": total, "load_s": load_61, "generate_s": gen, "capture_s": cap,
+        "step_costs_s": other_61, "drafter_and_report_s": rest, "first_verdict_after_load_s": verdict,
+        "first_run_total_s": load_61 + verdict, "decode_steps": steps,
+        "cached_seconds_per_variant": e2e["cached_seconds_per_variant"],
+        "formulas": {
+            "kimi_bytes": f"{shard_bytes[0]} + 60 * {shard_bytes[1]} + {shard_bytes[-1]}",
+            "load_s": f"{total:.4g} B / {load['diag_cold_bytes_per_s']:.4g} B/s",
+            "generate_s": f"{first.get('target_generate_s', 0.0):.4g} + {extra} layers * "
+                          f"{grown['generate_seconds_per_layer_step']:.4g} s/layer/step * {steps} steps",
+            "capture_s": f"{first.get('target_capture_s', 0.0):.4g} + {extra} layers * "
+                         f"{grown['capture_seconds_per_layer_token']:.4g} s/layer/token * {first['tokens']} tokens",
+            "step_costs_s": f"{other_target:.4g} * 61 / {k}",
+            "drafter_and_report_s": "checks + drafter + summary + report, as measured"}}

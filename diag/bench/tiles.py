@@ -1,0 +1,152 @@
+"""Choosing the grouped INT4 kernel's tiles on the GPU at hand, and proving each dequant
+variant bit for bit at Kimi's widths.
+
+  tiles     CONFIGS (piece width, block_m, block_n, warps, stages), each GEMM timed alone
+            (block_m and the piece are shared by both GEMMs: routing and layout); the best
+            GEMM pair per (piece, block_m), then the best of those, go into fast.GROUPED
+            (an H200 run chose DEQUANT 2 over 0 and 1 at every tile tried; NOTES.md)
+  exact     A = identity rows routed to one expert: out^T is the dequantized weight, which
+            must equal format.dequantize's bf16 bits, for every DEQUANT variant
+Stops trying after `budget_s` (every compile costs seconds); what was tried is returned.
+This module knows the kernel's knobs and clocks; nothing about files.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+
+from diag.bench.common import timed
+
+# (piece, block_m, block_n, num_warps, num_stages), each tried for both GEMMs. Shared memory
+# is about stages * block_m * 8P * 2 + (stages - 1) * block_n * P * 4 bytes (232448 on an
+# H200): P 32 with block_m 256 never fits; P 16 with block_m 256 fits at 3 stages.
+CONFIGS = ((16, 256, 128, 8, 2), (16, 256, 128, 8, 3), (16, 256, 64, 4, 2), (16, 256, 64, 4, 3),
+           (16, 256, 256, 8, 2), (32, 64, 128, 8, 2), (32, 64, 256, 8, 3), (32, 128, 128, 8, 3),
+           (16, 128, 128, 8, 3), (16, 128, 256, 8, 3), (16, 128, 128, 8, 4), (16, 64, 128, 8, 3))
+
+
+@torch.no_grad()
+def dequant_exact(experts, dequant: int) -> bool | str:
+    """Both projections of expert 0 through the kernel with A = I, against expert_weight;
+    the error's text when the variant does not compile or run."""
+    try:
+        return _dequant_exact(experts, dequant)
+    except Exception as err:  # a variant this Triton cannot build is data, not a crash
+        return repr(err)[-600:]
+
+
+def _dequant_exact(experts, dequant: int) -> bool:
+    from diag.int4 import fast
+
+    saved = copy.deepcopy(fast.GROUPED)
+    fast.GROUPED["dequant"] = dequant
+    try:
+        dev = experts.down_proj_packed.device
+        ok = True
+        for proj, which in (("down_proj", "down"), ("gate_up_proj", "gate_up")):
+            want = experts.expert_weight(proj, 0, torch.bfloat16)                 # [N, K]
+            eye = torch.eye(want.shape[1], device=dev, dtype=torch.bfloat16)
+            r = fast.route(torch.zeros(want.shape[1], 1, dtype=torch.long, device=dev),
+                           experts.num_experts, fast.GROUPED["block_m"])
+            got = fast.grouped_int4_gemm(eye, getattr(experts, f"{proj}_packed"),
+                                         getattr(experts, f"{proj}_scale"), r, experts.group_size,
+                                         which, a_div=1, piece=experts.kernel_layout)
+            ok = ok and torch.equal(got.T, want)
+            del eye, got
+        return ok
+    finally:
+        fast.GROUPED.clear()
+        fast.GROUPED.update(saved)
+
+
+class _Gemms:
+    """The two GEMMs of one MoE layer at one token count, routed for a given block_m."""
+
+    def __init__(self, moe, tokens: int, seed: int = 3):
+        from diag.bench.target import routed_inputs
+        self.experts = moe.experts
+        self.x, self.idx, self.w = routed_inputs(moe, tokens, seed=seed)
+        self.S = self.idx.numel()
+        inter = self.experts.intermediate_dim
+        self.h = torch.randn(self.S, inter, device=self.x.device, dtype=torch.bfloat16)
+        self.route_w = self.w.reshape(-1).float().contiguous()
+        self.r = None
+
+    def route(self, block_m: int):
+        from diag.int4 import fast
+        fast.GROUPED["block_m"] = block_m
+        self.r = fast.route(self.idx, self.experts.num_experts, block_m)
+
+    def time(self, which: str) -> float:
+        from diag.int4 import fast
+        e, g = self.experts, self.experts.group_size
+        if which == "gate_up":
+            fn = lambda: fast.grouped_int4_gemm(self.x, e.gate_up_proj_packed, e.gate_up_proj_scale,  # noqa: E731
+                                                self.r, g, "gate_up", a_div=self.idx.shape[1],
+                                                piece=e.kernel_layout)
+        else:
+            fn = lambda: fast.grouped_int4_gemm(self.h, e.down_proj_packed, e.down_proj_scale,  # noqa: E731
+                                                self.r, g, "down", a_div=1, route_w=self.route_w,
+                                                piece=e.kernel_layout)
+        return timed(fn, repeat=5, warmup=1)
+
+
+def _try(g: _Gemms, which: str, cand: tuple, rows: list, tag: dict) -> float:
+    from diag.int4 import fast
+    bn, warps, stages = cand
+    fast.GROUPED[which] = {"block_n": bn, "num_warps": warps, "num_stages": stages}
+    row = {**tag, "gemm": which, "block_n": bn, "num_warps": warps, "num_stages": stages}
+    try:
+        row["seconds"] = g.time(which)
+    except Exception as err:  # e.g. a tile that needs more shared memory than the GPU has
+        row.update(seconds=float("inf"), error=repr(err)[:300])
+    rows.append(row)
+    return row["seconds"]
+
+
+@torch.no_grad()
+def tune_grouped(moe, tokens: int = 8192, *, budget_s: float = 120.0, configs=CONFIGS,
+                 dequant: int = 2, log=print) -> dict:
+    """Each config's two GEMMs timed alone at `tokens` (the weights re-laid per piece width),
+    the fastest (piece, block_m) by the sum of its best GEMMs chosen into fast.GROUPED, then
+    every DEQUANT variant proven bit-exact at the chosen layout."""
+    from diag.int4 import fast
+
+    t0 = time.perf_counter()
+    g = _Gemms(moe, tokens)
+    fast.GROUPED["dequant"] = dequant
+    rows: list[dict] = []
+    best: dict = {}
+    for piece in dict.fromkeys(c[0] for c in configs):
+        fast.to_kernel_layout(moe.experts, piece)
+        for _, bm, *cand in (c for c in configs if c[0] == piece):
+            if time.perf_counter() - t0 > budget_s:
+                break
+            g.route(bm)
+            for which in ("gate_up", "down"):
+                s = _try(g, which, tuple(cand), rows, {"block_m": bm, "dequant": dequant, "piece": piece})
+                if s < best.get((piece, bm, which), (float("inf"),))[0]:
+                    best[(piece, bm, which)] = (s, tuple(cand))
+        log(f"[bench] tiles piece {piece}: {[(k, v) for k, v in best.items() if k[0] == piece]}")
+    out = {"rows": rows, **_choose(best, moe.experts, dequant, tokens)}
+    out["dequant_bit_exact"] = {d: dequant_exact(moe.experts, d) for d in (0, 1, 2)}
+    return out
+
+
+def _choose(best: dict, experts, dequant: int, tokens: int) -> dict:
+    from diag.int4 import fast
+    full = {(p, bm): best[(p, bm, "gate_up")][0] + best[(p, bm, "down")][0]
+            for (p, bm, w) in best if w == "gate_up" and (p, bm, "down") in best}
+    if not full:
+        return {"tokens": tokens, "chosen": copy.deepcopy(fast.GROUPED), "error": "no tile ran"}
+    piece, bm = min(full, key=full.get)
+    fast.to_kernel_layout(experts, piece)
+    fast.GROUPED.update(piece=piece, block_m=bm, dequant=dequant)
+    for which in ("gate_up", "down"):
+        bn, warps, stages = best[(piece, bm, which)][1]
+        fast.GROUPED[which] = {"block_n": bn, "num_warps": warps, "num_stages": stages}
+    return {"tokens": tokens, "chosen": copy.deepcopy(fast.GROUPED), "gemm_seconds": full[(piece, bm)],
+            "by_piece_and_block_m": {f"piece{p}_block_m{b}": v for (p, b), v in full.items()}}
