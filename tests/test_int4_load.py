@@ -74,21 +74,44 @@ def test_kimi_k2_model_type_loads_as_deepseek_without_remote_code(int4, copy):
 
 
 def test_k25_wrapper_loads_text_only(int4, copy):
+    """Kimi-K2.5 as published: text weights under `language_model.`, the quantization_config at
+    the top level and in text_config, with a plain "lm_head" ignore entry that names the text
+    model's lm_head (stored dense as `language_model.lm_head.weight`)."""
     as_k25_wrapper(copy)
-    with pytest.raises(DiagError, match="stored dense") as err:  # K2's exact "lm_head" misses
-        load_packed_target(copy)
-    assert "language_model.lm_head.weight" in str(err.value)
-    edit_config(copy, lambda c: c["text_config"]["quantization_config"].update(
-        ignore=list(KIMI_K25_IGNORE)))
+    cfg = json.loads((copy / "config.json").read_text())
+    assert cfg["quantization_config"] == cfg["text_config"]["quantization_config"]
+    assert "lm_head" in cfg["quantization_config"]["ignore"]
     model = load_packed_target(copy)
     assert any("text model only" in n for n in model.diag_load_notes)
+    assert not isinstance(model.lm_head, PackedLinear)
     assert torch.equal(_run(model)[1], _run(load_packed_target(int4))[1])
+
+
+def test_k25_copies_must_agree(copy):
+    as_k25_wrapper(copy)
+    edit_config(copy, lambda c: c["quantization_config"].update(ignore=["lm_head"]))
+    with pytest.raises(DiagError, match="copies of the wrapper disagree") as err:
+        load_packed_target(copy)
+    assert "quantization_config.ignore vs text_config.quantization_config.ignore" in str(err.value)
+
+
+def test_k25_rawstyle_rope_scaling_yarn_loads(int4, copy):
+    """The raw file spells the text model_type `kimi_k2` and RoPE as `rope_scaling` (type
+    yarn): real-configs/kimi-k2.5-rawstyle."""
+    as_k25_wrapper(copy)
+    yarn = {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 4.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+            "original_max_position_embeddings": 64, "type": "yarn"}
+    edit_config(copy, lambda c: c["text_config"].update(rope_scaling=yarn))
+    model = load_packed_target(copy)
+    assert model.config.rope_parameters["rope_type"] == "yarn"
+    assert model.config.rope_parameters["factor"] == 4.0
 
 
 def test_k25_quantized_vision_missing_from_ignore(copy):
     as_k25_wrapper(copy, quantize_vision=True)
     edit_config(copy, lambda c: c["text_config"]["quantization_config"].update(
         ignore=[i for i in KIMI_K25_IGNORE if "vision" not in i]))
+    edit_config(copy, lambda c: c.update(quantization_config=c["text_config"]["quantization_config"]))
     with pytest.raises(DiagError, match="missing from the ignore list") as err:
         load_packed_target(copy)
     assert "vision_tower.encoder.blocks.0.wo.weight_packed" in str(err.value)

@@ -83,9 +83,12 @@ def as_k25_wrapper(directory: Path, *, quantize_vision: bool = False) -> None:
 
     def config(cfg):
         text = dict(cfg, model_type="kimi_k2")
-        return {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
-                "auto_map": {"AutoModel": "modeling_kimi_k25.KimiK25ForConditionalGeneration"},
-                "text_config": text, "vision_config": {"hidden_size": 32}}
+        out = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
+               "auto_map": {"AutoModel": "modeling_kimi_k25.KimiK25ForConditionalGeneration"},
+               "text_config": text, "vision_config": {"hidden_size": 32}}
+        if "quantization_config" in cfg:      # K2.5 ships both copies (real-configs/kimi-k2.5)
+            out["quantization_config"] = json.loads(json.dumps(cfg["quantization_config"]))
+        return out
 
     edit_tensors(directory, tensors)
     edit_config(directory, config)

@@ -106,15 +106,17 @@ def test_fused_source_and_sharded_source_give_the_same_tensors(tmp_path, pair):
     assert set(index) == set(b)
 
 
-def test_k25_wrapper_puts_config_in_text_config(tmp_path):
+def test_k25_wrapper_puts_config_in_both_places(tmp_path):
     src = tiny_deepseek(tmp_path / "bf16")
     as_k25_wrapper(src)
     out = quantize_checkpoint(src, tmp_path / "int4")
     cfg = json.loads((out / "config.json").read_text())
-    assert "quantization_config" not in cfg and cfg["text_config"]["quantization_config"]["format"] == "pack-quantized"
+    assert cfg["text_config"]["quantization_config"]["format"] == "pack-quantized"
+    assert cfg["quantization_config"] == cfg["text_config"]["quantization_config"]
     keys = load_file(str(out / "model.safetensors"))
     assert "language_model.model.layers.1.mlp.experts.0.gate_proj.weight_packed" in keys
     assert "vision_tower.encoder.blocks.0.wqkv.weight" in keys
+    assert "language_model.lm_head.weight" in keys       # "lm_head" names the text model's head
 
 
 def test_errors(tmp_path, pair):

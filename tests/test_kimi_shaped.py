@@ -42,7 +42,8 @@ def test_real_width_config_is_kimi():
     # 384 experts x 3 Linears x 2048 x 7168 weights: 4 bits each plus one bf16 scale per 32
     assert packed_layer_bytes(cfg) == 384 * 3 * 2048 * 7168 // 2 + 384 * 3 * 2048 * 7168 // 16
     wrapped = kimi_config(61, wrapper=True)
-    assert wrapped["text_config"]["quantization_config"]["ignore"][-1] == "re:mm_projector.*"
+    assert wrapped["text_config"]["quantization_config"]["ignore"][0] == "lm_head"
+    assert wrapped["quantization_config"] == wrapped["text_config"]["quantization_config"]
     json.dumps(wrapped)
 
 

@@ -111,9 +111,13 @@ def _install_packed(model: nn.Module, scheme: Int4Scheme, text: TextModel,
     return slots
 
 
-def _group_size(scheme: Int4Scheme, ckpt_name: str, class_names, infos) -> int | None:
-    """Group size if the config quantizes this Linear; checks the checkpoint agrees."""
-    group = scheme.group_for(ckpt_name, class_names)
+def _group_size(scheme: Int4Scheme, name: str, prefix: str, class_names, infos) -> int | None:
+    """Group size if the config quantizes the text model's Linear `name`; checks the
+    checkpoint (keys `prefix + name`) agrees. Targets and ignore entries are matched against
+    the text model's module names, as SGLang builds the K2.5 wrapper's language model with
+    prefix "" for compressed-tensors (kimi_k25.py): "lm_head" ignores `language_model.lm_head`."""
+    ckpt_name = prefix + name
+    group = scheme.group_for(name, class_names)
     stored = f"{ckpt_name}.weight_packed" in infos
     if group is None and stored:
         raise DiagError("a Linear is stored INT4 but the quantization_config does not target it",
@@ -134,7 +138,7 @@ def _classes(module: nn.Module) -> tuple[str, ...]:
 
 def _maybe_packed_linear(model, name, module, scheme, text, infos, device) -> list[Slot]:
     ckpt = text.prefix + name
-    gs = _group_size(scheme, ckpt, _classes(module), infos)
+    gs = _group_size(scheme, name, text.prefix, _classes(module), infos)
     if gs is None:
         return []
     check_group(module.in_features, gs, field=f"{ckpt}.weight_scale", file="config.json")
@@ -156,8 +160,8 @@ def _packed_slots(ckpt: str, target: str, out_f: int, in_f: int, gs: int, index:
 def _maybe_packed_experts(model, name, module, scheme, text, infos, device) -> list[Slot]:
     num, two_i, hidden = module.gate_up_proj.shape
     inter = two_i // 2
-    names = [f"{text.prefix}{name}.{e}.{p}" for e in range(num) for p in EXPERT_PROJ]
-    sizes = {_group_size(scheme, n, ("Linear", "Module"), infos) for n in names}
+    names = [f"{name}.{e}.{p}" for e in range(num) for p in EXPERT_PROJ]
+    sizes = {_group_size(scheme, n, text.prefix, ("Linear", "Module"), infos) for n in names}
     if len(sizes) > 1:
         raise DiagError("routed experts of one layer are quantized differently", field=name,
                         file="config.json", expected="one scheme for all experts", found=sorted(
@@ -165,10 +169,11 @@ def _maybe_packed_experts(model, name, module, scheme, text, infos, device) -> l
     gs = sizes.pop()
     if gs is None:
         return _dense_expert_slots(name, text.prefix, num, inter, hidden)
-    check_group(hidden, gs, field=f"{names[0]}.weight_scale", file="config.json")
-    check_group(inter, gs, field=f"{names[2]}.weight_scale", file="config.json")
+    first, down = text.prefix + names[0], text.prefix + names[2]
+    check_group(hidden, gs, field=f"{first}.weight_scale", file="config.json")
+    check_group(inter, gs, field=f"{down}.weight_scale", file="config.json")
     new = PackedExperts.like(module, gs, device=device_of(name, device))
-    _set_module(model, name, _with_scale_dtype(new, infos, f"{names[0]}.weight_scale"))
+    _set_module(model, name, _with_scale_dtype(new, infos, f"{first}.weight_scale"))
     return [s for e in range(num) for s in _expert_packed(name, text.prefix, e, inter, hidden, gs)]
 
 

@@ -14,9 +14,10 @@ Worked examples with KIMI_IGNORE and targets ["Linear"] (all Linear):
   model.layers.0.mlp.down_proj                ignored by re:.*mlp\\.(gate|up|gate_up|down)_proj.*
   model.layers.3.self_attn.kv_b_proj          ignored by re:.*self_attn.*
   lm_head                                     ignored by "lm_head" (exact)
-  language_model.lm_head                      NOT ignored by "lm_head" (exact
-                                              names do not float), hence K2.5's
-                                              re:.*lm_head.*
+Names are the *text model's* module names: in the Kimi-K2.5 wrapper the checkpoint key
+`language_model.lm_head.weight` belongs to module `lm_head`, which "lm_head" ignores
+(SGLang builds the wrapper's language model with prefix "" for compressed-tensors,
+kimi_k25.py; int4/load.py strips the prefix before matching).
 
 This module knows names and JSON; it knows nothing about tensors or files.
 """
@@ -35,15 +36,10 @@ KIMI_IGNORE: tuple[str, ...] = (
     "re:.*shared_experts.*",
     r"re:.*mlp\.(gate|up|gate_up|down)_proj.*",
 )
-# Kimi-K2.5 (multimodal wrapper, text weights under `language_model.`).
-KIMI_K25_IGNORE: tuple[str, ...] = (
-    "re:.*self_attn.*",
-    "re:.*shared_experts.*",
-    r"re:.*mlp\.(gate|up|gate_up|down)_proj.*",
-    "re:.*lm_head.*",
-    "re:vision_tower.*",
-    "re:mm_projector.*",
-)
+# Kimi-K2.5 (multimodal wrapper, text weights under `language_model.`): the published
+# config.json carries the same list as K2 (real-configs/kimi-k2.5), matched against the
+# text model's names; its vision tower and projector are stored dense.
+KIMI_K25_IGNORE: tuple[str, ...] = KIMI_IGNORE
 LINEAR_CLASSES: tuple[str, ...] = ("Linear", "Module")
 
 

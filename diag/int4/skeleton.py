@@ -5,9 +5,12 @@ Config shapes handled:
   plain          {"model_type": "deepseek_v3" | "llama" | ..., "quantization_config": {...}}
   kimi_k2        {"model_type": "kimi_k2", "auto_map": {...}}: the weights are
                  DeepSeek-V3's, so the text model is built as deepseek_v3
-  K2.5 wrapper   {"model_type": "kimi_k25", "text_config": {"model_type": "kimi_k2",
-                 "quantization_config": {...}}, "vision_config": {...}}: text weights
-                 are prefixed "language_model.", everything else is not text
+  K2.5 wrapper   {"model_type": "kimi_k25", "quantization_config": {...}, "text_config":
+                 {"model_type": "kimi_k2", "quantization_config": {...}, "rope_scaling":
+                 {"type": "yarn", ...}}, "vision_config": {...}}: text weights are
+                 prefixed "language_model.", everything else is not text; the two
+                 quantization_config copies must agree; their targets / ignore entries
+                 name the text model's modules ("lm_head" = language_model.lm_head)
 `auto_map` (remote code) is never imported or executed: only model types that
 transformers ships are built.
 
@@ -56,7 +59,7 @@ def resolve_config(cfg: dict, *, file: str = "config.json") -> TextModel:
     if text_config(cfg) is not cfg:
         text = copy.deepcopy(text_config(cfg))
         prefix = WRAPPER_PREFIX
-        quant = text.get("quantization_config", cfg.get("quantization_config"))
+        quant = _one_quantization(cfg, text, file)
         notes.append(f"multimodal wrapper {cfg.get('model_type')!r}: loading the text model only "
                      f"(weights under {WRAPPER_PREFIX!r})")
     else:
@@ -70,6 +73,19 @@ def resolve_config(cfg: dict, *, file: str = "config.json") -> TextModel:
     _check_model_type(text.get("model_type"), file)
     return TextModel({k: v for k, v in text.items() if k not in _DROP_KEYS}, prefix, quant,
                      tuple(notes))
+
+
+def _one_quantization(cfg: dict, text: dict, file: str) -> dict | None:
+    """A wrapper's quantization_config: Kimi-K2.5 writes it twice, at the top level and inside
+    text_config, identical. One copy is enough; two that disagree describe no checkpoint."""
+    top, inner = cfg.get("quantization_config"), text.get("quantization_config")
+    if top is not None and inner is not None and top != inner:
+        differ = sorted(k for k in set(top) | set(inner) if top.get(k) != inner.get(k))
+        raise DiagError("the two quantization_config copies of the wrapper disagree", file=file,
+                        field=f"quantization_config.{differ[0]} vs text_config.quantization_config.{differ[0]}",
+                        expected="identical copies (or only one)",
+                        found=f"{top.get(differ[0])!r} vs {inner.get(differ[0])!r}")
+    return inner if inner is not None else top
 
 
 def _check_model_type(model_type, file: str) -> None:
@@ -128,6 +144,16 @@ def checkpoint_linears(model: nn.Module) -> dict[str, tuple[int, int]]:
         elif is_fused_experts(module):
             out.update(expert_linears(name, module))
     return out
+
+
+def targeted_linears(model: nn.Module, prefix: str, targets, ignore) -> dict[str, tuple[int, int]]:
+    """The Linear layers a quantization config packs, as the checkpoint names them
+    (`prefix` + module name) -> [out, in]. Matching is on the text model's own names, so in
+    the K2.5 wrapper "lm_head" ignores the key `language_model.lm_head` (scheme.py)."""
+    from diag.int4.scheme import LINEAR_CLASSES, is_targeted
+
+    return {prefix + n: s for n, s in checkpoint_linears(model).items()
+            if is_targeted(n, LINEAR_CLASSES, targets, ignore)}
 
 
 def fp32_names(model: nn.Module) -> tuple[str, ...]:

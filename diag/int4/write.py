@@ -10,8 +10,9 @@ other tensor is copied unchanged. Weights are cast to bf16 before quantizing,
 so scales are bf16 as in Kimi's checkpoints. Fused 3-D expert tensors
 (`...experts.gate_up_proj` [E, 2I, H], `...experts.down_proj` [E, H, I]) are
 written per expert (`...experts.{e}.gate_proj.weight`), the on-disk layout of
-Kimi. config.json gains the `quantization_config` block (inside `text_config`
-for a multimodal wrapper); tokenizer and other files are copied.
+Kimi. config.json gains the `quantization_config` block (a multimodal wrapper
+gets it both at the top level and inside `text_config`, as Kimi-K2.5 ships it);
+tokenizer and other files are copied.
 
 This module knows the file layout of a quantized checkpoint; the numerics live
 in format.py, name matching in scheme.py.
@@ -29,9 +30,9 @@ from safetensors.torch import save_file
 from diag.checkpoint.config import text_config
 from diag.errors import DiagError
 from diag.int4.format import check_group, pack_int4, quantize_rtn
-from diag.int4.scheme import KIMI_IGNORE, LINEAR_CLASSES, is_targeted, quantization_config
+from diag.int4.scheme import KIMI_IGNORE, quantization_config
 from diag.checkpoint.headers import INDEX, load_shard, shard_files
-from diag.int4.skeleton import build_meta, checkpoint_linears, resolve_config
+from diag.int4.skeleton import build_meta, resolve_config, targeted_linears
 
 _OWN_FILES = ("config.json", INDEX)
 
@@ -66,9 +67,7 @@ def _chosen_linears(cfg: dict, src: Path, targets, ignore) -> dict[str, tuple[in
         raise DiagError("the source checkpoint is already quantized", file=str(src / "config.json"),
                         field="quantization_config", expected="a bf16 checkpoint",
                         found=text.quantization.get("format"))
-    linears = checkpoint_linears(build_meta(text))
-    named = {text.prefix + n: s for n, s in linears.items()}
-    return {n: s for n, s in named.items() if is_targeted(n, LINEAR_CLASSES, targets, ignore)}
+    return targeted_linears(build_meta(text), text.prefix, targets, ignore)
 
 
 def split_fused_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -136,9 +135,10 @@ def _write_index(dst: Path, weight_map: dict[str, str]) -> None:
 
 
 def _write_config(cfg: dict, dst: Path, qc: dict) -> None:
+    """A wrapper gets both copies, as Kimi-K2.5 ships them: top level and text_config."""
     out = json.loads(json.dumps(cfg))
-    holder = text_config(out)
-    holder["quantization_config"] = qc
+    out["quantization_config"] = qc
+    text_config(out)["quantization_config"] = qc
     (dst / "config.json").write_text(json.dumps(out, indent=2) + "\n")
 
 

@@ -31,9 +31,9 @@ from safetensors.torch import save_file
 from diag.checkpoint.config import text_config
 from diag.errors import DiagError
 from diag.int4.format import PER_WORD, check_group
-from diag.int4.scheme import KIMI_IGNORE, KIMI_K25_IGNORE, LINEAR_CLASSES, is_targeted, quantization_config
+from diag.int4.scheme import KIMI_IGNORE, KIMI_K25_IGNORE, quantization_config
 from diag.checkpoint.headers import INDEX
-from diag.int4.skeleton import build_meta, checkpoint_linears, is_fused_experts, resolve_config
+from diag.int4.skeleton import build_meta, is_fused_experts, resolve_config, targeted_linears
 
 KIMI_TEXT: dict = {
     "architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2",
@@ -82,6 +82,7 @@ def kimi_config(layers: int, *, widths: dict | None = None, wrapper: bool = Fals
     if not wrapper:
         return text
     return {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
+            "quantization_config": quantization_config(group_size, ignore=ignore),
             "text_config": text, "vision_config": {}, "torch_dtype": "bfloat16"}
 
 
@@ -149,9 +150,7 @@ def _plan(config: dict) -> tuple[str, dict[str, tuple[int, ...]], dict[str, tupl
     text = resolve_config(config)
     model = build_meta(text)
     fused = {n for n, m in model.named_modules() if is_fused_experts(m)}
-    ignore = tuple(text.quantization["ignore"])
-    packed = {text.prefix + n: s for n, s in checkpoint_linears(model).items()
-              if is_targeted(text.prefix + n, LINEAR_CLASSES, ("Linear",), ignore)}
+    packed = targeted_linears(model, text.prefix, ("Linear",), tuple(text.quantization["ignore"]))
     dense = {}
     for name, t in model.state_dict(keep_vars=True).items():
         module = name.rpartition(".")[0]
