@@ -6,6 +6,11 @@ One draft step at sequence index j (input token x_{j+1}, hidden h_j):
   r = a + h;  r = r + mlp(post_attention_layernorm(r))
   logits = lm_head(norm(r))  (draft vocabulary);  next step carries r (norm(r) if norm_output)
   draft id -> target id: t = d + d2t[d]
+Variants (config flags, DESIGN.md §3): before fc, input_norm over the concatenation
+(norm_before_fc) and one fc_norm per capture point (fc_norm, EAGLE-3.1); the residual is
+hidden_norm(h) instead of h (norm_before_residual, speculators); attention is GQA
+(attention.py) or DeepSeek MLA (mla.py, Eagle3DeepseekV2ForCausalLM); without
+draft_vocab_size the target's lm_head scores the full vocabulary (use_target_head).
 
 Positions (a choice that matches SGLang and SpecForge): the pair (x_{j+1}, h_j) sits at
 RoPE position j, and draft step s (1-based) of a round rooted at j sits at j + s - 1.
@@ -29,6 +34,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from diag.drafter.attention import Attention
+from diag.drafter.layers import MLP, RMSNorm
+from diag.drafter.mla import MlaAttention, MlaShape
+
 
 @dataclass(frozen=True)
 class DrafterConfig:
@@ -47,6 +56,13 @@ class DrafterConfig:
     max_position_embeddings: int = 2048
     hidden_act: str = "silu"
     norm_output: bool = False  # EAGLE-3.1: carry norm(r) instead of r into the next step
+    attention: str = "llama"   # "llama" (GQA) | "mla" (Eagle3DeepseekV2ForCausalLM)
+    mla: MlaShape | None = None
+    fc_norm: bool = False      # EAGLE-3.1: RMSNorm each capture point before fc
+    norm_before_fc: bool = False   # one RMSNorm over the whole concatenation before fc
+    norm_before_residual: bool = False  # speculators: residual = hidden_norm(h)
+    qk_norm: bool = False      # per-head q/k RMSNorm (speculators' qwen3 layer)
+    lm_head_from_target: bool = False  # no draft_vocab_size: the target's lm_head scores drafts
 
     @property
     def dim_head(self) -> int:
@@ -57,97 +73,24 @@ class DrafterConfig:
         return self.num_aux * self.target_hidden_size
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, width: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(width))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
-
-
-class Rope(nn.Module):
-    """RoPE through transformers' own Llama rotary embedding, so every rope_scaling type a
-    Llama config can name (llama3, yarn, dynamic, ...) is computed as the engines do."""
-
-    def __init__(self, cfg: DrafterConfig):
-        super().__init__()
-        from transformers import LlamaConfig
-        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
-        kwargs = dict(hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_attention_heads,
-                      head_dim=cfg.dim_head, max_position_embeddings=cfg.max_position_embeddings,
-                      rope_theta=cfg.rope_theta)
-        if cfg.rope_scaling:
-            kwargs["rope_scaling"] = dict(cfg.rope_scaling)
-        self.inner = LlamaRotaryEmbedding(LlamaConfig(**kwargs))
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [B, N] -> cos, sin [B, N, hd]."""
-        return self.inner(x, positions)
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [..., hd] with cos/sin broadcastable; Llama's rotate-half convention."""
-    half = x.shape[-1] // 2
-    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rot * sin
-
-
-class Attention(nn.Module):
-    def __init__(self, cfg: DrafterConfig):
-        super().__init__()
-        hd, nh, nkv = cfg.dim_head, cfg.num_attention_heads, cfg.num_key_value_heads
-        self.q_proj = nn.Linear(2 * cfg.hidden_size, nh * hd, bias=False)
-        self.k_proj = nn.Linear(2 * cfg.hidden_size, nkv * hd, bias=False)
-        self.v_proj = nn.Linear(2 * cfg.hidden_size, nkv * hd, bias=False)
-        self.o_proj = nn.Linear(nh * hd, cfg.hidden_size, bias=False)
-        self.nh, self.nkv, self.hd = nh, nkv, hd
-
-    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """x [..., 2H] -> q [..., nh, hd], k, v [..., nh, hd] (kv heads repeated), RoPE applied."""
-        lead = x.shape[:-1]
-        q = self.q_proj(x).view(*lead, self.nh, self.hd)
-        k = self.k_proj(x).view(*lead, self.nkv, self.hd)
-        v = self.v_proj(x).view(*lead, self.nkv, self.hd)
-        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)       # broadcast over heads
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        rep = self.nh // self.nkv
-        if rep > 1:
-            k, v = k.repeat_interleave(rep, dim=-2), v.repeat_interleave(rep, dim=-2)
-        return q, k, v
-
-
-class MLP(nn.Module):
-    def __init__(self, cfg: DrafterConfig):
-        super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class MidLayer(nn.Module):
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg)
+        self.self_attn = MlaAttention(cfg) if cfg.attention == "mla" else Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.norm_before_residual = cfg.norm_before_residual
 
     def attn_input(self, e: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         return torch.cat([self.input_layernorm(e), self.hidden_norm(h)], dim=-1)  # [..., 2H]
 
     def finish(self, attn_out: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        """attn_out [..., nh, hd] -> r = o_proj(a) + h; r + mlp(post_norm(r))."""
-        r = self.self_attn.o_proj(attn_out.flatten(-2)) + h
+        """attn_out [..., nh, hv] -> r = o_proj(a) + h (hidden_norm(h) with
+        norm_before_residual); r + mlp(post_norm(r))."""
+        residual = self.hidden_norm(h) if self.norm_before_residual else h
+        r = self.self_attn.o_proj(attn_out.flatten(-2)) + residual
         return r + self.mlp(self.post_attention_layernorm(r))
 
 
@@ -160,16 +103,23 @@ class PrefixCache:
 
 
 class Eagle3Drafter(nn.Module):
-    """Weights named as SGLang/SpecForge's LlamaForCausalLMEagle3 checkpoints name them."""
+    """Weights named as SGLang/SpecForge's LlamaForCausalLMEagle3 checkpoints name them (the
+    MLA drafter's attention as Eagle3DeepseekV2ForCausalLM's checkpoints name it)."""
 
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
         self.cfg = cfg
+        if cfg.norm_before_fc:
+            self.input_norm = RMSNorm(cfg.fc_in, cfg.rms_norm_eps)
+        if cfg.fc_norm:
+            self.fc_norm = nn.ModuleList(RMSNorm(cfg.target_hidden_size, cfg.rms_norm_eps)
+                                         for _ in range(cfg.num_aux))
         self.fc = nn.Linear(cfg.fc_in, cfg.hidden_size, bias=False)
         self.midlayer = MidLayer(cfg)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
-        self.rope = Rope(cfg)
+        # lm_head_from_target: set by use_target_head (the target's [V, H] head), never saved
+        self.lm_head = None if cfg.lm_head_from_target else \
+            nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.ones(cfg.vocab_size, dtype=torch.bool))
         self.embed_tokens: nn.Embedding | None = None   # set when the checkpoint carries one;
@@ -194,13 +144,30 @@ class Eagle3Drafter(nn.Module):
             torch.arange(self.cfg.draft_vocab_size, device=self.d2t.device)
         return table[target_ids]
 
+    def use_target_head(self, head: nn.Module) -> None:
+        """The target's lm_head [V, H] scores the drafts (config without draft_vocab_size:
+        SGLang's load_lm_head_from_target, set_embed_and_head)."""
+        if not self.cfg.lm_head_from_target:
+            raise ValueError("this drafter has its own lm_head")
+        self.lm_head = head
+
     # ---- pieces of one step -------------------------------------------------------------
     def project(self, aux: torch.Tensor) -> torch.Tensor:
         """aux [..., k*Ht] -> h [..., H]; fc is bypassed when the widths already match
-        (what SGLang does, e.g. under --speculative-algorithm EAGLE)."""
-        return aux if aux.shape[-1] == self.cfg.hidden_size else self.fc(aux)
+        (what SGLang does, e.g. under --speculative-algorithm EAGLE). Before fc, in SGLang's
+        order: input_norm over the whole width (norm_before_fc), then each of the k chunks
+        through its own fc_norm (EAGLE-3.1)."""
+        if aux.shape[-1] == self.cfg.hidden_size:
+            return aux
+        if self.cfg.norm_before_fc:
+            aux = self.input_norm(aux)
+        if self.cfg.fc_norm:
+            aux = torch.cat([n(c) for n, c in zip(self.fc_norm, aux.chunk(self.cfg.num_aux, dim=-1))], -1)
+        return self.fc(aux)
 
     def logits(self, r: torch.Tensor) -> torch.Tensor:
+        if self.lm_head is None:
+            raise RuntimeError("the drafter scores with the target's lm_head: call use_target_head first")
         return self.lm_head(self.norm(r))               # [..., Vd]
 
     def carry(self, r: torch.Tensor) -> torch.Tensor:
@@ -211,12 +178,12 @@ class Eagle3Drafter(nn.Module):
         Index j attends to indices 0..j. Returns r [B, T, H] and the PrefixCache."""
         B, T, _ = e.shape
         pos = torch.arange(T, device=e.device).expand(B, T)
-        cos, sin = self.rope(e, pos)                                        # [B, T, hd]
-        q, k, v = self.midlayer.self_attn.qkv(self.midlayer.attn_input(e, h), cos, sin)
+        attn = self.midlayer.self_attn
+        q, k, v = attn.qkv(self.midlayer.attn_input(e, h), pos)             # [B, T, nh, d]
         causal = torch.ones(T, T, dtype=torch.bool, device=e.device).tril()
         mask = causal[None, None] & valid[:, None, None, :]                  # [B, 1, T, T]
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                             v.transpose(1, 2), attn_mask=mask)
+                                             v.transpose(1, 2), attn_mask=mask, scale=attn.scale)
         r = self.midlayer.finish(out.transpose(1, 2), h)
         return r, PrefixCache(k, v, valid)
 
@@ -231,15 +198,14 @@ class Eagle3Drafter(nn.Module):
         T = cache.k.shape[1]
         rows = torch.arange(offset, offset + Q, device=e.device)                # [Q]
         pos = (rows + step - 1).expand(B, Q)
-        cos, sin = self.rope(e, pos)                                        # [B, T, hd]
-        cos, sin = cos[:, :, None], sin[:, :, None]                         # [B, T, 1, hd]
-        q, k, v = self.midlayer.self_attn.qkv(self.midlayer.attn_input(e, h), cos, sin)
-        scale = q.shape[-1] ** -0.5
+        attn = self.midlayer.self_attn
+        q, k, v = attn.qkv(self.midlayer.attn_input(e, h), pos)             # [B, Q, R, nh, d]
+        scale = attn.scale
         s_pre = torch.einsum("btrhd,bshd->btrhs", q, cache.k) * scale       # [B, Q, R, nh, T]
         causal = torch.arange(T, device=e.device)[None, :] <= rows[:, None]   # [Q, T]
         keep = (causal[None] & cache.valid[:, None, :])[:, :, None, None, :]
         s_pre = s_pre.masked_fill(~keep, float("-inf"))
-        ks = torch.stack([hk for hk, _ in history] + [k], dim=-2)          # [B, T, R, nh, n, hd]
+        ks = torch.stack([hk for hk, _ in history] + [k], dim=-2)          # [B, Q, R, nh, n, d]
         vs = torch.stack([hv for _, hv in history] + [v], dim=-2)
         s_own = torch.einsum("btrhd,btrhnd->btrhn", q, ks) * scale          # [B, Q, R, nh, n]
         w = torch.softmax(torch.cat([s_pre, s_own], dim=-1).float(), dim=-1).to(q.dtype)

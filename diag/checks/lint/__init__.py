@@ -69,6 +69,10 @@ def _launch_flags(launch: str | None, engine: str):
                               "SGLang's argparse exits at launch", f"expected: {err.expected}", None, err.field)]
 
 
+def _headers_or_none(directory: Path):
+    return read_tensor_headers(directory) if list(directory.glob("*.safetensors")) else {}
+
+
 def lint(drafter_dir: str | Path, target_dir: str | Path, launch: str | None, *,
          engine: str = DEFAULT_ENGINE) -> list[Finding]:
     """Every finding for this drafter, target and (optional) launch line, each naming the
@@ -80,7 +84,7 @@ def lint(drafter_dir: str | Path, target_dir: str | Path, launch: str | None, *,
     flags, unreadable = _launch_flags(launch, engine)
     eff = effective_config(flags, target, engine_name=engine) if flags is not None else None
     graphs = not (flags is not None and flags.disable_cuda_graph)
-    pair = Pair(drafter, target, read_tensor_headers(Path(drafter_dir)),
+    pair = Pair(drafter, target, _headers_or_none(Path(drafter_dir)),
                 str(Path(drafter_dir) / "config.json"), str(Path(target_dir) / "config.json"),
                 flags, eff, engine,
                 try_serving_plan(drafter, target, engine_name=engine, cuda_graph=graphs),
