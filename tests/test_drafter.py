@@ -133,7 +133,7 @@ def test_save_load_round_trip(tmp_path):
     save_drafter(d, tmp_path, aux_layer_ids=[0, 2, 4], trained_layout="embed+L2+L4", dtype=torch.float32)
     back, ckpt = load_drafter(tmp_path)
     assert ckpt.config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 2, 4]
-    assert ckpt.format == "sglang-eagle3"
+    assert ckpt.format.format == "sglang-eagle3" and ckpt.format.variant == "eagle3"
     for k, v in d.state_dict().items():
         torch.testing.assert_close(back.state_dict()[k], v)
 

@@ -133,7 +133,7 @@ def _trainer(config: dict, fmt: str) -> str:
     return "diag" if "diag_trained_layout" in config else "unknown"
 
 
-def _options(flat: dict, fmt: str, attention: str, names: frozenset[str] | None,
+def _options(flat: dict, fmt: str, attention: str, names: frozenset[str] | None, layer_type: str | None,
              file: str | None) -> DrafterOptions:
     eagle = _eagle(flat)
     before_fc = bool(eagle.get("norm_before_fc", flat.get("norm_before_fc", False)))
@@ -145,7 +145,6 @@ def _options(flat: dict, fmt: str, attention: str, names: frozenset[str] | None,
         raise DiagError("a drafter whose lm_head is its embedding table is not supported", file=file,
                         field="tie_word_embeddings", expected="false (an own lm_head, or none: the target's)",
                         found=True)
-    layer_type = flat.get("model_type") if fmt == "speculators" else None
     return DrafterOptions(
         fc_norm=_flag(flat, "fc_norm", "use_aux_norm"), norm_before_fc=before_fc,
         norm_output=_flag(flat, "norm_output"),
@@ -200,6 +199,7 @@ def detect(config: dict, names=None, *, file: str | None = None) -> DrafterForma
                         expected="a positive integer (kimi_k25_eagle3.py raises without it)",
                         found=flat.get("q_lora_rank"))
     canon = None if names is None else frozenset(canonical_names(names, attention, file=file).values())
-    opts = _options(flat, fmt, attention, canon, file)
+    layer_type = (config.get("transformer_layer_config") or {}).get("model_type") if fmt == "speculators" else None
+    opts = _options(flat, fmt, attention, canon, layer_type, file)
     variant = "eagle3.1" if opts.fc_norm or opts.norm_output else "eagle3"
     return DrafterFormat(fmt, arch, attention, _trainer(flat, fmt), variant, opts)

@@ -1,153 +1,229 @@
-"""Reading and writing EAGLE-3 drafter checkpoints (DESIGN.md §3).
+"""Reading EAGLE-3 drafter checkpoints strictly (DESIGN.md §3), headers first.
 
-Formats:
-  SGLang / SpecForge `LlamaForCausalLMEagle3`: keys `midlayer.*`, `fc.weight` [H, k*Ht],
-    `norm.weight`, `lm_head.weight` [Vd, H], `d2t` int64 [Vd], `t2d` bool [V], optional
-    `embed_tokens.weight`; layer ids in `eagle_config.eagle_aux_hidden_state_layer_ids`.
-  speculators `Eagle3Speculator`: the same tensors under `layers.0.*` instead of `midlayer.*`,
-    `speculators_config` in config.json (read here; ids resolved elsewhere).
+`inspect_drafter` reads config.json and the safetensors headers only (no tensor): it detects
+the format, architecture and options (checkpoint.drafter_format), builds the DrafterConfig
+(config.py) and checks every tensor name, shape and dtype against the module that config
+implies. The pipeline runs it before any target weight is read, so a wrong architecture or a
+missing weight costs seconds. `load_drafter` then reads the tensors.
 
-Every tensor the module needs must be present with the shape the config implies; anything
-else is an error naming the file, the key, what was expected and what was found. This module
-knows files and names; the arithmetic lives in model.py.
+Tensors, by canonical name (drafter_format.canonical_name):
+  required   every parameter of the module: fc, midlayer.*, norm; lm_head [Vd, H] unless the
+             target's head is used; fc_norm.{i} / input_norm when the config enables them
+  optional   embed_tokens.weight [V, H] (kept: the drafter's own table); d2t int [Vd] and
+             t2d bool [V] when Vd = V (identity); lm_head.weight [V, H] when the target's head
+             is used (SGLang's set_embed_and_head replaces it: noted, not used)
+  MLA        fused_qkv_a_proj_with_mqa [q_lora + kv_lora + rope, 2H] may stand for q_a_proj +
+             kv_a_proj_with_mqa (rows split in that order, as SGLang concatenates them)
+Anything else is an error naming the file and key; a weight that only a config flag would use
+(fc_norm.0.weight without fc_norm) names the flag. This module knows files and names; the
+arithmetic lives in model.py.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
-from diag.drafter.model import DrafterConfig, Eagle3Drafter
 from diag.checkpoint.config import read_config_json
 from diag.checkpoint.finite import check_finite
+from diag.checkpoint.drafter_format import DrafterFormat, canonical_names, detect, flat_config
+from diag.checkpoint.headers import TensorInfo, tensor_infos
+from diag.drafter.config import drafter_config
+from diag.drafter.model import DrafterConfig, Eagle3Drafter
+from diag.drafter.save import save_drafter  # noqa: F401  (re-exported: writers import it from here)
 from diag.errors import DiagError
 
-_IGNORED_KEYS = ("rope.", "rotary_emb.")
+FUSED_A = "midlayer.self_attn.fused_qkv_a_proj_with_mqa.weight"
+_A_PARTS = ("midlayer.self_attn.q_a_proj.weight", "midlayer.self_attn.kv_a_proj_with_mqa.weight")
+_FLAG_OF = {"fc_norm.": "fc_norm", "input_norm.": "norm_before_fc",
+            "midlayer.self_attn.q_norm.": "transformer_layer_config.model_type qwen3",
+            "midlayer.self_attn.k_norm.": "transformer_layer_config.model_type qwen3"}
+_INT_DTYPES = ("I64", "I32", "I16", "I8", "U8")
 
 
 @dataclass(frozen=True)
 class DrafterCheckpoint:
     path: Path
-    config: dict          # config.json as read
-    format: str           # "sglang-eagle3" | "speculators"
+    config: dict                 # config.json as read
+    flat: dict                   # the same, speculators' layer config lifted to the top
+    format: DrafterFormat
+    cfg: DrafterConfig
     weight_files: tuple[str, ...]
+    names: dict                  # checkpoint tensor name -> canonical name
+    notes: tuple[str, ...]
+
+    def to_json(self) -> dict:
+        return self.format.to_json()
 
 
 def read_config(path: Path) -> dict:
     return read_config_json(path, "drafter")
 
 
-def _need(cfg: dict, key: str, file: Path, default=None):
-    if key in cfg:
-        return cfg[key]
-    if default is not None:
-        return default
-    raise DiagError("drafter config lacks a required key", file=str(file / "config.json"),
-                    field=key, expected="present", found="missing")
+def _where(path: Path, files: tuple[str, ...]) -> str:
+    return str(path / files[0]) if len(files) == 1 else f"{path}/{{{','.join(files)}}}"
 
 
-def _read_tensors(path: Path) -> tuple[dict[str, torch.Tensor], tuple[str, ...]]:
-    files = sorted(Path(path).glob("*.safetensors"))
-    if not files:
+def _expected(cfg: DrafterConfig) -> dict[str, tuple[int, ...]]:
+    """Parameter name -> shape of the module `cfg` implies (built on the meta device)."""
+    with torch.device("meta"):
+        model = Eagle3Drafter(cfg)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items() if k not in ("d2t", "t2d")}
+
+
+def _optional(cfg: DrafterConfig) -> dict[str, tuple[int, ...]]:
+    out = {"embed_tokens.weight": (cfg.vocab_size, cfg.hidden_size)}
+    if cfg.lm_head_from_target:
+        out["lm_head.weight"] = (cfg.vocab_size, cfg.hidden_size)
+    return out
+
+
+def _fold_fused(found: dict[str, TensorInfo], cfg: DrafterConfig) -> dict[str, TensorInfo]:
+    """An MLA checkpoint's fused_qkv_a_proj_with_mqa stands for its two halves."""
+    if FUSED_A not in found or cfg.mla is None:
+        return found
+    info, m = found[FUSED_A], cfg.mla
+    rows = (m.q_lora_rank, m.kv_lora_rank + m.qk_rope_head_dim)
+    if tuple(info.shape) != (sum(rows), 2 * cfg.hidden_size):
+        raise DiagError("drafter weight has the wrong shape for its config", file=str(info.file), field=FUSED_A,
+                        expected=[sum(rows), 2 * cfg.hidden_size], found=list(info.shape))
+    out = {k: v for k, v in found.items() if k != FUSED_A}
+    for name, r in zip(_A_PARTS, rows):
+        out[name] = TensorInfo(name, info.file, info.dtype, (r, 2 * cfg.hidden_size))
+    return out
+
+
+def check_tensors(found: dict[str, TensorInfo], cfg: DrafterConfig, where: str) -> list[str]:
+    """Names, shapes and dtypes against the module; returns notes. `found` by canonical name."""
+    expected, optional = _expected(cfg), _optional(cfg)
+    found = _fold_fused(found, cfg)
+    for key, shape in expected.items():
+        if key not in found:
+            raise DiagError("drafter checkpoint is missing a weight (it would stay randomly initialised)",
+                            file=where, field=key, expected=f"tensor {list(shape)}", found="missing")
+    allowed = {**expected, **optional, **_vocab_shapes(cfg)}
+    _unexpected(sorted(set(found) - set(allowed)), where)
+    for key, info in found.items():
+        if tuple(info.shape) != tuple(allowed[key]):
+            raise DiagError("drafter weight has the wrong shape for its config", file=where, field=key,
+                            expected=list(allowed[key]), found=list(info.shape))
+    _check_vocab_tensors(found, cfg, where)
+    return (["lm_head.weight in the checkpoint is replaced by the target's lm_head (no draft_vocab_size: "
+             "SGLang's set_embed_and_head)"] if cfg.lm_head_from_target and "lm_head.weight" in found else [])
+
+
+def _vocab_shapes(cfg: DrafterConfig) -> dict[str, tuple[int, ...]]:
+    return {"d2t": (cfg.draft_vocab_size,), "t2d": (cfg.vocab_size,)}
+
+
+def _unexpected(extra: list[str], where: str) -> None:
+    for key in extra:
+        flag = next((f for prefix, f in _FLAG_OF.items() if key.startswith(prefix)), None)
+        if flag is not None:
+            raise DiagError("drafter checkpoint holds a weight its config does not enable (the engine drops it)",
+                            file=where, field=key, expected=f"config flag {flag} set, or no such tensor",
+                            found="the tensor without the flag")
+    if extra:
+        raise DiagError("drafter checkpoint holds weights this drafter format does not use", file=where,
+                        field=", ".join(extra[:5]), expected="only the module's weights, embed_tokens, d2t, t2d",
+                        found=f"{len(extra)} unexpected tensor(s)")
+
+
+def _check_vocab_tensors(found: dict[str, TensorInfo], cfg: DrafterConfig, where: str) -> None:
+    if cfg.draft_vocab_size < cfg.vocab_size and "d2t" not in found:
+        raise DiagError("drafter has a draft vocabulary but no d2t map", file=where, field="d2t",
+                        expected=f"int64 [{cfg.draft_vocab_size}] (draft id -> target id offsets)",
+                        found="missing: draft ids would be read as target ids")
+    if "d2t" in found and found["d2t"].dtype not in _INT_DTYPES:
+        raise DiagError("d2t is not an integer tensor", file=where, field="d2t",
+                        expected="I64", found=found["d2t"].dtype)
+
+
+def _headers(path: Path) -> tuple[dict[str, TensorInfo], tuple[str, ...]]:
+    if not list(path.glob("*.safetensors")):
         raise DiagError("drafter checkpoint holds no weights", file=str(path),
                         expected="*.safetensors (or pytorch_model.bin converted to safetensors)",
                         found="no .safetensors file")
-    tensors: dict[str, torch.Tensor] = {}
-    for f in files:
+    infos = tensor_infos(path)
+    return infos, tuple(sorted({i.file.name for i in infos.values()}))
+
+
+def inspect_drafter(path: str | Path) -> DrafterCheckpoint:
+    """Everything about a drafter checkpoint that config.json and the headers say; no tensor read."""
+    path = Path(path)
+    config = read_config(path)
+    cfile = str(path / "config.json")
+    infos, files = _headers(path)
+    where = _where(path, files)
+    fmt = detect(config, infos.keys(), file=cfile)
+    names = canonical_names(infos, fmt.attention, file=where)
+    found = {names[k]: v for k, v in infos.items()}
+    fc = found.get("fc.weight")
+    if fc is None:
+        raise DiagError("drafter checkpoint is missing a weight (it would stay randomly initialised)",
+                        file=where, field="fc.weight", expected="tensor [H, k*H_target]", found="missing")
+    flat = flat_config(config, file=cfile)
+    cfg = drafter_config(flat, fmt, tuple(fc.shape), file=cfile)
+    notes = check_tensors(found, cfg, where)
+    return DrafterCheckpoint(path, config, flat, fmt, cfg, files, names, tuple(notes))
+
+
+def _read(ckpt: DrafterCheckpoint) -> dict[str, torch.Tensor]:
+    by_file: dict[Path, list[str]] = {}
+    for name, info in tensor_infos(ckpt.path).items():
+        by_file.setdefault(info.file, []).append(name)
+    out = {}
+    for f, names in by_file.items():
         try:
             with safe_open(str(f), framework="pt") as fh:
-                shard = {k: fh.get_tensor(k) for k in fh.keys()}
+                shard = {n: fh.get_tensor(n) for n in names}
         except Exception as err:  # safetensors raises several types for corrupt files
             raise DiagError("cannot read safetensors file", file=str(f),
                             expected="a valid safetensors file", found=str(err)) from err
-        for k, t in shard.items():
-            check_finite(k, t, str(f))
-        tensors.update(shard)
-    return tensors, tuple(f.name for f in files)
+        for n, t in shard.items():
+            check_finite(n, t, str(f))
+        out.update({ckpt.names[n]: t for n, t in shard.items()})
+    if FUSED_A in out:
+        m = ckpt.cfg.mla
+        q, kv = out.pop(FUSED_A).split([m.q_lora_rank, m.kv_lora_rank + m.qk_rope_head_dim])
+        out.update(dict(zip(_A_PARTS, (q, kv))))
+    return out
 
 
-def drafter_config(cfg: dict, tensors: dict[str, torch.Tensor], path: Path) -> DrafterConfig:
-    hidden = int(_need(cfg, "hidden_size", path))
-    heads = int(_need(cfg, "num_attention_heads", path))
-    target_hidden = int(cfg.get("target_hidden_size") or hidden)
-    fc = tensors.get("fc.weight")
-    fc_in = fc.shape[1] if fc is not None else 3 * target_hidden
-    if fc_in % target_hidden:
-        raise DiagError("fc input width is not a multiple of the target hidden size",
-                        file=str(path), field="fc.weight",
-                        expected=f"[{hidden}, k*{target_hidden}]", found=list(fc.shape))
-    return DrafterConfig(
-        hidden_size=hidden, num_attention_heads=heads,
-        num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
-        intermediate_size=int(_need(cfg, "intermediate_size", path)),
-        vocab_size=int(_need(cfg, "vocab_size", path)),
-        draft_vocab_size=int(cfg.get("draft_vocab_size") or cfg["vocab_size"]),
-        target_hidden_size=target_hidden, num_aux=fc_in // target_hidden,
-        head_dim=cfg.get("head_dim"), rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(cfg.get("rope_theta", 10000.0)), rope_scaling=cfg.get("rope_scaling"),
-        max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
-        norm_output=bool(cfg.get("norm_output", False)))
+def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32, *,
+                 target_head: torch.nn.Module | None = None) -> tuple[Eagle3Drafter, DrafterCheckpoint]:
+    """Load a drafter strictly (inspect_drafter first). A drafter scoring with the target's
+    lm_head (no draft_vocab_size) gets `target_head` bound; without it, logits() refuses."""
+    ckpt = inspect_drafter(path)
+    cfg, tensors = ckpt.cfg, _read(ckpt)
+    model = Eagle3Drafter(cfg)
+    emb = tensors.pop("embed_tokens.weight", None)
+    if cfg.lm_head_from_target:
+        tensors.pop("lm_head.weight", None)
+    if "d2t" not in tensors:                                  # Vd = V: the identity map
+        tensors["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.long)
+        tensors["t2d"] = torch.ones(cfg.vocab_size, dtype=torch.bool)
+    tensors.setdefault("t2d", _t2d_of(tensors["d2t"], cfg.vocab_size))
+    _check_map(tensors["d2t"], tensors["t2d"], _where(ckpt.path, ckpt.weight_files))
+    model.load_state_dict({k: v.long() if k == "d2t" else v for k, v in tensors.items()}, strict=True)
+    if emb is not None:
+        model.embed_tokens = torch.nn.Embedding.from_pretrained(emb.float(), freeze=True)
+    if cfg.lm_head_from_target and target_head is not None:
+        model.use_target_head(target_head)
+    return model.to(dtype).eval(), ckpt
 
 
-def _canonical(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], str]:
-    """speculators' `layers.0.` -> SGLang's `midlayer.`; drop a `model.` prefix."""
-    fmt = "speculators" if any(k.startswith("layers.0.") for k in tensors) else "sglang-eagle3"
-    out = {}
-    for k, v in tensors.items():
-        k = k.removeprefix("model.")
-        if k.startswith("layers.0."):
-            k = "midlayer." + k[len("layers.0."):]
-        out[k] = v
-    return out, fmt
+def _t2d_of(d2t: torch.Tensor, vocab: int) -> torch.Tensor:
+    """SGLang never reads t2d; a checkpoint without one gets it from d2t."""
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[(torch.arange(len(d2t)) + d2t.long()).clamp(0, vocab - 1)] = True
+    return t2d
 
 
-def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32) -> tuple[Eagle3Drafter, DrafterCheckpoint]:
-    """Load a drafter strictly: every parameter present, every shape as the config implies."""
-    path = Path(path)
-    cfg = read_config(path)
-    raw, files = _read_tensors(path)
-    tensors, fmt = _canonical(raw)
-    dcfg = drafter_config(cfg, tensors, path)
-    model = Eagle3Drafter(dcfg)
-    if "embed_tokens.weight" in tensors:
-        emb = tensors.pop("embed_tokens.weight")
-        model.embed_tokens = torch.nn.Embedding(emb.shape[0], emb.shape[1])
-    expected = {k: v for k, v in model.state_dict().items() if not k.startswith(_IGNORED_KEYS)}
-    if "d2t" not in tensors and dcfg.draft_vocab_size == dcfg.vocab_size:
-        tensors["d2t"] = torch.zeros(dcfg.draft_vocab_size, dtype=torch.long)  # identity map
-        tensors["t2d"] = torch.ones(dcfg.vocab_size, dtype=torch.bool)
-    _check_tensors(expected, tensors, path, files)
-    model.load_state_dict({**tensors, **_rope_buffers(model)}, strict=False)
-    if model.embed_tokens is not None:
-        model.embed_tokens.weight.data.copy_(emb)
-    return model.to(dtype).eval(), DrafterCheckpoint(path, cfg, fmt, files)
-
-
-def _rope_buffers(model: Eagle3Drafter) -> dict[str, torch.Tensor]:
-    return {k: v for k, v in model.state_dict().items() if k.startswith(_IGNORED_KEYS)}
-
-
-def _check_tensors(expected: dict, found: dict, path: Path, files: tuple[str, ...]) -> None:
-    where = str(path / files[0]) if len(files) == 1 else f"{path}/{{{','.join(files)}}}"
-    for key, ref in expected.items():
-        if key not in found:
-            raise DiagError("drafter checkpoint is missing a weight (it would stay randomly initialised)",
-                            file=where, field=key, expected=f"tensor {list(ref.shape)}", found="missing")
-        if tuple(found[key].shape) != tuple(ref.shape):
-            raise DiagError("drafter weight has the wrong shape for its config", file=where, field=key,
-                            expected=list(ref.shape), found=list(found[key].shape))
-    extra = sorted(set(found) - set(expected))
-    if extra:
-        raise DiagError("drafter checkpoint holds weights this drafter format does not use",
-                        file=where, field=", ".join(extra[:5]),
-                        expected="only midlayer.*, fc, norm, lm_head, d2t, t2d, embed_tokens",
-                        found=f"{len(extra)} unexpected tensor(s)")
-    d2t, t2d = found["d2t"], found["t2d"]
+def _check_map(d2t: torch.Tensor, t2d: torch.Tensor, where: str) -> None:
     mapped = torch.arange(len(d2t)) + d2t.long()
     if mapped.min() < 0 or mapped.max() >= len(t2d):
         raise DiagError("d2t maps draft ids outside the target vocabulary", file=where, field="d2t",
@@ -157,36 +233,3 @@ def _check_tensors(expected: dict, found: dict, path: Path, files: tuple[str, ..
         raise DiagError("d2t and t2d disagree about the hot vocabulary", file=where, field="t2d",
                         expected=f"t2d true exactly at d + d2t[d] ({len(d2t)} ids)",
                         found=f"{int(t2d.sum())} true entries")
-
-
-def save_drafter(model: Eagle3Drafter, out_dir: str | Path, *, aux_layer_ids: list[int] | None,
-                 trained_layout: str | None = None, extra_config: dict | None = None,
-                 dtype: torch.dtype = torch.bfloat16) -> Path:
-    """Write config.json + model.safetensors in SGLang/SpecForge LlamaForCausalLMEagle3 format."""
-    c = model.cfg
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    config = {
-        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
-        "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
-        "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
-        "head_dim": c.dim_head, "num_hidden_layers": 1, "hidden_act": c.hidden_act,
-        "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta, "rope_scaling": c.rope_scaling,
-        "max_position_embeddings": c.max_position_embeddings, "vocab_size": c.vocab_size,
-        "draft_vocab_size": c.draft_vocab_size, "target_hidden_size": c.target_hidden_size,
-        "tie_word_embeddings": False, "torch_dtype": str(dtype).removeprefix("torch."),
-        "norm_output": c.norm_output,
-    }
-    if aux_layer_ids is not None:
-        config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(aux_layer_ids),
-                                  "use_aux_hidden_state": True}
-    if trained_layout is not None:
-        config["diag_trained_layout"] = trained_layout
-    config.update(extra_config or {})
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()
-             if not k.startswith(_IGNORED_KEYS)}
-    state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    return out
-
