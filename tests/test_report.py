@@ -75,6 +75,8 @@ def test_real_report_validates(written):
     (lambda r: r["evaluations"][0].update(tree="chain three"), "chain three"),
     (lambda r: r.update(regimes={**regimes_section(), "points": ["layer2"]}), "layer2"),
     (lambda r: r.update(schema_version="1.0"), f"'{SCHEMA_VERSION}' was expected"),
+    (lambda r: r["drafter"].update(variant="eagle4"), "eagle4"),
+    (lambda r: r["drafter"]["options"].pop("fc_norm"), "fc_norm"),
     (lambda r: r["evaluations"][0]["axes"].update(decoding="sample"), "decoding"),
     (lambda r: r.pop("reference"), "reference"),
 ])

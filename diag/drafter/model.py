@@ -146,10 +146,14 @@ class Eagle3Drafter(nn.Module):
 
     def use_target_head(self, head: nn.Module) -> None:
         """The target's lm_head [V, H] scores the drafts (config without draft_vocab_size:
-        SGLang's load_lm_head_from_target, set_embed_and_head)."""
+        SGLang's load_lm_head_from_target, set_embed_and_head); held on the drafter's device
+        and dtype (no copy when they already match)."""
         if not self.cfg.lm_head_from_target:
             raise ValueError("this drafter has its own lm_head")
-        self.lm_head = head
+        ref = self.fc.weight
+        lin = nn.Linear(self.cfg.hidden_size, self.cfg.vocab_size, bias=False, device="meta")
+        lin.weight = nn.Parameter(head.weight.detach().to(ref.device, ref.dtype), requires_grad=False)
+        self.lm_head = lin
 
     # ---- pieces of one step -------------------------------------------------------------
     def project(self, aux: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,20 @@ def _verdicts(rep: dict) -> list[str]:
     return out + [""]
 
 
+def _drafter_line(d: dict) -> str:
+    """e.g. "- drafter `D`: sglang-eagle3 Eagle3DeepseekV2ForCausalLM (mla attention, eagle3.1:
+    fc_norm, norm_output; lm_head from the target; trainer torchspec), fc takes 3 points, ..."."""
+    opts = d.get("options") or {}
+    flags = [k for k in ("fc_norm", "norm_before_fc", "norm_output", "norm_before_residual", "qk_norm")
+             if opts.get(k)]
+    head = "lm_head from the target" if opts.get("lm_head") == "target" else "own lm_head"
+    what = ", ".join([f"{d.get('variant', 'eagle3')}" + (f": {', '.join(flags)}" if flags else ""), head,
+                      f"trainer {d.get('trainer', 'unknown')}"])
+    return (f"- drafter `{d['path']}`: {d['format']} {d.get('architecture', '')} ({d.get('attention', 'llama')} "
+            f"attention; {what}), fc takes {d['num_aux']} points, draft vocab {d['draft_vocab_size']}, "
+            f"config hash `{d['config']}`")
+
+
 def _what_ran(rep: dict) -> list[str]:
     p, t, d, tp = rep["provenance"], rep["target"], rep["drafter"], rep["target_pass"]
     m = p["machine"]
@@ -36,8 +50,7 @@ def _what_ran(rep: dict) -> list[str]:
             f"- case `{rep['case']['name']}` from `{rep['case']['source']}` (hash `{rep['case']['hash']}`)",
             f"- target `{t['path']}`: {t['architecture']}, {t['num_layers']} layers, hidden {t['hidden_size']}, "
             f"vocab {t['vocab_size']}, quantization {t['quantization'] or 'none'}, config hash `{t['config_hash']}`",
-            f"- drafter `{d['path']}`: {d['format']}, fc takes {d['num_aux']} points, draft vocab "
-            f"{d['draft_vocab_size']}, config hash `{d['config']}`",
+            _drafter_line(d),
             _serving_line(rep),
             f"- prompts `{rep['prompts']['file']}`: {rep['prompts']['count']} prompts "
             f"({', '.join(rep['prompts']['categories'])}), hash `{rep['prompts']['sha256']}`, rendered as "

@@ -16,6 +16,7 @@ import torch
 from diag.checkpoint.config import read_config_json, text_config
 from diag.checkpoint.headers import tensor_infos
 from diag.checkpoint.layers import check_layer_count
+from diag.drafter.checkpoint import DrafterCheckpoint, inspect_drafter
 from diag.engine.serving import ServingError, capture_convention
 from diag.engine.tree_rules import grid, resolve_sglang_shape
 from diag.errors import DiagError
@@ -40,7 +41,8 @@ class Inputs:
     drafter_path: Path
     target: TargetInfo
     target_config: dict
-    drafter_config: dict
+    drafter_config: dict                # flat: speculators' layer config lifted to the top
+    drafter: DrafterCheckpoint          # format, options, DrafterConfig, tensor names (headers only)
     tokenizer: object
     candidates: list[Candidate]
     serving_error: ServingError | None
@@ -81,17 +83,16 @@ def dtype_of(name: str, field_name: str, case: Case):
     return DTYPES[name]
 
 
-def check_pair(tinfo: TargetInfo, dcfg: dict, dpath: Path) -> None:
-    """Vocabulary and width checks that need only the two config.json files."""
-    where = str(dpath / "config.json")
-    if int(dcfg.get("vocab_size", -1)) != tinfo.vocab_size:
+def check_pair(tinfo: TargetInfo, dckpt: DrafterCheckpoint) -> None:
+    """Vocabulary and width checks that need only the two configs and the drafter's headers."""
+    where, cfg = str(dckpt.path / "config.json"), dckpt.cfg
+    if cfg.vocab_size != tinfo.vocab_size:
         raise DiagError("drafter and target vocabularies differ", file=where, field="vocab_size",
                         expected=f"{tinfo.vocab_size} (target {tinfo.path}/config.json)",
-                        found=dcfg.get("vocab_size"))
-    t_hidden = int(dcfg.get("target_hidden_size") or dcfg.get("hidden_size", -1))
-    if t_hidden != tinfo.hidden_size:
+                        found=cfg.vocab_size)
+    if cfg.target_hidden_size != tinfo.hidden_size:
         raise DiagError("drafter was built for another target width", file=where, field="target_hidden_size",
-                        expected=f"{tinfo.hidden_size} (target hidden_size)", found=t_hidden)
+                        expected=f"{tinfo.hidden_size} (target hidden_size)", found=cfg.target_hidden_size)
 
 
 def check_tokenizer(tok, tinfo: TargetInfo) -> None:
@@ -245,8 +246,9 @@ def prepare(case: Case) -> Inputs:
     tpath = checkpoint_path(case.target.path, case, "target.path")
     dpath = checkpoint_path(case.drafter.path, case, "drafter.path")
     tinfo = target_info(tpath)
-    dcfg = read_config_json(dpath, "drafter")
-    check_pair(tinfo, dcfg, dpath)
+    dckpt = inspect_drafter(dpath)
+    dcfg = dckpt.flat
+    check_pair(tinfo, dckpt)
     tok = load_tokenizer(tpath)
     check_tokenizer(tok, tinfo)
     tcfg = read_config_json(tpath, "target")
@@ -258,7 +260,7 @@ def prepare(case: Case) -> Inputs:
     check_lengths(prompts, recorded, case, tcfg, tinfo)
     long_prompts, long_source = long_context_prompts(case, tok, pset, tinfo, tcfg)
     points = tuple(dict.fromkeys(union_points([c.layout for c in cands]) + (point("final"),)))
-    return Inputs(case, tpath, dpath, tinfo, tcfg, dcfg, tok, cands, serving_error,
+    return Inputs(case, tpath, dpath, tinfo, tcfg, dcfg, dckpt, tok, cands, serving_error,
                   list(dict.fromkeys(shapes + served_shapes)), pset, prompts, recorded, points,
-                  capture_convention(tcfg, engine_name=case.serving.engine), notes + grid_notes + cand_notes,
-                  rendered, long_prompts, long_source)
+                  capture_convention(tcfg, engine_name=case.serving.engine),
+                  notes + grid_notes + cand_notes + list(dckpt.notes), rendered, long_prompts, long_source)

@@ -118,7 +118,7 @@ def _continuations(tp) -> torch.Tensor:
 
 
 def _drafter_info(dpath: Path, dckpt, drafter) -> dict:
-    return {"path": str(dpath), "format": dckpt.format, "files": list(dckpt.weight_files),
+    return {"path": str(dpath), **dckpt.to_json(), "files": list(dckpt.weight_files),
             "num_aux": drafter.cfg.num_aux, "hidden_size": drafter.cfg.hidden_size,
             "draft_vocab_size": drafter.cfg.draft_vocab_size,
             "config": hashlib.sha256((dpath / "config.json").read_bytes()).hexdigest()[:16]}
@@ -145,6 +145,8 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True) -> Ru
                                   dtype=dtype_of(case.drafter.dtype, "drafter.dtype", case) or torch.float32)
     drafter.to(_main_device(case))
     embed, head = load_embed_and_head(inp.target_path)
+    if drafter.cfg.lm_head_from_target:            # no draft_vocab_size: the target's lm_head
+        drafter.use_target_head(head)
     t0 = _stopwatch(timings, "checks_s", t0)
     measured = _Costs(inp, drafter, embed)
     passes, pass_meta, extra = target_passes(inp, progress=progress, use_cache=use_cache, with_model=measured)
