@@ -55,19 +55,19 @@ def pytest_runtest_setup(item) -> None:
 
 def case_from_options(config):
     """--diag-case, else --diag-target + --diag-drafter, else the demo case."""
-    from diag.run.case import read_case
+    from diag.run.case import check_case, read_case
     from diag.cli.run import DEMO, case_from_flags, main_parser, repo_file
 
     case, target, drafter = (config.getoption(o) for o in ("--diag-case", "--diag-target", "--diag-drafter"))
     if case and (target or drafter):
         raise pytest.UsageError("--diag-case and --diag-target/--diag-drafter exclude each other")
     if case:
-        return read_case(case)
+        return check_case(read_case(case))
     if target or drafter:
         if not (target and drafter):
             raise pytest.UsageError("--diag-target and --diag-drafter go together")
         return case_from_flags(main_parser().parse_args(["run", "--target", target, "--drafter", drafter]))
-    return read_case(repo_file(DEMO))
+    return check_case(read_case(repo_file(DEMO)))
 
 
 def report_dir(config, case) -> Path:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from diag.run.case import Case, resolve_path
+from diag.run.case import Case, check_case, resolve_path
 from diag.errors import DiagError
 from diag.layouts import layout
 from diag.run.prompts import read_prompt_set
@@ -35,6 +35,7 @@ def _path_line(spec: str, case: Case, field: str) -> str:
 
 
 def validate_case(case: Case) -> list[str]:
+    check_case(case)
     lines = [f"case {case.name!r} (version {case.version}) from {case.source}"]
     lines.append(_path_line(case.target.path, case, "target.path"))
     lines.append(_path_line(case.drafter.path, case, "drafter.path"))

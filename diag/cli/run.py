@@ -154,7 +154,7 @@ def run(a) -> int:
         case = apply_overrides(case_from_flags(a), a)
     else:
         case = apply_overrides(read_case(a.case or repo_file(DEMO)), a)
-    checked(case, a)
+    case = checked(case, a)
     out = Path(a.out) if a.out else Path("reports") / case.name
     check_out_dir(out)                  # before any weight is loaded
     if not a.no_cache:

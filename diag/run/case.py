@@ -1,7 +1,8 @@
 """Case files: TOML parsed with tomllib into frozen dataclasses, validated with clear errors.
 
 A case names what to load (target, drafter), what to replay (prompts), and what to compare
-(layouts, serving modes, tree shapes, regimes). Paths may be `zoo:NAME` (a built-in tiny
+(layouts, serving modes, tree shapes, regimes). Reading checks keys and types; `check_case`
+checks values, once, after the command line's overrides. Paths may be `zoo:NAME` (a built-in tiny
 checkpoint), `${ENV_VAR}`-expanded, and are resolved relative to the case file. Parsing
 never loads weights: `diag validate CASE` is this module plus layout / tree / regime parsing.
 
@@ -215,8 +216,7 @@ def parse_case(data: dict, source: str) -> Case:
     sections = {k: _section(cls, data[k], source, k) for k, cls in _SECTIONS.items() if k in data}
     case = Case(version=version, name=str(data["name"]), source=source,
                 description=str(data.get("description", "")), **sections)
-    _check_values(case)
-    return with_engine(case, case.serving.engine)
+    return with_engine(case, case.serving.engine)     # values: check_case, after the overrides
 
 
 def with_engine(case: Case, name: str | None) -> Case:
@@ -239,6 +239,14 @@ def _in_file(fn, text: str, field_name: str, src: str):
     except DiagError as err:
         raise DiagError(err.message, file=src, field=err.field, expected=err.expected,
                         found=err.found) from err
+
+
+def check_case(case: Case) -> Case:
+    """Every value check of a case, run once after all overrides: a case file, then the command
+    line (`diag run case.toml --layout embed+L3+L31` completes a case without layouts), then
+    whatever else overrides it. The one home of case value rules; returns the case unchanged."""
+    _check_values(case)
+    return case
 
 
 def _check_values(case: Case) -> None:
@@ -287,13 +295,6 @@ def _check_values(case: Case) -> None:
         check_user_costs(sp, src)    # across values: after each value's own range check
 
 
-def check_case(case: Case) -> Case:
-    """Every value check of a case, run again after command-line overrides (a flag gets the
-    same checks as a case file)."""
-    _check_values(case)
-    return case
-
-
 def check_rendering(case: Case) -> None:
     from diag.run.rendering import check_template_name, parse
     spec, src = case.rendering, case.source
@@ -320,6 +321,8 @@ def check_long_context(case: Case) -> None:
 
 
 def read_case(path: str | Path) -> Case:
+    """A case file parsed (keys, types, version); its values are checked by check_case once
+    every override is applied."""
     path = Path(path)
     if not path.is_file():
         raise DiagError("case file not found", file=str(path), expected="a TOML case file", found="no such file")

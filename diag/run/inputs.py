@@ -263,4 +263,5 @@ def prepare(case: Case) -> Inputs:
     return Inputs(case, tpath, dpath, tinfo, tcfg, dcfg, dckpt, tok, cands, serving_error,
                   list(dict.fromkeys(shapes + served_shapes)), pset, prompts, recorded, points,
                   capture_convention(tcfg, engine_name=case.serving.engine),
-                  notes + grid_notes + cand_notes + list(dckpt.notes), rendered, long_prompts, long_source)
+                  notes + grid_notes + cand_notes + list(dckpt.notes) + list(pset.notes),
+                  rendered, long_prompts, long_source)

@@ -26,7 +26,7 @@ from diag.drafter.health import HealthCheck, health_checks
 from diag.engine.serving import ServingError
 from diag.replay.evaluation import Axes, Evaluation, best, select
 from diag.run.candidates import Candidate
-from diag.run.case import Case
+from diag.run.case import Case, check_case
 from diag.run.costs import measure_costs
 from diag.run.evaluate import evaluate, reference_axes
 from diag.run.inputs import Inputs, dtype_of, prepare
@@ -133,7 +133,7 @@ def _prompts_info(inp: Inputs) -> dict:
 def run_case(case: Case, *, progress: bool = True, use_cache: bool = True) -> RunResult:
     timings: dict = {}
     t0 = time.perf_counter()
-    inp = prepare(case)
+    inp = prepare(check_case(case))
     case = inp.case
     server = read_server(case, [p[0] for p in inp.prompts], inp.target_config, seed=case.evaluate.seed,
                          n_boot=case.evaluate.bootstrap)             # before any weight is loaded

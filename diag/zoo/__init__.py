@@ -9,7 +9,8 @@ llama-tiny-eagle3-l1, deepseek-tiny, deepseek-tiny-int4, deepseek-tiny-eagle3, a
 derived from a trained one without training (build_derived.py): llama-tiny-eagle3-nows;
 the prompt side (recipes_prompt_side.py): llama-tiny-think (a thinking switch that changes what
 it writes), llama-tiny-think-eagle3-nothink (trained thinking off), llama-tiny-eagle3-short
-(trained on 27 positions).
+(trained on 27 positions);
+deepseek-tiny-eagle3-mla (the Kimi drafters' MLA architecture, EAGLE-3.1 options).
 Cache: $DIAG_CACHE_DIR or ~/.cache/diag, then zoo/v{BUILDER_VERSION}/{name}/.
 Each entry directory holds a zoo_meta.json: recipe, build time, quality metrics.
 """

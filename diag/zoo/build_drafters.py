@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from diag.target.capture import capture_pass
+from diag.drafter.mla import MlaShape
 from diag.drafter.model import DrafterConfig, Eagle3Drafter
 from diag.drafter.checkpoint import save_drafter
 from diag.layouts import Layout, layout as parse_layout
@@ -102,14 +103,22 @@ def views(seqs: torch.Tensor, aux: torch.Tensor, argmax: torch.Tensor, steps: in
     return aux[:, :T], seqs[:, 1:T + 1], teacher, labels
 
 
+def _mla_shape(c) -> MlaShape:
+    """The target's own MLA widths (the Kimi MLA drafters copy K2's: q_lora 1536, kv_lora 512, ...)."""
+    return MlaShape(c.q_lora_rank, c.kv_lora_rank, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim)
+
+
 def new_drafter(target, recipe: DrafterRecipe, hot: torch.Tensor, num_aux: int) -> Eagle3Drafter:
     c = target.config
     heads = c.num_attention_heads
+    mla = recipe.attention == "mla"
     cfg = DrafterConfig(hidden_size=c.hidden_size, num_attention_heads=heads, num_key_value_heads=heads,
-                        head_dim=c.hidden_size // heads, intermediate_size=3 * c.hidden_size,
+                        head_dim=None if mla else c.hidden_size // heads, intermediate_size=3 * c.hidden_size,
                         vocab_size=c.vocab_size, draft_vocab_size=recipe.draft_vocab_size,
                         target_hidden_size=c.hidden_size, num_aux=num_aux, rms_norm_eps=1e-6,
-                        rope_theta=10000.0, max_position_embeddings=2048)
+                        rope_theta=10000.0, max_position_embeddings=2048, attention=recipe.attention,
+                        mla=_mla_shape(c) if mla else None, fc_norm=recipe.fc_norm,
+                        norm_output=recipe.norm_output)
     d = Eagle3Drafter(cfg)
     d.set_vocab(hot)
     return d

@@ -106,6 +106,10 @@ class DrafterRecipe:
     corpus_fraction: float = 0.25     # share of them that are corpus text; the rest are the target's
                                       # greedy continuations of corpus prompts (what replay drafts on)
     eval_sequences: int = 24          # held-out sequences for the depth-1 accept check
+    attention: str = "llama"          # "llama" (LlamaForCausalLMEagle3) | "mla" (Eagle3DeepseekV2ForCausalLM,
+                                      # the target's MLA widths, as the published Kimi drafters)
+    fc_norm: bool = False             # EAGLE-3.1 options the drafter is trained with
+    norm_output: bool = False
 
 
 @dataclass(frozen=True)
@@ -179,6 +183,13 @@ _ENTRIES = (
     ZooEntry("llama-tiny-eagle3-nows", "llama-tiny-eagle3-embed without the target's whitespace tokens "
              "(newline + indentation runs) in its hot vocabulary: a drafter that cannot propose a token class",
              DerivedDrafterRecipe("llama-tiny-eagle3-embed", hot_vocab_excludes="whitespace")),
+    # The Kimi drafters' shape (Eagle3DeepseekV2ForCausalLM, EAGLE-3.1 fc_norm + norm_output) at
+    # deepseek-tiny's widths; a smaller pool and eval set keep the whole zoo under 5 minutes.
+    ZooEntry("deepseek-tiny-eagle3-mla", "EAGLE-3.1 MLA drafter (Eagle3DeepseekV2ForCausalLM, fc_norm, "
+             "norm_output) for deepseek-tiny, trained on its bf16 embed+L2+L3",
+             DrafterRecipe("deepseek-tiny", "embed+L2+L3", dataclasses.replace(_DRAFTER_BUDGET, steps=100, seed=4),
+                           pool_sequences=128, eval_sequences=16, attention="mla", fc_norm=True,
+                           norm_output=True)),
 )
 
 ZOO: dict[str, ZooEntry] = {e.name: e for e in _ENTRIES}

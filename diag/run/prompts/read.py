@@ -1,10 +1,11 @@
-"""Prompt sets and recorded continuations: reading JSONL files and tokenizing.
+"""Reading prompt sets and recorded continuations from files, and tokenizing prompts.
 
-A prompt set is JSONL, one object per line: {"id", "category", "text"} for a raw completion
-prompt or {"id", "category", "messages": [{"role", "content"}...]} for chat; a line of
-MT-bench, GSM8K, HumanEval or ShareGPT is read as its dataset's prompt (datasets.py). Chat prompts go
-through the tokenizer's chat template (generation prompt added); a tokenizer without one
-gets the turns joined as "role: content" lines, and the report says so.
+A prompt set is JSONL (one record per line) or one JSON array of records (ShareGPT dumps are
+shipped that way). A line of MT-bench, GSM8K, HumanEval or ShareGPT is read as its dataset's
+prompt (diag/run/datasets.py: ids and categories named after the dataset); every other record
+in any format formats.py reads (`text`, `prompt`, `messages`, `turns`, `question`, id optional).
+Chat prompts go through the tokenizer's chat template (generation prompt added); a tokenizer
+without one gets the turns joined as "role: content" lines, and the report says so.
 
 Recorded continuations (what a live server produced) are JSONL {"id", "token_ids": [...]}
 or {"id", "text"}. This module knows files and tokenizers; nothing about models.
@@ -14,59 +15,53 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 from diag.errors import DiagError
+from diag.run.prompts.formats import format_of, parse_record
+from diag.run.prompts.records import Prompt, PromptSet
 
 
-@dataclass(frozen=True)
-class Prompt:
-    id: str
-    category: str
-    text: str | None
-    messages: tuple[tuple[str, str], ...] | None
+def _records(path: Path) -> list[tuple[int, str, object]]:
+    """(line number, where, parsed object) per record; a JSON array counts its items from 1."""
+    lines = _lines(path)
+    if "\n".join(t for _, t in lines).lstrip().startswith("["):
+        try:
+            items = json.loads("\n".join(t for _, t in lines))
+        except json.JSONDecodeError as err:
+            raise DiagError("prompt file is not valid JSON", file=str(path), expected="a JSON array of "
+                            "records or one JSON object per line", found=str(err)) from err
+        return [(i, f"{path}[{i - 1}]", obj) for i, obj in enumerate(items, 1)]
+    out = []
+    for n, line in lines:
+        if not line.strip():
+            continue
+        try:
+            out.append((n, f"{path}:{n}", json.loads(line)))
+        except json.JSONDecodeError as err:
+            raise DiagError("prompt line is not JSON", file=f"{path}:{n}", expected="one JSON object per line",
+                            found=str(err)) from err
+    return out
 
 
-@dataclass(frozen=True)
-class PromptSet:
-    path: str
-    sha256: str
-    prompts: tuple[Prompt, ...]
-
-
-def _parse_line(obj: dict, line: int, where: str) -> Prompt:
-    from diag.run.datasets import KNOWN, dataset_prompt
+def _record(obj, where: str, line: int, default_category: str) -> Prompt:
+    """A dataset line as its dataset reads it (datasets.py), else any format of formats.py."""
+    from dataclasses import replace
+    from diag.run.datasets import dataset_prompt
     if isinstance(obj, dict) and "text" not in obj and "messages" not in obj:
         found = dataset_prompt(obj, line, where)
         if found is not None:
-            return found
-    if not isinstance(obj, dict) or "id" not in obj:
-        raise DiagError("prompt line is not an object with an id", file=where, field="id",
-                        expected=f'{{"id": ..., "text" | "messages": ...}} or a line of {KNOWN}',
-                        found=str(obj)[:80])
-    has_text, has_msgs = "text" in obj, "messages" in obj
-    if has_text == has_msgs:
-        raise DiagError("a prompt needs exactly one of text / messages", file=where, field=str(obj["id"]),
-                        expected="text or messages", found=sorted(obj))
-    if not isinstance(obj["id"], (str, int)) or isinstance(obj["id"], bool):
-        raise DiagError("prompt id must be a string or an integer", file=where, field="id",
-                        expected="e.g. \"p1\" or 1", found=repr(obj["id"]))
-    msgs = None
-    if has_msgs:
-        try:
-            msgs = tuple((m["role"], m["content"]) for m in obj["messages"])
-        except (TypeError, KeyError) as err:
-            raise DiagError("malformed messages", file=where, field=f"{obj['id']}.messages",
-                            expected='[{"role": ..., "content": ...}]', found=str(err)) from err
-        if not msgs or not all(isinstance(r, str) and isinstance(c, str) for r, c in msgs):
-            raise DiagError("malformed messages", file=where, field=f"{obj['id']}.messages",
-                            expected='a non-empty list of {"role": string, "content": string}',
-                            found=str(obj["messages"])[:80])
-    elif not isinstance(obj["text"], str) or not obj["text"].strip():
-        raise DiagError("prompt text must be a non-empty string", file=where, field=f"{obj['id']}.text",
-                        expected="a string", found=repr(obj["text"])[:80])
-    return Prompt(str(obj["id"]), str(obj.get("category", "uncategorised")), obj.get("text"), msgs)
+            return replace(found, format=format_of(obj, where).name)
+    return parse_record(obj, where, line=line, default_category=default_category)
+
+
+def _notes(prompts: list[Prompt]) -> tuple[str, ...]:
+    kinds = sorted({p.format for p in prompts})
+    notes = [f"prompt formats read: {', '.join(kinds)}"] if set(kinds) - {"text", "messages"} else []
+    if {"mt-bench", "sharegpt"} & set(kinds):
+        notes.append("multi-turn prompts (mt-bench, sharegpt): the first user turn only, as SGLang's and "
+                     "vLLM's serving benchmarks send it (later turns follow the model's own answer)")
+    return tuple(notes)
 
 
 def _lines(path: Path) -> list[tuple[int, str]]:
@@ -87,16 +82,8 @@ def read_prompt_set(path: str | Path, limit: int | None = None,
     if not path.is_file():
         raise DiagError("prompt file not found", file=str(path), expected="a JSONL prompt set",
                         found="no such file")
-    prompts = []
-    for n, line in _lines(path):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise DiagError("prompt line is not JSON", file=f"{path}:{n}", expected="one JSON object per line",
-                            found=str(err)) from err
-        prompts.append(_parse_line(obj, n, f"{path}:{n}"))
+    default_category = path.name.split(".")[0]
+    prompts = [_record(obj, where, n, default_category) for n, where, obj in _records(path)]
     if categories:
         prompts = [p for p in prompts if p.category in categories]
     if limit is not None:
@@ -108,8 +95,14 @@ def read_prompt_set(path: str | Path, limit: int | None = None,
     if not prompts:
         raise DiagError("prompt set is empty after filtering", file=str(path),
                         expected="at least one prompt", found=0)
-    digest = hashlib.sha256(json.dumps([p.__dict__ for p in prompts], sort_keys=True).encode()).hexdigest()
-    return PromptSet(str(path), digest[:16], tuple(prompts))
+    digest = hashlib.sha256(json.dumps([_hashed(p) for p in prompts], sort_keys=True).encode()).hexdigest()
+    return PromptSet(str(path), digest[:16], tuple(prompts), _notes(prompts))
+
+
+def _hashed(p: Prompt) -> dict:
+    """What the prompt-set hash covers: the prompt as it was before formats were recorded
+    (id, category, text, messages), so existing prompt sets keep their hash."""
+    return {"id": p.id, "category": p.category, "text": p.text, "messages": p.messages}
 
 
 def tokenize(prompt: Prompt, tokenizer) -> list[int]:
