@@ -68,3 +68,25 @@ def write_case(path: Path, target: Path, drafter: Path, prompts: Path, **evaluat
     lines += [f"{k} = {json.dumps(v)}" for k, v in ev.items()]
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+TIKTOKEN_FIXTURE = Path(__file__).parent / "fixtures" / "tiktoken_tokenizer"
+# BPE merges after the 256 single bytes, in rank order; each is two earlier tokens joined.
+TIKTOKEN_MERGES = (b"  ", b"    ", b"de", b"def", b"re", b"ur", b"urn", b"ret", b"return", b"in", b"th",
+                   b"the", b" the", b"er", b"on", b"at")
+
+
+def make_tiktoken_tokenizer(out: Path) -> Path:
+    """Kimi's tokenizer layout at toy size: tiktoken.model (base64 token, rank), remote code
+    tokenization_tiny_kimi.py named by tokenizer_config.json's auto_map, chat_template.jinja.
+    256 bytes + 16 merges + 7 specials = 279 ids."""
+    import base64
+    import shutil
+
+    out.mkdir(parents=True, exist_ok=True)
+    tokens = [bytes([b]) for b in range(256)] + list(TIKTOKEN_MERGES)
+    (out / "tiktoken.model").write_text("".join(f"{base64.b64encode(t).decode()} {r}\n" for r, t in enumerate(tokens)))
+    for f in TIKTOKEN_FIXTURE.iterdir():
+        if f.is_file():
+            shutil.copy(f, out / f.name)
+    return out

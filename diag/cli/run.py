@@ -49,6 +49,8 @@ def register(sub) -> None:
     p.add_argument("--gpus", type=int, help="place the target across N GPUs (0: CPU)")
     p.add_argument("--gpu-memory", help="memory budget per GPU for weights, e.g. 130GiB")
     p.add_argument("--out", help="report directory (default reports/<case name>)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="run the target tokenizer's own code (Kimi's tiktoken tokenizer); off by default")
     p.add_argument("--no-cache", action="store_true", help="recompute the target pass")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--strict", action="store_true", help="exit 1 when a verdict is an error")
@@ -118,8 +120,9 @@ def apply_overrides(case: Case, a) -> Case:
                  recorded=a.recorded or pr.recorded)
     sv = replace(sv, algorithm=a.algorithm or sv.algorithm, layout=a.serving_layout or sv.layout,
                  launch=a.launch or sv.launch)
-    return with_engine(prompt_flags.apply(replace(case, evaluate=ev, prompts=pr, serving=sv, placement=pl,
-                                               server=_server_overrides(case.server, a)), a),
+    target = replace(case.target, trust_remote_code=case.target.trust_remote_code or getattr(a, "trust_remote_code", False))
+    return with_engine(prompt_flags.apply(replace(case, target=target, evaluate=ev, prompts=pr, serving=sv,
+                                                  placement=pl, server=_server_overrides(case.server, a)), a),
                        getattr(a, "engine", None))
 
 

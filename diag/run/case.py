@@ -38,6 +38,7 @@ CASE_VERSION = 1
 class ModelSpec:
     path: str
     dtype: str = "auto"
+    trust_remote_code: bool = False   # [target] only: run the tokenizer's own code (Kimi's tiktoken)
 
 
 @dataclass(frozen=True)
@@ -275,6 +276,10 @@ def _check_values(case: Case) -> None:
         if mode not in ("eagle3", "eagle"):
             raise DiagError("unknown serving mode", file=src, field="evaluate.modes",
                             expected="eagle3 or eagle", found=mode)
+    if case.drafter.trust_remote_code:
+        raise DiagError("trust_remote_code belongs to the target (its tokenizer)", file=src,
+                        field="drafter.trust_remote_code", expected="[target] trust_remote_code = true",
+                        found=True)
     if case.prompts.max_new_tokens < 2:
         raise DiagError("max_new_tokens too small to verify anything", file=src,
                         field="prompts.max_new_tokens", expected=">= 2", found=case.prompts.max_new_tokens)

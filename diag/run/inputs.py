@@ -26,6 +26,7 @@ from diag.run.case import Case, resolve_path
 from diag.run.prompts import PromptSet, read_prompt_set, read_recorded
 from diag.run.rendered import RenderedPrompts, render_prompts
 from diag.target.load import TargetInfo, plain_config, target_info
+from diag.target.tokenizer import TRUST_FLAG, load_tokenizer
 from diag.trees import TreeShape, tree_shape
 
 DTYPES = {"auto": None, "float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -110,20 +111,15 @@ def check_target_files(tpath: Path, tcfg: dict) -> None:
     plain_config(tcfg, str(tpath / "config.json"))        # an unloadable config fails here, not at load
 
 
-def load_tokenizer(path: Path):
-    from transformers import AutoTokenizer
-    try:
-        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
-    except (OSError, ValueError) as err:
-        raise DiagError("cannot load the target's tokenizer", file=str(path),
-                        expected="tokenizer.json / tokenizer_config.json", found=str(err).splitlines()[0]) from err
-    except (AttributeError, KeyError, TypeError):
-        # AutoTokenizer also parses config.json, and some transformers versions crash on a
-        # model_type they do not know (kimi_k2); the tokenizer files alone are enough
-        if not (Path(path) / "tokenizer.json").is_file():
-            raise
-        from transformers import PreTrainedTokenizerFast
-        return PreTrainedTokenizerFast.from_pretrained(str(path))
+def trusts_remote_code(case: Case) -> bool:
+    """[target] trust_remote_code, --trust-remote-code on diag's command line (the same
+    field), or --trust-remote-code in the case's SGLang launch command."""
+    if case.target.trust_remote_code:
+        return True
+    if not case.serving.launch:
+        return False
+    from diag.engine.launch import parse_launch
+    return any(flag == TRUST_FLAG for flag, _ in parse_launch(case.serving.launch, case.serving.engine).other)
 
 
 def tree_shapes(case: Case) -> tuple[list[TreeShape], list[str]]:
@@ -249,7 +245,7 @@ def prepare(case: Case) -> Inputs:
     dckpt = inspect_drafter(dpath)
     dcfg = dckpt.flat
     check_pair(tinfo, dckpt)
-    tok = load_tokenizer(tpath)
+    tok = load_tokenizer(tpath, trust_remote_code=trusts_remote_code(case))
     check_tokenizer(tok, tinfo)
     tcfg = read_config_json(tpath, "target")
     check_target_files(tpath, tcfg)
