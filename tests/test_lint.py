@@ -22,6 +22,16 @@ def write_target(path, **over):
     return path
 
 
+def _module_weights(hidden, k, draft_vocab):
+    """Every weight of the LlamaForCausalLMEagle3 module these widths imply (zeros)."""
+    from diag.drafter.model import DrafterConfig, Eagle3Drafter
+    cfg = DrafterConfig(hidden_size=hidden, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                        vocab_size=VOCAB, draft_vocab_size=draft_vocab, target_hidden_size=H_T, num_aux=k)
+    with torch.device("meta"):
+        shapes = {n: t.shape for n, t in Eagle3Drafter(cfg).state_dict().items() if n not in ("d2t", "t2d")}
+    return {n: torch.zeros(shape) for n, shape in shapes.items()}
+
+
 def write_drafter(path, *, k=3, hidden=H, draft_vocab=DRAFT_VOCAB, tensors=None, drop=(),
                   **over):
     """A LlamaForCausalLMEagle3-format drafter: config.json + model.safetensors
@@ -31,9 +41,7 @@ def write_drafter(path, *, k=3, hidden=H, draft_vocab=DRAFT_VOCAB, tensors=None,
            "vocab_size": VOCAB, "draft_vocab_size": draft_vocab, "rope_theta": 10000.0,
            "rope_scaling": None, "max_position_embeddings": 2048,
            "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 5]}, **over}
-    weights = {"fc.weight": torch.zeros(hidden, k * H_T), "norm.weight": torch.ones(hidden),
-               "midlayer.input_layernorm.weight": torch.ones(hidden),
-               "lm_head.weight": torch.zeros(draft_vocab, hidden),
+    weights = {**_module_weights(hidden, k, draft_vocab),
                "d2t": torch.zeros(draft_vocab, dtype=torch.int64),
                "t2d": torch.zeros(VOCAB, dtype=torch.bool), **(tensors or {})}
     for name in drop:

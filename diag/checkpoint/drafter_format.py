@@ -125,8 +125,9 @@ def _eagle(config: dict) -> dict:
     return e if isinstance(e, dict) else {}
 
 
-def _trainer(config: dict, fmt: str) -> str:
-    if fmt == "speculators":
+def trainer_marks(config: dict) -> str:
+    """Who wrote the config, where it says so (module docstring); "unknown" otherwise."""
+    if is_speculators(config):
         return "speculators"
     if any(k in _eagle(config) for k in _TORCHSPEC_KEYS):
         return "torchspec"
@@ -202,4 +203,4 @@ def detect(config: dict, names=None, *, file: str | None = None) -> DrafterForma
     layer_type = (config.get("transformer_layer_config") or {}).get("model_type") if fmt == "speculators" else None
     opts = _options(flat, fmt, attention, canon, layer_type, file)
     variant = "eagle3.1" if opts.fc_norm or opts.norm_output else "eagle3"
-    return DrafterFormat(fmt, arch, attention, _trainer(flat, fmt), variant, opts)
+    return DrafterFormat(fmt, arch, attention, trainer_marks(config), variant, opts)

@@ -309,12 +309,16 @@ def capture_convention(target_config: dict, *, engine_name: str = DEFAULT_ENGINE
     return "no-capture" if isinstance(rule, NoCapture) else rule
 
 
-def _trainer_convention(drafter_config: dict) -> str:
-    """speculators configs carry speculators_config / speculators_model_type;
-    everything else is read as SpecForge ids."""
-    if "speculators_config" in drafter_config or "speculators_model_type" in drafter_config:
+def _trainer_convention(drafter_config: dict) -> str | None:
+    """speculators configs carry speculators_config / speculators_model_type; TorchSpec's
+    (checkpoint.drafter_format) write the serving engine's own ids (it trains on states an
+    SGLang / vLLM engine captured, and its vLLM export shifts them by +1), so they declare no
+    layout apart from what the engine serves: None. Everything else is read as SpecForge ids."""
+    from diag.checkpoint.drafter_format import is_speculators, trainer_marks
+
+    if is_speculators(drafter_config):
         return "speculators"
-    return "specforge"
+    return None if trainer_marks(drafter_config) == "torchspec" else "specforge"
 
 
 def declared_layouts(drafter_config: dict, num_hidden_layers: int, *,
@@ -329,7 +333,7 @@ def declared_layouts(drafter_config: dict, num_hidden_layers: int, *,
             num_hidden_layers, field=TRAINED_LAYOUT_FIELD)
         out.append(DeclaredLayout(lay, TRAINED_LAYOUT_FIELD, f"{TRAINED_LAYOUT_FIELD} = {text!r}"))
     trainer = _trainer_convention(drafter_config)
-    for field, ids in ((IDS_FIELD, nested_ids(drafter_config, file=file)),
+    for field, ids in () if trainer is None else ((IDS_FIELD, nested_ids(drafter_config, file=file)),
                        (TOP_IDS_FIELD, top_level_ids(drafter_config, file=file))):
         if ids is None:
             continue

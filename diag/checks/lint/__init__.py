@@ -3,7 +3,8 @@
 Reads only config.json files and safetensors *headers* (names, shapes, dtypes); never a
 weight value. Each Finding says what is wrong, what the selected SGLang version will do
 about it (usually: nothing, silently) and how to fix it. The rules come from diag.engine;
-the checks live beside this module by subject: layout.py (ids, fc, algorithm), vocab.py
+the checks live beside this module by subject: drafter.py (format, architecture, weights,
+what a config-only directory leaves unchecked), layout.py (ids, fc, algorithm), vocab.py
 (vocabularies, widths), tables.py (embedding / lm_head swaps, use_aux_hidden_state), rope.py
 (positions), launch.py (tree flags, request cap), flags.py (every word against the release's own
 argparse), sglang.py (the cross-check against an installed sglang). Every finding names the engine
@@ -19,6 +20,9 @@ from pathlib import Path
 
 from diag.checkpoint.config import read_config_json
 from diag.checks.lint.flags import check_flags
+from diag.checkpoint.drafter_format import flat_config
+from diag.checks.lint.drafter import (check_engine_class, check_format, check_torchspec_ids, check_weights,
+                                      config_only)
 from diag.checks.lint.launch import check_max_running, check_tree
 from diag.checks.lint.layout import (check_algorithm, check_deepseek_first_id, check_fc_width,
                                      check_layout, check_serving, check_top_level_ids)
@@ -34,9 +38,9 @@ from diag.errors import DiagError
 
 __all__ = ["Finding", "lint", "read_tensor_headers", "compare_with_sglang", "CHECKS"]
 
-CHECKS = (check_serving, check_algorithm, check_fc_width, check_top_level_ids, check_deepseek_first_id,
-          check_layout, check_vocab, check_hidden, check_rope, check_tree, check_max_running,
-          check_tables, check_flags)
+CHECKS = (check_format, check_engine_class, check_weights, config_only, check_serving, check_algorithm,
+          check_fc_width, check_top_level_ids, check_deepseek_first_id, check_torchspec_ids, check_layout,
+          check_vocab, check_hidden, check_rope, check_tree, check_max_running, check_tables, check_flags)
 
 
 def _run_check(check, pair: Pair) -> list[Finding]:
@@ -70,6 +74,7 @@ def _launch_flags(launch: str | None, engine: str):
 
 
 def _headers_or_none(directory: Path):
+    """Tensor headers, or {} for a config-only directory (users lint before downloading)."""
     return read_tensor_headers(directory) if list(directory.glob("*.safetensors")) else {}
 
 
@@ -78,8 +83,12 @@ def lint(drafter_dir: str | Path, target_dir: str | Path, launch: str | None, *,
     """Every finding for this drafter, target and (optional) launch line, each naming the
     engine version whose rules it applies."""
     engine = engine_of(engine).name
-    drafter = read_config_json(Path(drafter_dir), "drafter")
+    raw = read_config_json(Path(drafter_dir), "drafter")
     target = read_config_json(Path(target_dir), "target")
+    try:
+        drafter = flat_config(raw)
+    except DiagError:                      # check_format reports it
+        drafter = raw
     argv = tuple(server_argv(launch)) if launch else None
     flags, unreadable = _launch_flags(launch, engine)
     eff = effective_config(flags, target, engine_name=engine) if flags is not None else None
@@ -88,11 +97,9 @@ def lint(drafter_dir: str | Path, target_dir: str | Path, launch: str | None, *,
                 str(Path(drafter_dir) / "config.json"), str(Path(target_dir) / "config.json"),
                 flags, eff, engine,
                 try_serving_plan(drafter, target, engine_name=engine, cuda_graph=graphs),
-                try_serving_plan(drafter, target, engine_name=engine, algorithm="EAGLE"), argv)
+                try_serving_plan(drafter, target, engine_name=engine, algorithm="EAGLE"), argv=argv,
+                raw_drafter=raw)
     out = _dedupe(unreadable + [f for check in CHECKS for f in _run_check(check, pair)])
-    if not pair.tensors:
-        out.append(Finding("warning", "NO_WEIGHTS", "no *.safetensors in the drafter directory",
-                           "n/a", "save the drafter as safetensors", str(drafter_dir)))
     if eff is not None:
         out += sglang_cross_check(eff, server_argv(launch))
     return [f if f.engine else replace(f, engine=engine) for f in out]

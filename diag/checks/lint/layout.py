@@ -7,6 +7,7 @@ Each check takes the Pair (pair.py) and returns Findings; none reads a weight va
 from __future__ import annotations
 
 from diag.checkpoint.config import hidden_size, num_layers
+from diag.checkpoint.drafter_format import trainer_marks
 from diag.checks.lint.pair import Finding, Pair, find, is_eagle3_drafter, algorithm, under_eagle3
 from diag.engine import conventions, serving
 from diag.engine.architectures import is_deepseek_family
@@ -118,7 +119,8 @@ def _reading(ids: list[int], convention: str, n: int):
 def check_deepseek_first_id(p: Pair) -> list[Finding]:
     """The first-id rule of SGLang >= 0.5.13 on DeepSeek-family targets (capture.py)."""
     ids = serving.nested_ids(p.drafter)
-    if ids is None or not is_deepseek_family(p.target) or eagle3_plan(p) is None:
+    if ids is None or not is_deepseek_family(p.target) or eagle3_plan(p) is None \
+            or trainer_marks(p.drafter) == "torchspec":    # TorchSpec ids: drafter.check_torchspec_ids
         return []
     name = serving.capture_convention(p.target, engine_name=p.engine)
     if not conventions.get(name).first_one_shift:

@@ -34,8 +34,9 @@ class TensorInfo:
 
 @dataclass(frozen=True)
 class Pair:
-    """Everything the checks read. `plan` is what the engine serves under EAGLE3 (or why it
-    cannot), `eagle_plan` what it serves under EAGLE; both computed once."""
+    """Everything the checks read. `drafter` is the drafter config with speculators' layer
+    config lifted to the top (checkpoint.drafter_format.flat_config); `plan` is what the engine
+    serves under EAGLE3 (or why it cannot), `eagle_plan` what it serves under EAGLE."""
 
     drafter: dict
     target: dict
@@ -48,6 +49,11 @@ class Pair:
     plan: ServingPlan | ServingError
     eagle_plan: ServingPlan | ServingError
     argv: tuple[str, ...] | None = None   # the launch line's words after the program
+    raw_drafter: dict | None = None   # config.json as written; `drafter` is it flattened (speculators)
+
+    def __post_init__(self):
+        if self.raw_drafter is None:
+            object.__setattr__(self, "raw_drafter", self.drafter)
 
 
 def read_tensor_headers(directory: Path) -> dict[str, TensorInfo]:

@@ -20,7 +20,7 @@ def _vocab_findings(p: Pair, draft_vocab: int, vocab: int) -> list[Finding]:
                                f"{label} is {want}", "weight loading fails or draft ids map to "
                                "the wrong target tokens", f"make {key} and {label} agree",
                                hit[1].file, hit[0]))
-    if draft_vocab < vocab and find(p.tensors, "d2t") is None:
+    if draft_vocab < vocab and p.tensors and find(p.tensors, "d2t") is None:
         out.append(Finding("error", "D2T_MISSING", f"draft_vocab_size {draft_vocab} < vocab_size "
                            f"{vocab} but the checkpoint has no d2t", "SGLang has no hot-token map: "
                            "draft ids are taken as target ids and almost never accepted",
@@ -66,7 +66,7 @@ def check_hidden(p: Pair) -> list[Finding]:
                         "is built for the wrong input and the target's embeddings replace the "
                         "drafter's", f"add \"target_hidden_size\": {h_t}", p.drafter_file,
                         "hidden_size")]
-    if find(p.tensors, "embed_tokens.weight") is None:
+    if p.tensors and find(p.tensors, "embed_tokens.weight") is None:
         return [Finding("error", "EMBED_MISSING", f"drafter hidden {h} != target hidden {h_t} "
                         "but the checkpoint has no embed_tokens", "SGLang keeps the drafter's own "
                         "embedding when widths differ; it stays uninitialised",
