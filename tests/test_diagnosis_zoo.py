@@ -76,3 +76,21 @@ def test_int4_story_reports_drift_and_acceptance_change(tmp_path):
     assert {(c["features"], c["tokens"]) for c in sec["cross"]} >= {("as-loaded", "ckpt:zoo:deepseek-tiny"),
                                                                    ("ckpt:zoo:deepseek-tiny", "as-loaded")}
     assert any(v["kind"] == "quantization" for v in rep["verdicts"])
+
+
+def test_mla_drafter_replays_chains_and_beams(tmp_path):
+    """The zoo's Kimi-style drafter (Eagle3DeepseekV2ForCausalLM, EAGLE-3.1 fc_norm + norm_output)
+    plugs into drafting and replay like the Llama one: chains and SGLang's top-K beams."""
+    out = tmp_path / "mla"
+    code = main(["run", "--target", str(zoo_path("deepseek-tiny")), "--drafter", str(zoo_path("deepseek-tiny-eagle3-mla")),
+                 "--out", str(out), "--quiet", "--limit", "12", "--layout", "embed+L2+L3", "--layout", "L1+L2+L3",
+                 "--tree", "chain-3", "--tree", "s3-k2-d5"])
+    assert code == 0
+    rep = json.loads((out / "report.json").read_text())
+    d = rep["drafter"]
+    assert (d["architecture"], d["attention"], d["variant"]) == ("Eagle3DeepseekV2ForCausalLM", "mla", "eagle3.1")
+    assert d["options"]["fc_norm"] and d["options"]["norm_output"]
+    acc = {(e["layout"], e["tree"]): e["accept_length"] for e in rep["evaluations"] if e["mode"] == "eagle3"}
+    assert acc[("embed+L2+L3", "chain-3")] > 2.0
+    assert acc[("embed+L2+L3", "s3-k2-d5")] > 2.0                                      # the beam drafts too
+    assert acc[("embed+L2+L3", "chain-3")] > acc[("L1+L2+L3", "chain-3")]               # embed vs L1 (DESIGN §10)

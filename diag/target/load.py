@@ -39,9 +39,22 @@ def read_target_config(path: str | Path) -> dict:
     return read_config_json(path, "target")
 
 
-def quantization_format(cfg: dict) -> str | None:
+def quantization_format(cfg: dict, *, file: str | None = None) -> str | None:
+    """"pack-quantized" (compressed-tensors INT4, Kimi's), another compressed-tensors format
+    (refused by load_target), or None; any other quant_method is refused here, from the config
+    alone: DeepSeek-V3's and Kimi-K2-Instruct's block FP8 (quant_method "fp8",
+    weight_scale_inv) would otherwise reach transformers' own FP8 path."""
     q = cfg.get("quantization_config") or text_config(cfg).get("quantization_config")
-    return (q or {}).get("format")
+    if not q:
+        return None
+    method = q.get("quant_method")
+    if method != "compressed-tensors":
+        raise DiagError("unsupported quantization of the target", file=file,
+                        field="quantization_config.quant_method",
+                        expected="compressed-tensors pack-quantized (INT4), or an unquantized checkpoint",
+                        found=f"{method!r} ({q.get('fmt') or q.get('format') or 'no format'})",
+                        hint="dequantize it to bf16 first (DeepSeek's fp8_cast_bf16.py for block FP8)")
+    return q.get("format")
 
 
 def target_info(path: str | Path) -> TargetInfo:
@@ -55,7 +68,8 @@ def target_info(path: str | Path) -> TargetInfo:
                             field=key, expected="an integer", found="missing")
     digest = hashlib.sha256((Path(path) / "config.json").read_bytes()).hexdigest()[:16]
     return TargetInfo(str(path), arch, int(tcfg["num_hidden_layers"]), int(tcfg["hidden_size"]),
-                      int(tcfg["vocab_size"]), digest, quantization_format(cfg))
+                      int(tcfg["vocab_size"]), digest,
+                      quantization_format(cfg, file=str(Path(path) / "config.json")))
 
 
 def load_target(path: str | Path, *, dtype: torch.dtype | None = None, device_map=None):

@@ -187,8 +187,8 @@ _ENTRIES = (
     # deepseek-tiny's widths; a smaller pool and eval set keep the whole zoo under 5 minutes.
     ZooEntry("deepseek-tiny-eagle3-mla", "EAGLE-3.1 MLA drafter (Eagle3DeepseekV2ForCausalLM, fc_norm, "
              "norm_output) for deepseek-tiny, trained on its bf16 embed+L2+L3",
-             DrafterRecipe("deepseek-tiny", "embed+L2+L3", dataclasses.replace(_DRAFTER_BUDGET, steps=100, seed=4),
-                           pool_sequences=128, eval_sequences=16, attention="mla", fc_norm=True,
+             DrafterRecipe("deepseek-tiny", "embed+L2+L3", dataclasses.replace(_DRAFTER_BUDGET, steps=80, seed=4),
+                           pool_sequences=96, eval_sequences=16, attention="mla", fc_norm=True,
                            norm_output=True)),
 )
 

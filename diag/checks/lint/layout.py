@@ -7,7 +7,7 @@ Each check takes the Pair (pair.py) and returns Findings; none reads a weight va
 from __future__ import annotations
 
 from diag.checkpoint.config import hidden_size, num_layers
-from diag.checkpoint.drafter_format import trainer_marks
+from diag.checkpoint.drafter_format import is_speculators, trainer_marks
 from diag.checks.lint.pair import Finding, Pair, find, is_eagle3_drafter, algorithm, under_eagle3
 from diag.engine import conventions, serving
 from diag.engine.architectures import is_deepseek_family
@@ -93,8 +93,8 @@ def check_fc_width(p: Pair) -> list[Finding]:
 
 def check_top_level_ids(p: Pair) -> list[Finding]:
     top = serving.top_level_ids(p.drafter, file=p.drafter_file)
-    if top is None or serving.nested_ids(p.drafter) is not None:
-        return []
+    if top is None or serving.nested_ids(p.drafter) is not None or is_speculators(p.drafter):
+        return []                   # speculators' own (top-level) ids: declared_layouts reads them
     plan = eagle3_plan(p)
     if plan is None or plan.convention is None:
         return []
