@@ -59,3 +59,34 @@ def test_results_are_typed_and_selected_at_the_reference(counted):
     back = [Evaluation.from_json(e.to_json()) for e in run.evaluations]
     assert [(e.key, e.accept_length, e.trajectory.accepted_hist) for e in back] == \
         [(e.key, e.accept_length, e.trajectory.accepted_hist) for e in run.evaluations]
+
+
+@pytest.mark.parametrize("breakage, message", [
+    (lambda c: c.update(architectures=["Eagle3DeepseekV2ForCausalLM"], q_lora_rank=8, kv_lora_rank=8,
+                        qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=4), "missing a weight"),
+    (lambda c: c.update(fc_norm=True), "missing a weight"),
+    (lambda c: c.update(architectures=["DeepseekV3ForCausalLMNextN"]), "not an EAGLE-3 drafter"),
+])
+def test_drafter_architecture_and_weights_fail_before_any_target_weight(tmp_path, monkeypatch, breakage, message):
+    """The drafter's architecture, weight names and shapes come from config.json and the
+    safetensors headers, checked before the target's tokenizer, embeddings or pass."""
+    import json
+
+    from diag.errors import DiagError
+    from diag.run import pipeline
+    monkeypatch.setenv("DIAG_CACHE_DIR", str(tmp_path / "cache"))
+    drafter = tiny.make_drafter(tmp_path / "d")
+    cfg = json.loads((drafter / "config.json").read_text())
+    breakage(cfg)
+    (drafter / "config.json").write_text(json.dumps(cfg))
+
+    def no_target_weights(*a, **k):
+        raise AssertionError("a target weight was read before the drafter was checked")
+
+    monkeypatch.setattr(target_passes, "load_target", no_target_weights)
+    monkeypatch.setattr(pipeline, "load_embed_and_head", no_target_weights)
+    case = tiny.write_case(tmp_path / "case.toml", tiny.make_target(tmp_path / "t"), drafter,
+                           tiny.make_prompts(tmp_path / "p.jsonl", n=2))
+    with pytest.raises(DiagError, match=message) as err:
+        run_case(read_case(case), progress=False)
+    assert str(drafter) in (err.value.file or "")
