@@ -1,25 +1,35 @@
 """Which EAGLE-3 drafter architectures an engine release can build at all.
 
 SGLang picks the draft model's class from the drafter config's `architectures[0]`; its
-EAGLE-3 classes in 0.5.23 are the `EntryClass` of srt/models/llama_eagle3.py
-(LlamaForCausalLMEagle3) and srt/models/kimi_k25_eagle3.py (Eagle3DeepseekV2ForCausalLM).
-No module of that wheel reads speculators' config (no `transformer_layer_config`,
-`speculators_config` or Eagle3Speculator anywhere in srt/): a speculators checkpoint is
-refused at startup ("architectures ... not supported"); vLLM serves it.
+EAGLE-3 classes are the `EntryClass` of srt/models/llama_eagle3.py (LlamaForCausalLMEagle3,
+every release 0.5.6-0.5.23) and of srt/models/kimi_k25_eagle3.py (Eagle3DeepseekV2ForCausalLM,
+first shipped in 0.5.12; the 0.5.6-0.5.11 wheels have no such file). No module of any wheel
+reads speculators' config (no `transformer_layer_config`, `speculators_config` or
+Eagle3Speculator anywhere in srt/): a speculators checkpoint is refused at startup
+("architectures ... not supported"); vLLM serves it.
+
+Worked example: Eagle3DeepseekV2ForCausalLM -> sglang-0.5.11 False, sglang-0.5.12 True;
+Eagle3Speculator -> False on every release.
 
 This module knows class names per release; nothing about files or tensors.
 """
 
 from __future__ import annotations
 
-from diag.engine.versions import DEFAULT_ENGINE, engine
+from diag.engine.versions import DEFAULT_ENGINE, Since, since
 
-DRAFTER_CLASSES: dict[str, frozenset[str]] = {
-    "sglang-0.5.23": frozenset({"LlamaForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM"}),
-}
+DRAFTER_CLASSES: Since = (
+    ("0.5.6", frozenset({"LlamaForCausalLMEagle3"})),
+    ("0.5.12", frozenset({"LlamaForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM"})),
+)
+
+
+def drafter_classes(*, engine_name: str = DEFAULT_ENGINE) -> frozenset[str]:
+    """The EAGLE-3 drafter classes this release registers."""
+    return since(DRAFTER_CLASSES, engine_name)
 
 
 def builds_drafter(architecture: str, *, engine_name: str = DEFAULT_ENGINE) -> bool:
     """Whether the engine has a model class for this drafter architecture.
     Example: sglang-0.5.23, "Eagle3Speculator" -> False."""
-    return architecture in DRAFTER_CLASSES[engine(engine_name).name]
+    return architecture in drafter_classes(engine_name=engine_name)

@@ -41,7 +41,8 @@ CATALOGUE = [
     Bad("prompt-invalid-utf8", _raw_prompts(b'{"id": "a", "text": "ok"}\n{"id": "b", "text": "\xff\xfe"}\n'),
         Error(("not valid UTF-8", "p.jsonl:2", "column"))),
     Bad("prompt-line-not-json", _prompts([OK, "{id: 1"]), Error(("not JSON", "p.jsonl:2"))),
-    Bad("prompt-line-is-a-list", _prompts([[1, 2]]), Error(("not a JSON object", "p.jsonl:1"))),
+    Bad("prompt-line-is-a-list", _prompts([[1, 2]]), Error(("not a JSON object", "p.jsonl[0]"))),   # a JSON array file
+    Bad("prompt-line-is-a-list-in-jsonl", _prompts([OK, [1, 2]]), Error(("not a JSON object", "p.jsonl:2"))),
     Bad("prompt-without-content", _prompts([{"id": "b", "body": "hi"}]), Error(("exactly one of", "body"))),
     Bad("prompt-id-is-a-list", _prompts([{"id": [1], "text": "hi"}]), Error(("id must be a string", "[1]"))),
     Bad("prompt-text-and-messages", _prompts([{"id": "b", "text": "x", "messages": []}]),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from diag.checkpoint.drafter_format import canonical_names, detect, trainer_marks
 from diag.checkpoint.headers import TensorInfo as HeaderInfo
 from diag.checks.lint.pair import Finding, Pair
-from diag.engine.drafter_models import builds_drafter
+from diag.engine.drafter_models import builds_drafter, drafter_classes
 from diag.engine.versions import engine
 
 NOT_CHECKED = ("fc.weight's width against the layout", "d2t / t2d presence, dtypes and shapes",
@@ -38,10 +38,16 @@ def check_engine_class(p: Pair) -> list[Finding]:
     label = engine(p.engine).label
     return [Finding("error", "UNSERVABLE_DRAFTER", f"{label} has no model class for {fmt.architecture}",
                     f"the server refuses the draft model at startup (its EAGLE-3 classes are "
-                    f"LlamaForCausalLMEagle3 and Eagle3DeepseekV2ForCausalLM)",
-                    "serve it with vLLM (which reads speculators configs), or convert it to "
-                    "LlamaForCausalLMEagle3 (keys midlayer.*, ids in eagle_config)", p.drafter_file,
+                    f"{' and '.join(sorted(drafter_classes(engine_name=p.engine)))})", _class_fix(fmt),
+                    p.drafter_file,
                     "architectures")]
+
+
+def _class_fix(fmt) -> str:
+    if fmt.architecture == "Eagle3DeepseekV2ForCausalLM":
+        return "upgrade to SGLang 0.5.12 or newer (srt/models/kimi_k25_eagle3.py serves MLA drafters)"
+    return ("serve it with vLLM (which reads speculators configs), or convert it to "
+            "LlamaForCausalLMEagle3 (keys midlayer.*, ids in eagle_config)")
 
 
 def check_weights(p: Pair) -> list[Finding]:
