@@ -49,7 +49,7 @@ def quantization_format(cfg: dict, *, file: str | None = None) -> str | None:
         return None
     method = q.get("quant_method")
     if method != "compressed-tensors":
-        raise DiagError("unsupported quantization of the target", file=file,
+        raise DiagError("unsupported quantization format", file=file,
                         field="quantization_config.quant_method",
                         expected="compressed-tensors pack-quantized (INT4), or an unquantized checkpoint",
                         found=f"{method!r} ({q.get('fmt') or q.get('format') or 'no format'})",
