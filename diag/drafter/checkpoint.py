@@ -146,7 +146,7 @@ def _headers(path: Path) -> tuple[dict[str, TensorInfo], tuple[str, ...]]:
     if not list(path.glob("*.safetensors")):
         raise DiagError("drafter checkpoint holds no weights", file=str(path),
                         expected="*.safetensors (or pytorch_model.bin converted to safetensors)",
-                        found="no .safetensors file")
+                        found="no .safetensors file (model.safetensors or model-*-of-*.safetensors)")
     infos = tensor_infos(path)
     return infos, tuple(sorted({i.file.name for i in infos.values()}))
 

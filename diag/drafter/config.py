@@ -47,6 +47,9 @@ def _rope(hf) -> tuple[float, dict | None]:
     return theta, (params if kind != "default" else None)
 
 
+_REQUIRED = ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
+
+
 def _positive(hf, key: str, file: str | None) -> int:
     value = getattr(hf, key, None)
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -72,6 +75,10 @@ def num_aux_from_fc(fc_shape: tuple[int, ...], hidden: int, target_hidden: int, 
 def drafter_config(flat: dict, fmt: DrafterFormat, fc_shape: tuple[int, ...] | None, *,
                    file: str | None = None) -> DrafterConfig:
     """The DrafterConfig of this drafter; fc_shape None (no weights): 3 capture points."""
+    for key in _REQUIRED:                 # transformers' config classes would default them silently
+        if flat.get(key) is None:
+            raise DiagError("drafter config lacks a required key", file=file, field=key,
+                            expected="a positive integer", found="missing")
     hf = hf_config(flat, fmt, file=file)
     hidden, heads = _positive(hf, "hidden_size", file), _positive(hf, "num_attention_heads", file)
     if getattr(hf, "hidden_act", "silu") != "silu":

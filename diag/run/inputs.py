@@ -84,6 +84,25 @@ def dtype_of(name: str, field_name: str, case: Case):
     return DTYPES[name]
 
 
+def check_pair_config(tinfo: TargetInfo, dpath: Path) -> None:
+    """The pair's vocabulary and width from the drafter's config.json alone, before its headers
+    are read against that config (a wrong vocab_size is the user's mistake to name, not the
+    t2d shape it implies). Keys the config lacks are left to inspect_drafter."""
+    from diag.checkpoint.drafter_format import flat_config
+    where = str(dpath / "config.json")
+    try:
+        flat = flat_config(read_config_json(dpath, "drafter"), file=where)
+    except DiagError:
+        return                                   # inspect_drafter names what is wrong
+    vocab, width = flat.get("vocab_size"), flat.get("target_hidden_size") or flat.get("hidden_size")
+    if isinstance(vocab, int) and vocab != tinfo.vocab_size:
+        raise DiagError("drafter and target vocabularies differ", file=where, field="vocab_size",
+                        expected=f"{tinfo.vocab_size} (target {tinfo.path}/config.json)", found=vocab)
+    if isinstance(width, int) and width != tinfo.hidden_size:
+        raise DiagError("drafter was built for another target width", file=where, field="target_hidden_size",
+                        expected=f"{tinfo.hidden_size} (target hidden_size)", found=width)
+
+
 def check_pair(tinfo: TargetInfo, dckpt: DrafterCheckpoint) -> None:
     """Vocabulary and width checks that need only the two configs and the drafter's headers."""
     where, cfg = str(dckpt.path / "config.json"), dckpt.cfg
@@ -242,6 +261,7 @@ def prepare(case: Case) -> Inputs:
     tpath = checkpoint_path(case.target.path, case, "target.path")
     dpath = checkpoint_path(case.drafter.path, case, "drafter.path")
     tinfo = target_info(tpath)
+    check_pair_config(tinfo, dpath)
     dckpt = inspect_drafter(dpath)
     dcfg = dckpt.flat
     check_pair(tinfo, dckpt)
