@@ -114,6 +114,10 @@ FORMATS: tuple[Format, ...] = (
 def format_of(obj: dict, where: str) -> Format:
     """The one format a record is written in; DiagError when none or several fit."""
     present = [k for k in _CONTENT_KEYS if k in obj]
+    if not present and not any(k in obj for k in _ID_KEYS):
+        raise DiagError("prompt line is not an object with an id or a prompt key", file=where, field="id",
+                        expected="one of text / messages / prompt / conversations / turns / question "
+                        "(id optional)", found=sorted(obj))
     if len(present) != 1:
         raise DiagError("a prompt needs exactly one of text / messages / prompt / conversations / "
                         "turns / question", file=where, field=", ".join(present) or None,

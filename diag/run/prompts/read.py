@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 from diag.errors import DiagError
-from diag.run.prompts.formats import format_of, parse_record
+from diag.run.prompts.formats import parse_record
 from diag.run.prompts.records import Prompt, PromptSet
 
 
@@ -46,17 +46,25 @@ def _records(path: Path) -> list[tuple[int, str, object]]:
 
 def _record(obj, where: str, line: int, default_category: str) -> Prompt:
     """A dataset line as its dataset reads it (datasets.py), else any format of formats.py."""
-    from dataclasses import replace
     from diag.run.datasets import dataset_prompt
     if isinstance(obj, dict) and "text" not in obj and "messages" not in obj:
         found = dataset_prompt(obj, line, where)
         if found is not None:
-            return replace(found, format=format_of(obj, where).name)
+            return found
     return parse_record(obj, where, line=line, default_category=default_category)
 
 
+_DATASETS = ("mt-bench", "gsm8k", "humaneval", "sharegpt")     # datasets.py's categories
+
+
+def _kind(p: Prompt) -> str:
+    """The format a prompt was read in; datasets.py names its lines by category ("mt-bench/writing")."""
+    head = p.category.split("/")[0]
+    return head if p.format == "text" and head in _DATASETS else p.format
+
+
 def _notes(prompts: list[Prompt]) -> tuple[str, ...]:
-    kinds = sorted({p.format for p in prompts})
+    kinds = sorted({_kind(p) for p in prompts})
     notes = [f"prompt formats read: {', '.join(kinds)}"] if set(kinds) - {"text", "messages"} else []
     if {"mt-bench", "sharegpt"} & set(kinds):
         notes.append("multi-turn prompts (mt-bench, sharegpt): the first user turn only, as SGLang's and "
