@@ -1,7 +1,8 @@
 """The CPU benchmark: a small Kimi-shaped pair (real formats, shrunk widths) through the
 same measurements as the GPU run where they make sense on a CPU: capture-pass tokens/s
 (diag's eager packed loop), batched drafter replay (3 layouts x 6 trees) against the
-measured fp32 matmul rate, and the naive loop's speed ratio. The numbers describe diag's
+measured fp32 matmul rate, the naive loop's speed ratio, and the sampled decode loop
+(3 layouts x 6 trees over 32 prompts) against the teacher-forced pass on the same tokens. The numbers describe diag's
 overheads at toy widths, not Kimi speed.
 
 This module is orchestration; the measurements live in target.py, drafter.py, naive.py.
@@ -16,6 +17,7 @@ import torch
 from diag.bench.common import envelope, matmul_peak, save, section
 from diag.bench.drafter import replay_bench
 from diag.bench.naive import naive_loop
+from diag.bench.sampled import bench_prompts, sampled_bench
 from diag.bench.target import capture_throughput, synthetic_sequences
 from diag.layouts import layout, union_points
 
@@ -28,7 +30,8 @@ SMALL_DRAFTER = {"num_attention_heads": 4, "num_key_value_heads": 4, "head_dim":
 
 
 def run(out: Path, workdir: Path, *, layers: int = 4, num_seqs: int = 8, seq_len: int = 128,
-        prompt_len: int = 32) -> dict:
+        prompt_len: int = 32, sampled_prompts: int = 32, sampled_new_tokens: int = 16,
+        sampled_trees=None) -> dict:
     from diag.drafter.checkpoint import load_drafter
     from diag.int4.load import load_packed_target
     from diag.zoo.kimi_shaped import kimi_shaped
@@ -60,4 +63,8 @@ def run(out: Path, workdir: Path, *, layers: int = 4, num_seqs: int = 8, seq_len
                     "speedup_over_naive": out["seconds_per_position"] / batched})
         return out
     section(res, "naive", naive)
+    prompts = bench_prompts(sampled_prompts, prompt_len, SMALL["vocab_size"])
+    trees = {"trees": tuple(sampled_trees)} if sampled_trees else {}
+    section(res, "sampled", lambda: sampled_bench(model, drafter, embed, head, lays, prompts,
+                                                  max_new_tokens=sampled_new_tokens, token_budget=4096, **trees))
     return save(res, out) and res

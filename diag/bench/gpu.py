@@ -7,6 +7,9 @@
   grown          the model grown in GPU memory to as many layers as fit (extra layers are
                  copies of layer 1's random weights), capture passes at 8k and 16k tokens,
                  peak memory vs weight bytes, and what diag.target.placement planned for it
+  sampled        the sampled decode loop (T 1.0, top-p 0.95) on the 2-layer INT4 target, 3 layouts
+                 x 6 tree shapes over 32 prompts: tokens/s, and its cost in teacher-forced passes
+                 over the same tokens per (layout, tree) (goal: <= num_draft_tokens), by phase
   drafter        batched replay, 3 layouts x 6 tree shapes, Kimi drafter widths
   naive          the step-by-step loop, seconds per position, and the speed ratio
 Every section is recorded even when another fails. This module is the benchmark's
@@ -93,6 +96,8 @@ def run(out: Path, workdir: Path, *, max_layers: int = 61, tokens=(2048, 8192, 1
     points = tuple(dict.fromkeys(union_points([layout(x) for x in lays]) + (layout("final").points[0],)))
     section(res, "pass_2layer", lambda: _two_layer(model, moe, seqs, points))
     save(res, out)
+    section(res, "sampled", lambda: _sampled(st, model, lays, num_seqs, prompt_len))
+    save(res, out)
     section(res, "grown", lambda: _grown(model, seqs, points, max_layers, st))
     save(res, out)
     section(res, "drafter", lambda: _drafter(st, model, lays, peak))
@@ -134,6 +139,20 @@ def _grown(model, seqs, points, max_layers, st) -> dict:
     return {"layers": n, "weight_bytes": weights, "planner_on_this_gpu": planned,
             "activation_estimate_16k": activation_bytes(model.config, 16384), "rows": rows,
             "peak_over_weights": max(r["peak_bytes"] for r in rows) / weights}
+
+
+def _sampled(st, model, lays, num_prompts, prompt_len, max_new_tokens: int = 64) -> dict:
+    from diag.bench.sampled import bench_prompts, sampled_bench
+    from diag.drafter.checkpoint import load_drafter
+
+    drafter, _ = load_drafter(st["ks"].drafter, dtype=torch.bfloat16)
+    drafter = drafter.to("cuda")
+    prompts = bench_prompts(num_prompts, prompt_len, model.config.vocab_size)
+    out = sampled_bench(model, drafter, model.get_input_embeddings(), model.get_output_embeddings(), lays, prompts,
+                        max_new_tokens=max_new_tokens, token_budget=16384)
+    del drafter
+    torch.cuda.empty_cache()
+    return out
 
 
 def _drafter(st, model, lays, peak) -> dict:

@@ -13,6 +13,8 @@ GOALS = (  # (text, section, key path, comparison, threshold)
     ("drafter replay fraction of peak", "drafter", ("fraction_of_peak",), ">=", 0.3),
     ("speedup over the naive loop", "naive", ("speedup_over_naive",), ">=", 30),
     ("resident / checkpoint bytes", "checkpoint", ("resident_over_checkpoint",), "<=", 1.15),
+    ("sampled loop cost / (num_draft_tokens x greedy pass), worst tree", "sampled",
+     ("worst_cost_over_draft_tokens",), "<=", 1.0),
 )
 
 

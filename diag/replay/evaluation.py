@@ -4,7 +4,8 @@ look results up (`select`).
 An Evaluation is what every later part of diag reads: verdicts, the speedup and regime
 sections, the report writer, the plots, the pytest assertions. Each variant is a point on
 named axes (Axes): layout, mode, tree, regime (of the drafter's features), tokens_regime
-(whose argmax verifies). A new axis is a new Axes field with its default, filled by the
+(whose argmax verifies), decoding ("greedy", or a sampled decoding's name such as
+"t1.0-p0.95-k-1", diag.engine.decoding). A new axis is a new Axes field with its default, filled by the
 producer (`summarize`); every `select(evaluations, where)` with a `where` built from the
 run's reference axes then pins it, so a forgotten axis cannot join a ranking silently.
 
@@ -49,6 +50,7 @@ class Axes:
     tree: object = ANY              # shape name, e.g. "chain-3", "s3-k4-d8"
     regime: object = ANY            # regime of the drafter's input features
     tokens_regime: object = ANY     # regime whose argmax verifies
+    decoding: object = ANY          # "greedy" or a sampled decoding's name, e.g. "t1.0-p0.95-k-1"
 
     def but(self, **changes) -> "Axes":
         return replace(self, **changes)
@@ -63,19 +65,25 @@ class Axes:
 
     @property
     def key(self) -> str:
-        """"embed+L2+L4|eagle3|chain-3|as-loaded", with "->B" for a cross-regime variant."""
+        """"embed+L2+L4|eagle3|chain-3|as-loaded", with "->B" for a cross-regime variant and
+        "@t1.0-p0.95-k-1" for a sampled decoding (greedy keys carry no suffix)."""
         cross = "" if self.regime == self.tokens_regime else f"->{self.tokens_regime}"
-        return f"{self.layout}|{self.mode}|{self.tree}|{self.regime}{cross}"
+        dec = "" if self.decoding in ("greedy", ANY) else f"@{self.decoding}"
+        return f"{self.layout}|{self.mode}|{self.tree}|{self.regime}{cross}{dec}"
 
 
 @dataclass(frozen=True)
 class PromptRounds:
     """One prompt's trajectory: accepted draft tokens per visited round and each round's
-    root position (empty when read back from report.json, which does not keep them)."""
+    root position (empty when read back from report.json, which does not keep them). Under
+    sampling the rounds of every seed follow each other; `expected` holds each round's exact
+    E[accepted] and `seeds` its seed (both empty for greedy)."""
 
     id: str
     accepted: tuple[int, ...]
     roots: tuple[int, ...] = ()
+    expected: tuple[float, ...] = ()
+    seeds: tuple[int, ...] = ()
 
     @property
     def rounds(self) -> int:
@@ -84,6 +92,10 @@ class PromptRounds:
     @property
     def accepted_sum(self) -> int:
         return int(sum(self.accepted))
+
+    @property
+    def expected_sum(self) -> float | None:
+        return float(sum(self.expected)) if self.expected else None
 
 
 @dataclass(frozen=True)
@@ -103,6 +115,13 @@ class Evaluation:
     accept_length_ci95: tuple[float | None, float | None]
     by_position: tuple[PositionBucket, ...]
     per_prompt: tuple[PromptRounds, ...]
+    # sampled decodings only (None / empty for greedy): the exact per-round expectation,
+    # 1 + mean over the visited rounds of E[accepted | round], its interval over prompts, its
+    # P(a >= d) per depth, and the seeds pooled.
+    expected_accept_length: float | None = None
+    expected_accept_length_ci95: tuple[float | None, float | None] = (None, None)
+    expected_acceptance_at_depth: tuple[float, ...] = ()
+    seeds: tuple[int, ...] = ()
 
     def __getattr__(self, name: str):
         """e.layout, e.mode, ... read the axes."""
@@ -118,6 +137,25 @@ class Evaluation:
     def trajectory_rounds(self) -> list[list[int]]:
         return [list(p.accepted) for p in self.per_prompt]
 
+    @property
+    def sampled(self) -> bool:
+        return self.axes.decoding not in ("greedy", ANY)
+
+    @property
+    def judged_accept_length(self) -> float | None:
+        """What verdicts rank by: the exact expectation under sampling (DESIGN.md §11 "Noise
+        under sampling"), the measured accept length under greedy decoding."""
+        return self.expected_accept_length if self.sampled else self.accept_length
+
+    @property
+    def judged_ci95(self) -> tuple[float | None, float | None]:
+        return self.expected_accept_length_ci95 if self.sampled else self.accept_length_ci95
+
+    @property
+    def judged_rounds(self) -> list[list[float]]:
+        """Per prompt, what paired comparisons resample: E[a] per round under sampling, a under greedy."""
+        return [list(p.expected) for p in self.per_prompt] if self.sampled else self.trajectory_rounds
+
     def to_json(self) -> dict:
         """The report.json entry (per-round lists go to samples.jsonl, not here)."""
         lo, hi = self.accept_length_ci95
@@ -127,20 +165,31 @@ class Evaluation:
                 "all_positions": summary(self.all_positions), "trajectory": summary(self.trajectory),
                 "accept_length_ci95": [lo, hi], "accept_length": self.accept_length,
                 "by_position": [{"from": b.start, "to": b.end, **summary(b.counts)} for b in self.by_position],
-                "per_prompt": [{"id": p.id, "rounds": p.rounds, "accepted_sum": p.accepted_sum}
-                               for p in self.per_prompt]}
+                "per_prompt": [{"id": p.id, "rounds": p.rounds, "accepted_sum": p.accepted_sum,
+                                "expected_sum": p.expected_sum} for p in self.per_prompt],
+                "expected_accept_length": self.expected_accept_length,
+                "expected_accept_length_ci95": list(self.expected_accept_length_ci95),
+                "expected_acceptance_at_depth": list(self.expected_acceptance_at_depth),
+                "seeds": list(self.seeds)}
 
     @classmethod
     def from_json(cls, e: dict) -> "Evaluation":
-        axes = Axes(**{k: e[k] for k in Axes.__dataclass_fields__ if k in e})
+        axes = Axes(**{"decoding": "greedy", **{k: e[k] for k in Axes.__dataclass_fields__ if k in e}})
         shape = TreeShape(e["num_steps"], e["topk"], e["num_draft_tokens"])
-        per_prompt = tuple(PromptRounds(p["id"], tuple([p["accepted_sum"]] + [0] * (p["rounds"] - 1))
-                                        if p["rounds"] else ()) for p in e["per_prompt"])
+
+        def pooled(total, n):
+            return tuple([total] + [0] * (n - 1)) if n else ()
+        per_prompt = tuple(PromptRounds(p["id"], pooled(p["accepted_sum"], p["rounds"]),
+                                        expected=pooled(p["expected_sum"], p["rounds"])
+                                        if p.get("expected_sum") is not None else ())
+                           for p in e["per_prompt"])
         return cls(axes, shape, AcceptCounts.from_dict(e["all_positions"]),
                    AcceptCounts.from_dict(e["trajectory"]), e["accept_length"],
                    tuple(e["accept_length_ci95"]),
                    tuple(PositionBucket(b["from"], b["to"], AcceptCounts.from_dict(b)) for b in e["by_position"]),
-                   per_prompt)
+                   per_prompt, e.get("expected_accept_length"),
+                   tuple(e.get("expected_accept_length_ci95") or (None, None)),
+                   tuple(e.get("expected_acceptance_at_depth") or ()), tuple(e.get("seeds") or ()))
 
 
 def select(evaluations, where: Axes | None = None, **axes) -> list[Evaluation]:
@@ -165,9 +214,9 @@ def reference_axes(report: dict) -> Axes:
 
 
 def best(evaluations) -> Evaluation | None:
-    """The highest accept length (ties: the first), ignoring variants without rounds."""
-    pool = [e for e in evaluations if e.accept_length is not None]
-    return max(pool, key=lambda e: e.accept_length) if pool else None
+    """The highest judged accept length (ties: the first), ignoring variants without rounds."""
+    pool = [e for e in evaluations if e.judged_accept_length is not None]
+    return max(pool, key=lambda e: e.judged_accept_length) if pool else None
 
 
 # ---- the producer ---------------------------------------------------------------------

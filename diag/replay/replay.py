@@ -42,10 +42,11 @@ class Variant:
     tree: TreeShape
     regime: str = "as-loaded"          # regime of the drafter's input features
     tokens_regime: str = "as-loaded"   # regime whose argmax verifies
+    decoding: str = "greedy"           # diag.engine.decoding name; replay itself is greedy
 
     @property
     def axes(self) -> Axes:
-        return Axes(self.layout, self.mode, self.tree.name, self.regime, self.tokens_regime)
+        return Axes(self.layout, self.mode, self.tree.name, self.regime, self.tokens_regime, self.decoding)
 
     @property
     def key(self) -> str:

@@ -7,6 +7,7 @@ run below it. This module reads the report dict; it computes nothing new.
 from __future__ import annotations
 
 from diag.report.server_markdown import server_markdown
+from diag.report.decoding_section import decoding_lines
 
 _ICON = {"error": "❌", "warning": "⚠️", "ok": "✅", "info": "ℹ️"}
 
@@ -69,7 +70,8 @@ def _table(rep: dict) -> list[str]:
            "`all pos.` = over every position of the continuation.", "",
            "| layout | mode | tree | regime | accept length | 95% CI | all pos. | no bonus | sglang rate | "
            "legacy rate | P(a≥d), d=1.. |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for e in sorted(rep["evaluations"], key=lambda e: (e["tree"], -(e["accept_length"] or 0))):
+    greedy = [e for e in rep["evaluations"] if e.get("decoding", "greedy") == "greedy"]   # sampled: own section
+    for e in sorted(greedy, key=lambda e: (e["tree"], -(e["accept_length"] or 0))):
         tr, al = e["trajectory"], e["all_positions"]
         depth = " ".join(_f(x) for x in al["acceptance_at_depth"])
         lo, hi = e["accept_length_ci95"]
@@ -158,6 +160,7 @@ def render(rep: dict) -> str:
     if rep["case"]["description"]:
         head += [rep["case"]["description"], ""]
     notes = ["## Notes", ""] + [f"- {n}" for n in rep["notes"]] + [""] if rep["notes"] else []
-    body = (head + _verdicts(rep) + _what_ran(rep) + _candidates(rep) + _table(rep) + _by_position(rep)
+    body = (head + _verdicts(rep) + _what_ran(rep) + _candidates(rep) + _table(rep) + decoding_lines(rep)
+            + _by_position(rep)
             + _regimes(rep) + _speedup(rep) + server_markdown(rep) + _plots(rep) + notes)
     return "\n".join(body) + "\n"

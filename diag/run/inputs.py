@@ -22,6 +22,7 @@ from diag.errors import DiagError
 from diag.layouts import CapturePoint, point, union_points
 from diag.run.candidates import Candidate, candidates_for
 from diag.run.case import Case, resolve_path
+from diag.run.decodings import DecodingPlan, plan as decoding_plan
 from diag.run.prompts import PromptSet, read_prompt_set, read_recorded, tokenize
 from diag.target.load import TargetInfo, plain_config, target_info
 from diag.trees import TreeShape, tree_shape
@@ -50,6 +51,7 @@ class Inputs:
     points: tuple[CapturePoint, ...]
     capture_convention: str             # the layer-id rule the engine applies to this target
     notes: list[str]
+    decoding: DecodingPlan | None = None    # what the server decodes with; sampled decodings to run
 
     @property
     def regimes(self) -> list[str]:
@@ -228,6 +230,13 @@ def prepare(case: Case) -> Inputs:
     pset, prompts, recorded = _prompts(case, tok)
     check_lengths(prompts, recorded, case, tcfg, tinfo)
     points = tuple(dict.fromkeys(union_points([c.layout for c in cands]) + (point("final"),)))
+    dplan = _decodings(case, tpath)
     return Inputs(case, tpath, dpath, tinfo, tcfg, dcfg, tok, cands, serving_error,
                   list(dict.fromkeys(shapes + served_shapes)), pset, prompts, recorded, points,
-                  capture_convention(tcfg, engine_name=case.serving.engine), notes + grid_notes + cand_notes)
+                  capture_convention(tcfg, engine_name=case.serving.engine),
+                  notes + grid_notes + cand_notes + list(dplan.notes), dplan)
+
+
+def _decodings(case: Case, tpath: Path) -> DecodingPlan:
+    from diag.engine.launch import parse_launch
+    return decoding_plan(case, tpath, parse_launch(case.serving.launch) if case.serving.launch else None)

@@ -67,9 +67,11 @@ def _key(inp: Inputs, regime: str, tokens_sha: str, dtype) -> PassKey:
 
 
 def target_passes(inp: Inputs, *, progress: bool, use_cache: bool,
-                  with_model: Callable[[str, object], None] | None = None) -> tuple[dict[str, TargetPass], dict]:
+                  with_model: Callable[[str, object], None] | None = None,
+                  needs_model: set[str] = frozenset()) -> tuple[dict[str, TargetPass], dict]:
     """regime -> TargetPass over the same sequences, and the report's target_pass section
-    (with "cache_notes": why an entry could not be used)."""
+    (with "cache_notes": why an entry could not be used). A regime in `needs_model` loads its
+    model for `with_model` even when its pass comes from the cache (the sampled decode loop)."""
     case = inp.case
     dtype = dtype_of(case.target.dtype, "target.dtype", case)
     eos, pad = special_ids(inp.tokenizer)
@@ -81,18 +83,19 @@ def target_passes(inp: Inputs, *, progress: bool, use_cache: bool,
         tp, why = load_pass(key) if use_cache else (None, None)
         if why:
             meta["cache_notes"].append(f"target pass [{reg}]: {why}")
-        if tp is None:
+        if tp is None or reg in needs_model:
             model = model_for(inp.target_path, dtype, reg, case)
-            if sequences is None:
-                sequences = build_sequences(model, inp.prompts, case.prompts.max_new_tokens, pad_id=pad,
-                                            eos_ids=eos, recorded=inp.recorded, progress=progress)
-            tp = run_capture(model, sequences, inp.points, regime=reg, token_budget=case.evaluate.token_budget,
-                             progress=progress)
+            if tp is None:
+                if sequences is None:
+                    sequences = build_sequences(model, inp.prompts, case.prompts.max_new_tokens, pad_id=pad,
+                                                eos_ids=eos, recorded=inp.recorded, progress=progress)
+                tp = run_capture(model, sequences, inp.points, regime=reg,
+                                 token_budget=case.evaluate.token_budget, progress=progress)
+                if use_cache:
+                    save_pass(key, tp)
             if with_model is not None:
                 with_model(reg, model)
             del model
-            if use_cache:
-                save_pass(key, tp)
         sequences = tp.sequences
         passes[reg] = tp
         meta["regimes"][reg] = {"cached": tp.cached, "cache_key": key.digest if key else None,

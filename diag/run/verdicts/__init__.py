@@ -1,7 +1,7 @@
 """Verdicts: sentences a ticket can quote, each with its evidence and interval, one module
-per subject (floor, layout, serving_error, eagle, regime, server, speedup), the record in record.py.
-When the drafter predicts nothing on any layout (floor.py), that verdict replaces the layout
-and EAGLE verdicts: a tie of zeros says nothing about which layout the server should feed.
+per subject (floor, layout, serving_error, eagle, regime, server, speedup, decoding), the record
+in record.py. When the drafter predicts nothing on any layout (floor.py), that verdict replaces
+the layout and EAGLE verdicts: a tie of zeros says nothing about which layout the server should feed.
 
 `verdicts(run)` gathers them, most severe first. The producers read the run's typed
 Evaluation records through `select` at the run's reference axes; they know nothing about
@@ -10,6 +10,7 @@ models or files.
 
 from __future__ import annotations
 
+from diag.run.verdicts.decoding import decoding_verdicts
 from diag.run.verdicts.eagle import eagle_verdicts
 from diag.run.verdicts.floor import floor_verdicts
 from diag.run.verdicts.layout import layout_verdicts
@@ -28,5 +29,5 @@ def verdicts(run, target_config: dict) -> list[Verdict]:
     layout = [] if floor else layout_verdicts(run, target_config)
     found = (floor + serving_error_verdicts(run, floor + layout, target_config) + layout
              + ([] if floor else eagle_verdicts(run)) + regime_verdicts(run) + server_verdicts(run)
-             + speedup_verdicts(run))
+             + speedup_verdicts(run) + decoding_verdicts(run))
     return sorted(found, key=lambda v: SEVERITIES.index(v.severity))
