@@ -41,3 +41,20 @@ def test_sampled_bench_runs_at_tiny_widths(kimi):
         assert row["verified_tokens"] >= rounds * row["num_draft_tokens"]
     lines = goal_lines({"sections": {"sampled": res}})
     assert any("sampled loop cost" in x and "not measured" not in x for x in lines)
+
+
+def test_the_gpu_benchs_sampled_section_runs_its_code_path_on_cpu(kimi):
+    """diag bench gpu --only sampled calls bench.gpu._sampled: the same code on the CPU model,
+    drafter loaded from the checkpoint in the target's dtype, one tree."""
+    from diag.bench.gpu import _sampled
+    ks, model, _ = kimi
+    res = _sampled({"ks": ks}, model, [ks.layout, "L1+L2+final", "embed+L1+final"], 32, 8, 3, device="cpu",
+                   dtype=torch.float32, trees=("chain-3",))
+    assert res["device"] == "cpu" and res["prompts"] == 32 and [r["tree"] for r in res["rows"]] == ["chain-3"]
+    assert res["rows"][0]["emitted_tokens"] == 3 * 32 * 3 and res["tokens_per_second"] > 0
+
+
+def test_bench_gpu_refuses_an_unknown_section(tmp_path):
+    from diag.bench.gpu import run
+    with pytest.raises(ValueError, match="unknown bench sections"):
+        run(tmp_path / "g.json", tmp_path, only=("sampling",))

@@ -10,3 +10,4 @@ sampled evaluation (layout x tree, decode loop) <= num_draft_tokens x one greedy
 """
 
 BENCH_VERSION = 1
+GPU_SECTIONS = ("experts", "pass_2layer", "sampled", "grown", "drafter", "naive")   # diag bench gpu --only

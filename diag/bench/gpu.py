@@ -12,8 +12,10 @@
                  over the same tokens per (layout, tree) (goal: <= num_draft_tokens), by phase
   drafter        batched replay, 3 layouts x 6 tree shapes, Kimi drafter widths
   naive          the step-by-step loop, seconds per position, and the speed ratio
-Every section is recorded even when another fails. This module is the benchmark's
-orchestration; the measurements live in target.py, drafter.py and naive.py.
+Every section is recorded even when another fails. `only` (diag bench gpu --only sampled) runs
+the named sections (GPU_SECTIONS) after the ceilings and the checkpoint they need, e.g. the
+sampled loop alone (drafter reuses grown's pass; naive reads target_pass). This module is the
+benchmark's orchestration; the measurements live in target.py, drafter.py and naive.py.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from pathlib import Path
 
 import torch
 
-from diag.bench.common import copy_bandwidth, envelope, matmul_peak, save, section
+from diag.bench import GPU_SECTIONS
+from diag.bench.common import copy_bandwidth, envelope, matmul_peak, save
+from diag.bench.common import section as run_section
 from diag.bench.drafter import replay_bench
 from diag.bench.naive import naive_loop
 from diag.bench.target import capture_throughput, experts_compare, synthetic_sequences
@@ -63,15 +67,21 @@ def layers_that_fit(model, reserve: int, cap: int) -> int:
 
 
 def run(out: Path, workdir: Path, *, max_layers: int = 61, tokens=(2048, 8192, 16384, 32768),
-        seq_len: int = 512, num_seqs: int = 32, prompt_len: int = 128) -> dict:
+        seq_len: int = 512, num_seqs: int = 32, prompt_len: int = 128, only: tuple[str, ...] = ()) -> dict:
+    unknown = sorted(set(only) - set(GPU_SECTIONS))
+    if unknown:
+        raise ValueError(f"unknown bench sections {unknown}: expected some of {list(GPU_SECTIONS)}")
     from diag.int4.fast import accelerate
     from diag.zoo.kimi_shaped import kimi_shaped
 
     dev = "cuda"
     res = envelope("gpu", {"max_layers": max_layers, "tokens": list(tokens), "seq_len": seq_len,
-                           "num_seqs": num_seqs, "prompt_len": prompt_len})
+                           "num_seqs": num_seqs, "prompt_len": prompt_len, "only": list(only)})
     st: dict = {}
-    ceil = section(res, "ceilings", lambda: {"bf16_matmul_flops": matmul_peak(dev),
+
+    def section(results, name, fn):
+        return None if only and name not in only else run_section(results, name, fn)
+    ceil = run_section(res, "ceilings", lambda: {"bf16_matmul_flops": matmul_peak(dev),
                                              "copy_bytes_per_s": copy_bandwidth(dev)})
     peak = ceil["bf16_matmul_flops"] if ceil else 7.9e14
 
@@ -85,7 +95,7 @@ def run(out: Path, workdir: Path, *, max_layers: int = 61, tokens=(2048, 8192, 1
         return {"write_seconds": t1 - t0, "load_seconds": time.perf_counter() - t1,
                 "checkpoint_bytes": ks.bytes_on_disk, "resident_bytes": res_b,
                 "resident_over_checkpoint": res_b / ks.bytes_on_disk, "fast_experts": st["n_fast"]}
-    if section(res, "checkpoint", checkpoint) is None:
+    if run_section(res, "checkpoint", checkpoint) is None:
         return save(res, out) and res
     model = st["model"]
     moe = model.model.layers[1].mlp
@@ -141,17 +151,21 @@ def _grown(model, seqs, points, max_layers, st) -> dict:
             "peak_over_weights": max(r["peak_bytes"] for r in rows) / weights}
 
 
-def _sampled(st, model, lays, num_prompts, prompt_len, max_new_tokens: int = 64) -> dict:
-    from diag.bench.sampled import bench_prompts, sampled_bench
+def _sampled(st, model, lays, num_prompts, prompt_len, max_new_tokens: int = 64, *, device: str = "cuda",
+             dtype=torch.bfloat16, trees=None) -> dict:
+    """The sampled section on `model` (on `device`); device/dtype/trees let a CPU test run it."""
+    from diag.bench.sampled import TREES, bench_prompts, sampled_bench
     from diag.drafter.checkpoint import load_drafter
 
-    drafter, _ = load_drafter(st["ks"].drafter, dtype=torch.bfloat16)
-    drafter = drafter.to("cuda")
+    drafter, _ = load_drafter(st["ks"].drafter, dtype=dtype)
+    drafter = drafter.to(device)
     prompts = bench_prompts(num_prompts, prompt_len, model.config.vocab_size)
     out = sampled_bench(model, drafter, model.get_input_embeddings(), model.get_output_embeddings(), lays, prompts,
-                        max_new_tokens=max_new_tokens, token_budget=16384)
+                        max_new_tokens=max_new_tokens, token_budget=16384, trees=trees or TREES)
+    out["device"] = str(next(drafter.parameters()).device)
     del drafter
-    torch.cuda.empty_cache()
+    if device == "cuda":
+        torch.cuda.empty_cache()
     return out
 
 

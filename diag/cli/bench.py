@@ -5,6 +5,8 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from diag.bench import GPU_SECTIONS
+
 
 def register(sub) -> None:
     p = sub.add_parser("bench", help="measure diag's speed and memory on this machine")
@@ -12,6 +14,8 @@ def register(sub) -> None:
     p.add_argument("--out", help="result JSON (default reports/bench/<where>.json); render: markdown file")
     p.add_argument("--workdir", help="where the Kimi-shaped checkpoint is written (default: a temp dir)")
     p.add_argument("--max-layers", type=int, default=61, help="gpu: grow the target to at most this many layers")
+    p.add_argument("--only", action="append", default=[], choices=list(GPU_SECTIONS),
+                   help="gpu: run only these sections (repeat), after the ceilings and the checkpoint")
     p.add_argument("inputs", nargs="*", help="render: JSON files")
     p.set_defaults(func=run)
 
@@ -28,7 +32,7 @@ def run(a) -> int:
         work = Path(a.workdir) if a.workdir else Path(tmp)
         if a.where == "gpu":
             from diag.bench.gpu import run as gpu_run
-            gpu_run(out, work, max_layers=a.max_layers)
+            gpu_run(out, work, max_layers=a.max_layers, only=tuple(a.only))
         else:
             from diag.bench.cpu import run as cpu_run
             cpu_run(out, work)
