@@ -103,6 +103,9 @@ class ServerSpec:
     tree: str | None = None
     concurrency: int | None = None
     max_running_requests: int | None = None
+
+
+@dataclass(frozen=True)
 class DecodingSpec:
     """What the server's requests decode with (DESIGN.md §11; resolved in run/decodings.py).
     temperature / top_p / top_k: one value or a list (a sweep: every combination; the first

@@ -33,9 +33,9 @@ from diag.run.evaluate import evaluate, reference_axes
 from diag.run.inputs import Inputs, dtype_of, prepare
 from diag.run.pricing import speedup_section, user_costs
 from diag.run.regime_section import regime_section
+from diag.run.sampled import SampledEvaluations
 from diag.run.server_inputs import read_server
 from diag.run.server_section import server_section
-from diag.run.sampled import SampledEvaluations
 from diag.run.target_passes import target_passes
 from diag.run.verdicts import Verdict, verdicts
 from diag.target.load import TargetInfo, load_embed_and_head
