@@ -4,19 +4,24 @@
     def test_deployment(diag_run):                     # the pytest plugin's session fixture
         assert_serving_layout_is_trained(diag_run)
         assert_accept_length_at_least(diag_run, 2.5, tree="chain-3")
+        assert_accept_length_at_least(diag_run, 1.4, decoding="t1.0-p0.95-k-1")   # a sampled decoding
 
 Every failure message quotes the numbers it compared and the report path, so a failing CI
 run points straight at the report to attach to a ticket. The helpers read report.json
 fields only (the same numbers as report.md and the terminal table); they compute nothing
 but comparisons. A request the report cannot answer (no such variant) is the caller's
-mistake and raises DiagError, not AssertionError.
+mistake and raises DiagError, not AssertionError. `decoding` (default: the decoding the server
+runs, the report's reference) is "greedy" or a sampled decoding's name; under sampling the
+numbers compared are the exact per-round expectations the verdicts rank by.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
+from diag.engine.decoding import parse_decoding
 from diag.errors import DiagError
 from diag.replay.evaluation import Evaluation, reference_axes, select
 from diag.report.compare import load_report
@@ -83,7 +88,25 @@ def _measured(rep: dict) -> str:
     return f"measured: {v['text']}" if v else "measured: no layout verdict (no verify rounds)"
 
 
-def assert_serving_layout_is_trained(report) -> None:
+def _layout_verdicts_at(rep: dict, decoding: str) -> list[dict]:
+    """The layout verdicts at another decoding than the report's reference, from the same rule
+    (diag.run.verdicts.layout) over the report's evaluations."""
+    from diag.run.verdicts.layout import layout_verdicts
+    spec = rep["case"]["spec"]["evaluate"]
+    run = SimpleNamespace(evaluations=[Evaluation.from_json(e) for e in rep["evaluations"]],
+                          reference=reference_axes(rep).but(decoding=decoding),
+                          candidates=[SimpleNamespace(label=c["label"], roles=c["roles"]) for c in rep["candidates"]],
+                          case=SimpleNamespace(evaluate=SimpleNamespace(seed=spec["seed"], bootstrap=spec["bootstrap"])),
+                          prompts=rep["prompts"])
+    return [v.to_json() for v in layout_verdicts(run)]
+
+
+def _decoding_name(rep: dict, decoding) -> str | None:
+    """None (the reference) or a decoding's canonical name."""
+    return None if decoding is None else parse_decoding(decoding, field="decoding").name
+
+
+def assert_serving_layout_is_trained(report, *, decoding=None) -> None:
     """The server must feed the layout the drafter was trained on.
 
     Fails when (0) the drafter predicts nothing on any layout (a drafter-predicts-nothing
@@ -92,7 +115,8 @@ def assert_serving_layout_is_trained(report) -> None:
     the best); (2) the server runs
     --speculative-algorithm EAGLE (the drafter sees `final`, never a trained layout); or (3)
     the drafter's config states its trained layout (diag_trained_layout) and the serving
-    layout differs, whether or not these prompts can tell the two apart."""
+    layout differs, whether or not these prompts can tell the two apart. (1) is judged at
+    `decoding` (default: the decoding the server runs)."""
     r = as_report(report)
     rep = r.report
     serving = serving_candidate(rep)
@@ -101,6 +125,12 @@ def assert_serving_layout_is_trained(report) -> None:
     floor = _verdict(rep, "drafter-predicts-nothing")
     if floor:
         raise AssertionError(f"the drafter predicts nothing on any layout\n{floor['text']}\n{r.where}")
+    name = _decoding_name(rep, decoding)
+    if name is not None and name != reference_axes(rep).decoding:
+        if not select([Evaluation.from_json(e) for e in rep["evaluations"]], reference_axes(rep), decoding=name):
+            raise DiagError("the report has no evaluation at this decoding", file=str(r.path), field="decoding",
+                            expected=sorted({e.get("decoding", "greedy") for e in rep["evaluations"]}), found=name)
+        rep = {**rep, "verdicts": _layout_verdicts_at(rep, name)}
     bad = _verdict(rep, "layout-mismatch")
     if bad:
         ev = bad["evidence"]
@@ -121,10 +151,10 @@ def assert_serving_layout_is_trained(report) -> None:
 
 
 def find_evaluation(report, *, tree: str | None = None, layout: str | None = None, mode: str = "eagle3",
-                    regime: str | None = None) -> dict:
+                    regime: str | None = None, decoding=None) -> dict:
     """The one evaluation matching the filters, at the report's reference for every axis not
     given. Defaults: the case's first tree, the serving layout, the reference regime
-    (features and tokens both)."""
+    (features and tokens both), the decoding the server runs."""
     r = as_report(report)
     rep = r.report
     if not rep["evaluations"]:
@@ -135,6 +165,8 @@ def find_evaluation(report, *, tree: str | None = None, layout: str | None = Non
         where = where.but(tree=tree_shape(tree).name)
     if regime:
         where = where.but(regime=regime, tokens_regime=regime)
+    if decoding is not None:
+        where = where.but(decoding=_decoding_name(rep, decoding))
     if layout is None:
         serving = serving_candidate(rep)
         layout = serving["label"] if serving else None
@@ -150,24 +182,29 @@ def find_evaluation(report, *, tree: str | None = None, layout: str | None = Non
 
 def assert_accept_length_at_least(report, minimum: float, *, tree: str | None = None,
                                   layout: str | None = None, mode: str = "eagle3",
-                                  regime: str | None = None) -> None:
-    """Trajectory accept length (bonus included) of one variant must reach `minimum`."""
+                                  regime: str | None = None, decoding=None) -> None:
+    """Trajectory accept length (bonus included) of one variant must reach `minimum`; under a
+    sampled decoding, its exact expectation (the Monte-Carlo value is quoted beside it)."""
     r = as_report(report)
-    e = find_evaluation(r, tree=tree, layout=layout, mode=mode, regime=regime)
-    got = e["accept_length"]
+    e = find_evaluation(r, tree=tree, layout=layout, mode=mode, regime=regime, decoding=decoding)
+    sampled = e.get("expected_accept_length") is not None
+    got = e["expected_accept_length"] if sampled else e["accept_length"]
     if got is None or got < minimum:
-        lo, hi = e["accept_length_ci95"]
+        lo, hi = e["expected_accept_length_ci95"] if sampled else e["accept_length_ci95"]
+        how = (f"exact expectation under {e['decoding']} over {len(e['seeds'])} seeds, Monte-Carlo "
+               f"{_f(e['accept_length'])}; " if sampled else "")
         raise AssertionError(
-            f"accept length {_f(got)} (95% CI {_f(lo)}-{_f(hi)}, {e['trajectory']['rounds']} rounds) for "
+            f"accept length {_f(got)} ({how}95% CI {_f(lo)}-{_f(hi)}, {e['trajectory']['rounds']} rounds) for "
             f"{e['layout']} {e['mode']} {e['tree']} {e['regime']} is below {minimum:.2f}\n{r.where}")
 
 
-def assert_speculation_pays(report, *, tree: str | None = None, layout: str | None = None) -> None:
+def assert_speculation_pays(report, *, tree: str | None = None, layout: str | None = None,
+                            decoding=None) -> None:
     """Predicted speedup over plain decoding must exceed 1 for one variant (default: the
     serving layout on the case's first tree), from the report's speedup section: accept
     length against the break-even accept length at the run's step costs (DESIGN.md §6)."""
     r = as_report(report)
-    e = find_evaluation(r, tree=tree, layout=layout)
+    e = find_evaluation(r, tree=tree, layout=layout, decoding=decoding)
     sp = r.report.get("speedup")
     row = next((x for x in (sp or {}).get("rows", []) if x["key"] == e["key"]), None)
     if row is None:

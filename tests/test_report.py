@@ -78,6 +78,7 @@ def test_real_report_validates(written):
     (lambda r: r["drafter"].update(variant="eagle4"), "eagle4"),
     (lambda r: r["drafter"]["options"].pop("fc_norm"), "fc_norm"),
     (lambda r: r["evaluations"][0]["axes"].update(decoding="sample"), "decoding"),
+    (lambda r: r["evaluations"][0]["axes"].update(sampling=True), "sampling"),
     (lambda r: r.pop("reference"), "reference"),
 ])
 def test_schema_rejects_what_the_code_never_writes(written, mutate, where):
@@ -154,8 +155,8 @@ def _speedup_section(rep: dict) -> dict:
                      "max_speedup": 2.0, "plain_tokens_per_second": 90.0, "accept_length": e["accept_length"],
                      "speedup": 0.9, "tokens_per_second": 80.0, "key": e["key"], "layout": e["layout"],
                      "mode": e["mode"], "tree": e["tree"], "regime": e["regime"],
-                     "tokens_regime": e["tokens_regime"], "num_steps": e["num_steps"], "topk": e["topk"],
-                     "num_draft_tokens": e["num_draft_tokens"], "measurement_error": False})
+                     "tokens_regime": e["tokens_regime"], "decoding": e["decoding"], "num_steps": e["num_steps"],
+                     "topk": e["topk"], "num_draft_tokens": e["num_draft_tokens"], "measurement_error": False})
     return {"source": "user (case [speedup])", "basis": "user", "spread": None, "repeats": None, "rows": rows,
             "costs": {"t_decode": 0.011, "t_draft": 0.003, "t_verify": {"3": 0.012}, "t_draft_extend": 0.0}}
 

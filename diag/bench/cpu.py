@@ -1,7 +1,8 @@
 """The CPU benchmark: a small Kimi-shaped pair (real formats, shrunk widths) through the
 same measurements as the GPU run where they make sense on a CPU: capture-pass tokens/s
 (diag's eager packed loop), batched drafter replay (3 layouts x 6 trees) against the
-measured fp32 matmul rate, and the naive loop's speed ratio. The numbers describe diag's
+measured fp32 matmul rate, the naive loop's speed ratio, and the sampled decode loop
+(3 layouts x 6 trees over 32 prompts) against the teacher-forced pass on the same tokens. The numbers describe diag's
 overheads at toy widths, not Kimi speed.
 `load` writes a larger Kimi-shaped target (LOAD_WIDTHS, 3 layers, 1.38 GB) and measures
 diag's load into CPU memory against the raw read of the same files (bench/load.py; only
@@ -19,6 +20,7 @@ import torch
 from diag.bench.common import envelope, matmul_peak, save, section
 from diag.bench.drafter import replay_bench
 from diag.bench.naive import naive_loop
+from diag.bench.sampled import bench_prompts, sampled_bench
 from diag.bench.target import capture_throughput, synthetic_sequences
 from diag.layouts import layout, union_points
 
@@ -31,11 +33,12 @@ SMALL_DRAFTER = {"num_attention_heads": 4, "num_key_value_heads": 4, "head_dim":
 LOAD_WIDTHS = {"hidden_size": 2048, "intermediate_size": 8192, "moe_intermediate_size": 512,
                "n_routed_experts": 256, "num_attention_heads": 16, "num_key_value_heads": 16,
                "vocab_size": 32768}     # 256 * 3 * 512 * 2048 * (1/2 + 2/32) = 453 MB per MoE layer
-SECTIONS = ("target", "drafter", "naive", "load")
+SECTIONS = ("target", "drafter", "naive", "sampled", "load")
 
 
 def run(out: Path, workdir: Path, *, layers: int = 4, num_seqs: int = 8, seq_len: int = 128,
-        prompt_len: int = 32, sections=SECTIONS) -> dict:
+        prompt_len: int = 32, sections=SECTIONS, sampled_prompts: int = 32, sampled_new_tokens: int = 16,
+        sampled_trees=None) -> dict:
     from diag.drafter.checkpoint import load_drafter
     from diag.int4.load import load_packed_target
     from diag.zoo.kimi_shaped import kimi_shaped
@@ -47,7 +50,7 @@ def run(out: Path, workdir: Path, *, layers: int = 4, num_seqs: int = 8, seq_len
     if "load" in sections:
         section(res, "load", lambda: _load(workdir / "load"))
         save(res, out)
-    if not set(sections) & {"target", "drafter", "naive"}:
+    if not set(sections) & {"target", "drafter", "naive", "sampled"}:
         return save(res, out) and res
     ks = kimi_shaped(workdir, layers=layers, widths=SMALL, drafter_widths=SMALL_DRAFTER)
     model = load_packed_target(ks.target, dtype=torch.float32)
@@ -73,6 +76,11 @@ def run(out: Path, workdir: Path, *, layers: int = 4, num_seqs: int = 8, seq_len
                     "speedup_over_naive": out["seconds_per_position"] / batched})
         return out
     section(res, "naive", naive)
+    if "sampled" in sections:
+        prompts = bench_prompts(sampled_prompts, prompt_len, SMALL["vocab_size"])
+        trees = {"trees": tuple(sampled_trees)} if sampled_trees else {}
+        section(res, "sampled", lambda: sampled_bench(model, drafter, embed, head, lays, prompts,
+                                                      max_new_tokens=sampled_new_tokens, token_budget=4096, **trees))
     return save(res, out) and res
 
 

@@ -9,6 +9,9 @@ written to disk first (K: --layers, else as many as the free disk holds),
   grown          the model grown in GPU memory to as many layers as fit (extra layers are
                  copies of the last one), capture passes and a generation probe before and
                  after: the per-layer slopes the 61-layer extrapolation uses
+  sampled        the sampled decode loop (T 1.0, top-p 0.95), 3 layouts x 6 tree shapes over 32
+                 prompts: tokens/s and its cost in teacher-forced passes over the same tokens
+                 (goal: <= num_draft_tokens), by phase
   drafter        batched replay, 3 layouts x 6 tree shapes, Kimi drafter widths
   naive          the step-by-step loop as before and as a competent user writes it, profiled
 `sections` picks which run (ceilings and the checkpoint always do). Every section is
@@ -61,7 +64,7 @@ def layers_that_fit(model, reserve: int, cap: int) -> int:
     return min(cap, len(model.model.layers) + max(0, int((free - reserve) // per_layer)))
 
 
-SECTIONS = ("load", "e2e", "experts", "pass", "grown", "drafter", "naive")
+SECTIONS = ("load", "e2e", "experts", "pass", "sampled", "grown", "drafter", "naive")
 
 
 def layers_for_disk(workdir: Path, cap: int = 6, margin: int = 8 * GiB) -> int:
@@ -79,6 +82,9 @@ def run(out: Path, workdir: Path, *, layers: int | None = None, max_layers: int 
         e2e_evaluate: dict | None = None, tile_budget_s: float = 120.0, device: str = "cuda",
         widths: dict | None = None, drafter_widths: dict | None = None) -> dict:
     """device/widths: "cpu" and shrunk widths run the same code paths as a smoke test."""
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:
+        raise ValueError(f"unknown bench sections {unknown}: expected some of {list(SECTIONS)}")
     from diag.int4.fast import accelerate
     from diag.zoo.kimi_shaped import kimi_shaped
 
@@ -111,7 +117,7 @@ def run(out: Path, workdir: Path, *, layers: int | None = None, max_layers: int 
         section(res, "e2e", lambda: _e2e(ks, layers, workdir, e2e_prompts, e2e_new_tokens, e2e_evaluate, dev))
         save(res, out)
         _release(dev)                          # the pipeline's model, before this run loads its own
-    if not set(sections) & {"experts", "pass", "grown", "drafter", "naive"}:
+    if not set(sections) & {"experts", "pass", "sampled", "grown", "drafter", "naive"}:
         return _finish(res, out)
 
     def model():
@@ -134,6 +140,10 @@ def run(out: Path, workdir: Path, *, layers: int | None = None, max_layers: int 
     points = tuple(dict.fromkeys(union_points([layout(x) for x in lays]) + (layout("final").points[0],)))
     if "pass" in sections:
         section(res, "pass_2layer", lambda: _two_layer(model, moe, seqs, points))
+        save(res, out)
+    if "sampled" in sections:
+        section(res, "sampled", lambda: _sampled(st, model, lays, num_seqs, prompt_len, device=dev,
+                                                 dtype=torch.float32 if dev == "cpu" else torch.bfloat16))
         save(res, out)
     section(res, "grown", lambda: _grown(model, seqs, points, max_layers, st, dev))
     save(res, out)
@@ -241,6 +251,24 @@ def _grown(model, seqs, points, max_layers, st, dev) -> dict:
             / rows[-1]["tokens"],
             "generate_seconds_per_layer_step": (gen["seconds_per_step"] - base_gen["seconds_per_step"])
             / max(added, 1)}
+
+
+def _sampled(st, model, lays, num_prompts, prompt_len, max_new_tokens: int = 64, *, device: str = "cuda",
+             dtype=torch.bfloat16, trees=None) -> dict:
+    """The sampled section on `model` (on `device`); device/dtype/trees let a CPU test run it."""
+    from diag.bench.sampled import TREES, bench_prompts, sampled_bench
+    from diag.drafter.checkpoint import load_drafter
+
+    drafter, _ = load_drafter(st["ks"].drafter, dtype=dtype)
+    drafter = drafter.to(device)
+    prompts = bench_prompts(num_prompts, prompt_len, model.config.vocab_size)
+    out = sampled_bench(model, drafter, model.get_input_embeddings(), model.get_output_embeddings(), lays, prompts,
+                        max_new_tokens=max_new_tokens, token_budget=16384, trees=trees or TREES)
+    out["device"] = str(next(drafter.parameters()).device)
+    del drafter
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return out
 
 
 def _drafter(st, model, lays, peak, dev) -> dict:

@@ -19,6 +19,8 @@ GOALS = (  # (text, section, key path, comparison, threshold); "rows>=8192": the
     ("drafter replay fraction of peak", "drafter", ("fraction_of_peak",), ">=", 0.3),
     ("speedup over the naive loop (competent version)", "naive", ("speedup_over_naive",), ">=", 30),
     ("resident / checkpoint bytes", "checkpoint_load", ("resident_over_checkpoint",), "<=", 1.15),
+    ("sampled loop cost / (num_draft_tokens x greedy pass), worst tree", "sampled",
+     ("worst_cost_over_draft_tokens",), "<=", 1.0),
 )
 MAX_ROWS = 12
 

@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 
 
+
 def register(sub) -> None:
     p = sub.add_parser("bench", help="measure diag's speed and memory on this machine")
     p.add_argument("where", choices=["gpu", "cpu", "render"], help="which benchmark (or render JSON to markdown)")
@@ -14,8 +15,8 @@ def register(sub) -> None:
     p.add_argument("--workdir", help="where the Kimi-shaped checkpoint is written (default: a temp dir)")
     p.add_argument("--max-layers", type=int, default=61, help="gpu: grow the target to at most this many layers")
     p.add_argument("--layers", type=int, help="gpu: layers of the Kimi-shaped checkpoint on disk (default: what the disk holds)")
-    p.add_argument("--sections", help="gpu: comma-separated subset of load,e2e,experts,pass,grown,drafter,naive; "
-                   "cpu: of target,drafter,naive,load")
+    p.add_argument("--sections", help="gpu: comma-separated subset of load,e2e,experts,pass,sampled,grown,drafter,naive; "
+                   "cpu: of target,drafter,naive,sampled,load")
     p.add_argument("--e2e-prompts", type=int, help="gpu e2e: use the first N prompts (default all 48)")
     p.add_argument("--e2e-new-tokens", type=int, default=512, help="gpu e2e: max_new_tokens")
     p.add_argument("--e2e-evaluate", action="append", default=[], metavar="KEY=JSON",

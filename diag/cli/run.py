@@ -13,7 +13,8 @@ from pathlib import Path
 
 from diag.cli import prompt_flags
 from diag.errors import DiagError
-from diag.run.case import Case, EvaluateSpec, ModelSpec, PromptSpec, ServingSpec, check_case, read_case, with_engine
+from diag.run.case import (Case, DecodingSpec, EvaluateSpec, ModelSpec, PromptSpec, ServingSpec, check_case,
+                           read_case, with_engine)
 
 DEMO = "cases/demo.toml"
 DEFAULT_PROMPTS = "cases/prompts/mixed-48.jsonl"
@@ -48,6 +49,17 @@ def register(sub) -> None:
                                     "(default: the case's [serving] engine, else the newest known)")
     p.add_argument("--gpus", type=int, help="place the target across N GPUs (0: CPU)")
     p.add_argument("--gpu-memory", help="memory budget per GPU for weights, e.g. 130GiB")
+    p.add_argument("--temperature", action="append", type=float, default=[],
+                   help="sampled decoding the server runs (repeat for a sweep; the first is served)")
+    p.add_argument("--top-p", action="append", type=float, default=[], help="top-p of sampled decoding (repeat)")
+    p.add_argument("--top-k", action="append", type=int, default=[], help="top-k of sampled decoding, -1 = all (repeat)")
+    p.add_argument("--speculative-accept-threshold-single", type=float, dest="threshold_single",
+                   help="the server's flag (default 1.0); below 1 verification is lossy")
+    p.add_argument("--speculative-accept-threshold-acc", type=float, dest="threshold_acc",
+                   help="the server's flag (default 1.0); below 1 verification is lossy")
+    p.add_argument("--seeds", type=int, help="sampled runs per prompt (default 3)")
+    p.add_argument("--sampled-scope", choices=["verdicts", "all"],
+                   help="which variants run under sampling (default verdicts)")
     p.add_argument("--out", help="report directory (default reports/<case name>)")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="run the target tokenizer's own code (Kimi's tiktoken tokenizer); off by default")
@@ -109,6 +121,32 @@ def case_from_flags(a) -> Case:
                 serving=serving)
 
 
+FLAG_NAMES = {"temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k",
+              "threshold_single": "--speculative-accept-threshold-single",
+              "threshold_acc": "--speculative-accept-threshold-acc"}
+
+
+def decoding_overrides(dec: DecodingSpec, a) -> DecodingSpec:
+    """--temperature / --top-p / --top-k / thresholds / --seeds over the case's [decoding],
+    each value checked with the flag's name before anything loads."""
+    from diag.engine.decoding import check
+    ts, ta = getattr(a, "threshold_single", None), getattr(a, "threshold_acc", None)
+    for t in getattr(a, "temperature", None) or [1.0]:
+        for p in getattr(a, "top_p", None) or [1.0]:
+            for k in getattr(a, "top_k", None) or [-1]:
+                check(t, p, k, 1.0 if ts is None else ts, 1.0 if ta is None else ta, names=FLAG_NAMES)
+    seeds = getattr(a, "seeds", None)
+    if seeds is not None and seeds < 1:
+        raise DiagError("decoding needs at least one seed", field="--seeds", expected=">= 1", found=seeds)
+    return replace(dec, temperature=tuple(getattr(a, "temperature", None) or dec.temperature),
+                   top_p=tuple(getattr(a, "top_p", None) or dec.top_p),
+                   top_k=tuple(getattr(a, "top_k", None) or dec.top_k),
+                   threshold_single=dec.threshold_single if ts is None else ts,
+                   threshold_acc=dec.threshold_acc if ta is None else ta,
+                   seeds=dec.seeds if seeds is None else seeds,
+                   scope=getattr(a, "sampled_scope", None) or dec.scope)
+
+
 def apply_overrides(case: Case, a) -> Case:
     """Command-line flags given alongside a case file (or a flags case) override its values."""
     ev, pr, sv, pl = case.evaluate, case.prompts, case.serving, case.placement
@@ -122,7 +160,8 @@ def apply_overrides(case: Case, a) -> Case:
                  launch=a.launch or sv.launch)
     target = replace(case.target, trust_remote_code=case.target.trust_remote_code or getattr(a, "trust_remote_code", False))
     return with_engine(prompt_flags.apply(replace(case, target=target, evaluate=ev, prompts=pr, serving=sv,
-                                                  placement=pl, server=_server_overrides(case.server, a)), a),
+                                                  placement=pl, server=_server_overrides(case.server, a),
+                                                  decoding=decoding_overrides(case.decoding, a)), a),
                        getattr(a, "engine", None))
 
 

@@ -48,10 +48,15 @@ FLAG_ALIASES: dict[str, tuple[str, ...]] = {
     "enable_dp_attention": ("--enable-dp-attention",),
     "token_map": ("--speculative-token-map",),
     "disable_cuda_graph": ("--disable-cuda-graph",),
+    "accept_threshold_single": ("--speculative-accept-threshold-single",),
+    "accept_threshold_acc": ("--speculative-accept-threshold-acc",),
+    "use_rejection_sampling": ("--speculative-use-rejection-sampling",),
+    "sampling_defaults": ("--sampling-defaults",),
 }
 _INT_FIELDS = ("num_steps", "topk", "num_draft_tokens", "max_running_requests", "tp_size",
                "dp_size")
-_BOOL_FIELDS = ("enable_dp_attention", "disable_cuda_graph")
+_BOOL_FIELDS = ("enable_dp_attention", "disable_cuda_graph", "use_rejection_sampling")
+_FLOAT_FIELDS = ("accept_threshold_single", "accept_threshold_acc")
 _BY_SPELLING = {s: name for name, spellings in FLAG_ALIASES.items() for s in spellings}
 
 SPEC_MAX_RUNNING_REQUESTS = 48
@@ -75,6 +80,10 @@ class LaunchFlags:
     enable_dp_attention: bool = False
     token_map: str | None = None
     disable_cuda_graph: bool = False
+    accept_threshold_single: float | None = None     # verification thresholds (decoding.py)
+    accept_threshold_acc: float | None = None
+    use_rejection_sampling: bool = False
+    sampling_defaults: str | None = None              # "model" (default) | "openai"
     other: tuple[tuple[str, str | None], ...] = ()
 
 
@@ -147,6 +156,12 @@ def _typed(name: str, flag: str, value: str | None) -> object:
             return int(value)
         except ValueError:
             raise DiagError("flag needs an integer", field=flag, expected="an integer",
+                            found=repr(value)) from None
+    if name in _FLOAT_FIELDS:
+        try:
+            return float(value)
+        except ValueError:
+            raise DiagError("flag needs a number", field=flag, expected="a number",
                             found=repr(value)) from None
     return value
 

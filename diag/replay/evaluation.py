@@ -4,7 +4,9 @@ look results up (`select`).
 An Evaluation is what every later part of diag reads: verdicts, the speedup and regime
 sections, the report writer, the plots, the pytest assertions. Each variant is a point on
 named axes (Axes): layout, mode, tree, regime (of the drafter's features), tokens_regime
-(whose argmax verifies), rendering (how the prompts became token ids, diag/run/rendering.py). A new axis is a new Axes field with its default, filled by the
+(whose argmax verifies), rendering (how the prompts became token ids, diag/run/rendering.py),
+decoding ("greedy", or a sampled decoding's name such as "t1.0-p0.95-k-1", diag.engine.decoding).
+A new axis is a new Axes field with its default, filled by the
 producer (`summarize`); every `select(evaluations, where)` with a `where` built from the
 run's reference axes then pins it, so a forgotten axis cannot join a ranking silently.
 
@@ -51,6 +53,7 @@ class Axes:
     regime: object = ANY            # regime of the drafter's input features
     tokens_regime: object = ANY     # regime whose argmax verifies
     rendering: object = ANY         # prompt rendering, e.g. "auto", "chat+nothink"
+    decoding: object = ANY          # "greedy" or a sampled decoding's name, e.g. "t1.0-p0.95-k-1"
 
     def but(self, **changes) -> "Axes":
         return replace(self, **changes)
@@ -67,26 +70,32 @@ class Axes:
     def key(self) -> str:
         """"embed+L2+L4|eagle3|chain-3|as-loaded", with "->B" for a cross-regime variant and
         "|chat+nothink" for a rendering other than the legacy one (keys of reports written
-        before renderings existed stay what they were, and so do records built without one)."""
+        before renderings existed stay what they were, and so do records built without one),
+        and "@t1.0-p0.95-k-1" for a sampled decoding (greedy keys carry no suffix)."""
         cross = "" if self.regime == self.tokens_regime else f"->{self.tokens_regime}"
         unset = self.rendering is ANY or self.rendering == LEGACY_AXES["rendering"]
         rendering = "" if unset else f"|{self.rendering}"
-        return f"{self.layout}|{self.mode}|{self.tree}|{self.regime}{cross}{rendering}"
+        dec = "" if self.decoding in (LEGACY_AXES["decoding"], ANY) else f"@{self.decoding}"
+        return f"{self.layout}|{self.mode}|{self.tree}|{self.regime}{cross}{rendering}{dec}"
 
 
 # Axes added after schema 2.0, and the value every record had before they existed.
-LEGACY_AXES = {"rendering": "auto"}
+LEGACY_AXES = {"rendering": "auto", "decoding": "greedy"}
 
 
 @dataclass(frozen=True)
 class PromptRounds:
     """One prompt's trajectory: accepted draft tokens per visited round and each round's
-    root position (empty when read back from report.json, which does not keep them)."""
+    root position (empty when read back from report.json, which does not keep them). Under
+    sampling the rounds of every seed follow each other; `expected` holds each round's exact
+    E[accepted] and `seeds` its seed (both empty for greedy)."""
 
     id: str
     accepted: tuple[int, ...]
     roots: tuple[int, ...] = ()
     category: str = ""              # the prompt's category (dataset); "" in reports before 2.2
+    expected: tuple[float, ...] = ()
+    seeds: tuple[int, ...] = ()
 
     @property
     def rounds(self) -> int:
@@ -95,6 +104,10 @@ class PromptRounds:
     @property
     def accepted_sum(self) -> int:
         return int(sum(self.accepted))
+
+    @property
+    def expected_sum(self) -> float | None:
+        return float(sum(self.expected)) if self.expected else None
 
 
 @dataclass(frozen=True)
@@ -115,6 +128,13 @@ class Evaluation:
     by_position: tuple[PositionBucket, ...]
     per_prompt: tuple[PromptRounds, ...]
     by_category: tuple[CategoryAcceptance, ...] = ()
+    # sampled decodings only (None / empty for greedy): the exact per-round expectation,
+    # 1 + mean over the visited rounds of E[accepted | round], its interval over prompts, its
+    # P(a >= d) per depth, and the seeds pooled.
+    expected_accept_length: float | None = None
+    expected_accept_length_ci95: tuple[float | None, float | None] = (None, None)
+    expected_acceptance_at_depth: tuple[float, ...] = ()
+    seeds: tuple[int, ...] = ()
 
     def __getattr__(self, name: str):
         """e.layout, e.mode, ... read the axes."""
@@ -130,6 +150,25 @@ class Evaluation:
     def trajectory_rounds(self) -> list[list[int]]:
         return [list(p.accepted) for p in self.per_prompt]
 
+    @property
+    def sampled(self) -> bool:
+        return self.axes.decoding not in ("greedy", ANY)
+
+    @property
+    def judged_accept_length(self) -> float | None:
+        """What verdicts rank by: the exact expectation under sampling (DESIGN.md §11 "Noise
+        under sampling"), the measured accept length under greedy decoding."""
+        return self.expected_accept_length if self.sampled else self.accept_length
+
+    @property
+    def judged_ci95(self) -> tuple[float | None, float | None]:
+        return self.expected_accept_length_ci95 if self.sampled else self.accept_length_ci95
+
+    @property
+    def judged_rounds(self) -> list[list[float]]:
+        """Per prompt, what paired comparisons resample: E[a] per round under sampling, a under greedy."""
+        return [list(p.expected) for p in self.per_prompt] if self.sampled else self.trajectory_rounds
+
     def to_json(self) -> dict:
         """The report.json entry (per-round lists go to samples.jsonl, not here)."""
         lo, hi = self.accept_length_ci95
@@ -141,20 +180,31 @@ class Evaluation:
                 "by_position": [{"from": b.start, "to": b.end, **summary(b.counts)} for b in self.by_position],
                 "by_category": [c.to_json() for c in self.by_category],
                 "per_prompt": [{"id": p.id, "category": p.category, "rounds": p.rounds,
-                                "accepted_sum": p.accepted_sum} for p in self.per_prompt]}
+                                "accepted_sum": p.accepted_sum, "expected_sum": p.expected_sum}
+                               for p in self.per_prompt],
+                "expected_accept_length": self.expected_accept_length,
+                "expected_accept_length_ci95": list(self.expected_accept_length_ci95),
+                "expected_acceptance_at_depth": list(self.expected_acceptance_at_depth),
+                "seeds": list(self.seeds)}
 
     @classmethod
     def from_json(cls, e: dict) -> "Evaluation":
         axes = axes_of(e)
         shape = TreeShape(e["num_steps"], e["topk"], e["num_draft_tokens"])
-        per_prompt = tuple(PromptRounds(p["id"], tuple([p["accepted_sum"]] + [0] * (p["rounds"] - 1))
-                                        if p["rounds"] else (), (), p.get("category", ""))
+
+        def pooled(total, n):
+            return tuple([total] + [0] * (n - 1)) if n else ()
+        per_prompt = tuple(PromptRounds(p["id"], pooled(p["accepted_sum"], p["rounds"]), (), p.get("category", ""),
+                                        expected=pooled(p["expected_sum"], p["rounds"])
+                                        if p.get("expected_sum") is not None else ())
                            for p in e["per_prompt"])
         return cls(axes, shape, AcceptCounts.from_dict(e["all_positions"]),
                    AcceptCounts.from_dict(e["trajectory"]), e["accept_length"],
                    tuple(e["accept_length_ci95"]),
                    tuple(PositionBucket(b["from"], b["to"], AcceptCounts.from_dict(b)) for b in e["by_position"]),
-                   per_prompt, tuple(CategoryAcceptance.from_json(c) for c in e.get("by_category", ())))
+                   per_prompt, tuple(CategoryAcceptance.from_json(c) for c in e.get("by_category", ())),
+                   e.get("expected_accept_length"), tuple(e.get("expected_accept_length_ci95") or (None, None)),
+                   tuple(e.get("expected_acceptance_at_depth") or ()), tuple(e.get("seeds") or ()))
 
 
 def axes_of(e: dict) -> Axes:
@@ -184,9 +234,9 @@ def reference_axes(report: dict) -> Axes:
 
 
 def best(evaluations) -> Evaluation | None:
-    """The highest accept length (ties: the first), ignoring variants without rounds."""
-    pool = [e for e in evaluations if e.accept_length is not None]
-    return max(pool, key=lambda e: e.accept_length) if pool else None
+    """The highest judged accept length (ties: the first), ignoring variants without rounds."""
+    pool = [e for e in evaluations if e.judged_accept_length is not None]
+    return max(pool, key=lambda e: e.judged_accept_length) if pool else None
 
 
 # ---- the producer ---------------------------------------------------------------------

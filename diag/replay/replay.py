@@ -43,10 +43,12 @@ class Variant:
     regime: str = "as-loaded"          # regime of the drafter's input features
     tokens_regime: str = "as-loaded"   # regime whose argmax verifies
     rendering: str = LEGACY_AXES["rendering"]   # how the prompts became token ids
+    decoding: str = LEGACY_AXES["decoding"]     # diag.engine.decoding name; replay itself is greedy
 
     @property
     def axes(self) -> Axes:
-        return Axes(self.layout, self.mode, self.tree.name, self.regime, self.tokens_regime, self.rendering)
+        return Axes(self.layout, self.mode, self.tree.name, self.regime, self.tokens_regime,
+                    rendering=self.rendering, decoding=self.decoding)
 
     @property
     def key(self) -> str:

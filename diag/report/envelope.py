@@ -20,7 +20,7 @@ from pathlib import Path
 import diag
 from diag.replay.evaluation import ANY
 
-SCHEMA_VERSION = "2.3"
+SCHEMA_VERSION = "2.4"
 
 
 def git_hash() -> str | None:
@@ -67,6 +67,7 @@ def envelope(run, argv: list[str] | None = None) -> dict:
         "target_pass": run.target_pass,
         "candidates": [c.to_dict() for c in run.candidates],
         "reference": {k: (None if v is ANY else v) for k, v in run.reference.as_dict().items()},
+        "decoding": _decoding(run),
         "verdicts": [v.to_json() for v in run.verdicts],
         "evaluations": [e.to_json() for e in run.evaluations],
         "speedup": run.speedup,
@@ -91,13 +92,31 @@ def _serving(run) -> dict:
                                                "found": None if err.found is None else str(err.found)}}
 
 
+def _decoding(run) -> dict:
+    """The run's decoding plan; a run built without one decoded greedily only."""
+    if run.decoding is not None:
+        return run.decoding.to_dict()
+    from diag.engine.decoding import GREEDY
+    return {"served": GREEDY.to_dict(), "sampled": [], "seeds": [], "scope": "verdicts",
+            "source": "default (greedy)", "lossy": False}
+
+
 def samples(run) -> list[dict]:
     """samples.jsonl rows: one per verify round a real decode visits, per variant.
     `position` is the round's root index j in prompt + continuation (the target has just
-    produced token j+1); `accepted` counts draft tokens, the bonus token not included."""
+    produced token j+1); `accepted` counts draft tokens, the bonus token not included. A
+    sampled variant's rows add `seed` (rounds count per seed) and `expected`, the round's
+    exact E[accepted]."""
     rows = []
     for e in run.evaluations:
         for p in e.per_prompt:
-            for i, (a, j) in enumerate(zip(p.accepted, p.roots)):
-                rows.append({"variant": e.key, "prompt": p.id, "round": i, "position": j, "accepted": a})
+            seeds = p.seeds or (None,) * len(p.accepted)
+            count: dict = {}
+            for k, (a, j, s) in enumerate(zip(p.accepted, p.roots, seeds)):
+                row = {"variant": e.key, "prompt": p.id, "round": count.setdefault(s, 0), "position": j,
+                       "accepted": a}
+                count[s] += 1
+                if s is not None:
+                    row.update(seed=s, expected=p.expected[k])
+                rows.append(row)
     return rows

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from diag.report.server_markdown import server_markdown
 from diag.report.prompt_side_md import prompt_side
+from diag.report.decoding_section import decoding_lines
 
 _ICON = {"error": "❌", "warning": "⚠️", "ok": "✅", "info": "ℹ️"}
 
@@ -90,7 +91,8 @@ def _table(rep: dict) -> list[str]:
            "`all pos.` = over every position of the continuation.", "",
            "| layout | mode | tree | regime | accept length | 95% CI | all pos. | no bonus | sglang rate | "
            "legacy rate | P(a≥d), d=1.. |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for e in sorted(_served(rep), key=lambda e: (e["tree"], -(e["accept_length"] or 0))):
+    served = [e for e in _served(rep) if e.get("decoding", "greedy") == "greedy"]   # sampled: own section
+    for e in sorted(served, key=lambda e: (e["tree"], -(e["accept_length"] or 0))):
         tr, al = e["trajectory"], e["all_positions"]
         depth = " ".join(_f(x) for x in al["acceptance_at_depth"])
         lo, hi = e["accept_length_ci95"]
@@ -179,6 +181,7 @@ def render(rep: dict) -> str:
     if rep["case"]["description"]:
         head += [rep["case"]["description"], ""]
     notes = ["## Notes", ""] + [f"- {n}" for n in rep["notes"]] + [""] if rep["notes"] else []
-    body = (head + _verdicts(rep) + _what_ran(rep) + _candidates(rep) + _table(rep) + _by_position(rep)
-            + prompt_side(rep) + _regimes(rep) + _speedup(rep) + server_markdown(rep) + _plots(rep) + notes)
+    body = (head + _verdicts(rep) + _what_ran(rep) + _candidates(rep) + _table(rep) + decoding_lines(rep)
+            + _by_position(rep) + prompt_side(rep) + _regimes(rep) + _speedup(rep) + server_markdown(rep)
+            + _plots(rep) + notes)
     return "\n".join(body) + "\n"

@@ -108,6 +108,25 @@ class ServerSpec:
 
 
 @dataclass(frozen=True)
+class DecodingSpec:
+    """What the server's requests decode with (DESIGN.md §11; resolved in run/decodings.py).
+    temperature / top_p / top_k: one value or a list (a sweep: every combination; the first
+    is what the server runs); omitted ones come from the target's generation_config.json, then
+    SGLang's defaults. Thresholds: --speculative-accept-threshold-single / -acc (default: the
+    launch command's, else 1.0). seeds: sampled runs per prompt. scope: "verdicts" (every
+    layout on the first tree, the best layout on every tree) or "all". served: "auto", "greedy"
+    or a decoding name."""
+    temperature: tuple[float, ...] = ()
+    top_p: tuple[float, ...] = ()
+    top_k: tuple[int, ...] = ()
+    threshold_single: float | None = None
+    threshold_acc: float | None = None
+    seeds: int = 3
+    scope: str = "verdicts"
+    served: str = "auto"
+
+
+@dataclass(frozen=True)
 class PlacementSpec:
     gpus: int = 0
     gpu_memory: str | None = None
@@ -151,13 +170,15 @@ class Case:
     server: ServerSpec = field(default_factory=ServerSpec)
     rendering: RenderingSpec = field(default_factory=RenderingSpec)
     long_context: LongContextSpec = field(default_factory=LongContextSpec)
+    decoding: DecodingSpec = field(default_factory=DecodingSpec)
     description: str = ""
 
 
 _SECTIONS = {"target": ModelSpec, "drafter": ModelSpec, "prompts": PromptSpec,
              "evaluate": EvaluateSpec, "serving": ServingSpec, "placement": PlacementSpec,
              "speedup": SpeedupSpec, "server": ServerSpec, "rendering": RenderingSpec,
-             "long_context": LongContextSpec}
+             "long_context": LongContextSpec, "decoding": DecodingSpec}
+_SWEEPS = {"decoding": ("temperature", "top_p", "top_k")}   # keys that take one value or a list
 _TOP = {"version", "name", "description", *_SECTIONS}
 
 
@@ -179,7 +200,8 @@ def _typed(value, annotation: str, where: str, key: str):
 
 
 def _typed_ok(v, inner: str) -> bool:
-    return {"str": isinstance(v, str), "int": isinstance(v, int) and not isinstance(v, bool)}.get(inner, True)
+    return {"str": isinstance(v, str), "int": isinstance(v, int) and not isinstance(v, bool),
+            "float": isinstance(v, (int, float)) and not isinstance(v, bool)}.get(inner, True)
 
 
 def _section(cls, data: dict, where: str, name: str):
@@ -214,6 +236,10 @@ def parse_case(data: dict, source: str) -> Case:
         if required not in data:
             raise DiagError("case file lacks a required key", file=source, field=required,
                             expected="present", found="missing")
+    for name, keys in _SWEEPS.items():
+        if isinstance(data.get(name), dict):
+            data = {**data, name: {k: [v] if k in keys and not isinstance(v, list) else v
+                                   for k, v in data[name].items()}}
     sections = {k: _section(cls, data[k], source, k) for k, cls in _SECTIONS.items() if k in data}
     case = Case(version=version, name=str(data["name"]), source=source,
                 description=str(data.get("description", "")), **sections)
@@ -291,6 +317,7 @@ def _check_values(case: Case) -> None:
                         found={k: v for k, v in zip(("t_decode_ms", "t_draft_ms", "t_verify_ms"), given)})
     check_rendering(case)
     check_long_context(case)
+    _check_decoding(case.decoding, src)
     if ev.token_budget < 64:
         raise DiagError("token budget too small", file=src, field="evaluate.token_budget",
                         expected=">= 64", found=ev.token_budget)
@@ -323,6 +350,25 @@ def check_long_context(case: Case) -> None:
     if lc.length and (lc.rungs < 2 or lc.per_rung < 1):
         raise DiagError("long context needs rungs >= 2 and per_rung >= 1", file=src, field="long_context",
                         expected="rungs >= 2, per_rung >= 1", found={"rungs": lc.rungs, "per_rung": lc.per_rung})
+
+
+def _check_decoding(dec: DecodingSpec, src: str) -> None:
+    """Every sweep value and threshold in range (diag.engine.decoding), before anything loads."""
+    from diag.engine.decoding import check, parse_decoding
+    names = {k: f"decoding.{k}" for k in ("temperature", "top_p", "top_k", "threshold_single", "threshold_acc")}
+    for t in dec.temperature or (1.0,):
+        for p in dec.top_p or (1.0,):
+            for k in dec.top_k or (-1,):
+                check(t, p, k, 1.0 if dec.threshold_single is None else dec.threshold_single,
+                      1.0 if dec.threshold_acc is None else dec.threshold_acc, names=names, file=src)
+    if dec.seeds < 1:
+        raise DiagError("decoding needs at least one seed", file=src, field="decoding.seeds", expected=">= 1",
+                        found=dec.seeds)
+    if dec.scope not in ("verdicts", "all"):
+        raise DiagError("unknown decoding scope", file=src, field="decoding.scope", expected="verdicts or all",
+                        found=dec.scope)
+    if dec.served != "auto":
+        _in_file(parse_decoding, dec.served, "decoding.served", src)
 
 
 def read_case(path: str | Path) -> Case:

@@ -16,14 +16,14 @@ This module knows models and clocks; it knows nothing about files or reports.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from dataclasses import dataclass
-
 from diag.drafter.model import Eagle3Drafter
 from diag.run.speedup import StepCosts
+from diag.target.tree_forward import cache_kwarg
 
 
 @dataclass(frozen=True)
@@ -70,16 +70,10 @@ def _spread(ts: list[float]) -> dict:
     return {"min": s[0], "median": s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2, "max": s[-1]}
 
 
-def _cache_kwarg(model: nn.Module) -> str:
-    """transformers 5.24 renamed `past_key_values` to `cache` (5.17 has only the former)."""
-    import inspect
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
 def _after(model: nn.Module, prefix: torch.Tensor, new: torch.Tensor):
     """(timed fn, untimed setup) for the forward of `new` after a KV cache of `prefix`; the
     cache is rebuilt before every call so each call sees exactly len(prefix) cached tokens."""
-    key = _cache_kwarg(model)
+    key = cache_kwarg(model)
     n = prefix.shape[1]
     pos = torch.arange(n, n + new.shape[1], device=new.device)[None]
 

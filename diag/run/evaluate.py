@@ -27,9 +27,11 @@ def serving_rendering(inp: Inputs) -> str:
 
 
 def reference_axes(inp: Inputs) -> Axes:
+    """The reference of every axis; decoding = what the server runs (run/decodings.py)."""
     ref = inp.case.evaluate.reference_regime
+    served = inp.decoding.served.name if inp.decoding is not None else "greedy"
     return Axes(layout=ANY, mode="eagle3", tree=inp.shapes[0].name, regime=ref, tokens_regime=ref,
-                rendering=serving_rendering(inp))
+                rendering=serving_rendering(inp), decoding=served)
 
 
 def variants(inp: Inputs) -> list[Variant]:
@@ -65,7 +67,7 @@ def evaluate(inp: Inputs, drafter, embed, head, passes, *, progress: bool,
     tables = {m: draft_tables_for(inp.drafter_config, m) for m in ("eagle3", "eagle")}
     evals = _summaries(replay(drafter, embed, head, passes, variants(inp), layouts, token_budget=budget,
                               progress=progress, tables=tables), inp)
-    top = best(select(evals, reference_axes(inp)))
+    top = best(select(evals, reference_axes(inp), decoding="greedy"))
     cross = cross_variants(inp, top.layout if top else None, inp.shapes[0])
     if cross:
         evals += _summaries(replay(drafter, embed, head, passes, cross, layouts, token_budget=budget,

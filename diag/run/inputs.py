@@ -23,6 +23,7 @@ from diag.errors import DiagError
 from diag.layouts import CapturePoint, point, union_points
 from diag.run.candidates import Candidate, candidates_for
 from diag.run.case import Case, resolve_path
+from diag.run.decodings import DecodingPlan, plan as decoding_plan
 from diag.run.prompts import PromptSet, read_prompt_set, read_recorded
 from diag.run.rendered import RenderedPrompts, render_prompts
 from diag.target.load import TargetInfo, plain_config, target_info
@@ -57,6 +58,7 @@ class Inputs:
     rendered: RenderedPrompts | None = None     # the prompts under every rendering of the case
     long_prompts: list[tuple[str, str, list[int]]] | None = None   # long_context.py's ladder
     long_source: str | None = None                                 # the text it was cut from
+    decoding: DecodingPlan | None = None    # what the server decodes with; sampled decodings to run
 
     @property
     def regimes(self) -> list[str]:
@@ -276,8 +278,15 @@ def prepare(case: Case) -> Inputs:
     check_lengths(prompts, recorded, case, tcfg, tinfo)
     long_prompts, long_source = long_context_prompts(case, tok, pset, tinfo, tcfg)
     points = tuple(dict.fromkeys(union_points([c.layout for c in cands]) + (point("final"),)))
+    dplan = _decodings(case, tpath)
     return Inputs(case, tpath, dpath, tinfo, tcfg, dcfg, dckpt, tok, cands, serving_error,
                   list(dict.fromkeys(shapes + served_shapes)), pset, prompts, recorded, points,
                   capture_convention(tcfg, engine_name=case.serving.engine),
-                  notes + grid_notes + cand_notes + list(dckpt.notes) + list(pset.notes),
-                  rendered, long_prompts, long_source)
+                  notes + grid_notes + cand_notes + list(dckpt.notes) + list(pset.notes) + list(dplan.notes),
+                  rendered, long_prompts, long_source, dplan)
+
+
+def _decodings(case: Case, tpath: Path) -> DecodingPlan:
+    from diag.engine.launch import parse_launch
+    launch = parse_launch(case.serving.launch, case.serving.engine) if case.serving.launch else None
+    return decoding_plan(case, tpath, launch)

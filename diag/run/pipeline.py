@@ -3,6 +3,7 @@
     inputs.prepare        configs, tokenizer, candidates, shapes, prompts   (no weights)
     load_drafter          the drafter's weights, checked                    (small)
     target_passes         the target, once, or its cached passes            (large)
+      + sampled           the decode loop for sampled decodings, on the loaded target (run/sampled.py)
     evaluate              every variant -> Evaluation records
     sections, verdicts    speedup, regimes, the live server's reconciliation, then the verdicts
 
@@ -33,6 +34,7 @@ from diag.run.inputs import Inputs, dtype_of, prepare
 from diag.run.pricing import speedup_section, user_costs
 from diag.run.prompt_sections import prompt_sections
 from diag.run.regime_section import regime_section
+from diag.run.sampled import SampledEvaluations
 from diag.run.server_inputs import read_server
 from diag.run.server_section import server_section
 from diag.run.target_passes import target_passes
@@ -63,6 +65,7 @@ class RunResult:
     coverage: dict | None = None
     loops: dict | None = None
     long_context: dict | None = None
+    decoding: object = None              # run/decodings.DecodingPlan: served and sampled decodings
 
     def best_layout(self) -> str | None:
         """The eagle3 layout with the highest accept length at the reference axes."""
@@ -149,25 +152,32 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True) -> Ru
         drafter.use_target_head(head)
     t0 = _stopwatch(timings, "checks_s", t0)
     measured = _Costs(inp, drafter, embed)
-    passes, pass_meta, extra = target_passes(inp, progress=progress, use_cache=use_cache, with_model=measured)
+    sampled = SampledEvaluations(inp, drafter, embed, head)
+    passes, pass_meta, extra = target_passes(inp, progress=progress, use_cache=use_cache,
+                                             with_model=lambda reg, model: (measured(reg, model), sampled(reg, model)),
+                                             needs_model=sampled.regimes)
     notes = inp.notes + pass_meta.pop("cache_notes")
     t0 = _stopwatch(timings, "target_s", t0)
     timings.update(pass_meta.pop("phases"))          # target_load_s, _generate_s, _capture_s
-    evals = evaluate(inp, drafter, embed, head, passes, progress=progress, extra=extra)
+    if sampled.decodings:
+        timings["sampled_s"] = sampled.seconds
+    evals = evaluate(inp, drafter, embed, head, passes, progress=progress, extra=extra) + sampled.evaluations
     t0 = _stopwatch(timings, "drafter_s", t0)
     health = health_checks(drafter, _continuations(passes[inp.regimes[0]]))
     run = RunResult(case, inp.target, _drafter_info(inp.drafter_path, dckpt, drafter), _prompts_info(inp),
                     pass_meta, inp.candidates, evals, reference_axes(inp), inp.capture_convention,
                     serving_error=inp.serving_error, drafter_health=health,
-                    timings=timings, notes=notes)
+                    timings=timings, notes=notes, decoding=inp.decoding)
     run.speedup = _speedup(inp, measured, evals, notes)
     ev = case.evaluate
-    run.regimes = regime_section(passes, pass_meta["reference_regime"], evals, run.reference,
-                                 run.best_layout(), seed=ev.seed, n_boot=ev.bootstrap)
+    greedy = run.reference.but(decoding="greedy")           # regimes are compared under greedy decoding
+    top = best(select(evals, greedy))
+    run.regimes = regime_section(passes, pass_meta["reference_regime"], evals, greedy,
+                                 top.layout if top else None, seed=ev.seed, n_boot=ev.bootstrap)
     if server is not None:
         run.server = server_section(server, evals, run.reference, run.best_layout(), seed=ev.seed, n_boot=ev.bootstrap)
-    side = prompt_sections(inp, run.reference, run.best_layout(), evals, passes, extra, drafter, embed, head,
-                           progress=progress)
+    side = prompt_sections(inp, greedy, top.layout if top else None, evals, passes, extra, drafter, embed, head,
+                           progress=progress)                # the prompt side is replayed greedily
     run.renderings, run.coverage, run.loops, run.long_context = \
         side.renderings, side.coverage, side.loops, side.long_context
     run.verdicts = verdicts(run, inp.target_config)

@@ -41,12 +41,13 @@ def check_user_costs(spec, source: str) -> None:
 
 def speedup_section(evaluations, costs: StepCosts, source: str, *, basis: str, spread: dict | None = None,
                     repeats: int | None = None) -> dict:
-    """One row per evaluation with verify rounds, keyed and labelled like the evaluation."""
+    """One row per evaluation with verify rounds, keyed and labelled like the evaluation; a
+    sampled variant is priced at its exact expected accept length."""
     rows = []
     for e in evaluations:
-        if e.accept_length is None:
+        if e.judged_accept_length is None:
             continue
-        row = summary(e.accept_length, e.shape, costs)
+        row = summary(e.judged_accept_length, e.shape, costs)
         row.update({"key": e.key, **e.axes.as_dict(), "num_steps": e.shape.num_steps,
                     "topk": e.shape.topk, "num_draft_tokens": e.shape.num_draft_tokens,
                     "measurement_error": row["break_even_accept_length"] < 1.0})

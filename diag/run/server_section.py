@@ -4,7 +4,7 @@ that make a server benchmark run at diag's predicted acceptance.
 
 Pure: a ServerObservation and the run's Evaluation records in, a JSON-ready dict out. The
 trained layout's rows (what the fix would give) are looked up with `select` at the run's
-reference axes, the tree left free.
+reference axes, the tree left free; every candidate is taken at the reference (served) decoding.
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ def _exports(evaluations, reference: Axes, layout: str | None, release: str) -> 
 
 def server_section(obs: ServerObservation, evaluations, reference: Axes, trained_layout: str | None, *,
                    seed: int, n_boot: int) -> dict:
+    # the server decodes with the served decoding: only candidates evaluated under it can explain it
+    evaluations = [e for e in evaluations if e.axes.decoding == reference.decoding]
     rec = reconcile(evaluations, obs, seed=seed, n_boot=n_boot)
     return {"observed": obs.to_json(),
             "reconciliation": None if rec is None else rec.to_json(),

@@ -142,14 +142,16 @@ def _one_pass(inp: Inputs, target: _Target, prompts, recorded, sequences, *, use
 
 
 def target_passes(inp: Inputs, *, progress: bool, use_cache: bool,
-                  with_model: Callable[[str, object], None] | None = None
+                  with_model: Callable[[str, object], None] | None = None,
+                  needs_model: set[str] = frozenset()
                   ) -> tuple[dict[str, TargetPass], dict, dict[str, TargetPass]]:
     """regime -> TargetPass over the same sequences (the serving rendering's), the report's
     target_pass section (with "cache_notes": why an entry could not be used, and "phases":
     seconds spent loading, generating and capturing, summed over regimes, which the caller
     moves to its timings), and name -> TargetPass of every extra prompt set
     (extra_prompt_sets) at the reference regime, each with its own greedy continuations.
-    The target loads at most once per regime."""
+    The target loads at most once per regime; a regime in `needs_model` loads its model for
+    `with_model` even when its pass comes from the cache (the sampled decode loop)."""
     dtype = dtype_of(inp.case.target.dtype, "target.dtype", inp.case)
     passes, extra, sequences = {}, {}, None
     meta = {"regimes": {}, "cache_notes": [], "extra_passes": {}, "phases": {}}
@@ -159,6 +161,8 @@ def target_passes(inp: Inputs, *, progress: bool, use_cache: bool,
             target.get()                  # the load hashes the shards: the key then costs no second read
         tp, info = _one_pass(inp, target, inp.prompts, inp.recorded, sequences, use_cache=use_cache,
                              progress=progress, meta=meta, label=reg)
+        if reg in needs_model:
+            target.get()                  # the sampled decode loop needs the model even on a cache hit
         sequences = tp.sequences
         passes[reg] = tp
         meta["regimes"][reg] = {**info, "argmax_agreement": tp.agreement_with_sequence()}

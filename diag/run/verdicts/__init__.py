@@ -1,6 +1,6 @@
 """Verdicts: sentences a ticket can quote, each with its evidence and interval, one module
-per subject (floor, layout, serving_error, eagle, regime, server, speedup, rendering, coverage,
-loops, long_context), the record in record.py.
+per subject (floor, layout, serving_error, eagle, regime, server, speedup, decoding, rendering,
+coverage, loops, long_context), the record in record.py.
 When the drafter predicts nothing on any layout (floor.py), that verdict replaces the layout
 and EAGLE verdicts: a tie of zeros says nothing about which layout the server should feed.
 
@@ -11,6 +11,7 @@ models or files.
 
 from __future__ import annotations
 
+from diag.run.verdicts.decoding import decoding_verdicts
 from diag.run.verdicts.eagle import eagle_verdicts
 from diag.run.verdicts.floor import floor_verdicts
 from diag.run.verdicts.layout import layout_verdicts
@@ -30,5 +31,5 @@ def verdicts(run, target_config: dict) -> list[Verdict]:
     layout = [] if floor else layout_verdicts(run, target_config)
     found = (floor + serving_error_verdicts(run, floor + layout, target_config) + layout
              + ([] if floor else eagle_verdicts(run)) + regime_verdicts(run) + server_verdicts(run)
-             + speedup_verdicts(run) + prompt_side_verdicts(run))
+             + speedup_verdicts(run) + decoding_verdicts(run) + prompt_side_verdicts(run))
     return sorted(found, key=lambda v: SEVERITIES.index(v.severity))

@@ -2,8 +2,9 @@
 server feeds it.
 
 The trained layout is the best eagle3 candidate by trajectory accept length at the run's
-reference axes; candidates whose paired bootstrap difference to the best has a 95% interval
-reaching zero are "indistinguishable from the best". The serving layout is a mismatch when
+reference axes (under a sampled decoding: by the exact per-round expectation, pooled over
+seeds, DESIGN.md §11); candidates whose paired bootstrap difference to the best has a 95%
+interval reaching zero are "indistinguishable from the best". The serving layout is a mismatch when
 it is not in that set: it is lower and the interval of (best - serving) excludes zero.
 Reads Evaluation records and the run's candidates; knows nothing about models or files.
 """
@@ -23,8 +24,8 @@ def roles_of(run, label: str) -> list[str]:
 
 def ranked(run) -> list:
     """eagle3 layouts at the reference axes with rounds, best first."""
-    pool = [e for e in select(run.evaluations, run.reference) if e.accept_length]
-    return sorted(pool, key=lambda e: -e.accept_length)
+    pool = [e for e in select(run.evaluations, run.reference) if e.judged_accept_length]
+    return sorted(pool, key=lambda e: -e.judged_accept_length)
 
 
 def indistinguishable(run, order: list) -> list[dict]:
@@ -32,30 +33,37 @@ def indistinguishable(run, order: list) -> list[dict]:
     seed, n = run.case.evaluate.seed, run.case.evaluate.bootstrap
     top, ties = order[0], []
     for e in order:
-        d, lo, hi = paired_bootstrap_diff(top.trajectory_rounds, e.trajectory_rounds, seed=seed, n=n)
+        d, lo, hi = paired_bootstrap_diff(top.judged_rounds, e.judged_rounds, seed=seed, n=n)
         if lo <= 0.0:
-            ties.append({"layout": e.layout, "accept_length": e.accept_length, "diff_to_best": d,
+            ties.append({"layout": e.layout, "accept_length": e.judged_accept_length, "diff_to_best": d,
                          "ci95": [lo, hi], "roles": roles_of(run, e.layout)})
     return ties
 
 
+def under(e) -> str:
+    """" under t1.0-p0.95-k-1 (exact expectation, 3 seeds)" for a sampled evaluation, else ""."""
+    return f" under {e.decoding} (exact expectation, {len(e.seeds)} seeds)" if e.sampled else ""
+
+
 def _trained(top, ties: list[dict], order: list, run) -> Verdict:
     prompts = run.prompts["count"]
-    lo, hi = top.accept_length_ci95
-    measured = f"{fmt(top.accept_length)} (95% CI {fmt(lo)}-{fmt(hi)}) on {top.tree}"
+    lo, hi = top.judged_ci95
+    measured = f"{fmt(top.judged_accept_length)} (95% CI {fmt(lo)}-{fmt(hi)}) on {top.tree}{under(top)}"
     others = [t["layout"] for t in ties if t["layout"] != top.layout]
     if len(order) == 1:
         text = (f"Only layout {top.layout} was evaluated: accept length {measured}. Add layouts or "
                 f"scan = true to test which layout the drafter was trained on.")
     else:
-        tie_text = (f" Statistically indistinguishable from it (paired bootstrap over {prompts} prompts): "
+        tie_text = (f" Statistically indistinguishable from it (paired bootstrap over {prompts} prompts"
+                    f"{', seeds pooled: the interval cannot separate them' if top.sampled else ''}): "
                     f"{', '.join(others)}." if others else
                     f" Every other candidate is lower, with 95% intervals over {prompts} prompts excluding zero.")
         text = (f"The drafter was trained on layout {top.layout}: it gives the highest accept length, "
                 f"{measured}, among {len(order)} candidate layouts.{tie_text}")
     return Verdict("trained-layout", "info", text,
-                   {"best": top.layout, "accept_length": top.accept_length, "ci95": list(top.accept_length_ci95),
-                    "indistinguishable": ties, "ranking": [(e.layout, e.accept_length) for e in order]})
+                   {"best": top.layout, "accept_length": top.judged_accept_length, "ci95": list(top.judged_ci95),
+                    "decoding": top.decoding, "indistinguishable": ties,
+                    "ranking": [(e.layout, e.judged_accept_length) for e in order]})
 
 
 def _fix(trained: str, run, target_config: dict | None) -> tuple[str, dict]:
@@ -69,20 +77,24 @@ def _fix(trained: str, run, target_config: dict | None) -> tuple[str, dict]:
 
 def _serving(top, serving, ties: list[dict], run, target_config: dict | None = None) -> Verdict:
     seed, n = run.case.evaluate.seed, run.case.evaluate.bootstrap
-    d, lo, hi = paired_bootstrap_diff(top.trajectory_rounds, serving.trajectory_rounds, seed=seed, n=n)
-    evidence = {"serving": serving.layout, "trained": top.layout, "serving_accept_length": serving.accept_length,
-                "trained_accept_length": top.accept_length, "difference": d, "ci95": [lo, hi],
-                "prompts": run.prompts["count"]}
+    d, lo, hi = paired_bootstrap_diff(top.judged_rounds, serving.judged_rounds, seed=seed, n=n)
+    nd = 3 if top.sampled else 2          # exact expectations resolve differences below 0.01
+    evidence = {"serving": serving.layout, "trained": top.layout,
+                "serving_accept_length": serving.judged_accept_length,
+                "trained_accept_length": top.judged_accept_length, "difference": d, "ci95": [lo, hi],
+                "prompts": run.prompts["count"], "decoding": top.decoding}
     if any(t["layout"] == serving.layout for t in ties):
+        cannot = (" Under sampling this interval cannot separate the two layouts; greedy decoding or more "
+                  "prompts and seeds can." if top.sampled and serving.layout != top.layout else "")
         text = (f"The serving layout {serving.layout} matches the trained layout: accept length "
-                f"{fmt(serving.accept_length)} vs best {fmt(top.accept_length)} "
-                f"(difference {d:+.2f}, 95% CI [{lo:+.2f}, {hi:+.2f}] includes zero).")
+                f"{fmt(serving.judged_accept_length)} vs best {fmt(top.judged_accept_length)}{under(top)} "
+                f"(difference {d:+.{nd}f}, 95% CI [{lo:+.{nd}f}, {hi:+.{nd}f}] includes zero).{cannot}")
         return Verdict("layout-match", "ok", text, evidence)
     fix, more = _fix(top.layout, run, target_config)
     text = (f"LAYOUT MISMATCH: the server feeds the drafter {serving.layout}, but it was trained on "
-            f"{top.layout}. Accept length {fmt(serving.accept_length)} served vs "
-            f"{fmt(top.accept_length)} trained on {top.tree} (difference {d:+.2f}, "
-            f"95% CI [{lo:+.2f}, {hi:+.2f}] over {run.prompts['count']} prompts).{fix}")
+            f"{top.layout}. Accept length {fmt(serving.judged_accept_length)} served vs "
+            f"{fmt(top.judged_accept_length)} trained on {top.tree}{under(top)} (difference {d:+.{nd}f}, "
+            f"95% CI [{lo:+.{nd}f}, {hi:+.{nd}f}] over {run.prompts['count']} prompts).{fix}")
     return Verdict("layout-mismatch", "error", text, {**evidence, **more})
 
 

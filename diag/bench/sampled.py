@@ -1,0 +1,86 @@
+"""Sampled-decoding benchmark: the speculative decode loop (diag.replay.decode_loop) on a target,
+3 layouts x the tree shapes, batched over the prompts, at temperature 1.0 / top-p 0.95.
+
+Per tree shape it reports
+  tokens_per_second      continuation tokens emitted by the loop per second (all lanes)
+  pass_tokens_per_second the teacher-forced capture pass over the same decoded sequences
+  cost_in_passes         seconds of one sampled evaluation (one layout x tree, all prompts, one
+                         seed) / seconds of one teacher-forced pass over its sequences; the goal
+                         is <= num_draft_tokens (one verify of D tokens per emitted token at worst)
+  phases                 where the loop's time goes: prefill, draft, verify_forward, accept
+                         (probabilities, the tree walk, the exact expectation), commit, retire
+  limit                  the phase that takes the most time
+A random-weight target accepts little, so the loop runs close to one round per token: the
+worst case for the loop's cost. This module knows the loop and timing; nothing about files.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from diag.bench.common import sync
+from diag.engine.decoding import sampled
+from diag.layouts import CapturePoint, layout, union_points
+from diag.replay.decode_loop import DecodeLoop, Lane
+from diag.replay.replay import Variant
+from diag.target.passes import Sequence, run_capture
+from diag.trees import tree_shape
+
+TREES = ("chain-1", "chain-3", "chain-5", "s3-k4-d5", "s3-k4-d8", "s3-k8-d16")
+DECODING = sampled(1.0, 0.95)
+
+
+def _one_tree(model, drafter, embed, head, lays, shape, prompts, max_new, token_budget) -> dict:
+    lanes = [Lane(Variant(name, "eagle3", shape, decoding=DECODING.name), 0) for name in lays]
+    loop = DecodeLoop(model, drafter, embed, head, lanes, {n: layout(n) for n in lays}, shape, DECODING,
+                      eos_ids=set(), profile=True)
+    rows = [(li, p) for li in range(len(lanes)) for p in range(len(prompts))]
+    sync()
+    t0 = time.perf_counter()
+    out = loop.run(prompts, rows, max_new)
+    sync()
+    seconds = time.perf_counter() - t0
+    emitted = sum(len(o.ids) - len(prompts[o.prompt]) for o in out)
+    seqs = [Sequence(f"r{i}", "bench", len(prompts[o.prompt]), torch.tensor(o.ids)) for i, o in enumerate(out)
+            if o.lane is lanes[0]]
+    points = tuple(dict.fromkeys(union_points([layout(n) for n in lays]) + (CapturePoint("final"),)))
+    run_capture(model, seqs[:2], points, regime="bench", token_budget=token_budget, progress=False)  # warm-up
+    sync()
+    t1 = time.perf_counter()
+    run_capture(model, seqs, points, regime="bench", token_budget=token_budget, progress=False)
+    sync()
+    pass_s = time.perf_counter() - t1
+    pass_tokens = sum(len(s.ids) for s in seqs)
+    rounds = sum(len(o.accepted) for o in out)
+    phases = {k: round(v, 4) for k, v in loop.seconds.items()}
+    return {"tree": shape.name, "num_draft_tokens": shape.num_draft_tokens, "lanes": len(lanes),
+            "rows": len(rows), "seconds": seconds, "emitted_tokens": emitted,
+            "tokens_per_second": emitted / seconds, "loop_rounds": loop.counts["rounds"],
+            "verified_tokens": loop.counts["verified_tokens"],
+            "accept_length": (emitted / rounds) if rounds else None,
+            "pass_seconds": pass_s, "pass_tokens": pass_tokens, "pass_tokens_per_second": pass_tokens / pass_s,
+            "cost_in_passes": seconds / len(lanes) / pass_s,
+            "goal_met": seconds / len(lanes) / pass_s <= shape.num_draft_tokens,
+            "phases": phases, "limit": max(phases, key=phases.get) if phases else None}
+
+
+@torch.no_grad()
+def sampled_bench(model, drafter, embed, head, layouts: list[str], prompts: list[list[int]], *,
+                  max_new_tokens: int, token_budget: int, trees=TREES) -> dict:
+    """The loop on every tree shape; rows = len(layouts) x len(prompts) per shape."""
+    rows = [_one_tree(model, drafter, embed, head, layouts, tree_shape(t), prompts, max_new_tokens, token_budget)
+            for t in trees]
+    worst = max(rows, key=lambda r: r["cost_in_passes"] / r["num_draft_tokens"])
+    return {"decoding": DECODING.name, "layouts": layouts, "prompts": len(prompts),
+            "max_new_tokens": max_new_tokens, "rows": rows,
+            "worst_cost_over_draft_tokens": worst["cost_in_passes"] / worst["num_draft_tokens"],
+            "all_goals_met": all(r["goal_met"] for r in rows),
+            "tokens_per_second": sum(r["emitted_tokens"] for r in rows) / sum(r["seconds"] for r in rows)}
+
+
+def bench_prompts(n: int, prompt_len: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    """n random prompts of prompt_len ids (stand-ins for a prompt set)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (n, prompt_len), generator=g).tolist()

@@ -1,0 +1,355 @@
+"""A speculative decode, round by round, as the server runs it (DESIGN.md §11).
+
+Under sampling the continuation depends on the drafts, so no teacher-forced pass can score it.
+Each round, for every row (a lane = variant x seed, times a prompt):
+    draft      the drafter drafts a tree from the row's root (drafter/incremental.py)
+    verify     the target scores the tree in one tree-attention forward (target/tree_forward.py)
+    accept     SGLang's target-only rule with both thresholds, bonus from relu(p - excluded)
+               (replay/sampling.py); greedy = the same walk over one-hot argmax probabilities
+    commit     root + accepted nodes join the target's cache; their states and the new tokens
+               extend the drafter's cache; the next root is j + a + 1
+Indices as in verify.py: a round rooted at j has the target's state at j, root token t_{j+1}
+at position j + 1, depth d at position j + 1 + d. Worked example: prompt of 5 tokens ->
+prefill, t_5 sampled from the state at 4, first round rooted at j = 4 (tree at positions 5..);
+it accepts 2 -> emits t_6, t_7 (drafts) and t_8 (bonus); the next round is rooted at 7.
+
+Rounds are recorded with their root, accepted count and the exact P(a >= d) of the round
+(thresholds included). A row stops at an end-of-sequence token or once it has emitted
+max_new_tokens, as generation does; `Decoded.rounds_in_window` keeps the rounds a
+teacher-forced replay of the same sequence scores (roots up to T - 2 - window_steps), so at
+T -> 0 both give the same rounds. Coins are keyed on (seed, prompt, root position), so
+lanes that differ only in layout share their random numbers (a paired comparison), and a
+row's draws do not depend on the batch. This module knows the loop; nothing about files.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+from diag.drafter.drafting import DraftHead
+from diag.drafter.incremental import DraftKV, draft_tree, extend
+from diag.engine.decoding import Decoding
+from diag.layouts import CapturePoint, Layout, union_points
+from diag.replay.replay import Variant, _on
+from diag.replay.sampling import expected_at_depth, sample, target_probs, uniforms, verify_tree
+from diag.target.passes import pad_right
+from diag.target.tree_forward import commit, prefill, select_rows, verify_forward
+from diag.trees import TreeShape
+
+FIRST_TOKEN_STREAM = 0x5BD1E995      # the prefill's sample draws from its own coin stream
+RETIRE_FRACTION = 0.1                # finished rows leave the batch once they are a tenth of it
+
+
+@dataclass(frozen=True)
+class Lane:
+    variant: Variant
+    seed: int
+
+
+@dataclass
+class Decoded:
+    """One (lane, prompt): every round's root j, accepted drafts a, exact P(a >= d) [S]; the
+    ids decoded; `length` the sequence length T a replay of them would have (prompt +
+    max_new_tokens, or up to and including the first end-of-sequence token)."""
+    lane: Lane
+    prompt: int
+    roots: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+    expected: list[list[float]] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
+    length: int = 0
+
+    def rounds_in_window(self, prompt_len: int, window_steps: int) -> list[int]:
+        """Indices of the rounds a replay scores: prompt_len - 1 <= j <= T - 2 - window_steps."""
+        last = self.length - 2 - window_steps
+        return [i for i, j in enumerate(self.roots) if prompt_len - 1 <= j <= last]
+
+
+@dataclass
+class _Rows:
+    """Loop state of the B active rows. seq [B, cap] committed ids (CPU), n [B] how many (the
+    last is the root token, not yet seen by the target), r_root [B, H] the drafter's step-1
+    output at the root pair, dkv its cache, lane_of [B], active [B] indices into `out`."""
+    seq: torch.Tensor
+    n: torch.Tensor
+    r_root: torch.Tensor | None
+    dkv: DraftKV | None
+    lane_of: torch.Tensor
+    active: torch.Tensor
+    out: list[Decoded]
+    done: torch.Tensor | None = None                  # [B] finished, still in the batch
+
+    @property
+    def root(self) -> torch.Tensor:
+        return self.n - 2
+
+    def keep(self, rows: torch.Tensor, dev) -> "_Rows":
+        return _Rows(self.seq[rows], self.n[rows], self.r_root[rows.to(dev)], self.dkv.select(rows.to(dev)),
+                     self.lane_of[rows], self.active[rows], self.out, self.done[rows])
+
+
+def probabilities(logits: torch.Tensor, decoding: Decoding) -> torch.Tensor:
+    """Greedy: one-hot argmax (the walk then accepts iff the token is the argmax and the bonus is
+    the argmax: SGLang's verify_tree_greedy). Sampled: SGLang's target probabilities."""
+    if decoding.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    return target_probs(logits, decoding)
+
+
+def _at_nodes(t: torch.Tensor, node: torch.Tensor) -> torch.Tensor:
+    """t [B, D, H], node [B, N] -> t at those nodes [B, N, H]."""
+    return t.gather(1, node.to(t.device)[..., None].expand(*node.shape, t.shape[-1]))
+
+
+class DecodeLoop:
+    """All lanes of one tree shape over the same prompts, batched; see the module docstring."""
+
+    def __init__(self, model, drafter, embed, head, lanes: list[Lane], layouts: dict[str, Layout],
+                 shape: TreeShape, decoding: Decoding, *, eos_ids: set[int], profile: bool = False):
+        self.model, self.drafter, self.lanes, self.layouts = model, drafter, lanes, layouts
+        self.profile, self.seconds = profile, defaultdict(float)     # phase -> seconds (profile only)
+        self.counts = defaultdict(int)                              # rounds, verified tokens, rows
+        self.shape, self.decoding, self.eos = shape, decoding, sorted(eos_ids)
+        p = next(drafter.parameters())
+        self.dev, self.dtype = p.device, p.dtype
+        self.heads = {m: DraftHead(_on(embed, self.dev, self.dtype),
+                                   _on(head, self.dev, self.dtype) if m == "eagle" else None)
+                      for m in dict.fromkeys(ln.variant.mode for ln in lanes)}
+        lays = [layouts[ln.variant.layout] for ln in lanes if ln.variant.mode == "eagle3"]
+        self.points = tuple(dict.fromkeys(union_points(lays) + (CapturePoint("final"),)))
+        self.lane_points = [("final",) if ln.variant.mode == "eagle" else
+                            tuple(p.name for p in layouts[ln.variant.layout].points) for ln in lanes]
+        self.lane_mode = [ln.variant.mode for ln in lanes]
+
+    @contextmanager
+    def _phase(self, name: str):
+        """With profile=True, wall seconds of a phase (CUDA synchronised around it)."""
+        if not self.profile:
+            yield
+            return
+        if self.dev.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        yield
+        if self.dev.type == "cuda":
+            torch.cuda.synchronize()
+        self.seconds[name] += time.perf_counter() - t0
+
+    @torch.no_grad()
+    def run(self, prompts: list[list[int]], rows: list[tuple[int, int]], max_new_tokens: int) -> list[Decoded]:
+        """rows: (lane index, prompt index) pairs. Returns one Decoded per row, in order. Inside,
+        rows are grouped by serving mode (one contiguous slice each, see `_groups`)."""
+        modes = list(self.heads)
+        order = sorted(range(len(rows)), key=lambda i: modes.index(self.lane_mode[rows[i][0]]))
+        out = self._run([rows[i] for i in order], prompts, max_new_tokens)
+        back = [None] * len(rows)
+        for pos, i in enumerate(order):
+            back[i] = out[pos]
+        return back
+
+    def _run(self, rows, prompts, max_new_tokens) -> list[Decoded]:
+        with self._phase("prefill"):
+            st, tkv = self._start(prompts, rows, max_new_tokens)
+        self.counts["rows"] += len(rows)
+        while st.active.numel():
+            self.counts["rounds"] += 1
+            self.counts["verified_tokens"] += len(st.n) * self.shape.num_draft_tokens
+            self._round(st, tkv)
+            with self._phase("retire"):
+                st = self._retire(st, tkv, prompts, max_new_tokens)
+        return st.out
+
+    # ---- the drafter's inputs ----------------------------------------------------------
+    def _groups(self, lane_of: torch.Tensor) -> list[tuple[str, DraftHead, slice]]:
+        """(mode, its draft head, its rows) for every mode present: rows are sorted by mode and stay
+        so when rows leave, so each mode is one slice (drafter-cache views, no copies)."""
+        modes = [self.lane_mode[li] for li in lane_of.tolist()]
+        out = []
+        for mode, head in self.heads.items():
+            idx = [i for i, m in enumerate(modes) if m == mode]
+            if idx:
+                out.append((mode, head, slice(idx[0], idx[-1] + 1)))
+        return out
+
+    def _aux(self, states: dict, pick, lane_of: torch.Tensor, rows: slice) -> torch.Tensor:
+        """[R, N, W] features of the rows `rows` by each row's layout; pick(t) maps a captured
+        state to [B, N, H] rows."""
+        cache, out, sub = {}, None, lane_of[rows].tolist()
+        for pts in dict.fromkeys(self.lane_points[li] for li in sub):
+            m = torch.tensor([self.lane_points[li] == pts for li in sub], dtype=torch.bool)
+            full = torch.arange(len(lane_of))[rows][m].to(self.dev)
+            for p in pts:
+                if p not in cache:
+                    cache[p] = pick(states[p]).to(self.dev, self.dtype)
+            feats = torch.cat([cache[p][full] for p in pts], -1)
+            if len(sub) == len(full):
+                return feats
+            if out is None:
+                out = feats.new_zeros(len(sub), *feats.shape[1:])
+            out[m.to(self.dev)] = feats
+        return out
+
+    def _extend(self, st: _Rows, states, pick, nxt, pos, count):
+        """Append count[b] pairs to every row's drafter cache; r_root = r of each row's last pair."""
+        B = len(st.lane_of)
+        r_all = None
+        for _, head, sl in self._groups(st.lane_of):
+            sub = st.dkv.select(sl)
+            r = extend(self.drafter, head, sub, nxt[sl], self._aux(states, pick, st.lane_of, sl), pos[sl], count[sl])
+            st.dkv.put(sl, sub)
+            if r_all is None:
+                r_all = r.new_zeros(B, *r.shape[1:])
+            r_all[sl] = r
+        st.r_root = r_all[torch.arange(B, device=self.dev), (count - 1).clamp(min=0).to(self.dev)]
+
+    # ---- prefill -----------------------------------------------------------------------
+    def _start(self, prompts, rows, max_new_tokens):
+        uniq = sorted({p for _, p in rows})
+        ids, valid = pad_right([torch.tensor(prompts[p], dtype=torch.long) for p in uniq])
+        cap = ids.shape[1] + max_new_tokens + 2 * (self.shape.num_draft_tokens + 2)
+        tkv, scored = prefill(self.model, ids, valid, self.points, capacity=cap)
+        pick = torch.tensor([uniq.index(p) for _, p in rows], dtype=torch.long)
+        select_rows(tkv, pick)                                                # one cache row per row
+        B, P = len(rows), ids.shape[1]
+        plen = torch.tensor([len(prompts[p]) for _, p in rows], dtype=torch.long)
+        lane_of = torch.tensor([li for li, _ in rows], dtype=torch.long)
+        out = [Decoded(self.lanes[li], p) for li, p in rows]
+        seq = torch.cat([ids[pick], torch.zeros(B, 1, dtype=torch.long)], dim=1)
+        logits = scored.logits[:, 0].to(self.dev)[pick.to(self.dev)]
+        seq[torch.arange(B), plen] = self._first_tokens(logits, out, lane_of, plen).cpu()
+        attn = self.drafter.midlayer.self_attn
+        cap = P + max_new_tokens + 2 * (self.shape.num_steps + 2)
+        dkv = DraftKV.empty(B, cap, attn.nh, attn.hd, dtype=self.dtype, device=self.dev)
+        st = _Rows(seq, plen + 1, None, dkv, lane_of, torch.arange(B), out, torch.zeros(B, dtype=torch.bool))
+        pos = torch.arange(P, device=self.dev).expand(B, P)
+        self._extend(st, scored.states, lambda t: t[pick.to(t.device)], seq[:, 1:P + 1].to(self.dev), pos,
+                     plen.to(self.dev))
+        return st, tkv
+
+    def _first_tokens(self, logits, out, lane_of, plen):
+        """t_P of every row, sampled from the prompt's last state with its own coin stream."""
+        keys = torch.tensor([o.prompt for o in out], dtype=torch.long, device=self.dev)
+        return sample(probabilities(logits, self.decoding), self._coins(keys, lane_of, plen, 1,
+                                                                        FIRST_TOKEN_STREAM)[:, 0])
+
+    def _coins(self, keys, lane_of, counter, width, stream: int = 0):
+        coins = torch.zeros(len(keys), width, device=self.dev)
+        seeds = torch.tensor([self.lanes[li].seed for li in lane_of.tolist()])
+        for s in seeds.unique().tolist():
+            m = (seeds == s).to(self.dev)
+            coins[m] = uniforms(s ^ stream, keys[m], counter.to(self.dev)[m], width)
+        return coins
+
+    # ---- one round -----------------------------------------------------------------------
+    def _draft(self, st):
+        root = st.root.to(self.dev)
+        root_tok = st.seq[torch.arange(len(st.n)), st.n - 1].to(self.dev)
+        B, D = len(st.n), self.shape.num_draft_tokens
+        full = {k: torch.zeros(B, D, dtype=t, device=self.dev)
+                for k, t in (("tokens", torch.long), ("parents", torch.long), ("depths", torch.long),
+                             ("valid", torch.bool))}
+        for _, head, sl in self._groups(st.lane_of):
+            tree = draft_tree(self.drafter, head, st.dkv.select(sl), st.r_root[sl], root[sl], root_tok[sl],
+                              self.shape)
+            for k in full:
+                full[k][sl] = getattr(tree, k).to(self.dev)
+        return full
+
+    def _round(self, st, tkv):
+        with self._phase("draft"):
+            t = self._draft(st)
+        with self._phase("verify_forward"):
+            scored = verify_forward(self.model, tkv, t["tokens"], t["parents"], t["valid"], st.root + 1,
+                                    self.points)
+        with self._phase("accept"):
+            res, exp = self._accept(st, t, scored)
+        self._record(st, res, exp)
+        with self._phase("commit"):
+            self._commit(st, tkv, t, res, scored)
+
+    def _accept(self, st, t, scored):
+        probs = probabilities(scored.logits.to(self.dev), self.decoding)             # [B, D, V]
+        S, D = self.shape.num_steps, self.shape.num_draft_tokens
+        keys = torch.tensor([st.out[i].prompt for i in st.active.tolist()], dtype=torch.long, device=self.dev)
+        coins = self._coins(keys, st.lane_of, st.root, D + 1)
+        d = self.decoding
+        ts, ta = (1.0, 1.0) if d.greedy else (d.threshold_single, d.threshold_acc)
+        res = verify_tree(t["tokens"], t["parents"], t["valid"], probs, coins[:, :D], coins[:, D], S,
+                          threshold_single=ts, threshold_acc=ta)
+        exp = expected_at_depth(t["tokens"], t["parents"], t["valid"], probs, t["depths"], S,
+                                threshold_single=ts, threshold_acc=ta)
+        return res, exp
+
+    def _record(self, st, res, exp):
+        acc, e, roots = res.accepted.tolist(), exp.tolist(), st.root.tolist()
+        done = st.done.tolist()
+        for b, i in enumerate(st.active.tolist()):
+            if done[b]:
+                continue
+            o = st.out[i]
+            o.roots.append(roots[b])
+            o.accepted.append(acc[b])
+            o.expected.append(e[b])
+
+    def _commit(self, st, tkv, t, res, scored):
+        """Root + accepted nodes into the target's cache; drafts then the bonus into seq;
+        pairs j+1 .. j+1+a (hidden states of nodes path[0..a], tokens emitted[0..a]) into the
+        drafter's cache. Finished rows commit nothing."""
+        B = len(st.n)
+        path, a = res.path.to(self.dev), res.accepted.to(self.dev)               # [B, S+1], [B]
+        live = ~st.done.to(self.dev)
+        commit(tkv, torch.where(live[:, None], path, -1))
+        drafts = t["tokens"].gather(-1, path[:, 1:].clamp(min=0))                 # [B, S]
+        emitted = torch.cat([drafts, torch.zeros_like(drafts[:, :1])], -1)
+        emitted.scatter_(-1, a[:, None], res.bonus.to(self.dev)[:, None])         # drafts, then the bonus
+        width = int(a.max()) + 1
+        step = torch.arange(width, device=self.dev)[None].expand(B, width)
+        grow = int((st.n + a.cpu() + 1).max()) - st.seq.shape[1]
+        if grow > 0:
+            st.seq = torch.cat([st.seq, torch.zeros(B, grow, dtype=torch.long)], dim=1)
+        ok = ((step <= a[:, None]) & live[:, None]).cpu()
+        cols = (st.n[:, None] + step.cpu())[ok]
+        st.seq[torch.arange(B)[:, None].expand(B, width)[ok], cols] = emitted[:, :width].cpu()[ok]
+        node = path[:, :width].clamp(min=0)
+        count = torch.where(live, a + 1, torch.zeros_like(a))
+        self._extend(st, scored.states, lambda s: _at_nodes(s, node), emitted[:, :width],
+                     st.root.to(self.dev)[:, None] + 1 + step, count)
+        st.n = st.n + count.cpu()
+
+    # ---- finishing rows ------------------------------------------------------------------
+    def _retire(self, st, tkv, prompts, max_new_tokens) -> _Rows:
+        """Rows that emitted max_new_tokens or an end-of-sequence token are finished; they leave
+        the batch once they are RETIRE_FRACTION of it (until then they ride along, committing
+        nothing), so the caches are re-indexed a few times per batch, not every round."""
+        plen = torch.tensor([len(prompts[st.out[i].prompt]) for i in st.active.tolist()])
+        idx = torch.arange(st.seq.shape[1])[None]
+        cont = (idx >= plen[:, None]) & (idx < st.n[:, None]) & (idx < (plen + max_new_tokens)[:, None])
+        eos = (torch.isin(st.seq, torch.tensor(self.eos, dtype=torch.long)) & cont).any(-1) if self.eos \
+            else torch.zeros(len(plen), dtype=torch.bool)
+        done = eos | (st.n >= plen + max_new_tokens)
+        for b in torch.nonzero(done & ~st.done)[:, 0].tolist():
+            self._finish(st, b, int(plen[b]), max_new_tokens)
+        st.done = done
+        if done.all():
+            return _Rows(st.seq[:0], st.n[:0], None, None, st.lane_of[:0], st.active[:0], st.out, done[:0])
+        if done.float().mean() < RETIRE_FRACTION:
+            return st
+        keep = torch.nonzero(~done)[:, 0]
+        select_rows(tkv, keep)
+        return st.keep(keep, self.dev)
+
+    def _finish(self, st, b, plen, max_new_tokens):
+        o = st.out[int(st.active[b])]
+        ids = st.seq[b, :int(st.n[b])].tolist()
+        cont = ids[plen:plen + max_new_tokens]
+        for k, tok in enumerate(cont):
+            if tok in self.eos:
+                cont = cont[:k + 1]
+                break
+        o.ids = ids[:plen] + cont
+        o.length = len(o.ids)

@@ -1,0 +1,267 @@
+"""Verification under sampling, ported to torch from SGLang 0.5.23 (DESIGN.md §11).
+
+Target probabilities (srt/speculative/eagle_utils.py, eagle_sample): p = softmax(logits / T),
+then top-k renormalisation, then top-p renormalisation, both with FlashInfer's pivot rule
+(kernels/ops/sampling/renorm_triton.py): top-k keeps every p >= the k-th largest; top-p sorts
+ascending, finds the first index whose running sum reaches 1 - top_p, and keeps every p >= the
+value there (ties at the pivot stay). T < 1e-6 means top_k = 1 at T = 1 (SamplingParams).
+
+The tree walk (kernels/jit/include/sgl_kernel/speculative/sampling.cuh,
+TreeSpeculativeSamplingTargetOnly), per request: coin = u[root]; at each depth the children of
+the last accepted node are walked in node-index order (build_tree_efficient links siblings in
+ascending index) with prob_acc += p(child) under the last accepted node's distribution; a child
+is accepted when p > 0 and (coin < prob_acc / threshold_acc or p >= threshold_single); on accept
+coin = u[child] and prob_acc = 0; a rejected child's p is written into the exclusion table of
+that node. The bonus token is drawn with its own coin from relu(p(last) - excluded(last)),
+renormalised: the first index whose running sum exceeds coin * total, else the last id with
+mass, else V - 1. The draft distribution is never read ("target only").
+
+Worked example, thresholds 1: root children a (p .5), b (p .3); coin .6 -> a rejected
+(.6 >= .5), b accepted (.6 < .8); coin .9 -> both rejected, bonus from {other tokens: .2}.
+So P(accept a) = .5, P(accept b) = .3: each child is accepted with its own target probability,
+and E[accepted] = sum over nodes of the product of p along the path (`expected_accepted`).
+
+vLLM's chain rule (`verify_chain_vllm`): accept depth d iff u_d < p(x_d), else emit a token from
+p with x_d removed; the same law as SGLang's for chains, other coins.
+
+Coins (`uniforms`) come from a counter-based hash of (seed, row key, round, column), so a
+row's coins do not depend on how rows are batched. This module knows probabilities, token ids
+and parent arrays; nothing about models or files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from diag.engine.decoding import SAMPLING_EPS, Decoding
+
+MAX_COIN = 1.0 - 2 ** -24        # SGLang clamps coins below 1.0 (a 1.0 coin walks past the CDF)
+_M32 = 0xFFFFFFFF
+
+
+# ---- target probabilities -------------------------------------------------------------
+
+def _keep_from_pivot(p: torch.Tensor, pivot: torch.Tensor) -> torch.Tensor:
+    kept = torch.where(p >= pivot, p, torch.zeros_like(p))
+    return kept / kept.sum(-1, keepdim=True)
+
+
+def renorm_top_k(p: torch.Tensor, k: int) -> torch.Tensor:
+    """Keep every p >= the k-th largest, renormalise. [.4, .3, .2, .1], k 2 -> [.571, .429, 0, 0]."""
+    if k < 1 or k >= p.shape[-1]:
+        return p
+    pivot = torch.topk(p, k, dim=-1).values[..., -1:]
+    return _keep_from_pivot(p, pivot)
+
+
+def _pivot_sorted(p: torch.Tensor, top_p: float) -> torch.Tensor:
+    asc = torch.sort(p, dim=-1).values
+    cdf = torch.cumsum(asc, dim=-1)
+    need = torch.full((*p.shape[:-1], 1), 1.0 - top_p, dtype=cdf.dtype, device=p.device)
+    cut = torch.searchsorted(cdf.contiguous(), need, right=False).clamp(max=p.shape[-1] - 1)
+    return asc.gather(-1, cut)
+
+
+def _pivot_window(p: torch.Tensor, top_p: float, k0: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same pivot from the k0 largest only: the ascending running sum reaches 1 - top_p at
+    the element whose larger ones sum to at most total - 1 + top_p, i.e. the (k*+1)-th largest
+    with k* the most of them whose sum stays within that budget. -> (pivot, found) [..., 1];
+    found is False when all k0 fit (the pivot lies deeper)."""
+    top = torch.topk(p, k0, dim=-1).values                                   # descending
+    budget = top_p - 1.0 + p.sum(-1, keepdim=True)
+    before = torch.cumsum(top, dim=-1) - top                                 # sum of the m largest, m < k0
+    count = (before <= budget).sum(-1, keepdim=True)
+    return top.gather(-1, (count - 1).clamp(min=0)), count < k0
+
+
+def renorm_top_p(p: torch.Tensor, top_p: float, *, window: int = 256) -> torch.Tensor:
+    """FlashInfer's pivot: sorted ascending [.1, .2, .3, .4], top_p .6 -> running sums
+    [.1, .3, .6, 1.0] reach 1 - .6 = .4 first at index 2 -> pivot .3 -> keep {.3, .4} -> [0, 0, .43, .57].
+    On a large vocabulary (> 16 x window) the pivot is looked for among the `window` largest
+    first (no sort of the vocabulary), and the rows where it lies deeper are sorted."""
+    if top_p >= 1.0:
+        return p
+    if 16 * window >= p.shape[-1]:
+        return _keep_from_pivot(p, _pivot_sorted(p, top_p))
+    pivot, found = _pivot_window(p, top_p, window)
+    if not bool(found.all()):
+        flat, ok = pivot.reshape(-1, 1), found.reshape(-1)
+        flat[~ok] = _pivot_sorted(p.reshape(-1, p.shape[-1])[~ok], top_p)
+        pivot = flat.view_as(pivot)
+    return _keep_from_pivot(p, pivot)
+
+
+def target_probs(logits: torch.Tensor, d: Decoding) -> torch.Tensor:
+    """logits [..., V] -> float32 probabilities as SGLang's sampled verification sees them."""
+    t, k = d.temperature, d.top_k
+    if t < SAMPLING_EPS:
+        t, k = 1.0, 1
+    p = torch.softmax(logits.float() / t, dim=-1)
+    p = renorm_top_k(p, k) if k != -1 else p
+    return renorm_top_p(p, d.top_p)
+
+
+def sample(probs: torch.Tensor, coin: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draw per row, as FlashInfer's DeviceSamplingFromProb: the first index whose
+    running sum exceeds coin * total; past the end, the last index with mass; none: V - 1.
+    probs [B, V] (need not sum to 1), coin [B] -> [B] int64.
+    Example: probs [0, .2, 0, .2], coin .6 -> u .24 -> sums [0, .2, .2, .4] -> index 3."""
+    V = probs.shape[-1]
+    cdf = torch.cumsum(probs, dim=-1)                                      # [B, V]
+    u = (coin.to(cdf.dtype) * cdf[:, -1])[:, None]                         # [B, 1]
+    idx = torch.searchsorted(cdf.contiguous(), u.contiguous(), right=True)[:, 0]
+    ids = torch.arange(V, device=probs.device).expand_as(probs)
+    last = torch.where(probs > 0, ids, -1).max(-1).values
+    fallback = torch.where(last >= 0, last, V - 1)
+    return torch.where(idx < V, idx, fallback)
+
+
+# ---- coins ---------------------------------------------------------------------------
+
+def _fmix(h: torch.Tensor) -> torch.Tensor:
+    """murmur3's 32-bit finaliser on int64 tensors (products wrap mod 2^64; low 32 bits kept)."""
+    h = h & _M32
+    h = h ^ (h >> 16)
+    h = (h * 0x85EBCA6B) & _M32
+    h = h ^ (h >> 13)
+    h = (h * 0xC2B2AE35) & _M32
+    return h ^ (h >> 16)
+
+
+def uniforms(seed: int, keys: torch.Tensor, counter: torch.Tensor, width: int) -> torch.Tensor:
+    """[B, width] float32 in [0, 1): coin column c of row b at round counter[b], from
+    (seed, keys[b], counter[b], c) alone. keys, counter [B] int64."""
+    cols = torch.arange(width, device=keys.device, dtype=torch.int64)
+    h = _fmix(torch.full_like(keys, (int(seed) * 0x9E3779B1 + 0x7F4A7C15) & _M32))
+    h = _fmix(h[:, None] ^ _fmix(keys[:, None] * 0x27D4EB2F + 0x165667B1))
+    h = _fmix(h ^ _fmix(counter[:, None] * 0x61C88647 + cols[None, :] * 0x2545F491 + 0x1B873593))
+    return ((h >> 8).to(torch.float32) / float(1 << 24)).clamp(max=MAX_COIN)
+
+
+# ---- the tree walk -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SampledRound:
+    """One verify round per row. accepted [B] int64 (drafts, bonus excluded); path [B, S+1]
+    node indices (path[:, 0] = 0, -1 past the accepted depth); bonus [B] int64 token id."""
+
+    accepted: torch.Tensor
+    path: torch.Tensor
+    bonus: torch.Tensor
+
+
+def _child_probs(tokens, parents, valid, probs, cur):
+    """p of every child of node cur[b] under cur's distribution; 0 for non-children. [B, D]."""
+    B = tokens.shape[0]
+    at_cur = probs[torch.arange(B, device=probs.device), cur]                       # [B, V]
+    child = valid & (parents == cur[:, None])
+    p = at_cur.gather(-1, tokens.clamp(min=0)) * child
+    return p, child, at_cur
+
+
+def verify_tree(tokens: torch.Tensor, parents: torch.Tensor, valid: torch.Tensor, probs: torch.Tensor,
+                coins: torch.Tensor, final_coin: torch.Tensor, num_steps: int, *,
+                threshold_single: float = 1.0, threshold_acc: float = 1.0) -> SampledRound:
+    """SGLang's target-only tree sampling (module docstring). tokens, parents, valid [B, D]
+    (node 0 the root); probs [B, D, V] target probabilities after node i; coins [B, D];
+    final_coin [B]."""
+    B, D = tokens.shape
+    dev = tokens.device
+    idx = torch.arange(D, device=dev).expand(B, D)
+    cur = torch.zeros(B, dtype=torch.int64, device=dev)
+    alive = torch.ones(B, dtype=torch.bool, device=dev)
+    path = torch.full((B, num_steps + 1), -1, dtype=torch.int64, device=dev)
+    path[:, 0] = 0
+    excluded = torch.zeros(B, D, dtype=torch.bool, device=dev)       # rejected children of cur
+    for d in range(1, num_steps + 1):
+        p, child, _ = _child_probs(tokens, parents, valid, probs, cur)
+        acc = torch.cumsum(p, dim=-1)                                  # prob_acc in index order
+        coin = coins.gather(-1, cur[:, None])                         # [B, 1]
+        ok = child & (p > 0) & ((coin < acc / threshold_acc) | (p >= threshold_single))
+        first = torch.where(ok, idx, D).min(-1).values                # [B]; D = none accepted
+        took = alive & (first < D)
+        excluded = torch.where(alive[:, None], child & (idx < first[:, None]), excluded)
+        excluded = excluded & ~took[:, None]
+        cur = torch.where(took, first, cur)
+        path[:, d] = torch.where(took, first, -1)
+        alive = took
+    accepted = (path[:, 1:] >= 0).sum(-1)
+    p_last = probs[torch.arange(B, device=dev), cur]                   # [B, V]
+    drop = torch.zeros_like(p_last).scatter_add_(-1, tokens.clamp(min=0),
+                                                 p_last.gather(-1, tokens.clamp(min=0)) * excluded)
+    drop = torch.where(drop > 0, p_last, torch.zeros_like(p_last))    # excluded once, whatever duplicates
+    bonus = sample((p_last - drop).clamp(min=0), final_coin)
+    return SampledRound(accepted, path, bonus)
+
+
+def verify_chain_vllm(tokens: torch.Tensor, probs: torch.Tensor, coins: torch.Tensor,
+                      final_coin: torch.Tensor) -> SampledRound:
+    """vLLM's rule for a chain of greedy drafts: tokens [B, S+1] (column 0 the root), probs
+    [B, S+1, V]; accept depth d iff coins[:, d-1] < p(x_d) under node d-1; on the first
+    rejection emit from p(d-1) with x_d removed; all accepted: the bonus from p(S)."""
+    B, D = tokens.shape
+    S = D - 1
+    p_draft = probs[:, :S].gather(-1, tokens[:, 1:, None])[..., 0]    # [B, S]: p(x_d) at node d-1
+    ok = (coins[:, :S] < p_draft).to(torch.int64).cumprod(-1)
+    accepted = ok.sum(-1)
+    rows = torch.arange(B, device=tokens.device)
+    p_last = probs[rows, accepted].clone()                             # [B, V]
+    rejected = accepted < S
+    tok = tokens[rows, (accepted + 1).clamp(max=S)]
+    p_last[rows[rejected], tok[rejected]] = 0.0
+    path = torch.where(torch.arange(S + 1, device=tokens.device)[None] <= accepted[:, None],
+                       torch.arange(S + 1, device=tokens.device)[None], -1)
+    return SampledRound(accepted, path, sample(p_last, final_coin))
+
+
+# ---- the exact expectation -----------------------------------------------------------
+
+def accept_probs(tokens: torch.Tensor, parents: torch.Tensor, valid: torch.Tensor, probs: torch.Tensor, *,
+                 threshold_single: float = 1.0, threshold_acc: float = 1.0) -> torch.Tensor:
+    """P(node i is accepted | its parent was) under the walk above, for every node [B, D]
+    (root 1). Among siblings in index order with running sums S_i (S_0 = 0), the first child
+    whose p >= threshold_single is taken whenever it is reached; before it child i is taken iff
+    the coin falls in [min(1, S_{i-1}/t_acc), min(1, S_i/t_acc)).
+    Thresholds 1: P = p(child). Example (t_acc .5): siblings p [.2, .3] -> [.4, .6]."""
+    B, D = tokens.shape
+    V = probs.shape[-1]
+    flat = parents.clamp(min=0) * V + tokens.clamp(min=0)                     # row of the parent, col of the token
+    p = probs.reshape(B, D * V).gather(-1, flat)                               # [B, D]: p(token_i | parent_i)
+    node = valid & (parents >= 0)
+    p = p * node
+    i = torch.arange(D, device=tokens.device)
+    sib = (parents[:, :, None] == parents[:, None, :]) & node[:, None, :] & node[:, :, None]
+    upto = sib & (i[None, None, :] <= i[None, :, None])                         # j <= i, same parent
+    run = (upto * p[:, None, :]).sum(-1)                                        # S_i
+    prev = run - p                                                              # S_{i-1}
+    fires = node & (p > 0) & (p >= threshold_single)
+    fired_before = (sib & (i[None, None, :] < i[None, :, None]) & fires[:, None, :]).any(-1)
+    lo, hi = (prev / threshold_acc).clamp(max=1.0), (run / threshold_acc).clamp(max=1.0)
+    take = torch.where(fires, 1.0 - lo, torch.where(p > 0, (hi - lo).clamp(min=0.0), torch.zeros_like(p)))
+    take = torch.where(fired_before | ~node, torch.zeros_like(take), take)
+    take[:, 0] = 1.0
+    return take
+
+
+def reach_probs(parents: torch.Tensor, take: torch.Tensor, num_steps: int) -> torch.Tensor:
+    """P(node i is on the accepted path) = product of `take` along its path; root 1. [B, D]."""
+    reach = torch.zeros_like(take)
+    reach[:, 0] = 1.0
+    par = parents.clamp(min=0)
+    for _ in range(num_steps):
+        reach = torch.where(parents >= 0, reach.gather(-1, par) * take, reach)
+        reach[:, 0] = 1.0
+    return reach
+
+
+def expected_at_depth(tokens, parents, valid, probs, depths: torch.Tensor, num_steps: int, *,
+                      threshold_single: float = 1.0, threshold_acc: float = 1.0) -> torch.Tensor:
+    """[B, S]: column d-1 = P(a >= d) = sum of reach over the nodes at depth d. Summed over d it
+    is E[accepted drafts] of the round (thresholds 1: sum over nodes of the product of p)."""
+    take = accept_probs(tokens, parents, valid, probs, threshold_single=threshold_single,
+                        threshold_acc=threshold_acc)
+    reach = reach_probs(parents, take, num_steps) * (valid & (parents >= 0))
+    cols = [(reach * (depths == d)).sum(-1) for d in range(1, num_steps + 1)]
+    return torch.stack(cols, dim=-1)

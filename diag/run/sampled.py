@@ -1,0 +1,105 @@
+"""Sampled decodings of a run: the decode loop on the reference regime's target while the
+pass has it loaded (target_passes' `with_model`), so a run never loads the target twice.
+
+Which variants (the case's decoding.scope):
+  "verdicts"  every candidate (eagle3 layouts and EAGLE mode) on the primary tree, then the
+              best of them (by the exact expectation) on every other tree: what the layout,
+              EAGLE-mode and tree verdicts read at the served decoding;
+  "all"       every candidate on every tree.
+Each variant runs once per seed over every prompt. Lanes of one tree shape share each
+verify forward (rows = lanes x prompts, in batches of at most `token_budget` verified tokens);
+the prompts' prefill is shared by every lane. Nothing is loaded and nothing runs when the run
+has no sampled decoding. This module connects the loop with a case; it knows nothing about
+files or reports.
+"""
+
+from __future__ import annotations
+
+import time
+
+from diag.replay.decode_loop import DecodeLoop, Lane
+from diag.replay.evaluation import Evaluation, best
+from diag.replay.replay import Variant
+from diag.replay.sampled_summary import summarize_sampled
+from diag.run.evaluate import serving_rendering
+from diag.run.inputs import Inputs
+from diag.run.target_passes import special_ids
+from diag.trees import TreeShape
+
+
+def _batches(rows: list[tuple[int, int]], lens: list[int], shape: TreeShape, max_new: int,
+             budget: int) -> list[list[tuple[int, int]]]:
+    """Rows in batches whose cached tokens (rows x (longest prompt + max_new + 2D)) stay within
+    the case's token budget, the tokens a teacher-forced pass batch holds (a KV cache of all
+    layers costs more per token than one layer's activations: keep the budget honest on GPUs).
+    Example: 432 rows, D 4, prompts up to 40 + 64 new, budget 16384 -> 16384 // 112 = 146 rows
+    per batch -> 3 batches."""
+    longest = max(lens[p] for _, p in rows) + max_new + 2 * shape.num_draft_tokens
+    per = max(1, min(budget // shape.num_draft_tokens, budget // longest))
+    return [rows[i:i + per] for i in range(0, len(rows), per)]
+
+
+class SampledEvaluations:
+    """Callable as target_passes' with_model hook; `evaluations` afterwards."""
+
+    def __init__(self, inp: Inputs, drafter, embed, head):
+        self.inp, self.drafter, self.embed, self.head = inp, drafter, embed, head
+        plan = inp.decoding
+        self.decodings = list(plan.sampled) if plan is not None else []
+        self.regime = inp.regimes[0]
+        self.evaluations: list[Evaluation] = []
+        self.seconds = 0.0
+        self.ran = False
+
+    @property
+    def regimes(self) -> set[str]:
+        """Regimes whose model must be loaded even when their pass is cached."""
+        return {self.regime} if self.decodings else set()
+
+    def __call__(self, regime: str, model) -> None:
+        if regime != self.regime or not self.decodings or self.ran:
+            return
+        t0 = time.perf_counter()
+        for dec in self.decodings:
+            self.evaluations += self._one(model, dec)
+        self.ran = True
+        self.seconds = round(time.perf_counter() - t0, 3)
+
+    def _variants(self, dec, shapes, candidates) -> list[Variant]:
+        rendering = serving_rendering(self.inp)
+        return [Variant(c.label, c.mode, s, self.regime, self.regime, rendering=rendering, decoding=dec.name)
+                for c in candidates for s in shapes]
+
+    def _one(self, model, dec) -> list[Evaluation]:
+        inp = self.inp
+        shapes, cands = inp.shapes, inp.candidates
+        if inp.decoding.scope == "all":
+            return self._run(model, dec, self._variants(dec, shapes, cands))
+        first = self._run(model, dec, self._variants(dec, shapes[:1], cands))
+        top = best([e for e in first if e.mode == "eagle3"])
+        if top is None or len(shapes) == 1:
+            return first
+        lead = [c for c in cands if c.label == top.layout]
+        return first + self._run(model, dec, self._variants(dec, shapes[1:], lead))
+
+    def _run(self, model, dec, variants: list[Variant]) -> list[Evaluation]:
+        inp, ev = self.inp, self.inp.case.evaluate
+        prompts = [p for _, _, p in inp.prompts]
+        lens = [len(p) for p in prompts]
+        eos, _ = special_ids(inp.tokenizer)
+        layouts = {c.label: c.layout for c in inp.candidates}
+        window = max(s.num_steps for s in inp.shapes)
+        out = []
+        for shape in dict.fromkeys(v.tree for v in variants):
+            vs = [v for v in variants if v.tree == shape]
+            lanes = [Lane(v, s) for v in vs for s in inp.decoding.seeds]
+            loop = DecodeLoop(model, self.drafter, self.embed, self.head, lanes, layouts, shape, dec, eos_ids=eos)
+            rows = [(li, p) for li in range(len(lanes)) for p in range(len(prompts))]
+            decoded = []
+            for batch in _batches(rows, lens, shape, inp.case.prompts.max_new_tokens, ev.token_budget):
+                decoded += loop.run(prompts, batch, inp.case.prompts.max_new_tokens)
+            for v in vs:
+                mine = [o for o in decoded if o.lane.variant == v]
+                out.append(summarize_sampled(v, mine, [pid for pid, _, _ in inp.prompts], lens, window_steps=window,
+                                             buckets=ev.position_buckets, seed=ev.seed, n_boot=ev.bootstrap))
+        return out

@@ -1,0 +1,166 @@
+"""The target's side of a speculative decode: prefill, then one tree-attention verify forward per
+round over the drafted nodes, on a KV cache, as the server runs it (DESIGN.md §11).
+
+The cache is the model's own transformers cache, one row per request. Row b's committed
+tokens fill its first `length[b]` slots (a row behind the longest has dead slots after them).
+A verify appends the D tree nodes after the longest row; `commit` then moves each row's root
+and accepted path into its own next slots and crops the cache to the longest row, so no slot
+is ever wasted for long and nothing is re-packed. Queries see the row's committed slots plus
+their tree ancestors (diag.trees.ancestor_mask), at positions root_position + depth
+(diag.trees.positions).
+Worked example: lengths [7, 5], cache length 7; tree parents [-1, 0, 0, 1] at slots 7..10,
+rooted at positions [7, 5] -> node positions [[7, 8, 8, 9], [5, 6, 6, 7]]; node 3 of row 1
+sees slots 0..4 and nodes 0, 1, 3. Row 1 accepts path [0, 1, 3] -> slots 7, 8, 10 move to
+5, 6, 7; lengths [.., 8]; the cache is cropped to max(lengths).
+
+Keys carry RoPE at their true positions, so where a key sits in the cache changes nothing.
+This module knows transformers decoders and masks; nothing about drafters, sampling or reports.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from diag.layouts import CapturePoint
+from diag.target.capture import decoder_parts, hooks
+from diag.target.kv_buffer import buffered, crop_rows
+from diag.trees import ancestor_mask, positions
+
+FINAL = CapturePoint("final")
+
+
+@dataclass
+class TargetKV:
+    cache: object            # the decoder's cache object (transformers DynamicCache)
+    length: torch.Tensor     # [B] committed slots of each row (a prefix), on the model's device
+    block: int = 0           # first slot of the last verify's tree nodes
+
+    def valid(self, width: int) -> torch.Tensor:
+        """[B, width] bool: slot < length."""
+        return torch.arange(width, device=self.length.device)[None] < self.length[:, None]
+
+
+@dataclass(frozen=True)
+class Scored:
+    """One forward: logits [B, Q, V] float32 at every query, and the captured points [B, Q, H]
+    (always "final"), on the model's device."""
+    logits: torch.Tensor
+    states: dict[str, torch.Tensor]
+
+
+def cache_kwarg(module: nn.Module) -> str:
+    """The forward argument that takes a KV cache: transformers 5.24 names it `cache`
+    (`past_key_values` deprecated), earlier 5.x (5.17) only `past_key_values`."""
+    params = inspect.signature(module.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def attention_bias(past: torch.Tensor, block: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """past [B, L] bool (valid slots), block [B, Q, Q] bool (query i sees new query j) ->
+    additive mask [B, 1, Q, L + Q]: 0 where attended, the dtype's minimum elsewhere."""
+    B, Q, _ = block.shape
+    see = torch.cat([past[:, None, :].expand(B, Q, past.shape[1]), block], dim=-1)
+    bias = torch.zeros(see.shape, dtype=dtype, device=see.device)
+    return bias.masked_fill_(~see, torch.finfo(dtype).min)[:, None]
+
+
+def _device_and_dtype(model: nn.Module):
+    p = next(model.parameters())
+    dtype = p.dtype if p.is_floating_point() else torch.float32
+    return model.get_input_embeddings().weight.device, dtype
+
+
+def _forward(model, ids, pos, bias, cache, points) -> tuple[dict, object]:
+    base, _, _, _, _ = decoder_parts(model)
+    sink: dict[str, torch.Tensor] = {}
+    with hooks(model, tuple(dict.fromkeys((*points, FINAL))), sink):
+        out = base(input_ids=ids, attention_mask=bias, position_ids=pos, use_cache=True,
+                   **{cache_kwarg(base): cache})
+    return sink, out.past_key_values
+
+
+def _logits(model, final: torch.Tensor) -> torch.Tensor:
+    head = model.get_output_embeddings()
+    return head(final.to(head.weight.device, head.weight.dtype)).float()
+
+
+@torch.no_grad()
+def prefill(model: nn.Module, ids: torch.Tensor, valid: torch.Tensor, points: tuple[CapturePoint, ...], *,
+            capacity: int = 0) -> tuple[TargetKV, Scored]:
+    """Prompts ids, valid [B, P] (right padded). Returns the cache (preallocated for `capacity`
+    slots per row, kv_buffer.py) and, for every prompt index, the captured points; logits only
+    at each row's last valid index ([B, 1, V])."""
+    dev, dtype = _device_and_dtype(model)
+    ids, valid = ids.to(dev), valid.to(dev)
+    B, P = ids.shape
+    causal = torch.ones(P, P, dtype=torch.bool, device=dev).tril()
+    block = causal[None] & valid[:, None, :]
+    pos = torch.arange(P, device=dev).expand(B, P)
+    sink, cache = _forward(model, ids, pos, attention_bias(valid[:, :0], block, dtype), None, points)
+    last = valid.sum(-1) - 1                                                   # [B]
+    final = sink[FINAL.name][torch.arange(B, device=dev), last.to(sink[FINAL.name].device)]
+    return TargetKV(buffered(cache, capacity), valid.sum(-1)), Scored(_logits(model, final[:, None]), sink)
+
+
+@torch.no_grad()
+def verify_forward(model: nn.Module, kv: TargetKV, tokens: torch.Tensor, parents: torch.Tensor,
+                   node_valid: torch.Tensor, root_position: torch.Tensor,
+                   points: tuple[CapturePoint, ...]) -> Scored:
+    """Score the trees: tokens, parents, node_valid [B, D] (node 0 the root, at root_position
+    [B]). Appends the D nodes after the longest row; `commit` keeps the accepted ones."""
+    dev, dtype = _device_and_dtype(model)
+    tokens, parents, node_valid = tokens.to(dev), parents.to(dev), node_valid.to(dev)
+    B, D = tokens.shape
+    eye = torch.eye(D, dtype=torch.bool, device=dev)
+    block = (ancestor_mask(parents) & node_valid[:, None, :]) | eye             # a query always sees itself
+    pos = positions(parents, root_position.to(dev))
+    kv.block = _width(kv)
+    bias = attention_bias(kv.valid(kv.block), block, dtype)
+    sink, kv.cache = _forward(model, tokens.clamp(min=0), pos, bias, kv.cache, points)
+    return Scored(_logits(model, sink[FINAL.name]), sink)
+
+
+def _layers(cache) -> list:
+    """The per-layer (keys, values) holders of a transformers 5 DynamicCache."""
+    layers = getattr(cache, "layers", None)
+    if not layers or not all(isinstance(getattr(x, "keys", None), torch.Tensor) for x in layers):
+        raise TypeError(f"{type(cache).__name__}: not a transformers 5 DynamicCache (layers[i].keys/values)")
+    return list(layers)
+
+
+def _width(kv: TargetKV) -> int:
+    return int(_layers(kv.cache)[0].keys.shape[-2])
+
+
+def commit(kv: TargetKV, path: torch.Tensor) -> None:
+    """Keep each row's root and accepted nodes: path [B, S+1] node indices (-1 past the accepted
+    depth, path[:, 0] = 0). Node k of the path moves from slot block + path[k] to
+    length + k (never later than where it was), lengths grow by the path's length, and the
+    cache is cropped to the longest row."""
+    dev = kv.length.device
+    path = path.to(dev)
+    keep = path >= 0
+    rows = torch.arange(len(path), device=dev)[:, None].expand_as(path)[keep]         # [M]
+    src = (kv.block + path)[keep]
+    dst = (kv.length[:, None] + torch.arange(path.shape[1], device=dev)[None])[keep]
+    for layer in _layers(kv.cache):
+        for name in ("keys", "values"):
+            t = getattr(layer, name)                                                 # [B, H, L, d]
+            r, a, b = rows.to(t.device), src.to(t.device), dst.to(t.device)
+            t[r, :, b] = t[r, :, a]
+    kv.length = kv.length + keep.sum(-1)
+    top = int(kv.length.max())
+    for layer in _layers(kv.cache):
+        crop_rows(layer, None, top)
+
+
+def select_rows(kv: TargetKV, rows: torch.Tensor) -> None:
+    """Keep (or repeat) cache rows: rows [B'] indices. Example: rows [0, 0, 1] doubles row 0."""
+    kv.length = kv.length[rows.to(kv.length.device)]
+    top = int(kv.length.max()) if kv.length.numel() else 0
+    for layer in _layers(kv.cache):
+        crop_rows(layer, rows, top)

@@ -1,0 +1,60 @@
+"""diag bench's sampled section on CPU at tiny widths: the decode loop on a Kimi-shaped INT4
+target (3 layouts x tree shapes, 32 prompts), its tokens/s, its cost in teacher-forced passes
+over the same tokens, and where its time goes."""
+
+import pytest
+import torch
+
+from diag.bench.cpu import SMALL, SMALL_DRAFTER
+from diag.bench.render import goal_lines
+from diag.bench.sampled import bench_prompts, sampled_bench
+
+
+@pytest.fixture(scope="module")
+def kimi(tmp_path_factory):
+    from diag.drafter.checkpoint import load_drafter
+    from diag.int4.load import load_packed_target
+    from diag.zoo.kimi_shaped import kimi_shaped
+
+    ks = kimi_shaped(tmp_path_factory.mktemp("kimi") / "k", layers=2, seed=5, widths=SMALL,
+                     drafter_widths=SMALL_DRAFTER)
+    model = load_packed_target(ks.target, dtype=torch.float32)
+    drafter, _ = load_drafter(ks.drafter)
+    return ks, model, drafter
+
+
+def test_sampled_bench_runs_at_tiny_widths(kimi):
+    ks, model, drafter = kimi
+    lays = [ks.layout, "L1+L2+final", "embed+L1+final"]
+    prompts = bench_prompts(32, 12, SMALL["vocab_size"])
+    res = sampled_bench(model, drafter, model.get_input_embeddings(), model.get_output_embeddings(), lays, prompts,
+                        max_new_tokens=6, token_budget=4096, trees=("chain-1", "s2-k2-d4"))
+    assert res["prompts"] == 32 and res["decoding"] == "t1.0-p0.95-k-1" and len(res["rows"]) == 2
+    for row in res["rows"]:
+        assert row["rows"] == 3 * 32 and row["emitted_tokens"] == 3 * 32 * 6
+        assert row["tokens_per_second"] > 0 and row["pass_tokens_per_second"] > 0
+        assert row["pass_tokens"] == 32 * (12 + 6)
+        assert row["cost_in_passes"] > 0 and row["limit"] in row["phases"]
+        assert sum(row["phases"].values()) <= row["seconds"] * 1.05
+        assert 1.0 <= row["accept_length"] <= 3.0
+        rounds = round(row["emitted_tokens"] / row["accept_length"])       # every row's rounds, summed
+        assert row["verified_tokens"] >= rounds * row["num_draft_tokens"]
+    lines = goal_lines({"sections": {"sampled": res}})
+    assert any("sampled loop cost" in x and "not measured" not in x for x in lines)
+
+
+def test_the_gpu_benchs_sampled_section_runs_its_code_path_on_cpu(kimi):
+    """diag bench gpu --sections sampled calls bench.gpu._sampled: the same code on the CPU model,
+    drafter loaded from the checkpoint in the target's dtype, one tree."""
+    from diag.bench.gpu import _sampled
+    ks, model, _ = kimi
+    res = _sampled({"ks": ks}, model, [ks.layout, "L1+L2+final", "embed+L1+final"], 32, 8, 3, device="cpu",
+                   dtype=torch.float32, trees=("chain-3",))
+    assert res["device"] == "cpu" and res["prompts"] == 32 and [r["tree"] for r in res["rows"]] == ["chain-3"]
+    assert res["rows"][0]["emitted_tokens"] == 3 * 32 * 3 and res["tokens_per_second"] > 0
+
+
+def test_bench_gpu_refuses_an_unknown_section(tmp_path):
+    from diag.bench.gpu import run
+    with pytest.raises(ValueError, match="unknown bench sections"):
+        run(tmp_path / "g.json", tmp_path, sections=("sampling",))

@@ -1,0 +1,112 @@
+"""The speculative decode loop (diag.replay.decode_loop) on the zoo's trained tiny pair: at
+T -> 0 it reproduces the teacher-forced greedy replay round for round (chains, a top-4 tree,
+EAGLE mode); under sampling it is deterministic per seed whatever the batching, and its
+Monte-Carlo accept length agrees with the exact per-round expectation within its interval."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from diag.cli.run import DEMO, repo_file
+from diag.drafter.checkpoint import load_drafter
+from diag.engine.decoding import GREEDY, sampled
+from diag.replay.decode_loop import DecodeLoop, Lane
+from diag.replay.evaluation import trajectory_rounds
+from diag.replay.replay import Variant, replay
+from diag.replay.sampled_summary import summarize_sampled
+from diag.run.case import read_case
+from diag.run.inputs import prepare
+from diag.run.target_passes import special_ids
+from diag.target.load import load_embed_and_head, load_target
+from diag.target.passes import build_sequences, run_capture
+from diag.trees import tree_shape
+
+PROMPTS, NEW = 8, 24
+SHAPES = [tree_shape(t) for t in ("chain-3", "s3-k4-d8", "chain-1")]
+WINDOW = max(s.num_steps for s in SHAPES)
+
+
+@pytest.fixture(scope="module")
+def zoo():
+    case = read_case(repo_file(DEMO))
+    case = replace(case, prompts=replace(case.prompts, limit=PROMPTS, max_new_tokens=NEW))
+    inp = prepare(case)
+    model, _ = load_target(inp.target_path, dtype=torch.float32)
+    drafter, _ = load_drafter(inp.drafter_path, dtype=torch.float32)
+    embed, head = load_embed_and_head(inp.target_path)
+    eos, pad = special_ids(inp.tokenizer)
+    seqs = build_sequences(model, inp.prompts, NEW, pad_id=pad, eos_ids=eos, progress=False)
+    tp = run_capture(model, seqs, inp.points, regime="as-loaded", token_budget=16384, progress=False)
+    layouts = {c.label: c.layout for c in inp.candidates}
+    return dict(inp=inp, model=model, drafter=drafter, embed=embed, head=head, eos=eos, seqs=seqs, tp=tp,
+                layouts=layouts, prompts=[p for _, _, p in inp.prompts])
+
+
+def decode(z, variants, shape, decoding, seeds=(0,), batches=1):
+    lanes = [Lane(v, s) for v in variants for s in seeds]
+    loop = DecodeLoop(z["model"], z["drafter"], z["embed"], z["head"], lanes, z["layouts"], shape, decoding,
+                      eos_ids=z["eos"])
+    rows = [(li, p) for li in range(len(lanes)) for p in range(len(z["prompts"]))]
+    step = -(-len(rows) // batches)
+    out = []
+    for i in range(0, len(rows), step):
+        out += loop.run(z["prompts"], rows[i:i + step], NEW)
+    return out
+
+
+@pytest.mark.parametrize("decoding", [GREEDY, sampled(1e-7)], ids=["greedy", "t-to-0"])
+def test_t_to_zero_reproduces_the_teacher_forced_replay_round_for_round(zoo, decoding):
+    """Same continuations, same rounds, same accepted counts as replay.py's greedy trajectory,
+    for every candidate (EAGLE mode included) on a chain, a top-4 tree and a depth-1 chain."""
+    variants = [Variant(c.label, c.mode, s) for c in zoo["inp"].candidates for s in SHAPES]
+    want = {r.variant: trajectory_rounds(r.accepted, r.roots)
+            for r in replay(zoo["drafter"], zoo["embed"], zoo["head"], {"as-loaded": zoo["tp"]}, variants,
+                            zoo["layouts"], progress=False)}
+    for shape in SHAPES:
+        mine = [v for v in variants if v.tree == shape]
+        out = decode(zoo, mine, shape, decoding)
+        for v in mine:
+            rows = sorted((o for o in out if o.lane.variant == v), key=lambda o: o.prompt)
+            got_a, got_j = [], []
+            for o in rows:
+                assert o.ids == zoo["seqs"][o.prompt].ids.tolist(), "the decode emitted another continuation"
+                keep = o.rounds_in_window(len(zoo["prompts"][o.prompt]), WINDOW)
+                got_a.append([o.accepted[i] for i in keep])
+                got_j.append([o.roots[i] for i in keep])
+                assert all(abs(sum(o.expected[i]) - o.accepted[i]) < 1e-6 for i in keep)   # deterministic
+            assert (got_a, got_j) == want[v], v.key
+            assert sum(map(len, got_a)) > 0
+
+
+def test_sampled_decode_is_deterministic_per_seed_whatever_the_batching(zoo):
+    c = zoo["inp"].candidates[0]
+    shape = tree_shape("s2-k2-d4")
+    v = [Variant(c.label, c.mode, shape)]
+    d = sampled(1.0, 0.95)
+    one = decode(zoo, v, shape, d, seeds=(0, 1))
+    two = decode(zoo, v, shape, d, seeds=(0, 1), batches=3)
+    key = lambda o: (o.lane.seed, o.prompt)                                      # noqa: E731
+    assert [(o.accepted, o.ids) for o in sorted(one, key=key)] == [(o.accepted, o.ids) for o in sorted(two, key=key)]
+    s0 = [o.ids for o in sorted(one, key=key) if o.lane.seed == 0]
+    s1 = [o.ids for o in sorted(one, key=key) if o.lane.seed == 1]
+    assert s0 != s1                                                              # seeds differ
+    assert s0 != [s.ids.tolist() for s in zoo["seqs"]]                           # T = 1 is not greedy
+
+
+def test_monte_carlo_agrees_with_the_exact_expectation_within_its_interval(zoo):
+    c = next(c for c in zoo["inp"].candidates if c.mode == "eagle3")
+    shape = tree_shape("chain-3")
+    v = Variant(c.label, c.mode, shape, decoding=sampled(1.0).name)
+    out = decode(zoo, [v], shape, sampled(1.0), seeds=(0, 1, 2, 3))
+    e = summarize_sampled(v, out, [f"p{i}" for i in range(PROMPTS)], [len(p) for p in zoo["prompts"]],
+                          window_steps=WINDOW, buckets=(0, 4096), seed=0, n_boot=500)
+    lo, hi = e.accept_length_ci95
+    assert lo <= e.expected_accept_length <= hi
+    assert abs(e.accept_length - e.expected_accept_length) < 0.1
+    assert e.seeds == (0, 1, 2, 3) and e.trajectory.rounds == sum(p.rounds for p in e.per_prompt)
+    depth_mc = e.trajectory.accepted_hist
+    assert sum(depth_mc) == e.trajectory.rounds
+    assert 1.0 < e.expected_accept_length < 4.0
+    assert len(e.expected_acceptance_at_depth) == 3
+    assert list(e.expected_acceptance_at_depth) == sorted(e.expected_acceptance_at_depth, reverse=True)

@@ -1,0 +1,159 @@
+"""A run under a sampled decoding, end to end on tests/tiny.py checkpoints: the decode loop runs
+on the target the pass loaded (one load; a cached pass loads it once more, only for the loop),
+report.json validates with the decoding axis and the exact expectation, report.md shows greedy
+and sampled side by side, verdicts and assertions read the served decoding."""
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+import tiny
+from diag.assertions import (assert_accept_length_at_least, assert_serving_layout_is_trained,
+                             find_evaluation)
+from diag.errors import DiagError
+from diag.replay.evaluation import Evaluation, select
+from diag.report.markdown import render
+from diag.report.writer import write_report
+from diag.run import target_passes
+from diag.run.case import read_case
+from diag.run.pipeline import run_case
+from diag.run.verdicts import floor
+
+SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "diag" / "schema" / "report.schema.json").read_text())
+SERVED = "t1.0-p0.9-k-1"
+
+
+def write(tmp, name, decoding):
+    case = tiny.write_case(tmp / f"{name}.toml", tiny.make_target(tmp / "t"), tiny.make_drafter(tmp / "d"),
+                           tiny.make_prompts(tmp / "p.jsonl", n=3), modes=["eagle3", "eagle"],
+                           trees=["chain-2", "s2-k2-d4"])
+    case.write_text(case.read_text() + "[decoding]\n" + decoding + "\n")
+    return read_case(case)
+
+
+@pytest.fixture(scope="module")
+def sampled_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("sampled")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("DIAG_CACHE_DIR", str(tmp / "cache"))
+    # tests/tiny.py's random pair sits near the floor (accept length ~1.03, 95% top ~1.08): these
+    # tests are about which decoding the layout and EAGLE verdicts read, so only an exact 1.00
+    # counts as the floor here (the floor verdict has its own tests in tests/bad_inputs)
+    mp.setattr(floor, "FLOOR_TOP", 1.0)
+    loads = []
+    real = target_passes.load_target
+    mp.setattr(target_passes, "load_target", lambda path, **kw: (loads.append(str(path)), real(path, **kw))[1])
+    case = write(tmp, "case", "temperature = 1.0\ntop_p = 0.9\nseeds = 2")
+    run = run_case(case, progress=False)
+    first_loads = len(loads)
+    again = run_case(case, progress=False)
+    path, rep = write_report(run, tmp / "out", argv=["diag", "run"])
+    yield dict(run=run, again=again, rep=rep, path=path, first_loads=first_loads, loads=len(loads), tmp=tmp)
+    mp.undo()
+
+
+def test_one_target_load_and_a_cached_pass_loads_it_only_for_the_loop(sampled_run):
+    assert sampled_run["first_loads"] == 1
+    assert sampled_run["loads"] == 2
+    again = sampled_run["again"]
+    assert all(r["cached"] for r in again.target_pass["regimes"].values())
+    assert [e.key for e in again.evaluations] == [e.key for e in sampled_run["run"].evaluations]
+    assert "sampled_s" in again.timings
+
+
+def test_served_decoding_is_the_reference_and_the_verdicts_use_it(sampled_run):
+    run = sampled_run["run"]
+    assert run.reference.decoding == SERVED
+    at_ref = select(run.evaluations, run.reference)
+    assert {e.layout for e in at_ref} == {c.label for c in run.candidates if c.mode == "eagle3"}
+    assert all(e.sampled and e.seeds == (0, 1) and e.expected_accept_length >= 1.0 for e in at_ref)
+    # scope "verdicts": every candidate on the first tree, the best one on the others
+    other = select(run.evaluations, run.reference, tree="s2-k2-d4")
+    assert len(other) == 1 and other[0].layout == run.best_layout()
+    assert select(run.evaluations, run.reference, mode="eagle")
+    trained = next(v for v in run.verdicts if v.kind == "trained-layout")
+    assert trained.evidence["decoding"] == SERVED and f"under {SERVED}" in trained.text
+    assert any(v.kind == "sampled-acceptance" for v in run.verdicts)
+    eagle = next(v for v in run.verdicts if v.kind == "eagle-algorithm")
+    assert eagle.evidence["decoding"] == SERVED
+    # greedy stays complete: every candidate on every tree
+    assert len(select(run.evaluations, run.reference, decoding="greedy", tree="s2-k2-d4")) == \
+        len([c for c in run.candidates if c.mode == "eagle3"])
+
+
+def test_report_validates_and_renders_greedy_beside_sampled(sampled_run):
+    rep, path = sampled_run["rep"], sampled_run["path"]
+    on_disk = json.loads((path / "report.json").read_text())
+    errors = [f"{list(e.absolute_path)}: {e.message}" for e in jsonschema.Draft202012Validator(SCHEMA).iter_errors(on_disk)]
+    assert not errors, errors
+    assert on_disk["decoding"]["served"]["name"] == SERVED and on_disk["reference"]["decoding"] == SERVED
+    assert not on_disk["decoding"]["lossy"]
+    md = (path / "report.md").read_text()
+    assert md == render(rep)
+    assert "## Greedy vs sampled acceptance" in md and f"**{SERVED}**" in md
+    section = md.split("## Greedy vs sampled acceptance")[1].split("\n## ")[0]
+    sampled_keys = [e["key"] for e in on_disk["evaluations"] if e["decoding"] != "greedy"]
+    assert section.count(f"| {SERVED} |") == len(sampled_keys)
+    acceptance = md.split("## Acceptance\n")[1].split("\n## ")[0]
+    assert "@" not in acceptance                                   # the greedy table stays greedy
+    back = [Evaluation.from_json(e) for e in on_disk["evaluations"]]
+    assert [(e.key, e.expected_accept_length) for e in back] == \
+        [(e.key, e.expected_accept_length) for e in sampled_run["run"].evaluations]
+
+
+def test_samples_carry_seed_and_expectation(sampled_run):
+    rows = [json.loads(x) for x in (sampled_run["path"] / "samples.jsonl").read_text().splitlines()]
+    mine = [r for r in rows if "@" in r["variant"]]
+    assert mine and all("seed" in r and 0.0 <= r["expected"] <= 2.0 for r in mine)
+    by = defaultdict(list)
+    for r in mine:
+        by[(r["variant"], r["prompt"], r["seed"])].append(r)
+    for rs in by.values():
+        assert [r["round"] for r in rs] == list(range(len(rs)))
+        for prev, nxt in zip(rs, rs[1:]):
+            assert nxt["position"] == prev["position"] + prev["accepted"] + 1
+
+
+def test_assertions_take_a_decoding(sampled_run):
+    rep = sampled_run["rep"]
+    assert find_evaluation(rep)["decoding"] == SERVED
+    assert find_evaluation(rep, decoding="greedy")["decoding"] == "greedy"
+    served = find_evaluation(rep)
+    assert_accept_length_at_least(rep, 1.0)
+    with pytest.raises(AssertionError, match=f"exact expectation under {SERVED} over 2 seeds"):
+        assert_accept_length_at_least(rep, served["expected_accept_length"] + 0.5)
+    with pytest.raises(DiagError, match="no single evaluation"):
+        find_evaluation(rep, decoding="t0.5-p1.0-k-1")
+    for dec in (None, "greedy"):
+        try:
+            assert_serving_layout_is_trained(rep, decoding=dec)
+        except AssertionError as err:                             # tiny random pair: may mismatch
+            assert "serving layout" in str(err)
+    with pytest.raises(DiagError, match="no evaluation at this decoding"):
+        assert_serving_layout_is_trained(rep, decoding="t0.5-p1.0-k-1")
+
+
+def test_lossy_thresholds_are_said(tmp_path, monkeypatch):
+    monkeypatch.setenv("DIAG_CACHE_DIR", str(tmp_path / "cache"))
+    case = write(tmp_path, "lossy", "temperature = 1.0\nthreshold_acc = 0.5\nseeds = 1\nscope = \"all\"")
+    run = run_case(case, progress=False)
+    assert run.reference.decoding == "t1.0-p1.0-k-1-ts1.0-ta0.5"
+    assert any(v.kind == "lossy-verification" and v.severity == "warning" for v in run.verdicts)
+    assert any("lossy" in n for n in run.notes)
+    sampled = [e for e in run.evaluations if e.sampled]
+    assert len(sampled) == len(run.candidates) * 2                   # scope "all": every candidate x 2 trees
+    path, rep = write_report(run, tmp_path / "out", argv=["diag"])
+    assert "**Lossy verification**" in (path / "report.md").read_text() and rep["decoding"]["lossy"]
+
+
+def test_a_greedy_run_runs_no_loop(tmp_path, monkeypatch):
+    monkeypatch.setenv("DIAG_CACHE_DIR", str(tmp_path / "cache"))
+    case = read_case(tiny.write_case(tmp_path / "g.toml", tiny.make_target(tmp_path / "t"),
+                                     tiny.make_drafter(tmp_path / "d"), tiny.make_prompts(tmp_path / "p.jsonl", n=2)))
+    run = run_case(case, progress=False)
+    assert run.reference.decoding == "greedy" and not any(e.sampled for e in run.evaluations)
+    assert "sampled_s" not in run.timings
+    assert "Greedy vs sampled" not in render(write_report(run, tmp_path / "o", argv=["diag"])[1])
