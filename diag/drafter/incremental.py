@@ -37,9 +37,13 @@ class DraftKV:
     length: torch.Tensor
 
     @classmethod
-    def empty(cls, rows: int, capacity: int, heads: int, head_dim: int, *, dtype, device) -> "DraftKV":
-        z = torch.zeros(rows, heads, capacity, head_dim, dtype=dtype, device=device)
-        return cls(z, z.clone(), torch.zeros(rows, dtype=torch.long, device=device))
+    def empty(cls, rows: int, capacity: int, heads: int, head_dim: int, *, dtype, device,
+              v_dim: int | None = None) -> "DraftKV":
+        """v_dim: the value width when it differs from the key's (MLA: v_head_dim vs
+        qk_nope + qk_rope)."""
+        k = torch.zeros(rows, heads, capacity, head_dim, dtype=dtype, device=device)
+        v = torch.zeros(rows, heads, capacity, v_dim or head_dim, dtype=dtype, device=device)
+        return cls(k, v, torch.zeros(rows, dtype=torch.long, device=device))
 
     @property
     def valid(self) -> torch.Tensor:
@@ -57,6 +61,15 @@ class DraftKV:
         self.length[rows] = other.length
 
 
+def cache_dims(attn) -> tuple[int, int, int]:
+    """(heads, key width, value width) of the drafter's attention: Llama (nh, hd, hd); MLA
+    (nh, qk_nope + qk_rope, v_head_dim)."""
+    shape = getattr(attn, "shape", None)
+    if shape is not None:
+        return attn.nh, shape.qk_head_dim, shape.v_head_dim
+    return attn.nh, attn.hd, attn.hd
+
+
 def embedder(drafter: Eagle3Drafter, dh: DraftHead):
     return drafter.embed_tokens if drafter.embed_tokens is not None else dh.embed
 
@@ -68,8 +81,8 @@ def extend(drafter: Eagle3Drafter, dh: DraftHead, kv: DraftKV, tokens: torch.Ten
     row's slots before it. Returns r [B, N, H], the step-1 output of every pair (padding: junk)."""
     e = embedder(drafter, dh)(tokens)
     h = drafter.project(aux)
-    cos, sin = drafter.rope(e, pos)
-    q, k, v = drafter.midlayer.self_attn.qkv(drafter.midlayer.attn_input(e, h), cos, sin)   # [B, N, nh, hd]
+    attn = drafter.midlayer.self_attn
+    q, k, v = attn.qkv(drafter.midlayer.attn_input(e, h), pos)                # [B, N, nh, hd], RoPE applied
     B, N = tokens.shape
     step = torch.arange(N, device=e.device)[None]
     on = step < count[:, None]
@@ -78,7 +91,7 @@ def extend(drafter: Eagle3Drafter, dh: DraftHead, kv: DraftKV, tokens: torch.Ten
     kv.k[rows, :, slot], kv.v[rows, :, slot] = k[on], v[on]
     last = kv.length[:, None] + step + 1                                        # pair k sees slots < length + k + 1
     see = torch.arange(kv.k.shape[2], device=e.device)[None, None] < last[..., None]     # [B, N, cap]
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), kv.k, kv.v, attn_mask=see[:, None])
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), kv.k, kv.v, attn_mask=see[:, None], scale=attn.scale)
     kv.length = kv.length + count
     return drafter.midlayer.finish(out.transpose(1, 2), h)
 
@@ -88,9 +101,9 @@ def _deep(drafter: Eagle3Drafter, e, h, step: int, kv: DraftKV, history: list, r
     Row r sits at root + step - 1 and sees the valid cache plus its own keys in `history`."""
     B, R, _ = e.shape
     pos = (root + step - 1)[:, None].expand(B, R)
-    cos, sin = drafter.rope(e, pos)                                             # [B, R, hd]
-    q, k, v = drafter.midlayer.self_attn.qkv(drafter.midlayer.attn_input(e, h), cos, sin)
-    scale = q.shape[-1] ** -0.5
+    attn = drafter.midlayer.self_attn
+    q, k, v = attn.qkv(drafter.midlayer.attn_input(e, h), pos)                  # [B, R, nh, hd]
+    scale = attn.scale
     qh = q.transpose(1, 2)                                                      # [B, nh, R, hd]
     s_pre = (qh @ kv.k.transpose(-1, -2)) * scale                               # [B, nh, R, cap]
     s_pre = s_pre.masked_fill(~kv.valid[:, None, None, :], float("-inf"))

@@ -102,13 +102,19 @@ def _top(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k along the last dim, ties to the lower index, NaN first (torch.topk order).
     Linear in the width: torch.topk finds the k-th value t; every entry above t is in, and
     the entries equal to t fill the rest lowest index first; then only those k are sorted.
+    Only rows with more entries equal to t than places left pay for the running count, in
+    int32 (at Kimi scale an int64 count over [P, K, V] was 23 GiB).
     Example: [.2, .5, .2, .2], k = 3 -> t = .2, above: {1}, equal: {0, 2, 3} -> take 0, 2
     -> values [.5, .2, .2], indices [1, 0, 2]."""
     key = torch.where(torch.isnan(values), torch.full_like(values, float("inf")), values)
     t = torch.topk(key, k, dim=-1).values[..., -1:]                     # [..., 1]
     above, equal = key > t, key == t
     need = k - above.sum(-1, keepdim=True)                              # [..., 1]
-    chosen = above | (equal & (equal.cumsum(-1) <= need))               # exactly k per row
+    chosen = above | equal
+    tied = (equal.sum(-1, keepdim=True) > need).squeeze(-1)             # rows where t has too many copies
+    if bool(tied.any()):
+        sub = equal[tied]
+        chosen[tied] = above[tied] | (sub & (sub.cumsum(-1, dtype=torch.int32) <= need[tied]))   # exactly k
     lead = chosen.shape[:-1]
     idx = chosen.reshape(-1, chosen.shape[-1]).nonzero()[:, 1].view(*lead, k)   # ascending index
     order = torch.sort(key.gather(-1, idx), dim=-1, descending=True, stable=True).indices

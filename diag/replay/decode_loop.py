@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from diag.drafter.drafting import DraftHead
-from diag.drafter.incremental import DraftKV, draft_tree, extend
+from diag.drafter.incremental import DraftKV, cache_dims, draft_tree, extend
 from diag.engine.decoding import Decoding
 from diag.layouts import CapturePoint, Layout, union_points
 from diag.replay.replay import Variant, _on
@@ -224,7 +224,8 @@ class DecodeLoop:
         seq[torch.arange(B), plen] = self._first_tokens(logits, out, lane_of, plen).cpu()
         attn = self.drafter.midlayer.self_attn
         cap = P + max_new_tokens + 2 * (self.shape.num_steps + 2)
-        dkv = DraftKV.empty(B, cap, attn.nh, attn.hd, dtype=self.dtype, device=self.dev)
+        heads, k_dim, v_dim = cache_dims(attn)
+        dkv = DraftKV.empty(B, cap, heads, k_dim, dtype=self.dtype, device=self.dev, v_dim=v_dim)
         st = _Rows(seq, plen + 1, None, dkv, lane_of, torch.arange(B), out, torch.zeros(B, dtype=torch.bool))
         pos = torch.arange(P, device=self.dev).expand(B, P)
         self._extend(st, scored.states, lambda t: t[pick.to(t.device)], seq[:, 1:P + 1].to(self.dev), pos,
