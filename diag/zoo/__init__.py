@@ -5,7 +5,9 @@
     drafter = zoo_path("llama-tiny-eagle3-embed")
 
 Entries (recipes.py): stdlib-corpus, llama-tiny, llama-tiny-eagle3-embed,
-llama-tiny-eagle3-l1, deepseek-tiny, deepseek-tiny-int4, deepseek-tiny-eagle3.
+llama-tiny-eagle3-embed-vllm-ids (the same weights, ids in vLLM's convention: the demo's
+drafter), llama-tiny-eagle3-l1 (the control: no embed in its layout), deepseek-tiny,
+deepseek-tiny-int4, deepseek-tiny-eagle3.
 Cache: $DIAG_CACHE_DIR or ~/.cache/diag, then zoo/v{BUILDER_VERSION}/{name}/.
 Each entry directory holds a zoo_meta.json: recipe, build time, quality metrics.
 """

@@ -23,7 +23,8 @@ from tqdm.auto import tqdm
 
 from diag.errors import DiagError
 from diag.zoo import cache
-from diag.zoo.recipes import BUILDER_VERSION, ZOO, CorpusRecipe, DrafterRecipe, Int4Recipe, TargetRecipe
+from diag.zoo.recipes import (BUILDER_VERSION, ZOO, CorpusRecipe, DrafterRecipe, IdsRecipe, Int4Recipe,
+                              TargetRecipe)
 from diag.zoo.train import BUILD_THREADS
 
 META_FILE = "zoo_meta.json"
@@ -64,6 +65,10 @@ def _run_builder(name: str, out: Path, deps: dict[str, Path]) -> dict:
         return build_drafter(recipe, out, deps, corpus=entry(recipe.target).recipe.corpus)
     if isinstance(recipe, Int4Recipe):
         return _build_int4(recipe, out, deps)
+    if isinstance(recipe, IdsRecipe):
+        from diag.zoo.build_drafters import rewrite_ids
+        drafter = entry(recipe.source).recipe
+        return rewrite_ids(recipe, out, deps[recipe.source], deps[drafter.target], drafter.layout)
     raise TypeError(f"no builder for {type(recipe).__name__}")
 
 
