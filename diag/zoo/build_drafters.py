@@ -23,7 +23,8 @@ in the SpecForge convention, id i = output of decoder layer i = L{i+1}:
 L1+L3+L5 -> [0, 2, 4]; embed has no layer and is written -1 (embed+L2+L4 ->
 [-1, 1, 3]). SpecForge's HF backend rejects -1, and SGLang's Llama capture (source read
 at commit 00239548) would take `hidden_states + residual` before layer 0, where residual
-is None: such a layout cannot be served by id. `diag_trained_layout` is the
+is None: such a layout cannot be served by id there (0.5.22+ captures each layer's input, id + 1,
+so -1 is the embedding and [-1, 1, 3] serves embed+L2+L4: diag.engine). `diag_trained_layout` is the
 authoritative statement; config.json also says `diag_layer_id_convention: specforge`.
 """
 
