@@ -179,7 +179,7 @@ def _chain_drafts(drafter, embed, head, tp, seqs, mode, lay, tables=None):
     dh = draft_head(drafter, embed, head, t, torch.device("cpu"), torch.float32)
     s = seqs[0]
     x = DraftInputs(layout_features(tp, lay, mode, 0)[None], torch.cat([s.ids[1:], s.ids[-1:]])[None],
-                    torch.ones(1, len(s.ids), dtype=torch.bool), 0)
+                    torch.ones(1, len(s.ids), dtype=torch.bool), torch.arange(len(s.ids))[None])
     return draft_chain(drafter, dh, x, 2)[0]                                 # [T, 2] target ids
 
 

@@ -74,7 +74,7 @@ def test_real_report_validates(written):
     (lambda r: r["evaluations"][0]["trajectory"].update(rounds=-1), "-1"),
     (lambda r: r["evaluations"][0].update(tree="chain three"), "chain three"),
     (lambda r: r.update(regimes={**regimes_section(), "points": ["layer2"]}), "layer2"),
-    (lambda r: r.update(schema_version="1.0"), "'2.0' was expected"),
+    (lambda r: r.update(schema_version="1.0"), "'2.1' was expected"),
     (lambda r: r["evaluations"][0]["axes"].update(decoding="sample"), "decoding"),
     (lambda r: r.pop("reference"), "reference"),
 ])
