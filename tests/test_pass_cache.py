@@ -133,3 +133,11 @@ def test_identity_counts_weights_configs_and_tokenizer_but_not_prose(tmp_path, m
     assert checkpoint_identity(d) == base
     (d / "tiktoken.model").write_text("ranks")
     assert checkpoint_identity(d) != base
+
+
+def test_an_empty_cache_dir_variable_means_the_default_never_the_cwd(monkeypatch, tmp_path):
+    """DIAG_CACHE_DIR='' once put passes/ and digests/ into the working directory."""
+    from diag.checkpoint.identity import cache_root
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("DIAG_CACHE_DIR", "")
+    assert cache_root() == tmp_path / ".cache" / "diag"

@@ -74,7 +74,7 @@ def test_real_report_validates(written):
     (lambda r: r["evaluations"][0]["trajectory"].update(rounds=-1), "-1"),
     (lambda r: r["evaluations"][0].update(tree="chain three"), "chain three"),
     (lambda r: r.update(regimes={**regimes_section(), "points": ["layer2"]}), "layer2"),
-    (lambda r: r.update(schema_version="1.0"), "'2.1' was expected"),
+    (lambda r: r.update(schema_version="1.0"), f"'{SCHEMA_VERSION}' was expected"),
     (lambda r: r["evaluations"][0]["axes"].update(decoding="sample"), "decoding"),
     (lambda r: r.pop("reference"), "reference"),
 ])
@@ -157,8 +157,8 @@ def _speedup_section(rep: dict) -> dict:
                      "speedup": 0.9, "tokens_per_second": 80.0, "key": e["key"], "layout": e["layout"],
                      "mode": e["mode"], "tree": e["tree"], "regime": e["regime"],
                      "tokens_regime": e["tokens_regime"], "num_steps": e["num_steps"], "topk": e["topk"],
-                     "num_draft_tokens": e["num_draft_tokens"]})
-    return {"source": "user (case [speedup])", "rows": rows,
+                     "num_draft_tokens": e["num_draft_tokens"], "measurement_error": False})
+    return {"source": "user (case [speedup])", "basis": "user", "spread": None, "repeats": None, "rows": rows,
             "costs": {"t_decode": 0.011, "t_draft": 0.003, "t_verify": {"3": 0.012}, "t_draft_extend": 0.0}}
 
 

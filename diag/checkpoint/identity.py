@@ -27,7 +27,9 @@ _CHUNK = 8 << 20
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("DIAG_CACHE_DIR", Path.home() / ".cache" / "diag")).expanduser()
+    """$DIAG_CACHE_DIR, else ~/.cache/diag (an empty value counts as unset, never the cwd)."""
+    base = os.environ.get("DIAG_CACHE_DIR")
+    return Path(base).expanduser() if base else Path.home() / ".cache" / "diag"
 
 
 def _stat_key(path: Path) -> dict:

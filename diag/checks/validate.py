@@ -50,7 +50,19 @@ def validate_case(case: Case) -> list[str]:
     lines.append(f"prompts: {len(pset.prompts)} from {pset.path} (hash {pset.sha256})")
     lines.append(f"layouts: {', '.join(case.evaluate.layouts) or '(scan)'}; modes: {', '.join(case.evaluate.modes)}; "
                  f"trees: {', '.join(case.evaluate.trees)}; regimes: {', '.join(case.evaluate.regimes)}")
-    return lines
+    return lines + _server(case, [p.id for p in pset.prompts])
+
+
+def _server(case: Case, prompt_ids: list[str]) -> list[str]:
+    """The [server] files read and checked exactly as `diag run` reads them (no weights)."""
+    from diag.run.server_inputs import read_server
+    obs = read_server(case, prompt_ids, None)
+    if obs is None:
+        return []
+    files = ", ".join(f"{k} {p}" for k, p in obs.files) or "no file"
+    al = f"accept length {obs.accept_length.value:.2f}" if obs.accept_length else "no accept length"
+    tree = obs.shape.name if obs.shape else "tree not named"
+    return [f"server: SGLang {obs.release}; {files}; {al}; {tree}"]
 
 
 def _regimes(case: Case) -> None:

@@ -11,6 +11,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from diag.cli import prompt_flags
 from diag.errors import DiagError
 from diag.run.case import Case, EvaluateSpec, ModelSpec, PromptSpec, ServingSpec, check_case, read_case, with_engine
 
@@ -51,10 +52,45 @@ def register(sub) -> None:
     p.add_argument("--no-cache", action="store_true", help="recompute the target pass")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--strict", action="store_true", help="exit 1 when a verdict is an error")
+    _server_flags(p.add_argument_group("the live server (reconcile with what it emitted; case [server])"))
+    prompt_flags.register(p)
     p.set_defaults(func=run)
     v = sub.add_parser("validate", help="check a case file without loading weights")
     v.add_argument("case")
     v.set_defaults(func=validate)
+
+
+SERVER_FLAGS = {   # flag -> (ServerSpec field, type, help)
+    "--server-log": ("log", str, "the speculative server's scheduler log (Decode batch lines)"),
+    "--server-baseline-log": ("baseline_log", str, "the log of the same server without speculation"),
+    "--server-responses": ("responses", str, "saved /generate responses (JSON Lines, rid = prompt id)"),
+    "--server-info": ("server_info", str, "saved GET /server_info body"),
+    "--server-metrics": ("vllm_metrics", str, "saved vLLM GET /metrics (spec-decode counters)"),
+    "--server-engine": ("engine", str, "SGLang release that wrote the files, e.g. sglang-0.5.8"),
+    "--server-baseline-tps": ("baseline_tokens_per_second", float, "plain decoding tok/s"),
+    "--server-tps": ("tokens_per_second", float, "speculative tok/s (default: the log's gen throughput)"),
+    "--server-accept-length": ("accept_length", float, "accept length of that speculative run"),
+    "--server-tree": ("tree", str, "the tree that run used, e.g. s3-k4-d5 (default: from the files)"),
+    "--server-concurrency": ("concurrency", int, "concurrent requests the users send"),
+}
+_PATHS = {"log", "baseline_log", "responses", "server_info", "vllm_metrics"}
+
+
+def _server_flags(g) -> None:
+    for flag, (name, typ, text) in SERVER_FLAGS.items():
+        g.add_argument(flag, dest=f"server_{name}", type=typ, help=text,
+                       metavar="FILE" if name in _PATHS else typ.__name__.upper())
+
+
+def _server_overrides(server, a):
+    """--server-* flags over the case's [server]; paths from the command line are taken from the
+    working directory."""
+    changes = {}
+    for name, _, _ in SERVER_FLAGS.values():
+        v = getattr(a, f"server_{name}", None)
+        if v is not None:
+            changes[name] = str(Path(v).resolve()) if name in _PATHS else v
+    return replace(server, **changes)
 
 
 def case_from_flags(a) -> Case:
@@ -82,7 +118,8 @@ def apply_overrides(case: Case, a) -> Case:
                  recorded=a.recorded or pr.recorded)
     sv = replace(sv, algorithm=a.algorithm or sv.algorithm, layout=a.serving_layout or sv.layout,
                  launch=a.launch or sv.launch)
-    return with_engine(replace(case, evaluate=ev, prompts=pr, serving=sv, placement=pl),
+    return with_engine(prompt_flags.apply(replace(case, evaluate=ev, prompts=pr, serving=sv, placement=pl,
+                                               server=_server_overrides(case.server, a)), a),
                        getattr(a, "engine", None))
 
 

@@ -4,7 +4,7 @@ look results up (`select`).
 An Evaluation is what every later part of diag reads: verdicts, the speedup and regime
 sections, the report writer, the plots, the pytest assertions. Each variant is a point on
 named axes (Axes): layout, mode, tree, regime (of the drafter's features), tokens_regime
-(whose argmax verifies). A new axis is a new Axes field with its default, filled by the
+(whose argmax verifies), rendering (how the prompts became token ids, diag/run/rendering.py). A new axis is a new Axes field with its default, filled by the
 producer (`summarize`); every `select(evaluations, where)` with a `where` built from the
 run's reference axes then pins it, so a forgotten axis cannot join a ranking silently.
 
@@ -14,8 +14,8 @@ chain-3 as loaded; select(evals, reference, mode="eagle") -> the EAGLE-mode rows
 
 `to_json` is the only place report.json's evaluation entries are made; `from_json` reads them
 back for code that starts from a report (compare, assertions, plots). report.json keeps per
-prompt only (rounds, accepted_sum); `from_json` turns that into rounds [sum, 0, 0, ...], which
-changes no pooled statistic (1 + Σa / rounds). This module knows counts and statistics;
+prompt only (category, rounds, accepted_sum); `from_json` turns that into rounds [sum, 0, 0, ...],
+which changes no pooled statistic (1 + Σa / rounds). This module knows counts and statistics;
 nothing about models, files or Markdown.
 """
 
@@ -26,6 +26,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from diag.metrics import AcceptCounts, bucketed, summary
+from diag.replay.categories import CategoryAcceptance, by_category
 from diag.replay.verify import trajectory
 from diag.stats import accept_length_ci
 from diag.trees import TreeShape, tree_shape
@@ -49,6 +50,7 @@ class Axes:
     tree: object = ANY              # shape name, e.g. "chain-3", "s3-k4-d8"
     regime: object = ANY            # regime of the drafter's input features
     tokens_regime: object = ANY     # regime whose argmax verifies
+    rendering: object = ANY         # prompt rendering, e.g. "auto", "chat+nothink"
 
     def but(self, **changes) -> "Axes":
         return replace(self, **changes)
@@ -63,9 +65,17 @@ class Axes:
 
     @property
     def key(self) -> str:
-        """"embed+L2+L4|eagle3|chain-3|as-loaded", with "->B" for a cross-regime variant."""
+        """"embed+L2+L4|eagle3|chain-3|as-loaded", with "->B" for a cross-regime variant and
+        "|chat+nothink" for a rendering other than the legacy one (keys of reports written
+        before renderings existed stay what they were, and so do records built without one)."""
         cross = "" if self.regime == self.tokens_regime else f"->{self.tokens_regime}"
-        return f"{self.layout}|{self.mode}|{self.tree}|{self.regime}{cross}"
+        unset = self.rendering is ANY or self.rendering == LEGACY_AXES["rendering"]
+        rendering = "" if unset else f"|{self.rendering}"
+        return f"{self.layout}|{self.mode}|{self.tree}|{self.regime}{cross}{rendering}"
+
+
+# Axes added after schema 2.0, and the value every record had before they existed.
+LEGACY_AXES = {"rendering": "auto"}
 
 
 @dataclass(frozen=True)
@@ -76,6 +86,7 @@ class PromptRounds:
     id: str
     accepted: tuple[int, ...]
     roots: tuple[int, ...] = ()
+    category: str = ""              # the prompt's category (dataset); "" in reports before 2.2
 
     @property
     def rounds(self) -> int:
@@ -103,6 +114,7 @@ class Evaluation:
     accept_length_ci95: tuple[float | None, float | None]
     by_position: tuple[PositionBucket, ...]
     per_prompt: tuple[PromptRounds, ...]
+    by_category: tuple[CategoryAcceptance, ...] = ()
 
     def __getattr__(self, name: str):
         """e.layout, e.mode, ... read the axes."""
@@ -127,20 +139,27 @@ class Evaluation:
                 "all_positions": summary(self.all_positions), "trajectory": summary(self.trajectory),
                 "accept_length_ci95": [lo, hi], "accept_length": self.accept_length,
                 "by_position": [{"from": b.start, "to": b.end, **summary(b.counts)} for b in self.by_position],
-                "per_prompt": [{"id": p.id, "rounds": p.rounds, "accepted_sum": p.accepted_sum}
-                               for p in self.per_prompt]}
+                "by_category": [c.to_json() for c in self.by_category],
+                "per_prompt": [{"id": p.id, "category": p.category, "rounds": p.rounds,
+                                "accepted_sum": p.accepted_sum} for p in self.per_prompt]}
 
     @classmethod
     def from_json(cls, e: dict) -> "Evaluation":
-        axes = Axes(**{k: e[k] for k in Axes.__dataclass_fields__ if k in e})
+        axes = axes_of(e)
         shape = TreeShape(e["num_steps"], e["topk"], e["num_draft_tokens"])
         per_prompt = tuple(PromptRounds(p["id"], tuple([p["accepted_sum"]] + [0] * (p["rounds"] - 1))
-                                        if p["rounds"] else ()) for p in e["per_prompt"])
+                                        if p["rounds"] else (), (), p.get("category", ""))
+                           for p in e["per_prompt"])
         return cls(axes, shape, AcceptCounts.from_dict(e["all_positions"]),
                    AcceptCounts.from_dict(e["trajectory"]), e["accept_length"],
                    tuple(e["accept_length_ci95"]),
                    tuple(PositionBucket(b["from"], b["to"], AcceptCounts.from_dict(b)) for b in e["by_position"]),
-                   per_prompt)
+                   per_prompt, tuple(CategoryAcceptance.from_json(c) for c in e.get("by_category", ())))
+
+
+def axes_of(e: dict) -> Axes:
+    """A report.json evaluation entry's axes; an axis it predates reads its LEGACY_AXES value."""
+    return Axes(**{k: e.get(k, LEGACY_AXES.get(k)) for k in Axes.__dataclass_fields__ if k in e or k in LEGACY_AXES})
 
 
 def select(evaluations, where: Axes | None = None, **axes) -> list[Evaluation]:
@@ -197,7 +216,8 @@ def _buckets(all_acc, roots, buckets: tuple[int, ...], S: int, D: int) -> tuple[
 def summarize(res, *, buckets: tuple[int, ...], seed: int, n_boot: int) -> Evaluation:
     """replay.VariantResult -> Evaluation: counts over all rounds and over the trajectory,
     the trajectory accept length with a bootstrap 95% interval over prompts, acceptance by
-    position bucket, the per-prompt rounds that paired comparisons resample."""
+    position bucket and by prompt category, the per-prompt rounds that paired comparisons
+    resample."""
     v = res.variant
     S, D = v.tree.num_steps, v.tree.num_draft_tokens
     all_acc = torch.cat(res.accepted) if res.accepted else torch.zeros(0, dtype=torch.long)
@@ -205,9 +225,12 @@ def summarize(res, *, buckets: tuple[int, ...], seed: int, n_boot: int) -> Evalu
     traj, traj_roots = trajectory_rounds(res.accepted, res.roots)
     traj_counts = AcceptCounts.from_accepted([a for r in traj for a in r], S, D)
     point, lo, hi = accept_length_ci(traj, seed=seed, n=n_boot) if traj_counts.rounds else (None, None, None)
-    per_prompt = tuple(PromptRounds(pid, tuple(r), tuple(j)) for pid, r, j in zip(res.prompt_ids, traj, traj_roots))
+    cats = res.categories or [""] * len(res.prompt_ids)
+    per_prompt = tuple(PromptRounds(pid, tuple(r), tuple(j), c)
+                       for pid, r, j, c in zip(res.prompt_ids, traj, traj_roots, cats))
     return Evaluation(v.axes, v.tree, AcceptCounts.from_accepted(all_acc, S, D), traj_counts, point, (lo, hi),
-                      _buckets(all_acc, roots, buckets, S, D), per_prompt)
+                      _buckets(all_acc, roots, buckets, S, D), per_prompt,
+                      by_category(per_prompt, seed=seed, n_boot=n_boot))
 
 
 def primary_tree(trees: tuple[str, ...] | list[str], evaluations) -> str | None:

@@ -31,7 +31,7 @@ from diag.layouts import Layout
 from diag.target.passes import TargetPass, budget_batches, pad_right
 from diag.drafter.tree_build import finalize
 from diag.trees import TreeShape
-from diag.replay.evaluation import Axes
+from diag.replay.evaluation import LEGACY_AXES, Axes
 from diag.replay.verify import accepted_chain, accepted_tree, target_next_windows
 
 
@@ -42,10 +42,11 @@ class Variant:
     tree: TreeShape
     regime: str = "as-loaded"          # regime of the drafter's input features
     tokens_regime: str = "as-loaded"   # regime whose argmax verifies
+    rendering: str = LEGACY_AXES["rendering"]   # how the prompts became token ids
 
     @property
     def axes(self) -> Axes:
-        return Axes(self.layout, self.mode, self.tree.name, self.regime, self.tokens_regime)
+        return Axes(self.layout, self.mode, self.tree.name, self.regime, self.tokens_regime, self.rendering)
 
     @property
     def key(self) -> str:
@@ -58,6 +59,7 @@ class VariantResult:
     accepted: list[torch.Tensor]       # per sequence: [R_i] accepted draft tokens per round
     roots: list[torch.Tensor]          # per sequence: [R_i] root index j of each round
     prompt_ids: list[str] = field(default_factory=list)
+    categories: list[str] = field(default_factory=list)
 
 
 def eval_roots(prompt_len: int, length: int, max_steps: int) -> range:
@@ -150,8 +152,10 @@ def replay(drafter: Eagle3Drafter, embed: nn.Module, target_head: nn.Module,
                       max_steps, token_budget, dev, dtype)
         bar.update()
     bar.close()
+    seqs = next(iter(passes.values())).sequences
     for res in results.values():
-        res.prompt_ids = [s.prompt_id for s in next(iter(passes.values())).sequences]
+        res.prompt_ids = [s.prompt_id for s in seqs]
+        res.categories = [s.category for s in seqs]
     return [results[v] for v in variants]
 
 

@@ -8,7 +8,9 @@ has none. report.json keeps, per prompt, only (rounds, accepted_sum); the pooled
 1 + Σa / rounds depends on nothing else, so a prompt with rounds 3 and accepted_sum 4 is
 resampled as the rounds [4, 0, 0] without changing any number.
 
-This module reads two report dicts and renders the comparison; it knows nothing about
+Per prompt category (report.json keeps each prompt's category since 2.2), the same: both arms
+pooled over the category's prompts, B - A, paired when both replayed the same prompts of that
+category. This module reads two report dicts and renders the comparison; it knows nothing about
 models, and it recomputes no per-round metric.
 """
 
@@ -18,6 +20,8 @@ import json
 from pathlib import Path
 
 from diag.errors import DiagError
+from diag.replay.categories import grouped
+from diag.replay.evaluation import axes_of, reference_axes
 from diag.stats import paired_bootstrap_diff
 
 SCHEMA_MAJORS = ("1", "2")      # 2.0 added axes / reference / serving; every field read here is in both
@@ -100,19 +104,46 @@ def _arm(e: dict) -> dict:
             "rounds": e["trajectory"]["rounds"]}
 
 
-def variant_diff(ea: dict, eb: dict, *, seed: int, n_boot: int) -> dict:
-    """One matched variant: both arms, B - A, and the paired interval when there is one."""
-    out = {k: ea[k] for k in ("key", "layout", "mode", "tree", "regime", "tokens_regime")}
-    out.update({"a": _arm(ea), "b": _arm(eb), "difference": None, "difference_ci95": None,
-                "paired": _paired(ea, eb), "significant": False})
-    if ea["accept_length"] is None or eb["accept_length"] is None:
+def _pooled(per_prompt: list[dict]) -> tuple[float | None, int]:
+    rounds = sum(p["rounds"] for p in per_prompt)
+    return (1.0 + sum(p["accepted_sum"] for p in per_prompt) / rounds if rounds else None), rounds
+
+
+def _diff(pa: list[dict], pb: list[dict], out: dict, *, seed: int, n_boot: int) -> dict:
+    """Fill B - A and, when both arms replayed the same prompts, its paired interval."""
+    out.update({"difference": None, "difference_ci95": None, "significant": False,
+                "paired": bool(pa) and [p["id"] for p in pa] == [p["id"] for p in pb]})
+    a, b = _pooled(pa)[0], _pooled(pb)[0]
+    if a is None or b is None:
         return out
-    out["difference"] = eb["accept_length"] - ea["accept_length"]
+    out["difference"] = b - a
     if out["paired"]:
-        _, lo, hi = paired_bootstrap_diff(_as_rounds(eb["per_prompt"]), _as_rounds(ea["per_prompt"]),
-                                          seed=seed, n=n_boot)
+        _, lo, hi = paired_bootstrap_diff(_as_rounds(pb), _as_rounds(pa), seed=seed, n=n_boot)
         out["difference_ci95"] = [lo, hi]
         out["significant"] = lo > 0 or hi < 0
+    return out
+
+
+def category_diffs(ea: dict, eb: dict, *, seed: int, n_boot: int) -> list[dict]:
+    """Per category in both arms: A and B pooled over its prompts, B - A [paired CI]."""
+    ga, gb = grouped(ea["per_prompt"]), grouped(eb["per_prompt"])
+    out = []
+    for cat in sorted(set(ga) & set(gb)):
+        row = {"category": cat, "a": {"accept_length": _pooled(ga[cat])[0], "prompts": len(ga[cat])},
+               "b": {"accept_length": _pooled(gb[cat])[0], "prompts": len(gb[cat])}}
+        out.append(_diff(ga[cat], gb[cat], row, seed=seed, n_boot=n_boot))
+    return out
+
+
+def variant_diff(ea: dict, eb: dict, *, seed: int, n_boot: int) -> dict:
+    """One matched variant: both arms, B - A, and the paired interval when there is one;
+    the same per prompt category."""
+    out = {k: ea[k] for k in ("key", "layout", "mode", "tree", "regime", "tokens_regime")}
+    out.update({"rendering": ea.get("rendering", "auto"), "a": _arm(ea), "b": _arm(eb)})
+    out = _diff(ea["per_prompt"], eb["per_prompt"], out, seed=seed, n_boot=n_boot)
+    if ea["accept_length"] is not None and eb["accept_length"] is not None:
+        out["difference"] = eb["accept_length"] - ea["accept_length"]
+    out["by_category"] = category_diffs(ea, eb, seed=seed, n_boot=n_boot)
     return out
 
 
@@ -153,9 +184,16 @@ def compare(a: dict, b: dict, *, a_path: str = "A", b_path: str = "B", seed: int
         "provenance": provenance_diff(a, b),
         "verdicts": verdict_changes(a, b),
         "variants": [variant_diff(ka[k], kb[k], seed=seed, n_boot=n_boot) for k in ka if k in kb],
+        "reference_keys": _reference_keys(a),
         "only_a": [k for k in ka if k not in kb],
         "only_b": [k for k in kb if k not in ka],
     }
+
+
+def _reference_keys(rep: dict) -> list[str]:
+    """Keys of A's variants at A's reference axes (every layout): the dataset table's rows."""
+    where = reference_axes(rep)
+    return [e["key"] for e in rep["evaluations"] if where.matches(axes_of(e))]
 
 
 def _f(x, signed: bool = False) -> str:
@@ -195,10 +233,26 @@ def render_markdown(cmp: dict) -> str:
         reg = v["regime"] if v["regime"] == v["tokens_regime"] else f"{v['regime']}→{v['tokens_regime']}"
         out.append(f"| `{v['layout']}` | {v['mode']} | {v['tree']} | {reg} | {_f(v['a']['accept_length'])} | {_ci(v['a']['ci95'])} | "
                    f"{_f(v['b']['accept_length'])} | {_ci(v['b']['ci95'])} | {_diff_cell(v)} |")
+    out += _category_table(cmp)
     for side in ("a", "b"):
         if cmp[f"only_{side}"]:
             out += ["", f"Only in {side.upper()}: " + ", ".join(f"`{k}`" for k in cmp[f"only_{side}"])]
     return "\n".join(out) + "\n"
+
+
+def _category_table(cmp: dict) -> list[str]:
+    ref = set(cmp.get("reference_keys") or [])
+    rows = [(v, c) for v in cmp["variants"] if v["key"] in ref for c in v.get("by_category", [])]
+    if len({c["category"] for _, c in rows}) < 2:
+        return []
+    out = ["", "## Accept length by dataset", "",
+           "Per prompt category, for A's variants at its reference axes: B − A with a paired interval when "
+           "both replayed the same prompts of the category (* = interval excludes zero).", "",
+           "| layout | mode | category | prompts A / B | A | B | B − A [95% CI] |", "|---|---|---|---|---|---|---|"]
+    for v, c in rows:
+        out.append(f"| `{v['layout']}` | {v['mode']} | {c['category']} | {c['a']['prompts']} / {c['b']['prompts']} | "
+                   f"{_f(c['a']['accept_length'])} | {_f(c['b']['accept_length'])} | {_diff_cell(c)} |")
+    return out
 
 
 def _verdict_text(v: dict | None) -> str:

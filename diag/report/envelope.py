@@ -20,7 +20,7 @@ from pathlib import Path
 import diag
 from diag.replay.evaluation import ANY
 
-SCHEMA_VERSION = "2.1"
+SCHEMA_VERSION = "2.3"
 
 
 def git_hash() -> str | None:
@@ -71,6 +71,11 @@ def envelope(run, argv: list[str] | None = None) -> dict:
         "evaluations": [e.to_json() for e in run.evaluations],
         "speedup": run.speedup,
         "regimes": run.regimes,
+        "server": getattr(run, "server", None),
+        "renderings": run.renderings,
+        "coverage": run.coverage,
+        "loops": run.loops,
+        "long_context": run.long_context,
         "timings": run.timings,
         "notes": run.notes,
     }

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Callable
 
+from diag.report.prompt_side_md import prompt_side
 from diag.report.sections import acceptance, head, provenance, regimes, speedup
+from diag.report.server_markdown import server_markdown
 
 Section = Callable[[dict], list[str]]
 
@@ -22,7 +24,9 @@ SECTIONS: tuple[Section, ...] = (
     provenance.what_ran,
     acceptance.by_tree,
     acceptance.by_position,
+    prompt_side,
     speedup.speedup,
+    server_markdown,
     regimes.regimes,
     provenance.candidates,
     provenance.notes,

@@ -232,4 +232,4 @@ def swap_into_place(new: Path, out: Path) -> None:
         os.rmdir(old)
         os.rename(out, old)
         os.rename(new, out)
-    shutil.rmtree(old, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)   # inside: a held SIGINT must not leave it behind

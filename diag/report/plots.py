@@ -10,6 +10,8 @@
                              the reference: relative L2 and cosine of each capture point, per regime
     speedup.png              only when the report has a `speedup` section: accept length against
                              num_draft_tokens per tree shape, with the break-even accept length
+    long_context.png         only with a `long_context` section: accept length against prompt
+                             length, the half-of-short-context line, rungs below it marked
 
 Section shapes read here (report.schema.json has them too):
     regimes  = {"reference", "points": [...], "regimes": [{"regime", "drift": {point: {"cosine",
@@ -196,7 +198,33 @@ def speedup(rep: dict, folder: Path) -> dict | None:
     return _save(fig, folder, "speedup.png", "Accept length vs break-even, per tree shape")
 
 
-PLOTS = (acceptance_at_depth, accept_hist, by_position, speedup, drift)   # the order report.md links them
+def long_context(rep: dict, folder: Path) -> dict | None:
+    """Accept length against prompt length (the long-context ladder), 95% intervals as error
+    bars, the half-of-short-context line (in accept-length units: 1 + half the accepted
+    drafts), marked rungs in red."""
+    sec = rep.get("long_context") or {}
+    rows = [r for r in sec.get("rungs", []) if r["accept_length"] is not None]
+    if not rows:
+        return None
+    fig, (ax,) = _figure(1, panel=WIDE)
+    xs, ys = [r["position"] for r in rows], [r["accept_length"] for r in rows]
+    err = [[y - (r["ci95"][0] if r["ci95"][0] is not None else y) for y, r in zip(ys, rows)],
+           [(r["ci95"][1] if r["ci95"][1] is not None else y) - y for y, r in zip(ys, rows)]]
+    ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=f"{sec['layout']} {sec['tree']}")
+    if sec.get("half_of_short") is not None:
+        ax.axhline(1 + sec["half_of_short"], color="k", ls="--", lw=1, label="half of short-context acceptance")
+    low = [r for r in rows if r["below_half"]]
+    if low:
+        ax.scatter([r["position"] for r in low], [r["accept_length"] for r in low], color="red", zorder=3,
+                   s=60, label="below half")
+    ax.set(xlabel="prompt length (tokens): where the continuation starts", ylabel="accept length (bonus included)",
+           title=f"long context up to {sec['length']} tokens")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, folder, "long_context.png", "Acceptance against position (long-context ladder)")
+
+
+PLOTS = (acceptance_at_depth, accept_hist, by_position, speedup, drift, long_context)   # the order report.md links them
 
 
 def make_plots(rep: dict, folder: str | Path) -> list[dict]:

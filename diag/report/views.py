@@ -26,6 +26,13 @@ def variant_label(e: dict) -> str:
     return f"{e['layout']} {e['mode']} {regime_label(e)}"
 
 
+def served(rep: dict) -> list[dict]:
+    """The evaluation dicts under the serving rendering (the other renderings are the
+    renderings section's): all of them when the run has one rendering."""
+    at = (rep.get("reference") or {}).get("rendering")
+    return [e for e in rep.get("evaluations", []) if at is None or e.get("rendering", at) == at]
+
+
 def _accept_key(e: dict) -> float:
     return -(e["accept_length"] if e["accept_length"] is not None else -1.0)
 
@@ -52,7 +59,7 @@ def tag(rep: dict, e: dict) -> str:
 
 def tree_order(rep: dict) -> list[str]:
     """Evaluated tree names by (num_steps, topk, num_draft_tokens): chain-1, chain-2, ..."""
-    shapes = {e["tree"]: (e["num_steps"], e["topk"], e["num_draft_tokens"]) for e in rep.get("evaluations", [])}
+    shapes = {e["tree"]: (e["num_steps"], e["topk"], e["num_draft_tokens"]) for e in served(rep)}
     return sorted(shapes, key=lambda t: shapes[t])
 
 

@@ -84,10 +84,54 @@ class SpeedupSpec:
 
 
 @dataclass(frozen=True)
+class ServerSpec:
+    """What the live server emitted, to reconcile diag's candidates with (diag/run/reconcile.py):
+    its files (log, /generate responses, /server_info, vLLM /metrics), the release that wrote
+    them (default: [serving] engine), and the rates the user measured at the same concurrency:
+    baseline_tokens_per_second (no speculation) and tokens_per_second (speculative; default: the
+    log's mean gen throughput) at accept_length (default: the log's) on tree (default: the log's
+    server_args)."""
+    engine: str | None = None
+    log: str | None = None
+    baseline_log: str | None = None
+    responses: str | None = None
+    server_info: str | None = None
+    vllm_metrics: str | None = None
+    baseline_tokens_per_second: float | None = None
+    tokens_per_second: float | None = None
+    accept_length: float | None = None
+    tree: str | None = None
+    concurrency: int | None = None
+    max_running_requests: int | None = None
+
+
+@dataclass(frozen=True)
 class PlacementSpec:
     gpus: int = 0
     gpu_memory: str | None = None
     activation_budget: str | None = None
+
+
+@dataclass(frozen=True)
+class RenderingSpec:
+    """How prompts become token ids (diag/run/rendering.py names them): the rendering the
+    server applies (the run's reference), the one the drafter was trained with, others to
+    compare; template files by name (e.g. train = "templates/train.jinja")."""
+    serving: str = "auto"
+    trained: str | None = None
+    renderings: tuple[str, ...] = ()
+    templates: dict | None = None
+    system_prompt: str | None = None
+
+
+@dataclass(frozen=True)
+class LongContextSpec:
+    """Acceptance against position (diag/run/long_context.py): prompts of graded lengths up
+    to `length` tokens, built from the prompt set's texts or from a text `file`."""
+    length: int = 0                   # 0: off
+    file: str | None = None
+    rungs: int = 8
+    per_rung: int = 2
 
 
 @dataclass(frozen=True)
@@ -102,12 +146,16 @@ class Case:
     serving: ServingSpec = field(default_factory=ServingSpec)
     placement: PlacementSpec = field(default_factory=PlacementSpec)
     speedup: SpeedupSpec = field(default_factory=SpeedupSpec)
+    server: ServerSpec = field(default_factory=ServerSpec)
+    rendering: RenderingSpec = field(default_factory=RenderingSpec)
+    long_context: LongContextSpec = field(default_factory=LongContextSpec)
     description: str = ""
 
 
 _SECTIONS = {"target": ModelSpec, "drafter": ModelSpec, "prompts": PromptSpec,
              "evaluate": EvaluateSpec, "serving": ServingSpec, "placement": PlacementSpec,
-             "speedup": SpeedupSpec}
+             "speedup": SpeedupSpec, "server": ServerSpec, "rendering": RenderingSpec,
+             "long_context": LongContextSpec}
 _TOP = {"version", "name", "description", *_SECTIONS}
 
 
@@ -228,10 +276,15 @@ def _check_values(case: Case) -> None:
         raise DiagError("user step costs need all three", file=src, field="speedup",
                         expected="t_decode_ms, t_draft_ms and t_verify_ms together",
                         found={k: v for k, v in zip(("t_decode_ms", "t_draft_ms", "t_verify_ms"), given)})
+    check_rendering(case)
+    check_long_context(case)
     if ev.token_budget < 64:
         raise DiagError("token budget too small", file=src, field="evaluate.token_budget",
                         expected=">= 64", found=ev.token_budget)
     check_case_values(case)          # ranges, trees SGLang refuses, regime names
+    if all(g is not None for g in given):
+        from diag.run.pricing import check_user_costs
+        check_user_costs(sp, src)    # across values: after each value's own range check
 
 
 def check_case(case: Case) -> Case:
@@ -239,6 +292,31 @@ def check_case(case: Case) -> Case:
     same checks as a case file)."""
     _check_values(case)
     return case
+
+
+def check_rendering(case: Case) -> None:
+    from diag.run.rendering import check_template_name, parse
+    spec, src = case.rendering, case.source
+    templates = spec.templates or {}
+    for name, path in templates.items():
+        _in_file(lambda t, field: check_template_name(t, field=field), name, f"rendering.templates.{name}", src)
+        if not isinstance(path, str):
+            raise DiagError("a template must be a file path", file=src, field=f"rendering.templates.{name}",
+                            expected="a path string", found=repr(path))
+    for key, text in [("serving", spec.serving), ("trained", spec.trained)] + \
+            [("renderings", r) for r in spec.renderings]:
+        if text is not None:
+            _in_file(lambda t, field: parse(t, tuple(templates), field=field), text, f"rendering.{key}", src)
+
+
+def check_long_context(case: Case) -> None:
+    lc, src = case.long_context, case.source
+    if lc.length and lc.length < 2 * case.prompts.max_new_tokens:
+        raise DiagError("long-context length too short", file=src, field="long_context.length",
+                        expected=f">= 2 x max_new_tokens = {2 * case.prompts.max_new_tokens}", found=lc.length)
+    if lc.length and (lc.rungs < 2 or lc.per_rung < 1):
+        raise DiagError("long context needs rungs >= 2 and per_rung >= 1", file=src, field="long_context",
+                        expected="rungs >= 2, per_rung >= 1", found={"rungs": lc.rungs, "per_rung": lc.per_rung})
 
 
 def read_case(path: str | Path) -> Case:

@@ -7,7 +7,7 @@ the num_draft_tokens measured, the machine (platform, processor, CPU threads, GP
 the torch version. Costs from another machine, build or checkpoint never answer.
 Entry: $DIAG_CACHE_DIR/costs/<digest>.json =
     {"format": "diag-step-costs-v1", "key": [[name, value], ...], "measured": ISO time,
-     "costs": StepCosts.to_dict()}
+     "costs": StepCosts.to_dict(), "spread": {...}, "repeats": N}
 A missing, unreadable or foreign entry is a miss (the report then says the costs were not
 measured). Writes go through a temporary file renamed into place. This module knows files
 and hashes; it measures nothing.
@@ -27,9 +27,10 @@ import torch
 
 from diag.checkpoint.identity import cache_root, checkpoint_identity
 from diag.errors import DiagError
+from diag.run.costs import MeasuredCosts
 from diag.run.speedup import StepCosts
 
-FORMAT = "diag-step-costs-v1"
+FORMAT = "diag-step-costs-v2"
 
 
 def _machine() -> str:
@@ -56,8 +57,9 @@ class CostKey:
         return cache_root() / "costs" / f"{digest}.json"
 
 
-def save_costs(key: CostKey, costs: StepCosts) -> Path:
-    entry = {"format": FORMAT, "key": key.fields, "costs": costs.to_dict(),
+def save_costs(key: CostKey, measured: MeasuredCosts) -> Path:
+    entry = {"format": FORMAT, "key": key.fields, "costs": measured.costs.to_dict(),
+             "spread": measured.spread, "repeats": measured.repeats,
              "measured": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     key.file.parent.mkdir(parents=True, exist_ok=True)
     tmp = key.file.with_name(f"{key.file.stem}.tmp{os.getpid()}")
@@ -66,12 +68,13 @@ def save_costs(key: CostKey, costs: StepCosts) -> Path:
     return key.file
 
 
-def load_costs(key: CostKey) -> tuple[StepCosts, str] | None:
-    """(costs, when they were measured) from an earlier run, or None."""
+def load_costs(key: CostKey) -> tuple[MeasuredCosts, str] | None:
+    """(costs with their spread, when they were measured) from an earlier run, or None."""
     try:
         entry = json.loads(key.file.read_text())
         if entry.get("format") != FORMAT or tuple(tuple(f) for f in entry.get("key", ())) != key.fields:
             return None
-        return StepCosts.from_dict(entry["costs"]), str(entry["measured"])
+        costs = MeasuredCosts(StepCosts.from_dict(entry["costs"]), dict(entry["spread"]), int(entry["repeats"]))
+        return costs, str(entry["measured"])
     except (OSError, ValueError, KeyError, TypeError, DiagError):
         return None

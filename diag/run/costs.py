@@ -5,9 +5,10 @@ t_verify(D): one target forward of D tokens after the same cache;
 t_draft: one drafter depth step (one row at one position, prefix cache of `context`);
 t_draft_extend: the drafter's step-1 pass over 2 new tokens (the accepted ones, typically).
 Each is the minimum of `repeats` interleaved timed calls after a warm-up, synchronised on
-CUDA. These are
-batch-size-1 costs of *these* models on *this* machine; a server's costs differ (batching,
-CUDA graphs, tensor parallelism), so users can supply their own (case `[speedup]`).
+CUDA, reported with its spread (min / median / max of the calls). These are batch-size-1
+costs of *these* models on *this* machine: a measurement, never a verdict. A server's costs
+differ (batching, CUDA graphs, tensor parallelism); they come from the server's own rates
+(run/calibrate.py) or the user (case `[speedup]`).
 
 This module knows models and clocks; it knows nothing about files or reports.
 """
@@ -19,8 +20,20 @@ import time
 import torch
 from torch import nn
 
+from dataclasses import dataclass
+
 from diag.drafter.model import Eagle3Drafter
 from diag.run.speedup import StepCosts
+
+
+@dataclass(frozen=True)
+class MeasuredCosts:
+    """StepCosts (each the minimum of its calls) and the spread of those calls.
+    spread: {"t_decode": {"min", "median", "max"}, "t_verify": {"4": {...}}, ...} in seconds."""
+
+    costs: StepCosts
+    spread: dict
+    repeats: int
 
 
 def _sync(dev: torch.device) -> None:
@@ -37,18 +50,24 @@ def _once(fn, dev, setup) -> float:
     return time.perf_counter() - t0
 
 
-def _interleaved_min(jobs: dict, dev, repeats: int) -> dict:
+def _interleaved(jobs: dict, dev, repeats: int) -> dict:
     """jobs: name -> (fn, setup). One warm-up each, then `repeats` rounds that time every job
-    once, in turn; the minimum per job. Interleaving puts the same background load on every
-    job, and the minimum is the least disturbed call, so the ratios the speedup model needs
-    (t_verify(D) / t_decode) stay meaningful on a shared machine."""
+    once, in turn: name -> the list of its call times. Interleaving puts the same background
+    load on every job; the minimum is the least disturbed call."""
     for fn, setup in jobs.values():
         fn(setup())
     times = {name: [] for name in jobs}
     for _ in range(repeats):
         for name, (fn, setup) in jobs.items():
             times[name].append(_once(fn, dev, setup))
-    return {name: min(ts) for name, ts in times.items()}
+    return times
+
+
+def _spread(ts: list[float]) -> dict:
+    """[3, 1, 2] -> {"min": 1, "median": 2, "max": 3}."""
+    s = sorted(ts)
+    mid = len(s) // 2
+    return {"min": s[0], "median": s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2, "max": s[-1]}
 
 
 def _cache_kwarg(model: nn.Module) -> str:
@@ -73,7 +92,7 @@ def _after(model: nn.Module, prefix: torch.Tensor, new: torch.Tensor):
 
 @torch.no_grad()
 def measure_costs(model: nn.Module, drafter: Eagle3Drafter, embed, draft_tokens: list[int], *,
-                  context: int = 128, repeats: int = 7, vocab: int | None = None) -> StepCosts:
+                  context: int = 128, repeats: int = 7, vocab: int | None = None) -> MeasuredCosts:
     dev = next(model.parameters()).device
     vocab = vocab or model.config.vocab_size
     g = torch.Generator().manual_seed(0)
@@ -81,13 +100,17 @@ def measure_costs(model: nn.Module, drafter: Eagle3Drafter, embed, draft_tokens:
     jobs = {1: _after(model, prefix, prefix[:, :1])}
     for d in sorted(set(draft_tokens) - {1}):
         jobs[d] = _after(model, prefix, torch.randint(0, vocab, (1, d), generator=g).to(dev))
-    t = _interleaved_min(jobs, dev, repeats)
-    t_verify = {d: t[d] for d in draft_tokens}
-    t_draft, t_extend = _drafter_costs(drafter, embed, context, repeats, g)
-    return StepCosts(t[1], t_draft, t_verify, t_extend)
+    t = _interleaved(jobs, dev, repeats)
+    drafter_t = _drafter_costs(drafter, embed, context, repeats, g)
+    costs = StepCosts(min(t[1]), min(drafter_t["step"]), {d: min(t[d]) for d in draft_tokens},
+                      min(drafter_t["extend"]))
+    spread = {"t_decode": _spread(t[1]), "t_draft": _spread(drafter_t["step"]),
+              "t_verify": {str(d): _spread(t[d]) for d in sorted(set(draft_tokens))},
+              "t_draft_extend": _spread(drafter_t["extend"])}
+    return MeasuredCosts(costs, spread, repeats)
 
 
-def _drafter_costs(drafter: Eagle3Drafter, embed, context: int, repeats: int, g) -> tuple[float, float]:
+def _drafter_costs(drafter: Eagle3Drafter, embed, context: int, repeats: int, g) -> dict:
     c = drafter.cfg
     dev = next(drafter.parameters()).device
     dtype = next(drafter.parameters()).dtype
@@ -103,5 +126,4 @@ def _drafter_costs(drafter: Eagle3Drafter, embed, context: int, repeats: int, g)
     extend = lambda _: drafter.logits(drafter.prefix_step(emb(tok[:, :2]), drafter.project(aux[:, :2]),
                                                           valid[:, :2])[0])
     none = lambda: None
-    t = _interleaved_min({"step": (step, none), "extend": (extend, none)}, dev, repeats)
-    return t["step"], t["extend"]
+    return _interleaved({"step": (step, none), "extend": (extend, none)}, dev, repeats)

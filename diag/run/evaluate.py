@@ -2,10 +2,13 @@
 them into Evaluation records.
 
 Variants: every candidate layout x tree shape x regime (features and verifying tokens from
-the same regime), plus the cross matrix (features from regime A, tokens from regime B != A)
-for the trained layout on the primary tree when the case asks for it.
+the same regime) under the serving rendering, plus the cross matrix (features from regime A,
+tokens from regime B != A) for the trained layout on the primary tree when the case asks for
+it, plus every candidate on the primary tree at the reference regime under each other
+rendering (its own target pass: other token ids, other continuations).
 Reference axes: mode eagle3, the primary tree (the case's first), the reference regime for
-features and tokens; layout ANY. Every ranking and lookup selects inside it.
+features and tokens, the serving rendering; layout ANY. Every ranking and lookup selects
+inside it.
 
 This module connects replay and evaluation; it knows nothing about files or reports.
 """
@@ -13,27 +16,39 @@ This module connects replay and evaluation; it knows nothing about files or repo
 from __future__ import annotations
 
 from diag.engine.draft_tables import draft_tables_for
-from diag.replay.evaluation import ANY, Axes, Evaluation, best, select, summarize
+from diag.replay.evaluation import ANY, LEGACY_AXES, Axes, Evaluation, best, select, summarize
 from diag.replay.replay import Variant, replay
 from diag.run.inputs import Inputs
 from diag.trees import TreeShape
 
 
+def serving_rendering(inp: Inputs) -> str:
+    return inp.rendered.serving if inp.rendered else LEGACY_AXES["rendering"]
+
+
 def reference_axes(inp: Inputs) -> Axes:
     ref = inp.case.evaluate.reference_regime
-    return Axes(layout=ANY, mode="eagle3", tree=inp.shapes[0].name, regime=ref, tokens_regime=ref)
+    return Axes(layout=ANY, mode="eagle3", tree=inp.shapes[0].name, regime=ref, tokens_regime=ref,
+                rendering=serving_rendering(inp))
 
 
 def variants(inp: Inputs) -> list[Variant]:
-    return [Variant(c.label, c.mode, shape, reg, reg)
+    return [Variant(c.label, c.mode, shape, reg, reg, serving_rendering(inp))
             for c in inp.candidates for shape in inp.shapes for reg in inp.regimes]
+
+
+def rendering_variants(inp: Inputs, rendering: str) -> list[Variant]:
+    """Every candidate on the primary tree at the reference regime, under `rendering`."""
+    ref = inp.regimes[0]
+    return [Variant(c.label, c.mode, inp.shapes[0], ref, ref, rendering) for c in inp.candidates]
 
 
 def cross_variants(inp: Inputs, layout_label: str | None, shape: TreeShape) -> list[Variant]:
     regimes = inp.regimes
     if not inp.case.evaluate.cross_regimes or layout_label is None or len(regimes) < 2:
         return []
-    return [Variant(layout_label, "eagle3", shape, a, b) for a in regimes for b in regimes if a != b]
+    return [Variant(layout_label, "eagle3", shape, a, b, serving_rendering(inp))
+            for a in regimes for b in regimes if a != b]
 
 
 def _summaries(results, inp: Inputs) -> list[Evaluation]:
@@ -41,8 +56,10 @@ def _summaries(results, inp: Inputs) -> list[Evaluation]:
     return [summarize(r, buckets=ev.position_buckets, seed=ev.seed, n_boot=ev.bootstrap) for r in results]
 
 
-def evaluate(inp: Inputs, drafter, embed, head, passes, *, progress: bool) -> list[Evaluation]:
-    """Replay every variant, then the cross matrix of the best layout."""
+def evaluate(inp: Inputs, drafter, embed, head, passes, *, progress: bool,
+             extra: dict | None = None) -> list[Evaluation]:
+    """Replay every variant, then the cross matrix of the best layout, then the other
+    renderings (`extra`: name -> TargetPass at the reference regime)."""
     layouts = {c.label: c.layout for c in inp.candidates}
     budget = inp.case.evaluate.token_budget
     tables = {m: draft_tables_for(inp.drafter_config, m) for m in ("eagle3", "eagle")}
@@ -52,5 +69,9 @@ def evaluate(inp: Inputs, drafter, embed, head, passes, *, progress: bool) -> li
     cross = cross_variants(inp, top.layout if top else None, inp.shapes[0])
     if cross:
         evals += _summaries(replay(drafter, embed, head, passes, cross, layouts, token_budget=budget,
+                                   progress=progress, tables=tables), inp)
+    for name in (inp.rendered.others() if inp.rendered else ()):
+        evals += _summaries(replay(drafter, embed, head, {inp.regimes[0]: extra[name]},
+                                   rendering_variants(inp, name), layouts, token_budget=budget,
                                    progress=progress, tables=tables), inp)
     return evals

@@ -22,7 +22,8 @@ from diag.errors import DiagError
 from diag.layouts import CapturePoint, point, union_points
 from diag.run.candidates import Candidate, candidates_for
 from diag.run.case import Case, resolve_path
-from diag.run.prompts import PromptSet, read_prompt_set, read_recorded, tokenize
+from diag.run.prompts import PromptSet, read_prompt_set, read_recorded
+from diag.run.rendered import RenderedPrompts, render_prompts
 from diag.target.load import TargetInfo, plain_config, target_info
 from diag.trees import TreeShape, tree_shape
 
@@ -45,11 +46,14 @@ class Inputs:
     serving_error: ServingError | None
     shapes: list[TreeShape]             # the primary tree first
     prompt_set: PromptSet
-    prompts: list[tuple[str, str, list[int]]]     # (id, category, token ids)
+    prompts: list[tuple[str, str, list[int]]]     # (id, category, token ids), serving rendering
     recorded: dict[str, list[int]] | None
     points: tuple[CapturePoint, ...]
     capture_convention: str             # the layer-id rule the engine applies to this target
     notes: list[str]
+    rendered: RenderedPrompts | None = None     # the prompts under every rendering of the case
+    long_prompts: list[tuple[str, str, list[int]]] | None = None   # long_context.py's ladder
+    long_source: str | None = None                                 # the text it was cut from
 
     @property
     def regimes(self) -> list[str]:
@@ -178,15 +182,33 @@ def with_launch(case: Case, target_config: dict) -> tuple[Case, list[TreeShape],
     return case, shapes, notes
 
 
-def _prompts(case: Case, tok):
+def _prompts(case: Case, tok, tpath: Path):
     pset = read_prompt_set(resolve_path(case.prompts.file, case, "prompts.file"), case.prompts.limit,
                            case.prompts.categories or None)
-    prompts = [(p.id, p.category, tokenize(p, tok)) for p in pset.prompts]
+    rendered = render_prompts(case, tok, pset, str(tpath / "tokenizer_config.json"))
+    prompts = rendered.ids[rendered.serving]
     recorded = None
     if case.prompts.recorded:
         recorded = read_recorded(resolve_path(case.prompts.recorded, case, "prompts.recorded"), tok,
                                  [p.id for p in pset.prompts])
-    return pset, prompts, recorded
+    return pset, prompts, recorded, rendered
+
+
+def long_context_prompts(case: Case, tok, pset: PromptSet, tinfo: TargetInfo, tcfg: dict):
+    """The long-context ladder (long_context.py), checked against the target's positions."""
+    lc = case.long_context
+    if not lc.length:
+        return None, None
+    from diag.checkpoint.config import text_config
+    from diag.run.long_context import ladder, source_text
+    limit = text_config(tcfg).get("max_position_embeddings")
+    if isinstance(limit, int) and lc.length > limit:
+        raise DiagError("long-context length exceeds the target's positions", file=case.source,
+                        field="long_context.length",
+                        expected=f"<= {limit} (max_position_embeddings of {tinfo.path}/config.json)", found=lc.length)
+    text, where = source_text(case, pset)
+    return ladder(tok, text, where, length=lc.length, max_new_tokens=case.prompts.max_new_tokens,
+                  rungs=lc.rungs, per_rung=lc.per_rung), where
 
 
 def check_lengths(prompts, recorded, case: Case, tcfg: dict, tinfo: TargetInfo) -> None:
@@ -225,9 +247,11 @@ def prepare(case: Case) -> Inputs:
     case, served_shapes, notes = with_launch(case, tcfg)
     cands, cand_notes, serving_error = candidates_for(case, tinfo, dcfg, dpath)
     shapes, grid_notes = tree_shapes(case)
-    pset, prompts, recorded = _prompts(case, tok)
+    pset, prompts, recorded, rendered = _prompts(case, tok, tpath)
     check_lengths(prompts, recorded, case, tcfg, tinfo)
+    long_prompts, long_source = long_context_prompts(case, tok, pset, tinfo, tcfg)
     points = tuple(dict.fromkeys(union_points([c.layout for c in cands]) + (point("final"),)))
     return Inputs(case, tpath, dpath, tinfo, tcfg, dcfg, tok, cands, serving_error,
                   list(dict.fromkeys(shapes + served_shapes)), pset, prompts, recorded, points,
-                  capture_convention(tcfg, engine_name=case.serving.engine), notes + grid_notes + cand_notes)
+                  capture_convention(tcfg, engine_name=case.serving.engine), notes + grid_notes + cand_notes,
+                  rendered, long_prompts, long_source)

@@ -4,7 +4,7 @@
     load_drafter          the drafter's weights, checked                    (small)
     target_passes         the target, once, or its cached passes            (large)
     evaluate              every variant -> Evaluation records
-    sections, verdicts    speedup, regimes, then the verdicts over all of it
+    sections, verdicts    speedup, regimes, the live server's reconciliation, then the verdicts
 
 The step costs of the speedup model are measured on the target the pass already loaded and
 remembered (cost_cache.py); when every pass came from the cache no target is loaded, and the
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -33,7 +33,10 @@ from diag.run.costs import measure_costs
 from diag.run.evaluate import evaluate, reference_axes
 from diag.run.inputs import Inputs, dtype_of, prepare
 from diag.run.pricing import speedup_section, user_costs
+from diag.run.prompt_sections import prompt_sections
 from diag.run.regime_section import regime_section
+from diag.run.server_inputs import read_server
+from diag.run.server_section import server_section
 from diag.run.target_passes import target_passes
 from diag.run.verdicts import Verdict, verdicts
 from diag.target.load import TargetInfo, load_embed_and_head
@@ -57,6 +60,11 @@ class RunResult:
     notes: list[str] = field(default_factory=list)
     speedup: dict | None = None
     regimes: dict | None = None
+    server: dict | None = None           # the live server reconciled (run/server_section.py)
+    renderings: dict | None = None       # the prompt-side sections (prompt_sections.py)
+    coverage: dict | None = None
+    loops: dict | None = None
+    long_context: dict | None = None
 
     def best_layout(self) -> str | None:
         """The eagle3 layout with the highest accept length at the reference axes."""
@@ -114,15 +122,17 @@ def _speedup(inp: Inputs, measured: _Costs, evals: list[Evaluation], notes: list
     sp = inp.case.speedup
     costs = user_costs(sp)
     if costs is not None:
-        return speedup_section(evals, costs, "user (case [speedup])")
+        return speedup_section(evals, costs, "user (case [speedup])", basis="user")
     if measured.costs is None:
         if measured.wanted:
             notes.append("step costs not measured: every target pass came from the cache, so no target "
                          "was loaded; give your server's costs in [speedup] or run with --no-cache")
         return None
+    m = measured.costs
     when = f"; measured at {measured.cached_at} by an earlier run" if measured.cached_at else ""
-    return speedup_section(evals, measured.costs,
-                           f"measured by diag on the loaded models (batch 1, context {sp.context}{when})")
+    return speedup_section(evals, m.costs,
+                           f"measured by diag on the loaded models (batch 1, context {sp.context}{when})",
+                           basis="measured", spread=m.spread, repeats=m.repeats)
 
 
 def _continuations(tp) -> torch.Tensor:
@@ -148,17 +158,23 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True) -> Ru
     t0 = time.perf_counter()
     inp = prepare(case)
     case = inp.case
+    server = read_server(case, [p[0] for p in inp.prompts], inp.target_config, seed=case.evaluate.seed,
+                         n_boot=case.evaluate.bootstrap)             # before any weight is loaded
+    if server is not None and server.shape is not None and server.shape not in inp.shapes:
+        inp = replace(inp, shapes=[*inp.shapes, server.shape],
+                      notes=[*inp.notes, f"the server's tree {server.shape.name} ({server.shape_source}) was added "
+                                         "to the evaluated trees"])
     drafter, dckpt = load_drafter(inp.drafter_path,
                                   dtype=dtype_of(case.drafter.dtype, "drafter.dtype", case) or torch.float32)
     drafter.to(_main_device(case))
     embed, head = load_embed_and_head(inp.target_path)
     t0 = _stopwatch(timings, "checks_s", t0)
     measured = _Costs(inp, drafter, embed, use_cache)
-    passes, pass_meta = target_passes(inp, progress=progress, use_cache=use_cache, with_model=measured)
+    passes, pass_meta, extra = target_passes(inp, progress=progress, use_cache=use_cache, with_model=measured)
     measured.remembered()
     notes = inp.notes + pass_meta.pop("cache_notes")
     t0 = _stopwatch(timings, "target_s", t0)
-    evals = evaluate(inp, drafter, embed, head, passes, progress=progress)
+    evals = evaluate(inp, drafter, embed, head, passes, progress=progress, extra=extra)
     t0 = _stopwatch(timings, "drafter_s", t0)
     health = health_checks(drafter, _continuations(passes[inp.regimes[0]]))
     run = RunResult(case, inp.target, _drafter_info(inp.drafter_path, dckpt, drafter), _prompts_info(inp),
@@ -169,6 +185,12 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True) -> Ru
     ev = case.evaluate
     run.regimes = regime_section(passes, pass_meta["reference_regime"], evals, run.reference,
                                  run.best_layout(), seed=ev.seed, n_boot=ev.bootstrap)
+    if server is not None:
+        run.server = server_section(server, evals, run.reference, run.best_layout(), seed=ev.seed, n_boot=ev.bootstrap)
+    side = prompt_sections(inp, run.reference, run.best_layout(), evals, passes, extra, drafter, embed, head,
+                           progress=progress)
+    run.renderings, run.coverage, run.loops, run.long_context = \
+        side.renderings, side.coverage, side.loops, side.long_context
     run.verdicts = verdicts(run, inp.target_config)
     _stopwatch(timings, "summary_s", t0)
     return run

@@ -1,7 +1,8 @@
 """Prompt sets and recorded continuations: reading JSONL files and tokenizing.
 
 A prompt set is JSONL, one object per line: {"id", "category", "text"} for a raw completion
-prompt or {"id", "category", "messages": [{"role", "content"}...]} for chat. Chat prompts go
+prompt or {"id", "category", "messages": [{"role", "content"}...]} for chat; a line of
+MT-bench, GSM8K, HumanEval or ShareGPT is read as its dataset's prompt (datasets.py). Chat prompts go
 through the tokenizer's chat template (generation prompt added); a tokenizer without one
 gets the turns joined as "role: content" lines, and the report says so.
 
@@ -34,10 +35,16 @@ class PromptSet:
     prompts: tuple[Prompt, ...]
 
 
-def _parse_line(obj: dict, where: str) -> Prompt:
+def _parse_line(obj: dict, line: int, where: str) -> Prompt:
+    from diag.run.datasets import KNOWN, dataset_prompt
+    if isinstance(obj, dict) and "text" not in obj and "messages" not in obj:
+        found = dataset_prompt(obj, line, where)
+        if found is not None:
+            return found
     if not isinstance(obj, dict) or "id" not in obj:
         raise DiagError("prompt line is not an object with an id", file=where, field="id",
-                        expected='{"id": ..., "text" | "messages": ...}', found=str(obj)[:80])
+                        expected=f'{{"id": ..., "text" | "messages": ...}} or a line of {KNOWN}',
+                        found=str(obj)[:80])
     has_text, has_msgs = "text" in obj, "messages" in obj
     if has_text == has_msgs:
         raise DiagError("a prompt needs exactly one of text / messages", file=where, field=str(obj["id"]),
@@ -89,7 +96,7 @@ def read_prompt_set(path: str | Path, limit: int | None = None,
         except json.JSONDecodeError as err:
             raise DiagError("prompt line is not JSON", file=f"{path}:{n}", expected="one JSON object per line",
                             found=str(err)) from err
-        prompts.append(_parse_line(obj, f"{path}:{n}"))
+        prompts.append(_parse_line(obj, n, f"{path}:{n}"))
     if categories:
         prompts = [p for p in prompts if p.category in categories]
     if limit is not None:
@@ -106,17 +113,11 @@ def read_prompt_set(path: str | Path, limit: int | None = None,
 
 
 def tokenize(prompt: Prompt, tokenizer) -> list[int]:
-    """Token ids of one prompt, chat template applied when the tokenizer has one."""
-    if prompt.messages is None:
-        return list(tokenizer(prompt.text, add_special_tokens=True)["input_ids"])
-    msgs = [{"role": r, "content": c} for r, c in prompt.messages]
-    if getattr(tokenizer, "chat_template", None):
-        out = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-        if isinstance(out, dict) or hasattr(out, "keys"):
-            out = out["input_ids"]
-        return list(out)
-    text = "\n".join(f"{r}: {c}" for r, c in prompt.messages) + "\nassistant:"
-    return list(tokenizer(text, add_special_tokens=True)["input_ids"])
+    """Token ids of one prompt under the default rendering ("auto": chat template for
+    messages, text raw); every rendering lives in render.py."""
+    from diag.run.render import Renderer
+    from diag.run.rendering import DEFAULT, parse
+    return Renderer(tokenizer).ids(prompt, parse(DEFAULT))
 
 
 def _recorded_line(line: str, where: str, tokenizer) -> tuple[str, list[int]]:

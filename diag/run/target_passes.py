@@ -2,7 +2,9 @@
 each from the content-keyed cache when it can be, else from the target loaded once.
 
 The sequences are generated (or taken from the recorded continuations) under the reference
-regime; every other regime replays the same sequences. While a regime's model is loaded,
+regime; every other regime replays the same sequences. Extra prompt sets (the case's other
+renderings, the long-context prompts) are passed at the reference regime only, each with its
+own greedy continuations, while that regime's target is loaded. While a regime's model is loaded,
 `with_model(regime, model)` lets the caller use it (the step costs are measured on the
 reference regime's model here, so a run never loads the target twice). A cached regime
 loads no target weight at all; an entry that fails its integrity check is recomputed, with a
@@ -20,6 +22,8 @@ from diag.run.inputs import Inputs, dtype_of, zoo_or_path
 from diag.target.load import load_target, target_info
 from diag.target.pass_cache import PassKey, load_pass, save_pass, token_digest
 from diag.target.passes import TargetPass, build_sequences, run_capture
+
+LONG_CONTEXT = "long-context"      # the extra pass of the long-context prompts (long_context.py)
 
 
 def special_ids(tok) -> tuple[set[int], int]:
@@ -58,7 +62,7 @@ def model_for(tpath: Path, dtype, regime: str, case):
     return model
 
 
-def _key(inp: Inputs, regime: str, tokens_sha: str, dtype) -> PassKey:
+def pass_key(inp: Inputs, regime: str, tokens_sha: str, dtype) -> PassKey:
     case = inp.case
     ckpt = Path(zoo_or_path(regime[5:])) if regime.startswith("ckpt:") else inp.target_path
     placement = f"gpus={case.placement.gpus}" if case.placement.gpus else "cpu"
@@ -66,39 +70,76 @@ def _key(inp: Inputs, regime: str, tokens_sha: str, dtype) -> PassKey:
                         placement)
 
 
-def target_passes(inp: Inputs, *, progress: bool, use_cache: bool,
-                  with_model: Callable[[str, object], None] | None = None) -> tuple[dict[str, TargetPass], dict]:
-    """regime -> TargetPass over the same sequences, and the report's target_pass section
-    (with "cache_notes": why an entry could not be used)."""
-    case = inp.case
-    dtype = dtype_of(case.target.dtype, "target.dtype", case)
+def extra_prompt_sets(inp: Inputs) -> dict[str, list[tuple[str, str, list[int]]]]:
+    """Prompt sets replayed at the reference regime only, besides the serving rendering's:
+    every other rendering of the case, and the long-context prompts."""
+    out = {name: inp.rendered.ids[name] for name in inp.rendered.others()} if inp.rendered else {}
+    if inp.long_prompts:
+        out[LONG_CONTEXT] = inp.long_prompts
+    return out
+
+
+class _Target:
+    """The target under one regime, loaded on first use (a cached pass needs none)."""
+
+    def __init__(self, inp: Inputs, regime: str, dtype):
+        self.inp, self.regime, self.dtype, self.model = inp, regime, dtype, None
+
+    def get(self):
+        if self.model is None:
+            self.model = model_for(self.inp.target_path, self.dtype, self.regime, self.inp.case)
+        return self.model
+
+
+def _one_pass(inp: Inputs, target: _Target, prompts, recorded, sequences, *, use_cache: bool, progress: bool,
+              meta: dict, label: str):
+    """One TargetPass over `prompts` (or the given sequences), from the cache when it can be."""
+    t0 = time.perf_counter()
+    dtype, case = target.dtype, inp.case
     eos, pad = special_ids(inp.tokenizer)
-    tokens_sha = token_digest(inp.prompts, inp.recorded, eos, pad)
-    passes, meta, sequences = {}, {"regimes": {}, "cache_notes": []}, None
+    key = pass_key(inp, target.regime, token_digest(prompts, recorded, eos, pad), dtype) if use_cache else None
+    tp, why = load_pass(key) if use_cache else (None, None)
+    if why:
+        meta["cache_notes"].append(f"target pass [{label}]: {why}")
+    if tp is None:
+        model = target.get()
+        if sequences is None:
+            sequences = build_sequences(model, prompts, case.prompts.max_new_tokens, pad_id=pad, eos_ids=eos,
+                                        recorded=recorded, progress=progress)
+        tp = run_capture(model, sequences, inp.points, regime=target.regime,
+                         token_budget=case.evaluate.token_budget, progress=progress)
+        if use_cache:
+            save_pass(key, tp)
+    return tp, {"cached": tp.cached, "cache_key": key.digest if key else None,
+                "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def target_passes(inp: Inputs, *, progress: bool, use_cache: bool,
+                  with_model: Callable[[str, object], None] | None = None
+                  ) -> tuple[dict[str, TargetPass], dict, dict[str, TargetPass]]:
+    """regime -> TargetPass over the same sequences (the serving rendering's), the report's
+    target_pass section (with "cache_notes": why an entry could not be used), and name ->
+    TargetPass of every extra prompt set (extra_prompt_sets) at the reference regime, each
+    with its own greedy continuations. The target loads at most once per regime."""
+    dtype = dtype_of(inp.case.target.dtype, "target.dtype", inp.case)
+    passes, extra, sequences = {}, {}, None
+    meta = {"regimes": {}, "cache_notes": [], "extra_passes": {}}
     for reg in inp.regimes:
-        t0 = time.perf_counter()
-        key = _key(inp, reg, tokens_sha, dtype) if use_cache else None
-        tp, why = load_pass(key) if use_cache else (None, None)
-        if why:
-            meta["cache_notes"].append(f"target pass [{reg}]: {why}")
-        if tp is None:
-            model = model_for(inp.target_path, dtype, reg, case)
-            if sequences is None:
-                sequences = build_sequences(model, inp.prompts, case.prompts.max_new_tokens, pad_id=pad,
-                                            eos_ids=eos, recorded=inp.recorded, progress=progress)
-            tp = run_capture(model, sequences, inp.points, regime=reg, token_budget=case.evaluate.token_budget,
-                             progress=progress)
-            if with_model is not None:
-                with_model(reg, model)
-            del model
-            if use_cache:
-                save_pass(key, tp)
+        target = _Target(inp, reg, dtype)
+        tp, info = _one_pass(inp, target, inp.prompts, inp.recorded, sequences, use_cache=use_cache,
+                             progress=progress, meta=meta, label=reg)
         sequences = tp.sequences
         passes[reg] = tp
-        meta["regimes"][reg] = {"cached": tp.cached, "cache_key": key.digest if key else None,
-                                "argmax_agreement": tp.agreement_with_sequence(),
-                                "seconds": round(time.perf_counter() - t0, 3)}
-    return passes, _summary(meta, passes, inp)
+        meta["regimes"][reg] = {**info, "argmax_agreement": tp.agreement_with_sequence()}
+        if reg == inp.regimes[0]:
+            for name, prompts in extra_prompt_sets(inp).items():
+                extra[name], info = _one_pass(inp, target, prompts, None, None, use_cache=use_cache,
+                                              progress=progress, meta=meta, label=f"{reg}, {name}")
+                meta["extra_passes"][name] = {**info, "sequences": len(extra[name].sequences)}
+        if target.model is not None and with_model is not None:
+            with_model(reg, target.model)
+        del target
+    return passes, _summary(meta, passes, inp), extra
 
 
 def _summary(meta: dict, passes: dict[str, TargetPass], inp: Inputs) -> dict:

@@ -127,7 +127,19 @@ class Int4Recipe:
     group_size: int = 32
 
 
-Recipe = Union[CorpusRecipe, TargetRecipe, DrafterRecipe, IdsRecipe, Int4Recipe]
+@dataclass(frozen=True)
+class DerivedDrafterRecipe:
+    """A trained zoo drafter with one documented change and no training: a token class taken
+    out of its hot vocabulary (the rows of lm_head and d2t dropped, as a drafter whose
+    training data lacked the class ends up), and / or config.json keys overridden (what
+    editing a drafter's config after training does)."""
+
+    source: str                                   # zoo name of the trained drafter
+    hot_vocab_excludes: str | None = None         # a name of build_derived.TOKEN_CLASSES
+    config_overrides: tuple[tuple[str, object], ...] = ()
+
+
+Recipe = Union[CorpusRecipe, TargetRecipe, DrafterRecipe, IdsRecipe, Int4Recipe, DerivedDrafterRecipe]
 
 
 @dataclass(frozen=True)
@@ -140,11 +152,13 @@ class ZooEntry:
     def needs(self) -> tuple[str, ...]:
         """Entries that must exist first, in build order."""
         r = self.recipe
+        if callable(getattr(r, "needs", None)):          # recipes that say it themselves
+            return r.needs()
         if isinstance(r, TargetRecipe):
             return (r.corpus,)
         if isinstance(r, DrafterRecipe):
             return (r.target,)
-        if isinstance(r, (Int4Recipe, IdsRecipe)):
+        if isinstance(r, (Int4Recipe, IdsRecipe, DerivedDrafterRecipe)):
             return (r.source,)
         return ()
 
@@ -176,6 +190,14 @@ _ENTRIES = (
     ZooEntry("deepseek-tiny-eagle3", "EAGLE-3 drafter for deepseek-tiny trained on its bf16 embed+L2+L3",
              DrafterRecipe("deepseek-tiny", "embed+L2+L3",
                            dataclasses.replace(_DRAFTER_BUDGET, steps=110, seed=3))),
+    ZooEntry("llama-tiny-eagle3-nows", "llama-tiny-eagle3-embed without the target's whitespace tokens "
+             "(newline + indentation runs) in its hot vocabulary: a drafter that cannot propose a token class",
+             DerivedDrafterRecipe("llama-tiny-eagle3-embed", hot_vocab_excludes="whitespace")),
 )
 
 ZOO: dict[str, ZooEntry] = {e.name: e for e in _ENTRIES}
+
+# The prompt-side entries (issue 14) live in their own module, which reads the classes above.
+from diag.zoo.recipes_prompt_side import ENTRIES as _PROMPT_SIDE  # noqa: E402
+
+ZOO.update({e.name: e for e in _PROMPT_SIDE})

@@ -34,6 +34,27 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 
+# The chat template of llama-tiny-think (build_thinking.py): Kimi-K2.5's two switches in the zoo's
+# tokens. A default system prompt when the conversation has none (Kimi's template adds "You are
+# Kimi, ..."), and the thinking switch ending the generation prompt, as Kimi-K2.5 writes it:
+#   {%- if thinking is defined and thinking is false -%}<think></think>{%- else -%}<think>{%- endif -%}
+# so thinking is on unless the caller passes thinking=False. One user turn renders as
+#   <|bos|><|system|>\nYou are a tiny model.<|end|>\n<|user|>\n{content}<|end|>\n<|assistant|>\n<think>
+THINKING_SYSTEM_PROMPT = "You are a tiny model."
+THINKING_CHAT_TEMPLATE = (
+    "{{- bos_token -}}"
+    "{%- if not messages or messages[0]['role'] != 'system' -%}"
+    "<|system|>{{ '\\n' }}" + THINKING_SYSTEM_PROMPT + "<|end|>{{ '\\n' }}"
+    "{%- endif -%}"
+    "{%- for message in messages -%}"
+    "<|{{ message['role'] }}|>{{ '\\n' }}{{ message['content'] }}<|end|>{{ '\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "<|assistant|>{{ '\\n' }}"
+    "{%- if thinking is defined and thinking is false -%}<think></think>{%- else -%}<think>{%- endif -%}"
+    "{%- endif -%}"
+)
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 

@@ -5,14 +5,15 @@ position in the sequence as a plot plus one table of the primary tree."""
 from __future__ import annotations
 
 from diag.report.sections.cells import f, header, row
-from diag.report.views import plot_link, primary_rows, primary_tree, regime_label, tree_order, variant_label
+from diag.report.views import (plot_link, primary_rows, primary_tree, regime_label, served, tree_order,
+                               variant_label)
 
 
 def _rows_by_variant(rep: dict) -> dict[str, dict[str, dict]]:
     """variant label -> tree -> evaluation, variants ordered by their accept length on the
     primary tree (highest first), then the ones it lacks."""
     table: dict[str, dict[str, dict]] = {}
-    for e in rep["evaluations"]:
+    for e in served(rep):
         table.setdefault(variant_label(e), {})[e["tree"]] = e
     tree = primary_tree(rep)
 

@@ -21,7 +21,8 @@ def what_ran(rep: dict) -> list[str]:
             f"{d['draft_vocab_size']}, config hash `{d['config']}`",
             serving_line(rep),
             f"- prompts `{rep['prompts']['file']}`: {rep['prompts']['count']} prompts "
-            f"({', '.join(rep['prompts']['categories'])}), hash `{rep['prompts']['sha256']}`",
+            f"({', '.join(rep['prompts']['categories'])}), hash `{rep['prompts']['sha256']}`, rendered as "
+            f"`{(rep.get('reference') or {}).get('rendering') or 'auto'}`",
             f"- target pass: {tp['source']} continuations, max_new_tokens {tp['max_new_tokens']}, "
             f"{tp['sequences']} sequences, {tp['tokens']} tokens ({tp['continuation_tokens']} continuation); "
             f"captured {', '.join(tp['points'])}; {cached}",

@@ -22,15 +22,26 @@ def speedup(rep: dict) -> list[str]:
            f"Step costs ({sp['source']}): decode {c['t_decode'] * 1e3:.2f} ms, draft step "
            f"{c['t_draft'] * 1e3:.2f} ms, draft extend {c['t_draft_extend'] * 1e3:.2f} ms, verify {verify}. "
            "Break-even accept length = round cost / decode cost; above it speculation beats plain "
-           f"decoding. Cells: accept length → predicted speedup, at regime {ref}.", "",
+           f"decoding. Cells: accept length → predicted speedup, at regime {ref}." + _spread(sp), "",
            *header(["tree", "round cost", "break-even", *[f"`{lay}` {mode}" for lay, mode in variants]])]
     for tree in tree_order(rep):
         cells = [by.get((tree, lay, mode)) for lay, mode in variants]
         first = next((r for r in cells if r is not None), None)
         if first is None:
             continue
-        out.append(row([tree, f"{first['round_cost_s'] * 1e3:.2f} ms", f(first["break_even_accept_length"])
-                        + ("" if first["break_even_reachable"] else " (unreachable)"),
+        even = "measurement error" if first.get("measurement_error") else f(first["break_even_accept_length"])
+        out.append(row([tree, f"{first['round_cost_s'] * 1e3:.2f} ms",
+                        even + ("" if first["break_even_reachable"] else " (unreachable)"),
                         *["" if r is None else f"{f(r.get('accept_length'))} → {f(r.get('speedup'))}x"
                           for r in cells]]))
     return out + ["", *plot_link(rep, "speedup.png"), ""]
+
+
+def _spread(sp: dict) -> str:
+    """Measured costs: a measurement with its spread, never a verdict."""
+    if sp.get("basis") != "measured" or not sp.get("spread"):
+        return ""
+    d = sp["spread"]["t_decode"]
+    return (f" Measured on this machine, {sp['repeats']} calls each (decode {d['min'] * 1e3:.2f} / "
+            f"{d['median'] * 1e3:.2f} / {d['max'] * 1e3:.2f} ms min / median / max): a measurement, not a verdict "
+            "on your server. A break-even below 1 (a round cheaper than a plain step) is a measurement error.")

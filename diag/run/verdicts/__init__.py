@@ -1,5 +1,6 @@
 """Verdicts: sentences a ticket can quote, each with its evidence and interval, one module
-per subject (floor, layout, serving_error, eagle, regime, speedup), the record in record.py.
+per subject (floor, layout, serving_error, eagle, regime, server, speedup, rendering, coverage,
+loops, long_context), the record in record.py.
 When the drafter predicts nothing on any layout (floor.py), that verdict replaces the layout
 and EAGLE verdicts: a tie of zeros says nothing about which layout the server should feed.
 
@@ -15,8 +16,10 @@ from diag.run.verdicts.floor import floor_verdicts
 from diag.run.verdicts.layout import layout_verdicts
 from diag.run.verdicts.record import SEVERITIES, Verdict
 from diag.run.verdicts.regime import regime_verdicts
+from diag.run.verdicts.server import server_verdicts
 from diag.run.verdicts.serving_error import serving_error_verdicts
 from diag.run.verdicts.speedup import speedup_verdicts
+from diag.run.verdicts.prompt_side import prompt_side_verdicts
 
 __all__ = ["Verdict", "verdicts"]
 
@@ -26,5 +29,6 @@ def verdicts(run, target_config: dict) -> list[Verdict]:
     floor = floor_verdicts(run)
     layout = [] if floor else layout_verdicts(run, target_config)
     found = (floor + serving_error_verdicts(run, floor + layout, target_config) + layout
-             + ([] if floor else eagle_verdicts(run)) + regime_verdicts(run) + speedup_verdicts(run))
+             + ([] if floor else eagle_verdicts(run)) + regime_verdicts(run) + server_verdicts(run)
+             + speedup_verdicts(run) + prompt_side_verdicts(run))
     return sorted(found, key=lambda v: SEVERITIES.index(v.severity))

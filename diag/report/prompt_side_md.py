@@ -1,0 +1,147 @@
+"""report.md sections for the prompt side of a run: acceptance by dataset, by prompt
+rendering, draft-vocabulary coverage, loops, long context. Rendered from report.json only;
+nothing here computes a number.
+"""
+
+from __future__ import annotations
+
+import json
+
+from diag.replay.evaluation import Evaluation, reference_axes, select
+from diag.report.views import plot_link
+
+
+def _f(x, nd: int = 2) -> str:
+    return "–" if x is None else f"{x:.{nd}f}"
+
+
+def _ci(ci, nd: int = 2) -> str:
+    return "–" if not ci or ci[0] is None else f"{_f(ci[0], nd)}–{_f(ci[1], nd)}"
+
+
+def _pct(x) -> str:
+    return "–" if x is None else f"{100 * x:.1f}%"
+
+
+def _q(text: str | None) -> str:
+    """A decoded token run as a code span, newlines and tabs visible."""
+    if text is None:
+        return "–"
+    return "`" + json.dumps(text)[1:-1].replace("`", "'").replace("|", "\\|") + "`"
+
+
+def datasets(rep: dict) -> list[str]:
+    """Accept length per prompt category for every layout at the reference axes."""
+    where = reference_axes(rep)
+    keys = {e.key for e in select([Evaluation.from_json(e) for e in rep["evaluations"]], where)}
+    rows = [e for e in rep["evaluations"] if e["key"] in keys and e.get("by_category")]
+    cats = sorted({c["category"] for e in rows for c in e["by_category"]})
+    if len(cats) < 2:
+        return []
+    out = ["## Acceptance by dataset", "",
+           f"Trajectory accept length per prompt category at the reference ({where.tree}, {where.regime}, "
+           f"rendering {where.rendering}), 95% CI over the category's prompts.", "",
+           "| layout | mode | " + " | ".join(f"{c}" for c in cats) + " |", "|---|---" + "|---" * len(cats) + "|"]
+    for e in sorted(rows, key=lambda e: -(e["accept_length"] or 0)):
+        by = {c["category"]: c for c in e["by_category"]}
+        cells = [f"{_f(by[c]['accept_length'])} [{_ci(by[c]['ci95'])}] ({by[c]['prompts']})" if c in by else "–"
+                 for c in cats]
+        out.append(f"| `{e['layout']}` | {e['mode']} | " + " | ".join(cells) + " |")
+    return out + [""]
+
+
+def renderings(rep: dict) -> list[str]:
+    sec = rep.get("renderings")
+    if not sec:
+        return []
+    out = ["## Prompt renderings", "",
+           f"Accept length of `{sec['layout']}` on {sec['tree']} under each rendering (its own target pass); "
+           f"serving: `{sec['serving']}`, trained: `{sec['trained'] or 'not given'}`. Difference to serving: paired "
+           "bootstrap over prompts. First difference: where its tokens part from the serving render "
+           "(decoded; the shared tokens before it, then each side).", "",
+           "| rendering | role | accept length | 95% CI | vs serving [95% CI] | prompts rendered differently | "
+           "first difference: before → serving / this |", "|---|---|---|---|---|---|---|"]
+    for r in sec["rows"]:
+        vs = r["vs_serving"]
+        vs_cell = f"{vs['difference']:+.2f} [{vs['ci95'][0]:+.2f}, {vs['ci95'][1]:+.2f}]" if vs else "–"
+        d = r["differs_from_serving"]
+        ex = d["examples"][0] if d and d["examples"] else None
+        where = f"{_q(ex['context'])} → {_q(ex['serving'])} / {_q(ex['other'])}" if ex else "–"
+        count = f"{d['prompts'] - d['identical']} of {d['prompts']}" if d else "–"
+        out.append(f"| `{r['rendering']}` | {', '.join(r['roles']) or '–'} | **{_f(r['accept_length'])}** | "
+                   f"{_ci(r['ci95'])} | {vs_cell} | {count} | {where} |")
+    if sec.get("templates"):
+        out += ["", "Templates: " + ", ".join(f"`{k}` = `{v}`" for k, v in sec["templates"].items())]
+    return out + [""]
+
+
+def coverage(rep: dict) -> list[str]:
+    sec = rep.get("coverage")
+    if not sec:
+        return []
+    u, rej = sec["uncovered"], sec["rejected_at_uncovered"]
+    out = ["## Draft-vocabulary coverage", "",
+           f"The drafter can propose {sec['hot_vocabulary']} of {sec['vocabulary']} target tokens (t2d true). "
+           f"{_pct(u['share'])} of the target's continuation tokens [{_pct(u['ci95'][0])}, {_pct(u['ci95'][1])}] "
+           f"lie outside; {_pct(rej['share'])} of the drafter's rejections on `{sec['layout']}`, {sec['tree']} "
+           f"fall on such a token. Ceiling for a perfect drafter (accept length): measured on these continuations "
+           f"{_f(sec['ceiling_measured'])}, formula 1 + Σ_(d=1..S) (1−u)^d = {_f(sec['ceiling_formula'])}; "
+           f"the drafter reaches {_f(sec['accept_length'])}.", "",
+           "| category | prompts | uncovered | 95% CI | ceiling (measured) | ceiling (formula) | "
+           "rejections at uncovered |", "|---|---|---|---|---|---|---|"]
+    for c in sec["by_category"]:
+        cu = c["uncovered"]
+        out.append(f"| {c['category']} | {c['prompts']} | {_pct(cu['share'])} | {_pct(cu['ci95'][0])}–"
+                   f"{_pct(cu['ci95'][1])} | {_f(c['ceiling_measured'])} | {_f(c['ceiling_formula'])} | "
+                   f"{_pct(c['rejected_at_uncovered']['share'])} |")
+    if sec["top_uncovered"]:
+        out += ["", "Most frequent uncovered tokens: " + ", ".join(
+            f"{_q(t['text'])} (id {t['token']}, {t['count']}×)" for t in sec["top_uncovered"])]
+    return out + [""]
+
+
+def loops(rep: dict) -> list[str]:
+    sec = rep.get("loops")
+    if not sec:
+        return []
+    a, w, i = sec["all"], sec["without_loops"], sec["in_loops"]
+    d = sec["difference"]
+    out = ["## Loops", "",
+           f"Repeated n-gram cycles in the continuations: {sec['sequences_with_loops']} of {sec['sequences']} "
+           f"continuations, {sec['loop_tokens']} of {sec['continuation_tokens']} tokens"
+           + (f", periods {', '.join(map(str, sec['periods']))}" if sec["periods"] else "") + ".", "",
+           "| rounds | count | accept length | 95% CI |", "|---|---|---|---|",
+           f"| all | {a['rounds']} | {_f(a['accept_length'])} | {_ci(a['ci95'])} |",
+           f"| outside loops | {w['rounds']} | {_f(w['accept_length'])} | {_ci(w['ci95'])} |",
+           f"| inside loops | {i['rounds']} | {_f(i['accept_length'])} | {_ci(i['ci95'])} |"]
+    if d:
+        out += ["", f"All − outside loops: {d['difference']:+.2f} [{d['ci95'][0]:+.2f}, {d['ci95'][1]:+.2f}] (paired)."]
+    if sec["examples"]:
+        out += ["", "Examples: " + "; ".join(f"{x['prompt']}: {_q(x['cycle'])} (period {x['period']}, positions "
+                                             f"{x['from']}–{x['to']})" for x in sec["examples"])]
+    return out + [""]
+
+
+def long_context(rep: dict) -> list[str]:
+    sec = rep.get("long_context")
+    if not sec:
+        return []
+    at = sec["falls_below_half_at"]
+    out = ["## Long context", "",
+           f"Prompts of graded length up to {sec['length']} tokens, cut from `{sec['source']}`, continued greedily; "
+           f"`{sec['layout']}` on {sec['tree']}. A rung is marked ▼ when its accepted drafts per round fall below "
+           f"half of the shortest rung's ({_f(sec['half_of_short'])})"
+           + (f": first at position {at}." if at is not None else ": none is."), "",
+           "| prompt length | prompts | rounds | accept length | 95% CI | accepted drafts | |",
+           "|---|---|---|---|---|---|---|"]
+    for r in sec["rungs"]:
+        out.append(f"| {r['position']} | {r['prompts']} | {r['rounds']} | {_f(r['accept_length'])} | "
+                   f"{_ci(r['ci95'])} | {_f(r['accepted_drafts'])} | {'▼' if r['below_half'] else ''} |")
+    return out + ["", *plot_link(rep, "long_context.png"), ""]
+
+
+SECTIONS = (datasets, renderings, coverage, loops, long_context)
+
+
+def prompt_side(rep: dict) -> list[str]:
+    return [line for section in SECTIONS for line in section(rep)]

@@ -1,0 +1,250 @@
+"""A case's [server] section (or --server-* flags) -> one ServerObservation, before any weight
+is loaded: reads the files, checks their release, pairs the responses with the case's prompts.
+
+Pairing rule: every case prompt needs one response whose id is its prompt id. Responses for
+prompts outside the case are an error, except when the case narrows its prompt set (`limit`,
+`categories`): then they are left out and a note says how many. No id in common at all is an
+error that says how SGLang names requests (rid).
+
+This module reads the server's files (the I/O edge of the reconciliation); the combination
+rules live in server_observation.py, the parsers in diag/engine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from diag.engine.launch import SPEC_MAX_RUNNING_REQUESTS, effective_config, parse_launch
+from diag.engine.server_log import read_baseline_log, read_server_log
+from diag.engine.server_releases import rate_formula, server_release, show
+from diag.engine.server_responses import RequestCounts, read_generate_responses, read_server_info
+from diag.engine.vllm_metrics import read_vllm_metrics
+from diag.errors import DiagError
+from diag.run.case import Case, resolve_path
+from diag.run.server_observation import (LogLoad, Observed, ServerObservation, agree_on_shape, log_draft_tokens,
+                                         pooled_log, pooled_requests)
+from diag.trees import TreeShape, tree_shape
+
+FILES = ("log", "baseline_log", "responses", "server_info", "vllm_metrics")
+
+
+def given(case: Case) -> bool:
+    sv = case.server
+    return any(getattr(sv, f) is not None for f in (*FILES, "baseline_tokens_per_second", "tokens_per_second",
+                                                     "accept_length"))
+
+
+def _text(case: Case, name: str) -> tuple[str, str] | None:
+    spec = getattr(case.server, name)
+    if spec is None:
+        return None
+    path = Path(resolve_path(spec, case, f"server.{name}"))
+    if not path.is_file():
+        raise DiagError("server file not found", file=str(path), field=f"server.{name}",
+                        expected="a file saved from the server", found="no such file")
+    try:
+        return str(path), path.read_text()
+    except UnicodeDecodeError as err:
+        raise DiagError("server file is not text", file=str(path), field=f"server.{name}", expected="UTF-8 text",
+                        found=str(err)) from None
+
+
+def _check_numbers(case: Case) -> None:
+    sv, src = case.server, case.source
+    for name in ("baseline_tokens_per_second", "tokens_per_second", "accept_length", "concurrency",
+                 "max_running_requests"):
+        v = getattr(sv, name)
+        if v is not None and not v > 0:
+            raise DiagError("server value must be positive", file=src, field=f"server.{name}", expected="> 0", found=v)
+    if sv.accept_length is not None and sv.accept_length < 1:
+        raise DiagError("an accept length includes the bonus token, so it is at least 1", file=src,
+                        field="server.accept_length", expected=">= 1.00", found=sv.accept_length)
+
+
+def pair(requests: tuple[RequestCounts, ...], prompt_ids: list[str], *, narrowed: bool,
+         source: str) -> tuple[tuple[RequestCounts, ...], list[str]]:
+    """The responses in the case's prompt order, and notes (see the module docstring)."""
+    by_id = {r.id: r for r in requests}
+    wanted = set(prompt_ids)
+    if not wanted & set(by_id):
+        raise DiagError("the responses' request ids match none of the case's prompt ids", file=source,
+                        field="meta_info.id", expected=f"prompt ids such as {prompt_ids[:3]}",
+                        found=f"ids such as {list(by_id)[:3]}",
+                        hint='send "rid": "<prompt id>" with each /generate request, or add a top-level "id"')
+    missing = [i for i in prompt_ids if i not in by_id]
+    if missing:
+        raise DiagError("the responses do not cover the case's prompts", file=source, field="meta_info.id",
+                        expected=f"one response for each of the {len(prompt_ids)} prompts",
+                        found=f"{len(missing)} missing, e.g. {missing[:5]}")
+    extra = [i for i in by_id if i not in wanted]
+    if extra and not narrowed:
+        raise DiagError("the responses hold prompts the case does not replay", file=source, field="meta_info.id",
+                        expected=f"only the case's {len(prompt_ids)} prompt ids", found=f"{len(extra)} others, "
+                        f"e.g. {extra[:5]}", hint="replay the same prompt set the server answered")
+    notes = [f"{len(extra)} responses are for prompts outside the case's narrowed prompt set and are not used"] \
+        if extra else []
+    return tuple(by_id[i] for i in prompt_ids), notes
+
+
+def _mean(xs) -> float:
+    xs = list(xs)
+    return sum(xs) / len(xs)
+
+
+class _Sources:
+    """Accumulates what each file says; `observation()` combines it."""
+
+    def __init__(self, case: Case, target_config: dict | None):
+        self.case, self.tcfg = case, target_config
+        self.files: list[tuple[str, str]] = []
+        self.aggregates: list[Observed] = []
+        self.shapes: list[tuple[str, TreeShape]] = []
+        self.draft_sets: list[tuple[str, tuple[int, ...]]] = []
+        self.mrr: list[tuple[str, int]] = []
+        self.notes: list[str] = []
+        self.requests: tuple[RequestCounts, ...] = ()
+        self.log = self.vllm = None
+        self.info_version: str | None = None
+
+    def shape(self, src: str, tree: tuple) -> None:
+        if None not in tree:
+            self.shapes.append((src, TreeShape(*tree)))
+
+
+def _release(case: Case, info_version: str | None, info_file: str | None):
+    declared = case.server.engine
+    if declared is None and info_version is not None:
+        return server_release(info_version, field="version", file=info_file)
+    rel = server_release(declared or case.serving.engine, file=case.source)
+    if info_version is not None and server_release(info_version, field="version", file=info_file) != rel:
+        raise DiagError("the server files come from different SGLang releases", file=info_file, field="version",
+                        expected=f"{show(rel)} (server.engine)", found=info_version)
+    return rel
+
+
+def read_server(case: Case, prompt_ids: list[str], target_config: dict | None, *, seed: int = 0,
+                n_boot: int = 2000) -> ServerObservation | None:
+    """Everything the case says about the live server, checked; None when it says nothing."""
+    if not given(case):
+        return None
+    _check_numbers(case)
+    sv, s = case.server, _Sources(case, target_config)
+    info_text = _text(case, "server_info")
+    info = read_server_info(info_text[1], source=info_text[0]) if info_text else None
+    rel = _release(case, info.version if info else None, info_text[0] if info_text else None)
+    if info is not None:
+        s.files.append(("server_info", info.source))
+        s.aggregates.append(Observed(info.accept_length, info.accept_length, info.accept_length,
+                                     f"/server_info, {info.ranks} rank(s), lifetime average"))
+        s.shape(f"{info.source} (speculative_*)", info.tree)
+        if info.max_running_requests is not None:
+            s.mrr.append((info.source, info.max_running_requests))
+    _read_log(s, rel, seed, n_boot)
+    _read_responses(s, rel, prompt_ids, seed, n_boot)
+    _read_vllm(s)
+    if sv.tree is not None:
+        s.shapes.insert(0, ("server.tree", tree_shape(sv.tree, field="server.tree")))
+    _launch(s)
+    return _observation(s, rel, seed, n_boot)
+
+
+def _read_log(s: _Sources, rel, seed: int, n_boot: int) -> None:
+    got = _text(s.case, "log")
+    if got is None:
+        return
+    s.log = read_server_log(got[1], source=got[0], release=rel)
+    s.files.append(("log", got[0]))
+    if s.log.server_args is not None:
+        s.shape(f"{got[0]} line {s.log.server_args.line_no} (server_args)", s.log.server_args.tree)
+        if s.log.server_args.max_running_requests is not None:
+            s.mrr.append((f"{got[0]} (server_args)", s.log.server_args.max_running_requests))
+    s.draft_sets.append((f"{got[0]} (accept len / accept rate)",
+                         log_draft_tokens(s.log.speculative, s.log.rate_formula, show(rel), got[0])))
+    s.aggregates.append(pooled_log(s.log.speculative, seed=seed, n_boot=n_boot))
+
+
+def _read_responses(s: _Sources, rel, prompt_ids: list[str], seed: int, n_boot: int) -> None:
+    got = _text(s.case, "responses")
+    if got is None:
+        return
+    resp = read_generate_responses(got[1], source=got[0], release=rel)
+    p = s.case.prompts
+    s.requests, notes = pair(resp.requests, prompt_ids, narrowed=p.limit is not None or bool(p.categories),
+                             source=got[0])
+    s.notes += notes
+    s.files.append(("responses", got[0]))
+    ds = sorted({r.num_draft_tokens for r in s.requests if r.num_draft_tokens is not None})
+    if len(ds) > 1:
+        raise DiagError("the responses come from servers with different trees", file=got[0],
+                        field="meta_info spec_*_proposed_drafts / spec_verify_ct",
+                        expected="one num_draft_tokens", found=ds)
+    if ds:
+        s.draft_sets.append((f"{got[0]} (proposed drafts per round)", tuple(ds)))
+    s.aggregates.insert(0, pooled_requests(s.requests, seed=seed, n_boot=n_boot))
+
+
+def _read_vllm(s: _Sources) -> None:
+    got = _text(s.case, "vllm_metrics")
+    if got is None:
+        return
+    s.vllm = read_vllm_metrics(got[1], source=got[0])
+    k = s.vllm.num_speculative_tokens
+    s.files.append(("vllm_metrics", got[0]))
+    s.shapes.append((f"{got[0]} (vLLM drafts {k} tokens per round, a chain)", TreeShape(k, 1, k + 1)))
+    al = s.vllm.accept_length
+    s.aggregates.insert(1 if s.requests else 0, Observed(al, al, al, f"vLLM counters, {s.vllm.num_drafts} drafts"))
+
+
+def _launch(s: _Sources) -> None:
+    """The case's launch command, read with SGLang's rules: its tree, its max_running_requests."""
+    if not s.case.serving.launch:
+        return
+    eff = effective_config(parse_launch(s.case.serving.launch), s.tcfg)
+    explicit = eff.flags.num_steps is not None and eff.flags.topk is not None   # auto defaults vary by release
+    if explicit and eff.tree is not None and eff.tree.shape is not None and not eff.crash:
+        s.shapes.append(("serving.launch (SGLang's rules)", eff.tree.shape))
+        s.notes += [f"launch command: {n}" for n in eff.tree.notes]
+    if eff.max_running_requests is not None:
+        s.mrr.append(("serving.launch", eff.max_running_requests))
+
+
+def _observation(s: _Sources, rel, seed: int, n_boot: int) -> ServerObservation:
+    sv = s.case.server
+    shape, where, ds = agree_on_shape(s.shapes, s.draft_sets)
+    user = [Observed(sv.accept_length, sv.accept_length - 0.005, sv.accept_length + 0.005, "server.accept_length")] \
+        if sv.accept_length is not None else []
+    aggregates = s.aggregates + user
+    tps, tps_src = sv.tokens_per_second, "server.tokens_per_second"
+    if tps is None and s.log is not None:
+        tps, tps_src = _mean(d.gen_throughput for d in s.log.speculative), \
+            f"scheduler log, mean gen throughput of {len(s.log.speculative)} lines"
+    run_al = sv.accept_length if sv.accept_length is not None else \
+        (pooled_log(s.log.speculative, seed=seed, n_boot=n_boot).value if s.log is not None else
+         (aggregates[0].value if aggregates else None))
+    base, base_src = _baseline(s)
+    mrr_src, mrr = (("server.max_running_requests", sv.max_running_requests) if sv.max_running_requests else
+                    (s.mrr[0] if s.mrr else ("SGLang's speculative-mode default",
+                                             SPEC_MAX_RUNNING_REQUESTS)))
+    return ServerObservation(
+        show(rel), tuple(s.files), aggregates[0] if aggregates else None, tuple(aggregates[1:]), s.requests,
+        shape, where, ds, rate_formula(rel) if s.log is not None else None,
+        s.vllm.acceptance_at_depth if s.vllm is not None else None,
+        tps, tps_src if tps is not None else None, run_al, base, base_src, sv.concurrency, mrr, mrr_src,
+        _load(s.log, mrr) if s.log is not None else None, tuple(s.notes))
+
+
+def _baseline(s: _Sources) -> tuple[float | None, str | None]:
+    if s.case.server.baseline_tokens_per_second is not None:
+        return s.case.server.baseline_tokens_per_second, "server.baseline_tokens_per_second"
+    got = _text(s.case, "baseline_log")
+    if got is None:
+        return None, None
+    lines = read_baseline_log(got[1], source=got[0])
+    s.files.append(("baseline_log", got[0]))
+    return _mean(d.gen_throughput for d in lines), f"baseline log, mean gen throughput of {len(lines)} lines"
+
+
+def _load(log, mrr: int) -> LogLoad:
+    lines = log.speculative
+    return LogLoad(len(lines), max(d.running_req for d in lines), max(d.queue_req for d in lines),
+                   sum(1 for d in lines if d.running_req >= mrr and d.queue_req > 0))

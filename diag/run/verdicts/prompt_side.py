@@ -1,0 +1,13 @@
+"""Verdicts on the prompt side of a run, one module per subject: rendering, coverage, loops,
+long_context. Gathered here so the verdict list reads them as one group."""
+
+from __future__ import annotations
+
+from diag.run.verdicts.coverage import coverage_verdicts
+from diag.run.verdicts.long_context import long_context_verdicts
+from diag.run.verdicts.loops import loop_verdicts
+from diag.run.verdicts.rendering import rendering_verdicts
+
+
+def prompt_side_verdicts(run) -> list:
+    return rendering_verdicts(run) + coverage_verdicts(run) + loop_verdicts(run) + long_context_verdicts(run)

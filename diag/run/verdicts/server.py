@@ -1,0 +1,121 @@
+"""The live-server verdicts: which evaluated candidate explains what the server reported (or that
+none does, so the gap lies in the engine), and what the max_running_requests cap costs.
+
+Reads the run's `server` section (run/server_section.py), which holds the reconciliation's
+matches keyed like the evaluations; knows nothing about files.
+"""
+
+from __future__ import annotations
+
+from diag.run.verdicts.record import Verdict, fmt
+
+
+def _iv(lo, hi) -> str:
+    return f"[{fmt(lo)}, {fmt(hi)}]"
+
+
+def _candidate(m: dict, ref_regime) -> str:
+    a = m["axes"]
+    regime = "" if a.get("regime") in (None, ref_regime) else f", regime {a['regime']}"
+    return (f"`{a['layout']}` ({a['mode']}) on {a['tree']} (S={m['num_steps']}, K={m['topk']}, "
+            f"D={m['num_draft_tokens']}{regime})")
+
+
+def _how(m: dict, mode: str) -> str:
+    if mode == "per-request":
+        lo, hi = m["per_request_rms_ci95"]
+        return (f"diag {fmt(m['diag_value'])} vs server {fmt(m['server_value'])} on the same prompts, per-request "
+                f"RMS difference {m['per_request_rms']:.3f} [{lo:.3f}, {hi:.3f}]")
+    lo, hi = m["difference_ci95"]
+    return f"diag {fmt(m['diag_value'])}, difference {m['difference']:+.2f} {_iv(lo, hi)}"
+
+
+def _rewrites(sec: dict) -> str:
+    rewrites = [n.removeprefix("launch command: ") for n in sec["observed"]["notes"] if "forces" in n]
+    return f" (your launch flags were rewritten: {'; '.join(rewrites)})" if rewrites else ""
+
+
+def _trained_sentence(sec: dict, explaining: list[dict], server_tree: str | None, primary: str) -> str:
+    lay = sec["trained_layout"]
+    if lay is None or any(m["axes"]["layout"] == lay and m["axes"]["mode"] == "eagle3" for m in explaining):
+        return ""
+    rows = {t["tree"]: t for t in sec["trained"]}
+    out = f" Not the trained `{lay}`."
+    if server_tree in rows:
+        t = rows[server_tree]
+        out += f" On the server's {server_tree} the trained layout gives {fmt(t['accept_length'])} {_iv(*t['accept_length_ci95'])}."
+    if primary in rows and primary != server_tree:
+        t = rows[primary]
+        out += (f" Serving the trained layout with the intended tree {primary} would give "
+                f"{fmt(t['accept_length'])} {_iv(*t['accept_length_ci95'])}.")
+    return out
+
+
+def _config_sentence(run, best: dict) -> str:
+    """When the server runs another layout than the one its configuration resolves to."""
+    served = [c.label for c in getattr(run, "candidates", []) if "serving" in c.roles]
+    if not served or best["axes"]["layout"] in served:
+        return ""
+    return (f" The configuration diag was given resolves to `{served[0]}`: the server is not running what its "
+            "configuration says (check the drafter config it loaded, the launch command and the engine release).")
+
+
+def _match_verdict(run, sec: dict) -> list[Verdict]:
+    rec = sec["reconciliation"]
+    if rec is None:
+        return []
+    srv, mode = rec["server"], rec["mode"]
+    said = f"The server's accept length {fmt(srv['value'])} {_iv(*srv['ci95'])} ({srv['source']})"
+    explaining = [m for m in rec["matches"] if m["explains"]]
+    ev = {"server": srv, "mode": mode, "explaining": rec["explaining"], "closest": rec["closest"],
+          "trained_layout": sec["trained_layout"]}
+    tree = (sec["observed"]["tree"] or {}).get("name")
+    if explaining:
+        best = explaining[0]
+        others = [m["key"] for m in explaining[1:]]
+        text = (f"{said} matches {_candidate(best, run.reference.regime)}{_rewrites(sec)}: {_how(best, mode)}."
+                + (f" Also consistent: {len(others)} other candidate(s) ({', '.join(others[:3])})." if others else "")
+                + _trained_sentence(sec, explaining, best["axes"]["tree"], run.reference.tree)
+                + _config_sentence(run, best))
+        trained_ok = sec["trained_layout"] == best["axes"]["layout"] and best["axes"]["mode"] == "eagle3"
+        return [Verdict("server-match", "ok" if trained_ok else "warning", text, {**ev, "best": best})]
+    closest = next((m for m in rec["matches"] if m["shape_ok"]), None)
+    if closest is None:
+        text = (f"{said} cannot be compared: the server ran {tree or 'another tree'}, which no evaluated tree "
+                f"matches ({rec['matches'][0]['shape_reason']}). Evaluate it too (--tree {tree}).")
+        return [Verdict("server-unexplained", "warning", text, ev)]
+    text = (f"No evaluated candidate explains the server's accept length {fmt(srv['value'])} {_iv(*srv['ci95'])} "
+            f"({srv['source']}): the closest, {_candidate(closest, run.reference.regime)}, "
+            f"gives {_how(closest, mode)}. The drafter configurations diag varied do not account for the gap; it "
+            "lies in the engine (prefix cache, kernels, tensor-parallel numerics), in sampling (temperature > 0), "
+            "or in the continuation (replay the server's own outputs with --recorded).")
+    return [Verdict("server-unexplained", "warning", text, {**ev, "closest_match": closest})]
+
+
+def _concurrency_verdict(sec: dict) -> list[Verdict]:
+    c = sec["concurrency"]
+    if c is None:
+        return []
+    log = c["log"] or {}
+    bound = log.get("lines_capped_with_queue", 0)
+    if not c["capped"] and not bound:
+        return []
+    parts = []
+    if c["capped"]:
+        parts.append(f"at your concurrency {c['concurrency']}, the speculative server runs only "
+                     f"{c['max_running_requests']} requests at a time (max_running_requests, {c['source']}) and queues "
+                     f"{c['concurrency'] - c['max_running_requests']}: aggregate throughput at most "
+                     f"{c['served_fraction']:.0%} of what {c['concurrency']} slots would give at the same per-request speed")
+    if bound:
+        parts.append(f"the log shows the cap binding in {bound} of {log['lines']} decode lines (#running-req at "
+                     f"{c['max_running_requests']} with up to {log['max_queue_req']} requests queued)")
+    text = ("MAX RUNNING REQUESTS CAPS THROUGHPUT: " + "; ".join(parts)
+            + f". Set --max-running-requests to your concurrency (memory permitting).")
+    return [Verdict("server-concurrency", "warning", text, c)]
+
+
+def server_verdicts(run) -> list[Verdict]:
+    sec = getattr(run, "server", None)
+    if not sec:
+        return []
+    return _match_verdict(run, sec) + _concurrency_verdict(sec)

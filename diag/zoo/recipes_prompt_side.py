@@ -1,0 +1,73 @@
+"""The zoo's prompt-side entries (issue 14), as data: a target whose chat template's thinking
+switch changes what it writes, a drafter trained on one side of that switch, and a drafter
+trained at short context. Kept apart from recipes.py so its entries and builders
+(build_thinking.py, build_prompt_drafters.py) change without touching the others';
+recipes.py appends ENTRIES to ZOO.
+
+Build cost (zoo_meta.json `seconds`), measured on 2 CPU cores shared with ~5 other busy jobs
+(load ~10) and OMP_WAIT_POLICY=PASSIVE: llama-tiny-think 230 s, llama-tiny-think-eagle3-nothink
+326 s, llama-tiny-eagle3-short 57 s. Not measured on an idle machine; llama-tiny's own 850 steps
+of the same shape took 123 s there, so these 150 + 120 + 120 steps should take well under that.
+This module knows names and training budgets; it knows nothing about torch, files or caches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from diag.zoo.recipes import DrafterRecipe, TrainBudget, ZooEntry
+
+
+@dataclass(frozen=True)
+class ThinkingRecipe:
+    """A target fine-tuned so its chat template's thinking switch changes what it writes, the way
+    a thinking model's does: each corpus file's first `head_lines` lines are the user turn of
+    THINKING_CHAT_TEMPLATE; with thinking on the assistant first "thinks" (the head again, upper
+    case: text no code-trained drafter has seen) and closes </think>, then writes the rest of the
+    file; with thinking off (<think></think>) it writes the rest directly."""
+
+    source: str                       # zoo target to start from
+    corpus: str
+    budget: TrainBudget
+    head_lines: int = 3
+
+    def needs(self) -> tuple[str, ...]:
+        return (self.corpus, self.source)
+
+
+@dataclass(frozen=True)
+class PromptDrafterRecipe:
+    """An EAGLE-3 drafter (`drafter`, read as build_drafters reads it) trained on other prompts
+    than build_drafters' 32 raw corpus tokens: `prompt_tokens` corpus tokens before each greedy
+    continuation, and with `chat_thinking` True / False the corpus text as the user turn of the
+    target's chat template, thinking on / off (every sequence then a greedy continuation:
+    drafter.corpus_fraction is not read)."""
+
+    drafter: DrafterRecipe
+    prompt_tokens: int = 32
+    chat_thinking: bool | None = None
+
+    def needs(self) -> tuple[str, ...]:
+        return (self.drafter.target,)
+
+
+# 150 x 8 x 128 from llama-tiny: with thinking on it writes upper case, off it writes code.
+_THINKING_BUDGET = TrainBudget(steps=150, batch=8, seq_len=128, lr=1e-3, warmup=10, seed=4)
+# recipes._DRAFTER_BUDGET as it was when these entries were calibrated (issue 19 retunes that one).
+_DRAFTER_BUDGET = TrainBudget(steps=120, batch=16, seq_len=96, lr=3e-3, warmup=10, weight_decay=0.0, seed=2)
+
+ENTRIES = (
+    ZooEntry("llama-tiny-think", "llama-tiny fine-tuned on a chat template with Kimi-K2.5's thinking "
+             "switch: thinking on, it first writes the user's lines in upper case",
+             ThinkingRecipe("llama-tiny", "stdlib-corpus", _THINKING_BUDGET)),
+    ZooEntry("llama-tiny-think-eagle3-nothink", "EAGLE-3 drafter for llama-tiny-think trained on embed+L2+L4 "
+             "over thinking-off renders only",
+             PromptDrafterRecipe(DrafterRecipe("llama-tiny-think", "embed+L2+L4",
+                                               dataclasses.replace(_DRAFTER_BUDGET, seed=5)), chat_thinking=False)),
+    ZooEntry("llama-tiny-eagle3-short", "EAGLE-3 drafter for llama-tiny trained on embed+L2+L4 at short "
+             "context: 8-token prompts + 16 tokens (27 positions), to fall off past its training length",
+             PromptDrafterRecipe(DrafterRecipe("llama-tiny", "embed+L2+L4",
+                                               dataclasses.replace(_DRAFTER_BUDGET, seq_len=16, seed=6)),
+                                 prompt_tokens=8)),
+)
