@@ -59,8 +59,8 @@ def test_int4_target_states_match_transformers_compressed_tensors():
 def test_demo_tells_the_seeds_story(tmp_path):
     """The built-in demo, as `diag run` runs it (issue 19): the drafter trained on embed+L2+L4
     ships vLLM-convention ids that SGLang's Llama rule serves as L1+L3+L5. The first verdict is
-    the LAYOUT MISMATCH with the ids that fix it, then the EAGLE-mode warning, then the tree
-    advice. The contrast is the zoo drafter's (about 2.09 trained against 1.95 served on
+    the LAYOUT MISMATCH with the ids that fix it, then the EAGLE-mode warning; step costs diag
+    measured on this machine price the trees but give no verdict (issue 15). The contrast is the zoo drafter's (about 2.09 trained against 1.95 served on
     chain-3), not yet the seeds' 2.6 against 1.7 (issue 19: the drafters are not retrained)."""
     from diag.cli.main import main
     out = tmp_path / "demo"
@@ -68,7 +68,7 @@ def test_demo_tells_the_seeds_story(tmp_path):
     rep = json.loads((out / "report.json").read_text())
     kinds = [v["kind"] for v in rep["verdicts"]]
     assert kinds[:2] == ["layout-mismatch", "eagle-algorithm"], kinds
-    assert kinds[2:].count("tree-choice") + kinds[2:].count("speedup") == 1, kinds   # the tree advice
+    assert not {"tree-choice", "speedup"} & set(kinds), kinds      # measured costs decide nothing
     mismatch = rep["verdicts"][0]["evidence"]
     assert (mismatch["serving"], mismatch["trained"], mismatch["fix_ids"]) == ("L1+L3+L5", "embed+L2+L4", [-1, 1, 3])
     assert "[-1, 1, 3]" in rep["verdicts"][0]["text"] and mismatch["ci95"][0] > 0
