@@ -36,13 +36,21 @@ def test_one_target_load_measures_the_costs(counted):
     assert {r["key"] for r in run.speedup["rows"]} == {e.key for e in run.evaluations}
 
 
-def test_cached_passes_load_no_target_and_say_the_costs_were_not_measured(counted):
+def test_cached_passes_load_no_target_and_reuse_the_costs_measured_before(counted, tmp_path):
+    """The second run loads no target and prices its trees with the first run's costs
+    (run/cost_cache.py); once those are gone, it says the costs were not measured."""
     case, loads = counted
-    run_case(case, progress=False)
+    first = run_case(case, progress=False)
     again = run_case(case, progress=False)
     assert len(loads) == 1
-    assert again.speedup is None
-    assert any("step costs not measured" in n for n in again.notes)
+    assert first.speedup is not None and "earlier run" not in first.speedup["source"]
+    assert again.speedup is not None and "by an earlier run" in again.speedup["source"]
+    assert [r["key"] for r in again.speedup["rows"]] == [r["key"] for r in first.speedup["rows"]]
+    for f in (tmp_path / "cache" / "costs").glob("*.json"):
+        f.unlink()
+    bare = run_case(case, progress=False)
+    assert len(loads) == 1 and bare.speedup is None
+    assert any("step costs not measured" in n for n in bare.notes)
 
 
 def test_results_are_typed_and_selected_at_the_reference(counted):

@@ -85,13 +85,11 @@ def test_renderings_are_an_axis_pinned_by_the_reference(written):
     diff = rows["train+nothink"]["differs_from_serving"]
     assert diff["identical"] == 0 and diff["most_common"]["other"] == "</think>"
     # the acceptance table shows the serving rendering only; the renderings section the others
-    md = render_table(rep)
-    assert all(f"|{r}" not in md for r in ("train+nothink", "raw"))
-
-
-def render_table(rep):
-    from diag.report.markdown import _table
-    return "\n".join(_table(rep))
+    from diag.report.sections.acceptance import by_position, by_tree
+    only_served = {**rep, "evaluations": [e for e in rep["evaluations"] if e.get("rendering") == "train+think"]}
+    assert len(only_served["evaluations"]) < len(rep["evaluations"])
+    for section in (by_tree, by_position):
+        assert section(rep) == section(only_served) and section(rep)
 
 
 @pytest.mark.parametrize("extra, field", [

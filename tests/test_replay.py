@@ -102,6 +102,43 @@ def test_batched_replay_equals_per_sequence_reference(target, drafter):
 
 
 @torch.no_grad()
+def test_batched_tree_replay_equals_per_sequence_reference(target, drafter):
+    """Beams drafted only at each sequence's own roots, several sequences of different
+    prompt lengths in one batch, equal one sequence drafted at every index on its own."""
+    from diag.replay.verify import accepted_tree
+    seqs = sequences(6, seed=5)
+    lay = layout("embed+L1+L3")
+    tp = run_capture(target, seqs, lay.points, regime="as-loaded", token_budget=200, progress=False)
+    shapes = [tree_shape("s2-k2-d4"), tree_shape("s3-k3-d6"), tree_shape("chain-2")]
+    res = replay(drafter, target.get_input_embeddings(), target.lm_head, {"as-loaded": tp},
+                 [Variant(str(lay), "eagle3", s) for s in shapes], {str(lay): lay},
+                 token_budget=200, progress=False)
+    dh = DraftHead(target.get_input_embeddings())
+    for i, s in enumerate(seqs):
+        aux = torch.cat([tp.states[p.name][i] for p in lay.points], -1)[None]
+        toks = torch.cat([s.ids[1:], s.ids[-1:]])[None]
+        x = DraftInputs(aux, toks, torch.ones_like(toks, dtype=torch.bool),
+                        torch.arange(len(s.ids))[None])
+        roots = list(eval_roots(s.prompt_len, len(s.ids), 3))
+        win = target_next_windows(tp.argmax[i], 3)[roots]
+        for shape, r in zip(shapes, res):
+            if shape.topk == 1:
+                want = accepted_chain(draft_chain(drafter, dh, x, shape.num_steps)[0, roots],
+                                      win[:, :shape.num_steps])
+            else:
+                hist = draft_beam(drafter, dh, x, shape.num_steps, shape.topk)
+                tree = finalize([_rows_of(b, roots) for b in hist], shape.num_draft_tokens)
+                want = accepted_tree(tree, win[:, :shape.num_steps])
+            assert torch.equal(r.accepted[i], want), (shape, i)
+            assert r.roots[i].tolist() == roots
+
+
+def _rows_of(beam, rows):
+    from dataclasses import fields, replace
+    return replace(beam, **{f.name: getattr(beam, f.name)[rows] for f in fields(beam) if f.name != "step"})
+
+
+@torch.no_grad()
 def test_topk1_beam_equals_chain(target, drafter):
     seqs = sequences(2)
     lay = layout("L1+L2+L3")
@@ -109,7 +146,7 @@ def test_topk1_beam_equals_chain(target, drafter):
     from diag.target.passes import pad_right
     aux, valid = pad_right([torch.cat([tp.states[p.name][i] for p in lay.points], -1) for i in range(2)])
     toks, _ = pad_right([torch.cat([s.ids[1:], s.ids[-1:]]) for s in seqs])
-    x = DraftInputs(aux, toks, valid, 2)
+    x = DraftInputs(aux, toks, valid, torch.arange(2, aux.shape[1]).expand(2, -1))
     dh = DraftHead(target.get_input_embeddings())
     chain = draft_chain(drafter, dh, x, 3)                                  # [B, Q, 3]
     tree = finalize(draft_beam(drafter, dh, x, 3, 1), 4)
@@ -142,7 +179,7 @@ def _chain_drafts(drafter, embed, head, tp, seqs, mode, lay, tables=None):
     dh = draft_head(drafter, embed, head, t, torch.device("cpu"), torch.float32)
     s = seqs[0]
     x = DraftInputs(layout_features(tp, lay, mode, 0)[None], torch.cat([s.ids[1:], s.ids[-1:]])[None],
-                    torch.ones(1, len(s.ids), dtype=torch.bool), 0)
+                    torch.ones(1, len(s.ids), dtype=torch.bool), torch.arange(len(s.ids))[None])
     return draft_chain(drafter, dh, x, 2)[0]                                 # [T, 2] target ids
 
 

@@ -113,16 +113,20 @@ def test_readme_documents_every_field():
     assert f"schema_version` | `\"{SCHEMA_VERSION}\"" in readme
 
 
-def test_markdown_renders_verdicts_first_then_what_ran_then_tables(written):
+def test_markdown_opens_with_verdicts_and_one_table_then_what_ran(written):
     path, rep = written
     text = (path / "report.md").read_text()
     assert text == render(rep)
     heads = [h for h in re.findall(r"^## (.+)$", text, flags=re.M)]
-    assert heads[:3] == ["Verdicts", "What was run", "Candidate layouts"]
-    assert heads.index("Acceptance") > heads.index("What was run")
+    assert heads[:3] == ["Verdicts", "Accept length on chain-2", "What was run"]
+    assert heads.index("Acceptance by tree shape") > heads.index("What was run")
     html = markdown.markdown(text, extensions=["tables"])
-    assert html.count("<table>") >= 2
+    assert html.count("<table>") >= 3
     assert "<h2>Verdicts</h2>" in html and html.index("<h2>Verdicts</h2>") < html.index("<table>")
+    first = html[:html.index("<h2>What was run</h2>")]
+    assert first.count("<table>") == 1                  # the first screen: verdicts, then one table
+    primary = [e for e in rep["evaluations"] if e["tree"] == "chain-2"]
+    assert len(primary) >= 2 and all(f"<strong>{e['accept_length']:.2f}</strong>" in first for e in primary)
     for v in rep["verdicts"]:
         assert v["text"].split(":")[0] in text
     assert rep["provenance"]["machine"]["torch"] in text and rep["prompts"]["sha256"] in text
@@ -133,7 +137,7 @@ def test_every_linked_plot_exists_and_is_a_png(written):
     path, rep = written
     links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", (path / "report.md").read_text())
     assert links == [p["file"] for p in rep["plots"]]
-    assert {"plots/acceptance_at_depth.png", "plots/accept_hist.png"} <= set(links)
+    assert {"plots/acceptance_at_depth.png", "plots/accept_hist.png", "plots/by_position.png"} <= set(links)
     for link in links:
         assert (path / link).read_bytes()[:8] == PNG
 
@@ -169,7 +173,7 @@ def test_conditional_plots_appear_only_with_their_sections(written, tmp_path):
     rep["regimes"], rep["speedup"] = regimes_section(), _speedup_section(rep)
     assert not list(validator().iter_errors(json.loads(json.dumps(rep))))
     files = [p["file"] for p in make_plots(rep, tmp_path / "all")]
-    assert files[-2:] == ["plots/drift.png", "plots/speedup.png"]
+    assert files[-2:] == ["plots/speedup.png", "plots/drift.png"]
     md = render({**rep, "plots": make_plots(rep, tmp_path / "all")})
     assert "## Quantization regimes" in md
     assert "| w4a16-g32 | 0.930 | 1.25 | -0.25 [-0.40, -0.10] | 1.000 / 0.000 | 0.970 / 0.200 |" in md

@@ -29,7 +29,7 @@ from diag.zoo.build_drafters import build_drafter, hot_vocab, specforge_ids, vie
 from diag.zoo.build_targets import ExpertBalancer, build_corpus, build_target, load_back
 from diag.zoo.corpus import collect
 from diag.zoo.quality import distinct_2, loop_period
-from diag.zoo.recipes import (CorpusRecipe, DeepseekShape, DrafterRecipe, Int4Recipe, LlamaShape,
+from diag.zoo.recipes import (CorpusRecipe, DeepseekShape, DrafterRecipe, IdsRecipe, Int4Recipe, LlamaShape,
                               TargetRecipe, TrainBudget)
 from diag.zoo.targets import new_model, per_expert_state
 from diag.zoo.train import lr_at
@@ -126,6 +126,8 @@ def test_recipes_are_consistent():
         r = e.recipe
         if isinstance(r, DrafterRecipe):
             layout(r.layout).check_against(ZOO[r.target].recipe.shape.num_hidden_layers)
+        if isinstance(r, IdsRecipe):
+            assert isinstance(ZOO[r.source].recipe, DrafterRecipe), e.name
         if isinstance(r, Int4Recipe):
             s = ZOO[r.source].recipe.shape
             assert s.hidden_size % r.group_size == 0 and s.moe_intermediate_size % r.group_size == 0
@@ -257,6 +259,24 @@ def test_drafter_builder_is_deterministic(tiny_corpus, tiny_targets, tmp_path):
     assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [-1, 0]
 
 
+def test_ids_rewrite_keeps_weights_and_writes_the_other_convention(tiny_corpus, tiny_targets, tmp_path):
+    """The derived entry of the seeds' story: same weights, vLLM's L{id} ids (which read back
+    as the trained layout under vLLM's rule), no trained layout in the config."""
+    from diag.engine.conventions import resolve
+    from diag.zoo.build_drafters import rewrite_ids
+    deps = {"t": tiny_targets["llama"][0], "c": tiny_corpus}
+    build_drafter(TINY_DRAFTER, tmp_path / "src", deps, corpus="c")
+    (tmp_path / "out").mkdir()
+    meta = rewrite_ids(IdsRecipe("src", "vllm"), tmp_path / "out", tmp_path / "src", deps["t"], "embed+L1")
+    cfg = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert meta["eagle_aux_hidden_state_layer_ids"] == cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1]
+    assert "diag_trained_layout" not in cfg and cfg["diag_layer_id_convention"] == "vllm"
+    assert (tmp_path / "out" / "model.safetensors").read_bytes() == (tmp_path / "src" / "model.safetensors").read_bytes()
+    assert str(resolve([0, 1], "vllm", 2).layout) == "embed+L1"
+    with pytest.raises(DiagError, match="cannot be written in this convention"):
+        rewrite_ids(IdsRecipe("src", "sglang-default"), tmp_path / "out", tmp_path / "src", deps["t"], "embed+L1")
+
+
 def test_deepseek_is_saved_in_the_real_format(tiny_targets):
     path = tiny_targets["deepseek"][0]
     with safe_open(str(path / "model.safetensors"), "pt") as fh:
@@ -350,6 +370,21 @@ def test_zoo_drafters_declare_layout_and_vocab(name):
         shifted = meta["greedy_chain_shifted_layout"]
         assert shifted["layout"] == "L1+L3+L5"
         assert meta["greedy_chain"]["accept_length"] > shifted["accept_length"] + 0.1
+
+
+@_zoo_test
+def test_zoo_vllm_ids_drafter_is_served_one_layer_off():
+    """The demo's drafter: the embed drafter's weights, ids [0, 2, 4] in vLLM's convention;
+    SGLang 0.5.23 reads them as L1+L3+L5 (the seeds' story), and [-1, 1, 3] fixes it."""
+    from diag.engine.serving import serving_ids, serving_plan
+    path = zoo_path("llama-tiny-eagle3-embed-vllm-ids", progress=False)
+    cfg = json.loads((path / "config.json").read_text())
+    tcfg = json.loads((zoo_path("llama-tiny", progress=False) / "config.json").read_text())
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 2, 4]
+    assert str(serving_plan(cfg, tcfg, engine_name="sglang-0.5.23").layout) == "L1+L3+L5"
+    assert serving_ids(layout("embed+L2+L4"), tcfg, engine_name="sglang-0.5.23") == [-1, 1, 3]
+    src = zoo_path("llama-tiny-eagle3-embed", progress=False)
+    assert (path / "model.safetensors").read_bytes() == (src / "model.safetensors").read_bytes()
 
 
 @_zoo_test

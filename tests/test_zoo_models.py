@@ -1,6 +1,6 @@
 """On the zoo's trained checkpoints: captured states equal transformers' own
 output_hidden_states, for the Llama and the DeepSeek-V3 targets (bf16 and INT4), and the
-demo case's report identifies the trained layout."""
+demo case's report tells the seeds' story."""
 
 import json
 
@@ -56,18 +56,26 @@ def test_int4_target_states_match_transformers_compressed_tensors():
         torch.testing.assert_close(x.float(), y.float(), rtol=2e-2, atol=2e-2)
 
 
-def test_demo_report_identifies_the_trained_layout(tmp_path):
-    """The built-in demo, as `diag run` runs it: one target pass, six tree shapes, the
-    trained layout clearly above the wrong one (paired 95% interval excluding zero)."""
+def test_demo_tells_the_seeds_story(tmp_path):
+    """The built-in demo, as `diag run` runs it (issue 19): the drafter trained on embed+L2+L4
+    ships vLLM-convention ids that SGLang's Llama rule serves as L1+L3+L5. The first verdict is
+    the LAYOUT MISMATCH with the ids that fix it, then the EAGLE-mode warning; step costs diag
+    measured on this machine price the trees but give no verdict (issue 15). The contrast is the zoo drafter's (about 2.09 trained against 1.95 served on
+    chain-3), not yet the seeds' 2.6 against 1.7 (issue 19: the drafters are not retrained)."""
     from diag.cli.main import main
     out = tmp_path / "demo"
     assert main(["run", "--out", str(out), "--quiet"]) == 0
     rep = json.loads((out / "report.json").read_text())
+    kinds = [v["kind"] for v in rep["verdicts"]]
+    assert kinds[:2] == ["layout-mismatch", "eagle-algorithm"], kinds
+    assert not {"tree-choice", "speedup"} & set(kinds), kinds      # measured costs decide nothing
+    mismatch = rep["verdicts"][0]["evidence"]
+    assert (mismatch["serving"], mismatch["trained"], mismatch["fix_ids"]) == ("L1+L3+L5", "embed+L2+L4", [-1, 1, 3])
+    assert "[-1, 1, 3]" in rep["verdicts"][0]["text"] and mismatch["ci95"][0] > 0
+    assert mismatch["trained_accept_length"] > mismatch["serving_accept_length"] + 0.08
     trained = next(v for v in rep["verdicts"] if v["kind"] == "trained-layout")
     assert trained["evidence"]["best"] == "embed+L2+L4"
-    wrong = next(t for t in trained["evidence"]["ranking"] if t[0] == "L1+L3+L5")
     assert "L1+L3+L5" not in [t["layout"] for t in trained["evidence"]["indistinguishable"]]
-    assert trained["evidence"]["accept_length"] > wrong[1] + 0.1
     trees = {e["tree"] for e in rep["evaluations"]}
     assert len(trees) >= 6 and len(rep["target_pass"]["regimes"]) == 1
     eagle = [e for e in rep["evaluations"] if e["mode"] == "eagle"]

@@ -18,19 +18,20 @@ from typing import Callable
 import torch
 from torch import nn
 
-from diag.drafter.model import Eagle3Drafter
+from diag.drafter.model import Eagle3Drafter, PrefixCache, at_index
 from diag.drafter.tree_build import Beam, expand_step, first_step
 
 
 @dataclass(frozen=True)
 class DraftInputs:
     """One padded batch. aux [B, T, W]; tokens [B, T] = x_{j+1} at index j (right padded);
-    valid [B, T]; offset: first index drafted past step 1 (indices before it only fill the
-    drafter's prefix cache)."""
+    valid [B, T]; index [B, Q]: the indices each row drafts at (the others only fill the
+    drafter's prefix cache). Example: prompts of 5 and 9 ids, 2 rounds each ->
+    index [[4, 5], [8, 9]]; P = B * Q positions, position p = b * Q + q."""
     aux: torch.Tensor
     tokens: torch.Tensor
     valid: torch.Tensor
-    offset: int
+    index: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -44,10 +45,27 @@ class DraftHead:
     head: nn.Module | None = None
 
 
-def draft_chain(drafter: Eagle3Drafter, dh: DraftHead, x: DraftInputs, num_steps: int) -> torch.Tensor:
-    """Greedy chain of depth num_steps at every drafted index -> target ids [B, Q, S]."""
-    logits = drafter.unroll(dh.embed, x.aux, x.tokens, num_steps, x.valid, head=dh.head,
-                            offset=x.offset)
+@dataclass(frozen=True)
+class Prefix:
+    """Step 1 of one batch: the drafter over every index (its prefix cache) and its output
+    at the drafted indices. Every chain and beam drafted from the batch starts from it."""
+    embed: Callable[[torch.Tensor], torch.Tensor]
+    r: torch.Tensor                 # [B, Q, 1, H] step-1 output at x.index
+    cache: PrefixCache
+
+
+def prefix(drafter: Eagle3Drafter, dh: DraftHead, x: DraftInputs) -> Prefix:
+    embed = dh.embed                        # the caller's choice (diag.engine.draft_tables)
+    r, cache = drafter.prefix_step(embed(x.tokens), drafter.project(x.aux), x.valid)
+    return Prefix(embed, at_index(r, x.index)[:, :, None], cache)
+
+
+def draft_chain(drafter: Eagle3Drafter, dh: DraftHead, x: DraftInputs, num_steps: int,
+                pre: Prefix | None = None) -> torch.Tensor:
+    """Greedy chain of depth num_steps at every drafted index -> target ids [B, Q, S].
+    pre: step 1 of this batch when already computed (prefix(drafter, dh, x))."""
+    pre = pre or prefix(drafter, dh, x)
+    logits = drafter.chain(pre.embed, pre.r, pre.cache, x.index, num_steps, head=dh.head)
     return torch.stack([drafter.ids(step, dh.head) for step in logits], dim=-1)
 
 
@@ -58,15 +76,14 @@ def _token_map(drafter: Eagle3Drafter, dh: DraftHead) -> torch.Tensor | None:
 
 
 def draft_beam(drafter: Eagle3Drafter, dh: DraftHead, x: DraftInputs, num_steps: int,
-               topk: int) -> list[Beam]:
+               topk: int, pre: Prefix | None = None) -> list[Beam]:
     """SGLang's beam over num_steps draft steps -> the per-step Beam history, flattened over
-    positions (P = B * Q, row p = b * Q + q). tree_build.finalize turns it into trees."""
-    B, T = x.tokens.shape
-    Q = T - x.offset
+    positions (P = B * Q, row p = b * Q + q). tree_build.finalize turns it into trees.
+    pre: step 1 of this batch when already computed (prefix(drafter, dh, x))."""
+    B, Q = x.index.shape
     tmap = _token_map(drafter, dh)
-    embed = dh.embed
-    r, cache = drafter.prefix_step(embed(x.tokens), drafter.project(x.aux), x.valid)
-    r = r[:, x.offset:, None]                                               # [B, Q, 1, H]
+    pre = pre or prefix(drafter, dh, x)
+    embed, r, cache = pre.embed, pre.r, pre.cache                           # r [B, Q, 1, H]
     logp = torch.log_softmax(drafter.head_logits(r[:, :, 0], dh.head).float(), -1)
     beam = first_step(logp.reshape(B * Q, -1), topk, token_map=tmap)
     history, kv_rows = [beam], []
@@ -75,7 +92,7 @@ def draft_beam(drafter: Eagle3Drafter, dh: DraftHead, x: DraftInputs, num_steps:
         src = beam.source_row.view(B, Q, topk, 1).expand_as(hidden)
         h = hidden.gather(2, src)                                           # hidden of each row's parent
         e = embed(beam.tokens.view(B, Q, topk))                             # [B, Q, K, H]
-        r, kv = drafter.deep_step(e, h, s, cache, kv_rows, x.offset)       # r [B, Q, K, H]
+        r, kv = drafter.deep_step(e, h, s, cache, kv_rows, x.index)        # r [B, Q, K, H]
         kv_rows.append(kv)                                                  # per row, never reordered
         logp = torch.log_softmax(drafter.head_logits(r, dh.head).float(), -1)
         beam = expand_step(beam, logp.reshape(B * Q, topk, -1), token_map=tmap)

@@ -16,6 +16,11 @@ Positions (a choice that matches SGLang and SpecForge): the pair (x_{j+1}, h_j) 
 RoPE position j, and draft step s (1-based) of a round rooted at j sits at j + s - 1.
 Worked example: root j = 7, steps 1..3 -> positions [7, 8, 9].
 
+Step 1 runs over every index of every sequence (it fills the prefix cache); steps >= 2 run
+only at the drafted indices `index` [B, Q], each row its own (a replay drafts the
+continuation of each sequence, not the prompts of its neighbours in the batch).
+Example: prompts of 5 and 9 ids, 4 rounds each -> index [[4, 5, 6, 7], [8, 9, 10, 11]].
+
 Attention at step s >= 2 (SGLang's draft decode, SpecForge's training-time test): the
 query of row r at index j sees the step-1 keys of indices 0..j (the prefix cache) plus the
 keys that row r wrote at steps 2..s at index j. Rows are beam rows (topk K); a row's
@@ -92,6 +97,17 @@ class MidLayer(nn.Module):
         residual = self.hidden_norm(h) if self.norm_before_residual else h
         r = self.self_attn.o_proj(attn_out.flatten(-2)) + residual
         return r + self.mlp(self.post_attention_layernorm(r))
+
+
+def every_index(tokens: torch.Tensor) -> torch.Tensor:
+    """[B, T] -> index [B, T] = 0..T-1 in every row: draft at every index."""
+    B, T = tokens.shape
+    return torch.arange(T, device=tokens.device).expand(B, T)
+
+
+def at_index(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """x [B, T, H] at index [B, Q] -> [B, Q, H] (row b takes x[b, index[b, q]])."""
+    return x.gather(1, index[:, :, None].expand(*index.shape, x.shape[-1]))
 
 
 @dataclass
@@ -192,22 +208,19 @@ class Eagle3Drafter(nn.Module):
         return r, PrefixCache(k, v, valid)
 
     def deep_step(self, e: torch.Tensor, h: torch.Tensor, step: int, cache: PrefixCache,
-                  history: list[tuple[torch.Tensor, torch.Tensor]], offset: int = 0):
-        """Step `step` >= 2 for R rows at indices offset..offset+Q-1: e, h [B, Q, R, H].
+                  history: list[tuple[torch.Tensor, torch.Tensor]], index: torch.Tensor):
+        """Step `step` >= 2 for R rows at the drafted indices index [B, Q]: e, h [B, Q, R, H].
         Row r at index j sits at position j + step - 1 and sees cache indices 0..j plus its
         own keys in `history` (steps 2..step-1), each (k, v) [B, Q, R, nh, hd].
         Returns r [B, Q, R, H] and this step's (k, v), which the caller appends to history.
-        Example: offset 5, Q 3, step 2 -> indices [5, 6, 7] at positions [6, 7, 8]."""
-        B, Q, R, _ = e.shape
+        Example: index [[5, 6, 7]], step 2 -> positions [[6, 7, 8]]."""
         T = cache.k.shape[1]
-        rows = torch.arange(offset, offset + Q, device=e.device)                # [Q]
-        pos = (rows + step - 1).expand(B, Q)
         attn = self.midlayer.self_attn
-        q, k, v = attn.qkv(self.midlayer.attn_input(e, h), pos)             # [B, Q, R, nh, d]
+        q, k, v = attn.qkv(self.midlayer.attn_input(e, h), index + step - 1)   # [B, Q, R, nh, d]
         scale = attn.scale
         s_pre = torch.einsum("btrhd,bshd->btrhs", q, cache.k) * scale       # [B, Q, R, nh, T]
-        causal = torch.arange(T, device=e.device)[None, :] <= rows[:, None]   # [Q, T]
-        keep = (causal[None] & cache.valid[:, None, :])[:, :, None, None, :]
+        causal = torch.arange(T, device=e.device)[None, None, :] <= index[:, :, None]   # [B, Q, T]
+        keep = (causal & cache.valid[:, None, :])[:, :, None, None, :]
         s_pre = s_pre.masked_fill(~keep, float("-inf"))
         ks = torch.stack([hk for hk, _ in history] + [k], dim=-2)          # [B, Q, R, nh, n, d]
         vs = torch.stack([hv for _, hv in history] + [v], dim=-2)
@@ -230,26 +243,37 @@ class Eagle3Drafter(nn.Module):
     def unroll(self, embed_tokens: nn.Module, aux: torch.Tensor, tokens: torch.Tensor, steps: int,
                attention_mask: torch.Tensor | None = None,
                teacher_tokens: torch.Tensor | None = None, *, head: nn.Module | None = None,
-               offset: int = 0) -> list[torch.Tensor]:
+               index: torch.Tensor | None = None) -> list[torch.Tensor]:
         """Chain drafting (topk 1) at every index at once; the step loop is the only loop.
         aux [B, T, k*Ht] (or [B, T, H] in EAGLE mode); tokens [B, T] = x_{j+1} at index j;
         teacher_tokens [B, T, steps-1]: target id fed at step s+1 (None: own argmax);
         head: replaces lm_head (EAGLE mode: the target's head, target ids, no d2t);
-        offset: only indices >= offset are drafted past step 1 (the prefix still fills the
-        cache). Returns `steps` logits [B, T - offset, V]; step s predicts x_{j+1+s}."""
+        index [B, Q]: the indices drafted (None: every index; the prefix always fills the
+        cache). Returns `steps` logits [B, Q, V]; step s predicts x_{j+1+s}."""
         valid = torch.ones_like(tokens, dtype=torch.bool) if attention_mask is None \
             else attention_mask.bool()
+        index = every_index(tokens) if index is None else index
         embed = embed_tokens                     # the caller's choice (diag.engine.draft_tables)
         h = self.project(aux)
         r, cache = self.prefix_step(embed(tokens), h, valid)
-        r = r[:, offset:, None]                                             # [B, Q, 1, H]
+        teacher = None if teacher_tokens is None else teacher_tokens.gather(
+            1, index[:, :, None].expand(*index.shape, teacher_tokens.shape[-1]))
+        return self.chain(embed, at_index(r, index)[:, :, None], cache, index, steps, head=head,
+                          teacher_tokens=teacher)
+
+    def chain(self, embed: nn.Module, r: torch.Tensor, cache: PrefixCache, index: torch.Tensor,
+              steps: int, *, head: nn.Module | None = None,
+              teacher_tokens: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """The chain after step 1: r [B, Q, 1, H] is step 1's output at index [B, Q] (the
+        cache holds every index); teacher_tokens [B, Q, steps-1] at those indices, or None
+        (own argmax). Returns `steps` logits [B, Q, V] (see unroll)."""
         out, history = [self.head_logits(r[:, :, 0], head)], []
         for s in range(2, steps + 1):
             if teacher_tokens is not None:
-                nxt = teacher_tokens[:, offset:, s - 2, None]               # [B, Q, 1]
+                nxt = teacher_tokens[:, :, s - 2, None]                     # [B, Q, 1]
             else:
                 nxt = self.ids(out[-1], head)[:, :, None]
-            r, kv = self.deep_step(embed(nxt), self.carry(r), s, cache, history, offset)
+            r, kv = self.deep_step(embed(nxt), self.carry(r), s, cache, history, index)
             history.append(kv)
             out.append(self.head_logits(r[:, :, 0], head))
         return out

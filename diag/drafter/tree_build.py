@@ -100,13 +100,40 @@ class DraftTree:
 
 def _top(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k along the last dim, ties to the lower index, NaN first (torch.topk order).
-    Linear in the width: torch.topk finds the k-th value t; every entry above t is in, and
-    the entries equal to t fill the rest lowest index first; then only those k are sorted.
-    Only rows with more entries equal to t than places left pay for the running count, in
-    int32 (at Kimi scale an int64 count over [P, K, V] was 23 GiB).
+    torch.topk of k + 1 decides the set unless the k-th and (k+1)-th values are equal (a
+    tie at the boundary: then ties decide who is in, and those rows take _top_exact); the
+    k chosen are then ordered by value, lower index first among equals.
+    Example: [.2, .5, .1, .3], k = 2 -> topk 3 = [.5, .3, .2]: .3 != .2, the set is {1, 3}
+    -> values [.5, .3], indices [1, 3]. [.2, .5, .2, .2], k = 2: .2 == .2 -> exact: [1, 0]."""
+    width = values.shape[-1]
+    if k >= width:
+        return _top_exact(values, k)
+    top, idx = torch.topk(values, k + 1, dim=-1)                       # [..., k+1]
+    key = _nan_high(top)
+    tie = key[..., k - 1] == key[..., k]                                # [...]
+    idx = idx[..., :k].sort(dim=-1).values                              # ascending index
+    order = torch.sort(_nan_high(values.gather(-1, idx)), dim=-1, descending=True, stable=True).indices
+    idx = idx.gather(-1, order)
+    if bool(tie.any()):
+        flat = idx.reshape(-1, k).clone()
+        rows = tie.reshape(-1).nonzero()[:, 0]
+        flat[rows] = _top_exact(values.reshape(-1, width)[rows], k)[1]
+        idx = flat.view_as(idx)
+    return values.gather(-1, idx), idx
+
+
+def _nan_high(x: torch.Tensor) -> torch.Tensor:
+    """NaN -> +inf, so NaN ranks above every number in comparisons and sorts."""
+    return torch.where(torch.isnan(x), torch.full_like(x, float("inf")), x)
+
+
+def _top_exact(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """_top for any input, linear in the width: torch.topk finds the k-th value t; every
+    entry above t is in, and the entries equal to t fill the rest lowest index first; then
+    only those k are sorted.
     Example: [.2, .5, .2, .2], k = 3 -> t = .2, above: {1}, equal: {0, 2, 3} -> take 0, 2
     -> values [.5, .2, .2], indices [1, 0, 2]."""
-    key = torch.where(torch.isnan(values), torch.full_like(values, float("inf")), values)
+    key = _nan_high(values)
     t = torch.topk(key, k, dim=-1).values[..., -1:]                     # [..., 1]
     above, equal = key > t, key == t
     need = k - above.sum(-1, keepdim=True)                              # [..., 1]

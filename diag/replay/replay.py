@@ -24,7 +24,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from diag.drafter.model import Eagle3Drafter
-from diag.drafter.drafting import DraftHead, DraftInputs, draft_beam, draft_chain
+from diag.drafter.drafting import DraftHead, DraftInputs, draft_beam, draft_chain, prefix
 from diag.engine.draft_tables import DraftTables, draft_tables
 from diag.errors import DiagError
 from diag.layouts import Layout
@@ -76,16 +76,16 @@ def layout_features(tp: TargetPass, lay: Layout, mode: str, i: int) -> torch.Ten
     return torch.cat([tp.states[p.name][i] for p in lay.points], dim=-1)
 
 
-def _chains(drafter, dh, x, shapes, windows, rows):
-    draft = draft_chain(drafter, dh, x, max(s.num_steps for s in shapes))       # [B, Q, S]
+def _chains(drafter, dh, x, pre, shapes, windows, rows):
+    draft = draft_chain(drafter, dh, x, max(s.num_steps for s in shapes), pre)  # [B, Q, S]
     picked = draft[rows[0], rows[1]]                                            # [R, S]
     return {s: accepted_chain(picked[:, :s.num_steps], windows[:, :s.num_steps]) for s in shapes}
 
 
-def _trees(drafter, dh, x, shapes, windows, rows, Q):
+def _trees(drafter, dh, x, pre, shapes, windows, rows):
     S, K = shapes[0].num_steps, shapes[0].topk
-    history = draft_beam(drafter, dh, x, S, K)
-    flat = rows[0] * Q + rows[1]                                                # [R]
+    history = draft_beam(drafter, dh, x, S, K, pre)
+    flat = rows[0] * x.index.shape[1] + rows[1]                                 # [R]
     picked = [_select(b, flat) for b in history]
     out = {}
     for s in shapes:
@@ -175,55 +175,67 @@ def _replay_group(drafter, dh, passes, regime, lay, mode, group, results, max_st
     for idx in budget_batches([len(s.ids) for s in seqs], budget):
         aux, valid = pad_right([layout_features(tp, lay, mode, i) for i in idx])
         toks, _ = pad_right([torch.cat([seqs[i].ids[1:], seqs[i].ids[-1:]]) for i in idx])
-        offset = min(seqs[i].prompt_len for i in idx) - 1
-        x = DraftInputs(aux.to(dev, dtype), toks.to(dev), valid.to(dev), offset)
-        rows, roots, owners = _rows(seqs, idx, offset, max_steps)
+        index, rows, roots, owners = _rounds(seqs, idx, aux.shape[1], max_steps)
         if rows[0].numel() == 0:
             for v in group:
                 _store(results[v], torch.zeros(0, dtype=torch.long), roots, owners, idx)
             continue
+        x = DraftInputs(aux.to(dev, dtype), toks.to(dev), valid.to(dev), index.to(dev))
+        rows = (rows[0].to(dev), rows[1].to(dev))
         by_tokens = defaultdict(list)
         for v in group:
             by_tokens[v.tokens_regime].append(v)
         for tok_regime, vs in by_tokens.items():
-            windows = _windows(passes[tok_regime], idx, rows, offset, max_steps).to(dev)
-            acc = _accept(drafter, dh, x, vs, windows, rows, aux.shape[1] - offset)
+            windows = _windows(passes[tok_regime], idx, seqs, max_steps).to(dev)
+            acc = _accept(drafter, dh, x, vs, windows, rows)
             for v in vs:
                 _store(results[v], acc[v.tree].cpu(), roots, owners, idx)
 
 
-def _accept(drafter, dh, x, variants, windows, rows, Q):
+def _accept(drafter, dh, x, variants, windows, rows):
+    """Accepted drafts per round of every variant's tree; one step 1 (prefix) for them all."""
     out = {}
+    pre = prefix(drafter, dh, x)
     shapes = sorted({v.tree for v in variants}, key=lambda s: (s.num_steps, s.topk, s.num_draft_tokens))
     chains = [s for s in shapes if s.topk == 1]
     if chains:
-        out.update(_chains(drafter, dh, x, chains, windows, rows))
+        out.update(_chains(drafter, dh, x, pre, chains, windows, rows))
     beams = defaultdict(list)
     for s in shapes:
         if s.topk > 1:
             beams[(s.num_steps, s.topk)].append(s)
     for group in beams.values():
-        out.update(_trees(drafter, dh, x, group, windows, rows, Q))
+        out.update(_trees(drafter, dh, x, pre, group, windows, rows))
     return out
 
 
-def _rows(seqs, idx, offset, max_steps):
-    """(batch rows, drafted-index rows) of every round, its root index j, its sequence."""
+def _rounds(seqs, idx, T: int, max_steps: int):
+    """Where each sequence of the batch drafts, and which (row, column) of the drafts is
+    each round. index [B, Q]: row b drafts at its roots (eval_roots), Q = the most roots of
+    any row; a shorter row repeats its last index (drafted, never read). rows: ([R], [R])
+    batch row and column of each round; roots [R] its index j; owners [R] its sequence.
+    Example: prompts 5 and 3, lengths 10 and 7, S 2 -> roots 4..6 and 2..3 ->
+    index [[4, 5, 6], [2, 3, 3]], rows ([0, 0, 0, 1, 1], [0, 1, 2, 0, 1])."""
+    spans = [eval_roots(seqs[i].prompt_len, len(seqs[i].ids), max_steps) for i in idx]
+    Q = max(1, max(len(r) for r in spans))
+    index = torch.zeros(len(idx), Q, dtype=torch.long)
     b_rows, q_rows, roots, owners = [], [], [], []
-    for b, i in enumerate(idx):
-        r = eval_roots(seqs[i].prompt_len, len(seqs[i].ids), max_steps)
+    for b, (i, r) in enumerate(zip(idx, spans)):
+        last = r[-1] if len(r) else r.start                                   # < T
+        index[b] = torch.arange(r.start, r.start + Q).clamp(0, last)
         b_rows += [b] * len(r)
-        q_rows += [j - offset for j in r]
+        q_rows += list(range(len(r)))
         roots += list(r)
         owners += [i] * len(r)
-    return (torch.tensor(b_rows, dtype=torch.long), torch.tensor(q_rows, dtype=torch.long)), \
-        torch.tensor(roots, dtype=torch.long), torch.tensor(owners, dtype=torch.long)
+    as_long = lambda v: torch.tensor(v, dtype=torch.long)  # noqa: E731
+    return index, (as_long(b_rows), as_long(q_rows)), as_long(roots), as_long(owners)
 
 
-def _windows(tp: TargetPass, idx, rows, offset, max_steps):
-    """[R, S]: the verifying tokens t_{j+2..j+1+S} of each round, from that regime's argmax."""
-    win, _ = pad_right([target_next_windows(tp.argmax[i], max_steps) for i in idx], value=-1)
-    return win[rows[0], rows[1] + offset]
+def _windows(tp: TargetPass, idx, seqs, max_steps):
+    """[R, S]: the verifying tokens t_{j+2..j+1+S} of each round (in _rounds' order), from
+    that regime's argmax."""
+    return torch.cat([target_next_windows(tp.argmax[i], max_steps)[
+        list(eval_roots(seqs[i].prompt_len, len(seqs[i].ids), max_steps))] for i in idx])
 
 
 def _store(res: VariantResult, acc, roots, owners, idx):

@@ -4,6 +4,8 @@
                              (layout, mode, regime) variant, over the trajectory's rounds
     accept_hist.png          share of verify rounds by accept length (a + 1, bonus included),
                              one panel per tree shape
+    by_position.png          accept length over the rounds rooted in each position range, one
+                             panel per tree shape, one line per variant
     drift.png                only when the report has a `regimes` section with a regime besides
                              the reference: relative L2 and cosine of each capture point, per regime
     speedup.png              only when the report has a `speedup` section: accept length against
@@ -116,6 +118,24 @@ def accept_hist(rep: dict, folder: Path) -> dict | None:
     return _save(fig, folder, "accept_hist.png", "Accept length per verify round (trajectory)")
 
 
+def by_position(rep: dict, folder: Path) -> dict | None:
+    groups = {t: [e for e in evals if e["by_position"]] for t, evals in _by_tree(rep).items()}
+    groups = {t: evals for t, evals in groups.items() if evals}
+    if not groups:
+        return None
+    fig, axes = _figure(len(groups))
+    for ax, (tree, evals) in zip(axes, groups.items()):
+        names = [f"[{b['from']},{b['to']})" for b in evals[0]["by_position"]]
+        for e in evals:
+            ax.plot(range(len(e["by_position"])), [b["accept_length"] for b in e["by_position"]],
+                    marker="o", label=_label(e))
+        ax.set_xticks(range(len(names)), names, fontsize=7)
+        ax.set(title=tree, xlabel="position of the round's root", ylabel="accept length", ylim=(0.9, None))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower left")
+    return _save(fig, folder, "by_position.png", "Accept length by position in the sequence (every round)")
+
+
 def drift(rep: dict, folder: Path) -> dict | None:
     sec = rep.get("regimes") or {}
     rows = [r for r in sec.get("regimes", []) if r["regime"] != sec.get("reference") and r.get("drift")]
@@ -204,7 +224,7 @@ def long_context(rep: dict, folder: Path) -> dict | None:
     return _save(fig, folder, "long_context.png", "Acceptance against position (long-context ladder)")
 
 
-PLOTS = (acceptance_at_depth, accept_hist, drift, speedup, long_context)
+PLOTS = (acceptance_at_depth, accept_hist, by_position, speedup, drift, long_context)   # the order report.md links them
 
 
 def make_plots(rep: dict, folder: str | Path) -> list[dict]:

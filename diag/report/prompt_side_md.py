@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 from diag.replay.evaluation import Evaluation, reference_axes, select
+from diag.report.views import plot_link
 
 
 def _f(x, nd: int = 2) -> str:
@@ -136,7 +137,7 @@ def long_context(rep: dict) -> list[str]:
     for r in sec["rungs"]:
         out.append(f"| {r['position']} | {r['prompts']} | {r['rounds']} | {_f(r['accept_length'])} | "
                    f"{_ci(r['ci95'])} | {_f(r['accepted_drafts'])} | {'▼' if r['below_half'] else ''} |")
-    return out + [""]
+    return out + ["", *plot_link(rep, "long_context.png"), ""]
 
 
 SECTIONS = (datasets, renderings, coverage, loops, long_context)

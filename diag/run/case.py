@@ -12,7 +12,7 @@ Example (cases/demo.toml):
     [target]
     path = "zoo:llama-tiny"
     [drafter]
-    path = "zoo:llama-tiny-eagle3-embed"
+    path = "zoo:llama-tiny-eagle3-embed-vllm-ids"
     [prompts]
     file = "prompts/mixed-48.jsonl"
     max_new_tokens = 64

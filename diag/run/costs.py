@@ -115,7 +115,8 @@ def _drafter_costs(drafter: Eagle3Drafter, embed, context: int, repeats: int, g)
     _, cache = drafter.prefix_step(emb(tok), drafter.project(aux), valid)
     e = emb(tok[:, -1:, None])                                               # [1, 1, 1, H]
     h = torch.randn(1, 1, 1, c.hidden_size, generator=g).to(dev, dtype)
-    step = lambda _: drafter.logits(drafter.deep_step(e, h, 2, cache, [], context - 1)[0])
+    last = torch.full((1, 1), context - 1, dtype=torch.long, device=dev)     # the newest index
+    step = lambda _: drafter.logits(drafter.deep_step(e, h, 2, cache, [], last)[0])
     extend = lambda _: drafter.logits(drafter.prefix_step(emb(tok[:, :2]), drafter.project(aux[:, :2]),
                                                           valid[:, :2])[0])
     none = lambda: None

@@ -7,10 +7,11 @@
     evaluate              every variant -> Evaluation records
     sections, verdicts    speedup, regimes, the live server's reconciliation, then the verdicts
 
-The step costs of the speedup model are measured on the target the pass already loaded;
-when every pass came from the cache no target is loaded, and the report says the costs were
-not measured. This module knows how the pieces connect; it knows nothing about TOML syntax,
-Markdown or the terminal.
+The step costs of the speedup model are measured on the target the pass already loaded and
+remembered (cost_cache.py); when every pass came from the cache no target is loaded, and the
+costs an earlier run measured on this machine for the same checkpoints are used, else the
+report says the costs were not measured. This module knows how the pieces connect; it knows
+nothing about TOML syntax, Markdown or the terminal.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from diag.engine.serving import ServingError
 from diag.replay.evaluation import Axes, Evaluation, best, select
 from diag.run.candidates import Candidate
 from diag.run.case import Case, check_case
+from diag.run.cost_cache import CostKey, load_costs, save_costs
 from diag.run.costs import measure_costs
 from diag.run.evaluate import evaluate, reference_axes
 from diag.run.inputs import Inputs, dtype_of, prepare
@@ -85,22 +87,41 @@ def _main_device(case: Case) -> torch.device:
 
 
 class _Costs:
-    """Measures the step costs on the reference regime's model while the pass has it loaded."""
+    """Measures the step costs on the reference regime's model while the pass has it loaded,
+    and remembers them for the runs whose passes all come from the cache."""
 
-    def __init__(self, inp: Inputs, drafter, embed):
-        self.inp, self.drafter, self.embed, self.costs = inp, drafter, embed, None
+    def __init__(self, inp: Inputs, drafter, embed, use_cache: bool):
+        self.inp, self.drafter, self.embed, self.costs, self.cached_at = inp, drafter, embed, None, None
         sp = inp.case.speedup
         self.wanted = user_costs(sp) is None and sp.measure
+        self.use_cache = use_cache
+
+    def key(self) -> CostKey:
+        case = self.inp.case
+        return CostKey.make(self.inp.target_path, self.inp.drafter_path, self.inp.regimes[0],
+                            f"{case.target.dtype},{case.drafter.dtype}",
+                            f"gpus={case.placement.gpus}" if case.placement.gpus else "cpu",
+                            case.speedup.context, [s.num_draft_tokens for s in self.inp.shapes])
 
     def __call__(self, regime: str, model) -> None:
         if self.wanted and regime == self.inp.regimes[0] and self.costs is None:
             self.costs = measure_costs(model, self.drafter, self.embed,
                                        [s.num_draft_tokens for s in self.inp.shapes],
                                        context=self.inp.case.speedup.context)
+            if self.use_cache:
+                save_costs(self.key(), self.costs)
+
+    def remembered(self) -> None:
+        """After the passes: an earlier run's costs when none were measured now."""
+        if self.wanted and self.costs is None and self.use_cache:
+            hit = load_costs(self.key())
+            if hit is not None:
+                self.costs, self.cached_at = hit
 
 
 def _speedup(inp: Inputs, measured: _Costs, evals: list[Evaluation], notes: list[str]) -> dict | None:
-    """Price every evaluated shape: the user's costs when given, else those measured here."""
+    """Price every evaluated shape: the user's costs when given, else those measured here
+    (now, or by an earlier run on this machine with the same checkpoints)."""
     sp = inp.case.speedup
     costs = user_costs(sp)
     if costs is not None:
@@ -111,7 +132,9 @@ def _speedup(inp: Inputs, measured: _Costs, evals: list[Evaluation], notes: list
                          "was loaded; give your server's costs in [speedup] or run with --no-cache")
         return None
     m = measured.costs
-    return speedup_section(evals, m.costs, f"measured by diag on the loaded models (batch 1, context {sp.context})",
+    when = f"; measured at {measured.cached_at} by an earlier run" if measured.cached_at else ""
+    return speedup_section(evals, m.costs,
+                           f"measured by diag on the loaded models (batch 1, context {sp.context}{when})",
                            basis="measured", spread=m.spread, repeats=m.repeats)
 
 
@@ -151,11 +174,12 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True) -> Ru
     if drafter.cfg.lm_head_from_target:            # no draft_vocab_size: the target's lm_head
         drafter.use_target_head(head)
     t0 = _stopwatch(timings, "checks_s", t0)
-    measured = _Costs(inp, drafter, embed)
+    measured = _Costs(inp, drafter, embed, use_cache)
     sampled = SampledEvaluations(inp, drafter, embed, head)
     passes, pass_meta, extra = target_passes(inp, progress=progress, use_cache=use_cache,
                                              with_model=lambda reg, model: (measured(reg, model), sampled(reg, model)),
                                              needs_model=sampled.regimes)
+    measured.remembered()
     notes = inp.notes + pass_meta.pop("cache_notes")
     t0 = _stopwatch(timings, "target_s", t0)
     timings.update(pass_meta.pop("phases"))          # target_load_s, _generate_s, _capture_s

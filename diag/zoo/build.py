@@ -23,8 +23,8 @@ from tqdm.auto import tqdm
 
 from diag.errors import DiagError
 from diag.zoo import cache
-from diag.zoo.recipes import (BUILDER_VERSION, ZOO, CorpusRecipe, DerivedDrafterRecipe, DrafterRecipe, Int4Recipe,
-                              TargetRecipe)
+from diag.zoo.recipes import (BUILDER_VERSION, ZOO, CorpusRecipe, DerivedDrafterRecipe, DrafterRecipe, IdsRecipe,
+                              Int4Recipe, TargetRecipe)
 from diag.zoo.recipes_prompt_side import PromptDrafterRecipe, ThinkingRecipe
 from diag.zoo.train import BUILD_THREADS
 
@@ -72,6 +72,10 @@ def _run_builder(name: str, out: Path, deps: dict[str, Path]) -> dict:
         return build_prompt_drafter(recipe, out, deps, corpus=entry(recipe.drafter.target).recipe.corpus)
     if isinstance(recipe, Int4Recipe):
         return _build_int4(recipe, out, deps)
+    if isinstance(recipe, IdsRecipe):
+        from diag.zoo.build_drafters import rewrite_ids
+        drafter = entry(recipe.source).recipe
+        return rewrite_ids(recipe, out, deps[recipe.source], deps[drafter.target], drafter.layout)
     if isinstance(recipe, DerivedDrafterRecipe):
         from diag.zoo.build_derived import build_derived
         return build_derived(recipe, out, deps, target=entry(recipe.source).recipe.target)

@@ -23,12 +23,15 @@ in the SpecForge convention, id i = output of decoder layer i = L{i+1}:
 L1+L3+L5 -> [0, 2, 4]; embed has no layer and is written -1 (embed+L2+L4 ->
 [-1, 1, 3]). SpecForge's HF backend rejects -1, and SGLang's Llama capture (source read
 at commit 00239548) would take `hidden_states + residual` before layer 0, where residual
-is None: such a layout cannot be served by id. `diag_trained_layout` is the
+is None: such a layout cannot be served by id there (0.5.22+ captures each layer's input, id + 1,
+so -1 is the embedding and [-1, 1, 3] serves embed+L2+L4: diag.engine). `diag_trained_layout` is the
 authoritative statement; config.json also says `diag_layer_id_convention: specforge`.
 """
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -38,10 +41,12 @@ from diag.target.capture import capture_pass
 from diag.drafter.mla import MlaShape
 from diag.drafter.model import DrafterConfig, Eagle3Drafter
 from diag.drafter.checkpoint import save_drafter
+from diag.engine.conventions import to_ids
+from diag.errors import DiagError
 from diag.layouts import Layout, layout as parse_layout
 from diag.zoo.build_targets import load_back, load_streams
 from diag.zoo.data import sample_windows, tile_windows, token_counts
-from diag.zoo.recipes import DrafterRecipe
+from diag.zoo.recipes import DrafterRecipe, IdsRecipe
 from diag.zoo.train import deterministic, optimize
 
 PROMPT = 32          # corpus tokens before each greedy continuation
@@ -212,3 +217,20 @@ def evaluate(d, target, embed, heldout: torch.Tensor, lay: Layout, recipe: Draft
         meta["greedy_chain_shifted_layout"] = {"layout": str(shifted),
                                                **chain_acceptance(d, embed, aux, seqs, argmax, steps, start)}
     return meta
+
+
+def rewrite_ids(recipe: IdsRecipe, out: Path, source: Path, target: Path, trained: str) -> dict:
+    """The source drafter's files, its config's ids written in recipe.convention for the
+    trained layout and diag_trained_layout removed. embed+L2+L4, vllm -> [0, 2, 4]."""
+    n = json.loads((target / "config.json").read_text())["num_hidden_layers"]
+    ids = to_ids(parse_layout(trained), recipe.convention, n)
+    if ids is None:
+        raise DiagError("the layout cannot be written in this convention", field="convention",
+                        expected=f"a convention that captures {trained} on {n} layers", found=recipe.convention)
+    cfg = json.loads((source / "config.json").read_text())
+    cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = ids
+    cfg.pop("diag_trained_layout", None)
+    cfg["diag_layer_id_convention"] = recipe.convention
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    shutil.copyfile(source / "model.safetensors", out / "model.safetensors")
+    return {"eagle_aux_hidden_state_layer_ids": ids, "convention": recipe.convention, "trained_layout": trained}

@@ -113,6 +113,17 @@ class DrafterRecipe:
 
 
 @dataclass(frozen=True)
+class IdsRecipe:
+    """A drafter entry's weights with its layer ids written in another convention and no
+    diag_trained_layout: what a drafter trained with another trainer ships. The seeds' story
+    (DESIGN.md §1.2) on the zoo: embed+L2+L4 written as vLLM's L{id} -> [0, 2, 4], which
+    SGLang's Llama rule reads as L1+L3+L5. Costs no training."""
+
+    source: str                       # zoo name of the drafter entry
+    convention: str                   # diag.engine.conventions name, e.g. "vllm"
+
+
+@dataclass(frozen=True)
 class Int4Recipe:
     """compressed-tensors pack-quantized INT4 of a bf16 target's routed experts."""
 
@@ -132,7 +143,7 @@ class DerivedDrafterRecipe:
     config_overrides: tuple[tuple[str, object], ...] = ()
 
 
-Recipe = Union[CorpusRecipe, TargetRecipe, DrafterRecipe, Int4Recipe, DerivedDrafterRecipe]
+Recipe = Union[CorpusRecipe, TargetRecipe, DrafterRecipe, IdsRecipe, Int4Recipe, DerivedDrafterRecipe]
 
 
 @dataclass(frozen=True)
@@ -151,7 +162,7 @@ class ZooEntry:
             return (r.corpus,)
         if isinstance(r, DrafterRecipe):
             return (r.target,)
-        if isinstance(r, (Int4Recipe, DerivedDrafterRecipe)):
+        if isinstance(r, (Int4Recipe, IdsRecipe, DerivedDrafterRecipe)):
             return (r.source,)
         return ()
 
@@ -171,6 +182,9 @@ _ENTRIES = (
              TargetRecipe("stdlib-corpus", LlamaShape(), _LLAMA_BUDGET, "float32")),
     ZooEntry("llama-tiny-eagle3-embed", "EAGLE-3 drafter for llama-tiny trained on embed+L2+L4",
              DrafterRecipe("llama-tiny", "embed+L2+L4", _DRAFTER_BUDGET)),
+    ZooEntry("llama-tiny-eagle3-embed-vllm-ids", "llama-tiny-eagle3-embed, its ids written as vLLM's "
+             "L{id} = [0, 2, 4], no diag_trained_layout: SGLang's Llama rule serves it L1+L3+L5",
+             IdsRecipe("llama-tiny-eagle3-embed", "vllm")),
     ZooEntry("llama-tiny-eagle3-l1", "EAGLE-3 drafter for llama-tiny trained on L1+L3+L5",
              DrafterRecipe("llama-tiny", "L1+L3+L5", _DRAFTER_BUDGET)),
     ZooEntry("deepseek-tiny", "DeepseekV3ForCausalLM (MLA, 8 experts top-2 + 1 shared), 4 layers, bf16",
