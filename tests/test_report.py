@@ -77,7 +77,7 @@ def test_real_report_validates(written):
     (lambda r: r.update(schema_version="1.0"), f"'{SCHEMA_VERSION}' was expected"),
     (lambda r: r["drafter"].update(variant="eagle4"), "eagle4"),
     (lambda r: r["drafter"]["options"].pop("fc_norm"), "fc_norm"),
-    (lambda r: r["evaluations"][0]["axes"].update(decoding="sample"), "decoding"),
+    (lambda r: r["evaluations"][0]["axes"].update(decoding="sample"), "sample"),
     (lambda r: r["evaluations"][0]["axes"].update(sampling=True), "sampling"),
     (lambda r: r.pop("reference"), "reference"),
 ])

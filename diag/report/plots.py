@@ -224,7 +224,7 @@ def long_context(rep: dict, folder: Path) -> dict | None:
     return _save(fig, folder, "long_context.png", "Acceptance against position (long-context ladder)")
 
 
-PLOTS = (acceptance_at_depth, accept_hist, by_position, speedup, drift, long_context)   # the order report.md links them
+PLOTS = (acceptance_at_depth, accept_hist, by_position, long_context, speedup, drift)   # the order report.md links them
 
 
 def make_plots(rep: dict, folder: str | Path) -> list[dict]:
