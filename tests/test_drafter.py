@@ -148,3 +148,22 @@ def test_missing_weight_names_file_and_key(tmp_path):
         load_drafter(tmp_path)
     msg = str(err.value)
     assert "model.safetensors" in msg and "midlayer.hidden_norm.weight" in msg and "missing" in msg
+
+
+@torch.no_grad()
+def test_deep_step_in_chunks_of_one_index_equals_the_reference(monkeypatch):
+    """deep_step splits its scores [B, Q, R, nh, T + n] into chunks of indices under
+    SCORE_ELEMENTS (Kimi's widths asked for 32 GiB at once); one index per chunk must still be
+    the per-position reference."""
+    import diag.drafter.model as model
+    monkeypatch.setattr(model, "SCORE_ELEMENTS", 1)
+    d = make_drafter(2)
+    emb = torch.nn.Embedding(CFG.vocab_size, CFG.hidden_size)
+    torch.nn.init.normal_(emb.weight)
+    aux = torch.randn(2, 8, CFG.fc_in)
+    tokens = torch.randint(0, CFG.vocab_size, (2, 8))
+    out = d.unroll(emb, aux, tokens, 3)
+    for b in range(2):
+        ref = chain_ref(d, emb.weight, aux[b], tokens[b], 3)
+        for s in range(3):
+            torch.testing.assert_close(out[s][b], ref[s], rtol=1e-4, atol=1e-4)

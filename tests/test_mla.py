@@ -133,7 +133,7 @@ def test_beam_and_chain_agree_at_topk_1():
     d = drafter(config(), seed=5)
     emb = torch.nn.Embedding(d.cfg.vocab_size, H)
     x = DraftInputs(torch.randn(2, 8, d.cfg.fc_in), torch.randint(0, 40, (2, 8)),
-                    torch.ones(2, 8, dtype=torch.bool), offset=2)
+                    torch.ones(2, 8, dtype=torch.bool), torch.arange(2, 8).expand(2, 6))   # indices 2..7
     chain = draft_chain(d, DraftHead(emb), x, 3)                           # [B, Q, S]
     beams = draft_beam(d, DraftHead(emb), x, 3, topk=1)
     assert torch.equal(torch.stack([b.tokens.view(2, 6) for b in beams], -1), chain)

@@ -56,7 +56,7 @@ def naive_loop(model, drafter, embed, ids: torch.Tensor, lay_name: str, *, promp
                positions: int, steps: int = 3, newest_only: bool = False, profile: bool = False) -> dict:
     """ids [T] one sequence; returns seconds per position (median of positions after the
     first, which warms the caches) and the median of each phase (decode, draft, verify).
-    newest_only: the drafter drafts past step 1 only at the newest index (unroll's offset),
+    newest_only: the drafter drafts past step 1 only at the newest index (unroll's index),
     as a user with a drafter that is only asked about the last position would; the drafts
     are the same. profile: the two last positions run under torch.profiler, whose top ops
     (device and host self time) are returned."""
@@ -92,7 +92,8 @@ def _position(model, drafter, embed, ids, lay, cache, sink, feats, j, steps, new
     clock.mark("decode")
     aux = torch.cat(feats, dim=0)[None].to(next(drafter.parameters()).dtype)   # [1, j+1, k*H]
     toks = ids[None, 1:j + 2].to(dev)
-    logits = drafter.unroll(embed, aux, toks, steps, offset=j if newest_only else 0)
+    index = torch.tensor([[j]], device=toks.device) if newest_only else None    # the newest index only
+    logits = drafter.unroll(embed, aux, toks, steps, index=index)
     draft = torch.stack([drafter.ids(s[:, -1], None) for s in logits], dim=-1)  # [1, steps]
     clock.mark("draft")
     model(input_ids=draft.to(dev), past_key_values=cache, use_cache=True)

@@ -110,6 +110,11 @@ def at_index(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return x.gather(1, index[:, :, None].expand(*index.shape, x.shape[-1]))
 
 
+# Deep-step scores [B, Q, R, nh, T + n] are computed in chunks of indices of at most this many
+# elements (1 GiB in fp32): at Kimi's drafter widths one unchunked step asked for 32 GiB.
+SCORE_ELEMENTS = 1 << 28
+
+
 @dataclass
 class PrefixCache:
     """Step-1 keys/values of every index, the drafter's KV cache for the prefix."""
@@ -217,18 +222,29 @@ class Eagle3Drafter(nn.Module):
         T = cache.k.shape[1]
         attn = self.midlayer.self_attn
         q, k, v = attn.qkv(self.midlayer.attn_input(e, h), index + step - 1)   # [B, Q, R, nh, d]
-        scale = attn.scale
-        s_pre = torch.einsum("btrhd,bshd->btrhs", q, cache.k) * scale       # [B, Q, R, nh, T]
-        causal = torch.arange(T, device=e.device)[None, None, :] <= index[:, :, None]   # [B, Q, T]
-        keep = (causal & cache.valid[:, None, :])[:, :, None, None, :]
-        s_pre = s_pre.masked_fill(~keep, float("-inf"))
         ks = torch.stack([hk for hk, _ in history] + [k], dim=-2)          # [B, Q, R, nh, n, d]
         vs = torch.stack([hv for _, hv in history] + [v], dim=-2)
-        s_own = torch.einsum("btrhd,btrhnd->btrhn", q, ks) * scale          # [B, Q, R, nh, n]
-        w = torch.softmax(torch.cat([s_pre, s_own], dim=-1).float(), dim=-1).to(q.dtype)
-        out = torch.einsum("btrhs,bshd->btrhd", w[..., :T], cache.v) + \
-            torch.einsum("btrhn,btrhnd->btrhd", w[..., T:], vs)
+        B, Q, R, nh = q.shape[:4]
+        span = max(1, SCORE_ELEMENTS // max(1, B * R * nh * (T + ks.shape[-2])))   # indices per chunk
+        out = torch.cat([self._deep_attention(q[:, a:a + span], ks[:, a:a + span], vs[:, a:a + span],
+                                              index[:, a:a + span], cache, attn.scale)
+                         for a in range(0, Q, span)], dim=1)
         return self.midlayer.finish(out, h), (k, v)
+
+    @staticmethod
+    def _deep_attention(q, ks, vs, index, cache: PrefixCache, scale: float) -> torch.Tensor:
+        """Attention of q [B, q, R, nh, d] over the cache (indices <= index [B, q]) and each row's
+        own keys ks / vs [B, q, R, nh, n, d] -> [B, q, R, nh, dv]. The scores are
+        [B, q, R, nh, T + n]; deep_step passes chunks of indices so they stay under SCORE_ELEMENTS."""
+        T = cache.k.shape[1]
+        s_pre = torch.einsum("btrhd,bshd->btrhs", q, cache.k) * scale       # [B, q, R, nh, T]
+        causal = torch.arange(T, device=q.device)[None, None, :] <= index[:, :, None]   # [B, q, T]
+        keep = (causal & cache.valid[:, None, :])[:, :, None, None, :]
+        s_pre = s_pre.masked_fill(~keep, float("-inf"))
+        s_own = torch.einsum("btrhd,btrhnd->btrhn", q, ks) * scale          # [B, q, R, nh, n]
+        w = torch.softmax(torch.cat([s_pre, s_own], dim=-1).float(), dim=-1).to(q.dtype)
+        return torch.einsum("btrhs,bshd->btrhd", w[..., :T], cache.v) + \
+            torch.einsum("btrhn,btrhnd->btrhd", w[..., T:], vs)
 
     # ---- a whole chain ------------------------------------------------------------------
     def head_logits(self, r: torch.Tensor, head: nn.Module | None) -> torch.Tensor:
