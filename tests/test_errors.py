@@ -136,4 +136,4 @@ def test_prompt_file_errors(tmp_path, pair, capsys, monkeypatch):
     case = write_case(tmp_path / "c.toml", target, drafter, bad)
     code, err = run_cli(["validate", str(case)], capsys, monkeypatch, tmp_path)
     assert code == 2
-    check(err, f"{bad}:2", "text or messages")
+    check(err, f"{bad}:2", "exactly one of text / messages")

@@ -10,7 +10,7 @@ import pytest
 import tiny
 from diag.errors import DiagError
 from diag.replay.evaluation import ANY, Axes
-from diag.run.case import parse_case, read_case
+from diag.run.case import check_case, parse_case, read_case
 from diag.run.pipeline import run_case
 from diag.run.pricing import speedup_section
 from diag.run.speedup import StepCosts
@@ -48,7 +48,7 @@ def test_user_costs_cheaper_than_a_decode_step_are_refused():
             "prompts": {"file": "p.jsonl"}, "evaluate": {"layouts": ["embed+L2+L4"]},
             "speedup": {"t_decode_ms": 11.0, "t_draft_ms": 1.0, "t_verify_ms": {"4": 9.0}}}
     with pytest.raises(DiagError, match="cannot cost less than one plain decode step") as e:
-        parse_case(data, "case.toml")
+        check_case(parse_case(data, "case.toml"))          # case values are checked after the overrides
     assert "speedup.t_verify_ms.4" in str(e.value) and "case.toml" in str(e.value)
 
 
