@@ -11,7 +11,7 @@ from diag.cli.main import main
 from diag.engine.decoding import GREEDY, Decoding, parse_decoding, request_defaults, sampled
 from diag.engine.launch import parse_launch
 from diag.errors import DiagError
-from diag.run.case import read_case
+from diag.run.case import check_case, read_case
 from diag.run.decodings import plan
 
 
@@ -108,7 +108,7 @@ def test_generation_config_sets_the_served_decoding(pair, tmp_path):
 def test_bad_case_values_fail_at_parse_naming_file_and_key(pair, body, field):
     path = case_file(pair, "bad", body)
     with pytest.raises(DiagError) as err:
-        read_case(path)
+        check_case(read_case(path))          # case values are checked after the overrides
     assert err.value.field == field and err.value.file == str(path)
 
 

@@ -13,7 +13,7 @@ from diag.cli.run import apply_overrides, case_from_flags, main_parser
 from diag.errors import DiagError
 from diag.replay.evaluation import select
 from diag.report.writer import write_report
-from diag.run.case import read_case
+from diag.run.case import check_case, read_case
 from diag.run.pipeline import run_case
 from diag.zoo.tokenizer import THINKING_CHAT_TEMPLATE
 from test_report import SCHEMA
@@ -100,7 +100,7 @@ def test_renderings_are_an_axis_pinned_by_the_reference(written):
 ])
 def test_case_mistakes_name_the_key(tmp_path, models, extra, field):
     with pytest.raises(DiagError) as err:
-        read_case(_case(tmp_path, models, extra))
+        check_case(read_case(_case(tmp_path, models, extra)))      # checked after the overrides
     assert err.value.field == field and err.value.file.endswith("case.toml")
 
 

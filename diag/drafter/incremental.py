@@ -71,7 +71,9 @@ def cache_dims(attn) -> tuple[int, int, int]:
 
 
 def embedder(drafter: Eagle3Drafter, dh: DraftHead):
-    return drafter.embed_tokens if drafter.embed_tokens is not None else dh.embed
+    """The table every step embeds with: the caller's choice in dh (replay.draft_head follows
+    the engine's rule, diag.engine.draft_tables), as in drafting.py."""
+    return dh.embed
 
 
 def extend(drafter: Eagle3Drafter, dh: DraftHead, kv: DraftKV, tokens: torch.Tensor, aux: torch.Tensor,

@@ -35,7 +35,7 @@ from diag.drafter.drafting import DraftHead
 from diag.drafter.incremental import DraftKV, cache_dims, draft_tree, extend
 from diag.engine.decoding import Decoding
 from diag.layouts import CapturePoint, Layout, union_points
-from diag.replay.replay import Variant, _on
+from diag.replay.replay import Variant, _on, default_tables, draft_head
 from diag.replay.sampling import expected_at_depth, sample, target_probs, uniforms, verify_tree
 from diag.target.passes import pad_right
 from diag.target.tree_forward import commit, prefill, select_rows, verify_forward
@@ -110,15 +110,17 @@ class DecodeLoop:
     """All lanes of one tree shape over the same prompts, batched; see the module docstring."""
 
     def __init__(self, model, drafter, embed, head, lanes: list[Lane], layouts: dict[str, Layout],
-                 shape: TreeShape, decoding: Decoding, *, eos_ids: set[int], profile: bool = False):
+                 shape: TreeShape, decoding: Decoding, *, eos_ids: set[int], profile: bool = False,
+                 tables: dict | None = None):
         self.model, self.drafter, self.lanes, self.layouts = model, drafter, lanes, layouts
         self.profile, self.seconds = profile, defaultdict(float)     # phase -> seconds (profile only)
         self.counts = defaultdict(int)                              # rounds, verified tokens, rows
         self.shape, self.decoding, self.eos = shape, decoding, sorted(eos_ids)
         p = next(drafter.parameters())
         self.dev, self.dtype = p.device, p.dtype
-        self.heads = {m: DraftHead(_on(embed, self.dev, self.dtype),
-                                   _on(head, self.dev, self.dtype) if m == "eagle" else None)
+        # the embedding and head each serving mode drafts with: the engine's tables (replay.draft_head)
+        self.heads = {m: draft_head(drafter, embed, head, (tables or {}).get(m) or default_tables(drafter, m),
+                                    self.dev, self.dtype)
                       for m in dict.fromkeys(ln.variant.mode for ln in lanes)}
         lays = [layouts[ln.variant.layout] for ln in lanes if ln.variant.mode == "eagle3"]
         self.points = tuple(dict.fromkeys(union_points(lays) + (CapturePoint("final"),)))

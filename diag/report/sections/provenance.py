@@ -17,8 +17,7 @@ def what_ran(rep: dict) -> list[str]:
             f"- case `{rep['case']['name']}` from `{rep['case']['source']}` (hash `{rep['case']['hash']}`)",
             f"- target `{t['path']}`: {t['architecture']}, {t['num_layers']} layers, hidden {t['hidden_size']}, "
             f"vocab {t['vocab_size']}, quantization {t['quantization'] or 'none'}, config hash `{t['config_hash']}`",
-            f"- drafter `{d['path']}`: {d['format']}, fc takes {d['num_aux']} points, draft vocab "
-            f"{d['draft_vocab_size']}, config hash `{d['config']}`",
+            drafter_line(d),
             serving_line(rep),
             f"- prompts `{rep['prompts']['file']}`: {rep['prompts']['count']} prompts "
             f"({', '.join(rep['prompts']['categories'])}), hash `{rep['prompts']['sha256']}`, rendered as "
@@ -27,6 +26,20 @@ def what_ran(rep: dict) -> list[str]:
             f"{tp['sequences']} sequences, {tp['tokens']} tokens ({tp['continuation_tokens']} continuation); "
             f"captured {', '.join(tp['points'])}; {cached}",
             "- timings: " + ", ".join(f"{k} {v}" for k, v in rep["timings"].items()), ""]
+
+
+def drafter_line(d: dict) -> str:
+    """e.g. "- drafter `D`: sglang-eagle3 Eagle3DeepseekV2ForCausalLM (mla attention; eagle3.1:
+    fc_norm, norm_output, lm_head from the target, trainer torchspec), fc takes 3 points, ..."."""
+    opts = d.get("options") or {}
+    flags = [k for k in ("fc_norm", "norm_before_fc", "norm_output", "norm_before_residual", "qk_norm")
+             if opts.get(k)]
+    head = "lm_head from the target" if opts.get("lm_head") == "target" else "own lm_head"
+    what = ", ".join([f"{d.get('variant', 'eagle3')}" + (f": {', '.join(flags)}" if flags else ""), head,
+                      f"trainer {d.get('trainer', 'unknown')}"])
+    return (f"- drafter `{d['path']}`: {d['format']} {d.get('architecture', '')} ({d.get('attention', 'llama')} "
+            f"attention; {what}), fc takes {d['num_aux']} points, draft vocab {d['draft_vocab_size']}, "
+            f"config hash `{d['config']}`")
 
 
 def serving_line(rep: dict) -> str:
