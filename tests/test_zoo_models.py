@@ -68,7 +68,8 @@ def test_demo_tells_the_seeds_story(tmp_path):
     rep = json.loads((out / "report.json").read_text())
     kinds = [v["kind"] for v in rep["verdicts"]]
     assert kinds[:2] == ["layout-mismatch", "eagle-algorithm"], kinds
-    assert not {"tree-choice", "speedup"} & set(kinds), kinds      # measured costs decide nothing
+    judged = [v for v in rep["verdicts"] if v["kind"] in ("tree-choice", "speedup")]
+    assert all(v["severity"] == "info" and "not judged" in v["text"] for v in judged), judged   # measured costs decide nothing
     mismatch = rep["verdicts"][0]["evidence"]
     assert (mismatch["serving"], mismatch["trained"], mismatch["fix_ids"]) == ("L1+L3+L5", "embed+L2+L4", [-1, 1, 3])
     assert "[-1, 1, 3]" in rep["verdicts"][0]["text"] and mismatch["ci95"][0] > 0
