@@ -151,18 +151,12 @@ def _typed(name: str, flag: str, value: str | None) -> object:
         return value is None or value.lower() in ("1", "true", "yes")
     if value is None:
         raise DiagError("flag needs a value", field=flag, expected="a value", found="nothing")
-    if name in _INT_FIELDS:
-        try:
-            return int(value)
-        except ValueError:
-            raise DiagError("flag needs an integer", field=flag, expected="an integer",
-                            found=repr(value)) from None
-    if name in _FLOAT_FIELDS:
-        try:
-            return float(value)
-        except ValueError:
-            raise DiagError("flag needs a number", field=flag, expected="a number",
-                            found=repr(value)) from None
+    for fields, kind, what in ((_INT_FIELDS, int, "an integer"), (_FLOAT_FIELDS, float, "a number")):
+        if name in fields:
+            try:
+                return kind(value)
+            except ValueError:
+                raise DiagError(f"flag needs {what}", field=flag, expected=what, found=repr(value)) from None
     return value
 
 
