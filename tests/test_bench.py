@@ -130,6 +130,24 @@ def test_grouped_kernel_dequantizes_bit_for_bit_and_matches_eager(dequant, piece
 
 
 @pytest.mark.skipif(not kernel_runs, reason="needs Triton with CUDA or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("piece", [16, 32])
+def test_wide_grouped_kernel_is_bit_exact_too(piece, grouped_tiles):
+    """WIDE (one dot of depth 8P per K step): the same dequantized bits at A = identity,
+    with piece 16 two pieces share a group's scale (G 32), with 32 each piece has its own."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    m = _experts(7, E=4, H=256, I=256).to(dev)
+    m.__class__ = FastPackedExperts
+    grouped_tiles.update(dequant=2, piece=piece)
+    grouped_tiles["down"]["wide"] = True
+    to_kernel_layout(m, piece)
+    want = m.expert_weight("down_proj", 1, torch.bfloat16)                      # [H, I]
+    eye = torch.eye(256, device=dev).to(torch.bfloat16)
+    r = route(torch.full((256, 1), 1, device=dev), 4, 16)
+    out = grouped_int4_gemm(eye, m.down_proj_packed, m.down_proj_scale, r, 32, "down", a_div=1, piece=piece)
+    assert torch.equal(out.T, want)
+
+
+@pytest.mark.skipif(not kernel_runs, reason="needs Triton with CUDA or TRITON_INTERPRET=1")
 def test_fused_kernel_matches_eager_loop():
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     m = _experts(1).to(dev)

@@ -40,7 +40,8 @@ from diag.int4.packed import PackedExperts
 # Tile shape and launch of the first kernel (any width); diag.bench may set these.
 TILES = {"block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 4, "num_stages": 3}
 # The grouped kernel (kernel-layout weights, kernel_layout.fits): block_m is the token side
-# (the dot's N, 16..256), block_n the weight rows; "gate_up" / "down" tiles per GEMM. The
+# (the dot's N, 16..256), block_n the weight rows; "gate_up" / "down" tiles per GEMM ("wide":
+# one dot of depth 8 * piece per K step instead of 8 of depth piece, fast_kernel). The
 # defaults are what diag bench measured fastest on an H200 (reports/bench/NOTES.md); a
 # bench run may set others for its own process.
 GROUPED = {"block_m": 64, "dequant": 2, "piece": 32,
@@ -128,8 +129,8 @@ def grouped_int4_gemm(a: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor
                                 scale.stride(1), scale.stride(2), out.stride(0), GROUP=group,
                                 PIECE=piece, BLOCK_N=t["block_n"], BLOCK_M=r.block_m,
                                 DEQUANT=GROUPED["dequant"], MUL_ROUTE=route_w is not None,
-                                UPCAST=_interpreting(), num_warps=t["num_warps"],
-                                num_stages=t["num_stages"])
+                                UPCAST=_interpreting(), WIDE=bool(t.get("wide", False)),
+                                num_warps=t["num_warps"], num_stages=t["num_stages"])
     return out
 
 

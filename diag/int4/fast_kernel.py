@@ -103,13 +103,13 @@ def _to_bf16(x, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _dequant(words, shift, scale, DEQUANT: tl.constexpr, UPCAST: tl.constexpr):
-    """[BN, P] words, [BN] bf16 scale -> [BN, P] bf16 weights of the piece at `shift`.
-    (One return at the end: Triton compiles no early return out of a branch.)"""
-    u = (words >> shift) & 0xF                                              # [BN, P] int32
+def _decode(u, scale, DEQUANT: tl.constexpr, UPCAST: tl.constexpr):
+    """Nibbles u (int32, 0..15) and bf16 scales of a broadcastable shape -> bf16 weights
+    bf16(q) * scale, q = u - 8. (One return at the end: Triton compiles no early return out
+    of a branch.)"""
     if DEQUANT == 2 and not UPCAST:
         h = (u | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
-        w = (h - 136.0).to(tl.bfloat16) * scale[:, None]
+        w = (h - 136.0).to(tl.bfloat16) * scale
     else:
         if DEQUANT == 0:
             f = (u - 8).to(tl.float32)
@@ -117,8 +117,25 @@ def _dequant(words, shift, scale, DEQUANT: tl.constexpr, UPCAST: tl.constexpr):
             f = (u | 0x4B000000).to(tl.float32, bitcast=True) - 8388616.0
         else:  # the interpreter keeps bf16 as raw uint16 and cannot add to it: fp32 there
             f = (u | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True).to(tl.float32) - 136.0
-        w = _to_bf16(f * scale.to(tl.float32)[:, None], UPCAST)
+        w = _to_bf16(f * scale.to(tl.float32), UPCAST)
     return w
+
+
+@triton.jit
+def _dequant(words, shift, scale, DEQUANT: tl.constexpr, UPCAST: tl.constexpr):
+    """[BN, P] words, [BN] bf16 scale -> [BN, P] bf16 weights of the piece at `shift`."""
+    return _decode((words >> shift) & 0xF, scale[:, None], DEQUANT, UPCAST)
+
+
+@triton.jit
+def _dequant_block(words, scales, PIECE: tl.constexpr, BLOCK_N: tl.constexpr, DEQUANT: tl.constexpr,
+                   UPCAST: tl.constexpr):
+    """[BN, P] words, [BN, 8] bf16 scales (one per piece) -> [BN, 8P] bf16 weights of the
+    whole block, columns in order: column i * P + j is nibble i of word j (kernel_layout)."""
+    shifts = tl.arange(0, 8) * 4                                            # [8]
+    u = (words[:, None, :] >> shifts[None, :, None]) & 0xF                  # [BN, 8, P]
+    w = _decode(u, scales[:, :, None], DEQUANT, UPCAST)                     # [BN, 8, P]
+    return tl.reshape(w, (BLOCK_N, 8 * PIECE))
 
 
 @triton.jit
@@ -127,11 +144,14 @@ def moe_int4_gemm_grouped(a_ptr, w_ptr, s_ptr, out_ptr, sorted_ids_ptr, block_ex
                           stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_sg, stride_om,
                           GROUP: tl.constexpr, PIECE: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_M: tl.constexpr, DEQUANT: tl.constexpr, MUL_ROUTE: tl.constexpr,
-                          UPCAST: tl.constexpr):
+                          UPCAST: tl.constexpr, WIDE: tl.constexpr = False):
     """One [BLOCK_N, BLOCK_M] tile of out^T. Grid (N tiles, M blocks): the N tiles of one
     block of rows run side by side, so its gathered activations are read from L2.
     packed W [E, N, K/8] int32 in kernel layout (piece PIECE); scales [E, N, K/GROUP] bf16
-    (any strides); K % (8 * PIECE) == 0 and GROUP % PIECE == 0."""
+    (any strides); K % (8 * PIECE) == 0 and GROUP % PIECE == 0.
+    WIDE: one dot of depth 8P per block (the block's [BN, 8P] weights unpacked at once, the
+    activations loaded as one [8P, BM] tile) instead of 8 dots of depth P; the same weights
+    and the same fp32 accumulation, in another order of the additions."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     expert = tl.load(block_expert_ptr + pid_m)
@@ -149,17 +169,34 @@ def moe_int4_gemm_grouped(a_ptr, w_ptr, s_ptr, out_ptr, sorted_ids_ptr, block_ex
               + offs_p[None, :])                                                  # [BN, P] words
     s_base = s_ptr + expert.to(tl.int64) * stride_se + offs_n.to(tl.int64) * stride_sn  # [BN]
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for k0 in range(0, K, 8 * PIECE):
-        words = tl.load(w_base + k0 // 8, mask=n_ok[:, None], other=0)
-        for i in tl.static_range(8):
-            a = tl.load(a_base + (k0 + i * PIECE), mask=row_ok[None, :], other=0.0)      # [P, BM]
-            scale = tl.load(s_base + ((k0 + i * PIECE) // GROUP) * stride_sg, mask=n_ok, other=0.0)
-            w = _dequant(words, 4 * i, scale, DEQUANT, UPCAST)                            # [BN, P]
+    if WIDE:  # per block of 8P columns: one word load, one [BN, 8] scale load (piece i's group
+        # (k0 + iP) // G, e.g. P 16, G 32 -> k0 / 32 + [0, 0, 1, 1, 2, 2, 3, 3]), one dot
+        offs_kb = tl.arange(0, 8 * PIECE)
+        a_wide = a_ptr + a_row[None, :].to(tl.int64) * stride_am + offs_kb[:, None]      # [8P, BM]
+        piece_group = (tl.arange(0, 8) * PIECE) // GROUP                                  # [8]
+        for k0 in range(0, K, 8 * PIECE):
+            words = tl.load(w_base + k0 // 8, mask=n_ok[:, None], other=0)               # [BN, P]
+            scales = tl.load(s_base[:, None] + (k0 // GROUP + piece_group)[None, :] * stride_sg,
+                             mask=n_ok[:, None], other=0.0)                               # [BN, 8]
+            a = tl.load(a_wide + k0, mask=row_ok[None, :], other=0.0)                    # [8P, BM]
+            w = _dequant_block(words, scales, PIECE, BLOCK_N, DEQUANT, UPCAST)            # [BN, 8P]
             if UPCAST:  # Triton's CPU interpreter multiplies bf16 dots wrongly; fp32 there
                 acc = tl.dot(w.to(tl.float32), a.to(tl.float32), acc)
             else:
                 acc = tl.dot(w, a, acc)
+    else:
+        for k0 in range(0, K, 8 * PIECE):
+            words = tl.load(w_base + k0 // 8, mask=n_ok[:, None], other=0)
+            for i in tl.static_range(8):
+                a = tl.load(a_base + (k0 + i * PIECE), mask=row_ok[None, :], other=0.0)  # [P, BM]
+                scale = tl.load(s_base + ((k0 + i * PIECE) // GROUP) * stride_sg, mask=n_ok, other=0.0)
+                w = _dequant(words, 4 * i, scale, DEQUANT, UPCAST)                        # [BN, P]
+                if UPCAST:  # Triton's CPU interpreter multiplies bf16 dots wrongly; fp32 there
+                    acc = tl.dot(w.to(tl.float32), a.to(tl.float32), acc)
+                else:
+                    acc = tl.dot(w, a, acc)
     if MUL_ROUTE:
         acc = acc * tl.load(route_w_ptr + pair, mask=row_ok, other=0.0)[None, :]
     out_ptrs = out_ptr + pair[None, :].to(tl.int64) * stride_om + offs_n[:, None]
     tl.store(out_ptrs, _to_bf16(acc, UPCAST), mask=n_ok[:, None] & row_ok[None, :])
+
