@@ -23,6 +23,7 @@ from typing import Callable
 from diag.checkpoint.identity import is_memoised
 from diag.errors import DiagError
 from diag.run.inputs import Inputs, dtype_of, zoo_or_path
+from diag.target.gen_batch import generation_batch
 from diag.target.load import load_target, target_info
 from diag.target.pass_cache import PassKey, load_pass, save_pass, token_digest
 from diag.target.passes import TargetPass, build_sequences, run_capture
@@ -129,9 +130,13 @@ def _one_pass(inp: Inputs, target: _Target, prompts, recorded, sequences, *, use
     if tp is None:
         model = target.get()
         if sequences is None:
+            batch = generation_batch(model, [p for _, _, p in prompts], case.prompts.max_new_tokens,
+                                     case.evaluate.token_budget)
+            if recorded is None:
+                clock.setdefault("target_generate_batch", batch)      # rows, not seconds (timings)
             sequences = _timed(clock, "target_generate_s", lambda: build_sequences(
                 model, prompts, case.prompts.max_new_tokens, pad_id=pad, eos_ids=eos, recorded=recorded,
-                progress=progress))
+                batch_size=batch, progress=progress))
         tp = _timed(clock, "target_capture_s", lambda: run_capture(
             model, sequences, inp.points, regime=target.regime, token_budget=case.evaluate.token_budget,
             progress=progress))

@@ -1,0 +1,75 @@
+"""The greedy-generation batch (diag/target/gen_batch.py): from the KV room, evened out,
+DEFAULT on CPU; and the step-cost measurement's single prefill per job (run/costs.py)."""
+
+import functools
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from diag.target import gen_batch
+from diag.target.gen_batch import DEFAULT, batch_for, generation_batch, kv_bytes_per_token
+
+KIMI = SimpleNamespace(num_hidden_layers=61, num_attention_heads=64, kv_lora_rank=512, qk_nope_head_dim=128,
+                       qk_rope_head_dim=64, v_head_dim=128, hidden_size=7168)
+
+
+def test_kv_bytes_worked_examples():
+    assert kv_bytes_per_token(KIMI) == 61 * 64 * (192 + 128) * 2                  # 2.5 MB
+    llama = SimpleNamespace(num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                            hidden_size=4096)
+    assert kv_bytes_per_token(llama) == 32 * 8 * 256 * 2
+
+
+def test_docstring_example_one_batch_of_48():
+    assert batch_for(48, 1024, 512, kv_bytes_per_token(KIMI), int(200e9), 32768) == 48
+
+
+@pytest.mark.parametrize("n,room_rows,budget_rows,want", [
+    (48, 32, 99, 24),         # at most 32 a batch -> 2 batches of 24
+    (48, 1000, 99, 48),       # the room allows more than the prompts
+    (100, 1000, 99, 50),      # CAP 64 -> 2 batches of 50
+    (48, 1000, 20, 16),       # the prefill's token budget: 20 rows -> 3 batches of 16
+    (5, 0, 99, 1)])           # no room: one prompt at a time
+def test_batch_from_room_and_budget(n, room_rows, budget_rows, want):
+    max_len, prompt, kv = 100, 10, 7
+    assert batch_for(n, max_len, prompt, kv, room_rows * max_len * kv, budget_rows * prompt) == want
+
+
+def test_cpu_keeps_the_default_and_the_choice_reads_no_free_memory(monkeypatch):
+    assert batch_for(48, 100, 10, 7, None, 10 ** 6) == DEFAULT
+    model = torch.nn.Linear(2, 2)
+    model.config = KIMI
+    assert generation_batch(model, [[1, 2, 3]] * 40, 8, 1024) == 14            # CPU: at most 16 -> 3 x 14
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (_ for _ in ()).throw(AssertionError))
+    monkeypatch.setattr(gen_batch, "room_bytes", lambda m: 10 ** 12)
+    assert generation_batch(model, [[1, 2, 3]] * 40, 8, 1024) == 40            # room for all
+
+
+def test_step_costs_build_each_prefix_once():
+    """One prefill per timed job (the cache is cropped back after each call), not one per call."""
+    import tiny
+    from diag.drafter.checkpoint import load_drafter
+    from diag.run.costs import measure_costs
+    from diag.target.load import load_embed_and_head, load_target
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        t = tiny.make_target(Path(tmp) / "t")
+        model, _ = load_target(t, dtype=torch.float32)
+        drafter, _ = load_drafter(tiny.make_drafter(Path(tmp) / "d"))
+        embed, _ = load_embed_and_head(t)
+    widths = []
+    real = model.forward
+
+    @functools.wraps(real)                                   # keeps the signature (cache_kwarg)
+    def counted(*a, **kw):
+        widths.append(kw["input_ids"].shape[1])
+        return real(*a, **kw)
+
+    model.forward = counted
+    m = measure_costs(model, drafter, embed, [1, 3], context=16, repeats=4)
+    assert widths.count(16) == 2                             # jobs D = 1 and D = 3: one prefill each
+    assert widths.count(1) == widths.count(3) == 5           # 1 warm-up + 4 timed calls each
+    assert m.repeats == 4 and set(m.costs.t_verify) == {1, 3}
