@@ -53,6 +53,26 @@ def test_cached_passes_load_no_target_and_reuse_the_costs_measured_before(counte
     assert any("step costs not measured" in n for n in bare.notes)
 
 
+def test_costs_are_timed_and_not_measured_twice(counted, tmp_path, monkeypatch):
+    """The first run times its step costs (target_costs_s) and its generation batch (CPU: at
+    most 16: every prompt of this case); a later run that must load the target again (its passes
+    are gone) reuses the costs remembered for the same checkpoints instead of measuring."""
+    import shutil
+    from diag.run import pipeline
+
+    case, loads = counted
+    first = run_case(case, progress=False)
+    assert first.timings["target_costs_s"] > 0
+    assert first.timings["target_generate_batch"] == min(16, first.target_pass["sequences"])
+    for d in (tmp_path / "cache").iterdir():
+        if d.name != "costs":
+            shutil.rmtree(d) if d.is_dir() else d.unlink()
+    monkeypatch.setattr(pipeline, "measure_costs", lambda *a, **k: pytest.fail("measured again"))
+    again = run_case(case, progress=False)
+    assert len(loads) == 2 and "target_costs_s" not in again.timings
+    assert again.speedup is not None and "by an earlier run" in again.speedup["source"]
+
+
 def test_results_are_typed_and_selected_at_the_reference(counted):
     case, _ = counted
     run = run_case(case, progress=False, use_cache=False)

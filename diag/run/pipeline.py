@@ -92,6 +92,7 @@ class _Costs:
 
     def __init__(self, inp: Inputs, drafter, embed, use_cache: bool):
         self.inp, self.drafter, self.embed, self.costs, self.cached_at = inp, drafter, embed, None, None
+        self.seconds = None                      # wall seconds of the measurement, when one ran
         sp = inp.case.speedup
         self.wanted = user_costs(sp) is None and sp.measure
         self.use_cache = use_cache
@@ -105,9 +106,14 @@ class _Costs:
 
     def __call__(self, regime: str, model) -> None:
         if self.wanted and regime == self.inp.regimes[0] and self.costs is None:
+            self.remembered()                    # measured before for the same checkpoints, machine
+            if self.costs is not None:           # and shapes: not needed again
+                return
+            t0 = time.perf_counter()
             self.costs = measure_costs(model, self.drafter, self.embed,
                                        [s.num_draft_tokens for s in self.inp.shapes],
                                        context=self.inp.case.speedup.context)
+            self.seconds = round(time.perf_counter() - t0, 3)
             if self.use_cache:
                 save_costs(self.key(), self.costs)
 
@@ -183,6 +189,8 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True) -> Ru
     notes = inp.notes + pass_meta.pop("cache_notes")
     t0 = _stopwatch(timings, "target_s", t0)
     timings.update(pass_meta.pop("phases"))          # target_load_s, _generate_s, _capture_s
+    if measured.seconds is not None:
+        timings["target_costs_s"] = measured.seconds   # inside target_s, as the phases are
     if sampled.decodings:
         timings["sampled_s"] = sampled.seconds
     evals = evaluate(inp, drafter, embed, head, passes, progress=progress, extra=extra) + sampled.evaluations
