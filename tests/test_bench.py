@@ -201,6 +201,27 @@ def test_extrapolation_worked_example():
     assert x["first_verdict_after_load_s"] == x["generate_s"] + x["capture_s"] + x["step_costs_s"] + 26
 
 
+def test_extrapolation_with_timed_costs_and_a_larger_batch():
+    """A run that timed its step costs (2 s at 4 layers, 0.5 s per grown layer) and generated
+    48 prompts in one batch: 512 decode steps at the batch-48 slope; the untimed rest of
+    target_s (100 - 30 - 40 - 10 - 2 = 18 s) is kept as measured, not grown."""
+    from diag.bench.extrapolate import extrapolate
+
+    e2e = {"layers": 4, "max_new_tokens": 512, "cached_seconds_per_variant": 0.2,
+           "first": {"sequences": 48, "tokens": 30000, "target_s": 100.0, "target_load_s": 30.0,
+                     "target_generate_s": 40.0, "target_capture_s": 10.0, "target_costs_s": 2.0,
+                     "target_generate_batch": 48, "checks_s": 2.0, "drafter_s": 20.0, "summary_s": 1.0,
+                     "report_s": 3.0}}
+    grown = {"generate_seconds_per_layer_step": 1e-3, "capture_seconds_per_layer_token": 1e-5,
+             "generate_seconds_per_layer_step_by_batch": {"16": 1e-3, "48": 2e-3}, "costs_seconds_per_layer": 0.5}
+    x = extrapolate(e2e, grown, {"diag_cold_bytes_per_s": 1e9}, [1e9, 1e10, 1e10, 1e10, 5e9])
+    assert x["decode_steps"] == 512 and x["generation_batch"] == 48
+    assert abs(x["generate_s"] - (40 + 57 * 2e-3 * 512)) < 1e-9
+    assert abs(x["step_costs_s"] - (2 + 57 * 0.5)) < 1e-9
+    assert abs(x["drafter_and_report_s"] - (26 + 18)) < 1e-9
+    assert abs(x["first_verdict_without_step_costs_s"] - (x["first_verdict_after_load_s"] - x["step_costs_s"])) < 1e-9
+
+
 def test_raw_read_and_cache_drop(tmp_path):
     from diag.bench.disk import drop_page_cache, raw_read
 

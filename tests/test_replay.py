@@ -222,3 +222,30 @@ def test_drafter_embed_tokens_used_only_when_sglang_keeps_them(target, drafter):
         drafter.embed_tokens = None
     assert torch.equal(served, with_target)
     assert not torch.equal(with_own, with_target)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("mode", ["eagle3", "eagle"])
+def test_padded_features_equal_cat_then_pad_then_convert(target, mode):
+    """padded_features builds the drafter's [B, T_max, W] input in place: the same values as
+    pad_right(layout_features), converted to the drafter's dtype afterwards."""
+    from diag.replay.replay import layout_features, padded_features
+    from diag.target.passes import pad_right
+
+    seqs = sequences()
+    lay = layout("embed+L1+L3")
+    tp = run_capture(target, seqs, lay.points + (point("final"),), regime="as-loaded",
+                     token_budget=40, progress=False)
+    idx = [3, 0, 4]
+    want, want_valid = pad_right([layout_features(tp, lay, mode, i) for i in idx])
+    got, valid = padded_features(tp, lay, mode, idx, torch.device("cpu"), torch.bfloat16)
+    assert torch.equal(got, want.to(torch.bfloat16)) and torch.equal(valid, want_valid)
+
+
+def test_embedding_stays_put_on_cpu_and_when_the_gpu_is_short(monkeypatch):
+    from diag.replay import replay as rp
+
+    emb = torch.nn.Embedding(10, 4)
+    assert rp.embedding_near(emb, torch.device("cpu")) is emb
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (100, 1000))   # 160 B > 25 of 100
+    assert rp.embedding_near(emb, torch.device("cuda", 0)) is emb

@@ -30,32 +30,54 @@ def kimi_bytes(shard_bytes: list[int]) -> int:
     return shard_bytes[0] + (KIMI_LAYERS - 1) * shard_bytes[1] + shard_bytes[-1]
 
 
+def _step_costs(first: dict, grown: dict, k: int) -> tuple[float, float, str]:
+    """(step costs at 61 layers, the rest of target_s kept as measured, formula). A run that
+    timed its costs (target_costs_s) grows them by the grown section's slope when it has one,
+    else by 61 / K; an older run's target_s minus its phases is all taken as step costs."""
+    phases = ("target_load_s", "target_generate_s", "target_capture_s")
+    other = first["target_s"] - sum(first.get(p, 0.0) for p in phases)
+    costs = first.get("target_costs_s")
+    if costs is None:
+        return other * KIMI_LAYERS / k, 0.0, f"{other:.4g} * 61 / {k}"
+    slope = grown.get("costs_seconds_per_layer")
+    if slope is None:
+        return costs * KIMI_LAYERS / k, other - costs, f"{costs:.4g} * 61 / {k}"
+    return (costs + (KIMI_LAYERS - k) * slope, other - costs,
+            f"{costs:.4g} + {KIMI_LAYERS - k} layers * {slope:.4g} s/layer")
+
+
 def extrapolate(e2e: dict, grown: dict, load: dict, shard_bytes: list[int], *, batch: int = 16) -> dict:
-    """e2e, grown, load: the benchmark's sections; batch: prompts per generation batch."""
+    """e2e, grown, load: the benchmark's sections; batch: prompts per generation batch when
+    the e2e run does not say (timings.target_generate_batch); the per-layer decode slope is
+    the grown section's at that batch when it measured one."""
     k = e2e["layers"]
     first = e2e["first"]
     extra = KIMI_LAYERS - k
     total = kimi_bytes(shard_bytes)
+    batch = int(first.get("target_generate_batch", batch))
+    slope = grown.get("generate_seconds_per_layer_step_by_batch", {}).get(
+        str(batch), grown["generate_seconds_per_layer_step"])
     steps = math.ceil(first["sequences"] / batch) * e2e["max_new_tokens"]
     load_61 = total / load["diag_cold_bytes_per_s"]
-    gen = first.get("target_generate_s", 0.0) + extra * grown["generate_seconds_per_layer_step"] * steps
+    gen = first.get("target_generate_s", 0.0) + extra * slope * steps
     cap = first.get("target_capture_s", 0.0) + extra * grown["capture_seconds_per_layer_token"] * first["tokens"]
-    phases = ("target_load_s", "target_generate_s", "target_capture_s")
-    other_target = first["target_s"] - sum(first.get(p, 0.0) for p in phases)   # step costs
-    other_61 = other_target * KIMI_LAYERS / k
-    rest = first["checks_s"] + first["drafter_s"] + first["summary_s"] + first["report_s"]
-    verdict = gen + cap + other_61 + rest
+    costs_61, other, costs_formula = _step_costs(first, grown, k)
+    rest = first["checks_s"] + first["drafter_s"] + first["summary_s"] + first["report_s"] + other
+    verdict = gen + cap + costs_61 + rest
     return {
         "kimi_bytes": total, "load_s": load_61, "generate_s": gen, "capture_s": cap,
-        "step_costs_s": other_61, "drafter_and_report_s": rest, "first_verdict_after_load_s": verdict,
-        "first_run_total_s": load_61 + verdict, "decode_steps": steps,
+        "step_costs_s": costs_61, "drafter_and_report_s": rest, "first_verdict_after_load_s": verdict,
+        "first_verdict_without_step_costs_s": verdict - costs_61,
+        "first_run_total_s": load_61 + verdict, "decode_steps": steps, "generation_batch": batch,
         "cached_seconds_per_variant": e2e["cached_seconds_per_variant"],
         "formulas": {
             "kimi_bytes": f"{shard_bytes[0]} + 60 * {shard_bytes[1]} + {shard_bytes[-1]}",
             "load_s": f"{total:.4g} B / {load['diag_cold_bytes_per_s']:.4g} B/s",
             "generate_s": f"{first.get('target_generate_s', 0.0):.4g} + {extra} layers * "
-                          f"{grown['generate_seconds_per_layer_step']:.4g} s/layer/step * {steps} steps",
+                          f"{slope:.4g} s/layer/step * {steps} steps (batch {batch})",
             "capture_s": f"{first.get('target_capture_s', 0.0):.4g} + {extra} layers * "
                          f"{grown['capture_seconds_per_layer_token']:.4g} s/layer/token * {first['tokens']} tokens",
-            "step_costs_s": f"{other_target:.4g} * 61 / {k}",
-            "drafter_and_report_s": "checks + drafter + summary + report, as measured"}}
+            "step_costs_s": costs_formula,
+            "drafter_and_report_s": "checks + drafter + summary + report (+ target_s not in a timed "
+                                    "phase: pass-cache writes, keys), as measured",
+            "first_verdict_without_step_costs_s": "[speedup] measure = false, or the server's costs given"}}

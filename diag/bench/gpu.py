@@ -145,7 +145,9 @@ def run(out: Path, workdir: Path, *, layers: int | None = None, max_layers: int 
         section(res, "sampled", lambda: _sampled(st, model, lays, num_seqs, prompt_len, device=dev,
                                                  dtype=torch.float32 if dev == "cpu" else torch.bfloat16))
         save(res, out)
-    section(res, "grown", lambda: _grown(model, seqs, points, max_layers, st, dev))
+    e2e_first = res["sections"].get("e2e", {}).get("first") or {}
+    batch = int(e2e_first.get("target_generate_batch", 48))
+    section(res, "grown", lambda: _grown(model, seqs, points, max_layers, st, dev, batch))
     save(res, out)
     if "drafter" in sections or "naive" in sections:
         section(res, "drafter", lambda: _drafter(st, model, lays, peak, dev))
@@ -221,13 +223,33 @@ def _generation_probe(model, vocab: int, *, prompts: int = 16, prompt_len: int =
             "seconds_per_step": seconds / new_tokens}
 
 
-def _grown(model, seqs, points, max_layers, st, dev) -> dict:
+def _costs_probe(model, st, dev) -> dict:
+    """Wall seconds of the pipeline's step-cost measurement (run/costs.py) on `model` with the
+    e2e trees' num_draft_tokens: at two depths, the per-layer slope of timings.target_costs_s."""
+    from diag.bench.e2e import TREES
+    from diag.drafter.checkpoint import load_drafter
+    from diag.run.costs import measure_costs
+    from diag.trees import tree_shape
+
+    if "costs_drafter" not in st:
+        drafter, _ = load_drafter(st["ks"].drafter, dtype=torch.bfloat16 if dev != "cpu" else torch.float32)
+        st["costs_drafter"] = drafter.to(dev)
+    t0 = time.perf_counter()
+    measure_costs(model, st["costs_drafter"], model.get_input_embeddings(),
+                  [tree_shape(t).num_draft_tokens for t in TREES])
+    return {"seconds": time.perf_counter() - t0}
+
+
+def _grown(model, seqs, points, max_layers, st, dev, batch: int = 48) -> dict:
+    """batch: the e2e run's generation batch (a second generation probe at it)."""
     from diag.zoo.kimi_shaped import kimi_config
     from diag.target.placement import activation_bytes, place
 
     base_layers = len(model.model.layers)
     base_row, _ = capture_throughput(model, seqs, points, 16384)
     base_gen = _generation_probe(model, model.config.vocab_size)
+    base_gen_b = _generation_probe(model, model.config.vocab_size, prompts=batch)
+    base_costs = _costs_probe(model, st, dev)
     reserve = activation_bytes(model.config, 16384) + 24 * GiB  # + drafter and its beam replay
     n = grow(model, layers_that_fit(model, reserve, max_layers))
     total = torch.cuda.get_device_properties(0).total_memory if dev != "cpu" else 64 * GiB
@@ -241,16 +263,23 @@ def _grown(model, seqs, points, max_layers, st, dev) -> dict:
         row, st["tp"] = capture_throughput(model, seqs, points, budget)
         rows.append(row)
     gen = _generation_probe(model, model.config.vocab_size)
+    gen_b = _generation_probe(model, model.config.vocab_size, prompts=batch)
+    costs = _costs_probe(model, st, dev)
+    st.pop("costs_drafter", None)
     weights = resident_bytes(model)
     added = n - base_layers
+    slope = lambda g, b: (g["seconds_per_step"] - b["seconds_per_step"]) / max(added, 1)  # noqa: E731
     return {"layers": n, "base_layers": base_layers, "weight_bytes": weights, "planner_on_this_gpu": planned,
             "activation_estimate_16k": activation_bytes(model.config, 16384), "rows": rows,
             "base_capture": base_row, "base_generation": base_gen, "generation": gen,
             "peak_over_weights": max(r.get("peak_bytes", weights) for r in rows) / weights,
             "capture_seconds_per_layer_token": (rows[-1]["seconds"] - base_row["seconds"]) / max(added, 1)
             / rows[-1]["tokens"],
-            "generate_seconds_per_layer_step": (gen["seconds_per_step"] - base_gen["seconds_per_step"])
-            / max(added, 1)}
+            "generate_seconds_per_layer_step": slope(gen, base_gen),
+            "generation_at_batch": {"base": base_gen_b, "grown": gen_b},
+            "generate_seconds_per_layer_step_by_batch": {"16": slope(gen, base_gen), str(batch): slope(gen_b, base_gen_b)},
+            "costs_probe": {"base": base_costs, "grown": costs},
+            "costs_seconds_per_layer": (costs["seconds"] - base_costs["seconds"]) / max(added, 1)}
 
 
 def _sampled(st, model, lays, num_prompts, prompt_len, max_new_tokens: int = 64, *, device: str = "cuda",

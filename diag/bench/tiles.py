@@ -1,7 +1,7 @@
 """Choosing the grouped INT4 kernel's tiles on the GPU at hand, and proving each dequant
 variant bit for bit at Kimi's widths.
 
-  tiles     CONFIGS (piece width, block_m, block_n, warps, stages), each GEMM timed alone
+  tiles     CONFIGS (piece width, block_m, block_n, warps, stages, wide), each GEMM timed alone
             (block_m and the piece are shared by both GEMMs: routing and layout); the best
             GEMM pair per (piece, block_m), then the best of those, go into fast.GROUPED
             (an H200 run chose DEQUANT 2 over 0 and 1 at every tile tried; NOTES.md)
@@ -20,13 +20,19 @@ import torch
 
 from diag.bench.common import timed
 
-# (piece, block_m, block_n, num_warps, num_stages), each tried for both GEMMs. Shared memory
-# is about stages * block_m * 8P * 2 + (stages - 1) * block_n * P * 4 bytes (232448 on an
-# H200): P 32 with block_m 256 never fits; P 16 with block_m 256 fits at 3 stages.
-CONFIGS = ((16, 256, 128, 8, 2), (16, 256, 128, 8, 3), (16, 256, 64, 4, 2), (16, 256, 64, 4, 3),
-           (16, 256, 256, 8, 2), (32, 64, 128, 8, 2), (32, 64, 256, 8, 3), (32, 128, 128, 8, 3),
-           (16, 128, 128, 8, 3), (16, 128, 256, 8, 3), (16, 128, 128, 8, 4), (16, 64, 128, 8, 3))
-
+# (piece, block_m, block_n, num_warps, num_stages, wide), each tried for both GEMMs. Shared
+# memory is about stages * block_m * 8P * 2 + (stages - 1) * block_n * P * 4 bytes (232448 on
+# an H200): P 32 with block_m 256 never fits; P 16 with block_m 256 fits at 3 stages. wide:
+# one dot of depth 8P per K step (fast_kernel's WIDE). Ordered so that the budget cuts the
+# least promising last: the wide rows and block_m 256 (never timed before this list) first.
+CONFIGS = ((16, 128, 128, 8, 3, True), (16, 128, 256, 8, 3, True), (16, 128, 64, 4, 3, True),
+           (16, 256, 128, 8, 3, True), (16, 256, 128, 8, 2, False), (16, 256, 128, 8, 3, False),
+           (16, 256, 64, 4, 3, False), (16, 256, 256, 8, 2, False), (16, 128, 128, 8, 3, False),
+           (16, 128, 256, 8, 3, False), (16, 128, 128, 8, 4, False), (16, 64, 128, 8, 3, False),
+           (16, 64, 128, 4, 4, True),
+           (32, 64, 128, 8, 3, True), (32, 64, 256, 8, 3, True), (32, 128, 128, 8, 3, True),
+           (32, 128, 128, 8, 2, True), (32, 64, 128, 8, 2, False), (32, 64, 256, 8, 3, False),
+           (32, 128, 128, 8, 3, False))
 
 @torch.no_grad()
 def dequant_exact(experts, dequant: int) -> bool | str:
@@ -94,11 +100,16 @@ class _Gemms:
         return timed(fn, repeat=5, warmup=1)
 
 
+def _tile(cand: tuple) -> dict:
+    """(block_n, num_warps, num_stages, wide) -> one GEMM's entry of fast.GROUPED."""
+    bn, warps, stages, wide = cand
+    return {"block_n": bn, "num_warps": warps, "num_stages": stages, "wide": wide}
+
+
 def _try(g: _Gemms, which: str, cand: tuple, rows: list, tag: dict) -> float:
     from diag.int4 import fast
-    bn, warps, stages = cand
-    fast.GROUPED[which] = {"block_n": bn, "num_warps": warps, "num_stages": stages}
-    row = {**tag, "gemm": which, "block_n": bn, "num_warps": warps, "num_stages": stages}
+    fast.GROUPED[which] = _tile(cand)
+    row = {**tag, "gemm": which, **_tile(cand)}
     try:
         row["seconds"] = g.time(which)
     except Exception as err:  # e.g. a tile that needs more shared memory than the GPU has
@@ -146,7 +157,6 @@ def _choose(best: dict, experts, dequant: int, tokens: int) -> dict:
     fast.to_kernel_layout(experts, piece)
     fast.GROUPED.update(piece=piece, block_m=bm, dequant=dequant)
     for which in ("gate_up", "down"):
-        bn, warps, stages = best[(piece, bm, which)][1]
-        fast.GROUPED[which] = {"block_n": bn, "num_warps": warps, "num_stages": stages}
+        fast.GROUPED[which] = _tile(best[(piece, bm, which)][1])
     return {"tokens": tokens, "chosen": copy.deepcopy(fast.GROUPED), "gemm_seconds": full[(piece, bm)],
             "by_piece_and_block_m": {f"piece{p}_block_m{b}": v for (p, b), v in full.items()}}

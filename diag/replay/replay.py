@@ -76,6 +76,25 @@ def layout_features(tp: TargetPass, lay: Layout, mode: str, i: int) -> torch.Ten
     return torch.cat([tp.states[p.name][i] for p in lay.points], dim=-1)
 
 
+def padded_features(tp: TargetPass, lay: Layout, mode: str, idx: list[int], dev, dtype):
+    """pad_right of layout_features for sequences idx, built where the drafter runs: each
+    point's [T_i, H] states copied into its columns of one zeroed [B, T_max, W] tensor on
+    `dev` in `dtype` (the same values as cat, pad, then convert; no [B, T_max, W] copy on the
+    CPU first). Returns (aux, valid [B, T_max] bool on the CPU, as pad_right's)."""
+    names = ["final"] if mode == "eagle" else [p.name for p in lay.points]
+    lengths = [tp.states[names[0]][i].shape[0] for i in idx]
+    widths = [tp.states[n][idx[0]].shape[-1] for n in names]
+    aux = torch.zeros(len(idx), max(lengths), sum(widths), device=dev, dtype=dtype)
+    valid = torch.zeros(len(idx), max(lengths), dtype=torch.bool)
+    for b, (i, n) in enumerate(zip(idx, lengths)):
+        col = 0
+        for name, w in zip(names, widths):
+            aux[b, :n, col:col + w].copy_(tp.states[name][i])
+            col += w
+        valid[b, :n] = True
+    return aux, valid
+
+
 def _chains(drafter, dh, x, pre, shapes, windows, rows):
     draft = draft_chain(drafter, dh, x, max(s.num_steps for s in shapes), pre)  # [B, Q, S]
     picked = draft[rows[0], rows[1]]                                            # [R, S]
@@ -146,6 +165,7 @@ def replay(drafter: Eagle3Drafter, embed: nn.Module, target_head: nn.Module,
     results = {v: VariantResult(v, [None] * n, [None] * n) for v in variants}
     dtype = next(drafter.parameters()).dtype
     dev = next(drafter.parameters()).device
+    embed = embedding_near(embed, dev)
     bar = tqdm(total=len(groups), desc="drafter", disable=not progress, leave=False)
     for (regime, lay_name, mode), group in groups.items():
         t = (tables or {}).get(mode) or default_tables(drafter, mode)
@@ -161,6 +181,25 @@ def replay(drafter: Eagle3Drafter, embed: nn.Module, target_head: nn.Module,
     return [results[v] for v in variants]
 
 
+EMBED_SHARE = 0.25      # the largest share of the drafter's free GPU memory a table copy may take
+
+
+def embedding_near(embed: nn.Module, dev) -> nn.Module:
+    """The target's embedding table, copied to the drafter's GPU when it is elsewhere and
+    takes at most EMBED_SHARE of that GPU's free memory (Kimi: 2.3 GB of bf16). A lookup is
+    a gather, exact on any device, so this changes where the work runs, never a result: a
+    cached run's table comes from the shards on the CPU, and every draft step of every tree
+    would otherwise gather [B, Q, K, H] rows there and copy them over (2.2 GB a step for
+    37 rows x 512 roots x top-8 at H 7168). The lm_head is never moved (a matmul's rounding
+    differs between devices)."""
+    w = getattr(embed, "weight", None)
+    if w is None or dev.type != "cuda" or w.device == dev:
+        return embed
+    if w.numel() * w.element_size() > EMBED_SHARE * torch.cuda.mem_get_info(dev)[0]:
+        return embed
+    return nn.Embedding.from_pretrained(w.detach().to(dev), freeze=True)
+
+
 def _on(module: nn.Module, dev, dtype):
     """Call a target module (embedding or lm_head, wherever placement put it) from the
     drafter's device and dtype."""
@@ -173,14 +212,14 @@ def _replay_group(drafter, dh, passes, regime, lay, mode, group, results, max_st
     seqs = tp.sequences
     _check_width(drafter, layout_features(tp, lay, mode, 0), lay, mode)
     for idx in budget_batches([len(s.ids) for s in seqs], budget):
-        aux, valid = pad_right([layout_features(tp, lay, mode, i) for i in idx])
+        aux, valid = padded_features(tp, lay, mode, idx, dev, dtype)
         toks, _ = pad_right([torch.cat([seqs[i].ids[1:], seqs[i].ids[-1:]]) for i in idx])
         index, rows, roots, owners = _rounds(seqs, idx, aux.shape[1], max_steps)
         if rows[0].numel() == 0:
             for v in group:
                 _store(results[v], torch.zeros(0, dtype=torch.long), roots, owners, idx)
             continue
-        x = DraftInputs(aux.to(dev, dtype), toks.to(dev), valid.to(dev), index.to(dev))
+        x = DraftInputs(aux, toks.to(dev), valid.to(dev), index.to(dev))
         rows = (rows[0].to(dev), rows[1].to(dev))
         by_tokens = defaultdict(list)
         for v in group:
