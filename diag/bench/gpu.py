@@ -231,12 +231,15 @@ def _costs_probe(model, st, dev) -> dict:
     from diag.run.costs import measure_costs
     from diag.trees import tree_shape
 
-    if "costs_drafter" not in st:
-        drafter, _ = load_drafter(st["ks"].drafter, dtype=torch.bfloat16 if dev != "cpu" else torch.float32)
-        st["costs_drafter"] = drafter.to(dev)
-    t0 = time.perf_counter()
-    measure_costs(model, st["costs_drafter"], model.get_input_embeddings(),
-                  [tree_shape(t).num_draft_tokens for t in TREES])
+    try:
+        if "costs_drafter" not in st:
+            drafter, _ = load_drafter(st["ks"].drafter, dtype=torch.bfloat16 if dev != "cpu" else torch.float32)
+            st["costs_drafter"] = drafter.to(dev)
+        t0 = time.perf_counter()
+        measure_costs(model, st["costs_drafter"], model.get_input_embeddings(),
+                      [tree_shape(t).num_draft_tokens for t in TREES])
+    except Exception as err:  # a probe's failure is data; the grown section's other rows stay
+        return {"seconds": None, "error": repr(err)[-400:]}
     return {"seconds": time.perf_counter() - t0}
 
 
@@ -249,6 +252,7 @@ def _grown(model, seqs, points, max_layers, st, dev, batch: int = 48) -> dict:
     base_row, _ = capture_throughput(model, seqs, points, 16384)
     base_gen = _generation_probe(model, model.config.vocab_size)
     base_gen_b = _generation_probe(model, model.config.vocab_size, prompts=batch)
+    _costs_probe(model, st, dev)                         # warm-up: first calls compile and allocate
     base_costs = _costs_probe(model, st, dev)
     reserve = activation_bytes(model.config, 16384) + 24 * GiB  # + drafter and its beam replay
     n = grow(model, layers_that_fit(model, reserve, max_layers))
@@ -279,7 +283,8 @@ def _grown(model, seqs, points, max_layers, st, dev, batch: int = 48) -> dict:
             "generation_at_batch": {"base": base_gen_b, "grown": gen_b},
             "generate_seconds_per_layer_step_by_batch": {"16": slope(gen, base_gen), str(batch): slope(gen_b, base_gen_b)},
             "costs_probe": {"base": base_costs, "grown": costs},
-            "costs_seconds_per_layer": (costs["seconds"] - base_costs["seconds"]) / max(added, 1)}
+            "costs_seconds_per_layer": (costs["seconds"] - base_costs["seconds"]) / max(added, 1)
+            if costs["seconds"] is not None and base_costs["seconds"] is not None else None}
 
 
 def _sampled(st, model, lays, num_prompts, prompt_len, max_new_tokens: int = 64, *, device: str = "cuda",
