@@ -1,9 +1,9 @@
 """Builder for the zoo's EAGLE-3 drafters (the model is diag.drafter.model's, not ours).
 
-Data. Each training sequence is L = PROMPT + seq_len + steps ids: either a corpus
+Data. Each training sequence is L = P + seq_len + steps ids, P = recipe.prompt_tokens: either a corpus
 window (teacher-forced text, where the target's argmax often differs from the next
 id, so only the target's hidden state tells the drafter what the target will say),
-or a corpus prompt of PROMPT ids continued greedily by the target as loaded
+or a corpus prompt of P ids continued greedily by the target as loaded
 (deepseek-tiny computes in bf16): the text replay drafts on. `corpus_fraction`
 splits the pool. One teacher-forced capture pass then gives the layout's points and
 the target's argmax at every index.
@@ -49,7 +49,6 @@ from diag.zoo.data import sample_windows, tile_windows, token_counts
 from diag.zoo.recipes import DrafterRecipe, IdsRecipe
 from diag.zoo.train import deterministic, optimize
 
-PROMPT = 32          # corpus tokens before each greedy continuation
 CHUNK = 256          # sequences per generate / capture call (decode cost is per step, not per row)
 LAYER_ID_CONVENTION = "specforge"
 
@@ -76,15 +75,16 @@ def greedy_sequences(target, prompts: torch.Tensor, new_tokens: int) -> torch.Te
 
 
 def training_sequences(target, train: torch.Tensor, recipe: DrafterRecipe, gen: torch.Generator) -> torch.Tensor:
-    """pool_sequences rows of PROMPT + seq_len + steps ids: the first round(P * corpus_fraction)
+    """pool_sequences rows of prompt_tokens + seq_len + steps ids: the first round(P * corpus_fraction)
     are corpus windows (teacher-forced text: the target's argmax often differs from the next
     id, so the drafter must read the target's state), the rest greedy continuations.
     P 192, fraction 0.25 -> rows 0..47 corpus, 48..191 greedy."""
-    width = PROMPT + recipe.budget.seq_len + recipe.unroll_steps
+    prompt = recipe.prompt_tokens
+    width = prompt + recipe.budget.seq_len + recipe.unroll_steps
     n_corpus = round(recipe.pool_sequences * recipe.corpus_fraction)
     corpus = sample_windows(train, n_corpus, width - 1, gen)                          # [Pc, width]
-    prompts = sample_windows(train, recipe.pool_sequences - n_corpus, PROMPT - 1, gen)
-    greedy = greedy_sequences(target, prompts, width - PROMPT) if len(prompts) else corpus[:0]
+    prompts = sample_windows(train, recipe.pool_sequences - n_corpus, prompt - 1, gen)
+    greedy = greedy_sequences(target, prompts, width - prompt) if len(prompts) else corpus[:0]
     return torch.cat([corpus, greedy])
 
 
@@ -176,7 +176,7 @@ def build_drafter(recipe: DrafterRecipe, out: Path, deps: dict[str, Path], corpu
     b, steps = recipe.budget, recipe.unroll_steps
     with deterministic(b.seed) as gen:
         hot = hot_vocab(token_counts(streams["train"], target.config.vocab_size), recipe.draft_vocab_size)
-        seqs = training_sequences(target, streams["train"], recipe, gen)   # [P, PROMPT + seq_len + steps]
+        seqs = training_sequences(target, streams["train"], recipe, gen)   # [P, prompt_tokens + seq_len + steps]
         pool = views(seqs, *features(target, seqs, lay), steps)
         embed = frozen_embedding(target)
         d = new_drafter(target, recipe, hot, len(lay))
@@ -204,11 +204,12 @@ def evaluate(d, target, embed, heldout: torch.Tensor, lay: Layout, recipe: Draft
     continuations of held-out prompts, under the trained layout and under the layout
     shifted one layer deeper (embed+L2+L4 -> L1+L3+L5), which should score lower."""
     steps = recipe.unroll_steps
-    width = PROMPT + recipe.budget.seq_len + steps                          # as in training
+    prompt = recipe.prompt_tokens
+    width = prompt + recipe.budget.seq_len + steps                          # as in training
     text = tile_windows(heldout, width - 1, recipe.eval_sequences)         # [E, width]
     meta = depth1_teacher_forced(d, embed, *features(target, text, lay), text)
-    seqs = greedy_sequences(target, text[:, :PROMPT], width - PROMPT)
-    start = PROMPT - 1                      # first index whose next token was generated
+    seqs = greedy_sequences(target, text[:, :prompt], width - prompt)
+    start = prompt - 1                      # first index whose next token was generated
     aux, argmax = features(target, seqs, lay)
     meta["greedy_chain"] = chain_acceptance(d, embed, aux, seqs, argmax, steps, start)
     shifted = lay.shifted(1, target.config.num_hidden_layers)

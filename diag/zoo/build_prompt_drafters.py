@@ -1,7 +1,7 @@
 """Builder for the zoo's prompt-side EAGLE-3 drafters (recipes_prompt_side.PromptDrafterRecipe):
 build_drafters' training with other prompts, reusing its views, loss and checks unchanged.
 
-Prompts. Either PROMPT = recipe.prompt_tokens raw corpus tokens (the short-context drafter:
+Prompts. Either PROMPT = recipe.drafter.prompt_tokens raw corpus tokens (the short-context drafter:
 8 tokens + seq_len 16 + steps 3 = 27 training positions, against build_drafters' 32 + 96 + 3),
 or, with chat_thinking set, a corpus window of PROMPT - 2 ids as the user turn of the target's
 chat template with its thinking switch on / off:
@@ -47,13 +47,13 @@ def chat_wrapping(target_dir: Path, thinking: bool) -> tuple[list[int], list[int
 
 def prompts(target_dir: Path, stream: torch.Tensor, recipe: PromptDrafterRecipe, n: int,
             gen: torch.Generator) -> torch.Tensor:
-    """[n, p] prompt ids: raw corpus windows of prompt_tokens ids (p = prompt_tokens), or corpus
-    windows of prompt_tokens - 1 ids inside the chat wrapping (p = len(before) + prompt_tokens - 1
+    """[n, p] prompt ids: raw corpus windows of drafter.prompt_tokens ids (p = prompt_tokens), or
+    corpus windows of prompt_tokens - 1 ids inside the chat wrapping (p = len(before) + prompt_tokens - 1
     + len(after))."""
     if recipe.chat_thinking is None:
-        return sample_windows(stream, n, recipe.prompt_tokens - 1, gen)                # [n, PROMPT]
+        return sample_windows(stream, n, recipe.drafter.prompt_tokens - 1, gen)                # [n, PROMPT]
     before, after = chat_wrapping(target_dir, recipe.chat_thinking)
-    windows = sample_windows(stream, n, recipe.prompt_tokens - 2, gen)                 # [n, PROMPT - 1]
+    windows = sample_windows(stream, n, recipe.drafter.prompt_tokens - 2, gen)                 # [n, PROMPT - 1]
     return torch.cat([torch.tensor([before] * n), windows, torch.tensor([after] * n)], dim=1)
 
 

@@ -39,13 +39,12 @@ class ThinkingRecipe:
 @dataclass(frozen=True)
 class PromptDrafterRecipe:
     """An EAGLE-3 drafter (`drafter`, read as build_drafters reads it) trained on other prompts
-    than build_drafters' 32 raw corpus tokens: `prompt_tokens` corpus tokens before each greedy
-    continuation, and with `chat_thinking` True / False the corpus text as the user turn of the
-    target's chat template, thinking on / off (every sequence then a greedy continuation:
-    drafter.corpus_fraction is not read)."""
+    than build_drafters' raw corpus windows: every sequence is a greedy continuation of
+    drafter.prompt_tokens corpus tokens (drafter.corpus_fraction is not read), with
+    `chat_thinking` True / False the corpus text as the user turn of the target's chat
+    template, thinking on / off."""
 
     drafter: DrafterRecipe
-    prompt_tokens: int = 32
     chat_thinking: bool | None = None
 
     def needs(self) -> tuple[str, ...]:
@@ -68,6 +67,6 @@ ENTRIES = (
     ZooEntry("llama-tiny-eagle3-short", "EAGLE-3 drafter for llama-tiny trained on embed+L2+L4 at short "
              "context: 8-token prompts + 16 tokens (27 positions), to fall off past its training length",
              PromptDrafterRecipe(DrafterRecipe("llama-tiny", "embed+L2+L4",
-                                               dataclasses.replace(_DRAFTER_BUDGET, seq_len=16, seed=6)),
-                                 prompt_tokens=8)),
+                                               dataclasses.replace(_DRAFTER_BUDGET, seq_len=16, seed=6),
+                                               prompt_tokens=8))),
 )
