@@ -168,31 +168,48 @@ def depth1_teacher_forced(d: Eagle3Drafter, embed, aux, argmax, seqs) -> dict:
             "baseline_most_frequent": float(most)}
 
 
+def train_drafter(target, recipe: DrafterRecipe, lay: Layout, hot: torch.Tensor, seqs: torch.Tensor,
+                  gen: torch.Generator, desc: str) -> tuple[Eagle3Drafter, torch.nn.Embedding, list[float]]:
+    """A new drafter trained on seqs [P, L] under `lay` (inside `deterministic`: its init draws
+    from torch's seeded RNG, each step's batch of recipe.budget.batch rows from gen). Returns
+    the drafter (eval mode), the frozen embedding it was trained with, and the losses."""
+    b, steps = recipe.budget, recipe.unroll_steps
+    pool = views(seqs, *features(target, seqs, lay), steps)
+    embed = frozen_embedding(target)
+    d = new_drafter(target, recipe, hot, len(lay))
+
+    def loss(_step: int) -> torch.Tensor:
+        pick = torch.randint(0, seqs.shape[0], (b.batch,), generator=gen)
+        return unroll_loss(d, embed, [t[pick] for t in pool], steps)
+
+    d.train()
+    losses = optimize(d.parameters(), b, loss, desc=desc)
+    d.eval()
+    return d, embed, losses
+
+
+def save_zoo_drafter(d: Eagle3Drafter, out: Path, lay: Layout, target_dir: Path) -> None:
+    """The drafter's files, ids in the SpecForge convention, the trained layout stated."""
+    save_drafter(d, out, aux_layer_ids=specforge_ids(lay), trained_layout=str(lay),
+                 extra_config={"diag_layer_id_convention": LAYER_ID_CONVENTION, "diag_target": target_dir.name})
+
+
+def loss_summary(losses: list[float]) -> dict:
+    return {"train_loss_first": losses[0], "train_loss_last": sum(losses[-10:]) / len(losses[-10:])}
+
+
 def build_drafter(recipe: DrafterRecipe, out: Path, deps: dict[str, Path], corpus: str) -> dict:
     """deps: every entry this one needs, transitively (target and its corpus)."""
     target_dir = deps[recipe.target]
     target, streams = load_back(target_dir), load_streams(deps[corpus])
     lay = parse_layout(recipe.layout).check_against(target.config.num_hidden_layers)
-    b, steps = recipe.budget, recipe.unroll_steps
-    with deterministic(b.seed) as gen:
+    with deterministic(recipe.budget.seed) as gen:
         hot = hot_vocab(token_counts(streams["train"], target.config.vocab_size), recipe.draft_vocab_size)
         seqs = training_sequences(target, streams["train"], recipe, gen)   # [P, prompt_tokens + seq_len + steps]
-        pool = views(seqs, *features(target, seqs, lay), steps)
-        embed = frozen_embedding(target)
-        d = new_drafter(target, recipe, hot, len(lay))
-
-        def loss(_step: int) -> torch.Tensor:
-            pick = torch.randint(0, seqs.shape[0], (b.batch,), generator=gen)
-            return unroll_loss(d, embed, [t[pick] for t in pool], steps)
-
-        d.train()
-        losses = optimize(d.parameters(), b, loss, desc=f"drafter {recipe.layout}")
-        d.eval()
+        d, embed, losses = train_drafter(target, recipe, lay, hot, seqs, gen, desc=f"drafter {recipe.layout}")
         meta = evaluate(d, target, embed, streams["heldout"], lay, recipe)
-    save_drafter(d, out, aux_layer_ids=specforge_ids(lay), trained_layout=str(lay),
-                 extra_config={"diag_layer_id_convention": LAYER_ID_CONVENTION,
-                               "diag_target": target_dir.name})
-    meta.update({"train_loss_first": losses[0], "train_loss_last": sum(losses[-10:]) / len(losses[-10:]),
+    save_zoo_drafter(d, out, lay, target_dir)
+    meta.update({**loss_summary(losses),
                  "layout": str(lay), "eagle_aux_hidden_state_layer_ids": specforge_ids(lay),
                  "hot_vocab_coverage": float(token_counts(streams["train"], target.config.vocab_size)[hot].sum()
                                              / streams["train"].numel())})

@@ -22,14 +22,13 @@ from pathlib import Path
 
 import torch
 
-from diag.drafter.checkpoint import save_drafter
 from diag.layouts import layout as parse_layout
-from diag.zoo.build_drafters import (LAYER_ID_CONVENTION, chain_acceptance, features, frozen_embedding,
-                                     greedy_sequences, hot_vocab, new_drafter, specforge_ids, unroll_loss, views)
+from diag.zoo.build_drafters import (chain_acceptance, features, greedy_sequences, hot_vocab, loss_summary,
+                                     save_zoo_drafter, train_drafter)
 from diag.zoo.build_targets import load_back, load_streams
 from diag.zoo.data import sample_windows, token_counts
 from diag.zoo.recipes_prompt_side import PromptDrafterRecipe
-from diag.zoo.train import deterministic, optimize
+from diag.zoo.train import deterministic
 
 CONTENT = "@@content@@"
 
@@ -68,22 +67,10 @@ def build_prompt_drafter(recipe: PromptDrafterRecipe, out: Path, deps: dict[str,
         hot = hot_vocab(token_counts(streams["train"], target.config.vocab_size), r.draft_vocab_size)
         start = prompts(target_dir, streams["train"], recipe, r.pool_sequences, gen)
         seqs = greedy_sequences(target, start, b.seq_len + steps)                      # [P, p + seq_len + steps]
-        pool = views(seqs, *features(target, seqs, lay), steps)
-        embed = frozen_embedding(target)
-        d = new_drafter(target, r, hot, len(lay))
-
-        def loss(_step: int) -> torch.Tensor:
-            pick = torch.randint(0, seqs.shape[0], (b.batch,), generator=gen)
-            return unroll_loss(d, embed, [t[pick] for t in pool], steps)
-
-        d.train()
-        losses = optimize(d.parameters(), b, loss, desc=f"drafter {r.layout} ({out.name})")
-        d.eval()
+        d, embed, losses = train_drafter(target, r, lay, hot, seqs, gen, desc=f"drafter {r.layout} ({out.name})")
         held = greedy_sequences(target, prompts(target_dir, streams["heldout"], recipe, r.eval_sequences, gen),
                                 b.seq_len + steps)
         aux, argmax = features(target, held, lay)
         chain = chain_acceptance(d, embed, aux, held, argmax, steps, start.shape[1] - 1)
-    save_drafter(d, out, aux_layer_ids=specforge_ids(lay), trained_layout=str(lay),
-                 extra_config={"diag_layer_id_convention": LAYER_ID_CONVENTION, "diag_target": target_dir.name})
-    return {"train_loss_first": losses[0], "train_loss_last": sum(losses[-10:]) / len(losses[-10:]),
-            "layout": str(lay), "positions": seqs.shape[1], "greedy_chain": chain}
+    save_zoo_drafter(d, out, lay, target_dir)
+    return {**loss_summary(losses), "layout": str(lay), "positions": seqs.shape[1], "greedy_chain": chain}
