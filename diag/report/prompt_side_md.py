@@ -8,15 +8,8 @@ from __future__ import annotations
 import json
 
 from diag.replay.evaluation import Evaluation, reference_axes, select
+from diag.report.sections.cells import ci, difference, f
 from diag.report.views import plot_link
-
-
-def _f(x, nd: int = 2) -> str:
-    return "–" if x is None else f"{x:.{nd}f}"
-
-
-def _ci(ci, nd: int = 2) -> str:
-    return "–" if not ci or ci[0] is None else f"{_f(ci[0], nd)}–{_f(ci[1], nd)}"
 
 
 def _pct(x) -> str:
@@ -44,7 +37,7 @@ def datasets(rep: dict) -> list[str]:
            "| layout | mode | " + " | ".join(f"{c}" for c in cats) + " |", "|---|---" + "|---" * len(cats) + "|"]
     for e in sorted(rows, key=lambda e: -(e["accept_length"] or 0)):
         by = {c["category"]: c for c in e["by_category"]}
-        cells = [f"{_f(by[c]['accept_length'])} [{_ci(by[c]['ci95'])}] ({by[c]['prompts']})" if c in by else "–"
+        cells = [f"{f(by[c]['accept_length'])} [{ci(by[c]['ci95'])}] ({by[c]['prompts']})" if c in by else "–"
                  for c in cats]
         out.append(f"| `{e['layout']}` | {e['mode']} | " + " | ".join(cells) + " |")
     return out + [""]
@@ -62,14 +55,13 @@ def renderings(rep: dict) -> list[str]:
            "| rendering | role | accept length | 95% CI | vs serving [95% CI] | prompts rendered differently | "
            "first difference: before → serving / this |", "|---|---|---|---|---|---|---|"]
     for r in sec["rows"]:
-        vs = r["vs_serving"]
-        vs_cell = f"{vs['difference']:+.2f} [{vs['ci95'][0]:+.2f}, {vs['ci95'][1]:+.2f}]" if vs else "–"
+        vs_cell = difference(r["vs_serving"])
         d = r["differs_from_serving"]
         ex = d["examples"][0] if d and d["examples"] else None
         where = f"{_q(ex['context'])} → {_q(ex['serving'])} / {_q(ex['other'])}" if ex else "–"
         count = f"{d['prompts'] - d['identical']} of {d['prompts']}" if d else "–"
-        out.append(f"| `{r['rendering']}` | {', '.join(r['roles']) or '–'} | **{_f(r['accept_length'])}** | "
-                   f"{_ci(r['ci95'])} | {vs_cell} | {count} | {where} |")
+        out.append(f"| `{r['rendering']}` | {', '.join(r['roles']) or '–'} | **{f(r['accept_length'])}** | "
+                   f"{ci(r['ci95'])} | {vs_cell} | {count} | {where} |")
     if sec.get("templates"):
         out += ["", "Templates: " + ", ".join(f"`{k}` = `{v}`" for k, v in sec["templates"].items())]
     return out + [""]
@@ -85,14 +77,14 @@ def coverage(rep: dict) -> list[str]:
            f"{_pct(u['share'])} of the target's continuation tokens [{_pct(u['ci95'][0])}, {_pct(u['ci95'][1])}] "
            f"lie outside; {_pct(rej['share'])} of the drafter's rejections on `{sec['layout']}`, {sec['tree']} "
            f"fall on such a token. Ceiling for a perfect drafter (accept length): measured on these continuations "
-           f"{_f(sec['ceiling_measured'])}, formula 1 + Σ_(d=1..S) (1−u)^d = {_f(sec['ceiling_formula'])}; "
-           f"the drafter reaches {_f(sec['accept_length'])}.", "",
+           f"{f(sec['ceiling_measured'])}, formula 1 + Σ_(d=1..S) (1−u)^d = {f(sec['ceiling_formula'])}; "
+           f"the drafter reaches {f(sec['accept_length'])}.", "",
            "| category | prompts | uncovered | 95% CI | ceiling (measured) | ceiling (formula) | "
            "rejections at uncovered |", "|---|---|---|---|---|---|---|"]
     for c in sec["by_category"]:
         cu = c["uncovered"]
         out.append(f"| {c['category']} | {c['prompts']} | {_pct(cu['share'])} | {_pct(cu['ci95'][0])}–"
-                   f"{_pct(cu['ci95'][1])} | {_f(c['ceiling_measured'])} | {_f(c['ceiling_formula'])} | "
+                   f"{_pct(cu['ci95'][1])} | {f(c['ceiling_measured'])} | {f(c['ceiling_formula'])} | "
                    f"{_pct(c['rejected_at_uncovered']['share'])} |")
     if sec["top_uncovered"]:
         out += ["", "Most frequent uncovered tokens: " + ", ".join(
@@ -111,11 +103,11 @@ def loops(rep: dict) -> list[str]:
            f"continuations, {sec['loop_tokens']} of {sec['continuation_tokens']} tokens"
            + (f", periods {', '.join(map(str, sec['periods']))}" if sec["periods"] else "") + ".", "",
            "| rounds | count | accept length | 95% CI |", "|---|---|---|---|",
-           f"| all | {a['rounds']} | {_f(a['accept_length'])} | {_ci(a['ci95'])} |",
-           f"| outside loops | {w['rounds']} | {_f(w['accept_length'])} | {_ci(w['ci95'])} |",
-           f"| inside loops | {i['rounds']} | {_f(i['accept_length'])} | {_ci(i['ci95'])} |"]
+           f"| all | {a['rounds']} | {f(a['accept_length'])} | {ci(a['ci95'])} |",
+           f"| outside loops | {w['rounds']} | {f(w['accept_length'])} | {ci(w['ci95'])} |",
+           f"| inside loops | {i['rounds']} | {f(i['accept_length'])} | {ci(i['ci95'])} |"]
     if d:
-        out += ["", f"All − outside loops: {d['difference']:+.2f} [{d['ci95'][0]:+.2f}, {d['ci95'][1]:+.2f}] (paired)."]
+        out += ["", f"All − outside loops: {difference(d)} (paired)."]
     if sec["examples"]:
         out += ["", "Examples: " + "; ".join(f"{x['prompt']}: {_q(x['cycle'])} (period {x['period']}, positions "
                                              f"{x['from']}–{x['to']})" for x in sec["examples"])]
@@ -130,13 +122,13 @@ def long_context(rep: dict) -> list[str]:
     out = ["## Long context", "",
            f"Prompts of graded length up to {sec['length']} tokens, cut from `{sec['source']}`, continued greedily; "
            f"`{sec['layout']}` on {sec['tree']}. A rung is marked ▼ when its accepted drafts per round fall below "
-           f"half of the shortest rung's ({_f(sec['half_of_short'])})"
+           f"half of the shortest rung's ({f(sec['half_of_short'])})"
            + (f": first at position {at}." if at is not None else ": none is."), "",
            "| prompt length | prompts | rounds | accept length | 95% CI | accepted drafts | |",
            "|---|---|---|---|---|---|---|"]
     for r in sec["rungs"]:
-        out.append(f"| {r['position']} | {r['prompts']} | {r['rounds']} | {_f(r['accept_length'])} | "
-                   f"{_ci(r['ci95'])} | {_f(r['accepted_drafts'])} | {'▼' if r['below_half'] else ''} |")
+        out.append(f"| {r['position']} | {r['prompts']} | {r['rounds']} | {f(r['accept_length'])} | "
+                   f"{ci(r['ci95'])} | {f(r['accepted_drafts'])} | {'▼' if r['below_half'] else ''} |")
     return out + ["", *plot_link(rep, "long_context.png"), ""]
 
 

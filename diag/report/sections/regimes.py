@@ -3,7 +3,7 @@ the reference regime, the cross matrix, and the drift plot."""
 
 from __future__ import annotations
 
-from diag.report.sections.cells import f
+from diag.report.sections.cells import difference, f
 from diag.report.views import plot_link
 
 
@@ -18,8 +18,7 @@ def regimes(rep: dict) -> list[str]:
            "| regime | greedy agreement | accept length | vs reference [95% CI] | "
            + " | ".join(f"`{p}`" for p in points) + " |", "|---" * (4 + len(points)) + "|"]
     for r in sec["regimes"]:
-        vs = r.get("vs_reference")
-        vs_cell = f"{vs['difference']:+.2f} [{vs['ci95'][0]:+.2f}, {vs['ci95'][1]:+.2f}]" if vs else "–"
+        vs_cell = difference(r.get("vs_reference"))
         cells = [f"{f(r['drift'][p]['cosine'], 3)} / {f(r['drift'][p]['relative_l2'], 3)}" for p in points]
         out.append(f"| {r['regime']} | {f(r['argmax_agreement'], 3)} | {f(r.get('accept_length'))} | "
                    f"{vs_cell} | " + " | ".join(cells) + " |")
