@@ -222,6 +222,29 @@ def test_extrapolation_with_timed_costs_and_a_larger_batch():
     assert abs(x["first_verdict_without_step_costs_s"] - (x["first_verdict_after_load_s"] - x["step_costs_s"])) < 1e-9
 
 
+def test_kimi_batch_on_8_gpus_is_computed_beside_the_measured_one():
+    """The docstring example: 48 prompts of at most 1,365 tokens + 512, Kimi's 594 GB on 8 GPUs
+    of 150 GB -> one batch of 48; on 80 GiB GPUs the caches leave room for 8 rows only, and the
+    extrapolation says that the measured batch is not Kimi's."""
+    from diag.bench.extrapolate import extrapolate, kimi_generation_batch
+
+    first = {"target_generate_longest_prompt": 1365, "sequences": 48}
+    assert kimi_generation_batch(first, 512, 594232160240, 150109880320, 32768) == 48
+    assert kimi_generation_batch(first, 512, 594232160240, 80 * 2 ** 30, 32768) == 8
+    assert kimi_generation_batch({"sequences": 48}, 512, 594232160240, 150109880320, 32768) is None
+    e2e = {"layers": 4, "max_new_tokens": 512, "cached_seconds_per_variant": 0.2, "token_budget": 32768,
+           "first": {"sequences": 48, "tokens": 30000, "target_s": 100.0, "target_load_s": 30.0,
+                     "target_generate_s": 40.0, "target_capture_s": 10.0, "target_generate_batch": 48,
+                     "target_generate_longest_prompt": 1365, "checks_s": 2.0, "drafter_s": 20.0,
+                     "summary_s": 1.0, "report_s": 3.0}}
+    grown = {"generate_seconds_per_layer_step": 1e-3, "capture_seconds_per_layer_token": 1e-5}
+    shards = [1e9, 1e10, 1e10, 1e10, 5e9]
+    x = extrapolate(e2e, grown, {"diag_cold_bytes_per_s": 1e9}, shards, gpu_memory=150109880320)
+    assert x["kimi_8gpu_generation_batch"] == 48 and "at the measured batch" in x["batch_note"]
+    x = extrapolate(e2e, grown, {"diag_cold_bytes_per_s": 1e9}, shards, gpu_memory=80 * 2 ** 30)
+    assert x["kimi_8gpu_generation_batch"] == 8 and "not the measured 48" in x["batch_note"]
+
+
 def test_raw_read_and_cache_drop(tmp_path):
     from diag.bench.disk import drop_page_cache, raw_read
 

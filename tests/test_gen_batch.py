@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from diag.target import gen_batch
-from diag.target.gen_batch import DEFAULT, batch_for, generation_batch, kv_bytes_per_token
+from diag.target.gen_batch import DEFAULT, batch_for, generation_batch, kv_bytes_per_token, prefill_tokens
+from diag.target.placement import activation_bytes
+from diag.zoo.kimi_shaped import KIMI_TEXT
 
 KIMI = SimpleNamespace(num_hidden_layers=61, num_attention_heads=64, kv_lora_rank=512, qk_nope_head_dim=128,
                        qk_rope_head_dim=64, v_head_dim=128, hidden_size=7168)
@@ -25,6 +27,19 @@ def test_docstring_example_one_batch_of_48():
     assert batch_for(48, 1024, 512, kv_bytes_per_token(KIMI), int(200e9), 32768) == 48
 
 
+def test_prefill_holds_what_one_layer_fits_in_the_activation_share():
+    """Kimi: one decoder layer's activations are 557,056 B a token (placement's estimate without
+    points and logits); 30 GB -> 53,854 tokens -> 48 prompts of 512 in one batch, where the
+    capture pass's 16,384 tokens alone would give 2 batches of 24 (twice the decode steps)."""
+    assert activation_bytes(KIMI_TEXT, 1, num_points=0, vocab_chunk=0) == 557056
+    assert prefill_tokens(KIMI_TEXT, 16384, int(30e9)) == 53854
+    kv = kv_bytes_per_token(KIMI)
+    assert batch_for(48, 1024, 512, kv, int(200e9), prefill_tokens(KIMI_TEXT, 16384, int(30e9))) == 48
+    assert batch_for(48, 1024, 512, kv, int(200e9), 16384) == 24
+    assert prefill_tokens(KIMI_TEXT, 16384, int(1e9)) == 16384           # never below the token budget
+    assert prefill_tokens(KIMI_TEXT, 16384, None) == 16384               # CPU
+
+
 @pytest.mark.parametrize("n,room_rows,budget_rows,want", [
     (48, 32, 99, 24),         # at most 32 a batch -> 2 batches of 24
     (48, 1000, 99, 48),       # the room allows more than the prompts
@@ -39,11 +54,15 @@ def test_batch_from_room_and_budget(n, room_rows, budget_rows, want):
 def test_cpu_keeps_the_default_and_the_choice_reads_no_free_memory(monkeypatch):
     assert batch_for(48, 100, 10, 7, None, 10 ** 6) == DEFAULT
     model = torch.nn.Linear(2, 2)
-    model.config = KIMI
+    model.config = SimpleNamespace(**KIMI_TEXT)
     assert generation_batch(model, [[1, 2, 3]] * 40, 8, 1024) == 14            # CPU: at most 16 -> 3 x 14
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (_ for _ in ()).throw(AssertionError))
     monkeypatch.setattr(gen_batch, "room_bytes", lambda m: 10 ** 12)
+    monkeypatch.setattr(gen_batch, "activation_room_bytes", lambda m: None)
     assert generation_batch(model, [[1, 2, 3]] * 40, 8, 1024) == 40            # room for all
+    assert generation_batch(model, [[1, 2, 3]] * 40, 8, 30) == 10              # prefill: 10 rows of 3 -> 4 x 10
+    monkeypatch.setattr(gen_batch, "activation_room_bytes", lambda m: 10 ** 12)
+    assert generation_batch(model, [[1, 2, 3]] * 40, 8, 30) == 40              # the activation share holds all
 
 
 def test_step_costs_build_each_prefix_once():

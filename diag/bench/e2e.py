@@ -90,5 +90,6 @@ def end_to_end(target: Path, drafter: Path, trained_layout: str, layers: int, wo
     per_variant = again["drafter_s"] / max(again["evaluations"], 1)
     return {"layers": layers, "layouts": lays, "trees": list(case.evaluate.trees),
             "prompts": first["sequences"], "max_new_tokens": max_new_tokens, "cache_drop": dropped,
+            "token_budget": case.evaluate.token_budget,
             "first": first, "cached": again, "cached_seconds_per_variant": per_variant,
             "first_verdict_after_load_s": first["wall_s"] - first.get("target_load_s", 0.0)}

@@ -12,6 +12,10 @@ Assumptions (reports/bench/NOTES.md says why each holds or might not):
   hand-off  activations cross 7 GPU boundaries per forward; at 7168 x 2 bytes per token
             that is 229 KB for a 16-row decode step: not counted
   drafter   replay, verdicts and report do not depend on the target's depth: as measured
+  batch     the decode slope is measured at the e2e run's generation batch; the batch Kimi
+            itself would get on 8 GPUs of the same memory is computed by gen_batch's rule
+            (each GPU holding 1/8 of the bytes; per GPU half the rest for caches, half for
+            the prefill) and reported beside it: when they differ the extrapolation says so
 Worked example, bytes: s_0 0.8 GB, s_1 9.9 GB, s_last 4.7 GB -> 0.8 + 60 * 9.9 + 4.7 =
 599.5 GB; at 1.3 GB/s cold that loads in 461 s. This module knows arithmetic; it reads no
 files.
@@ -20,8 +24,10 @@ files.
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 KIMI_LAYERS = 61
+KIMI_GPUS = 8
 
 
 def kimi_bytes(shard_bytes: list[int]) -> int:
@@ -46,7 +52,31 @@ def _step_costs(first: dict, grown: dict, k: int) -> tuple[float, float, str]:
             f"{costs:.4g} + {KIMI_LAYERS - k} layers * {slope:.4g} s/layer")
 
 
-def extrapolate(e2e: dict, grown: dict, load: dict, shard_bytes: list[int], *, batch: int = 16) -> dict:
+def kimi_generation_batch(first: dict, max_new_tokens: int, kimi_total: int, gpu_memory: int | None,
+                          token_budget: int, gpus: int = KIMI_GPUS) -> int | None:
+    """The generation batch gen_batch's rule gives Kimi (61 layers) on `gpus` GPUs of
+    `gpu_memory` bytes each, holding kimi_total / gpus bytes of weights each, for the e2e run's
+    prompts; None when the run or the machine does not say. 48 prompts of at most 1,365
+    tokens + 512, 150 GB GPUs, 594 GB of weights -> 75.8 GB free per GPU: caches
+    8 * 37.9 GB / (1877 * 2.5 MB) = 64 rows, prefill 37.9 GB / 557 kB = 68k tokens = 49
+    rows -> one batch of 48."""
+    from diag.target.gen_batch import ROOM_FRACTION, batch_for, kv_bytes_per_token, prefill_tokens
+    from diag.zoo.kimi_shaped import kimi_config
+    from diag.checkpoint.config import text_config
+
+    longest = first.get("target_generate_longest_prompt")
+    if longest is None or gpu_memory is None:
+        return None
+    cfg = text_config(kimi_config(KIMI_LAYERS))
+    free = max(0, gpu_memory - kimi_total // gpus)
+    kv = kv_bytes_per_token(SimpleNamespace(**cfg))
+    prefill = prefill_tokens(cfg, token_budget, int(free * (1 - ROOM_FRACTION)))
+    return batch_for(first["sequences"], longest + max_new_tokens, longest, kv,
+                     int(gpus * free * ROOM_FRACTION), prefill)
+
+
+def extrapolate(e2e: dict, grown: dict, load: dict, shard_bytes: list[int], *, batch: int = 16,
+                gpu_memory: int | None = None) -> dict:
     """e2e, grown, load: the benchmark's sections; batch: prompts per generation batch when
     the e2e run does not say (timings.target_generate_batch); the per-layer decode slope is
     the grown section's at that batch when it measured one."""
@@ -64,12 +94,20 @@ def extrapolate(e2e: dict, grown: dict, load: dict, shard_bytes: list[int], *, b
     costs_61, other, costs_formula = _step_costs(first, grown, k)
     rest = first["checks_s"] + first["drafter_s"] + first["summary_s"] + first["report_s"] + other
     verdict = gen + cap + costs_61 + rest
+    kimi_batch = kimi_generation_batch(first, e2e["max_new_tokens"], total, gpu_memory,
+                                       e2e.get("token_budget", 16384))
     return {
         "kimi_bytes": total, "load_s": load_61, "generate_s": gen, "capture_s": cap,
         "step_costs_s": costs_61, "drafter_and_report_s": rest, "first_verdict_after_load_s": verdict,
         "first_verdict_without_step_costs_s": verdict - costs_61,
         "first_run_total_s": load_61 + verdict, "decode_steps": steps, "generation_batch": batch,
         "cached_seconds_per_variant": e2e["cached_seconds_per_variant"],
+        "kimi_8gpu_generation_batch": kimi_batch,
+        "batch_note": ("Kimi on 8 GPUs would generate at the measured batch" if kimi_batch == batch
+                       else "not computed: the run or the machine does not say" if kimi_batch is None
+                       else f"Kimi on 8 GPUs would generate at batch {kimi_batch}, not the measured "
+                            f"{batch}: its decode steps would be {math.ceil(first['sequences'] / kimi_batch)}"
+                            f" x {e2e['max_new_tokens']}, at a slope not measured"),
         "formulas": {
             "kimi_bytes": f"{shard_bytes[0]} + 60 * {shard_bytes[1]} + {shard_bytes[-1]}",
             "load_s": f"{total:.4g} B / {load['diag_cold_bytes_per_s']:.4g} B/s",

@@ -164,8 +164,9 @@ def _finish(res: dict, out: Path) -> dict:
     secs = res["sections"]
     need = ("e2e", "grown", "load", "checkpoint")
     if all(n in secs and "error" not in secs[n] for n in need):
-        section(res, "extrapolation", lambda: extrapolate(secs["e2e"], secs["grown"], secs["load"],
-                                                          secs["checkpoint"]["shard_bytes"]))
+        section(res, "extrapolation", lambda: extrapolate(
+            secs["e2e"], secs["grown"], secs["load"], secs["checkpoint"]["shard_bytes"],
+            gpu_memory=res.get("machine", {}).get("gpu_memory_bytes")))
     save(res, out)
     return res
 
@@ -219,7 +220,7 @@ def _generation_probe(model, vocab: int, *, prompts: int = 16, prompt_len: int =
     run = lambda: greedy_continuations(model, ps, new_tokens, pad_id=0, eos_ids=set(),  # noqa: E731
                                        batch_size=prompts, progress=False)
     seconds = timed(run, repeat=1, warmup=1)
-    return {"prompts": prompts, "new_tokens": new_tokens, "seconds": seconds,
+    return {"prompts": prompts, "prompt_len": prompt_len, "new_tokens": new_tokens, "seconds": seconds,
             "seconds_per_step": seconds / new_tokens}
 
 
@@ -243,15 +244,21 @@ def _costs_probe(model, st, dev) -> dict:
     return {"seconds": time.perf_counter() - t0}
 
 
+# The probe at the e2e's batch decodes after e2e-sized contexts (512 prompt tokens, 64 new):
+# the KV cache's growth per step (transformers' DynamicCache concatenates each layer's keys
+# and values) and the attention over it are per-layer costs that 96 + 32 tokens hide.
+BATCH_PROBE = {"prompt_len": 512, "new_tokens": 64}
+
+
 def _grown(model, seqs, points, max_layers, st, dev, batch: int = 48) -> dict:
-    """batch: the e2e run's generation batch (a second generation probe at it)."""
+    """batch: the e2e run's generation batch (a second generation probe at it, BATCH_PROBE)."""
     from diag.zoo.kimi_shaped import kimi_config
     from diag.target.placement import activation_bytes, place
 
     base_layers = len(model.model.layers)
     base_row, _ = capture_throughput(model, seqs, points, 16384)
     base_gen = _generation_probe(model, model.config.vocab_size)
-    base_gen_b = _generation_probe(model, model.config.vocab_size, prompts=batch)
+    base_gen_b = _generation_probe(model, model.config.vocab_size, prompts=batch, **BATCH_PROBE)
     _costs_probe(model, st, dev)                         # warm-up: first calls compile and allocate
     base_costs = _costs_probe(model, st, dev)
     reserve = activation_bytes(model.config, 16384) + 24 * GiB  # + drafter and its beam replay
@@ -267,7 +274,7 @@ def _grown(model, seqs, points, max_layers, st, dev, batch: int = 48) -> dict:
         row, st["tp"] = capture_throughput(model, seqs, points, budget)
         rows.append(row)
     gen = _generation_probe(model, model.config.vocab_size)
-    gen_b = _generation_probe(model, model.config.vocab_size, prompts=batch)
+    gen_b = _generation_probe(model, model.config.vocab_size, prompts=batch, **BATCH_PROBE)
     costs = _costs_probe(model, st, dev)
     st.pop("costs_drafter", None)
     weights = resident_bytes(model)

@@ -134,6 +134,7 @@ def _one_pass(inp: Inputs, target: _Target, prompts, recorded, sequences, *, use
                                      case.evaluate.token_budget)
             if recorded is None:
                 clock.setdefault("target_generate_batch", batch)      # rows, not seconds (timings)
+                clock.setdefault("target_generate_longest_prompt", max((len(p) for _, _, p in prompts), default=0))
             sequences = _timed(clock, "target_generate_s", lambda: build_sequences(
                 model, prompts, case.prompts.max_new_tokens, pad_id=pad, eos_ids=eos, recorded=recorded,
                 batch_size=batch, progress=progress))

@@ -6,12 +6,19 @@ for on the GPUs the target sits on, instead of a fixed 16.
                      (v_head_dim) per head: Kimi 61 * 64 * (192 + 128) * 2 = 2.5 MB per token
   room               sum over the target's GPUs of (total memory - what the loaded model
                      allocated) * ROOM_FRACTION, the rest left to the prefill's activations
+  prefill tokens     the prefill keeps one row of logits per sequence and captures nothing, so
+                     it holds as many tokens as one decoder layer's activations
+                     (placement.activation_bytes without points and logits: Kimi 557 kB a
+                     token) fit in the smallest GPU's other (1 - ROOM_FRACTION) share; never
+                     fewer than the case's token budget, which placement reserved room for
   batch              the most rows whose caches of max_len tokens fit the room, whose prefill
-                     (rows * longest prompt) stays inside the token budget, at most CAP; then
+                     (rows * longest prompt) stays inside the prefill tokens, at most CAP; then
                      evened out: 48 prompts, at most 32 a batch -> 2 batches of 24, not 32 + 16
 
 Worked example: 48 prompts of at most 512 + 512 tokens on Kimi (2.5 MB per token), 200 GB
-of room -> 200e9 / (1024 * 2.5e6) = 78 rows -> CAP 64 -> one batch of 48.
+of room -> 200e9 / (1024 * 2.5e6) = 78 rows -> CAP 64; a GPU with 30 GB for activations
+-> 30e9 / 557e3 = 53.8k prefill tokens = 105 rows of 512 -> one batch of 48. With only the
+token budget of 16384 it would be 32 rows -> 2 batches of 24, twice the decode steps.
 
 Determinism: the room is read from the device's total memory and the model's own
 allocation, never from the free memory of the moment (which other processes move), so the
@@ -27,6 +34,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+from diag.target.placement import activation_bytes
 
 DEFAULT = 16          # the batch on CPU, and when the room cannot be read
 CAP = 64              # more rows buy little: a decode step at 64 rows already routes 512 pairs
@@ -47,26 +56,46 @@ def kv_bytes_per_token(config, dtype_bytes: int = 2) -> int:
 
 
 def batch_for(num_prompts: int, max_len: int, longest_prompt: int, kv_per_token: int, room: int | None,
-              token_budget: int, cap: int = CAP) -> int:
+              prefill_limit: int, cap: int = CAP) -> int:
     """Rows per generation batch (see the module docstring); room None -> DEFAULT."""
     if num_prompts <= 0:
         return 1
     if room is None:
         most = DEFAULT
     else:
-        most = min(cap, room // max(1, max_len * kv_per_token), token_budget // max(1, longest_prompt))
+        most = min(cap, room // max(1, max_len * kv_per_token), prefill_limit // max(1, longest_prompt))
     most = max(1, min(most, num_prompts))
     batches = math.ceil(num_prompts / most)
     return math.ceil(num_prompts / batches)
 
 
+def _beyond_model(model: torch.nn.Module) -> list[int]:
+    """Per GPU the target sits on: total memory minus what the loaded model allocated."""
+    devs = sorted({p.device.index for p in model.parameters() if p.device.type == "cuda"})
+    return [max(0, torch.cuda.get_device_properties(d).total_memory - torch.cuda.memory_allocated(d))
+            for d in devs]
+
+
 def room_bytes(model: torch.nn.Module) -> int | None:
     """ROOM_FRACTION of what the model's GPUs hold beyond its own allocation; None on CPU."""
-    devs = sorted({p.device.index for p in model.parameters() if p.device.type == "cuda"})
-    if not devs:
-        return None
-    free = sum(torch.cuda.get_device_properties(d).total_memory - torch.cuda.memory_allocated(d) for d in devs)
-    return int(max(0, free) * ROOM_FRACTION)
+    free = _beyond_model(model)
+    return int(sum(free) * ROOM_FRACTION) if free else None
+
+
+def activation_room_bytes(model: torch.nn.Module) -> int | None:
+    """The rest, (1 - ROOM_FRACTION), of the smallest such GPU (a prefill runs one layer at a
+    time, on one GPU at a time); None on CPU."""
+    free = _beyond_model(model)
+    return int(min(free) * (1 - ROOM_FRACTION)) if free else None
+
+
+def prefill_tokens(config, token_budget: int, activation_room: int | None) -> int:
+    """Tokens one generation prefill may hold (module docstring). Kimi, 30 GB -> 53.8k; CPU
+    (room None) -> token_budget."""
+    if activation_room is None:
+        return token_budget
+    per_token = activation_bytes(config, 1, num_points=0, vocab_chunk=0)
+    return max(token_budget, activation_room // max(1, per_token))
 
 
 def generation_batch(model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int,
@@ -76,4 +105,5 @@ def generation_batch(model: torch.nn.Module, prompts: list[list[int]], max_new_t
         return 1
     longest = max(len(p) for p in prompts)
     kv = kv_bytes_per_token(model.config, next(model.parameters()).element_size())
-    return batch_for(len(prompts), longest + max_new_tokens, longest, kv, room_bytes(model), token_budget)
+    prefill = prefill_tokens(model.config, token_budget, activation_room_bytes(model))
+    return batch_for(len(prompts), longest + max_new_tokens, longest, kv, room_bytes(model), prefill)
