@@ -129,6 +129,44 @@ def test_grouped_kernel_dequantizes_bit_for_bit_and_matches_eager(dequant, piece
     assert torch.equal(out.T, want)
 
 
+bf16x2_runs = (triton_available() and torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+               and torch.cuda.get_device_capability() >= (8, 0))
+
+
+@pytest.mark.skipif(not bf16x2_runs, reason="DEQUANT 3 is inline PTX: needs CUDA sm_80+ without the interpreter")
+@pytest.mark.parametrize("piece", [16, 32])
+def test_bf16x2_dequant_is_bit_exact_and_matches_eager(piece, grouped_tiles):
+    """DEQUANT 3 (pieces i and i + 4 as one bf16x2 word, fma.rn.bf16x2): the kernel runs it
+    here (no fallback), out^T at A = identity is format.dequantize's bits, and the layer
+    matches the eager loop. Piece 16: pieces i and i + 4 are in different groups (G 32)."""
+    dev = torch.device("cuda")
+    m = _experts(9, E=4, H=256, I=256).to(dev)
+    m.__class__ = FastPackedExperts
+    grouped_tiles.update(dequant=3, piece=piece)
+    assert fast.dequant_variant(dev) == 3
+    to_kernel_layout(m, piece)
+    want = m.expert_weight("down_proj", 3, torch.bfloat16)                      # [H, I]
+    eye = torch.eye(256, device=dev).to(torch.bfloat16)
+    r = route(torch.full((256, 1), 3, device=dev), 4, 16)
+    out = grouped_int4_gemm(eye, m.down_proj_packed, m.down_proj_scale, r, 32, "down", a_div=1, piece=piece)
+    assert torch.equal(out.T, want)
+    x = torch.randn(40, 256, device=dev).to(torch.bfloat16)
+    idx = torch.stack([torch.randperm(4)[:2] for _ in range(40)]).to(dev)
+    w = torch.rand(40, 2, device=dev)
+    ref = PackedExperts.forward(m, x, idx, w).float()
+    got = fused_experts(m, x, idx, w).float()
+    assert float((got - ref).norm() / ref.norm()) < 1e-2
+
+
+def test_bf16x2_dequant_falls_back_to_variant_2_where_it_cannot_run(grouped_tiles, monkeypatch):
+    grouped_tiles.update(dequant=3)
+    assert fast.dequant_variant(torch.device("cpu")) == 2
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert fast.dequant_variant(torch.device("cuda")) == 2
+    grouped_tiles.update(dequant=1)
+    assert fast.dequant_variant(torch.device("cpu")) == 1
+
+
 @pytest.mark.skipif(not kernel_runs, reason="needs Triton with CUDA or TRITON_INTERPRET=1")
 @pytest.mark.parametrize("piece", [16, 32])
 def test_wide_grouped_kernel_is_bit_exact_too(piece, grouped_tiles):

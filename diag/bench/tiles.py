@@ -33,6 +33,11 @@ CONFIGS = ((16, 128, 128, 8, 3, True), (16, 128, 256, 8, 3, True), (16, 128, 64,
            (32, 64, 128, 8, 3, True), (32, 64, 256, 8, 3, True), (32, 128, 128, 8, 3, True),
            (32, 128, 128, 8, 2, True), (32, 64, 128, 8, 2, False), (32, 64, 256, 8, 3, False),
            (32, 128, 128, 8, 3, False))
+# DEQUANT 3 (bf16x2, two weights per instruction) on the narrow rows that led before, tried
+# first: its rows are new, and on a GPU without it (interpreter, < sm_80) they time variant 2.
+DEQUANT3 = ((32, 64, 128, 8, 2, False), (32, 64, 128, 8, 3, False), (32, 64, 256, 8, 3, False),
+            (32, 128, 128, 8, 3, False), (32, 128, 256, 8, 3, False), (16, 128, 128, 8, 3, False),
+            (16, 256, 128, 8, 3, False), (32, 64, 64, 4, 3, False))
 
 @torch.no_grad()
 def dequant_exact(experts, dequant: int) -> bool | str:
@@ -120,43 +125,45 @@ def _try(g: _Gemms, which: str, cand: tuple, rows: list, tag: dict) -> float:
 
 @torch.no_grad()
 def tune_grouped(moe, tokens: int = 8192, *, budget_s: float = 120.0, configs=CONFIGS,
-                 dequant: int = 2, log=print) -> dict:
+                 dequant: int = 2, dequant3=DEQUANT3, log=print) -> dict:
     """Each config's two GEMMs timed alone at `tokens` (the weights re-laid per piece width),
-    the fastest (piece, block_m) by the sum of its best GEMMs chosen into fast.GROUPED, then
-    every DEQUANT variant proven bit-exact at the chosen layout."""
+    `configs` at `dequant`, `dequant3` at DEQUANT 3; the fastest (piece, block_m, dequant) by
+    the sum of its best GEMMs chosen into fast.GROUPED, then every DEQUANT variant proven
+    bit-exact at the chosen layout."""
     from diag.int4 import fast
 
     t0 = time.perf_counter()
     g = _Gemms(moe, tokens)
-    fast.GROUPED["dequant"] = dequant
     rows: list[dict] = []
     best: dict = {}
-    for piece in dict.fromkeys(c[0] for c in configs):
+    tried = [(*c, 3) for c in dequant3] + [(*c, dequant) for c in configs]
+    for piece in dict.fromkeys(c[0] for c in tried):
         fast.to_kernel_layout(moe.experts, piece)
-        for _, bm, *cand in (c for c in configs if c[0] == piece):
+        for _, bm, *cand, dq in (c for c in tried if c[0] == piece):
             if time.perf_counter() - t0 > budget_s:
                 break
             g.route(bm)
+            fast.GROUPED["dequant"] = dq
             for which in ("gate_up", "down"):
-                s = _try(g, which, tuple(cand), rows, {"block_m": bm, "dequant": dequant, "piece": piece})
-                if s < best.get((piece, bm, which), (float("inf"),))[0]:
-                    best[(piece, bm, which)] = (s, tuple(cand))
+                s = _try(g, which, tuple(cand), rows, {"block_m": bm, "dequant": dq, "piece": piece})
+                if s < best.get((piece, bm, dq, which), (float("inf"),))[0]:
+                    best[(piece, bm, dq, which)] = (s, tuple(cand))
         log(f"[bench] tiles piece {piece}: {[(k, v) for k, v in best.items() if k[0] == piece]}")
-    out = {"rows": rows, **_choose(best, moe.experts, dequant, tokens)}
-    out["dequant_bit_exact"] = {d: dequant_exact(moe.experts, d) for d in (0, 1, 2)}
+    out = {"rows": rows, **_choose(best, moe.experts, tokens)}
+    out["dequant_bit_exact"] = {d: dequant_exact(moe.experts, d) for d in (0, 1, 2, 3)}
     return out
 
 
-def _choose(best: dict, experts, dequant: int, tokens: int) -> dict:
+def _choose(best: dict, experts, tokens: int) -> dict:
     from diag.int4 import fast
-    full = {(p, bm): best[(p, bm, "gate_up")][0] + best[(p, bm, "down")][0]
-            for (p, bm, w) in best if w == "gate_up" and (p, bm, "down") in best}
+    full = {(p, bm, dq): best[(p, bm, dq, "gate_up")][0] + best[(p, bm, dq, "down")][0]
+            for (p, bm, dq, w) in best if w == "gate_up" and (p, bm, dq, "down") in best}
     if not full:
         return {"tokens": tokens, "chosen": copy.deepcopy(fast.GROUPED), "error": "no tile ran"}
-    piece, bm = min(full, key=full.get)
+    piece, bm, dq = min(full, key=full.get)
     fast.to_kernel_layout(experts, piece)
-    fast.GROUPED.update(piece=piece, block_m=bm, dequant=dequant)
+    fast.GROUPED.update(piece=piece, block_m=bm, dequant=dq)
     for which in ("gate_up", "down"):
-        fast.GROUPED[which] = _tile(best[(piece, bm, which)][1])
-    return {"tokens": tokens, "chosen": copy.deepcopy(fast.GROUPED), "gemm_seconds": full[(piece, bm)],
-            "by_piece_and_block_m": {f"piece{p}_block_m{b}": v for (p, b), v in full.items()}}
+        fast.GROUPED[which] = _tile(best[(piece, bm, dq, which)][1])
+    return {"tokens": tokens, "chosen": copy.deepcopy(fast.GROUPED), "gemm_seconds": full[(piece, bm, dq)],
+            "by_piece_and_block_m": {f"piece{p}_block_m{b}_dequant{d}": v for (p, b, d), v in full.items()}}

@@ -44,9 +44,9 @@ TILES = {"block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 4, "num_stag
 # one dot of depth 8 * piece per K step instead of 8 of depth piece, fast_kernel). The
 # defaults are what diag bench measured fastest on an H200 (reports/bench/NOTES.md); a
 # bench run may set others for its own process.
-GROUPED = {"block_m": 64, "dequant": 2, "piece": 32,
+GROUPED = {"block_m": 64, "dequant": 3, "piece": 32,
            "gate_up": {"block_n": 128, "num_warps": 8, "num_stages": 2},
-           "down": {"block_n": 256, "num_warps": 8, "num_stages": 3}}
+           "down": {"block_n": 128, "num_warps": 8, "num_stages": 3}}
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ def grouped_int4_gemm(a: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor
                                 a.stride(0), packed.stride(0), packed.stride(1), scale.stride(0),
                                 scale.stride(1), scale.stride(2), out.stride(0), GROUP=group,
                                 PIECE=piece, BLOCK_N=t["block_n"], BLOCK_M=r.block_m,
-                                DEQUANT=GROUPED["dequant"], MUL_ROUTE=route_w is not None,
+                                DEQUANT=dequant_variant(a.device), MUL_ROUTE=route_w is not None,
                                 UPCAST=_interpreting(), WIDE=bool(t.get("wide", False)),
                                 num_warps=t["num_warps"], num_stages=t["num_stages"])
     return out
@@ -194,6 +194,15 @@ def fused_experts(module: PackedExperts, hidden: torch.Tensor, top_k_index: torc
     w = top_k_weights.reshape(-1).to(torch.float32).contiguous()           # [S]
     y = gemm(h, "down_proj", "down", 1, w)                                 # [S, H]
     return y.view(T, K, -1).sum(dim=1, dtype=torch.float32).to(hidden.dtype)
+
+
+def dequant_variant(dev: torch.device) -> int:
+    """GROUPED's DEQUANT, except that variant 3 (inline PTX bf16x2, sm_80+) falls back to 2
+    under Triton's interpreter and on older GPUs: the same bits either way."""
+    d = GROUPED["dequant"]
+    if d == 3 and (_interpreting() or dev.type != "cuda" or torch.cuda.get_device_capability(dev) < (8, 0)):
+        return 2
+    return d
 
 
 def _interpreting() -> bool:

@@ -86,6 +86,13 @@ def moe_int4_gemm(a_ptr, w_ptr, s_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr
 #   0  int -> fp32 convert                                 (the conversion unit: slow)
 #   1  fp32 magic: bits 0x4B000000 | u = 2^23 + u exactly, minus (2^23 + 8) = q
 #   2  bf16 magic: bits 0x4300 | u = 128 + u exactly (bf16), minus 136 = q; multiply in bf16
+#   3  bf16x2 magic, two weights per 32-bit instruction (inline PTX, sm_80+): pieces i and
+#      i + 4 sit in nibbles i and i + 4 of a word, 16 bits apart, so (word >> 4i) & 0x000F000F
+#      | 0x43004300 is the pair (128 + u_i, 128 + u_{i+4}) as bf16x2; one fma.rn.bf16x2 by
+#      (1, 1) plus (-136, -136) gives (q_i, q_{i+4}) exactly, a second by the two pieces'
+#      scales plus (-0, -0) gives bf16(q * scale) rounded once, as variant 2 does. Per two
+#      weights: one shift, one lop3, two fma, against a shift, a mask, an or, a narrowing and
+#      float work per weight in 2.
 # Worked example, u = 3: fp32 bits 0x4B000003 = 8388611.0, minus 8388616.0 = -5.0 = q.
 
 @triton.jit
@@ -125,6 +132,29 @@ def _decode(u, scale, DEQUANT: tl.constexpr, UPCAST: tl.constexpr):
 def _dequant(words, shift, scale, DEQUANT: tl.constexpr, UPCAST: tl.constexpr):
     """[BN, P] words, [BN] bf16 scale -> [BN, P] bf16 weights of the piece at `shift`."""
     return _decode((words >> shift) & 0xF, scale[:, None], DEQUANT, UPCAST)
+
+
+@triton.jit
+def _dequant_pair(words, shift, scale_lo, scale_hi):
+    """[BN, P] words, [BN] bf16 scales of pieces i and i + 4 (shift = 4i, i < 4) -> the two
+    pieces' [BN, P] bf16 weights (DEQUANT 3; CUDA only: inline PTX)."""
+    pair = ((scale_lo.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF)
+            | (scale_hi.to(tl.int16, bitcast=True).to(tl.int32) << 16))                # [BN]
+    pair = tl.broadcast_to(pair[:, None], words.shape)
+    return tl.inline_asm_elementwise(
+        """{
+        .reg .b32 t, m, c, one, neg, nz;
+        mov.b32 m, 0x000F000F;
+        mov.b32 c, 0x43004300;
+        mov.b32 one, 0x3F803F80;
+        mov.b32 neg, 0xC308C308;
+        mov.b32 nz, 0x80008000;
+        lop3.b32 t, $2, m, c, 0xEA;
+        fma.rn.bf16x2 t, t, one, neg;
+        fma.rn.bf16x2 t, t, $3, nz;
+        mov.b32 {$0, $1}, t;
+        }""",
+        "=h,=h,r,r", [words >> shift, pair], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1)
 
 
 @triton.jit
@@ -184,6 +214,18 @@ def moe_int4_gemm_grouped(a_ptr, w_ptr, s_ptr, out_ptr, sorted_ids_ptr, block_ex
                 acc = tl.dot(w.to(tl.float32), a.to(tl.float32), acc)
             else:
                 acc = tl.dot(w, a, acc)
+    elif DEQUANT == 3:  # pieces i and i + 4 dequantized together (bf16x2), dotted in turn
+        for k0 in range(0, K, 8 * PIECE):
+            words = tl.load(w_base + k0 // 8, mask=n_ok[:, None], other=0)
+            for i in tl.static_range(4):
+                lo, hi = k0 + i * PIECE, k0 + (i + 4) * PIECE
+                a_lo = tl.load(a_base + lo, mask=row_ok[None, :], other=0.0)                 # [P, BM]
+                a_hi = tl.load(a_base + hi, mask=row_ok[None, :], other=0.0)
+                s_lo = tl.load(s_base + (lo // GROUP) * stride_sg, mask=n_ok, other=0.0)
+                s_hi = tl.load(s_base + (hi // GROUP) * stride_sg, mask=n_ok, other=0.0)
+                w_lo, w_hi = _dequant_pair(words, 4 * i, s_lo, s_hi)                        # [BN, P] each
+                acc = tl.dot(w_lo, a_lo, acc)
+                acc = tl.dot(w_hi, a_hi, acc)
     else:
         for k0 in range(0, K, 8 * PIECE):
             words = tl.load(w_base + k0 // 8, mask=n_ok[:, None], other=0)
