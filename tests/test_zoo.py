@@ -99,6 +99,21 @@ def test_lr_schedule_worked_example():
     assert lr_at(169, b) == pytest.approx(3.0e-4, rel=0.01)
 
 
+def test_training_runs_under_an_outer_no_grad():
+    """A zoo entry first asked for inside a `torch.no_grad()` test is built there: optimize
+    turns gradients on for its own steps (the GPU suite's first build on a bare machine
+    failed with "element 0 of tensors does not require grad")."""
+    from diag.zoo.recipes import TrainBudget
+    from diag.zoo.train import optimize
+
+    w = torch.nn.Parameter(torch.tensor([3.0]))
+    with torch.no_grad():
+        losses = optimize([w], TrainBudget(steps=5, batch=1, seq_len=1, lr=0.1, warmup=0),
+                          lambda _s: (w ** 2).sum(), desc="t")
+        assert not torch.is_grad_enabled()
+    assert len(losses) == 5 and losses[-1] < losses[0] and float(w) < 3.0
+
+
 def test_per_expert_state_golden():
     """gate_up [E=2, 2I=4, H=3] -> gate rows 0..1, up rows 2..3; down [E, H, I] per expert."""
     gate_up = torch.arange(24.).view(2, 4, 3)

@@ -62,7 +62,14 @@ def make_optimizer(params, budget: TrainBudget) -> torch.optim.Optimizer:
 
 def optimize(params, budget: TrainBudget, loss_fn: Callable[[int], torch.Tensor], desc: str,
              after_step: Callable[[int], None] | None = None) -> list[float]:
-    """budget.steps AdamW steps of loss_fn(step), grad-norm clipped at 1.0. Returns the losses."""
+    """budget.steps AdamW steps of loss_fn(step), grad-norm clipped at 1.0. Returns the losses.
+    Gradients are on whatever the caller's mode (a zoo entry first asked for inside a
+    `torch.no_grad()` test or fixture is built there)."""
+    with torch.enable_grad():
+        return _optimize(params, budget, loss_fn, desc, after_step)
+
+
+def _optimize(params, budget: TrainBudget, loss_fn, desc: str, after_step) -> list[float]:
     params = [p for p in params if p.requires_grad]
     opt = make_optimizer(params, budget)
     losses = []
