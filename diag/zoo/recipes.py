@@ -186,6 +186,12 @@ _DRAFTER_BUDGET = TrainBudget(steps=120, batch=16, seq_len=96, lr=3e-3, warmup=1
 #   960 x 5, 128-token prompts, corpus 0.5                         2.58 / 1.66   176 s   <- this one
 #   480 x 8, 192-token prompts, corpus 0.5                         2.58 / 1.68   211 s
 #   fc_norm (EAGLE-3.1) at 120 x 16                                2.26 / 2.13    66 s
+# and around the chosen one (third session; build times there were taken under contention):
+#   draft_vocab_size 2048 (hot coverage 90% -> 100%)               2.56 / 1.58
+#   draft_vocab_size 1536                                          2.57 / 1.68
+#   lr 4e-3                                                        2.54 / 1.81
+#   min_lr_ratio 0                                                 2.59 / 1.70
+#   seq_len 192 x batch 3 (training positions to 322)              2.58 / 1.91
 # Many small steps make the drafter lean on the exact states it was trained on (a drafter fit
 # this closely has little left from the tokens alone: the +1 reading then costs 0.9); prompts of
 # 128 tokens put its training positions (0..227) where the demo's rounds are (most at 128-256);
