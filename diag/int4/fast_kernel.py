@@ -24,6 +24,25 @@ import triton.language as tl
 
 
 @triton.jit
+def _dot(x, y, acc, UPCAST: tl.constexpr):
+    """acc + x @ y; under Triton's CPU interpreter (which multiplies bf16 dots wrongly) in fp32."""
+    if UPCAST:
+        out = tl.dot(x.to(tl.float32), y.to(tl.float32), acc)
+    else:
+        out = tl.dot(x, y, acc)
+    return out
+
+
+@triton.jit
+def _block_rows(sorted_ids_ptr, pid_m, num_pairs, a_div, BLOCK_M: tl.constexpr):
+    """Block pid_m's pair indices [BM], which of them are real (not the sentinel S), and the
+    activation row each reads (pair // a_div; 0 for the sentinel)."""
+    pair = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    row_ok = pair < num_pairs
+    return pair, row_ok, tl.where(row_ok, pair // a_div, 0)
+
+
+@triton.jit
 def moe_int4_gemm(a_ptr, w_ptr, s_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr, route_w_ptr,
                   N, K, num_pairs, a_div,
                   stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_om,
@@ -37,10 +56,7 @@ def moe_int4_gemm(a_ptr, w_ptr, s_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr
     expert = tl.load(block_expert_ptr + pid_m)
     if expert < 0:
         return
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_ids_ptr + offs_m)                                   # [BM]
-    row_ok = pair < num_pairs
-    a_row = tl.where(row_ok, pair // a_div, 0)
+    pair, row_ok, a_row = _block_rows(sorted_ids_ptr, pid_m, num_pairs, a_div, BLOCK_M)   # [BM]
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
@@ -61,10 +77,7 @@ def moe_int4_gemm(a_ptr, w_ptr, s_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr
         scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (BLOCK_N, BLOCK_K // GROUP, GROUP)),
                            (BLOCK_N, BLOCK_K))
         w = (q.to(tl.float32) * scale.to(tl.float32)).to(tl.bfloat16)        # [BN, BK], as dequantize()
-        if UPCAST:  # Triton's CPU interpreter multiplies bf16 dots wrongly; fp32 there
-            acc = tl.dot(a.to(tl.float32), tl.trans(w).to(tl.float32), acc)
-        else:
-            acc = tl.dot(a, tl.trans(w), acc)
+        acc = _dot(a, tl.trans(w), acc, UPCAST)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K // 8
         s_ptrs += BLOCK_K // GROUP
@@ -187,10 +200,7 @@ def moe_int4_gemm_grouped(a_ptr, w_ptr, s_ptr, out_ptr, sorted_ids_ptr, block_ex
     expert = tl.load(block_expert_ptr + pid_m)
     if expert < 0:
         return
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_ids_ptr + offs_m)                                 # [BM]
-    row_ok = pair < num_pairs
-    a_row = tl.where(row_ok, pair // a_div, 0)
+    pair, row_ok, a_row = _block_rows(sorted_ids_ptr, pid_m, num_pairs, a_div, BLOCK_M)   # [BM]
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     offs_p = tl.arange(0, PIECE)
@@ -210,10 +220,7 @@ def moe_int4_gemm_grouped(a_ptr, w_ptr, s_ptr, out_ptr, sorted_ids_ptr, block_ex
                              mask=n_ok[:, None], other=0.0)                               # [BN, 8]
             a = tl.load(a_wide + k0, mask=row_ok[None, :], other=0.0)                    # [8P, BM]
             w = _dequant_block(words, scales, PIECE, BLOCK_N, DEQUANT, UPCAST)            # [BN, 8P]
-            if UPCAST:  # Triton's CPU interpreter multiplies bf16 dots wrongly; fp32 there
-                acc = tl.dot(w.to(tl.float32), a.to(tl.float32), acc)
-            else:
-                acc = tl.dot(w, a, acc)
+            acc = _dot(w, a, acc, UPCAST)
     elif DEQUANT == 3:  # pieces i and i + 4 dequantized together (bf16x2), dotted in turn
         for k0 in range(0, K, 8 * PIECE):
             words = tl.load(w_base + k0 // 8, mask=n_ok[:, None], other=0)
@@ -233,10 +240,7 @@ def moe_int4_gemm_grouped(a_ptr, w_ptr, s_ptr, out_ptr, sorted_ids_ptr, block_ex
                 a = tl.load(a_base + (k0 + i * PIECE), mask=row_ok[None, :], other=0.0)  # [P, BM]
                 scale = tl.load(s_base + ((k0 + i * PIECE) // GROUP) * stride_sg, mask=n_ok, other=0.0)
                 w = _dequant(words, 4 * i, scale, DEQUANT, UPCAST)                        # [BN, P]
-                if UPCAST:  # Triton's CPU interpreter multiplies bf16 dots wrongly; fp32 there
-                    acc = tl.dot(w.to(tl.float32), a.to(tl.float32), acc)
-                else:
-                    acc = tl.dot(w, a, acc)
+                acc = _dot(w, a, acc, UPCAST)
     if MUL_ROUTE:
         acc = acc * tl.load(route_w_ptr + pair, mask=row_ok, other=0.0)[None, :]
     out_ptrs = out_ptr + pair[None, :].to(tl.int64) * stride_om + offs_n[:, None]
