@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 
 import tiny
-from diag.cli.run import apply_overrides, case_from_flags, main_parser
+from diag.cli.run import apply_overrides, case_from_flags, checked, main_parser
 from diag.errors import DiagError
 from diag.replay.evaluation import select
 from diag.report.writer import write_report
@@ -97,6 +97,8 @@ def test_renderings_are_an_axis_pinned_by_the_reference(written):
     ('[rendering]\nrenderings = ["train"]\n', "rendering.renderings"),
     ('[rendering]\ntemplates = {{ chat = "x.jinja" }}\n', "rendering.templates.chat"),
     ('[long_context]\nlength = 10\n', "long_context.length"),
+    ('[long_context]\nlength = 512\nrungs = 1\n', "long_context.rungs"),
+    ('[long_context]\nlength = 512\nper_rung = 0\n', "long_context.per_rung"),
 ])
 def test_case_mistakes_name_the_key(tmp_path, models, extra, field):
     with pytest.raises(DiagError) as err:
@@ -126,3 +128,26 @@ def test_flags_fill_the_sections(tmp_path):
     assert case.long_context.length == 512 and case.long_context.file.endswith("long.txt")
     with pytest.raises(DiagError, match="NAME=PATH"):
         apply_overrides(case, main_parser().parse_args(["run", "--template", "oops"]))
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--long-context", "10"], "--long-context (long_context.length)"),
+    (["--long-context", "512", "--long-context-rungs", "1"], "--long-context-rungs (long_context.rungs)"),
+    (["--long-context", "512", "--long-context-per-rung", "0"], "--long-context-per-rung (long_context.per_rung)"),
+    (["--serving-rendering", "chat+fast"], "--serving-rendering (rendering.serving)"),
+])
+def test_prompt_side_flag_mistakes_name_the_flag(argv, flag):
+    """Checked once, after every override (so --max-new-tokens can make a --long-context
+    valid), and the error names the flag that set the value, with the case key."""
+    a = main_parser().parse_args(["run", "--target", "t", "--drafter", "d", "--layout", "L1", *argv])
+    with pytest.raises(DiagError) as err:
+        checked(apply_overrides(case_from_flags(a), a), a)
+    assert err.value.field == flag
+
+
+def test_rung_flags_fill_the_long_context_section():
+    a = main_parser().parse_args(["run", "--target", "t", "--drafter", "d", "--layout", "L1", "--long-context",
+                                  "512", "--long-context-rungs", "4", "--long-context-per-rung", "3",
+                                  "--max-new-tokens", "8"])
+    lc = checked(apply_overrides(case_from_flags(a), a), a).long_context
+    assert (lc.length, lc.rungs, lc.per_rung) == (512, 4, 3)

@@ -169,7 +169,7 @@ def apply_overrides(case: Case, a) -> Case:
 _FLAG_OF = {"prompts.max_new_tokens": "--max-new-tokens", "prompts.limit": "--limit",
             "prompts.recorded": "--recorded", "placement.gpus": "--gpus", "evaluate.trees": "--tree",
             "evaluate.layouts": "--layout", "evaluate.modes": "--mode", "evaluate.regimes": "--regime",
-            "serving.layout": "--serving-layout", "serving.algorithm": "--algorithm"}
+            "serving.layout": "--serving-layout", "serving.algorithm": "--algorithm", **prompt_flags.FLAG_OF}
 
 
 def checked(case: Case, a) -> Case:

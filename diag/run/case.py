@@ -347,9 +347,12 @@ def check_long_context(case: Case) -> None:
     if lc.length and lc.length < 2 * case.prompts.max_new_tokens:
         raise DiagError("long-context length too short", file=src, field="long_context.length",
                         expected=f">= 2 x max_new_tokens = {2 * case.prompts.max_new_tokens}", found=lc.length)
-    if lc.length and (lc.rungs < 2 or lc.per_rung < 1):
-        raise DiagError("long context needs rungs >= 2 and per_rung >= 1", file=src, field="long_context",
-                        expected="rungs >= 2, per_rung >= 1", found={"rungs": lc.rungs, "per_rung": lc.per_rung})
+    if lc.length and lc.rungs < 2:
+        raise DiagError("long context needs at least 2 rungs", file=src, field="long_context.rungs",
+                        expected=">= 2", found=lc.rungs)
+    if lc.length and lc.per_rung < 1:
+        raise DiagError("long context needs at least 1 prompt per rung", file=src, field="long_context.per_rung",
+                        expected=">= 1", found=lc.per_rung)
 
 
 def _check_decoding(dec: DecodingSpec, src: str) -> None:
