@@ -39,18 +39,18 @@ def test_each_dataset_line_becomes_its_prompt(tmp_path):
     own = {"id": "p1", "category": "code", "text": "def f(x):"}
     pset = read_prompt_set(_write(tmp_path / "mix.jsonl", [MT_BENCH, GSM8K, HUMANEVAL, SHAREGPT, own]))
     mt, gsm, he, sg, p1 = pset.prompts
-    assert mt == Prompt("mt-bench-81", "mt-bench/writing", None, (("user", MT_BENCH["turns"][0]),))
-    assert gsm == Prompt("gsm8k-2", "gsm8k", None, (("user", GSM8K["question"]),))          # id: its line
-    assert he == Prompt("HumanEval/0", "humaneval", HUMANEVAL["prompt"], None)              # a raw completion
-    assert sg.id == "QWJhYvA_0" and sg.category == "sharegpt"
+    assert mt == Prompt("mt-bench-81", "mt-bench/writing", None, (("user", MT_BENCH["turns"][0]),), "mt-bench")
+    assert gsm == Prompt("gsm8k-2", "gsm8k", None, (("user", GSM8K["question"]),), "gsm8k")  # id: its line
+    assert he == Prompt("HumanEval/0", "humaneval", HUMANEVAL["prompt"], None, "humaneval")  # a raw completion
+    assert (sg.id, sg.category, sg.format) == ("QWJhYvA_0", "sharegpt", "sharegpt")
     assert sg.messages == (("system", "Be brief."), ("user", "Summarize the plot of Hamlet."))  # to the 1st user turn
     assert p1 == Prompt("p1", "code", "def f(x):", None)
 
 
 @pytest.mark.parametrize("row, match, field", [
     ({"prompt_text": "hi"}, "not an object with an id", "id"),
-    ({"question_id": 1, "turns": []}, "MT-bench line has no first turn", "turns"),
-    ({"question": "", "answer": "1"}, "no text in 'question'", "question"),
+    ({"question_id": 1, "turns": []}, "malformed MT-bench turns", "turns"),
+    ({"question": "", "answer": "1"}, "question must be a non-empty string", "gsm8k-2.question"),
     ({"id": "s", "conversations": [{"from": "robot", "value": "x"}]}, "unknown speaker", "conversations[0]"),
     ({"id": "s", "conversations": [{"from": "gpt", "value": "x"}]}, "no user turn", "conversations"),
 ])

@@ -47,8 +47,8 @@ def test_engine_benchmark_prompt_gsm8k_humaneval_and_text(tmp_path):
     pset = read_prompt_set(write(tmp_path / "mixed.jsonl", rows))
     got = [(p.id, p.category, p.format, p.text, p.messages) for p in pset.prompts]
     assert got == [("1", "mixed", "prompt", None, (("user", "Write a haiku."),)),
-                   ("gsm8k-2", "gsm8k", "text", None, (("user", "Natalia sold 48 clips..."),)),
-                   ("HumanEval/0", "humaneval", "text", "def has_close_elements(numbers):\n", None),
+                   ("gsm8k-2", "gsm8k", "gsm8k", None, (("user", "Natalia sold 48 clips..."),)),
+                   ("HumanEval/0", "humaneval", "humaneval", "def has_close_elements(numbers):\n", None),
                    ("4", "code", "text", "def f(x):\n    return", None)]
 
 
@@ -75,7 +75,7 @@ def test_existing_prompt_set_keeps_its_hash():
     ({"id": "x"}, "exactly one", None),
     ({"turns": []}, "MT-bench", "turns"),
     ({"conversations": [{"from": "gpt", "value": "hi"}]}, "no user turn", "conversations"),
-    ({"conversations": [{"speaker": "human", "text": "hi"}]}, "ShareGPT turn has an unknown speaker", "conversations[0]"),
+    ({"conversations": [{"speaker": "human", "text": "hi"}]}, "malformed ShareGPT turn", "conversations[0]"),
     ({"conversations": [{"from": "robot", "value": "hi"}]}, "ShareGPT turn has an unknown speaker", "conversations[0]"),
     ({"prompt": ["not", "a", "string"]}, "must be a non-empty string", "2.prompt"),
     ({"messages": [{"role": "user"}]}, "malformed messages", "2.messages"),

@@ -64,17 +64,17 @@ def _messages(obj: dict, where: str, pid: str):
     return None, msgs
 
 
-def _turn(t, where: str) -> tuple[str, str]:
+def _turn(t, n: int, where: str) -> tuple[str, str]:
     if isinstance(t, dict) and "from" in t and "value" in t:
         speaker, text = str(t["from"]).lower(), t["value"]
     elif isinstance(t, dict) and "role" in t and "content" in t:
         speaker, text = str(t["role"]).lower(), t["content"]
     else:
-        raise DiagError("malformed ShareGPT turn", file=where, field="conversations",
+        raise DiagError("malformed ShareGPT turn", file=where, field=f"conversations[{n}]",
                         expected='{"from", "value"} or {"role", "content"}', found=str(t)[:80])
     if speaker not in _SPEAKERS:
-        raise DiagError("unknown ShareGPT speaker", file=where, field="conversations.from",
-                        expected=sorted(_SPEAKERS), found=speaker)
+        raise DiagError("ShareGPT turn has an unknown speaker", file=where, field=f"conversations[{n}]",
+                        expected=f"from / role one of {sorted(_SPEAKERS)}", found=speaker)
     return _SPEAKERS[speaker], str(text)
 
 
@@ -83,7 +83,7 @@ def _sharegpt(obj: dict, where: str, pid: str):
     if not isinstance(turns, list):
         raise DiagError("malformed ShareGPT conversation", file=where, field="conversations",
                         expected="a list of turns", found=type(turns).__name__)
-    parsed = [_turn(t, where) for t in turns]
+    parsed = [_turn(t, n, where) for n, t in enumerate(turns)]
     first_user = next((i for i, (r, _) in enumerate(parsed) if r == "user"), None)
     if first_user is None:
         raise DiagError("ShareGPT conversation has no user turn", file=where, field="conversations",

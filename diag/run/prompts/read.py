@@ -1,9 +1,9 @@
 """Reading prompt sets and recorded continuations from files, and tokenizing prompts.
 
 A prompt set is JSONL (one record per line) or one JSON array of records (ShareGPT dumps are
-shipped that way). A line of MT-bench, GSM8K, HumanEval or ShareGPT is read as its dataset's
-prompt (diag/run/datasets.py: ids and categories named after the dataset); every other record
-in any format formats.py reads (`text`, `prompt`, `messages`, `turns`, `question`, id optional).
+shipped that way). Every record is read by formats.py's reader of its format (`text`, `prompt`,
+`messages`, `conversations`, `turns`, `question`, id optional); a line of MT-bench, GSM8K,
+HumanEval or ShareGPT takes its id and category from its dataset (datasets.py).
 Chat prompts go through the tokenizer's chat template (generation prompt added); a tokenizer
 without one gets the turns joined as "role: content" lines, and the report says so.
 
@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 
 from diag.errors import DiagError
+from diag.run.prompts.datasets import dataset_prompt
 from diag.run.prompts.formats import parse_record
 from diag.run.prompts.records import Prompt, PromptSet
 
@@ -45,8 +46,7 @@ def _records(path: Path) -> list[tuple[int, str, object]]:
 
 
 def _record(obj, where: str, line: int, default_category: str) -> Prompt:
-    """A dataset line as its dataset reads it (datasets.py), else any format of formats.py."""
-    from diag.run.datasets import dataset_prompt
+    """A record in its format (formats.py), named after its dataset when it is a dataset line (datasets.py)."""
     if isinstance(obj, dict) and "text" not in obj and "messages" not in obj:
         found = dataset_prompt(obj, line, where)
         if found is not None:
@@ -54,17 +54,8 @@ def _record(obj, where: str, line: int, default_category: str) -> Prompt:
     return parse_record(obj, where, line=line, default_category=default_category)
 
 
-_DATASETS = ("mt-bench", "gsm8k", "humaneval", "sharegpt")     # datasets.py's categories
-
-
-def _kind(p: Prompt) -> str:
-    """The format a prompt was read in; datasets.py names its lines by category ("mt-bench/writing")."""
-    head = p.category.split("/")[0]
-    return head if p.format == "text" and head in _DATASETS else p.format
-
-
 def _notes(prompts: list[Prompt]) -> tuple[str, ...]:
-    kinds = sorted({_kind(p) for p in prompts})
+    kinds = sorted({p.format for p in prompts})
     notes = [f"prompt formats read: {', '.join(kinds)}"] if set(kinds) - {"text", "messages"} else []
     if {"mt-bench", "sharegpt"} & set(kinds):
         notes.append("multi-turn prompts (mt-bench, sharegpt): the first user turn only, as SGLang's and "
