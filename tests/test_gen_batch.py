@@ -92,3 +92,28 @@ def test_step_costs_build_each_prefix_once():
     assert widths.count(16) == 2                             # jobs D = 1 and D = 3: one prefill each
     assert widths.count(1) == widths.count(3) == 5           # 1 warm-up + 4 timed calls each
     assert m.repeats == 4 and set(m.costs.t_verify) == {1, 3}
+
+
+def test_cut_crops_or_says_it_cannot():
+    """run/costs._cut: a cache cut back to n tokens, or False (the caller rebuilds it) for a
+    cache without crop or one that refuses it; any other error is a bug and propagates."""
+    from types import SimpleNamespace as NS
+
+    from transformers import DynamicCache
+
+    from diag.run.costs import _cut
+
+    cache = DynamicCache()
+    cache.update(torch.zeros(1, 2, 5, 4), torch.zeros(1, 2, 5, 4), 0)
+    assert _cut(cache, 3) and cache.get_seq_length() == 3
+    assert not _cut(cache, 4)                                            # fewer than n held
+    assert not _cut(NS(get_seq_length=lambda: 5), 3)                     # no crop
+
+    def refuse(_k):
+        raise NotImplementedError("sliding window")
+    assert not _cut(NS(get_seq_length=lambda: 5, crop=refuse), 3)
+
+    def broken(_k):
+        raise KeyError("a bug")
+    with pytest.raises(KeyError):
+        _cut(NS(get_seq_length=lambda: 5, crop=broken), 3)

@@ -92,7 +92,8 @@ def _after(model: nn.Module, prefix: torch.Tensor, new: torch.Tensor):
 
 def _cut(cache, n: int) -> bool:
     """Drop the tokens after the first n from `cache` (`crop(-k)` removes k in every
-    transformers 5.x); False when it cannot (then the caller rebuilds it)."""
+    transformers 5.x); False when it cannot (then the caller rebuilds it): no `crop`, or a
+    cache whose layers refuse it (NotImplementedError / ValueError, e.g. a sliding window)."""
     crop = getattr(cache, "crop", None)
     extra = cache.get_seq_length() - n if crop is not None else -1
     if extra < 0:
@@ -100,7 +101,7 @@ def _cut(cache, n: int) -> bool:
     try:
         if extra:
             crop(-extra)
-    except (NotImplementedError, ValueError, AttributeError, TypeError):
+    except (NotImplementedError, ValueError):
         return False
     return cache.get_seq_length() == n
 
