@@ -134,6 +134,7 @@ def test_crash_between_the_two_renames_is_recovered(tmp_path, monkeypatch):
     assert json.loads((out / "report.json").read_text())["text"] == "old"
 
 
+@pytest.mark.usefixtures("sigint_delivered")
 def test_sigint_during_the_swap_is_delivered_after_it(tmp_path, monkeypatch):
     out = _report(tmp_path / "rep", "old")
     real = outdir._exchange

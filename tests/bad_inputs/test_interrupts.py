@@ -15,7 +15,10 @@ from pathlib import Path
 
 import pytest
 
+import signals
 from diag.cli.main import main
+
+pytestmark = pytest.mark.usefixtures("sigint_delivered")
 
 
 def _files(folder: Path) -> dict[str, bytes]:
@@ -171,7 +174,7 @@ def test_sigint_from_outside_a_diag_run_subprocess(target, entries, pair, previo
     env = {**os.environ, "DIAG_CACHE_DIR": str(cache)}
     proc = subprocess.Popen([sys.executable, "-c", CHILD.format(module=module, name=name), str(marker),
                              *_argv(pair, out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=signals.default_in_child)
     try:
         deadline = time.time() + 600
         while not marker.exists():
