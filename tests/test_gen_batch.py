@@ -27,6 +27,13 @@ def test_docstring_example_one_batch_of_48():
     assert batch_for(48, 1024, 512, kv_bytes_per_token(KIMI), int(200e9), 32768) == 48
 
 
+def test_rooms_split_the_free_memory():
+    """Half of all the GPUs' free bytes for caches, the other half of the smallest for a
+    prefill (one layer at a time runs on one GPU); nothing on CPU."""
+    assert gen_batch.rooms([100, 60]) == (80, 30)
+    assert gen_batch.rooms([]) == (None, None)
+
+
 def test_prefill_holds_what_one_layer_fits_in_the_activation_share():
     """Kimi: one decoder layer's activations are 557,056 B a token (placement's estimate without
     points and logits); 30 GB -> 53,854 tokens -> 48 prompts of 512 in one batch, where the

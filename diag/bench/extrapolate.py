@@ -60,19 +60,16 @@ def kimi_generation_batch(first: dict, max_new_tokens: int, kimi_total: int, gpu
     tokens + 512, 150 GB GPUs, 594 GB of weights -> 75.8 GB free per GPU: caches
     8 * 37.9 GB / (1877 * 2.5 MB) = 64 rows, prefill 37.9 GB / 557 kB = 68k tokens = 49
     rows -> one batch of 48."""
-    from diag.target.gen_batch import ROOM_FRACTION, batch_for, kv_bytes_per_token, prefill_tokens
+    from diag.target.gen_batch import batch_in_room, rooms
     from diag.zoo.kimi_shaped import kimi_config
     from diag.checkpoint.config import text_config
 
     longest = first.get("target_generate_longest_prompt")
     if longest is None or gpu_memory is None:
         return None
-    cfg = text_config(kimi_config(KIMI_LAYERS))
-    free = max(0, gpu_memory - kimi_total // gpus)
-    kv = kv_bytes_per_token(SimpleNamespace(**cfg))
-    prefill = prefill_tokens(cfg, token_budget, int(free * (1 - ROOM_FRACTION)))
-    return batch_for(first["sequences"], longest + max_new_tokens, longest, kv,
-                     int(gpus * free * ROOM_FRACTION), prefill)
+    cfg = SimpleNamespace(**text_config(kimi_config(KIMI_LAYERS)))
+    free = [max(0, gpu_memory - kimi_total // gpus)] * gpus
+    return batch_in_room(cfg, first["sequences"], longest, max_new_tokens, *rooms(free), token_budget)
 
 
 def extrapolate(e2e: dict, grown: dict, load: dict, shard_bytes: list[int], *, batch: int = 16,

@@ -76,17 +76,23 @@ def _beyond_model(model: torch.nn.Module) -> list[int]:
             for d in devs]
 
 
+def rooms(free: list[int]) -> tuple[int | None, int | None]:
+    """GPUs with `free` bytes each beyond the model -> (KV room: ROOM_FRACTION of their sum,
+    activation room: the rest of the smallest, as a prefill runs one layer at a time on one
+    GPU at a time); (None, None) for no GPU. [100, 60] -> (80, 30)."""
+    if not free:
+        return None, None
+    return int(sum(free) * ROOM_FRACTION), int(min(free) * (1 - ROOM_FRACTION))
+
+
 def room_bytes(model: torch.nn.Module) -> int | None:
-    """ROOM_FRACTION of what the model's GPUs hold beyond its own allocation; None on CPU."""
-    free = _beyond_model(model)
-    return int(sum(free) * ROOM_FRACTION) if free else None
+    """The KV room of the model's GPUs (rooms); None on CPU."""
+    return rooms(_beyond_model(model))[0]
 
 
 def activation_room_bytes(model: torch.nn.Module) -> int | None:
-    """The rest, (1 - ROOM_FRACTION), of the smallest such GPU (a prefill runs one layer at a
-    time, on one GPU at a time); None on CPU."""
-    free = _beyond_model(model)
-    return int(min(free) * (1 - ROOM_FRACTION)) if free else None
+    """The activation room of the model's GPUs (rooms); None on CPU."""
+    return rooms(_beyond_model(model))[1]
 
 
 def prefill_tokens(config, token_budget: int, activation_room: int | None) -> int:
@@ -103,7 +109,15 @@ def generation_batch(model: torch.nn.Module, prompts: list[list[int]], max_new_t
     """The batch for greedy continuations of `prompts` on `model` as loaded."""
     if not prompts:
         return 1
-    longest = max(len(p) for p in prompts)
-    kv = kv_bytes_per_token(model.config, next(model.parameters()).element_size())
-    prefill = prefill_tokens(model.config, token_budget, activation_room_bytes(model))
-    return batch_for(len(prompts), longest + max_new_tokens, longest, kv, room_bytes(model), prefill)
+    return batch_in_room(model.config, len(prompts), max(len(p) for p in prompts), max_new_tokens,
+                         room_bytes(model), activation_room_bytes(model), token_budget,
+                         next(model.parameters()).element_size())
+
+
+def batch_in_room(config, num_prompts: int, longest: int, max_new_tokens: int, room: int | None,
+                  activation_room: int | None, token_budget: int, dtype_bytes: int = 2) -> int:
+    """The batch for prompts of at most `longest` tokens given the KV room and the activation
+    room (rooms); both None on CPU."""
+    kv = kv_bytes_per_token(config, dtype_bytes)
+    return batch_for(num_prompts, longest + max_new_tokens, longest, kv, room,
+                     prefill_tokens(config, token_budget, activation_room))

@@ -60,16 +60,12 @@ def make_optimizer(params, budget: TrainBudget) -> torch.optim.Optimizer:
     return torch.optim.AdamW(groups, lr=budget.lr, betas=(0.9, 0.95), eps=1e-8)
 
 
+@torch.enable_grad()
 def optimize(params, budget: TrainBudget, loss_fn: Callable[[int], torch.Tensor], desc: str,
              after_step: Callable[[int], None] | None = None) -> list[float]:
     """budget.steps AdamW steps of loss_fn(step), grad-norm clipped at 1.0. Returns the losses.
     Gradients are on whatever the caller's mode (a zoo entry first asked for inside a
     `torch.no_grad()` test or fixture is built there)."""
-    with torch.enable_grad():
-        return _optimize(params, budget, loss_fn, desc, after_step)
-
-
-def _optimize(params, budget: TrainBudget, loss_fn, desc: str, after_step) -> list[float]:
     params = [p for p in params if p.requires_grad]
     opt = make_optimizer(params, budget)
     losses = []
