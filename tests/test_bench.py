@@ -3,6 +3,7 @@ it can run (CUDA, or Triton's interpreter), the naive loop's cache handling, ren
 
 import json
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -49,6 +50,19 @@ def test_route_places_every_pair_once_in_its_experts_block(seed):
         assert all(int(idx.view(-1)[p]) == e for p in real)
         seen += real
     assert sorted(seen) == list(range(T * K))
+
+
+def test_routes_sorts_once_and_pads_for_each_block_m():
+    """routes() for block_m 2 and 4 is route() for each (the module docstring's experts)."""
+    idx = torch.tensor([[1], [0], [1], [1], [0]])
+    both = fast.routes(idx, 2, (2, 4, 2))
+    assert list(both) == [2, 4]
+    for bm, r in both.items():
+        want = route(idx, 2, bm)
+        assert r.block_m == bm and torch.equal(r.sorted_ids, want.sorted_ids)
+        assert torch.equal(r.block_expert, want.block_expert)
+    S = 5
+    assert both[4].sorted_ids.tolist()[:8] == [1, 4, S, S, 0, 2, 3, S]
 
 
 def test_accelerate_swaps_class_and_falls_back_on_cpu(monkeypatch):
@@ -118,8 +132,8 @@ def _fused_vs_eager(m, dev) -> float:
 @pytest.fixture
 def grouped_tiles():
     saved = {k: (dict(v) if isinstance(v, dict) else v) for k, v in fast.GROUPED.items()}
-    fast.GROUPED.update({"block_m": 16})
-    fast.GROUPED["gate_up"]["block_n"], fast.GROUPED["down"]["block_n"] = 32, 64
+    fast.GROUPED["gate_up"].update(block_m=16, block_n=32)
+    fast.GROUPED["down"].update(block_m=32, block_n=64)
     yield fast.GROUPED
     fast.GROUPED.clear()
     fast.GROUPED.update(saved)
@@ -180,6 +194,113 @@ def test_wide_grouped_kernel_is_bit_exact_too(piece, grouped_tiles):
     grouped_tiles["down"]["wide"] = True
     to_kernel_layout(m, piece)
     assert torch.equal(_kernel_dequantized(m, 1, dev), m.expert_weight("down_proj", 1, torch.bfloat16))
+
+
+def test_each_gemm_gets_its_own_token_tile(grouped_tiles):
+    """grouped_block_m's worked example: Kimi's 384 experts, gate_up block_m 64, down 128."""
+    grouped_tiles["gate_up"]["block_m"], grouped_tiles["down"]["block_m"] = 64, 128
+    per_gemm = lambda pairs: [fast.grouped_block_m(pairs, 384, w) for w in ("gate_up", "down")]  # noqa: E731
+    assert per_gemm(8) == [16, 16]                 # 1 token: 8 pairs, 1 per expert
+    assert per_gemm(2048 * 8) == [64, 64]          # 43 per expert
+    assert per_gemm(8192 * 8) == [64, 128]         # 171 per expert: each GEMM's cap
+
+
+def test_fused_experts_routes_each_gemm_for_its_block_m(grouped_tiles, monkeypatch):
+    """40 tokens top-2 of 4 experts (20 pairs each): gate_up capped at 16, down at 32; each GEMM
+    gets the routing of its own block_m, and the layer is the gathered sum either way."""
+    grouped_tiles["gate_up"]["block_m"], grouped_tiles["down"]["block_m"] = 16, 64
+    seen = {}
+
+    def fake_gemm(a, packed, scale, r, group, which, *, a_div, piece, route_w=None, glu=False):
+        seen[which] = r.block_m
+        assert r.sorted_ids.numel() == r.block_expert.numel() * r.block_m
+        assert glu == (which == "gate_up")                 # F.silu: the activation in the epilogue
+        return torch.ones(r.num_pairs, packed.shape[1] // (2 if glu else 1), dtype=torch.bfloat16)
+
+    monkeypatch.setattr(fast, "grouped_int4_gemm", fake_gemm)
+    m = _experts(5, E=4, H=256, I=256)
+    x = torch.randn(40, 256)
+    idx = torch.stack([torch.randperm(4)[:2] for _ in range(40)])
+    out = fused_experts(m, x, idx, torch.full((40, 2), 0.5))
+    assert seen == {"gate_up": 16, "down": 32}
+    assert out.shape == (40, 256) and torch.equal(out, torch.full((40, 256), 2.0))   # 2 slots x 1
+
+
+def test_gate_up_tile_without_glu_keeps_the_activation_outside(grouped_tiles, monkeypatch):
+    grouped_tiles["gate_up"]["glu"] = False
+    seen = {}
+
+    def fake_gemm(a, packed, scale, r, group, which, *, a_div, piece, route_w=None, glu=False):
+        seen[which] = glu
+        return torch.ones(r.num_pairs, packed.shape[1], dtype=torch.bfloat16)
+
+    monkeypatch.setattr(fast, "grouped_int4_gemm", fake_gemm)
+    m = _experts(5, E=4, H=256, I=256)
+    idx = torch.stack([torch.randperm(4)[:2] for _ in range(8)])
+    out = fused_experts(m, torch.randn(8, 256), idx, torch.full((8, 2), 0.5))
+    assert seen == {"gate_up": False, "down": False}
+    assert torch.allclose(out.float(), torch.full((8, 256), 2.0))       # the fake down's ones, 2 slots
+
+
+def test_tuner_times_gate_up_both_ways_where_the_activation_fuses():
+    from diag.bench.tiles import _gemm_tiles, _tile
+    c = (64, 128, 8, 2, False)
+    assert _gemm_tiles(c, True) == [("gate_up", c + (True,)), ("gate_up", c + (False,)), ("down", c)]
+    assert _gemm_tiles(c, False) == [("gate_up", c), ("down", c)]
+    assert _tile(c + (False,))["glu"] is False and "glu" not in _tile(c)
+
+
+def test_only_silu_is_fused_into_the_kernel():
+    from transformers.activations import ACT2FN
+    m = _experts(5, E=4, H=256, I=256)
+    assert fast.fuses_activation(m)                                        # F.silu
+    for fn, fused in ((ACT2FN["silu"], True), (torch.nn.SiLU(), True), (ACT2FN["gelu"], False),
+                      (F.relu, False)):
+        assert fast.fuses_activation(SimpleNamespace(act_fn=fn)) == fused, fn
+
+
+@pytest.mark.skipif(not kernel_runs, reason="needs Triton with CUDA or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("block_n", [32, 64])
+def test_glu_epilogue_is_the_unfused_activation(block_n, grouped_tiles):
+    """silu(gate) * up in gate_up's epilogue against the [S, 2I] product activated by torch
+    (bf16 in and out): equal but for the exp's last bit, at most one bf16 step apart."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    m = _experts(7, E=4, H=256, I=256).to(dev)
+    to_kernel_layout(m)
+    grouped_tiles["gate_up"]["block_n"] = block_n
+    x = (torch.randn(24, 256, device=dev) * 4).to(torch.bfloat16)
+    idx = torch.stack([torch.randperm(4)[:2] for _ in range(24)]).to(dev)
+    r = route(idx, 4, 16)
+    args = (x, m.gate_up_proj_packed, m.gate_up_proj_scale, r, 32, "gate_up")
+    gu = grouped_int4_gemm(*args, a_div=2, piece=m.kernel_layout)                    # [S, 512]
+    gate, up = gu.chunk(2, dim=-1)
+    want = (F.silu(gate) * up).float()
+    got = grouped_int4_gemm(*args, a_div=2, piece=m.kernel_layout, glu=True).float()   # [S, 256]
+    assert got.shape == (48, 256)
+    step = torch.finfo(torch.bfloat16).eps * want.abs().clamp_min(1e-3)
+    assert float(((got - want).abs() / step).max()) <= 2.0
+    assert float((got == want).float().mean()) > 0.9
+
+
+def test_tuner_chooses_each_gemms_fastest_tile_at_the_best_shared_layout(grouped_tiles):
+    """The timings of an H200 run (bf16x2 call): DEQUANT 3 wins on the sum of each GEMM's best,
+    and down keeps its block_m 128 while gate_up keeps 64."""
+    from diag.bench.tiles import _choose
+    best = {(32, 3, "gate_up"): (0.01197, (64, 128, 8, 2, False, True)),
+            (32, 3, "down"): (0.00832, (128, 128, 8, 3, False)),
+            (32, 2, "gate_up"): (0.0130, (64, 128, 8, 3, False)),
+            (32, 2, "down"): (0.0089, (128, 128, 8, 3, False)),
+            (16, 2, "gate_up"): (0.0150, (128, 128, 8, 3, False))}           # no down: not a pair
+    m = _experts(5, E=4, H=256, I=256)
+    got = _choose(best, m, 8192)
+    assert got["by_piece_and_dequant"] == {"piece32_dequant3": pytest.approx(0.02029),
+                                           "piece32_dequant2": pytest.approx(0.0219)}
+    assert got["gemm_seconds"] == pytest.approx(0.02029)
+    assert fast.GROUPED["dequant"] == 3 and fast.GROUPED["piece"] == 32 and m.kernel_layout == 32
+    assert fast.GROUPED["gate_up"] == {"block_m": 64, "block_n": 128, "num_warps": 8, "num_stages": 2,
+                                       "wide": False, "glu": True}
+    assert "glu" not in fast.GROUPED["down"]
+    assert fast.GROUPED["down"]["block_m"] == 128 and got["chosen"]["down"]["num_stages"] == 3
 
 
 @pytest.mark.skipif(not kernel_runs, reason="needs Triton with CUDA or TRITON_INTERPRET=1")

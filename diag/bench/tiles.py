@@ -2,8 +2,9 @@
 variant bit for bit at Kimi's widths.
 
   tiles     CONFIGS (piece width, block_m, block_n, warps, stages, wide), each GEMM timed alone
-            (block_m and the piece are shared by both GEMMs: routing and layout); the best
-            GEMM pair per (piece, block_m), then the best of those, go into fast.GROUPED
+            (the piece and the dequant variant are shared by both GEMMs: the weights' layout;
+            block_m is each GEMM's own: each is routed for its tile); the best tile of each
+            GEMM per (piece, dequant), then the best pair of those, go into fast.GROUPED
             (an H200 run chose DEQUANT 2 over 0 and 1 at every tile tried; NOTES.md)
   exact     A = identity rows routed to one expert: out^T is the dequantized weight, which
             must equal format.dequantize's bf16 bits, for every DEQUANT variant
@@ -37,7 +38,10 @@ CONFIGS = ((16, 128, 128, 8, 3, True), (16, 128, 256, 8, 3, True), (16, 128, 64,
 # first: its rows are new, and on a GPU without it (interpreter, < sm_80) they time variant 2.
 DEQUANT3 = ((32, 64, 128, 8, 2, False), (32, 64, 128, 8, 3, False), (32, 64, 256, 8, 3, False),
             (32, 128, 128, 8, 3, False), (32, 128, 256, 8, 3, False), (16, 128, 128, 8, 3, False),
-            (16, 256, 128, 8, 3, False), (32, 64, 64, 4, 3, False))
+            (16, 256, 128, 8, 3, False), (32, 64, 64, 4, 3, False),
+            # each GEMM's block_m its own (routing per GEMM): down's short K at larger token tiles
+            (32, 128, 64, 4, 3, False), (32, 128, 128, 4, 3, False), (32, 32, 128, 8, 3, False),
+            (32, 64, 128, 4, 3, False))
 
 @torch.no_grad()
 def dequant_exact(experts, dequant: int) -> bool | str:
@@ -61,7 +65,7 @@ def _dequant_exact(experts, dequant: int) -> bool:
             want = experts.expert_weight(proj, 0, torch.bfloat16)                 # [N, K]
             eye = torch.eye(want.shape[1], device=dev, dtype=torch.bfloat16)
             r = fast.route(torch.zeros(want.shape[1], 1, dtype=torch.long, device=dev),
-                           experts.num_experts, fast.GROUPED["block_m"])
+                           experts.num_experts, fast.GROUPED[which]["block_m"])
             got = fast.grouped_int4_gemm(eye, getattr(experts, f"{proj}_packed"),
                                          getattr(experts, f"{proj}_scale"), r, experts.group_size,
                                          which, a_div=1, piece=experts.kernel_layout)
@@ -74,7 +78,8 @@ def _dequant_exact(experts, dequant: int) -> bool:
 
 
 class _Gemms:
-    """The two GEMMs of one MoE layer at one token count, routed for a given block_m."""
+    """The two GEMMs of one MoE layer at one token count, routed for a given block_m; gate_up
+    with the activation in its epilogue where fused_experts puts it there."""
 
     def __init__(self, moe, tokens: int, seed: int = 3):
         from diag.bench.target import routed_inputs
@@ -88,16 +93,21 @@ class _Gemms:
 
     def route(self, block_m: int):
         from diag.int4 import fast
-        fast.GROUPED["block_m"] = block_m
         self.r = fast.route(self.idx, self.experts.num_experts, block_m)
 
-    def time(self, which: str) -> float:
+    def time(self, which: str, glu: bool = False) -> float:
+        """One GEMM's seconds; gate_up with the activation either in its epilogue (glu) or
+        as fused_experts applies it after an unfused product, so the two compare fairly."""
         from diag.int4 import fast
         e, g = self.experts, self.experts.group_size
         if which == "gate_up":
-            fn = lambda: fast.grouped_int4_gemm(self.x, e.gate_up_proj_packed, e.gate_up_proj_scale,  # noqa: E731
-                                                self.r, g, "gate_up", a_div=self.idx.shape[1],
-                                                piece=e.kernel_layout)
+            def fn():
+                out = fast.grouped_int4_gemm(self.x, e.gate_up_proj_packed, e.gate_up_proj_scale, self.r, g,
+                                             "gate_up", a_div=self.idx.shape[1], piece=e.kernel_layout, glu=glu)
+                if not glu:
+                    gate, up = out.chunk(2, dim=-1)
+                    out = (e.act_fn(gate) * up).contiguous()
+                return out
         else:
             fn = lambda: fast.grouped_int4_gemm(self.h, e.down_proj_packed, e.down_proj_scale,  # noqa: E731
                                                 self.r, g, "down", a_div=1, route_w=self.route_w,
@@ -106,9 +116,11 @@ class _Gemms:
 
 
 def _tile(cand: tuple) -> dict:
-    """(block_n, num_warps, num_stages, wide) -> one GEMM's entry of fast.GROUPED."""
-    bn, warps, stages, wide = cand
-    return {"block_n": bn, "num_warps": warps, "num_stages": stages, "wide": wide}
+    """(block_m, block_n, num_warps, num_stages, wide[, glu]) -> one GEMM's entry of
+    fast.GROUPED (glu: gate_up's, whether the activation is in its epilogue)."""
+    bm, bn, warps, stages, wide, *glu = cand
+    return {"block_m": bm, "block_n": bn, "num_warps": warps, "num_stages": stages, "wide": wide,
+            **({"glu": glu[0]} if glu else {})}
 
 
 def _try(g: _Gemms, which: str, cand: tuple, rows: list, tag: dict) -> float:
@@ -116,20 +128,28 @@ def _try(g: _Gemms, which: str, cand: tuple, rows: list, tag: dict) -> float:
     fast.GROUPED[which] = _tile(cand)
     row = {**tag, "gemm": which, **_tile(cand)}
     try:
-        row["seconds"] = g.time(which)
+        row["seconds"] = g.time(which, glu=row.get("glu", False))
     except Exception as err:  # e.g. a tile that needs more shared memory than the GPU has
         row.update(seconds=float("inf"), error=repr(err)[:300])
     rows.append(row)
     return row["seconds"]
 
 
+def _gemm_tiles(cand: tuple, fusable: bool) -> list[tuple[str, tuple]]:
+    """The (GEMM, tile) pairs one config is timed as: gate_up with the activation in its
+    epilogue and after it, where the activation can be fused; down once.
+    (64, 128, 8, 2, False), fusable -> gate_up (..., True), gate_up (..., False), down (...)."""
+    ups = [cand + (True,), cand + (False,)] if fusable else [cand]
+    return [("gate_up", t) for t in ups] + [("down", cand)]
+
+
 @torch.no_grad()
 def tune_grouped(moe, tokens: int = 8192, *, budget_s: float = 120.0, configs=CONFIGS,
                  dequant: int = 2, dequant3=DEQUANT3, log=print) -> dict:
     """Each config's two GEMMs timed alone at `tokens` (the weights re-laid per piece width),
-    `configs` at `dequant`, `dequant3` at DEQUANT 3; the fastest (piece, block_m, dequant) by
-    the sum of its best GEMMs chosen into fast.GROUPED, then every DEQUANT variant proven
-    bit-exact at the chosen layout."""
+    `configs` at `dequant`, `dequant3` at DEQUANT 3; the fastest (piece, dequant) by the sum
+    of its best tile per GEMM (each GEMM's block_m its own) chosen into fast.GROUPED, then
+    every DEQUANT variant proven bit-exact at the chosen layout."""
     from diag.int4 import fast
 
     t0 = time.perf_counter()
@@ -139,15 +159,15 @@ def tune_grouped(moe, tokens: int = 8192, *, budget_s: float = 120.0, configs=CO
     tried = [(*c, 3) for c in dequant3] + [(*c, dequant) for c in configs]
     for piece in dict.fromkeys(c[0] for c in tried):
         fast.to_kernel_layout(moe.experts, piece)
-        for _, bm, *cand, dq in (c for c in tried if c[0] == piece):
+        for _, *cand, dq in (c for c in tried if c[0] == piece):
             if time.perf_counter() - t0 > budget_s:
                 break
-            g.route(bm)
+            g.route(cand[0])
             fast.GROUPED["dequant"] = dq
-            for which in ("gate_up", "down"):
-                s = _try(g, which, tuple(cand), rows, {"block_m": bm, "dequant": dq, "piece": piece})
-                if s < best.get((piece, bm, dq, which), (float("inf"),))[0]:
-                    best[(piece, bm, dq, which)] = (s, tuple(cand))
+            for which, tile in _gemm_tiles(tuple(cand), fast.fuses_activation(moe.experts)):
+                s = _try(g, which, tile, rows, {"dequant": dq, "piece": piece})
+                if s < best.get((piece, dq, which), (float("inf"),))[0]:
+                    best[(piece, dq, which)] = (s, tile)
         log(f"[bench] tiles piece {piece}: {[(k, v) for k, v in best.items() if k[0] == piece]}")
     out = {"rows": rows, **_choose(best, moe.experts, tokens)}
     out["dequant_bit_exact"] = {d: dequant_exact(moe.experts, d) for d in (0, 1, 2, 3)}
@@ -156,14 +176,14 @@ def tune_grouped(moe, tokens: int = 8192, *, budget_s: float = 120.0, configs=CO
 
 def _choose(best: dict, experts, tokens: int) -> dict:
     from diag.int4 import fast
-    full = {(p, bm, dq): best[(p, bm, dq, "gate_up")][0] + best[(p, bm, dq, "down")][0]
-            for (p, bm, dq, w) in best if w == "gate_up" and (p, bm, dq, "down") in best}
+    full = {(p, dq): best[(p, dq, "gate_up")][0] + best[(p, dq, "down")][0]
+            for (p, dq, w) in best if w == "gate_up" and (p, dq, "down") in best}
     if not full:
         return {"tokens": tokens, "chosen": copy.deepcopy(fast.GROUPED), "error": "no tile ran"}
-    piece, bm, dq = min(full, key=full.get)
+    piece, dq = min(full, key=full.get)
     fast.to_kernel_layout(experts, piece)
-    fast.GROUPED.update(piece=piece, block_m=bm, dequant=dq)
+    fast.GROUPED.update(piece=piece, dequant=dq)
     for which in ("gate_up", "down"):
-        fast.GROUPED[which] = _tile(best[(piece, bm, dq, which)][1])
-    return {"tokens": tokens, "chosen": copy.deepcopy(fast.GROUPED), "gemm_seconds": full[(piece, bm, dq)],
-            "by_piece_and_block_m": {f"piece{p}_block_m{b}_dequant{d}": v for (p, b, d), v in full.items()}}
+        fast.GROUPED[which] = _tile(best[(piece, dq, which)][1])
+    return {"tokens": tokens, "chosen": copy.deepcopy(fast.GROUPED), "gemm_seconds": full[(piece, dq)],
+            "by_piece_and_dequant": {f"piece{p}_dequant{d}": v for (p, d), v in full.items()}}

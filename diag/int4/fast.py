@@ -4,9 +4,9 @@ layer's experts are read once, packed (8.5 GB for Kimi instead of 34 GB bf16), a
 per-expert Python loop or bf16 weight copy exists.
 
   pairs   p = t * K + k for token t, slot k (S = T * K)          top_k_index [T, K]
-  route   pairs sorted by expert, each expert's run padded to BLOCK_M rows
+  route   pairs sorted by expert, each expert's run padded to BLOCK_M rows (per GEMM)
   gemm 1  x[t] @ gate_up[e].T -> [S, 2I]      (A row = p // K)
-  act     silu(gate) * up     -> [S, I]
+  act     silu(gate) * up     -> [S, I]       (in gemm 1's epilogue when act_fn is SiLU)
   gemm 2  h[p] @ down[e].T * w[p] -> [S, H]   (routing weight applied in fp32)
   sum     out[t] = sum_k y[t * K + k]  (fp32 accumulation, as transformers' grouped_mm path)
 
@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from diag.int4.format import dequantize
 from diag.int4.kernel_layout import fits, relayout_, scales_group_major, to_checkpoint
@@ -39,14 +40,16 @@ from diag.int4.packed import PackedExperts
 
 # Tile shape and launch of the first kernel (any width); diag.bench may set these.
 TILES = {"block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 4, "num_stages": 3}
-# The grouped kernel (kernel-layout weights, kernel_layout.fits): block_m is the token side
-# (the dot's N, 16..256), block_n the weight rows; "gate_up" / "down" tiles per GEMM ("wide":
-# one dot of depth 8 * piece per K step instead of 8 of depth piece, fast_kernel). The
-# defaults are what diag bench measured fastest on an H200 (reports/bench/NOTES.md); a
-# bench run may set others for its own process.
-GROUPED = {"block_m": 64, "dequant": 3, "piece": 32,
-           "gate_up": {"block_n": 128, "num_warps": 8, "num_stages": 2},
-           "down": {"block_n": 128, "num_warps": 8, "num_stages": 3}}
+# The grouped kernel (kernel-layout weights, kernel_layout.fits): "gate_up" / "down" tiles
+# per GEMM, each with its own block_m, the token side (the dot's N, 16..256; each GEMM is
+# routed for its own), and block_n, the weight rows ("wide": one dot of depth 8 * piece per
+# K step instead of 8 of depth piece, fast_kernel; gate_up's "glu": silu(gate) * up in its
+# epilogue, where the module's activation is SiLU). The piece width (the weights' layout)
+# and the dequant variant are shared. The defaults are what diag bench measured fastest on
+# an H200 (reports/bench/NOTES.md); a bench run may set others for its own process.
+GROUPED = {"dequant": 3, "piece": 32,
+           "gate_up": {"block_m": 64, "block_n": 128, "num_warps": 8, "num_stages": 2, "glu": True},
+           "down": {"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 3}}
 
 
 @dataclass(frozen=True)
@@ -60,23 +63,31 @@ class Routing:
 def route(top_k_index: torch.Tensor, num_experts: int, block_m: int) -> Routing:
     """[T, K] expert ids -> padded, expert-grouped pair order, without a host sync
     (the number of blocks is bounded by S / block_m + E)."""
+    return routes(top_k_index, num_experts, (block_m,))[block_m]
+
+
+def routes(top_k_index: torch.Tensor, num_experts: int, block_ms) -> dict[int, Routing]:
+    """route() for each block_m, the pairs sorted by expert once."""
     flat = top_k_index.reshape(-1).to(torch.int64)                         # [S]
     S = flat.numel()
     order = torch.argsort(flat, stable=True)                               # [S]
     counts = torch.bincount(flat, minlength=num_experts)[:num_experts]     # [E]
-    blocks = (counts + block_m - 1) // block_m                             # [E]
-    padded_start = torch.cumsum(blocks * block_m, 0) - blocks * block_m    # [E]
     first = torch.cumsum(counts, 0) - counts                               # [E] start in `order`
     e_sorted = flat[order]
     rank = torch.arange(S, device=flat.device) - first[e_sorted]
-    max_blocks = S // block_m + num_experts
-    sorted_ids = torch.full((max_blocks * block_m,), S, dtype=torch.int32, device=flat.device)
-    sorted_ids[padded_start[e_sorted] + rank] = order.to(torch.int32)
-    ends = torch.cumsum(blocks, 0)                                         # [E]
-    b = torch.arange(max_blocks, device=flat.device)
-    expert = torch.searchsorted(ends, b, right=True)                       # [max_blocks]
-    block_expert = torch.where(expert < num_experts, expert, -1).to(torch.int32)
-    return Routing(sorted_ids, block_expert, S, block_m)
+    out = {}
+    for block_m in dict.fromkeys(block_ms):
+        blocks = (counts + block_m - 1) // block_m                         # [E]
+        padded_start = torch.cumsum(blocks * block_m, 0) - blocks * block_m
+        max_blocks = S // block_m + num_experts
+        sorted_ids = torch.full((max_blocks * block_m,), S, dtype=torch.int32, device=flat.device)
+        sorted_ids[padded_start[e_sorted] + rank] = order.to(torch.int32)
+        ends = torch.cumsum(blocks, 0)                                     # [E]
+        b = torch.arange(max_blocks, device=flat.device)
+        expert = torch.searchsorted(ends, b, right=True)                   # [max_blocks]
+        block_expert = torch.where(expert < num_experts, expert, -1).to(torch.int32)
+        out[block_m] = Routing(sorted_ids, block_expert, S, block_m)
+    return out
 
 
 def _block_k(width: int, group: int) -> int:
@@ -112,34 +123,35 @@ def grouped_int4_gemm_any(a: torch.Tensor, packed: torch.Tensor, scale: torch.Te
 
 def grouped_int4_gemm(a: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, r: Routing,
                       group: int, which: str, *, a_div: int, piece: int,
-                      route_w: torch.Tensor | None = None) -> torch.Tensor:
+                      route_w: torch.Tensor | None = None, glu: bool = False) -> torch.Tensor:
     """The grouped kernel: packed [E, N, K/8] int32 in kernel layout of piece width `piece`,
     scale [E, N, K/group] (any strides), a [rows, K] bf16 -> out [S, N] bf16, in the
-    routing's block_m."""
+    routing's block_m (GROUPED[which]'s block_m is what fused_experts routes for).
+    glu: packed is gate_up [E, 2I, K/8] and out is silu(gate) * up [S, I], in the epilogue."""
     from diag.int4.fast_kernel import moe_int4_gemm_grouped
     import triton
 
     N, K = packed.shape[1], packed.shape[2] * 8
     t = GROUPED[which]
-    out = torch.empty(r.num_pairs, N, dtype=torch.bfloat16, device=a.device)
-    grid = (triton.cdiv(N, t["block_n"]), r.block_expert.numel())
+    out = torch.empty(r.num_pairs, N // 2 if glu else N, dtype=torch.bfloat16, device=a.device)
+    grid = (triton.cdiv(N // 2 if glu else N, t["block_n"] // 2 if glu else t["block_n"]), r.block_expert.numel())
     moe_int4_gemm_grouped[grid](a, packed, scale, out, r.sorted_ids, r.block_expert,
                                 route_w if route_w is not None else out, N, K, r.num_pairs, a_div,
                                 a.stride(0), packed.stride(0), packed.stride(1), scale.stride(0),
                                 scale.stride(1), scale.stride(2), out.stride(0), GROUP=group,
                                 PIECE=piece, BLOCK_N=t["block_n"], BLOCK_M=r.block_m,
                                 DEQUANT=dequant_variant(a.device), MUL_ROUTE=route_w is not None,
-                                UPCAST=_interpreting(), WIDE=bool(t.get("wide", False)),
+                                UPCAST=_interpreting(), WIDE=bool(t.get("wide", False)), GLU=glu,
                                 num_warps=t["num_warps"], num_stages=t["num_stages"])
     return out
 
 
-def grouped_block_m(pairs: int, experts: int) -> int:
-    """The token tile: GROUPED's, or the smallest power of two >= the mean pairs per expert
-    when that is smaller (16 at least). Kimi, 384 experts: 1 token (8 pairs) -> 16; 8192
-    tokens (65536 pairs, 171 per expert) -> min(GROUPED block_m, 256)."""
+def grouped_block_m(pairs: int, experts: int, which: str) -> int:
+    """One GEMM's token tile: GROUPED[which]'s, or the smallest power of two >= the mean pairs
+    per expert when that is smaller (16 at least). Kimi, 384 experts, block_m 128: 1 token
+    (8 pairs) -> 16; 2048 tokens (43 per expert) -> 64; 8192 (171 per expert) -> 128."""
     mean = -(-pairs // experts)
-    return min(GROUPED["block_m"], max(16, 1 << (mean - 1).bit_length()))
+    return min(GROUPED[which]["block_m"], max(16, 1 << (mean - 1).bit_length()))
 
 
 def grouped_fits(module: PackedExperts, piece: int | None = None) -> bool:
@@ -177,23 +189,36 @@ def fused_experts(module: PackedExperts, hidden: torch.Tensor, top_k_index: torc
     grouped = grouped_fits(module)
     if grouped:
         to_kernel_layout(module)
-    block_m = grouped_block_m(T * K, module.num_experts) if grouped else TILES["block_m"]
-    r = route(top_k_index, module.num_experts, block_m)
+    block_m = {w: grouped_block_m(T * K, module.num_experts, w) if grouped else TILES["block_m"]
+               for w in ("gate_up", "down")}
+    routings = routes(top_k_index, module.num_experts, block_m.values())
     g = module.group_size
 
-    def gemm(a, proj, which, a_div, route_w=None):
+    def gemm(a, proj, which, a_div, route_w=None, glu=False):
         packed, scale = getattr(module, f"{proj}_packed"), getattr(module, f"{proj}_scale")
+        r = routings[block_m[which]]
         if grouped:
             return grouped_int4_gemm(a, packed, scale, r, g, which, a_div=a_div, route_w=route_w,
-                                     piece=module.kernel_layout)
+                                     piece=module.kernel_layout, glu=glu)
         return grouped_int4_gemm_any(a, packed, scale, r, g, a_div=a_div, route_w=route_w)
 
-    gu = gemm(x, "gate_up_proj", "gate_up", K)                             # [S, 2I]
-    gate, up = gu.chunk(2, dim=-1)
-    h = (module.act_fn(gate) * up).contiguous()                            # [S, I]
+    if grouped and GROUPED["gate_up"].get("glu", False) and fuses_activation(module):
+        h = gemm(x, "gate_up_proj", "gate_up", K, glu=True)                # [S, I]
+    else:
+        gu = gemm(x, "gate_up_proj", "gate_up", K)                         # [S, 2I]
+        gate, up = gu.chunk(2, dim=-1)
+        h = (module.act_fn(gate) * up).contiguous()                        # [S, I]
     w = top_k_weights.reshape(-1).to(torch.float32).contiguous()           # [S]
     y = gemm(h, "down_proj", "down", 1, w)                                 # [S, H]
     return y.view(T, K, -1).sum(dim=1, dtype=torch.float32).to(hidden.dtype)
+
+
+def fuses_activation(module: PackedExperts) -> bool:
+    """Whether the grouped kernel computes silu(gate) * up itself: the module's act_fn is SiLU
+    (transformers' ACT2FN["silu"], nn.SiLU or F.silu; any other keeps the unfused path)."""
+    from transformers import activations
+    fn = module.act_fn
+    return fn is F.silu or isinstance(fn, (nn.SiLU, getattr(activations, "SiLUActivation", nn.SiLU)))
 
 
 def dequant_variant(dev: torch.device) -> int:

@@ -187,22 +187,28 @@ def moe_int4_gemm_grouped(a_ptr, w_ptr, s_ptr, out_ptr, sorted_ids_ptr, block_ex
                           stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_sg, stride_om,
                           GROUP: tl.constexpr, PIECE: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_M: tl.constexpr, DEQUANT: tl.constexpr, MUL_ROUTE: tl.constexpr,
-                          UPCAST: tl.constexpr, WIDE: tl.constexpr = False):
+                          UPCAST: tl.constexpr, WIDE: tl.constexpr = False, GLU: tl.constexpr = False):
     """One [BLOCK_N, BLOCK_M] tile of out^T. Grid (N tiles, M blocks): the N tiles of one
     block of rows run side by side, so its gathered activations are read from L2.
     packed W [E, N, K/8] int32 in kernel layout (piece PIECE); scales [E, N, K/GROUP] bf16
     (any strides); K % (8 * PIECE) == 0 and GROUP % PIECE == 0.
     WIDE: one dot of depth 8P per block (the block's [BN, 8P] weights unpacked at once, the
     activations loaded as one [8P, BM] tile) instead of 8 dots of depth P; the same weights
-    and the same fp32 accumulation, in another order of the additions."""
+    and the same fp32 accumulation, in another order of the additions.
+    GLU: W is gate_up [2I, K] and out is h = silu(gate) * up [num_pairs, I] (_glu_rows,
+    _glu_store): the tile's first BLOCK_N / 2 weight rows are gate rows, the others the
+    same rows of up, so the [S, 2I] product is never written."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     expert = tl.load(block_expert_ptr + pid_m)
     if expert < 0:
         return
     pair, row_ok, a_row = _block_rows(sorted_ids_ptr, pid_m, num_pairs, a_div, BLOCK_M)   # [BM]
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < N
+    if GLU:
+        offs_n, n_ok = _glu_rows(pid_n, N, BLOCK_N)
+    else:
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < N
     offs_p = tl.arange(0, PIECE)
     a_base = a_ptr + a_row[None, :].to(tl.int64) * stride_am + offs_p[:, None]        # [P, BM]
     w_base = (w_ptr + expert.to(tl.int64) * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
@@ -243,6 +249,36 @@ def moe_int4_gemm_grouped(a_ptr, w_ptr, s_ptr, out_ptr, sorted_ids_ptr, block_ex
                 acc = _dot(w, a, acc, UPCAST)
     if MUL_ROUTE:
         acc = acc * tl.load(route_w_ptr + pair, mask=row_ok, other=0.0)[None, :]
-    out_ptrs = out_ptr + pair[None, :].to(tl.int64) * stride_om + offs_n[:, None]
-    tl.store(out_ptrs, _to_bf16(acc, UPCAST), mask=n_ok[:, None] & row_ok[None, :])
+    if GLU:
+        _glu_store(acc, out_ptr, pair, row_ok, pid_n, N, stride_om, BLOCK_N, BLOCK_M, UPCAST)
+    else:
+        out_ptrs = out_ptr + pair[None, :].to(tl.int64) * stride_om + offs_n[:, None]
+        tl.store(out_ptrs, _to_bf16(acc, UPCAST), mask=n_ok[:, None] & row_ok[None, :])
+
+
+@triton.jit
+def _glu_rows(pid_n, N, BLOCK_N: tl.constexpr):
+    """GLU tile pid_n's weight rows [BN] and which are real: h columns c = pid_n * BN/2 + j,
+    j < BN/2, read gate row c (first half of the tile) and up row I + c (second half),
+    I = N / 2. BN 4, N 8 (I 4), tile 1: rows [2, 3, 6, 7]."""
+    half: tl.constexpr = BLOCK_N // 2
+    j = tl.arange(0, BLOCK_N)
+    col = pid_n * half + j % half
+    return tl.where(j < half, col, col + N // 2), col < N // 2
+
+
+@triton.jit
+def _glu_store(acc, out_ptr, pair, row_ok, pid_n, N, stride_om, BLOCK_N: tl.constexpr,
+               BLOCK_M: tl.constexpr, UPCAST: tl.constexpr):
+    """acc [BN, BM] fp32 (gate rows, then up rows) -> h [BN/2, BM] stored at out[pair, col],
+    computed as the unfused path does: gate and up rounded to bf16, silu in fp32 rounded to
+    bf16, the product in fp32 rounded to bf16 (torch's silu and mul on bf16 tensors)."""
+    half: tl.constexpr = BLOCK_N // 2
+    gate, up = tl.split(tl.permute(tl.reshape(acc, (2, half, BLOCK_M)), (1, 2, 0)))   # [BN/2, BM] each
+    g = _to_bf16(gate, UPCAST).to(tl.float32)
+    act = _to_bf16(g / (1.0 + tl.exp(-g)), UPCAST).to(tl.float32)
+    h = _to_bf16(act * _to_bf16(up, UPCAST).to(tl.float32), UPCAST)
+    col = pid_n * half + tl.arange(0, half)
+    out_ptrs = out_ptr + pair[None, :].to(tl.int64) * stride_om + col[:, None]
+    tl.store(out_ptrs, h, mask=(col < N // 2)[:, None] & row_ok[None, :])
 
