@@ -1,9 +1,9 @@
 """SGLang's own source, from its released wheels, loaded without importing `sglang`.
 
 The `sglang` package cannot be imported without its CUDA runtime, so the differential tests
-(tests/test_sglang_*.py) take the released wheel of each version (`pip download --no-deps
-sglang==X`, cached under `$DIAG_CACHE_DIR or ~/.cache/diag` / `sglang-wheels/X/`, only the
-source files the tests read are kept) and load just the top-level definitions they need
+(tests/test_sglang_*.py) take the released wheel of each version (diag.engine.wheels, the
+same cached wheel server_flags_gen reads; the source files the tests read are unpacked once
+beside it, under `sglang-wheels/X/`) and load just the top-level definitions they need
 with `ast` into a small namespace: `@torch.compile` decorators are dropped, everything the
 definitions name from elsewhere in sglang is given as a stub by the caller, and Triton
 kernels run on the CPU under TRITON_INTERPRET=1 (set only while they are defined and run).
@@ -13,7 +13,7 @@ Worked example:
     ns["set_eagle3_layers_to_capture"](fake_self, [2, 30, 58])   # fake_self.model.layers_to_capture
                                                                   # -> [3, 31, 59]
 Each file is parsed once per session (lru_cache). This module is test support: it knows
-wheels, files and ast; it knows nothing about diag.
+files and ast (the wheels come from diag.engine.wheels); it knows nothing else of diag.
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ import ast
 import contextlib
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
+
+from diag.engine import wheels
 
 # Source files the differential tests read (paths inside the wheel, under sglang/); a
 # version lacks some of them, which the tests treat as a fact about that version.
@@ -52,22 +52,15 @@ _FILES_KEY = __import__("hashlib").sha256("\n".join(FILES).encode()).hexdigest()
 
 
 def cache_root() -> Path:
-    base = os.environ.get("DIAG_CACHE_DIR") or str(Path.home() / ".cache" / "diag")
-    return Path(base) / "sglang-wheels"
+    return wheels.wheel_dir()
 
 
-def _download(version: str, into: Path) -> Path:
-    """pip download --no-deps sglang==version for CPython 3.11 on x86_64 Linux (the platform
-    every release ships for; pure wheels up to 0.5.10.post1)."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--disable-pip-version-check",
-           "--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp",
-           "--abi", "cp311", "--platform", "manylinux_2_34_x86_64", f"sglang=={version}", "-d", str(into)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    wheels = sorted(into.glob(f"sglang-{version}-*.whl"))
-    if done.returncode != 0 or not wheels:
-        raise RuntimeError(f"pip download sglang=={version} failed (the sglang differential tests "
-                           f"need PyPI; deselect them with -m 'not sglang'):\n{done.stderr[-2000:]}")
-    return wheels[0]
+def _wheel(version: str) -> Path:
+    try:
+        return wheels.wheel(version)
+    except wheels.WheelError as err:
+        raise RuntimeError(f"{err}\n(the sglang differential tests need PyPI once per release; "
+                           "deselect them with -m 'not sglang')") from err
 
 
 def source_dir(version: str) -> Path:
@@ -77,8 +70,8 @@ def source_dir(version: str) -> Path:
     if marker.exists() and marker.read_text().endswith(_FILES_KEY):
         return final
     cache_root().mkdir(parents=True, exist_ok=True)
+    wheel = _wheel(version)
     with tempfile.TemporaryDirectory(dir=cache_root()) as tmp:
-        wheel = _download(version, Path(tmp) / "dl")
         stage = Path(tmp) / "src"
         with zipfile.ZipFile(wheel) as zf:
             names = set(zf.namelist())

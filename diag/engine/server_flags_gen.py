@@ -2,9 +2,9 @@
 
     python -m diag.engine.server_flags_gen 0.5.6 0.5.14 0.5.23      # rewrites server_flags.py
 
-For each version: `pip download --no-deps sglang==X` (cached in $DIAG_SGLANG_WHEELS, default
-$DIAG_CACHE_DIR/sglang-wheels), then read, without importing anything (sglang cannot be
-imported without its CUDA stack), what `ServerArgs.add_cli_args(parser)` registers:
+For each version: the release's wheel (diag.engine.wheels: fetched once with pip into
+$DIAG_SGLANG_WHEELS, default $DIAG_CACHE_DIR/sglang-wheels), then read, without importing
+anything (sglang cannot be imported without its CUDA stack), what `ServerArgs.add_cli_args(parser)` registers:
   - explicit `parser.add_argument("--x", "--alias", action=..., nargs=..., choices=[...])`
     calls in srt/server_args.py (every release; the only kind up to 0.5.13);
   - dataclass fields declared `name: A[T, "help"]` or `A[T, Arg(cli_name=, aliases=, action=,
@@ -27,13 +27,12 @@ from __future__ import annotations
 import ast
 import hashlib
 import os
-import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
-from diag.checkpoint.identity import cache_root
+from diag.engine import wheels
 
 TABLE_FILE = Path(__file__).with_name("server_flags.py")
 
@@ -224,28 +223,10 @@ def extract_from_source(root: Path) -> dict:
     return {"flags": sorted(out, key=lambda f: f[0][0]), "algorithm": _algorithms(sources, flags)}
 
 
-def wheel_dir() -> Path:
-    """$DIAG_SGLANG_WHEELS, else $DIAG_CACHE_DIR/sglang-wheels."""
-    return Path(os.environ.get("DIAG_SGLANG_WHEELS") or cache_root() / "sglang-wheels")
-
-
-def ensure_wheel(version: str, where: Path | None = None) -> Path:
-    """The sglang==version wheel, downloaded once with pip (no dependencies)."""
-    where = where or wheel_dir()
-    found = sorted(where.glob(f"sglang-{version}-*.whl"))
-    if found:
-        return found[0]
-    where.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", f"sglang=={version}",
-                    "--python-version", "3.11", "--platform", "manylinux_2_34_x86_64",
-                    "--only-binary=:all:", "-d", str(where)], check=True)
-    return sorted(where.glob(f"sglang-{version}-*.whl"))[0]
-
-
 def extract(version: str) -> dict:
     """The flag table of one release, from its wheel, with the wheel's name and the sha256
     of its server_args.py."""
-    wheel = ensure_wheel(version)
+    wheel = wheels.wheel(version)
     with tempfile.TemporaryDirectory(prefix="diag-sglang-") as tmp, zipfile.ZipFile(wheel) as zf:
         zf.extractall(tmp, [n for n in zf.namelist() if n.startswith("sglang/srt/") and n.endswith(".py")])
         sha = hashlib.sha256((Path(tmp) / "sglang/srt/server_args.py").read_bytes()).hexdigest()
