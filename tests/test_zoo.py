@@ -193,6 +193,72 @@ def test_two_processes_build_once(cache_dir, tmp_path):
     assert Path(log).read_text() == "built\n"
 
 
+@pytest.fixture
+def stub_zoo(cache_dir, monkeypatch):
+    """Two cheap entries, a corpus and a target built from it, whose builder writes the recipe's
+    byte budget / steps and logs each build (the real builders are not run)."""
+    from diag.zoo import build
+    target = TargetRecipe("c", TINY_SHAPES["llama"], TINY_BUDGET, "float32")
+    monkeypatch.setitem(ZOO, "c", dataclasses.replace(ZOO["stdlib-corpus"], name="c", recipe=TINY_CORPUS))
+    monkeypatch.setitem(ZOO, "t", dataclasses.replace(ZOO["llama-tiny"], name="t", recipe=target))
+    log = []
+
+    def builder(name, out, deps):
+        log.append(name)
+        (out / "made").write_text(repr(ZOO[name].recipe))
+        return {}
+
+    monkeypatch.setattr(build, "_run_builder", builder)
+    return log
+
+
+def _recipe(name: str, **change):
+    ZOO[name] = dataclasses.replace(ZOO[name], recipe=dataclasses.replace(ZOO[name].recipe, **change))
+
+
+def test_a_changed_recipe_rebuilds_its_entry_and_what_is_built_from_it(stub_zoo):
+    from diag.zoo.build import ensure, fingerprint, stale
+    ensure(["t"], progress=False)
+    assert stub_zoo == ["c", "t"] and stale("t") is None
+    ensure(["t"], progress=False)
+    assert stub_zoo == ["c", "t"]                                        # served from the cache
+    before = fingerprint("t")
+    _recipe("c", byte_budget=130_000)                                    # upstream change
+    assert fingerprint("t") != before and stale("c") == stale("t") == "its recipe or one it needs changed"
+    ensure(["t"], progress=False)
+    assert stub_zoo == ["c", "t", "c", "t"] and stale("t") is None
+    assert "130000" in (cache.entry_dir("c") / "made").read_text()
+    _recipe("t", budget=dataclasses.replace(TINY_BUDGET, steps=4))       # the target alone
+    ensure(["t"], progress=False)
+    assert stub_zoo[4:] == ["t"]
+
+
+def test_an_entry_from_before_fingerprints_is_kept_while_its_recipe_is(stub_zoo):
+    from diag.zoo.build import META_FILE, ensure, stale
+    ensure(["t"], progress=False)
+    for n in ("c", "t"):                                                 # as an older diag wrote them
+        f = cache.entry_dir(n) / META_FILE
+        meta = json.loads(f.read_text())
+        del meta["fingerprint"]
+        f.write_text(json.dumps(meta))
+    assert stale("c") is None and stale("t") is None
+    assert stale("t", {"c"}) == "c was rebuilt"
+    _recipe("c", heldout_every=6)
+    assert stale("c") == "its recipe changed"
+    ensure(["t"], progress=False)
+    assert stub_zoo == ["c", "t", "c", "t"]                              # c changed, so t is rebuilt too
+
+
+def test_zoo_list_names_a_stale_entry(stub_zoo, capsys):
+    from diag.cli.main import main
+    from diag.zoo.build import ensure
+    ensure(["t"], progress=False)
+    _recipe("t", save_dtype="bfloat16")
+    assert main(["zoo", "list"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.split()[:1] == ["t"])
+    assert "stale (rebuilt on use)" in line
+
+
 # ---- corpus and tokenizer --------------------------------------------------------------
 
 def _fake_stdlib(root: Path) -> None:

@@ -59,11 +59,13 @@ def _headline(meta: dict | None) -> str:
 
 def _list() -> int:
     from diag.zoo import ZOO, cache_root, is_built
-    from diag.zoo.build import read_meta
+    from diag.zoo.build import read_meta, stale
     print(f"cache: {cache_root()}")
     for name, e in ZOO.items():
         meta = read_meta(name) if is_built(name) else None
         state = f"built {meta['seconds']:6.1f}s" if meta else ("built" if is_built(name) else "not built")
+        if is_built(name) and stale(name) is not None:
+            state = "stale (rebuilt on use)"
         print(f"  {name:26s} {state:14s} {_headline(meta):28s} {e.summary}")
     return 0
 

@@ -14,7 +14,8 @@ it writes), llama-tiny-think-eagle3-nothink (trained thinking off), llama-tiny-e
 (trained on 27 positions);
 deepseek-tiny-eagle3-mla (the Kimi drafters' MLA architecture, EAGLE-3.1 options).
 Cache: $DIAG_CACHE_DIR or ~/.cache/diag, then zoo/v{BUILDER_VERSION}/{name}/.
-Each entry directory holds a zoo_meta.json: recipe, build time, quality metrics.
+Each entry directory holds a zoo_meta.json: recipe, fingerprint, build time, quality metrics;
+an entry whose recipe (or a recipe upstream) changed is rebuilt on use (build.stale).
 """
 
 from __future__ import annotations

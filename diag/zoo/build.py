@@ -2,8 +2,14 @@
 atomic publication (cache.py) and a zoo_meta.json per entry.
 
 zoo_meta.json holds what was built and how well it came out:
-  {"name", "builder_version", "recipe" (the frozen recipe as a dict), "seconds",
+  {"name", "builder_version", "fingerprint", "recipe" (the frozen recipe as a dict), "seconds",
    "torch", "transformers", "python", "threads", "metrics": {... builder-specific ...}}
+
+An entry is served from the cache only while it is what its recipe would build now: its
+`fingerprint` (BUILDER_VERSION, its recipe, its dependencies' fingerprints, hashed) equals
+the current one, so changing a recipe rebuilds that entry and everything built from it, and
+no test or demo reads a checkpoint of an older recipe. An entry built before fingerprints
+existed is served while its own recipe is unchanged and nothing it needs was rebuilt.
 
 This module knows the order of things; the work is in build_targets.py and
 build_drafters.py, the numerics of INT4 in diag.int4.
@@ -12,6 +18,7 @@ build_drafters.py, the numerics of INT4 in diag.int4.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import platform
 import time
@@ -94,35 +101,72 @@ def _build_int4(recipe: Int4Recipe, out: Path, deps: dict[str, Path]) -> dict:
     return {"packed_linears": packed, "group_size": recipe.group_size}
 
 
+def _plain(recipe) -> dict:
+    """A recipe as zoo_meta.json holds it (tuples become lists)."""
+    return json.loads(json.dumps(dataclasses.asdict(recipe)))
+
+
+def fingerprint(name: str) -> str:
+    """What `name` is built from, hashed: BUILDER_VERSION, its recipe and the fingerprints of
+    what it needs. A change to any recipe upstream changes it."""
+    e = entry(name)
+    payload = {"builder_version": BUILDER_VERSION, "recipe": _plain(e.recipe),
+               "needs": {d: fingerprint(d) for d in e.needs}}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def stale(name: str, rebuilt: set[str] = frozenset()) -> str | None:
+    """Why the cached `name` may not be served (None: it may). rebuilt: entries rebuilt in
+    this pass (what was built from their old selves is stale too)."""
+    if not cache.is_built(name):
+        return "not built"
+    meta = read_meta(name)
+    if meta is None:
+        return f"no {META_FILE}"
+    if "fingerprint" in meta:
+        return None if meta["fingerprint"] == fingerprint(name) else "its recipe or one it needs changed"
+    if meta.get("recipe") != _plain(entry(name).recipe):
+        return "its recipe changed"
+    changed = [d for d in entry(name).needs if d in rebuilt]
+    return f"{', '.join(changed)} was rebuilt" if changed else None
+
+
 def _meta(name: str, seconds: float, metrics: dict) -> dict:
-    return {"name": name, "builder_version": BUILDER_VERSION,
+    return {"name": name, "builder_version": BUILDER_VERSION, "fingerprint": fingerprint(name),
             "recipe": dataclasses.asdict(entry(name).recipe), "seconds": round(seconds, 2),
             "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version(), "threads": BUILD_THREADS, "metrics": metrics}
 
 
-def build_one(name: str, deps: dict[str, Path]) -> tuple[Path, bool]:
-    """Build `name` (its dependencies must be in deps) unless it exists. Returns (path, built_now)."""
+def build_one(name: str, deps: dict[str, Path], rebuilt: set[str] = frozenset()) -> tuple[Path, bool]:
+    """Build `name` (its dependencies must be in deps) unless a servable one exists (stale:
+    checked again under the entry's lock). Returns (path, built_now)."""
     def work(tmp: Path) -> None:
         start = time.perf_counter()
         metrics = _run_builder(name, tmp, deps)
         (tmp / META_FILE).write_text(json.dumps(_meta(name, time.perf_counter() - start, metrics),
                                                 indent=2) + "\n")
-    return cache.publish(name, work)
+    return cache.publish(name, work, keep=lambda _path: stale(name, rebuilt) is None)
 
 
 def ensure(names: list[str], progress: bool = True) -> dict[str, Path]:
-    """Build whatever of names (and their dependencies) is missing; return every path."""
+    """Build whatever of names (and their dependencies) is missing or stale; return every path."""
     paths: dict[str, Path] = {}
     todo = closure(names)
-    missing = [n for n in todo if not cache.is_built(n)]
-    bar = tqdm(total=len(missing), desc="diag zoo", unit="entry", disable=not progress or not missing)
+    planned: set[str] = set()
+    for n in todo:                                 # in dependency order: a rebuilt one's dependents too
+        if stale(n, planned) is not None:
+            planned.add(n)
+    bar = tqdm(total=len(planned), desc="diag zoo", unit="entry", disable=not progress or not planned)
+    rebuilt: set[str] = set()
     for n in todo:
-        if cache.is_built(n):
+        if n not in planned:
             paths[n] = cache.entry_dir(n)
             continue
         bar.set_postfix_str(n)
-        paths[n], _ = build_one(n, paths)
+        paths[n], now = build_one(n, paths, rebuilt)
+        if now:
+            rebuilt.add(n)
         bar.update(1)
     bar.close()
     return paths

@@ -49,14 +49,17 @@ def entry_lock(name: str) -> Iterator[None]:
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
-def publish(name: str, build: Callable[[Path], None]) -> tuple[Path, bool]:
+def publish(name: str, build: Callable[[Path], None],
+            keep: Callable[[Path], bool] = lambda _path: True) -> tuple[Path, bool]:
     """Run build(tmp_dir) and rename tmp_dir to entry_dir(name), unless the
     entry already exists (possibly built by another process while we waited
-    for the lock). Returns (path, built_now)."""
+    for the lock) and keep(entry) says it may be served; one it may not is
+    deleted first, under the same lock. Returns (path, built_now)."""
     final = entry_dir(name)
     with entry_lock(name):
-        if final.is_dir():
+        if final.is_dir() and keep(final):
             return final, False
+        shutil.rmtree(final, ignore_errors=True)
         for stale in final.parent.glob(f".{name}.tmp-*"):   # a killed build's leftovers
             shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=final.parent))

@@ -16,7 +16,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Union
 
-# Bump when any builder or recipe changes: the cache folder is zoo/v{BUILDER_VERSION}/.
+# Bump when a builder changes what it writes: the cache folder is zoo/v{BUILDER_VERSION}/. A changed
+# recipe needs no bump: build.fingerprint rebuilds its entry and what is built from it.
 BUILDER_VERSION = 2
 
 SPECIAL_TOKENS = ("<|bos|>", "<|eos|>", "<|pad|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
