@@ -61,7 +61,7 @@ def test_demo_tells_the_seeds_story(tmp_path):
     ships vLLM-convention ids that SGLang's Llama rule serves as L1+L3+L5. The first verdict is
     the LAYOUT MISMATCH with the ids that fix it, then the EAGLE-mode warning; step costs diag
     measured on this machine price the trees but give no verdict (issue 15). The contrast is the
-    seeds' (issue 19): measured 2.58 trained against 1.66 served on chain-3."""
+    seeds' (issue 19): measured 2.62 trained against 1.64 served on chain-3."""
     from diag.cli.main import main
     out = tmp_path / "demo"
     assert main(["run", "--out", str(out), "--quiet"]) == 0
