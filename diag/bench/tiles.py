@@ -104,10 +104,7 @@ class _Gemms:
             def fn():
                 out = fast.grouped_int4_gemm(self.x, e.gate_up_proj_packed, e.gate_up_proj_scale, self.r, g,
                                              "gate_up", a_div=self.idx.shape[1], piece=e.kernel_layout, glu=glu)
-                if not glu:
-                    gate, up = out.chunk(2, dim=-1)
-                    out = (e.act_fn(gate) * up).contiguous()
-                return out
+                return out if glu else fast.activate(e, out)
         else:
             fn = lambda: fast.grouped_int4_gemm(self.h, e.down_proj_packed, e.down_proj_scale,  # noqa: E731
                                                 self.r, g, "down", a_div=1, route_w=self.route_w,

@@ -59,16 +59,13 @@ def _headline(meta: dict | None) -> str:
 
 def _list() -> int:
     from diag.zoo import ZOO, cache_root, is_built
-    from diag.zoo.build import closure, read_meta, stale
+    from diag.zoo.build import outdated, read_meta
     print(f"cache: {cache_root()}")
-    outdated: set[str] = set()
-    for name in closure(list(ZOO)):                     # dependencies first: what a stale one built is stale
-        if stale(name, outdated) is not None:
-            outdated.add(name)
+    stale = outdated(list(ZOO))
     for name, e in ZOO.items():
         meta = read_meta(name) if is_built(name) else None
         state = f"built {meta['seconds']:6.1f}s" if meta else ("built" if is_built(name) else "not built")
-        if is_built(name) and name in outdated:
+        if is_built(name) and name in stale:
             state = "stale (rebuilt on use)"
         print(f"  {name:26s} {state:14s} {_headline(meta):28s} {e.summary}")
     return 0

@@ -4,7 +4,8 @@
 
 For each version: the release's wheel (diag.engine.wheels: fetched once with pip into
 $DIAG_SGLANG_WHEELS, default $DIAG_CACHE_DIR/sglang-wheels), then read, without importing
-anything (sglang cannot be imported without its CUDA stack), what `ServerArgs.add_cli_args(parser)` registers:
+anything (sglang cannot be imported without its CUDA stack), what
+`ServerArgs.add_cli_args(parser)` registers:
   - explicit `parser.add_argument("--x", "--alias", action=..., nargs=..., choices=[...])`
     calls in srt/server_args.py (every release; the only kind up to 0.5.13);
   - dataclass fields declared `name: A[T, "help"]` or `A[T, Arg(cli_name=, aliases=, action=,

@@ -205,12 +205,16 @@ def fused_experts(module: PackedExperts, hidden: torch.Tensor, top_k_index: torc
     if grouped and GROUPED["gate_up"].get("glu", False) and fuses_activation(module):
         h = gemm(x, "gate_up_proj", "gate_up", K, glu=True)                # [S, I]
     else:
-        gu = gemm(x, "gate_up_proj", "gate_up", K)                         # [S, 2I]
-        gate, up = gu.chunk(2, dim=-1)
-        h = (module.act_fn(gate) * up).contiguous()                        # [S, I]
+        h = activate(module, gemm(x, "gate_up_proj", "gate_up", K))        # [S, 2I] -> [S, I]
     w = top_k_weights.reshape(-1).to(torch.float32).contiguous()           # [S]
     y = gemm(h, "down_proj", "down", 1, w)                                 # [S, H]
     return y.view(T, K, -1).sum(dim=1, dtype=torch.float32).to(hidden.dtype)
+
+
+def activate(module: PackedExperts, gu: torch.Tensor) -> torch.Tensor:
+    """The unfused activation: gate_up's product [S, 2I] -> act(gate) * up [S, I]."""
+    gate, up = gu.chunk(2, dim=-1)
+    return (module.act_fn(gate) * up).contiguous()
 
 
 def fuses_activation(module: PackedExperts) -> bool:

@@ -131,6 +131,16 @@ def stale(name: str, rebuilt: set[str] = frozenset()) -> str | None:
     return f"{', '.join(changed)} was rebuilt" if changed else None
 
 
+def outdated(names: list[str]) -> set[str]:
+    """The entries of closure(names) a build would make now: stale ones, and (dependencies
+    first) those built from them."""
+    found: set[str] = set()
+    for n in closure(names):
+        if stale(n, found) is not None:
+            found.add(n)
+    return found
+
+
 def _meta(name: str, seconds: float, metrics: dict) -> dict:
     return {"name": name, "builder_version": BUILDER_VERSION, "fingerprint": fingerprint(name),
             "recipe": dataclasses.asdict(entry(name).recipe), "seconds": round(seconds, 2),
@@ -153,10 +163,7 @@ def ensure(names: list[str], progress: bool = True) -> dict[str, Path]:
     """Build whatever of names (and their dependencies) is missing or stale; return every path."""
     paths: dict[str, Path] = {}
     todo = closure(names)
-    planned: set[str] = set()
-    for n in todo:                                 # in dependency order: a rebuilt one's dependents too
-        if stale(n, planned) is not None:
-            planned.add(n)
+    planned = outdated(todo)
     bar = tqdm(total=len(planned), desc="diag zoo", unit="entry", disable=not progress or not planned)
     rebuilt: set[str] = set()
     for n in todo:
