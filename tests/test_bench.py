@@ -65,45 +65,6 @@ def test_routes_sorts_once_and_pads_for_each_block_m():
     assert both[4].sorted_ids.tolist()[:8] == [1, 4, S, S, 0, 2, 3, S]
 
 
-def _blocks(part):
-    """A Routing's blocks as (expert, [real pair indices])."""
-    ids = part.sorted_ids.view(-1, part.block_m).tolist()
-    return [(e, [p for p in b if p < part.num_pairs]) for e, b in zip(part.block_expert.tolist(), ids)]
-
-
-def test_tail_routes_worked_example():
-    """tail_routes' docstring: counts [5, 1, 3], block_m 4, tails 2."""
-    idx = torch.tensor([0, 0, 2, 0, 1, 0, 2, 0, 2]).view(-1, 1)      # expert 0: 5 pairs, 1: 1, 2: 3
-    main, two, one = (fast.tail_routes(idx, 3, 4, 2) + (None,))[:3]
-    assert one is None and (main.block_m, two.block_m) == (4, 2)
-    assert [b for b in _blocks(main) if b[0] >= 0] == [(0, [0, 1, 3, 5]), (2, [2, 6, 8])]
-    assert [b for b in _blocks(two) if b[0] >= 0] == [(0, [7]), (1, [4])]
-    assert fast.tail_routes(idx, 3, 4, 0)[0].sorted_ids.tolist() == route(idx, 3, 4).sorted_ids.tolist()
-
-
-@pytest.mark.parametrize("seed", range(4))
-def test_tail_routes_place_every_pair_once_and_multiply_fewer_rows(seed):
-    """Every pair in exactly one block of its own expert across the parts; each expert's
-    tail in one block no larger than needed; never more rows than route() multiplies."""
-    gen = torch.Generator().manual_seed(seed)
-    E, T, K, B, tails = 9, 300, 4, 32, 8
-    idx = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(T)])
-    parts = fast.tail_routes(idx, E, B, tails)
-    assert [p.block_m for p in parts] == [32, 16, 8]
-    seen, rows = [], 0
-    for part in parts:
-        for e, real in _blocks(part):
-            assert e >= 0 or not real
-            assert all(int(idx.view(-1)[p]) == e for p in real)
-            seen += real
-            rows += part.block_m if e >= 0 else 0
-            if part.block_m < B and e >= 0:
-                assert part.block_m // 2 < max(len(real), tails) <= part.block_m
-    assert sorted(seen) == list(range(T * K))
-    counts = torch.bincount(idx.view(-1), minlength=E)
-    assert rows <= int(((counts + B - 1) // B * B).sum())
-
-
 def test_accelerate_swaps_class_and_falls_back_on_cpu(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     m = _experts()
@@ -190,29 +151,6 @@ def test_grouped_kernel_dequantizes_bit_for_bit_and_matches_eager(dequant, piece
     assert _fused_vs_eager(m, dev) < 1e-2
     assert m.kernel_layout == piece
     assert torch.equal(_kernel_dequantized(m, 2, dev), m.expert_weight("down_proj", 2, torch.bfloat16))
-
-
-@pytest.mark.skipif(not kernel_runs, reason="needs Triton with CUDA or TRITON_INTERPRET=1")
-def test_grouped_kernel_with_tails_is_the_same_layer(grouped_tiles):
-    """Tails (remainders in smaller blocks, one launch per block size into one output):
-    40 tokens, top-2 of 4 experts with 40 / 20 / 12 / 8 pairs; both GEMMs at block_m 32,
-    gate_up's tails 16 (2 launches), down's 8 (3 launches); the layer equals the eager loop
-    to bf16 rounding."""
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    m = _experts(11, E=4, H=256, I=256).to(dev)
-    m.__class__ = FastPackedExperts
-    grouped_tiles.update(dequant=2, piece=32)
-    grouped_tiles["gate_up"].update(block_m=32, tails=16)
-    grouped_tiles["down"].update(block_m=32, tails=8)
-    idx = torch.stack([torch.zeros(40, dtype=torch.long),
-                       torch.tensor([1] * 20 + [2] * 12 + [3] * 8)], dim=1).to(dev)
-    parts = fast.gemm_routes(idx, 4, {"gate_up": 32, "down": 32}, True)
-    assert [p.block_m for p in parts["gate_up"]] == [32, 16] and [p.block_m for p in parts["down"]] == [32, 16, 8]
-    x = torch.randn(40, 256, device=dev).to(torch.bfloat16)
-    w = torch.rand(40, 2, device=dev)
-    ref = PackedExperts.forward(m, x, idx, w).float()
-    got = fused_experts(m, x, idx, w).float()
-    assert float((got - ref).norm() / ref.norm()) < 1e-2
 
 
 bf16x2_runs = (triton_available() and torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
@@ -306,11 +244,10 @@ def test_gate_up_tile_without_glu_keeps_the_activation_outside(grouped_tiles, mo
 
 def test_tuner_times_gate_up_both_ways_where_the_activation_fuses():
     from diag.bench.tiles import _gemm_tiles, _tile
-    c = (64, 128, 8, 2, False, 16)
+    c = (64, 128, 8, 2, False)
     assert _gemm_tiles(c, True) == [("gate_up", c + (True,)), ("gate_up", c + (False,)), ("down", c)]
     assert _gemm_tiles(c, False) == [("gate_up", c), ("down", c)]
     assert _tile(c + (False,))["glu"] is False and "glu" not in _tile(c)
-    assert _tile(c)["tails"] == 16 and _tile(c + (True,))["tails"] == 16
 
 
 def test_only_silu_is_fused_into_the_kernel():
@@ -349,11 +286,11 @@ def test_tuner_chooses_each_gemms_fastest_tile_at_the_best_shared_layout(grouped
     """The timings of an H200 run (bf16x2 call): DEQUANT 3 wins on the sum of each GEMM's best,
     and down keeps its block_m 128 while gate_up keeps 64."""
     from diag.bench.tiles import _choose
-    best = {(32, 3, "gate_up"): (0.01197, (64, 128, 8, 2, False, 0, True)),
-            (32, 3, "down"): (0.00832, (128, 128, 8, 3, False, 32)),
-            (32, 2, "gate_up"): (0.0130, (64, 128, 8, 3, False, 0)),
-            (32, 2, "down"): (0.0089, (128, 128, 8, 3, False, 0)),
-            (16, 2, "gate_up"): (0.0150, (128, 128, 8, 3, False, 0))}           # no down: not a pair
+    best = {(32, 3, "gate_up"): (0.01197, (64, 128, 8, 2, False, True)),
+            (32, 3, "down"): (0.00832, (128, 128, 8, 3, False)),
+            (32, 2, "gate_up"): (0.0130, (64, 128, 8, 3, False)),
+            (32, 2, "down"): (0.0089, (128, 128, 8, 3, False)),
+            (16, 2, "gate_up"): (0.0150, (128, 128, 8, 3, False))}           # no down: not a pair
     m = _experts(5, E=4, H=256, I=256)
     got = _choose(best, m, 8192)
     assert got["by_piece_and_dequant"] == {"piece32_dequant3": pytest.approx(0.02029),
@@ -361,8 +298,8 @@ def test_tuner_chooses_each_gemms_fastest_tile_at_the_best_shared_layout(grouped
     assert got["gemm_seconds"] == pytest.approx(0.02029)
     assert fast.GROUPED["dequant"] == 3 and fast.GROUPED["piece"] == 32 and m.kernel_layout == 32
     assert fast.GROUPED["gate_up"] == {"block_m": 64, "block_n": 128, "num_warps": 8, "num_stages": 2,
-                                       "wide": False, "tails": 0, "glu": True}
-    assert "glu" not in fast.GROUPED["down"] and fast.GROUPED["down"]["tails"] == 32
+                                       "wide": False, "glu": True}
+    assert "glu" not in fast.GROUPED["down"]
     assert fast.GROUPED["down"]["block_m"] == 128 and got["chosen"]["down"]["num_stages"] == 3
 
 

@@ -1,7 +1,7 @@
 """Choosing the grouped INT4 kernel's tiles on the GPU at hand, and proving each dequant
 variant bit for bit at Kimi's widths.
 
-  tiles     CONFIGS (piece width, block_m, block_n, warps, stages, wide[, tails]), each GEMM timed alone
+  tiles     CONFIGS (piece width, block_m, block_n, warps, stages, wide), each GEMM timed alone
             (the piece and the dequant variant are shared by both GEMMs: the weights' layout;
             block_m is each GEMM's own: each is routed for its tile); the best tile of each
             GEMM per (piece, dequant), then the best pair of those, go into fast.GROUPED
@@ -42,12 +42,6 @@ DEQUANT3 = ((32, 64, 128, 8, 2, False), (32, 64, 128, 8, 3, False), (32, 64, 256
             # each GEMM's block_m its own (routing per GEMM): down's short K at larger token tiles
             (32, 128, 64, 4, 3, False), (32, 128, 128, 4, 3, False), (32, 32, 128, 8, 3, False),
             (32, 64, 128, 4, 3, False))
-# Tails (fast.tail_routes: an expert's remainder of at most half a block in one smaller block),
-# the 7th field the smallest tail block; at DEQUANT 3, tried before everything else (new rows).
-# Kimi at 8192 tokens has 171 pairs per expert: block_m 128 with tails multiplies 192 rows per
-# expert, as block_m 64 does, with the weights dequantized twice instead of three times.
-TAILS = ((32, 128, 128, 8, 3, False, 32), (32, 128, 128, 8, 2, False, 32), (32, 128, 128, 8, 3, False, 16),
-         (32, 64, 128, 8, 2, False, 16), (32, 128, 128, 8, 4, False, 32), (32, 64, 128, 8, 3, False, 16))
 
 @torch.no_grad()
 def dequant_exact(experts, dequant: int) -> bool | str:
@@ -97,9 +91,9 @@ class _Gemms:
         self.route_w = self.w.reshape(-1).float().contiguous()
         self.r = None
 
-    def route(self, block_m: int, tails: int = 0):
+    def route(self, block_m: int):
         from diag.int4 import fast
-        self.r = fast.tail_routes(self.idx, self.experts.num_experts, block_m, tails)
+        self.r = fast.route(self.idx, self.experts.num_experts, block_m)
 
     def time(self, which: str, glu: bool = False) -> float:
         """One GEMM's seconds; gate_up with the activation either in its epilogue (glu) or
@@ -119,11 +113,11 @@ class _Gemms:
 
 
 def _tile(cand: tuple) -> dict:
-    """(block_m, block_n, num_warps, num_stages, wide, tails[, glu]) -> one GEMM's entry of
+    """(block_m, block_n, num_warps, num_stages, wide[, glu]) -> one GEMM's entry of
     fast.GROUPED (glu: gate_up's, whether the activation is in its epilogue)."""
-    bm, bn, warps, stages, wide, tails, *glu = cand
+    bm, bn, warps, stages, wide, *glu = cand
     return {"block_m": bm, "block_n": bn, "num_warps": warps, "num_stages": stages, "wide": wide,
-            "tails": tails, **({"glu": glu[0]} if glu else {})}
+            **({"glu": glu[0]} if glu else {})}
 
 
 def _try(g: _Gemms, which: str, cand: tuple, rows: list, tag: dict) -> float:
@@ -141,17 +135,16 @@ def _try(g: _Gemms, which: str, cand: tuple, rows: list, tag: dict) -> float:
 def _gemm_tiles(cand: tuple, fusable: bool) -> list[tuple[str, tuple]]:
     """The (GEMM, tile) pairs one config is timed as: gate_up with the activation in its
     epilogue and after it, where the activation can be fused; down once.
-    (64, 128, 8, 2, False, 0), fusable -> gate_up (..., True), gate_up (..., False), down (...)."""
+    (64, 128, 8, 2, False), fusable -> gate_up (..., True), gate_up (..., False), down (...)."""
     ups = [cand + (True,), cand + (False,)] if fusable else [cand]
     return [("gate_up", t) for t in ups] + [("down", cand)]
 
 
 @torch.no_grad()
 def tune_grouped(moe, tokens: int = 8192, *, budget_s: float = 120.0, configs=CONFIGS,
-                 dequant: int = 2, dequant3=DEQUANT3, tails=TAILS, log=print) -> dict:
+                 dequant: int = 2, dequant3=DEQUANT3, log=print) -> dict:
     """Each config's two GEMMs timed alone at `tokens` (the weights re-laid per piece width),
-    `tails` then `dequant3` at DEQUANT 3, `configs` at `dequant` (a config without a 7th field
-    routes without tails); the fastest (piece, dequant) by the sum
+    `configs` at `dequant`, `dequant3` at DEQUANT 3; the fastest (piece, dequant) by the sum
     of its best tile per GEMM (each GEMM's block_m its own) chosen into fast.GROUPED, then
     every DEQUANT variant proven bit-exact at the chosen layout."""
     from diag.int4 import fast
@@ -160,14 +153,13 @@ def tune_grouped(moe, tokens: int = 8192, *, budget_s: float = 120.0, configs=CO
     g = _Gemms(moe, tokens)
     rows: list[dict] = []
     best: dict = {}
-    full = lambda c: c if len(c) == 7 else (*c, 0)                                   # noqa: E731
-    tried = [(*full(c), 3) for c in (*tails, *dequant3)] + [(*full(c), dequant) for c in configs]
+    tried = [(*c, 3) for c in dequant3] + [(*c, dequant) for c in configs]
     for piece in dict.fromkeys(c[0] for c in tried):
         fast.to_kernel_layout(moe.experts, piece)
         for _, *cand, dq in (c for c in tried if c[0] == piece):
             if time.perf_counter() - t0 > budget_s:
                 break
-            g.route(cand[0], cand[5])
+            g.route(cand[0])
             fast.GROUPED["dequant"] = dq
             for which, tile in _gemm_tiles(tuple(cand), fast.fuses_activation(moe.experts)):
                 s = _try(g, which, tile, rows, {"dequant": dq, "piece": piece})

@@ -13,12 +13,6 @@ per-expert Python loop or bf16 weight copy exists.
 Worked routing example, BLOCK_M 2, experts [1, 0, 1] (T 3, K 1): counts [1, 2] -> blocks
 [1, 1]; sorted_ids = [1, S | 0, 2] (S = 3 pads expert 0's run); block_expert = [0, 1].
 
-Tails (a tile's "tails", the smallest tail block; 0: off): an expert's run is padded to a
-whole block only when its remainder fills more than half of one; a smaller remainder t goes
-to one block of the smallest power of two >= t (the tails size at least), launched with that
-BLOCK_M. Kimi at 8192 tokens: 171 pairs per expert, block_m 128 -> 128 + a tail of 43 in a
-block of 64: 192 rows multiplied instead of 256, and the weights still dequantized twice.
-
 Two kernels (diag.int4.fast_kernel): the grouped one wherever the widths allow it
 (kernel_layout.fits: Kimi's 7168 and 2048 with group 32 do), reading the packed words re-laid
 once, at the first forward, so that unpacking one group is a shift and a mask; the first
@@ -50,8 +44,7 @@ TILES = {"block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 4, "num_stag
 # per GEMM, each with its own block_m, the token side (the dot's N, 16..256; each GEMM is
 # routed for its own), and block_n, the weight rows ("wide": one dot of depth 8 * piece per
 # K step instead of 8 of depth piece, fast_kernel; gate_up's "glu": silu(gate) * up in its
-# epilogue, where the module's activation is SiLU; "tails": the smallest block a remainder
-# of an expert's run is routed to, 0 for none, tail_routes). The piece width (the weights' layout)
+# epilogue, where the module's activation is SiLU). The piece width (the weights' layout)
 # and the dequant variant are shared. The defaults are what diag bench measured fastest on
 # an H200 (reports/bench/NOTES.md); a bench run may set others for its own process.
 GROUPED = {"dequant": 3, "piece": 32,
@@ -97,54 +90,6 @@ def routes(top_k_index: torch.Tensor, num_experts: int, block_ms) -> dict[int, R
     return out
 
 
-def tail_routes(top_k_index: torch.Tensor, num_experts: int, block_m: int, tails: int) -> tuple[Routing, ...]:
-    """The pairs of each expert in blocks of block_m, except a remainder t <= block_m / 2,
-    which goes to one block of the smallest power of two >= max(t, tails): one Routing per
-    block size, block_m's first, without a host sync (a tail part has at most one block
-    per expert). tails 0 or >= block_m: route() alone. Counts [5, 1, 3], block_m 4, tails 2: blocks of 4
-    hold expert 0's first 4 pairs and expert 2's 3 (3 > 2: padded to 4), blocks of 2 expert
-    0's fifth pair and expert 1's one."""
-    if not tails or tails >= block_m:
-        return (route(top_k_index, num_experts, block_m),)
-    flat = top_k_index.reshape(-1).to(torch.int64)
-    S, E, dev = flat.numel(), num_experts, flat.device
-    order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=E)[:E]
-    e_sorted = flat[order]
-    rank = torch.arange(S, device=dev) - (torch.cumsum(counts, 0) - counts)[e_sorted]
-    full, tail = counts // block_m, counts % block_m
-    size = torch.full_like(counts, block_m)                   # the tail's block size
-    b = block_m // 2
-    while b >= tails:
-        size = torch.where(tail <= b, b, size)
-        b //= 2
-    main = full + ((tail > 0) & (size == block_m)).long()     # blocks of block_m per expert
-    in_main = rank < (main * block_m)[e_sorted]
-    parts = [_part(order, e_sorted, rank, in_main, main, block_m, S // block_m + E, S, E)]
-    b = block_m // 2
-    while b >= tails:
-        mine = (tail > 0) & (size == b)                       # experts whose tail is this size
-        sel = ~in_main & mine[e_sorted]
-        parts.append(_part(order, e_sorted, rank - (full * block_m)[e_sorted], sel, mine.long(), b, E, S, E))
-        b //= 2
-    return tuple(parts)
-
-
-def _part(order, e_sorted, rank, sel, blocks, block_m: int, max_blocks: int, S: int, E: int) -> Routing:
-    """One block size's Routing: the selected sorted pairs (sel [S]) at their rank inside
-    their expert's blocks (blocks [E] per expert, consecutive, experts in order). Unselected
-    pairs are written past the end, into a slot that is cut off."""
-    start = (torch.cumsum(blocks, 0) - blocks) * block_m                          # [E]
-    dump = max_blocks * block_m
-    pos = torch.where(sel, start[e_sorted] + rank, dump)
-    sorted_ids = torch.full((dump + 1,), S, dtype=torch.int32, device=order.device)
-    sorted_ids[pos] = order.to(torch.int32)
-    expert = torch.searchsorted(torch.cumsum(blocks, 0), torch.arange(max_blocks, device=order.device),
-                                right=True)
-    block_expert = torch.where(expert < E, expert, -1).to(torch.int32)
-    return Routing(sorted_ids[:dump], block_expert, S, block_m)
-
-
 def _block_k(width: int, group: int) -> int:
     """The configured K tile if it is a multiple of the group and divides the width, else
     the first of 128/64/32 that is."""
@@ -176,31 +121,19 @@ def grouped_int4_gemm_any(a: torch.Tensor, packed: torch.Tensor, scale: torch.Te
     return out
 
 
-def grouped_int4_gemm(a: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
-                      r: Routing | tuple[Routing, ...], group: int, which: str, *, a_div: int, piece: int,
+def grouped_int4_gemm(a: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, r: Routing,
+                      group: int, which: str, *, a_div: int, piece: int,
                       route_w: torch.Tensor | None = None, glu: bool = False) -> torch.Tensor:
     """The grouped kernel: packed [E, N, K/8] int32 in kernel layout of piece width `piece`,
     scale [E, N, K/group] (any strides), a [rows, K] bf16 -> out [S, N] bf16, in the
-    routing's block_m (GROUPED[which]'s block_m is what fused_experts routes for); a tuple
-    of routings (tail_routes: each pair in one of them) is one launch each into one out.
+    routing's block_m (GROUPED[which]'s block_m is what fused_experts routes for).
     glu: packed is gate_up [E, 2I, K/8] and out is silu(gate) * up [S, I], in the epilogue."""
-    parts = r if isinstance(r, tuple) else (r,)
-    N = packed.shape[1]
-    out = torch.empty(parts[0].num_pairs, N // 2 if glu else N, dtype=torch.bfloat16, device=a.device)
-    for part in parts:
-        if part.block_expert.numel():
-            _launch_grouped(a, packed, scale, part, group, which, out, a_div=a_div, piece=piece,
-                            route_w=route_w, glu=glu)
-    return out
-
-
-def _launch_grouped(a, packed, scale, r: Routing, group: int, which: str, out: torch.Tensor, *, a_div: int,
-                    piece: int, route_w: torch.Tensor | None, glu: bool) -> None:
     from diag.int4.fast_kernel import moe_int4_gemm_grouped
     import triton
 
     N, K = packed.shape[1], packed.shape[2] * 8
     t = GROUPED[which]
+    out = torch.empty(r.num_pairs, N // 2 if glu else N, dtype=torch.bfloat16, device=a.device)
     grid = (triton.cdiv(N // 2 if glu else N, t["block_n"] // 2 if glu else t["block_n"]), r.block_expert.numel())
     moe_int4_gemm_grouped[grid](a, packed, scale, out, r.sorted_ids, r.block_expert,
                                 route_w if route_w is not None else out, N, K, r.num_pairs, a_div,
@@ -210,6 +143,7 @@ def _launch_grouped(a, packed, scale, r: Routing, group: int, which: str, out: t
                                 DEQUANT=dequant_variant(a.device), MUL_ROUTE=route_w is not None,
                                 UPCAST=_interpreting(), WIDE=bool(t.get("wide", False)), GLU=glu,
                                 num_warps=t["num_warps"], num_stages=t["num_stages"])
+    return out
 
 
 def grouped_block_m(pairs: int, experts: int, which: str) -> int:
@@ -257,12 +191,12 @@ def fused_experts(module: PackedExperts, hidden: torch.Tensor, top_k_index: torc
         to_kernel_layout(module)
     block_m = {w: grouped_block_m(T * K, module.num_experts, w) if grouped else TILES["block_m"]
                for w in ("gate_up", "down")}
-    routings = gemm_routes(top_k_index, module.num_experts, block_m, grouped)
+    routings = routes(top_k_index, module.num_experts, block_m.values())
     g = module.group_size
 
     def gemm(a, proj, which, a_div, route_w=None, glu=False):
         packed, scale = getattr(module, f"{proj}_packed"), getattr(module, f"{proj}_scale")
-        r = routings[which]
+        r = routings[block_m[which]]
         if grouped:
             return grouped_int4_gemm(a, packed, scale, r, g, which, a_div=a_div, route_w=route_w,
                                      piece=module.kernel_layout, glu=glu)
@@ -275,16 +209,6 @@ def fused_experts(module: PackedExperts, hidden: torch.Tensor, top_k_index: torc
     w = top_k_weights.reshape(-1).to(torch.float32).contiguous()           # [S]
     y = gemm(h, "down_proj", "down", 1, w)                                 # [S, H]
     return y.view(T, K, -1).sum(dim=1, dtype=torch.float32).to(hidden.dtype)
-
-
-def gemm_routes(top_k_index: torch.Tensor, num_experts: int, block_m: dict[str, int],
-                grouped: bool) -> dict[str, Routing | tuple[Routing, ...]]:
-    """Each GEMM's routing for its block_m: with its tile's tails (grouped kernel), the
-    tail_routes parts; else one Routing, the pairs sorted once for both GEMMs."""
-    tails = {w: GROUPED[w].get("tails", 0) if grouped else 0 for w in block_m}
-    plain = routes(top_k_index, num_experts, [block_m[w] for w in block_m if not tails[w]])
-    return {w: tail_routes(top_k_index, num_experts, block_m[w], tails[w]) if tails[w] else plain[block_m[w]]
-            for w in block_m}
 
 
 def activate(module: PackedExperts, gu: torch.Tensor) -> torch.Tensor:
