@@ -340,6 +340,70 @@ def test_drafter_builder_is_deterministic(tiny_corpus, tiny_targets, tmp_path):
     assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [-1, 0]
 
 
+def test_drafter_builder_with_the_distribution_loss_in_bf16_is_deterministic(tiny_corpus, tiny_targets, tmp_path):
+    """The llama-tiny drafters' recipe options: SpecForge's loss and bf16 autocast. Two builds
+    are the same bytes, and they differ from the argmax / float32 build."""
+    deps = {"t": tiny_targets["llama"][0], "c": tiny_corpus}
+    recipe = dataclasses.replace(TINY_DRAFTER, loss="distribution",
+                                 budget=dataclasses.replace(TINY_DRAFTER.budget, compute_dtype="bfloat16"))
+    for name in ("a", "b"):
+        build_drafter(recipe, tmp_path / name, deps, corpus="c")
+    build_drafter(TINY_DRAFTER, tmp_path / "plain", deps, corpus="c")
+    assert _bytes(tmp_path / "a") == _bytes(tmp_path / "b") != _bytes(tmp_path / "plain")
+    with pytest.raises(DiagError, match="loss"):
+        build_drafter(dataclasses.replace(TINY_DRAFTER, loss="kl"), tmp_path / "bad", deps, corpus="c")
+
+
+def test_target_distribution_is_transformers_softmax_over_the_hot_ids(tiny_targets):
+    """target_distribution against the model's own logits (transformers' forward): the softmax
+    of the logits at the hot ids, renormalised there, at temperature 1 and 0.5."""
+    from diag.zoo.build_drafters import target_distribution
+    model = load_back(tiny_targets["llama"][0])
+    seqs = torch.randint(0, model.config.vocab_size, (3, 12), generator=torch.Generator().manual_seed(0))
+    hot = torch.tensor([1, 5, 7, 40, 99])
+    got = target_distribution(model, seqs, hot)
+    with torch.no_grad():
+        want = torch.softmax(model(input_ids=seqs).logits.float()[..., hot], dim=-1)
+    assert got.shape == (3, 12, 5) and got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, atol=4e-3, rtol=0)
+    sharp = target_distribution(model, seqs, hot, temperature=0.5)
+    torch.testing.assert_close(sharp.float(), torch.softmax(2 * model(input_ids=seqs).logits.detach().float()[..., hot], -1),
+                               atol=4e-3, rtol=0)
+
+
+
+def test_distribution_loss_at_a_one_hot_target_is_the_argmax_loss():
+    """With the target's distribution all on its argmax, SpecForge's loss is the cross entropy
+    against the argmax; an index whose argmax is not hot is left out of both."""
+    from diag.zoo.build_drafters import new_drafter, unroll_loss
+    from types import SimpleNamespace
+    torch.manual_seed(0)
+    cfg = SimpleNamespace(num_attention_heads=2, hidden_size=16, vocab_size=40)
+    hot = torch.arange(0, 40, 2)                                          # 20 hot ids: the even ones
+    d = new_drafter(SimpleNamespace(config=cfg), dataclasses.replace(TINY_DRAFTER, draft_vocab_size=20), hot, 2)
+    embed = torch.nn.Embedding(40, 16)
+    B, L, steps = 2, 9, 3
+    T = L - steps
+    seqs = torch.randint(0, 40, (B, L))
+    argmax = torch.randint(0, 20, (B, L)) * 2
+    argmax[0, 4] = 3                                                     # not hot: ignored
+    batch = views(seqs, torch.randn(B, L, 32), argmax, steps)
+    dist = torch.nn.functional.one_hot(torch.where(argmax % 2 == 0, argmax // 2, 0), 20).to(torch.bfloat16)
+    torch.testing.assert_close(unroll_loss(d, embed, batch, steps, dist), unroll_loss(d, embed, batch, steps))
+    assert batch[3].shape == (B, T, steps)
+
+
+def test_compute_dtype_puts_the_forward_under_autocast():
+    from diag.zoo.train import compute
+    b = TrainBudget(steps=1, batch=1, seq_len=1, lr=1e-3)
+    with compute(dataclasses.replace(b, compute_dtype="bfloat16")):
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
+    with compute(b):
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
+    with pytest.raises(ValueError, match="compute_dtype 'fp8'"):
+        compute(dataclasses.replace(b, compute_dtype="fp8"))
+
+
 def test_ids_rewrite_keeps_weights_and_writes_the_other_convention(tiny_corpus, tiny_targets, tmp_path):
     """The derived entry of the seeds' story: same weights, vLLM's L{id} ids (which read back
     as the trained layout under vLLM's rule), no trained layout in the config."""

@@ -15,6 +15,11 @@ Views of one sequence x (length L) for drafter index j in [0, T), T = L - steps:
     label_s[j]    = argmax[j+s]  (as a draft id; -1 when not hot: ignored)
     e.g. steps 3, j = 10: tokens x11; teacher x12, x13; labels argmax 11, 12, 13
 
+Loss: cross entropy of each step's logits against label_s, or (recipe.loss "distribution")
+against the target's softmax at index j+s restricted to the hot ids and renormalised
+(target_distribution), at the indices whose label is hot: SpecForge's objective (at
+recipe.temperature 1; a lower one divides the target's logits first).
+
 Hot vocabulary: the `draft_vocab_size` most frequent ids of the train stream
 (ties -> lower id), ascending; d2t/t2d come from Eagle3Drafter.set_vocab.
 
@@ -37,13 +42,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from diag.target.capture import capture_pass
+from diag.target.capture import capture_pass, decoder_parts
 from diag.drafter.mla import MlaShape
 from diag.drafter.model import DrafterConfig, Eagle3Drafter
 from diag.drafter.checkpoint import save_drafter
 from diag.engine.conventions import to_ids
 from diag.errors import DiagError
-from diag.layouts import Layout, layout as parse_layout
+from diag.layouts import CapturePoint, Layout, layout as parse_layout
 from diag.zoo.build_targets import load_back, load_streams
 from diag.zoo.data import sample_windows, tile_windows, token_counts
 from diag.zoo.recipes import DrafterRecipe, IdsRecipe
@@ -98,6 +103,21 @@ def features(target, seqs: torch.Tensor, lay: Layout) -> tuple[torch.Tensor, tor
     return torch.cat(auxs), torch.cat(argmaxes)
 
 
+@torch.no_grad()
+def target_distribution(target, seqs: torch.Tensor, hot: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """seqs [P, L] -> the target's next-token distribution over the hot vocabulary [P, L, Vd],
+    bf16: the softmax of its logits / temperature at the hot ids, renormalised there
+    (SpecForge's target_p at temperature 1). Logits [2, 0, 1] at ids 0..2, hot [0, 2] ->
+    softmax([2, 1]) = [0.73, 0.27]; at temperature 0.5, softmax([4, 2]) = [0.88, 0.12]."""
+    lm_head = decoder_parts(target)[4]
+    weight = lm_head.weight.detach().float()[hot]                                  # [Vd, H]
+    out = []
+    for chunk in seqs.split(CHUNK):
+        final = capture_pass(target, chunk, torch.ones_like(chunk), (CapturePoint("final"),)).states["final"]
+        out.append(torch.softmax(final.float() @ weight.T / temperature, dim=-1).to(torch.bfloat16))
+    return torch.cat(out)
+
+
 def views(seqs: torch.Tensor, aux: torch.Tensor, argmax: torch.Tensor, steps: int):
     """The drafter's inputs and labels (module docstring): aux [P, T, k*H], tokens [P, T],
     teacher [P, T, steps-1], labels [P, T, steps] (target ids), T = L - steps."""
@@ -134,13 +154,22 @@ def frozen_embedding(target) -> torch.nn.Embedding:
     return torch.nn.Embedding.from_pretrained(target.get_input_embeddings().weight.detach().float(), freeze=True)
 
 
-def unroll_loss(d: Eagle3Drafter, embed, batch, steps: int) -> torch.Tensor:
-    """Mean over steps of cross entropy against the target's argmax (draft ids; -1 ignored)."""
+def unroll_loss(d: Eagle3Drafter, embed, batch, steps: int, dist: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean over steps of cross entropy against the target's argmax (draft ids; -1 ignored),
+    or with dist [B, L, Vd] (target_distribution) against the target's distribution at the
+    index step s predicts, j + s, over the indices whose argmax is hot (SpecForge's
+    position mask)."""
     aux, tokens, teacher, labels = batch
     outs = d.unroll(embed, aux, tokens, steps, teacher_tokens=teacher)      # steps x [B, T, Vd]
     draft_labels = d.to_draft_ids(labels)                                   # [B, T, steps]
-    losses = [F.cross_entropy(o.flatten(0, 1), draft_labels[..., s].flatten(), ignore_index=-1)
-              for s, o in enumerate(outs)]
+    losses = []
+    for s, o in enumerate(outs):                                            # step s + 1: index j + s + 1
+        if dist is None:
+            losses.append(F.cross_entropy(o.flatten(0, 1).float(), draft_labels[..., s].flatten(), ignore_index=-1))
+        else:
+            p = dist[:, s + 1:s + 1 + o.shape[1]].float()                   # [B, T, Vd]
+            ce = -(p * torch.log_softmax(o.float(), dim=-1)).sum(-1)         # [B, T]
+            losses.append(ce[draft_labels[..., s] >= 0].mean())
     return torch.stack(losses).mean()
 
 
@@ -173,14 +202,18 @@ def train_drafter(target, recipe: DrafterRecipe, lay: Layout, hot: torch.Tensor,
     """A new drafter trained on seqs [P, L] under `lay` (inside `deterministic`: its init draws
     from torch's seeded RNG, each step's batch of recipe.budget.batch rows from gen). Returns
     the drafter (eval mode), the frozen embedding it was trained with, and the losses."""
+    if recipe.loss not in ("argmax", "distribution"):
+        raise DiagError("unknown drafter loss", field="loss", expected="'argmax' or 'distribution'",
+                        found=repr(recipe.loss))
     b, steps = recipe.budget, recipe.unroll_steps
     pool = views(seqs, *features(target, seqs, lay), steps)
+    dist = target_distribution(target, seqs, hot, recipe.temperature) if recipe.loss == "distribution" else None
     embed = frozen_embedding(target)
     d = new_drafter(target, recipe, hot, len(lay))
 
     def loss(_step: int) -> torch.Tensor:
         pick = torch.randint(0, seqs.shape[0], (b.batch,), generator=gen)
-        return unroll_loss(d, embed, [t[pick] for t in pool], steps)
+        return unroll_loss(d, embed, [t[pick] for t in pool], steps, None if dist is None else dist[pick])
 
     d.train()
     losses = optimize(d.parameters(), b, loss, desc=desc)

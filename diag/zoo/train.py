@@ -16,7 +16,7 @@ This module knows optimisation loops; it knows nothing about files.
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Callable, Iterator
 
 import torch
@@ -63,7 +63,8 @@ def make_optimizer(params, budget: TrainBudget) -> torch.optim.Optimizer:
 @torch.enable_grad()
 def optimize(params, budget: TrainBudget, loss_fn: Callable[[int], torch.Tensor], desc: str,
              after_step: Callable[[int], None] | None = None) -> list[float]:
-    """budget.steps AdamW steps of loss_fn(step), grad-norm clipped at 1.0. Returns the losses.
+    """budget.steps AdamW steps of loss_fn(step) (its forward in budget.compute_dtype),
+    grad-norm clipped at 1.0. Returns the losses.
     Gradients are on whatever the caller's mode (a zoo entry first asked for inside a
     `torch.no_grad()` test or fixture is built there)."""
     params = [p for p in params if p.requires_grad]
@@ -73,7 +74,8 @@ def optimize(params, budget: TrainBudget, loss_fn: Callable[[int], torch.Tensor]
     for step in bar:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, budget)
-        loss = loss_fn(step)
+        with compute(budget):
+            loss = loss_fn(step)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -83,6 +85,16 @@ def optimize(params, budget: TrainBudget, loss_fn: Callable[[int], torch.Tensor]
         losses.append(loss.detach().item())
         bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
     return losses
+
+
+def compute(budget: TrainBudget):
+    """The forward's precision: float32 as is, or bfloat16 under CPU autocast (matmuls in bf16,
+    weights and their gradients fp32, losses computed in fp32 by their callers)."""
+    if budget.compute_dtype == "float32":
+        return nullcontext()
+    if budget.compute_dtype == "bfloat16":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    raise ValueError(f"compute_dtype {budget.compute_dtype!r}: expected 'float32' or 'bfloat16'")
 
 
 def lm_loss(model: torch.nn.Module, windows: torch.Tensor) -> torch.Tensor:
