@@ -514,7 +514,7 @@ def test_zoo_drafters_declare_layout_and_vocab(name):
     if name == "llama-tiny-eagle3-embed":            # embed vs L1 is the sharp distinction (DESIGN §10)
         shifted = meta["greedy_chain_shifted_layout"]
         assert shifted["layout"] == "L1+L3+L5"
-        assert meta["greedy_chain"]["accept_length"] > shifted["accept_length"] + 0.5   # measured 2.99 / 1.88
+        assert meta["greedy_chain"]["accept_length"] > shifted["accept_length"] + 0.5   # measured 3.23 / 1.28
 
 
 @_zoo_test
