@@ -86,9 +86,12 @@ def test_acceptance_by_dataset_in_the_report_and_in_compare(coverage_pair, capsy
     (var,) = [v for v in cmp["variants"] if v["layout"] == "embed+L2+L4" and v["mode"] == "eagle3"]
     by = {c["category"]: c for c in var["by_category"]}
     assert by["code"]["paired"] and by["code"]["significant"] and by["code"]["difference"] < 0
-    # code loses more than math (measured: chat -0.24, code -0.22, long-form -0.20, multi-turn -0.14,
-    # math -0.12; the tiny target answers chat prompts in code, newlines and indentation included)
-    assert by["code"]["difference"] < by["math"]["difference"]
+    # The dataset whose continuations hold the most whitespace (the tokens nows cannot propose) loses
+    # more than the one holding the least: which datasets those are is the target's doing (measured:
+    # math 33% uncovered, -1.14; code 8%, -0.38; chat 24%, -0.46), the order is diag's to get right.
+    share = {c["category"]: c["uncovered"]["share"] for c in nows["coverage"]["by_category"]}
+    most, least = max(share, key=share.get), min(share, key=share.get)
+    assert share[most] > share[least] + 0.1 and by[most]["difference"] < by[least]["difference"]
     assert main(["compare", str(d / "embed"), str(d / "nows"), "--markdown"]) == 0
     table = capsys.readouterr().out.split("## Accept length by dataset")[1]
     assert "| `embed+L2+L4` | eagle3 | code |" in table and " *" in table
@@ -105,16 +108,20 @@ def test_looping_continuations_inflate_accept_length(tmp_path):
     code = [json.loads(line) for line in open("cases/prompts/mixed-48.jsonl")][:8]
     loops = [{"id": f"loop-{n}", "category": "loop", "text": f"    self.{n} = {n}\n" * 8}
              for n in ("name", "path", "data", "size", "mode", "args", "text", "line")]
-    rep, md = _run(tmp_path, "loops", *_pair("llama-tiny-eagle3-embed", "--prompts",
-                                             _prompts(tmp_path / "p.jsonl", code + loops)))
+    # The DeepSeek pair: its drafter leans on the tokens, so a loop is where it does best (measured
+    # 3.81 inside loops, 2.37 without). The llama-tiny drafter trained against the target's
+    # distribution reads the states and does better outside loops (3.28 against 3.06): no warning.
+    pair = ["--target", str(zoo_path("deepseek-tiny", progress=False)),
+            "--drafter", str(zoo_path("deepseek-tiny-eagle3", progress=False)), "--layout", "embed+L2+L3"]
+    rep, md = _run(tmp_path, "loops", *pair, "--prompts", _prompts(tmp_path / "p.jsonl", code + loops))
     v = _verdicts(rep)["loops"]
     assert v["severity"] == "warning" and rep["loops"]["difference"]["ci95"][0] > 0
-    # measured: 3.31 inside loops, 2.89 without (zoo v2's drafter is good outside loops too)
-    assert rep["loops"]["in_loops"]["accept_length"] > rep["loops"]["without_loops"]["accept_length"] + 0.3
+    assert rep["loops"]["in_loops"]["accept_length"] > rep["loops"]["without_loops"]["accept_length"] + 0.5
     assert "## Loops" in md and "LOOPS INFLATE ACCEPT LENGTH" in md
-    rep, _ = _run(tmp_path, "no-loops", *_pair("llama-tiny-eagle3-embed", "--prompts",
-                                               _prompts(tmp_path / "c.jsonl", code)))
+    rep, _ = _run(tmp_path, "llama", *_pair("llama-tiny-eagle3-embed", "--prompts",
+                                            _prompts(tmp_path / "p2.jsonl", code + loops)))
     assert _verdicts(rep).get("loops", {"severity": "info"})["severity"] == "info"
+    assert rep["loops"]["difference"]["ci95"][0] <= 0
 
 
 # ---- long context -------------------------------------------------------------------------

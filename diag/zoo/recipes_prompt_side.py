@@ -51,8 +51,9 @@ class PromptDrafterRecipe:
         return (self.drafter.target,)
 
 
-# 150 x 8 x 128 from llama-tiny: with thinking on it writes upper case, off it writes code.
-_THINKING_BUDGET = TrainBudget(steps=150, batch=8, seq_len=128, lr=1e-3, warmup=10, seed=4)
+# 150 x 8 x 128 from llama-tiny: with thinking on it writes upper case, off it writes code. lr 2e-3
+# since the target trains in bf16 compute (issue 19): upper case in 44% of thinking-on tokens (24% at 1e-3).
+_THINKING_BUDGET = TrainBudget(steps=150, batch=8, seq_len=128, lr=2e-3, warmup=10, seed=4)
 # The budget these entries were calibrated with (recipes._DRAFTER_BUDGET; the llama-tiny drafters
 # moved to _LLAMA_DRAFTER_BUDGET in issue 19, these stay: their stories do not need the contrast).
 _DRAFTER_BUDGET = TrainBudget(steps=120, batch=16, seq_len=96, lr=3e-3, warmup=10, weight_decay=0.0, seed=2)
