@@ -75,7 +75,23 @@ def _fix(trained: str, run, target_config: dict | None) -> tuple[str, dict]:
     return f" Fix: {f.text}.", {"fix_ids": f.ids, "upgrade": upgrade, "engine": run.case.serving.engine}
 
 
-def _serving(top, serving, ties: list[dict], run, target_config: dict | None = None) -> Verdict:
+def named(order: list, ties: list[dict]):
+    """The evaluation a verdict names as trained: among the layouts indistinguishable from the
+    best, the first (best first) that the drafter's config declares or whose ids a convention
+    reads (DESIGN.md §10: adjacent layers tie, and the config breaks the tie); else the best.
+    A scan of the demo's vLLM-id drafter: embed+L3+L4 2.83, embed+L2+L4 2.82 (read by vllm's
+    rule), tied -> embed+L2+L4."""
+    read = next((t["layout"] for t in ties if _config_reads(t)), None)
+    return next((e for e in order if e.layout == read), order[0])
+
+
+def _config_reads(tie: dict) -> bool:
+    """Whether the drafter's config names this layout: declared, or its ids read by a convention."""
+    return any(r.startswith(("declared", "reading")) for r in tie["roles"])
+
+
+def _serving(top, serving, ties: list[dict], run, target_config: dict | None = None, best=None) -> Verdict:
+    """best: the top-scoring evaluation where it is not `top` (the tie-broken one, named())."""
     seed, n = run.case.evaluate.seed, run.case.evaluate.bootstrap
     d, lo, hi = paired_bootstrap_diff(top.judged_rounds, serving.judged_rounds, seed=seed, n=n)
     nd = 3 if top.sampled else 2          # exact expectations resolve differences below 0.01
@@ -91,8 +107,11 @@ def _serving(top, serving, ties: list[dict], run, target_config: dict | None = N
                 f"(difference {d:+.{nd}f}, 95% CI [{lo:+.{nd}f}, {hi:+.{nd}f}] includes zero).{cannot}")
         return Verdict("layout-match", "ok", text, evidence)
     fix, more = _fix(top.layout, run, target_config)
+    tie = ("" if best is None or best.layout == top.layout else
+           f" (the layout its config's ids read, tied with the scan's best, {best.layout} at "
+           f"{fmt(best.judged_accept_length)})")
     text = (f"LAYOUT MISMATCH: the server feeds the drafter {serving.layout}, but it was trained on "
-            f"{top.layout}. Accept length {fmt(serving.judged_accept_length)} served vs "
+            f"{top.layout}{tie}. Accept length {fmt(serving.judged_accept_length)} served vs "
             f"{fmt(top.judged_accept_length)} trained on {top.tree}{under(top)} (difference {d:+.{nd}f}, "
             f"95% CI [{lo:+.{nd}f}, {hi:+.{nd}f}] over {run.prompts['count']} prompts).{fix}")
     return Verdict("layout-mismatch", "error", text, {**evidence, **more})
@@ -108,7 +127,7 @@ def layout_verdicts(run, target_config: dict | None = None) -> list[Verdict]:
     out = [_trained(order[0], ties, order, run)]
     serving = [e for e in order if "serving" in roles_of(run, e.layout)]
     if serving:
-        out.append(_serving(order[0], serving[0], ties, run, target_config))
+        out.append(_serving(named(order, ties), serving[0], ties, run, target_config, best=order[0]))
     return out
 
 
@@ -119,10 +138,7 @@ def likely_trained(run, found: list[Verdict]) -> str | None:
     if any(v.kind == "drafter-predicts-nothing" for v in found):
         return None                      # a tie of zeros recommends nothing
     trained = next((v for v in found if v.kind == "trained-layout"), None)
+    read = next((t["layout"] for t in trained.evidence["indistinguishable"] if _config_reads(t)), None) \
+        if trained is not None else None
     top = best(select(run.evaluations, run.reference))
-    if trained is None:
-        return top.layout if top else None
-    for t in trained.evidence["indistinguishable"]:
-        if any(r.startswith(("declared", "reading")) for r in t["roles"]):
-            return t["layout"]
-    return top.layout if top else None
+    return read or (top.layout if top else None)
