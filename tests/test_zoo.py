@@ -393,15 +393,17 @@ def test_distribution_loss_at_a_one_hot_target_is_the_argmax_loss():
     assert batch[3].shape == (B, T, steps)
 
 
-def test_compute_dtype_puts_the_forward_under_autocast():
-    from diag.zoo.train import compute
+@pytest.mark.parametrize("native", [True, False])
+def test_compute_dtype_puts_the_forward_under_autocast_where_the_cpu_has_bf16(native, monkeypatch):
+    from diag.zoo import train
+    monkeypatch.setattr(train, "native_bf16", lambda: native)
     b = TrainBudget(steps=1, batch=1, seq_len=1, lr=1e-3)
-    with compute(dataclasses.replace(b, compute_dtype="bfloat16")):
-        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
-    with compute(b):
+    with train.compute(dataclasses.replace(b, compute_dtype="bfloat16")):
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == (torch.bfloat16 if native else torch.float32)
+    with train.compute(b):
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
     with pytest.raises(ValueError, match="compute_dtype 'fp8'"):
-        compute(dataclasses.replace(b, compute_dtype="fp8"))
+        train.compute(dataclasses.replace(b, compute_dtype="fp8"))
 
 
 def test_ids_rewrite_keeps_weights_and_writes_the_other_convention(tiny_corpus, tiny_targets, tmp_path):

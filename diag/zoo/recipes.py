@@ -49,7 +49,8 @@ class TrainBudget:
     seed: int = 0
     compute_dtype: str = "float32"    # "bfloat16": the forward under CPU autocast (bf16 matmuls, fp32
                                       # weights, gradients and optimizer state), ~4x the fp32 matmul rate
-                                      # where the CPU has AVX-512 BF16 (train.optimize)
+                                      # where the CPU has AVX-512 BF16 or AMX; float32 on a CPU without
+                                      # (train.compute)
 
 
 @dataclass(frozen=True)

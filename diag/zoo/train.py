@@ -89,12 +89,20 @@ def optimize(params, budget: TrainBudget, loss_fn: Callable[[int], torch.Tensor]
 
 def compute(budget: TrainBudget):
     """The forward's precision: float32 as is, or bfloat16 under CPU autocast (matmuls in bf16,
-    weights and their gradients fp32, losses computed in fp32 by their callers)."""
-    if budget.compute_dtype == "float32":
-        return nullcontext()
-    if budget.compute_dtype == "bfloat16":
+    weights and their gradients fp32, losses computed in fp32 by their callers) where the CPU
+    multiplies bf16 in hardware; elsewhere float32, since emulated bf16 matmuls are slower than
+    float32 ones (a build is a draw of its machine's rounding either way)."""
+    if budget.compute_dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"compute_dtype {budget.compute_dtype!r}: expected 'float32' or 'bfloat16'")
+    if budget.compute_dtype == "bfloat16" and native_bf16():
         return torch.autocast("cpu", dtype=torch.bfloat16)
-    raise ValueError(f"compute_dtype {budget.compute_dtype!r}: expected 'float32' or 'bfloat16'")
+    return nullcontext()
+
+
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 in hardware (AVX-512 BF16 or AMX), as torch reports it."""
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, p, lambda: False)() for p in probes)
 
 
 def lm_loss(model: torch.nn.Module, windows: torch.Tensor) -> torch.Tensor:
