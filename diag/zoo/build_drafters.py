@@ -95,27 +95,35 @@ def training_sequences(target, train: torch.Tensor, recipe: DrafterRecipe, gen: 
 
 def features(target, seqs: torch.Tensor, lay: Layout) -> tuple[torch.Tensor, torch.Tensor]:
     """seqs [P, L] -> aux float32 [P, L, k*H] (points in layout order), argmax [P, L]."""
-    auxs, argmaxes = [], []
-    for chunk in seqs.split(CHUNK):
-        cap = capture_pass(target, chunk, torch.ones_like(chunk), lay.points)
-        auxs.append(torch.cat([cap.states[p.name].float() for p in lay.points], dim=-1))
-        argmaxes.append(cap.argmax)
-    return torch.cat(auxs), torch.cat(argmaxes)
+    aux, argmax, _ = capture(target, seqs, lay.points)
+    return aux, argmax
 
 
-@torch.no_grad()
 def target_distribution(target, seqs: torch.Tensor, hot: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """seqs [P, L] -> the target's next-token distribution over the hot vocabulary [P, L, Vd],
     bf16: the softmax of its logits / temperature at the hot ids, renormalised there
     (SpecForge's target_p at temperature 1). Logits [2, 0, 1] at ids 0..2, hot [0, 2] ->
     softmax([2, 1]) = [0.73, 0.27]; at temperature 0.5, softmax([4, 2]) = [0.88, 0.12]."""
-    lm_head = decoder_parts(target)[4]
-    weight = lm_head.weight.detach().float()[hot]                                  # [Vd, H]
-    out = []
+    return capture(target, seqs, (), hot, temperature)[2]
+
+
+@torch.no_grad()
+def capture(target, seqs: torch.Tensor, points, hot: torch.Tensor | None = None, temperature: float = 1.0):
+    """One capture pass over seqs [P, L], CHUNK rows at a time: the points' states concatenated
+    (float32 [P, L, k*H]; None without points), the argmax [P, L] and, with `hot`, the
+    distribution of target_distribution (else None)."""
+    weight = None if hot is None else decoder_parts(target)[4].weight.detach().float()[hot]     # [Vd, H]
+    wanted = tuple(points) + (() if hot is None else (CapturePoint("final"),))
+    auxs, argmaxes, dists = [], [], []
     for chunk in seqs.split(CHUNK):
-        final = capture_pass(target, chunk, torch.ones_like(chunk), (CapturePoint("final"),)).states["final"]
-        out.append(torch.softmax(final.float() @ weight.T / temperature, dim=-1).to(torch.bfloat16))
-    return torch.cat(out)
+        cap = capture_pass(target, chunk, torch.ones_like(chunk), wanted)
+        if points:
+            auxs.append(torch.cat([cap.states[p.name].float() for p in points], dim=-1))
+        argmaxes.append(cap.argmax)
+        if weight is not None:
+            logits = cap.states["final"].float() @ weight.T / temperature
+            dists.append(torch.softmax(logits, dim=-1).to(torch.bfloat16))
+    return (torch.cat(auxs) if auxs else None), torch.cat(argmaxes), (torch.cat(dists) if dists else None)
 
 
 def views(seqs: torch.Tensor, aux: torch.Tensor, argmax: torch.Tensor, steps: int):
@@ -206,8 +214,9 @@ def train_drafter(target, recipe: DrafterRecipe, lay: Layout, hot: torch.Tensor,
         raise DiagError("unknown drafter loss", field="loss", expected="'argmax' or 'distribution'",
                         found=repr(recipe.loss))
     b, steps = recipe.budget, recipe.unroll_steps
-    pool = views(seqs, *features(target, seqs, lay), steps)
-    dist = target_distribution(target, seqs, hot, recipe.temperature) if recipe.loss == "distribution" else None
+    aux, argmax, dist = capture(target, seqs, lay.points, hot if recipe.loss == "distribution" else None,
+                                recipe.temperature)                 # one pass: states, argmax, distribution
+    pool = views(seqs, aux, argmax, steps)
     embed = frozen_embedding(target)
     d = new_drafter(target, recipe, hot, len(lay))
 
