@@ -198,7 +198,8 @@ def test_wide_grouped_kernel_is_bit_exact_too(piece, grouped_tiles):
 
 def test_each_gemm_gets_its_own_token_tile(grouped_tiles):
     """grouped_block_m's worked example: Kimi's 384 experts, gate_up block_m 64, down 128."""
-    grouped_tiles["gate_up"]["block_m"], grouped_tiles["down"]["block_m"] = 64, 128
+    grouped_tiles["gate_up"].update(block_m=64, split=1)
+    grouped_tiles["down"].update(block_m=128, split=1)
     per_gemm = lambda pairs: [fast.grouped_block_m(pairs, 384, w) for w in ("gate_up", "down")]  # noqa: E731
     assert per_gemm(8) == [16, 16]                 # 1 token: 8 pairs, 1 per expert
     assert per_gemm(2048 * 8) == [64, 64]          # 43 per expert
@@ -208,7 +209,8 @@ def test_each_gemm_gets_its_own_token_tile(grouped_tiles):
 def test_fused_experts_routes_each_gemm_for_its_block_m(grouped_tiles, monkeypatch):
     """40 tokens top-2 of 4 experts (20 pairs each): gate_up capped at 16, down at 32; each GEMM
     gets the routing of its own block_m, and the layer is the gathered sum either way."""
-    grouped_tiles["gate_up"]["block_m"], grouped_tiles["down"]["block_m"] = 16, 64
+    grouped_tiles["gate_up"].update(block_m=16, split=1, glu=True)
+    grouped_tiles["down"].update(block_m=64, split=1)
     seen = {}
 
     def fake_gemm(a, packed, scale, r, group, which, *, a_div, piece, route_w=None, glu=False):
@@ -244,10 +246,58 @@ def test_gate_up_tile_without_glu_keeps_the_activation_outside(grouped_tiles, mo
 
 def test_tuner_times_gate_up_both_ways_where_the_activation_fuses():
     from diag.bench.tiles import _gemm_tiles, _tile
-    c = (64, 128, 8, 2, False)
+    c = (64, 128, 8, 2, False, 1)
     assert _gemm_tiles(c, True) == [("gate_up", c + (True,)), ("gate_up", c + (False,)), ("down", c)]
     assert _gemm_tiles(c, False) == [("gate_up", c), ("down", c)]
-    assert _tile(c + (False,))["glu"] is False and "glu" not in _tile(c)
+    assert _tile(c + (False,))["glu"] is False and "glu" not in _tile(c) and "split" not in _tile(c)
+    assert _tile((64, 128, 8, 2, False, 3))["split"] == 3
+
+
+def test_split_row_blocks_worked_example(grouped_tiles):
+    """block_m 64 split 3: Kimi's 8k tokens (171 pairs per expert) are routed in blocks of
+    192 rows, 3 sub-blocks each; 2k tokens (43 per expert) in plain blocks of 64."""
+    grouped_tiles["down"].update(block_m=64, split=3)
+    assert fast.block_rows("down") == 192
+    assert fast.grouped_block_m(8192 * 8, 384, "down") == 192 and fast.split_of("down", 192) == 3
+    assert fast.grouped_block_m(2048 * 8, 384, "down") == 64 and fast.split_of("down", 64) == 1
+    with pytest.raises(ValueError, match="neither 192"):
+        fast.split_of("down", 96)
+    grouped_tiles["down"]["wide"] = True
+    with pytest.raises(ValueError, match="wide tile takes split 1"):
+        fast.split_of("down", 192)
+
+
+@pytest.mark.skipif(not kernel_runs, reason="needs Triton with CUDA or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("split,block_m", [(2, 16), (3, 16), (4, 16)])
+def test_split_row_blocks_give_the_same_rows(split, block_m, grouped_tiles):
+    """A row block of `split` sub-blocks decodes each weight tile once for all of them; every
+    row's sum runs over the same K steps in the same order, so the output is the split-1
+    kernel's bit for bit, gate_up with its GLU epilogue and down with its routing weights,
+    and at A = identity out^T is still format.dequantize's bits."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    m = _experts(11, E=4, H=256, I=256).to(dev)
+    to_kernel_layout(m)
+    x = torch.randn(70, 256, device=dev).to(torch.bfloat16)
+    idx = torch.stack([torch.randperm(4)[:2] for _ in range(70)]).to(dev)    # 35 pairs per expert
+    w = torch.rand(140, device=dev)
+    outs = {}
+    for sp in (1, split):
+        grouped_tiles["gate_up"].update(block_m=block_m, split=sp)
+        grouped_tiles["down"].update(block_m=block_m, split=sp)
+        rows = block_m * sp
+        r = route(idx, 4, rows)
+        assert r.block_m == rows and fast.split_of("down", rows) == sp
+        h = grouped_int4_gemm(x, m.gate_up_proj_packed, m.gate_up_proj_scale, r, 32, "gate_up", a_div=2,
+                              piece=m.kernel_layout, glu=True)
+        y = grouped_int4_gemm(h, m.down_proj_packed, m.down_proj_scale, r, 32, "down", a_div=1,
+                              piece=m.kernel_layout, route_w=w)
+        outs[sp] = (h, y)
+    assert torch.equal(outs[1][0], outs[split][0]) and torch.equal(outs[1][1], outs[split][1])
+    eye = torch.eye(256, device=dev).to(torch.bfloat16)
+    r = route(torch.full((256, 1), 1, device=dev), 4, block_m * split)        # 256 rows: 2..6 blocks
+    got = grouped_int4_gemm(eye, m.down_proj_packed, m.down_proj_scale, r, 32, "down", a_div=1,
+                            piece=m.kernel_layout).T
+    assert torch.equal(got, m.expert_weight("down_proj", 1, torch.bfloat16))
 
 
 def test_only_silu_is_fused_into_the_kernel():
@@ -282,15 +332,34 @@ def test_glu_epilogue_is_the_unfused_activation(block_n, grouped_tiles):
     assert float((got == want).float().mean()) > 0.9
 
 
+@pytest.mark.skipif(not kernel_runs, reason="needs Triton with CUDA or TRITON_INTERPRET=1")
+def test_one_pass_activation_is_torchs_silu_and_mul():
+    """fast.glu (one Triton pass over gate_up's [S, 2I] product) against torch's silu(gate) *
+    up on bf16: at most one bf16 step apart (the exp's last bit), nearly all equal; activate
+    takes it for SiLU where the kernels run, torch's path for any other activation."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    gu = (torch.randn(37, 600, device=dev) * 4).to(torch.bfloat16)          # I 300: ragged tiles
+    gate, up = gu.chunk(2, dim=-1)
+    want = (F.silu(gate) * up).float()
+    got = fast.glu(gu).float()
+    assert got.shape == (37, 300)
+    step = torch.finfo(torch.bfloat16).eps * want.abs().clamp_min(1e-3)
+    assert float(((got - want).abs() / step).max()) <= 2.0
+    assert float((got == want).float().mean()) > 0.9
+    assert torch.equal(fast.activate(SimpleNamespace(act_fn=F.silu), gu), fast.glu(gu))
+    relu = fast.activate(SimpleNamespace(act_fn=F.relu), gu)
+    assert torch.equal(relu, (F.relu(gate) * up).contiguous())
+
+
 def test_tuner_chooses_each_gemms_fastest_tile_at_the_best_shared_layout(grouped_tiles):
     """The timings of an H200 run (bf16x2 call): DEQUANT 3 wins on the sum of each GEMM's best,
     and down keeps its block_m 128 while gate_up keeps 64."""
     from diag.bench.tiles import _choose
-    best = {(32, 3, "gate_up"): (0.01197, (64, 128, 8, 2, False, True)),
-            (32, 3, "down"): (0.00832, (128, 128, 8, 3, False)),
-            (32, 2, "gate_up"): (0.0130, (64, 128, 8, 3, False)),
-            (32, 2, "down"): (0.0089, (128, 128, 8, 3, False)),
-            (16, 2, "gate_up"): (0.0150, (128, 128, 8, 3, False))}           # no down: not a pair
+    best = {(32, 3, "gate_up"): (0.01197, (64, 128, 8, 2, False, 1, True)),
+            (32, 3, "down"): (0.00832, (128, 128, 8, 3, False, 1)),
+            (32, 2, "gate_up"): (0.0130, (64, 128, 8, 3, False, 1)),
+            (32, 2, "down"): (0.0089, (128, 128, 8, 3, False, 1)),
+            (16, 2, "gate_up"): (0.0150, (128, 128, 8, 3, False, 1))}           # no down: not a pair
     m = _experts(5, E=4, H=256, I=256)
     got = _choose(best, m, 8192)
     assert got["by_piece_and_dequant"] == {"piece32_dequant3": pytest.approx(0.02029),

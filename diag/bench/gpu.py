@@ -147,8 +147,9 @@ def run(out: Path, workdir: Path, *, layers: int | None = None, max_layers: int 
         save(res, out)
     e2e_first = res["sections"].get("e2e", {}).get("first") or {}
     batch = int(e2e_first.get("target_generate_batch", 48))
-    section(res, "grown", lambda: _grown(model, seqs, points, max_layers, st, dev, batch))
-    save(res, out)
+    if "grown" in sections or "e2e" in sections:        # the e2e extrapolation reads grown's slopes
+        section(res, "grown", lambda: _grown(model, seqs, points, max_layers, st, dev, batch))
+        save(res, out)
     if "drafter" in sections or "naive" in sections:
         section(res, "drafter", lambda: _drafter(st, model, lays, peak, dev))
         save(res, out)

@@ -1,7 +1,7 @@
 """Choosing the grouped INT4 kernel's tiles on the GPU at hand, and proving each dequant
 variant bit for bit at Kimi's widths.
 
-  tiles     CONFIGS (piece width, block_m, block_n, warps, stages, wide), each GEMM timed alone
+  tiles     CONFIGS (piece width, block_m, block_n, warps, stages, wide, split), each GEMM timed alone
             (the piece and the dequant variant are shared by both GEMMs: the weights' layout;
             block_m is each GEMM's own: each is routed for its tile); the best tile of each
             GEMM per (piece, dequant), then the best pair of those, go into fast.GROUPED
@@ -26,22 +26,28 @@ from diag.bench.common import timed
 # an H200): P 32 with block_m 256 never fits; P 16 with block_m 256 fits at 3 stages. wide:
 # one dot of depth 8P per K step (fast_kernel's WIDE). Ordered so that the budget cuts the
 # least promising last: the wide rows and block_m 256 (never timed before this list) first.
-CONFIGS = ((16, 128, 128, 8, 3, True), (16, 128, 256, 8, 3, True), (16, 128, 64, 4, 3, True),
-           (16, 256, 128, 8, 3, True), (16, 256, 128, 8, 2, False), (16, 256, 128, 8, 3, False),
-           (16, 256, 64, 4, 3, False), (16, 256, 256, 8, 2, False), (16, 128, 128, 8, 3, False),
-           (16, 128, 256, 8, 3, False), (16, 128, 128, 8, 4, False), (16, 64, 128, 8, 3, False),
-           (16, 64, 128, 4, 4, True),
-           (32, 64, 128, 8, 3, True), (32, 64, 256, 8, 3, True), (32, 128, 128, 8, 3, True),
-           (32, 128, 128, 8, 2, True), (32, 64, 128, 8, 2, False), (32, 64, 256, 8, 3, False),
-           (32, 128, 128, 8, 3, False))
+CONFIGS = ((16, 128, 128, 8, 3, True, 1), (16, 128, 256, 8, 3, True, 1), (16, 128, 64, 4, 3, True, 1),
+           (16, 256, 128, 8, 3, True, 1), (16, 256, 128, 8, 2, False, 1), (16, 256, 128, 8, 3, False, 1),
+           (16, 256, 64, 4, 3, False, 1), (16, 256, 256, 8, 2, False, 1), (16, 128, 128, 8, 3, False, 1),
+           (16, 128, 256, 8, 3, False, 1), (16, 128, 128, 8, 4, False, 1), (16, 64, 128, 8, 3, False, 1),
+           (16, 64, 128, 4, 4, True, 1),
+           (32, 64, 128, 8, 3, True, 1), (32, 64, 256, 8, 3, True, 1), (32, 128, 128, 8, 3, True, 1),
+           (32, 128, 128, 8, 2, True, 1), (32, 64, 128, 8, 2, False, 1), (32, 64, 256, 8, 3, False, 1),
+           (32, 128, 128, 8, 3, False, 1))
 # DEQUANT 3 (bf16x2, two weights per instruction) on the narrow rows that led before, tried
 # first: its rows are new, and on a GPU without it (interpreter, < sm_80) they time variant 2.
-DEQUANT3 = ((32, 64, 128, 8, 2, False), (32, 64, 128, 8, 3, False), (32, 64, 256, 8, 3, False),
-            (32, 128, 128, 8, 3, False), (32, 128, 256, 8, 3, False), (16, 128, 128, 8, 3, False),
-            (16, 256, 128, 8, 3, False), (32, 64, 64, 4, 3, False),
+DEQUANT3 = ((32, 64, 128, 8, 2, False, 1), (32, 64, 128, 8, 3, False, 1), (32, 64, 256, 8, 3, False, 1),
+            (32, 128, 128, 8, 3, False, 1), (32, 128, 256, 8, 3, False, 1), (16, 128, 128, 8, 3, False, 1),
+            (16, 256, 128, 8, 3, False, 1), (32, 64, 64, 4, 3, False, 1),
             # each GEMM's block_m its own (routing per GEMM): down's short K at larger token tiles
-            (32, 128, 64, 4, 3, False), (32, 128, 128, 4, 3, False), (32, 32, 128, 8, 3, False),
-            (32, 64, 128, 4, 3, False))
+            (32, 128, 64, 4, 3, False, 1), (32, 128, 128, 4, 3, False, 1), (32, 32, 128, 8, 3, False, 1),
+            (32, 64, 128, 4, 3, False, 1))
+# Row blocks of several sub-blocks (fast_kernel's SPLIT) that share each decoded weight tile:
+# 3 x 64 rows pad Kimi's 171 pairs per expert at 8k tokens to 192 and decode once, where 64
+# decodes three times and 128 / 256 pad to 256. Shared memory per stage is about
+# split * block_m * 8P * 2 + block_n * P * 4 bytes, so piece 32 fits 2 stages, piece 16 3.
+SPLITS = ((32, 64, 128, 8, 2, False, 3), (16, 64, 128, 8, 3, False, 3), (32, 64, 128, 8, 2, False, 2),
+          (16, 64, 128, 8, 3, False, 4), (32, 32, 128, 8, 3, False, 4), (16, 64, 128, 8, 2, False, 3))
 
 @torch.no_grad()
 def dequant_exact(experts, dequant: int) -> bool | str:
@@ -65,7 +71,7 @@ def _dequant_exact(experts, dequant: int) -> bool:
             want = experts.expert_weight(proj, 0, torch.bfloat16)                 # [N, K]
             eye = torch.eye(want.shape[1], device=dev, dtype=torch.bfloat16)
             r = fast.route(torch.zeros(want.shape[1], 1, dtype=torch.long, device=dev),
-                           experts.num_experts, fast.GROUPED[which]["block_m"])
+                           experts.num_experts, fast.block_rows(which))
             got = fast.grouped_int4_gemm(eye, getattr(experts, f"{proj}_packed"),
                                          getattr(experts, f"{proj}_scale"), r, experts.group_size,
                                          which, a_div=1, piece=experts.kernel_layout)
@@ -113,11 +119,12 @@ class _Gemms:
 
 
 def _tile(cand: tuple) -> dict:
-    """(block_m, block_n, num_warps, num_stages, wide[, glu]) -> one GEMM's entry of
-    fast.GROUPED (glu: gate_up's, whether the activation is in its epilogue)."""
-    bm, bn, warps, stages, wide, *glu = cand
+    """(block_m, block_n, num_warps, num_stages, wide, split[, glu]) -> one GEMM's entry of
+    fast.GROUPED (glu: gate_up's, whether the activation is in its epilogue; split only
+    where it is not 1)."""
+    bm, bn, warps, stages, wide, split, *glu = cand
     return {"block_m": bm, "block_n": bn, "num_warps": warps, "num_stages": stages, "wide": wide,
-            **({"glu": glu[0]} if glu else {})}
+            **({"split": split} if split != 1 else {}), **({"glu": glu[0]} if glu else {})}
 
 
 def _try(g: _Gemms, which: str, cand: tuple, rows: list, tag: dict) -> float:
@@ -135,14 +142,14 @@ def _try(g: _Gemms, which: str, cand: tuple, rows: list, tag: dict) -> float:
 def _gemm_tiles(cand: tuple, fusable: bool) -> list[tuple[str, tuple]]:
     """The (GEMM, tile) pairs one config is timed as: gate_up with the activation in its
     epilogue and after it, where the activation can be fused; down once.
-    (64, 128, 8, 2, False), fusable -> gate_up (..., True), gate_up (..., False), down (...)."""
+    (64, 128, 8, 2, False, 1), fusable -> gate_up (..., True), gate_up (..., False), down (...)."""
     ups = [cand + (True,), cand + (False,)] if fusable else [cand]
     return [("gate_up", t) for t in ups] + [("down", cand)]
 
 
 @torch.no_grad()
 def tune_grouped(moe, tokens: int = 8192, *, budget_s: float = 120.0, configs=CONFIGS,
-                 dequant: int = 2, dequant3=DEQUANT3, log=print) -> dict:
+                 dequant: int = 2, dequant3=SPLITS + DEQUANT3, log=print) -> dict:
     """Each config's two GEMMs timed alone at `tokens` (the weights re-laid per piece width),
     `configs` at `dequant`, `dequant3` at DEQUANT 3; the fastest (piece, dequant) by the sum
     of its best tile per GEMM (each GEMM's block_m its own) chosen into fast.GROUPED, then
@@ -159,7 +166,7 @@ def tune_grouped(moe, tokens: int = 8192, *, budget_s: float = 120.0, configs=CO
         for _, *cand, dq in (c for c in tried if c[0] == piece):
             if time.perf_counter() - t0 > budget_s:
                 break
-            g.route(cand[0])
+            g.route(cand[0] * cand[5])                   # block_m x split rows per block
             fast.GROUPED["dequant"] = dq
             for which, tile in _gemm_tiles(tuple(cand), fast.fuses_activation(moe.experts)):
                 s = _try(g, which, tile, rows, {"dequant": dq, "piece": piece})

@@ -13,10 +13,12 @@ per-expert Python loop or bf16 weight copy exists.
 Worked routing example, BLOCK_M 2, experts [1, 0, 1] (T 3, K 1): counts [1, 2] -> blocks
 [1, 1]; sorted_ids = [1, S | 0, 2] (S = 3 pads expert 0's run); block_expert = [0, 1].
 
-Two kernels (diag.int4.fast_kernel): the grouped one wherever the widths allow it
+The kernels (diag.int4.fast_kernel): the grouped one wherever the widths allow it
 (kernel_layout.fits: Kimi's 7168 and 2048 with group 32 do), reading the packed words re-laid
-once, at the first forward, so that unpacking one group is a shift and a mask; the first
-one, on the checkpoint's layout, for any other width.
+once, at the first forward, so that unpacking one group is a shift and a mask, in row blocks
+of one dot or (a GEMM's "split") of several sub-blocks sharing each decoded weight tile; the
+first one, on the checkpoint's layout, for any other width; and glu_rows, the activation in
+one pass where gate_up's epilogue does not apply it.
 
 Numerics: weights dequantize exactly as diag.int4.format (bf16 q * bf16 scale); the products
 accumulate in fp32 per tile, so outputs match the eager loop to bf16 rounding, not bit for
@@ -42,14 +44,15 @@ from diag.int4.packed import PackedExperts
 TILES = {"block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 4, "num_stages": 3}
 # The grouped kernel (kernel-layout weights, kernel_layout.fits): "gate_up" / "down" tiles
 # per GEMM, each with its own block_m, the token side (the dot's N, 16..256; each GEMM is
-# routed for its own), and block_n, the weight rows ("wide": one dot of depth 8 * piece per
+# routed for its own), "split" (default 1: the row block is split sub-blocks of block_m rows
+# decoding each weight tile once for all of them), and block_n, the weight rows ("wide": one dot of depth 8 * piece per
 # K step instead of 8 of depth piece, fast_kernel; gate_up's "glu": silu(gate) * up in its
 # epilogue, where the module's activation is SiLU). The piece width (the weights' layout)
 # and the dequant variant are shared. The defaults are what diag bench measured fastest on
 # an H200 (reports/bench/NOTES.md); a bench run may set others for its own process.
 GROUPED = {"dequant": 3, "piece": 32,
-           "gate_up": {"block_m": 64, "block_n": 128, "num_warps": 8, "num_stages": 2, "glu": True},
-           "down": {"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 3}}
+           "gate_up": {"block_m": 64, "block_n": 128, "num_warps": 8, "num_stages": 2, "glu": False},
+           "down": {"block_m": 64, "block_n": 128, "num_warps": 8, "num_stages": 2, "split": 3}}
 
 
 @dataclass(frozen=True)
@@ -128,30 +131,55 @@ def grouped_int4_gemm(a: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor
     scale [E, N, K/group] (any strides), a [rows, K] bf16 -> out [S, N] bf16, in the
     routing's block_m (GROUPED[which]'s block_m is what fused_experts routes for).
     glu: packed is gate_up [E, 2I, K/8] and out is silu(gate) * up [S, I], in the epilogue."""
-    from diag.int4.fast_kernel import moe_int4_gemm_grouped
+    from diag.int4.fast_kernel import moe_int4_gemm_grouped, moe_int4_gemm_split
     import triton
 
     N, K = packed.shape[1], packed.shape[2] * 8
     t = GROUPED[which]
+    split = split_of(which, r.block_m)
+    kernel, extra = (moe_int4_gemm_split, {"SPLIT": split}) if split > 1 else \
+        (moe_int4_gemm_grouped, {"WIDE": bool(t.get("wide", False))})
     out = torch.empty(r.num_pairs, N // 2 if glu else N, dtype=torch.bfloat16, device=a.device)
     grid = (triton.cdiv(N // 2 if glu else N, t["block_n"] // 2 if glu else t["block_n"]), r.block_expert.numel())
-    moe_int4_gemm_grouped[grid](a, packed, scale, out, r.sorted_ids, r.block_expert,
-                                route_w if route_w is not None else out, N, K, r.num_pairs, a_div,
-                                a.stride(0), packed.stride(0), packed.stride(1), scale.stride(0),
-                                scale.stride(1), scale.stride(2), out.stride(0), GROUP=group,
-                                PIECE=piece, BLOCK_N=t["block_n"], BLOCK_M=r.block_m,
-                                DEQUANT=dequant_variant(a.device), MUL_ROUTE=route_w is not None,
-                                UPCAST=_interpreting(), WIDE=bool(t.get("wide", False)), GLU=glu,
-                                num_warps=t["num_warps"], num_stages=t["num_stages"])
+    kernel[grid](a, packed, scale, out, r.sorted_ids, r.block_expert,
+                 route_w if route_w is not None else out, N, K, r.num_pairs, a_div,
+                 a.stride(0), packed.stride(0), packed.stride(1), scale.stride(0),
+                 scale.stride(1), scale.stride(2), out.stride(0), GROUP=group,
+                 PIECE=piece, BLOCK_N=t["block_n"], BLOCK_M=r.block_m // split,
+                 DEQUANT=dequant_variant(a.device), MUL_ROUTE=route_w is not None,
+                 UPCAST=_interpreting(), GLU=glu, **extra,
+                 num_warps=t["num_warps"], num_stages=t["num_stages"])
     return out
 
 
+def block_rows(which: str) -> int:
+    """The rows of one of GROUPED[which]'s full row blocks: block_m times its split."""
+    t = GROUPED[which]
+    return t["block_m"] * t.get("split", 1)
+
+
 def grouped_block_m(pairs: int, experts: int, which: str) -> int:
-    """One GEMM's token tile: GROUPED[which]'s, or the smallest power of two >= the mean pairs
-    per expert when that is smaller (16 at least). Kimi, 384 experts, block_m 128: 1 token
-    (8 pairs) -> 16; 2048 tokens (43 per expert) -> 64; 8192 (171 per expert) -> 128."""
+    """One GEMM's row block (what it is routed for): block_rows(which), or the smallest power
+    of two >= the mean pairs per expert when that is smaller (16 at least). Kimi, 384
+    experts, block_m 128: 1 token (8 pairs) -> 16; 2048 tokens (43 per expert) -> 64; 8192
+    (171 per expert) -> 128; block_m 64 split 3: 8192 -> 192, 2048 -> 64."""
     mean = -(-pairs // experts)
-    return min(GROUPED[which]["block_m"], max(16, 1 << (mean - 1).bit_length()))
+    return min(block_rows(which), max(16, 1 << (mean - 1).bit_length()))
+
+
+def split_of(which: str, rows: int) -> int:
+    """Sub-blocks per row block of `rows`: GROUPED[which]'s split for its full blocks, 1 for
+    the smaller power-of-two blocks grouped_block_m gives few tokens (one dot of `rows`)."""
+    t = GROUPED[which]
+    split = t.get("split", 1)
+    if split > 1 and rows == block_rows(which):
+        if t.get("wide", False):
+            raise ValueError(f"GROUPED[{which!r}]: a wide tile takes split 1, got split {split}")
+        return split
+    if rows & (rows - 1):
+        raise ValueError(f"GROUPED[{which!r}]: a row block of {rows} is neither {block_rows(which)} "
+                         f"(block_m x split) nor a power of two")
+    return 1
 
 
 def grouped_fits(module: PackedExperts, piece: int | None = None) -> bool:
@@ -212,9 +240,27 @@ def fused_experts(module: PackedExperts, hidden: torch.Tensor, top_k_index: torc
 
 
 def activate(module: PackedExperts, gu: torch.Tensor) -> torch.Tensor:
-    """The unfused activation: gate_up's product [S, 2I] -> act(gate) * up [S, I]."""
+    """The unfused activation: gate_up's product [S, 2I] -> act(gate) * up [S, I]; for SiLU
+    on a bf16 product where the Triton kernels run, in one pass (fast_kernel.glu_rows, the
+    same bits as torch's silu and mul but for the exp's last bit); else torch's."""
+    if gu.dtype == torch.bfloat16 and fuses_activation(module) and (gu.is_cuda or _interpreting()):
+        return glu(gu)
     gate, up = gu.chunk(2, dim=-1)
     return (module.act_fn(gate) * up).contiguous()
+
+
+def glu(gu: torch.Tensor, block_r: int = 16, block_c: int = 256) -> torch.Tensor:
+    """silu(gu[:, :I]) * gu[:, I:] -> [S, I] bf16 in one Triton pass over gu [S, 2I] bf16."""
+    from diag.int4.fast_kernel import glu_rows
+    import triton
+
+    gu = gu.contiguous()
+    S, I = gu.shape[0], gu.shape[1] // 2
+    out = torch.empty(S, I, dtype=torch.bfloat16, device=gu.device)
+    grid = (triton.cdiv(S, block_r), triton.cdiv(I, block_c))
+    glu_rows[grid](gu, out, S, I, gu.stride(0), out.stride(0), BLOCK_R=block_r, BLOCK_C=block_c,
+                   UPCAST=_interpreting(), num_warps=4)
+    return out
 
 
 def fuses_activation(module: PackedExperts) -> bool:

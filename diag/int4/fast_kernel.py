@@ -182,6 +182,50 @@ def _dequant_block(words, scales, PIECE: tl.constexpr, BLOCK_N: tl.constexpr, DE
 
 
 @triton.jit
+def _sub_rows(a_ptr, sorted_ids_ptr, pid_m, s: tl.constexpr, num_pairs, a_div, stride_am,
+              offs_k, BLOCK_M: tl.constexpr, SPLIT: tl.constexpr):
+    """Sub-block s of CTA row block pid_m (SPLIT sub-blocks of BLOCK_M rows): its pair
+    indices [BM], which are real, and the activation pointers [K tile, BM] at column 0."""
+    pair, row_ok, a_row = _block_rows(sorted_ids_ptr, pid_m * SPLIT + s, num_pairs, a_div, BLOCK_M)
+    return pair, row_ok, a_ptr + a_row[None, :].to(tl.int64) * stride_am + offs_k[:, None]
+
+
+@triton.jit
+def _piece_dot(acc, w, a_ptrs, row_ok, UPCAST: tl.constexpr):
+    """acc + w @ A-tile: the tile at a_ptrs [P, BM], padding rows read as 0."""
+    return _dot(w, tl.load(a_ptrs, mask=row_ok[None, :], other=0.0), acc, UPCAST)
+
+
+@triton.jit
+def _dots(acc0, acc1, acc2, acc3, w, a0, a1, a2, a3, ok0, ok1, ok2, ok3, k,
+          SPLIT: tl.constexpr, UPCAST: tl.constexpr):
+    """One dequantized weight tile w [BN, P] against the SPLIT sub-blocks' activations at
+    column k: the tile is decoded once for all of them."""
+    acc0 = _piece_dot(acc0, w, a0 + k, ok0, UPCAST)
+    acc1 = _piece_dot(acc1, w, a1 + k, ok1, UPCAST)
+    if SPLIT > 2:
+        acc2 = _piece_dot(acc2, w, a2 + k, ok2, UPCAST)
+    if SPLIT > 3:
+        acc3 = _piece_dot(acc3, w, a3 + k, ok3, UPCAST)
+    return acc0, acc1, acc2, acc3
+
+
+@triton.jit
+def _epilogue(acc, out_ptr, route_w_ptr, pair, row_ok, offs_n, n_ok, pid_n, N, stride_om,
+              BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, MUL_ROUTE: tl.constexpr,
+              GLU: tl.constexpr, UPCAST: tl.constexpr):
+    """One sub-block's acc [BN, BM] (fp32) -> out: scaled by the pairs' routing weights
+    (MUL_ROUTE), through the GLU (GLU), stored as bf16 at the pairs' rows."""
+    if MUL_ROUTE:
+        acc = acc * tl.load(route_w_ptr + pair, mask=row_ok, other=0.0)[None, :]
+    if GLU:
+        _glu_store(acc, out_ptr, pair, row_ok, pid_n, N, stride_om, BLOCK_N, BLOCK_M, UPCAST)
+    else:
+        out_ptrs = out_ptr + pair[None, :].to(tl.int64) * stride_om + offs_n[:, None]
+        tl.store(out_ptrs, _to_bf16(acc, UPCAST), mask=n_ok[:, None] & row_ok[None, :])
+
+
+@triton.jit
 def moe_int4_gemm_grouped(a_ptr, w_ptr, s_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr, route_w_ptr,
                           N, K, num_pairs, a_div,
                           stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_sg, stride_om,
@@ -257,6 +301,112 @@ def moe_int4_gemm_grouped(a_ptr, w_ptr, s_ptr, out_ptr, sorted_ids_ptr, block_ex
 
 
 @triton.jit
+def moe_int4_gemm_split(a_ptr, w_ptr, s_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr, route_w_ptr,
+                        N, K, num_pairs, a_div,
+                        stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_sg, stride_om,
+                        GROUP: tl.constexpr, PIECE: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_M: tl.constexpr, DEQUANT: tl.constexpr, MUL_ROUTE: tl.constexpr,
+                        UPCAST: tl.constexpr, GLU: tl.constexpr = False, SPLIT: tl.constexpr = 2):
+    """One [BLOCK_N, SPLIT * BLOCK_M] tile of out^T, for SPLIT (2..4) sub-blocks of BLOCK_M
+    rows; grid (N tiles, row blocks of SPLIT * BLOCK_M); arguments and GLU as
+    moe_int4_gemm_grouped's narrow loops (no WIDE). Each sub-block has its own accumulator
+    and dot, all fed by one dequantization of each weight tile: a 192-row block (3 x 64)
+    decodes its weights once where three 64-row blocks decode them three times, and pads an
+    expert's rows to 192 where one dot of 256 would pad them to 256. Each row's sum runs over
+    the same K steps in the same order as in the one-block kernel, so the bits are its bits.
+    A separate kernel, so that the one-block kernel compiles as it did: folding SPLIT 1 into
+    this one slowed its GLU epilogue by 17% on an H200 (NOTES.md)."""
+    tl.static_assert(SPLIT >= 2 and SPLIT <= 4, "2..4 sub-blocks")
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    expert = tl.load(block_expert_ptr + pid_m)
+    if expert < 0:
+        return
+    if GLU:
+        offs_n, n_ok = _glu_rows(pid_n, N, BLOCK_N)
+    else:
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < N
+    offs_p = tl.arange(0, PIECE)
+    w_base = (w_ptr + expert.to(tl.int64) * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
+              + offs_p[None, :])                                                  # [BN, P] words
+    s_base = s_ptr + expert.to(tl.int64) * stride_se + offs_n.to(tl.int64) * stride_sn  # [BN]
+    # sub-blocks 0 and 1 always; 2 and 3 only where SPLIT has them (unused names stay
+    # sub-block 0's and are never dotted or stored)
+    pair0, ok0, a0 = _sub_rows(a_ptr, sorted_ids_ptr, pid_m, 0, num_pairs, a_div, stride_am, offs_p,
+                               BLOCK_M, SPLIT)                                  # [P, BM]
+    pair1, ok1, a1 = _sub_rows(a_ptr, sorted_ids_ptr, pid_m, 1, num_pairs, a_div, stride_am, offs_p,
+                               BLOCK_M, SPLIT)
+    pair2, ok2, a2 = pair0, ok0, a0
+    pair3, ok3, a3 = pair0, ok0, a0
+    if SPLIT > 2:
+        pair2, ok2, a2 = _sub_rows(a_ptr, sorted_ids_ptr, pid_m, 2, num_pairs, a_div, stride_am,
+                                   offs_p, BLOCK_M, SPLIT)
+    if SPLIT > 3:
+        pair3, ok3, a3 = _sub_rows(a_ptr, sorted_ids_ptr, pid_m, 3, num_pairs, a_div, stride_am,
+                                   offs_p, BLOCK_M, SPLIT)
+    acc0 = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    acc1 = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_N, BLOCK_M) if SPLIT > 2 else (16, 16), dtype=tl.float32)
+    acc3 = tl.zeros((BLOCK_N, BLOCK_M) if SPLIT > 3 else (16, 16), dtype=tl.float32)
+    if DEQUANT == 3:  # pieces i and i + 4 dequantized together (bf16x2), dotted in turn
+        for k0 in range(0, K, 8 * PIECE):
+            words = tl.load(w_base + k0 // 8, mask=n_ok[:, None], other=0)
+            for i in tl.static_range(4):
+                lo, hi = k0 + i * PIECE, k0 + (i + 4) * PIECE
+                s_lo = tl.load(s_base + (lo // GROUP) * stride_sg, mask=n_ok, other=0.0)
+                s_hi = tl.load(s_base + (hi // GROUP) * stride_sg, mask=n_ok, other=0.0)
+                w_lo, w_hi = _dequant_pair(words, 4 * i, s_lo, s_hi)                    # [BN, P] each
+                acc0, acc1, acc2, acc3 = _dots(acc0, acc1, acc2, acc3, w_lo, a0, a1, a2, a3,
+                                               ok0, ok1, ok2, ok3, lo, SPLIT, UPCAST)
+                acc0, acc1, acc2, acc3 = _dots(acc0, acc1, acc2, acc3, w_hi, a0, a1, a2, a3,
+                                               ok0, ok1, ok2, ok3, hi, SPLIT, UPCAST)
+    else:
+        for k0 in range(0, K, 8 * PIECE):
+            words = tl.load(w_base + k0 // 8, mask=n_ok[:, None], other=0)
+            for i in tl.static_range(8):
+                k = k0 + i * PIECE
+                scale = tl.load(s_base + (k // GROUP) * stride_sg, mask=n_ok, other=0.0)
+                w = _dequant(words, 4 * i, scale, DEQUANT, UPCAST)                        # [BN, P]
+                acc0, acc1, acc2, acc3 = _dots(acc0, acc1, acc2, acc3, w, a0, a1, a2, a3,
+                                               ok0, ok1, ok2, ok3, k, SPLIT, UPCAST)
+    _epilogue(acc0, out_ptr, route_w_ptr, pair0, ok0, offs_n, n_ok, pid_n, N, stride_om,
+              BLOCK_N, BLOCK_M, MUL_ROUTE, GLU, UPCAST)
+    _epilogue(acc1, out_ptr, route_w_ptr, pair1, ok1, offs_n, n_ok, pid_n, N, stride_om,
+              BLOCK_N, BLOCK_M, MUL_ROUTE, GLU, UPCAST)
+    if SPLIT > 2:
+        _epilogue(acc2, out_ptr, route_w_ptr, pair2, ok2, offs_n, n_ok, pid_n, N, stride_om,
+                  BLOCK_N, BLOCK_M, MUL_ROUTE, GLU, UPCAST)
+    if SPLIT > 3:
+        _epilogue(acc3, out_ptr, route_w_ptr, pair3, ok3, offs_n, n_ok, pid_n, N, stride_om,
+                  BLOCK_N, BLOCK_M, MUL_ROUTE, GLU, UPCAST)
+
+
+@triton.jit
+def _silu_mul(gate, up, UPCAST: tl.constexpr):
+    """bf16 silu(gate) * up as torch computes it on bf16 tensors: gate and up bf16, silu in
+    fp32 rounded to bf16, the product in fp32 rounded to bf16."""
+    g = gate.to(tl.float32)
+    act = _to_bf16(g / (1.0 + tl.exp(-g)), UPCAST).to(tl.float32)
+    return _to_bf16(act * up.to(tl.float32), UPCAST)
+
+
+@triton.jit
+def glu_rows(gu_ptr, out_ptr, S, I, stride_g, stride_o, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+             UPCAST: tl.constexpr):
+    """h [S, I] = silu(gu[:, :I]) * gu[:, I:] for gate_up's unfused product gu [S, 2I] bf16,
+    in one pass (torch's silu and mul take three): a [BLOCK_R, BLOCK_C] tile per program."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    ok = (rows < S)[:, None] & (cols < I)[None, :]
+    at = gu_ptr + rows[:, None].to(tl.int64) * stride_g + cols[None, :]
+    gate = tl.load(at, mask=ok, other=0.0)
+    up = tl.load(at + I, mask=ok, other=0.0)
+    tl.store(out_ptr + rows[:, None].to(tl.int64) * stride_o + cols[None, :], _silu_mul(gate, up, UPCAST),
+             mask=ok)
+
+
+@triton.jit
 def _glu_rows(pid_n, N, BLOCK_N: tl.constexpr):
     """GLU tile pid_n's weight rows [BN] and which are real: h columns c = pid_n * BN/2 + j,
     j < BN/2, read gate row c (first half of the tile) and up row I + c (second half),
@@ -275,9 +425,7 @@ def _glu_store(acc, out_ptr, pair, row_ok, pid_n, N, stride_om, BLOCK_N: tl.cons
     bf16, the product in fp32 rounded to bf16 (torch's silu and mul on bf16 tensors)."""
     half: tl.constexpr = BLOCK_N // 2
     gate, up = tl.split(tl.permute(tl.reshape(acc, (2, half, BLOCK_M)), (1, 2, 0)))   # [BN/2, BM] each
-    g = _to_bf16(gate, UPCAST).to(tl.float32)
-    act = _to_bf16(g / (1.0 + tl.exp(-g)), UPCAST).to(tl.float32)
-    h = _to_bf16(act * _to_bf16(up, UPCAST).to(tl.float32), UPCAST)
+    h = _silu_mul(_to_bf16(gate, UPCAST), _to_bf16(up, UPCAST), UPCAST)
     col = pid_n * half + tl.arange(0, half)
     out_ptrs = out_ptr + pair[None, :].to(tl.int64) * stride_om + col[:, None]
     tl.store(out_ptrs, h, mask=(col < N // 2)[:, None] & row_ok[None, :])
