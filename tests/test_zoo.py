@@ -85,6 +85,23 @@ def test_views_worked_example():
     assert labels[0, -1].tolist() == [107, 108, 109]               # last index uses the last argmax
 
 
+@pytest.mark.parametrize("kind", ["llama", "deepseek"])
+def test_greedy_pools_are_the_dynamic_caches_tokens(kind):
+    """greedy_sequences generates llama pools with a static KV cache (faster on CPU): the ids are
+    those of generate's default dynamic cache, so the pools, and the drafters trained on them,
+    are what they were; deepseek keeps the dynamic cache."""
+    from diag.zoo.build_drafters import STATIC_CACHE_MODELS, greedy_sequences
+    torch.manual_seed(3)
+    model = new_model(TargetRecipe("c", TINY_SHAPES[kind], TINY_BUDGET, "float32"), 320,
+                      {"<|bos|>": 1, "<|eos|>": 2, "<|pad|>": 0}).eval()
+    prompts = torch.randint(3, 320, (6, 20))
+    got = greedy_sequences(model, prompts, 30)
+    want = model.generate(input_ids=prompts, attention_mask=torch.ones_like(prompts), do_sample=False,
+                          max_new_tokens=30, min_new_tokens=30)
+    assert got.shape == (6, 50) and torch.equal(got, want)
+    assert (model.config.model_type in STATIC_CACHE_MODELS) == (kind == "llama")
+
+
 def test_quality_measures_golden():
     assert distinct_2([1, 2, 3, 4]) == 1.0
     assert loop_period([9] * 8 + [5, 6, 7] * 12) == 3
