@@ -231,6 +231,10 @@ _DRAFTER_BUDGET = TrainBudget(steps=120, batch=16, seq_len=96, lr=3e-3, warmup=1
 # sequences at 960 x 5 gave 2.65 / 1.93 (576 at 360 x 16: 2.53 / 2.03). Prompts of 160 tokens
 # lift the demo's rounds past position 256 (1.82 -> 2.15 there); a hot vocabulary of 1536 and a
 # decay to zero take back the served reading they would give.
+# Build time (sixth session, a fresh clone on the 2-core machine): corpus 5 s, llama-tiny 69 s, this
+# drafter 78 s (98.7 s before its pool was generated with a static KV cache, build_drafters.
+# STATIC_CACHE_MODELS: the same ids, the same bytes); phases: optimize 65 s, capture 8.5 s, pool 4 s,
+# eval 1.5 s. The whole zoo: 353 s (the l1 control 84 s, deepseek-tiny and its drafters 67 s).
 _LLAMA_DRAFTER_BUDGET = TrainBudget(steps=960, batch=5, seq_len=96, lr=3e-3, warmup=10, min_lr_ratio=0.0,
                                     weight_decay=0.0, seed=2, compute_dtype="bfloat16")
 
