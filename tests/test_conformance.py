@@ -213,9 +213,6 @@ def test_torchspec_qwen3_mla_without_ids_or_draft_vocab(tmp_path):
     assert "target's lm_head" in _say(found, "DRAFTER_FORMAT")[0].message
 
 
-@pytest.mark.xfail(strict=True, reason="engine rule still open after issue 17: diag/engine/draft_tables.py says "
-                   "load_lm_head_from_target for every EAGLE3 drafter without draft_vocab_size; the 0.5.23 wheel's "
-                   "llama_eagle3.py raises AttributeError on an untied LlamaConfig without the key")
 def test_llama_drafter_without_draft_vocab_size_on_sglang_0_5_23():
     """SGLang 0.5.23 llama_eagle3.py reads `config.draft_vocab_size` on a LlamaConfig (transformers
     5.19): without the key, building LlamaForCausalLMEagle3 raises AttributeError (only the MLA

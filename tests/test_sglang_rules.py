@@ -25,7 +25,7 @@ import sglang_wheels as wheels
 from diag.engine.accept_rate import formula_for
 from diag.engine.capture import graph_replays_capture_defaults
 from diag.engine.draft_tables import draft_tables
-from diag.engine.drafter_keys import fc_inputs, uses_aux_hidden_state
+from diag.engine.drafter_keys import draft_vocab_crash, fc_inputs, uses_aux_hidden_state
 from diag.engine.serving import ServingError, try_serving_plan
 from diag.engine.tree_rules import auto_defaults, topk1_draft_tokens
 from diag.engine.versions import RELEASES
@@ -332,6 +332,65 @@ def test_fc_sizing_matches_sglang(version):
         theirs = sglang_mla_fc_inputs(version, mla)
         if theirs is not None:
             assert fc_inputs(mla, version)[0] == theirs, (version, mla)
+
+
+def sglang_builds_head(version: str, cfg: dict, rel: str = "srt/models/llama_eagle3.py") -> bool | str:
+    """The head block of the drafter's __init__ (tied / untied, draft_vocab_size None ->
+    load_lm_head_from_target) and the draft logits' `config_.vocab_size = ...` statement, run
+    on a namespace holding exactly the drafter config.json's keys: what the transformers config
+    SGLang builds from it holds (an absent key is an absent attribute: LlamaConfig() has no
+    draft_vocab_size, checked here). Returns load_lm_head_from_target, or the AttributeError's
+    text."""
+    from transformers import LlamaConfig
+    assert not hasattr(LlamaConfig(), "draft_vocab_size")
+    block = wheels.statement(version, rel, ast.If, "if self.config.tie_word_embeddings", "draft_vocab_size")
+    if block is None:
+        block = wheels.statement(version, rel, ast.If, "if config.tie_word_embeddings", "draft_vocab_size")
+    logits = "config_for_logits" if "config_for_logits" in wheels.path(version, rel).read_text() else "config_"
+    flag = wheels.statement(version, rel, ast.Assign, "self.load_lm_head_from_target = False")
+    pre = wheels.statement(version, rel, ast.Assign, "draft_vocab_size = getattr(config")
+    copy_ = wheels.statement(version, rel, ast.Assign, f"{logits} = copy.deepcopy(config)")
+    vocab = wheels.statement(version, rel, ast.Assign, f"{logits}.vocab_size =")
+    config = NS(**cfg)
+    me = NS(config=config, model=NS(embed_tokens=object()))
+    env = {"self": me, "config": config, "quant_config": None, "prefix": "", "add_prefix": lambda *a: "",
+           "ParallelLMHead": lambda *a, **k: ("head", a), "copy": __import__("copy")}
+    assert flag is not None and block is not None and copy_ is not None and vocab is not None, version
+    nodes = [n for n in (flag, pre, block, copy_, vocab) if n is not None]
+    try:
+        wheels.run_statements(version, rel, nodes, env)
+    except AttributeError as err:
+        return str(err)
+    return me.load_lm_head_from_target
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_missing_draft_vocab_size_matches_sglang(version):
+    """LlamaForCausalLMEagle3 reads config.draft_vocab_size without a default: no key ->
+    AttributeError while the drafter is built (tied or not); null -> the target's lm_head;
+    a number -> its own head. Eagle3DeepseekV2ForCausalLM (since 0.5.12) reads it with
+    getattr: no key = null. diag's draft_vocab_crash says the same."""
+    base = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 64, "vocab_size": 1000,
+            "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 128}
+    for tie in (False, True):
+        for extra, crashes, from_target in (({}, True, None), ({"draft_vocab_size": None}, False, True),
+                                            ({"draft_vocab_size": 100}, False, False)):
+            cfg = {**base, "tie_word_embeddings": tie, **extra}
+            got = sglang_builds_head(version, cfg)
+            assert isinstance(got, str) == crashes, (version, cfg, got)
+            if crashes:
+                assert "draft_vocab_size" in got
+            elif not tie:
+                assert got is from_target, (version, cfg)
+            assert (draft_vocab_crash(cfg, version) is not None) == crashes, (version, cfg)
+    mla_rel = "srt/models/kimi_k25_eagle3.py"
+    if wheels.has(version, mla_rel) and wheels.statement(version, mla_rel, ast.Assign,
+                                                         "draft_vocab_size = getattr(config"):
+        mla = {**base, "architectures": ["Eagle3DeepseekV2ForCausalLM"], "tie_word_embeddings": False}
+        assert sglang_builds_head(version, mla, mla_rel) is True
+        assert draft_vocab_crash(mla, version) is None
+    plan = try_serving_plan({**base, "tie_word_embeddings": False}, TARGETS["llama"](8), engine_name=version)
+    assert isinstance(plan, ServingError) and "no draft_vocab_size key" in plan.message
 
 
 def sglang_set_embed_keeps_own(version: str, **config) -> bool:

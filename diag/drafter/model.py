@@ -166,9 +166,9 @@ class Eagle3Drafter(nn.Module):
         return table[target_ids]
 
     def use_target_head(self, head: nn.Module) -> None:
-        """The target's lm_head [V, H] scores the drafts (config without draft_vocab_size:
-        SGLang's load_lm_head_from_target, set_embed_and_head); held on the drafter's device
-        and dtype (no copy when they already match)."""
+        """The target's lm_head [V, H] scores the drafts (draft_vocab_size null, or absent for
+        the MLA class: SGLang's load_lm_head_from_target, set_embed_and_head); held on the
+        drafter's device and dtype (no copy when they already match)."""
         if not self.cfg.lm_head_from_target:
             raise ValueError("this drafter has its own lm_head")
         ref = self.fc.weight

@@ -2,9 +2,10 @@
 
 SGLang's draft worker (speculative/eagle_worker.py, eagle_worker_v2.py) takes the target's
 `get_embed_and_head()` and, identically in every release 0.5.6-0.5.23:
-- EAGLE3, drafter config without draft_vocab_size (llama_eagle3.py sets
-  load_lm_head_from_target): `set_embed_and_head(embed, head)`, the target's embedding AND
-  lm_head; the drafter's own lm_head weights are never used.
+- EAGLE3, drafter config with "draft_vocab_size": null (or, for the MLA class, without the
+  key; the Llama class then fails to build: drafter_keys.draft_vocab_crash), so that
+  llama_eagle3.py sets load_lm_head_from_target: `set_embed_and_head(embed, head)`, the
+  target's embedding AND lm_head; the drafter's own lm_head weights are never used.
 - EAGLE3 otherwise: `set_embed(embed)` (models/llama.py), which keeps the drafter's own
   embed_tokens only when its config has target_hidden_size != hidden_size ("the embed
   weight cannot be shared"); else the target's table replaces it, even when the drafter
@@ -46,7 +47,8 @@ class DraftTables:
 def draft_tables(mode: str, *, hidden_size: int, target_hidden_size: int | None,
                  draft_vocab_size: int | None, vocab_size: int) -> DraftTables:
     """The tables SGLang's draft worker uses in `mode` ("eagle3" or "eagle").
-    target_hidden_size / draft_vocab_size: None when the drafter config has no such key."""
+    target_hidden_size / draft_vocab_size: None when the drafter config has no such key or
+    null (whether a missing key crashes is drafter_keys.draft_vocab_crash's question)."""
     own_embed = target_hidden_size is not None and target_hidden_size != hidden_size
     if mode == "eagle":
         limit = draft_vocab_size if draft_vocab_size and draft_vocab_size < vocab_size else None
@@ -56,7 +58,7 @@ def draft_tables(mode: str, *, hidden_size: int, target_hidden_size: int | None,
         return DraftTables("target", "target", limit, False, why)
     if draft_vocab_size is None:
         return DraftTables("target", "target", None, False,
-                           "EAGLE3 without draft_vocab_size: load_lm_head_from_target, so "
+                           "EAGLE3 with draft_vocab_size null: load_lm_head_from_target, so "
                            "set_embed_and_head uses the target's embedding and lm_head")
     if own_embed:
         return DraftTables("drafter", "drafter", None, True,

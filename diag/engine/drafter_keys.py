@@ -14,6 +14,13 @@ How many states `fc` is built for, i.e. fc.weight [H, k·H_target]:
   Eagle3DeepseekV2ForCausalLM (models/kimi_k25_eagle3.py, since 0.5.12)
     k = len(nested ids), else len(TOP-LEVEL ids), else 3
   (The hidden-state buffers, speculative/eagle_utils.py, also fall back to top-level ids.)
+draft_vocab_size:
+  LlamaForCausalLMEagle3, every release 0.5.6-0.5.23: read unguarded (`config_.vocab_size =
+    config_.draft_vocab_size` for the draft logits processor, and `if config.draft_vocab_size
+    is None` for an untied head). A config.json without the key gives a LlamaConfig without
+    the attribute: building the drafter raises AttributeError. `"draft_vocab_size": null`
+    is how such a config says "score with the target's lm_head" (load_lm_head_from_target).
+  Eagle3DeepseekV2ForCausalLM: getattr(config, "draft_vocab_size", None): absent = null.
 Worked example: drafter trained on embed+L3 (fc.weight [H, 2·H_t]), nested ids [0, 3]:
   0.5.11 builds fc for 3 states -> loading the [H, 2·H_t] weight fails;
   0.5.12 builds it for len([0, 3]) = 2 -> loads.
@@ -30,6 +37,7 @@ from diag.engine.versions import Engine, Since, engine, since, span_of
 USE_AUX_READ: Since = (("0.5.6", False), ("0.5.8", True))
 FC_FROM_CONFIG: Since = (("0.5.6", False), ("0.5.12", True))
 MLA_DRAFTERS = frozenset({"Eagle3DeepseekV2ForCausalLM"})
+LLAMA_EAGLE3 = "LlamaForCausalLMEagle3"      # the only class that reads draft_vocab_size unguarded
 
 
 def _nested(drafter_config: dict) -> dict:
@@ -56,10 +64,30 @@ def uses_aux_hidden_state(drafter_config: dict, eng: Engine | str | None) -> tup
                    "states and feeds the drafter the target's final-normed last hidden state")
 
 
+def drafter_class(drafter_config: dict) -> str:
+    """The model class SGLang builds for the drafter: architectures[0] (LlamaForCausalLMEagle3
+    when the config names none)."""
+    return (drafter_config.get("architectures") or [LLAMA_EAGLE3])[0]
+
+
+def draft_vocab_crash(drafter_config: dict, eng: Engine | str | None) -> str | None:
+    """Why building the drafter fails on a missing draft_vocab_size key, or None.
+    {"architectures": ["LlamaForCausalLMEagle3"]} (no key) -> AttributeError text;
+    the same with "draft_vocab_size": null, or any other class (Eagle3DeepseekV2ForCausalLM
+    reads it with a default, EAGLE-1's LlamaForCausalLMEagle not at all) -> None."""
+    if "draft_vocab_size" in drafter_config or drafter_class(drafter_config) != LLAMA_EAGLE3:
+        return None
+    return (f"{engine(eng).label} models/llama_eagle3.py reads config.draft_vocab_size without a "
+            "default, and this drafter config.json has no draft_vocab_size key: building "
+            "LlamaForCausalLMEagle3 raises AttributeError ('LlamaConfig' object has no attribute "
+            "'draft_vocab_size'). Fix: add \"draft_vocab_size\": the drafter's lm_head rows (with d2t), "
+            "or null to score with the target's lm_head")
+
+
 def fc_inputs(drafter_config: dict, eng: Engine | str | None) -> tuple[int, str]:
     """(k, why): how many capture points SGLang sizes the drafter's fc for."""
     e = engine(eng)
-    arch = (drafter_config.get("architectures") or ["LlamaForCausalLMEagle3"])[0]
+    arch = drafter_class(drafter_config)
     nested = _nested(drafter_config).get("eagle_aux_hidden_state_layer_ids")
     top = drafter_config.get("eagle_aux_hidden_state_layer_ids")
     if arch in MLA_DRAFTERS:

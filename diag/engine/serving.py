@@ -34,7 +34,7 @@ from diag.engine.algorithms import mode_of
 from diag.engine.architectures import capture_model
 from diag.engine.capture import NoCapture, capture_rule, graph_replays_capture_defaults, graph_rule_span
 from diag.engine.draft_tables import draft_tables_for
-from diag.engine.drafter_keys import fc_inputs, uses_aux_hidden_state
+from diag.engine.drafter_keys import draft_vocab_crash, fc_inputs, uses_aux_hidden_state
 from diag.engine.versions import DEFAULT_ENGINE, RELEASES, Engine, engine, release
 from diag.errors import DiagError
 from diag.layouts import Layout, layout, point
@@ -162,8 +162,9 @@ def _final_plan(drafter_config: dict, target_config: dict, eng: Engine, has_d2t:
     """eagle_config.use_aux_hidden_state = false: EAGLE3 worker, no aux capture."""
     h_t, h = hidden_size(target_config), hidden_size(drafter_config)
     tables = draft_tables_for(drafter_config, "eagle3")
-    crash = None if h_t == h else (f"use_aux_hidden_state is false: the {h_t}-wide final state "
-                                   f"reaches fc, which expects k x {h_t} columns; shape error")
+    crash = draft_vocab_crash(drafter_config, eng) or (
+        None if h_t == h else (f"use_aux_hidden_state is false: the {h_t}-wide final state "
+                               f"reaches fc, which expects k x {h_t} columns; shape error"))
     return ServingPlan("eagle3", Layout((point("final"),)), note, None, h_t != h, tables.lm_head,
                        has_d2t and tables.uses_d2t, (note, tables.why), crash, eng.name,
                        tables.embed, tables.vocab_limit, None, None, (note,))
@@ -182,7 +183,8 @@ def _eagle3_plan(drafter_config: dict, target_config: dict, eng: Engine,
     warnings = tuple(x for x in (aux_note, graph_note) if x)
     notes = _id_notes(drafter_config, ids) + list(warnings)
     k_fc, fc_why = fc_inputs(drafter_config, eng)
-    crash = _fc_crash([lay] + ([prefill] if prefill else []), k_fc, fc_why, h_t, h)
+    crash = draft_vocab_crash(drafter_config, eng) or \
+        _fc_crash([lay] + ([prefill] if prefill else []), k_fc, fc_why, h_t, h)
     tables = draft_tables_for(drafter_config, "eagle3")
     notes.append(tables.why)
     width = len(lay) * h_t  # fc input: k capture points x target hidden
@@ -199,12 +201,12 @@ def _eagle_plan(drafter_config: dict, target_config: dict, eng: Engine) -> Servi
             "runs only for EAGLE3); the drafter gets the target's final-normed last hidden state")
     tables = draft_tables_for(drafter_config, "eagle")
     notes = [tables.why, "d2t is not read, draft ids are target ids"]
-    crash = None
-    if h_t != h:
+    crash = draft_vocab_crash(drafter_config, eng)
+    if h_t != h and crash is None:
         crash = (f"target hidden {h_t} != drafter hidden {h}: the {h_t}-wide state reaches fc "
                  f"(which expects k x {h_t} columns) or the decoder layer (which expects {h}); "
                  "SGLang fails with a shape error at the first draft forward")
-    else:
+    elif h_t == h:
         notes.append(f"state width {h_t} equals the embedding width: fc is bypassed")
     return ServingPlan("eagle", Layout((point("final"),)), rule, None, h_t != h, "target",
                        False, tuple(notes), crash, eng.name, "target", tables.vocab_limit)
