@@ -221,6 +221,16 @@ def test_llama_drafter_without_draft_vocab_size_on_sglang_0_5_23():
     assert not hasattr(plan, "layout") and "draft_vocab_size" in str(plan)
 
 
+def test_lint_names_the_missing_draft_vocab_size_and_its_fix(tmp_path):
+    """The published TorchSpec Kimi Llama drafter has no draft_vocab_size key: lint's error
+    points at the key and proposes the key (a number or null), not a layout fix."""
+    found = _lint(tmp_path, "torchspec-kimi-k25-eagle3", "kimi-k2.5")
+    err = _say(found, "CONFIG")[0]
+    assert err.severity == "error" and err.field == "draft_vocab_size" and "AttributeError" in err.message
+    assert err.fix.startswith("set draft_vocab_size:") and "null" in err.fix
+    assert "cannot build it" in _say(found, "DRAFTER_FORMAT")[0].message
+
+
 def test_torchspec_llama_kimi_drafter_default_layout():
     plan = try_serving_plan(real("torchspec-kimi-k25-eagle3"), real("kimi-k2.5"))
     assert getattr(plan, "layout", None) is None or str(plan.layout) == "L2+L30+L58"

@@ -88,10 +88,16 @@ def test_eagle_with_width_mismatch_crashes():
     assert plan.crash is not None and "7168" in plan.crash and "4096" in plan.crash
 
 
-def test_missing_draft_vocab_uses_target_head():
-    cfg = drafter([2, 30, 58])
-    del cfg["draft_vocab_size"]
+def test_null_draft_vocab_uses_target_head_and_a_missing_key_cannot_be_built():
+    """"draft_vocab_size": null -> load_lm_head_from_target; no key at all -> the Llama
+    EAGLE-3 class raises AttributeError while it is built, under either algorithm."""
+    cfg = {**drafter([2, 30, 58]), "draft_vocab_size": None}
     assert serving_plan(cfg, LLAMA).lm_head == "target"
+    del cfg["draft_vocab_size"]
+    for algorithm in ("EAGLE3", "EAGLE"):
+        with pytest.raises(DiagError, match="no draft_vocab_size key") as err:
+            serving_plan(cfg, LLAMA, algorithm=algorithm)
+        assert err.value.field == "draft_vocab_size"
 
 
 def test_no_d2t_in_checkpoint():

@@ -80,8 +80,7 @@ def draft_vocab_crash(drafter_config: dict, eng: Engine | str | None) -> str | N
     return (f"{engine(eng).label} models/llama_eagle3.py reads config.draft_vocab_size without a "
             "default, and this drafter config.json has no draft_vocab_size key: building "
             "LlamaForCausalLMEagle3 raises AttributeError ('LlamaConfig' object has no attribute "
-            "'draft_vocab_size'). Fix: add \"draft_vocab_size\": the drafter's lm_head rows (with d2t), "
-            "or null to score with the target's lm_head")
+            "'draft_vocab_size')")
 
 
 def fc_inputs(drafter_config: dict, eng: Engine | str | None) -> tuple[int, str]:

@@ -162,9 +162,8 @@ def _final_plan(drafter_config: dict, target_config: dict, eng: Engine, has_d2t:
     """eagle_config.use_aux_hidden_state = false: EAGLE3 worker, no aux capture."""
     h_t, h = hidden_size(target_config), hidden_size(drafter_config)
     tables = draft_tables_for(drafter_config, "eagle3")
-    crash = draft_vocab_crash(drafter_config, eng) or (
-        None if h_t == h else (f"use_aux_hidden_state is false: the {h_t}-wide final state "
-                               f"reaches fc, which expects k x {h_t} columns; shape error"))
+    crash = None if h_t == h else (f"use_aux_hidden_state is false: the {h_t}-wide final state "
+                                   f"reaches fc, which expects k x {h_t} columns; shape error")
     return ServingPlan("eagle3", Layout((point("final"),)), note, None, h_t != h, tables.lm_head,
                        has_d2t and tables.uses_d2t, (note, tables.why), crash, eng.name,
                        tables.embed, tables.vocab_limit, None, None, (note,))
@@ -183,8 +182,7 @@ def _eagle3_plan(drafter_config: dict, target_config: dict, eng: Engine,
     warnings = tuple(x for x in (aux_note, graph_note) if x)
     notes = _id_notes(drafter_config, ids) + list(warnings)
     k_fc, fc_why = fc_inputs(drafter_config, eng)
-    crash = draft_vocab_crash(drafter_config, eng) or \
-        _fc_crash([lay] + ([prefill] if prefill else []), k_fc, fc_why, h_t, h)
+    crash = _fc_crash([lay] + ([prefill] if prefill else []), k_fc, fc_why, h_t, h)
     tables = draft_tables_for(drafter_config, "eagle3")
     notes.append(tables.why)
     width = len(lay) * h_t  # fc input: k capture points x target hidden
@@ -201,15 +199,24 @@ def _eagle_plan(drafter_config: dict, target_config: dict, eng: Engine) -> Servi
             "runs only for EAGLE3); the drafter gets the target's final-normed last hidden state")
     tables = draft_tables_for(drafter_config, "eagle")
     notes = [tables.why, "d2t is not read, draft ids are target ids"]
-    crash = draft_vocab_crash(drafter_config, eng)
-    if h_t != h and crash is None:
+    crash = None
+    if h_t != h:
         crash = (f"target hidden {h_t} != drafter hidden {h}: the {h_t}-wide state reaches fc "
                  f"(which expects k x {h_t} columns) or the decoder layer (which expects {h}); "
                  "SGLang fails with a shape error at the first draft forward")
-    elif h_t == h:
+    else:
         notes.append(f"state width {h_t} equals the embedding width: fc is bypassed")
     return ServingPlan("eagle", Layout((point("final"),)), rule, None, h_t != h, "target",
                        False, tuple(notes), crash, eng.name, "target", tables.vocab_limit)
+
+
+def _check_draft_vocab(drafter_config: dict, eng: Engine) -> None:
+    """The drafter class fails to build without a draft_vocab_size key (drafter_keys)."""
+    why = draft_vocab_crash(drafter_config, eng)
+    if why:
+        raise DiagError(why, field="draft_vocab_size", found="no such key",
+                        expected="a number (the drafter's lm_head rows, draft ids mapped by d2t) or null "
+                                 "(score with the target's lm_head)")
 
 
 def serving_plan(drafter_config: dict, target_config: dict, *, engine_name: str = DEFAULT_ENGINE,
@@ -219,6 +226,7 @@ def serving_plan(drafter_config: dict, target_config: dict, *, engine_name: str 
     has_d2t: whether the drafter checkpoint carries a d2t tensor; cuda_graph: False when the
     server runs with --disable-cuda-graph."""
     eng = engine(engine_name)
+    _check_draft_vocab(drafter_config, eng)              # whatever the algorithm: the class is built
     if mode_of(algorithm) == "eagle":
         return _eagle_plan(drafter_config, target_config, eng)
     return _eagle3_plan(drafter_config, target_config, eng, has_d2t, cuda_graph)

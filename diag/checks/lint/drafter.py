@@ -10,6 +10,7 @@ from __future__ import annotations
 from diag.checkpoint.drafter_format import canonical_names, detect, trainer_marks
 from diag.checkpoint.headers import TensorInfo as HeaderInfo
 from diag.checks.lint.pair import Finding, Pair
+from diag.engine.drafter_keys import draft_vocab_crash
 from diag.engine.drafter_models import builds_drafter, drafter_classes
 from diag.engine.versions import engine
 
@@ -24,8 +25,10 @@ def check_format(p: Pair) -> list[Finding]:
     o = fmt.options
     flags = [k for k in ("fc_norm", "norm_before_fc", "norm_output", "norm_before_residual", "qk_norm")
              if getattr(o, k)]
-    head = ("the target's lm_head over the full vocabulary (no draft_vocab_size)" if o.lm_head == "target"
-            else "its own lm_head")
+    head = ("its own lm_head" if o.lm_head == "drafter" else
+            "no head: SGLang cannot build it without a draft_vocab_size key (see CONFIG)"
+            if draft_vocab_crash(p.raw_drafter, p.engine) else
+            "the target's lm_head over the full vocabulary (draft_vocab_size null or absent)")
     return [Finding("info", "DRAFTER_FORMAT", f"{fmt.architecture}: {fmt.format} format, {fmt.attention} "
                     f"attention, {fmt.variant}{' (' + ', '.join(flags) + ')' if flags else ''}, scores with "
                     f"{head}; trainer {fmt.trainer}", "n/a", "n/a", p.drafter_file, "architectures")]

@@ -36,8 +36,9 @@ def check_serving(p: Pair) -> list[Finding]:
     if not isinstance(p.plan, ServingError):
         return []
     e = p.plan
-    fix = _declared_fix(p) or (f"expected: {e.expected}" if e.expected is not None else
-                               "see the message")
+    own = f"set {e.field}: {e.expected}" if e.field == "draft_vocab_size" else None   # not a layout fix
+    fix = own or _declared_fix(p) or (f"expected: {e.expected}" if e.expected is not None else
+                                      "see the message")
     return [Finding("error", "CONFIG", e.message, "SGLang fails on or misreads this field",
                     fix, p.drafter_file, e.field)]
 
