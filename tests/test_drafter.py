@@ -150,6 +150,21 @@ def test_missing_weight_names_file_and_key(tmp_path):
     assert "model.safetensors" in msg and "midlayer.hidden_norm.weight" in msg and "missing" in msg
 
 
+def test_a_dropped_draft_vocab_size_is_named_by_the_head_it_leaves_behind(tmp_path):
+    """A config.json that lost draft_vocab_size reads as "the target's head over every id", so
+    the checkpoint's d2t no longer fits: the error says which key is probably missing and its value."""
+    import json
+    d = make_drafter(4)
+    save_drafter(d, tmp_path, aux_layer_ids=[0, 2, 4])
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    rows = cfg.pop("draft_vocab_size")
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(DiagError) as err:
+        load_drafter(tmp_path)
+    assert err.value.field in ("d2t", "lm_head.weight")
+    assert f'"draft_vocab_size": {rows} is probably missing' in err.value.message
+
+
 @torch.no_grad()
 def test_deep_step_in_chunks_of_one_index_equals_the_reference(monkeypatch):
     """deep_step splits its scores [B, Q, R, nh, T + n] into chunks of indices under

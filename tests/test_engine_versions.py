@@ -255,6 +255,17 @@ def test_serving_error_verdict_fix_names_the_version():
     assert v.evidence["fix_ids"] == [0, 3, 31] and "retrain" not in v.text
 
 
+def test_serving_error_on_a_missing_draft_vocab_size_proposes_the_key_not_ids():
+    from diag.run.verdicts.serving_error import serving_error_verdicts
+    cfg = drafter([0, 3, 31])
+    cfg.pop("draft_vocab_size", None)
+    err = try_serving_plan(cfg, KIMI)
+    assert isinstance(err, ServingError) and err.field == "draft_vocab_size"
+    (v,) = serving_error_verdicts(_run("sglang-0.5.23", err), [_trained("embed+L3+L31")], KIMI)
+    assert "Fix: set draft_vocab_size in the drafter's config.json to a number" in v.text
+    assert "AttributeError" in v.text and v.evidence["fix_ids"] is None and "[0, 3, 31]" not in v.text.split("Fix:")[1]
+
+
 def test_layout_mismatch_fix_comes_from_the_engine():
     from diag.run.verdicts.layout import _fix
     text, evidence = _fix("embed+L3+L31", _run("sglang-0.5.23", None), KIMI)

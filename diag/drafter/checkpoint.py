@@ -108,7 +108,12 @@ def check_tensors(found: dict[str, TensorInfo], cfg: DrafterConfig, where: str) 
     _unexpected(sorted(set(found) - set(allowed)), where)
     for key, info in found.items():
         if tuple(info.shape) != tuple(allowed[key]):
-            raise DiagError("drafter weight has the wrong shape for its config", file=where, field=key,
+            hint = ""
+            if cfg.lm_head_from_target and key in ("d2t", "lm_head.weight") and info.shape[0] < cfg.vocab_size:
+                hint = (f" (config.json has no draft_vocab_size, so the head is read as the target's over "
+                        f"all {cfg.vocab_size} ids; this checkpoint's {key} has {info.shape[0]} rows: "
+                        f"\"draft_vocab_size\": {info.shape[0]} is probably missing)")
+            raise DiagError("drafter weight has the wrong shape for its config" + hint, file=where, field=key,
                             expected=list(allowed[key]), found=list(info.shape))
     _check_vocab_tensors(found, cfg, where)
     return (["lm_head.weight in the checkpoint is replaced by the target's lm_head (no draft_vocab_size: "

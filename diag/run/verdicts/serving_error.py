@@ -13,6 +13,11 @@ from diag.run.verdicts.layout import likely_trained
 from diag.run.verdicts.record import Verdict
 
 
+# Serving errors on a key that has nothing to do with the layer ids: the verdict proposes the
+# key, not ids (drafter_keys.draft_vocab_crash: the Llama EAGLE-3 class cannot be built).
+KEY_FIXES = frozenset({"draft_vocab_size"})
+
+
 def serving_error_verdicts(run, found: list[Verdict], target_config: dict) -> list[Verdict]:
     """Example (Kimi-K2.5 on 0.5.13, drafter trained on embed+L3+L31, ids [0, 3, 31]):
     "SERVING ERROR: sglang-0.5.13 cannot serve this drafter as configured: ... The drafter
@@ -25,7 +30,9 @@ def serving_error_verdicts(run, found: list[Verdict], target_config: dict) -> li
     trained = likely_trained(run, found)
     engine = run.case.serving.engine
     fix, ids, upgrade = "", None, None
-    if trained is not None and trained != "final (EAGLE)":
+    if err.field in KEY_FIXES:            # the key itself is the fix, whatever the layout
+        fix = f" Fix: set {err.field} in the drafter's config.json to {err.expected}."
+    elif trained is not None and trained != "final (EAGLE)":
         f = fix_for(layout(trained), target_config, engine_name=engine)
         ids, upgrade = f.ids, f.upgrade
         fix = f" The drafter was trained on {trained}; {f.text}."
