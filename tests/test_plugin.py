@@ -13,7 +13,10 @@ import tiny
 
 pytest_plugins = ["pytester"]
 ROOT = Path(__file__).resolve().parents[1]
-USER_CACHE = os.environ.get("DIAG_CACHE_DIR")      # where the zoo lives; tests get their own pass cache
+# Where the zoo lives, read at import: pytester points HOME at a temporary directory, so a
+# default ~/.cache/diag looked up inside a pytester test would be empty and the zoo built again
+# there (minutes, thrown away). Tests get their own pass cache.
+USER_CACHE = os.environ.get("DIAG_CACHE_DIR") or str(Path.home() / ".cache" / "diag")
 
 
 @pytest.fixture(scope="module")
@@ -178,10 +181,7 @@ def test_unconditional_registration_would_clash_with_the_entry_point(pytester, m
 def test_measured_layout_mismatch_on_the_zoo_pair_fails_naming_both_layouts(pytester, monkeypatch):
     """The same acceptance check, measured: the zoo's drafter trained on embed+L2+L4 served
     every point one layer later. Builds the zoo on first use (minutes, then cached)."""
-    if USER_CACHE:
-        monkeypatch.setenv("DIAG_CACHE_DIR", USER_CACHE)
-    else:
-        monkeypatch.delenv("DIAG_CACHE_DIR")
+    monkeypatch.setenv("DIAG_CACHE_DIR", USER_CACHE)
     case = pytester.path / "wrong.toml"
     case.write_text(textwrap.dedent(f"""\
         version = 1
