@@ -116,6 +116,14 @@ def load_back(path: Path) -> torch.nn.Module:
     return model.eval()
 
 
+def attention(model, name: str) -> None:
+    """Switch a transformers model's attention implementation ("sdpa" | "eager") in place."""
+    if name not in ("sdpa", "eager"):
+        raise DiagError("unknown training attention", field="train_attention", expected="'sdpa' or 'eager'",
+                        found=repr(name))
+    model.set_attn_implementation(name)
+
+
 def build_target(recipe: TargetRecipe, out: Path, deps: dict[str, Path]) -> dict:
     corpus_dir = deps[recipe.corpus]
     streams, tok = load_streams(corpus_dir), tk.load_tokenizer(corpus_dir)
@@ -124,8 +132,10 @@ def build_target(recipe: TargetRecipe, out: Path, deps: dict[str, Path]) -> dict
     with deterministic(b.seed) as gen:
         model = new_model(recipe, tok.get_vocab_size(), ids)
         balancer = ExpertBalancer(model) if isinstance(recipe.shape, DeepseekShape) else None
+        attention(model, recipe.train_attention)
         losses = train_lm(model, streams["train"], b, gen, desc=f"train {type(recipe.shape).__name__}",
                           after_step=balancer.step if balancer else None)
+        attention(model, "sdpa")                       # as every reader loads it
         ppl_trained = perplexity(model, streams["heldout"])
         save_target(model, out, recipe.save_dtype, [ids[tk.EOS], ids[tk.END]])
         tk.copy_tokenizer(corpus_dir, out)
