@@ -23,8 +23,10 @@ from diag.assertions import (assert_accept_length_at_least, assert_no_error_verd
 pytestmark = pytest.mark.slow
 
 # The accept length below which this deployment is not worth serving (bonus included, on the
-# case's first tree shape). 1.5 suits the demo's chain-3; set your own from a good run.
-ACCEPT_LENGTH_FLOOR = 1.5
+# case's first tree shape, for the layout the server feeds). Set your own from a good run; 2.0 on
+# chain-3 is a modest one, which the demo's trained layout clears (about 2.8-3.1) and its served
+# one, one layer off, does not (about 1.3-1.6).
+ACCEPT_LENGTH_FLOOR = 2.0
 
 
 @contextmanager
@@ -53,7 +55,8 @@ def test_no_error_verdicts(diag_run):
 
 
 def test_accept_length_reaches_the_floor(diag_run):
-    assert_accept_length_at_least(diag_run, ACCEPT_LENGTH_FLOOR)
+    with broken_on_the_demo(diag_run, r"L1\+L3\+L5 eagle3 chain-3 as-loaded is below 2\.00"):
+        assert_accept_length_at_least(diag_run, ACCEPT_LENGTH_FLOOR)
 
 
 def test_speculation_pays(diag_run):

@@ -79,8 +79,8 @@ def named(order: list, ties: list[dict]):
     """The evaluation a verdict names as trained: among the layouts indistinguishable from the
     best, the first (best first) that the drafter's config declares or whose ids a convention
     reads (DESIGN.md §10: adjacent layers tie, and the config breaks the tie); else the best.
-    A scan of the demo's vLLM-id drafter: embed+L3+L4 2.83, embed+L2+L4 2.82 (read by vllm's
-    rule), tied -> embed+L2+L4."""
+    A scan of the demo's vLLM-id drafter (an earlier zoo): embed+L3+L4 2.83, embed+L2+L4 2.82
+    (read by vllm's rule), tied -> embed+L2+L4."""
     read = next((t["layout"] for t in ties if _config_reads(t)), None)
     return next((e for e in order if e.layout == read), order[0])
 
