@@ -211,6 +211,22 @@ def _dots(acc0, acc1, acc2, acc3, w, a0, a1, a2, a3, ok0, ok1, ok2, ok3, k,
 
 
 @triton.jit
+def _weight_rows(w_ptr, s_ptr, expert, pid_n, N, stride_we, stride_wn, stride_se, stride_sn,
+                 BLOCK_N: tl.constexpr, PIECE: tl.constexpr, GLU: tl.constexpr):
+    """Tile pid_n's weight rows [BN] (gate rows then up rows under GLU, _glu_rows), which are
+    real, and the pointers to its first K block: words [BN, P] and scales [BN]."""
+    if GLU:
+        offs_n, n_ok = _glu_rows(pid_n, N, BLOCK_N)
+    else:
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < N
+    w_base = (w_ptr + expert.to(tl.int64) * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
+              + tl.arange(0, PIECE)[None, :])                                     # [BN, P] words
+    s_base = s_ptr + expert.to(tl.int64) * stride_se + offs_n.to(tl.int64) * stride_sn  # [BN]
+    return offs_n, n_ok, w_base, s_base
+
+
+@triton.jit
 def _epilogue(acc, out_ptr, route_w_ptr, pair, row_ok, offs_n, n_ok, pid_n, N, stride_om,
               BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, MUL_ROUTE: tl.constexpr,
               GLU: tl.constexpr, UPCAST: tl.constexpr):
@@ -248,16 +264,10 @@ def moe_int4_gemm_grouped(a_ptr, w_ptr, s_ptr, out_ptr, sorted_ids_ptr, block_ex
     if expert < 0:
         return
     pair, row_ok, a_row = _block_rows(sorted_ids_ptr, pid_m, num_pairs, a_div, BLOCK_M)   # [BM]
-    if GLU:
-        offs_n, n_ok = _glu_rows(pid_n, N, BLOCK_N)
-    else:
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < N
+    offs_n, n_ok, w_base, s_base = _weight_rows(w_ptr, s_ptr, expert, pid_n, N, stride_we, stride_wn,
+                                                stride_se, stride_sn, BLOCK_N, PIECE, GLU)
     offs_p = tl.arange(0, PIECE)
     a_base = a_ptr + a_row[None, :].to(tl.int64) * stride_am + offs_p[:, None]        # [P, BM]
-    w_base = (w_ptr + expert.to(tl.int64) * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
-              + offs_p[None, :])                                                  # [BN, P] words
-    s_base = s_ptr + expert.to(tl.int64) * stride_se + offs_n.to(tl.int64) * stride_sn  # [BN]
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     if WIDE:  # per block of 8P columns: one word load, one [BN, 8] scale load (piece i's group
         # (k0 + iP) // G, e.g. P 16, G 32 -> k0 / 32 + [0, 0, 1, 1, 2, 2, 3, 3]), one dot
@@ -291,13 +301,8 @@ def moe_int4_gemm_grouped(a_ptr, w_ptr, s_ptr, out_ptr, sorted_ids_ptr, block_ex
                 scale = tl.load(s_base + ((k0 + i * PIECE) // GROUP) * stride_sg, mask=n_ok, other=0.0)
                 w = _dequant(words, 4 * i, scale, DEQUANT, UPCAST)                        # [BN, P]
                 acc = _dot(w, a, acc, UPCAST)
-    if MUL_ROUTE:
-        acc = acc * tl.load(route_w_ptr + pair, mask=row_ok, other=0.0)[None, :]
-    if GLU:
-        _glu_store(acc, out_ptr, pair, row_ok, pid_n, N, stride_om, BLOCK_N, BLOCK_M, UPCAST)
-    else:
-        out_ptrs = out_ptr + pair[None, :].to(tl.int64) * stride_om + offs_n[:, None]
-        tl.store(out_ptrs, _to_bf16(acc, UPCAST), mask=n_ok[:, None] & row_ok[None, :])
+    _epilogue(acc, out_ptr, route_w_ptr, pair, row_ok, offs_n, n_ok, pid_n, N, stride_om,
+              BLOCK_N, BLOCK_M, MUL_ROUTE, GLU, UPCAST)
 
 
 @triton.jit
@@ -322,15 +327,9 @@ def moe_int4_gemm_split(a_ptr, w_ptr, s_ptr, out_ptr, sorted_ids_ptr, block_expe
     expert = tl.load(block_expert_ptr + pid_m)
     if expert < 0:
         return
-    if GLU:
-        offs_n, n_ok = _glu_rows(pid_n, N, BLOCK_N)
-    else:
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < N
+    offs_n, n_ok, w_base, s_base = _weight_rows(w_ptr, s_ptr, expert, pid_n, N, stride_we, stride_wn,
+                                                stride_se, stride_sn, BLOCK_N, PIECE, GLU)
     offs_p = tl.arange(0, PIECE)
-    w_base = (w_ptr + expert.to(tl.int64) * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
-              + offs_p[None, :])                                                  # [BN, P] words
-    s_base = s_ptr + expert.to(tl.int64) * stride_se + offs_n.to(tl.int64) * stride_sn  # [BN]
     # sub-blocks 0 and 1 always; 2 and 3 only where SPLIT has them (unused names stay
     # sub-block 0's and are never dotted or stored)
     pair0, ok0, a0 = _sub_rows(a_ptr, sorted_ids_ptr, pid_m, 0, num_pairs, a_div, stride_am, offs_p,
