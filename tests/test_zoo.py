@@ -2,8 +2,8 @@
 
 Fast tests run the real builders on tiny recipes (a 120 kB corpus, 2-layer models, a
 few steps). Tests over the real zoo call zoo_path, which builds on first use (about
-3.5 minutes on 2 uncontended cores) and reuses the cache afterwards; they carry the
-`slow` mark only while something is still unbuilt."""
+4 minutes on 2 uncontended cores: `diag bench cpu --sections zoo`) and reuses the cache
+afterwards; they carry the `slow` mark only while something is still unbuilt."""
 
 from __future__ import annotations
 
@@ -100,6 +100,72 @@ def test_greedy_pools_are_the_dynamic_caches_tokens(kind):
                           max_new_tokens=30, min_new_tokens=30)
     assert got.shape == (6, 50) and torch.equal(got, want)
     assert (model.config.model_type in STATIC_CACHE_MODELS) == (kind == "llama")
+
+
+def test_greedy_continuations_are_remembered_per_target_identity(monkeypatch):
+    """The embed drafter and its control draw the same pool from one target: the second build
+    takes the first's continuations. Remembered only under an identity, per (identity, prompts,
+    new tokens), and handed out as copies."""
+    from diag.zoo import build_drafters as bd
+    monkeypatch.setattr(bd, "_CONTINUATIONS", {})
+    torch.manual_seed(3)
+    model = new_model(TargetRecipe("c", TINY_SHAPES["llama"], TINY_BUDGET, "float32"), 320,
+                      {"<|bos|>": 1, "<|eos|>": 2, "<|pad|>": 0}).eval()
+    calls = []
+    generate = model.generate
+    monkeypatch.setattr(model, "generate", lambda **kw: calls.append(1) or generate(**kw))
+    prompts = torch.randint(3, 320, (4, 9))
+    first = bd.greedy_sequences(model, prompts, 6, identity="t1")
+    first[0, 0] = -1                                                       # a copy: the memo is untouched
+    again = bd.greedy_sequences(model, prompts, 6, identity="t1")
+    assert len(calls) == 1 and again[0, 0] == prompts[0, 0] and torch.equal(again[:, 9:], first[:, 9:])
+    bd.greedy_sequences(model, prompts, 7, identity="t1")                  # other length
+    bd.greedy_sequences(model, prompts[:3], 6, identity="t1")             # other prompts
+    bd.greedy_sequences(model, prompts, 6, identity="t2")                 # another target
+    bd.greedy_sequences(model, prompts, 6)                                # no identity: never remembered
+    bd.greedy_sequences(model, prompts, 6)
+    assert len(calls) == 6
+
+
+def test_target_identity_changes_when_the_target_is_rewritten(tmp_path):
+    from diag.zoo.build_drafters import target_identity
+    assert target_identity(tmp_path) is None
+    (tmp_path / "zoo_meta.json").write_text(json.dumps({"fingerprint": "abc"}))
+    assert target_identity(tmp_path) is None                              # no weights
+    (tmp_path / "model.safetensors").write_bytes(b"12345")
+    first = target_identity(tmp_path)
+    assert first.startswith("abc:5:")
+    time.sleep(0.01)
+    (tmp_path / "model.safetensors").write_bytes(b"12345")
+    assert target_identity(tmp_path) != first
+
+
+def test_target_distribution_in_pieces_is_the_same_bits(tiny_targets, monkeypatch):
+    """capture computes the distribution DIST_ROWS sequences at a time (under glibc's mmap
+    threshold): bitwise what one piece gives."""
+    from diag.zoo import build_drafters as bd
+    model = load_back(tiny_targets["llama"][0])
+    seqs = torch.randint(0, model.config.vocab_size, (5, 12), generator=torch.Generator().manual_seed(1))
+    hot = torch.tensor([1, 5, 7, 40, 99, 200])
+    monkeypatch.setattr(bd, "DIST_ROWS", 1000)
+    whole = bd.target_distribution(model, seqs, hot, temperature=0.5)
+    monkeypatch.setattr(bd, "DIST_ROWS", 2)
+    assert torch.equal(bd.target_distribution(model, seqs, hot, temperature=0.5), whole)
+
+
+def test_deterministic_skips_the_nan_fill_and_restores_it():
+    from diag.zoo.train import deterministic
+    before = torch.utils.deterministic.fill_uninitialized_memory
+    with deterministic(0):
+        assert torch.are_deterministic_algorithms_enabled()
+        assert torch.utils.deterministic.fill_uninitialized_memory is False
+    assert torch.utils.deterministic.fill_uninitialized_memory == before
+
+
+@pytest.mark.skipif(__import__("platform").libc_ver()[0] != "glibc", reason="mallopt is glibc's")
+def test_the_allocator_keeps_freed_memory_under_glibc():
+    from diag.zoo.allocator import keep_freed_memory
+    assert keep_freed_memory() is True and keep_freed_memory() is True   # accepted, and idempotent
 
 
 def test_quality_measures_golden():

@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 
 from diag.errors import DiagError
 from diag.zoo import cache
+from diag.zoo.allocator import keep_freed_memory
 from diag.zoo.recipes import (BUILDER_VERSION, ZOO, CorpusRecipe, DerivedDrafterRecipe, DrafterRecipe, IdsRecipe,
                               Int4Recipe, TargetRecipe)
 from diag.zoo.recipes_prompt_side import PromptDrafterRecipe, ThinkingRecipe
@@ -164,6 +165,8 @@ def ensure(names: list[str], progress: bool = True) -> dict[str, Path]:
     paths: dict[str, Path] = {}
     todo = closure(names)
     planned = outdated(todo)
+    if planned:
+        keep_freed_memory()                  # same bits, a fifth less time (allocator.py)
     bar = tqdm(total=len(planned), desc="diag zoo", unit="entry", disable=not progress or not planned)
     rebuilt: set[str] = set()
     for n in todo:

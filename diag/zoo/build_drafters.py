@@ -35,6 +35,7 @@ authoritative statement; config.json also says `diag_layer_id_convention: specfo
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -55,6 +56,8 @@ from diag.zoo.recipes import DrafterRecipe, IdsRecipe
 from diag.zoo.train import deterministic, optimize
 
 CHUNK = 256          # sequences per generate / capture call (decode cost is per step, not per row)
+DIST_ROWS = 16       # sequences per softmax of target_distribution: 16 x 259 x 1536 fp32 logits are
+                     # 25 MB, under glibc's mmap threshold (allocator.py); one of 256 took 0.61 s, 16s 0.31
 LAYER_ID_CONVENTION = "specforge"
 
 
@@ -77,18 +80,49 @@ def specforge_ids(lay: Layout) -> list[int]:
 STATIC_CACHE_MODELS = frozenset({"llama"})
 
 
+# Greedy continuations already generated in this process, by (target identity, prompts, new
+# tokens): the embed drafter and its control draw the same pool and held-out prompts from one
+# target, so the second build reuses the first's continuations (4-5 s of each llama drafter
+# build) instead of generating the same ids again. Greedy decoding draws nothing from the RNG.
+_CONTINUATIONS: dict[tuple[str, str, int], torch.Tensor] = {}
+_CONTINUATIONS_KEPT = 8
+
+
+def target_identity(target_dir: Path) -> str | None:
+    """A built zoo target's fingerprint (its zoo_meta.json) and its weights file's size and mtime,
+    which change whenever it is rebuilt; None for a directory without them (nothing is then
+    remembered)."""
+    meta, weights = target_dir / "zoo_meta.json", target_dir / "model.safetensors"
+    if not (meta.is_file() and weights.is_file()):
+        return None
+    stat = weights.stat()
+    return f"{json.loads(meta.read_text()).get('fingerprint')}:{stat.st_size}:{stat.st_mtime_ns}"
+
+
 @torch.no_grad()
-def greedy_sequences(target, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
-    """prompts [P, p] -> [P, p + new_tokens]: each prompt continued greedily (eos ignored)."""
+def greedy_sequences(target, prompts: torch.Tensor, new_tokens: int, identity: str | None = None) -> torch.Tensor:
+    """prompts [P, p] -> [P, p + new_tokens]: each prompt continued greedily (eos ignored).
+    With the target's `identity` (target_identity), remembered for this process."""
+    key = None if identity is None else \
+        (identity, hashlib.sha256(prompts.numpy().tobytes() + str(tuple(prompts.shape)).encode()).hexdigest(),
+         new_tokens)
+    if key in _CONTINUATIONS:
+        return _CONTINUATIONS[key].clone()
     static = {"cache_implementation": "static"} if target.config.model_type in STATIC_CACHE_MODELS else {}
     out = []
     for chunk in prompts.split(CHUNK):
         out.append(target.generate(input_ids=chunk, attention_mask=torch.ones_like(chunk), do_sample=False,
                                    max_new_tokens=new_tokens, min_new_tokens=new_tokens, **static))
-    return torch.cat(out)
+    seqs = torch.cat(out)
+    if key is not None:
+        if len(_CONTINUATIONS) >= _CONTINUATIONS_KEPT:
+            _CONTINUATIONS.pop(next(iter(_CONTINUATIONS)))
+        _CONTINUATIONS[key] = seqs.clone()
+    return seqs
 
 
-def training_sequences(target, train: torch.Tensor, recipe: DrafterRecipe, gen: torch.Generator) -> torch.Tensor:
+def training_sequences(target, train: torch.Tensor, recipe: DrafterRecipe, gen: torch.Generator,
+                       identity: str | None = None) -> torch.Tensor:
     """pool_sequences rows of prompt_tokens + seq_len + steps ids: the first round(P * corpus_fraction)
     are corpus windows (teacher-forced text: the target's argmax often differs from the next
     id, so the drafter must read the target's state), the rest greedy continuations.
@@ -98,7 +132,7 @@ def training_sequences(target, train: torch.Tensor, recipe: DrafterRecipe, gen: 
     n_corpus = round(recipe.pool_sequences * recipe.corpus_fraction)
     corpus = sample_windows(train, n_corpus, width - 1, gen)                          # [Pc, width]
     prompts = sample_windows(train, recipe.pool_sequences - n_corpus, prompt - 1, gen)
-    greedy = greedy_sequences(target, prompts, width - prompt) if len(prompts) else corpus[:0]
+    greedy = greedy_sequences(target, prompts, width - prompt, identity) if len(prompts) else corpus[:0]
     return torch.cat([corpus, greedy])
 
 
@@ -129,9 +163,9 @@ def capture(target, seqs: torch.Tensor, points, hot: torch.Tensor | None = None,
         if points:
             auxs.append(torch.cat([cap.states[p.name].float() for p in points], dim=-1))
         argmaxes.append(cap.argmax)
-        if weight is not None:
-            logits = cap.states["final"].float() @ weight.T / temperature
-            dists.append(torch.softmax(logits, dim=-1).to(torch.bfloat16))
+        if weight is not None:          # DIST_ROWS sequences at a time: the same bits, half the time
+            dists += [torch.softmax(f @ weight.T / temperature, dim=-1).to(torch.bfloat16)
+                      for f in cap.states["final"].float().split(DIST_ROWS)]
     return (torch.cat(auxs) if auxs else None), torch.cat(argmaxes), (torch.cat(dists) if dists else None)
 
 
@@ -254,11 +288,12 @@ def build_drafter(recipe: DrafterRecipe, out: Path, deps: dict[str, Path], corpu
     target_dir = deps[recipe.target]
     target, streams = load_back(target_dir), load_streams(deps[corpus])
     lay = parse_layout(recipe.layout).check_against(target.config.num_hidden_layers)
+    identity = target_identity(target_dir)
     with deterministic(recipe.budget.seed) as gen:
         hot = hot_vocab(token_counts(streams["train"], target.config.vocab_size), recipe.draft_vocab_size)
-        seqs = training_sequences(target, streams["train"], recipe, gen)   # [P, prompt_tokens + seq_len + steps]
+        seqs = training_sequences(target, streams["train"], recipe, gen, identity)   # [P, prompt + seq_len + steps]
         d, embed, losses = train_drafter(target, recipe, lay, hot, seqs, gen, desc=f"drafter {recipe.layout}")
-        meta = evaluate(d, target, embed, streams["heldout"], lay, recipe)
+        meta = evaluate(d, target, embed, streams["heldout"], lay, recipe, identity)
     save_zoo_drafter(d, out, lay, target_dir)
     meta.update({**loss_summary(losses),
                  "layout": str(lay), "eagle_aux_hidden_state_layer_ids": specforge_ids(lay),
@@ -267,7 +302,8 @@ def build_drafter(recipe: DrafterRecipe, out: Path, deps: dict[str, Path], corpu
     return meta
 
 
-def evaluate(d, target, embed, heldout: torch.Tensor, lay: Layout, recipe: DrafterRecipe) -> dict:
+def evaluate(d, target, embed, heldout: torch.Tensor, lay: Layout, recipe: DrafterRecipe,
+             identity: str | None = None) -> dict:
     """Held-out checks: depth 1 on corpus text, then chain acceptance on the target's greedy
     continuations of held-out prompts, under the trained layout and under the layout
     shifted one layer deeper (embed+L2+L4 -> L1+L3+L5), which should score lower."""
@@ -276,7 +312,7 @@ def evaluate(d, target, embed, heldout: torch.Tensor, lay: Layout, recipe: Draft
     width = prompt + recipe.budget.seq_len + steps                          # as in training
     text = tile_windows(heldout, width - 1, recipe.eval_sequences)         # [E, width]
     meta = depth1_teacher_forced(d, embed, *features(target, text, lay), text)
-    seqs = greedy_sequences(target, text[:, :prompt], width - prompt)
+    seqs = greedy_sequences(target, text[:, :prompt], width - prompt, identity)
     start = prompt - 1                      # first index whose next token was generated
     aux, argmax = features(target, seqs, lay)
     meta["greedy_chain"] = chain_acceptance(d, embed, aux, seqs, argmax, steps, start)

@@ -101,6 +101,7 @@ def save_target(model: torch.nn.Module, out_dir: Path, save_dtype: str, eos_ids:
     cfg["architectures"] = [type(model).__name__]          # what save_pretrained records
     cfg["dtype"] = save_dtype
     cfg.pop("torch_dtype", None)
+    cfg.pop("_name_or_path", None)     # a model loaded from a directory names it: not this file's content
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     gen = GenerationConfig(bos_token_id=model.config.bos_token_id, eos_token_id=eos_ids,
                            pad_token_id=model.config.pad_token_id, do_sample=False)
