@@ -408,6 +408,38 @@ def test_goal_lines_read_the_json(tmp_path):
     assert "speedup_over_naive=45" in render([path])
 
 
+def test_zoo_goals_are_the_cpus_and_the_kernel_goals_the_gpus():
+    cpu = {"kind": "cpu", "sections": {"zoo": {"demo_seconds": 150.0, "whole_seconds": 320.0},
+                                       "drafter": {"fraction_of_peak": 0.01}}}
+    lines = "\n".join(goal_lines(cpu))
+    assert "| zoo: the demo's checkpoints from an empty cache (s, 2 cores) | 150 | <= 180 | met |" in lines
+    assert "| zoo: the whole zoo from an empty cache (s, 2 cores) | 320 | <= 300 | NOT met |" in lines
+    assert "drafter replay" not in lines                                  # a GPU goal
+    assert "zoo" not in "\n".join(goal_lines(_result(zoo={"whole_seconds": 1.0})))
+
+
+def test_zoo_bench_builds_into_its_own_empty_cache(tmp_path, monkeypatch):
+    """The demo's entries first, then the rest, into workdir/cache (never the user's cache),
+    which is left as it was; a cache that holds a zoo already is refused."""
+    from diag.bench import zoo as bench_zoo
+    from diag.zoo import build
+
+    monkeypatch.setenv("DIAG_CACHE_DIR", "/the/users/cache")
+    calls = []
+    monkeypatch.setattr(build, "ensure", lambda names: calls.append((os.environ["DIAG_CACHE_DIR"], list(names))))
+    monkeypatch.setattr(build, "read_meta", lambda n: {"seconds": 1.5})
+    out = bench_zoo.zoo_build_bench(tmp_path)
+    assert [c[0] for c in calls] == [str(tmp_path / "cache")] * 2
+    assert calls[0][1] == list(bench_zoo.DEMO_ENTRIES) and "deepseek-tiny-eagle3-mla" in calls[1][1]
+    assert out["demo_entries"] == ["stdlib-corpus", "llama-tiny", "llama-tiny-eagle3-embed",
+                                   "llama-tiny-eagle3-embed-vllm-ids"]
+    assert set(out["entry_seconds"].values()) == {1.5} and out["whole_seconds"] >= out["demo_seconds"]
+    assert os.environ["DIAG_CACHE_DIR"] == "/the/users/cache"
+    (tmp_path / "cache" / "zoo").mkdir(parents=True)
+    with pytest.raises(FileExistsError, match="empty cache"):
+        bench_zoo.zoo_build_bench(tmp_path)
+
+
 def test_extrapolation_worked_example():
     from diag.bench.extrapolate import extrapolate, kimi_bytes
 

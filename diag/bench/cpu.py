@@ -7,6 +7,7 @@ overheads at toy widths, not Kimi speed.
 `load` writes a larger Kimi-shaped target (LOAD_WIDTHS, 3 layers, 1.38 GB) and measures
 diag's load into CPU memory against the raw read of the same files (bench/load.py; only
 these files' pages are dropped, the shared machine's page cache stays).
+`zoo`, only when asked: the whole zoo built into an empty cache, the demo's entries first (bench/zoo.py).
 
 This module is orchestration; the measurements live in target.py, drafter.py, naive.py.
 """
@@ -33,7 +34,7 @@ SMALL_DRAFTER = {"num_attention_heads": 4, "num_key_value_heads": 4, "head_dim":
 LOAD_WIDTHS = {"hidden_size": 2048, "intermediate_size": 8192, "moe_intermediate_size": 512,
                "n_routed_experts": 256, "num_attention_heads": 16, "num_key_value_heads": 16,
                "vocab_size": 32768}     # 256 * 3 * 512 * 2048 * (1/2 + 2/32) = 453 MB per MoE layer
-SECTIONS = ("target", "drafter", "naive", "sampled", "load")
+SECTIONS = ("target", "drafter", "naive", "sampled", "load")   # and "zoo" when asked (bench/zoo.py: ~5 min)
 
 
 def run(out: Path, workdir: Path, *, layers: int = 4, num_seqs: int = 8, seq_len: int = 128,
@@ -49,6 +50,10 @@ def run(out: Path, workdir: Path, *, layers: int = 4, num_seqs: int = 8, seq_len
     peak = ceil["fp32_matmul_flops"] if ceil else 1e11
     if "load" in sections:
         section(res, "load", lambda: _load(workdir / "load"))
+        save(res, out)
+    if "zoo" in sections:
+        from diag.bench.zoo import zoo_build_bench
+        section(res, "zoo", lambda: zoo_build_bench(workdir / "zoo"))
         save(res, out)
     if not set(sections) & {"target", "drafter", "naive", "sampled"}:
         return save(res, out) and res
