@@ -10,8 +10,8 @@ per-expert Python loop or bf16 weight copy exists.
   gemm 2  h[p] @ down[e].T * w[p] -> [S, H]   (routing weight applied in fp32)
   sum     out[t] = sum_k y[t * K + k]  (fp32 accumulation, as transformers' grouped_mm path)
 
-Worked routing example, BLOCK_M 2, experts [1, 0, 1] (T 3, K 1): counts [1, 2] -> blocks
-[1, 1]; sorted_ids = [1, S | 0, 2] (S = 3 pads expert 0's run); block_expert = [0, 1].
+Routing (diag.int4.routing, with its worked example) is replayed from a CUDA graph per shape:
+some 40 small kernels whose launches cost 1.3 ms of host time per layer.
 
 The kernels (diag.int4.fast_kernel): the grouped one wherever the widths allow it
 (kernel_layout.fits: Kimi's 7168 and 2048 with group 32 do), reading the packed words re-laid
@@ -30,7 +30,6 @@ reads no files.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -39,6 +38,7 @@ from torch.nn import functional as F
 from diag.int4.format import dequantize
 from diag.int4.kernel_layout import fits, relayout_, scales_group_major, to_checkpoint
 from diag.int4.packed import PackedExperts
+from diag.int4.routing import Routing, replayed_routes, route, routes  # noqa: F401  (route, routes: fast's API)
 
 # Tile shape and launch of the first kernel (any width); diag.bench may set these.
 TILES = {"block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 4, "num_stages": 3}
@@ -53,44 +53,6 @@ TILES = {"block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 4, "num_stag
 GROUPED = {"dequant": 3, "piece": 32,
            "gate_up": {"block_m": 64, "block_n": 128, "num_warps": 8, "num_stages": 2, "glu": False},
            "down": {"block_m": 64, "block_n": 128, "num_warps": 8, "num_stages": 2, "split": 3}}
-
-
-@dataclass(frozen=True)
-class Routing:
-    sorted_ids: torch.Tensor     # [num_blocks * BLOCK_M] int32 pair indices, S = padding
-    block_expert: torch.Tensor   # [num_blocks] int32 expert of each block, -1 unused
-    num_pairs: int
-    block_m: int = 0             # rows per block (each expert's run is padded to it)
-
-
-def route(top_k_index: torch.Tensor, num_experts: int, block_m: int) -> Routing:
-    """[T, K] expert ids -> padded, expert-grouped pair order, without a host sync
-    (the number of blocks is bounded by S / block_m + E)."""
-    return routes(top_k_index, num_experts, (block_m,))[block_m]
-
-
-def routes(top_k_index: torch.Tensor, num_experts: int, block_ms) -> dict[int, Routing]:
-    """route() for each block_m, the pairs sorted by expert once."""
-    flat = top_k_index.reshape(-1).to(torch.int64)                         # [S]
-    S = flat.numel()
-    order = torch.argsort(flat, stable=True)                               # [S]
-    counts = torch.bincount(flat, minlength=num_experts)[:num_experts]     # [E]
-    first = torch.cumsum(counts, 0) - counts                               # [E] start in `order`
-    e_sorted = flat[order]
-    rank = torch.arange(S, device=flat.device) - first[e_sorted]
-    out = {}
-    for block_m in dict.fromkeys(block_ms):
-        blocks = (counts + block_m - 1) // block_m                         # [E]
-        padded_start = torch.cumsum(blocks * block_m, 0) - blocks * block_m
-        max_blocks = S // block_m + num_experts
-        sorted_ids = torch.full((max_blocks * block_m,), S, dtype=torch.int32, device=flat.device)
-        sorted_ids[padded_start[e_sorted] + rank] = order.to(torch.int32)
-        ends = torch.cumsum(blocks, 0)                                     # [E]
-        b = torch.arange(max_blocks, device=flat.device)
-        expert = torch.searchsorted(ends, b, right=True)                   # [max_blocks]
-        block_expert = torch.where(expert < num_experts, expert, -1).to(torch.int32)
-        out[block_m] = Routing(sorted_ids, block_expert, S, block_m)
-    return out
 
 
 def _block_k(width: int, group: int) -> int:
@@ -219,7 +181,7 @@ def fused_experts(module: PackedExperts, hidden: torch.Tensor, top_k_index: torc
         to_kernel_layout(module)
     block_m = {w: grouped_block_m(T * K, module.num_experts, w) if grouped else TILES["block_m"]
                for w in ("gate_up", "down")}
-    routings = routes(top_k_index, module.num_experts, block_m.values())
+    routings = replayed_routes(top_k_index, module.num_experts, block_m.values())   # consumed below
     g = module.group_size
 
     def gemm(a, proj, which, a_div, route_w=None, glu=False):

@@ -1,0 +1,102 @@
+"""diag.int4.routing: the pair order the grouped INT4 GEMMs read, against a reference written
+from its definition, and its CUDA-graph replay against the eager computation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from diag.int4 import routing
+from diag.int4.routing import replayed_routes, routes
+
+
+def reference(idx: torch.Tensor, E: int, block_m: int) -> tuple[list[int], list[int]]:
+    """Expert by expert, its pairs in their original order, padded with S to a multiple of
+    block_m; then padding blocks up to S // block_m + E blocks (sorted_ids S, expert -1)."""
+    flat = idx.reshape(-1).tolist()
+    S = len(flat)
+    ids, experts = [], []
+    for e in range(E):
+        mine = [p for p, x in enumerate(flat) if x == e]
+        n = -(-len(mine) // block_m)
+        ids += mine + [S] * (n * block_m - len(mine))
+        experts += [e] * n
+    total = S // block_m + E
+    return ids + [S] * ((total - len(experts)) * block_m), experts + [-1] * (total - len(experts))
+
+
+@settings(max_examples=60, deadline=None)
+@given(E=st.integers(1, 9), T=st.integers(1, 40), K=st.integers(1, 3), block_m=st.sampled_from([1, 2, 4, 16]),
+       seed=st.integers(0, 2 ** 16))
+def test_routes_is_the_reference(E, T, K, block_m, seed):
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, E, (T, K), generator=gen)            # repeats and empty experts included
+    r = routes(idx, E, (block_m,))[block_m]
+    ids, experts = reference(idx, E, block_m)
+    assert r.sorted_ids.tolist() == ids and r.block_expert.tolist() == experts
+    assert r.sorted_ids.dtype == r.block_expert.dtype == torch.int32 and r.num_pairs == T * K
+
+
+def test_replayed_routes_off_cuda_is_routes():
+    idx = torch.tensor([[1], [0], [1]])
+    for _ in range(3):
+        got = replayed_routes(idx, 2, (2,))[2]
+        assert got.sorted_ids.tolist()[:4] == [1, 3, 0, 2]
+    assert not routing._GRAPHS
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+def test_replayed_routes_capture_once_per_shape_and_equal_routes(monkeypatch):
+    monkeypatch.setattr(routing, "_GRAPHS", routing.OrderedDict())
+    monkeypatch.setattr(routing, "_SEEN", {})
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    E, T, K = 384, 512, 8
+    outs = []
+    for call in range(4):                                        # eager, capture + replay, replay, replay
+        idx = torch.rand(T, E, device="cuda", generator=gen).topk(K, dim=-1).indices
+        got = replayed_routes(idx, E, (64, 192))
+        want = routes(idx, E, (64, 192))
+        for bm in (64, 192):
+            assert torch.equal(got[bm].sorted_ids, want[bm].sorted_ids)
+            assert torch.equal(got[bm].block_expert, want[bm].block_expert)
+        outs.append(got)
+        assert len(routing._GRAPHS) == (0 if call == 0 else 1)
+    assert outs[2] is outs[3]                                    # the graph's static outputs
+    other = torch.zeros(T + 1, K, dtype=torch.long, device="cuda")
+    replayed_routes(other, E, (64, 192))
+    assert len(routing._GRAPHS) == 1                             # a new shape is first routed eagerly
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+def test_fused_experts_with_replayed_routing_is_the_eager_routings_bits(monkeypatch):
+    """Layer after layer of one shape (the graph's static routing reused, its inputs new each
+    time), fused_experts gives the bits it gives with routes() computed afresh."""
+    from torch.nn import functional as F
+
+    from diag.int4 import fast
+    from diag.int4.packed import PackedExperts
+
+    monkeypatch.setattr(routing, "_GRAPHS", routing.OrderedDict())
+    monkeypatch.setattr(routing, "_SEEN", {})
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    E, H, I, T, K = 8, 256, 256, 96, 2
+    m = PackedExperts(E, H, I, 32, F.silu, device="cuda")
+    for name in ("gate_up_proj", "down_proj"):
+        buf = getattr(m, f"{name}_packed")
+        buf.copy_(torch.randint(-2 ** 31, 2 ** 31 - 1, buf.shape, device="cuda", dtype=torch.int32, generator=gen))
+        sc = getattr(m, f"{name}_scale")
+        sc.copy_((torch.rand(sc.shape, device="cuda", generator=gen) * 0.05).to(sc.dtype))
+    layers = []
+    for _ in range(4):
+        x = torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16)
+        idx = torch.rand(T, E, device="cuda", generator=gen).topk(K, dim=-1).indices
+        w = torch.softmax(torch.randn(T, K, device="cuda", generator=gen), -1)
+        layers.append((x, idx, w, fast.fused_experts(m, x, idx, w)))
+    assert len(routing._GRAPHS) == 1
+    monkeypatch.setattr(fast, "replayed_routes", routes)
+    for x, idx, w, got in layers:
+        assert torch.equal(got, fast.fused_experts(m, x, idx, w))
