@@ -100,3 +100,32 @@ def test_fused_experts_with_replayed_routing_is_the_eager_routings_bits(monkeypa
     monkeypatch.setattr(fast, "replayed_routes", routes)
     for x, idx, w, got in layers:
         assert torch.equal(got, fast.fused_experts(m, x, idx, w))
+
+
+def test_the_fused_layer_runs_with_its_own_device_current(monkeypatch):
+    """Triton launches on the current device: FastPackedExperts makes the layer's device current
+    around fused_experts (on N GPUs a layer on cuda:3 may run while cuda:0 is current)."""
+    from contextlib import contextmanager
+    from types import SimpleNamespace
+
+    from torch.nn import functional as F
+
+    from diag.int4 import fast
+    from diag.int4.packed import PackedExperts
+
+    m = PackedExperts(2, 64, 64, 32, F.silu)
+    m.__class__ = fast.FastPackedExperts
+    m.gate_up_proj_scale = m.gate_up_proj_scale.to(torch.bfloat16)
+    current, calls = [], []
+
+    @contextmanager
+    def device(d):
+        current.append(d)
+        yield
+        current.pop()
+
+    monkeypatch.setattr(torch.cuda, "device", device)
+    monkeypatch.setattr(fast, "triton_available", lambda: True)
+    monkeypatch.setattr(fast, "fused_experts", lambda *a: calls.append(list(current)) or "out")
+    hidden = SimpleNamespace(is_cuda=True, device="cuda:3")
+    assert m.forward(hidden, None, None) == "out" and calls == [["cuda:3"]]

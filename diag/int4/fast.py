@@ -272,7 +272,13 @@ class FastPackedExperts(PackedExperts):
     def forward(self, hidden_states, top_k_index, top_k_weights):
         usable = hidden_states.is_cuda or _interpreting()
         if usable and self.gate_up_proj_scale.dtype == torch.bfloat16 and triton_available():
-            return fused_experts(self, hidden_states, top_k_index, top_k_weights)
+            if not hidden_states.is_cuda:
+                return fused_experts(self, hidden_states, top_k_index, top_k_weights)
+            # Triton launches on the current device and its stream, not the tensors': on N GPUs
+            # a layer placed on cuda:k runs while cuda:0 may be current (accelerate's hooks move
+            # tensors, not the current device), so the layer's device is made current here.
+            with torch.cuda.device(hidden_states.device):
+                return fused_experts(self, hidden_states, top_k_index, top_k_weights)
         return super().forward(hidden_states, top_k_index, top_k_weights)
 
 
