@@ -134,7 +134,7 @@ def test_target_identity_changes_when_the_target_is_rewritten(tmp_path):
     assert target_identity(tmp_path) is None                              # no weights
     (tmp_path / "model.safetensors").write_bytes(b"12345")
     first = target_identity(tmp_path)
-    assert first.startswith("abc:5:")
+    assert '"abc"' in first and '"size": 5' in first
     time.sleep(0.01)
     (tmp_path / "model.safetensors").write_bytes(b"12345")
     assert target_identity(tmp_path) != first

@@ -51,5 +51,6 @@ def zoo_build_bench(workdir: Path) -> dict:
         entries = {n: (read_meta(n) or {}).get("seconds") for n in closure(list(ZOO))}
     return {"demo_entries": closure(list(DEMO_ENTRIES)), "demo_seconds": round(demo, 1),
             "whole_seconds": round(whole, 1), "rest_seconds": round(whole - demo, 1),
-            "entry_seconds": entries, "build_threads": BUILD_THREADS, "cpu_count": os.cpu_count(), "loadavg_before": [round(x, 2) for x in load_before],
+            "entry_seconds": entries, "build_threads": BUILD_THREADS, "cpu_count": os.cpu_count(),
+            "loadavg_before": [round(x, 2) for x in load_before],
             "loadavg_after": [round(x, 2) for x in os.getloadavg()]}

@@ -71,10 +71,12 @@ class _Captured:
 
 # Graphs by (device, shape, dtype, experts, block_ms); a shape is captured the second time it
 # is seen (a one-off shape costs no capture), and at most KEPT graphs are held (least recently
-# used dropped), each a few MB at most (Kimi at 32k tokens: 262,144 pairs).
+# used dropped), each a few MB at most (Kimi at 32k tokens: 262,144 pairs). The shapes seen
+# once are forgotten past SEEN_KEPT of them (a long run's many one-off prefill shapes).
 KEPT = 16
+SEEN_KEPT = 1024
 _GRAPHS: "OrderedDict[tuple, _Captured]" = OrderedDict()
-_SEEN: dict[tuple, int] = {}
+_SEEN: dict[tuple, bool] = {}
 
 
 def replayed_routes(top_k_index: torch.Tensor, num_experts: int, block_ms) -> dict[int, Routing]:
@@ -93,9 +95,12 @@ def replayed_routes(top_k_index: torch.Tensor, num_experts: int, block_ms) -> di
     key = (dev.index, tuple(top_k_index.shape), top_k_index.dtype, num_experts, block_ms)
     got = _GRAPHS.get(key)
     if got is None:
-        _SEEN[key] = _SEEN.get(key, 0) + 1
-        if _SEEN[key] < 2:
+        if key not in _SEEN:
+            if len(_SEEN) >= SEEN_KEPT:
+                _SEEN.clear()
+            _SEEN[key] = True
             return routes(top_k_index, num_experts, block_ms)
+        del _SEEN[key]
         got = _capture(top_k_index, num_experts, block_ms)
         _GRAPHS[key] = got
         while len(_GRAPHS) > KEPT:

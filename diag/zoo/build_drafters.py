@@ -43,6 +43,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from diag.checkpoint.identity import stat_key
 from diag.target.capture import capture_pass, decoder_parts
 from diag.drafter.mla import MlaShape
 from diag.drafter.model import DrafterConfig, Eagle3Drafter
@@ -89,14 +90,14 @@ _CONTINUATIONS_KEPT = 8
 
 
 def target_identity(target_dir: Path) -> str | None:
-    """A built zoo target's fingerprint (its zoo_meta.json) and its weights file's size and mtime,
-    which change whenever it is rebuilt; None for a directory without them (nothing is then
+    """A built zoo target's fingerprint (its zoo_meta.json) and its weights file's stat as the
+    digest memo keys it (checkpoint.identity.stat_key: path, size, mtime, ctime, inode), which
+    change whenever it is rebuilt; None for a directory without them (nothing is then
     remembered)."""
     meta, weights = target_dir / "zoo_meta.json", target_dir / "model.safetensors"
     if not (meta.is_file() and weights.is_file()):
         return None
-    stat = weights.stat()
-    return f"{json.loads(meta.read_text()).get('fingerprint')}:{stat.st_size}:{stat.st_mtime_ns}"
+    return json.dumps([json.loads(meta.read_text()).get("fingerprint"), stat_key(weights)], sort_keys=True)
 
 
 @torch.no_grad()
