@@ -132,8 +132,9 @@ def _fused_vs_eager(m, dev) -> float:
 @pytest.fixture
 def grouped_tiles():
     saved = {k: (dict(v) if isinstance(v, dict) else v) for k, v in fast.GROUPED.items()}
-    fast.GROUPED["gate_up"].update(block_m=16, block_n=32)
-    fast.GROUPED["down"].update(block_m=32, block_n=64)
+    # the Triton kernels' small tiles (tests/test_wgmma_kernel.py has wgmma_kernel's)
+    fast.GROUPED["gate_up"].update(block_m=16, block_n=32, split=1, wgmma=False)
+    fast.GROUPED["down"].update(block_m=32, block_n=64, split=3, wgmma=False)
     yield fast.GROUPED
     fast.GROUPED.clear()
     fast.GROUPED.update(saved)
@@ -246,11 +247,15 @@ def test_gate_up_tile_without_glu_keeps_the_activation_outside(grouped_tiles, mo
 
 def test_tuner_times_gate_up_both_ways_where_the_activation_fuses():
     from diag.bench.tiles import _gemm_tiles, _tile
-    c = (64, 128, 8, 2, False, 1)
+    c = (64, 128, 8, 2, False, 1, "")
     assert _gemm_tiles(c, True) == [("gate_up", c + (True,)), ("gate_up", c + (False,)), ("down", c)]
     assert _gemm_tiles(c, False) == [("gate_up", c), ("down", c)]
     assert _tile(c + (False,))["glu"] is False and "glu" not in _tile(c) and "split" not in _tile(c)
-    assert _tile((64, 128, 8, 2, False, 3))["split"] == 3
+    assert _tile((64, 128, 8, 2, False, 3, ""))["split"] == 3 and "wgmma" not in _tile(c)
+    w = (64, 128, 8, 2, False, 3, "wgmma")                  # wgmma_kernel: no GLU epilogue to time
+    assert _gemm_tiles(w, True) == [("gate_up", w + (False,)), ("down", w)]
+    assert _tile(w)["wgmma"] is True and _tile(w)["drain"] is True
+    assert _tile((64, 128, 8, 3, False, 3, "wgmma-lag"))["drain"] is False
 
 
 def test_split_row_blocks_worked_example(grouped_tiles):
@@ -355,11 +360,11 @@ def test_tuner_chooses_each_gemms_fastest_tile_at_the_best_shared_layout(grouped
     """The timings of an H200 run (bf16x2 call): DEQUANT 3 wins on the sum of each GEMM's best,
     and down keeps its block_m 128 while gate_up keeps 64."""
     from diag.bench.tiles import _choose
-    best = {(32, 3, "gate_up"): (0.01197, (64, 128, 8, 2, False, 1, True)),
-            (32, 3, "down"): (0.00832, (128, 128, 8, 3, False, 1)),
-            (32, 2, "gate_up"): (0.0130, (64, 128, 8, 3, False, 1)),
-            (32, 2, "down"): (0.0089, (128, 128, 8, 3, False, 1)),
-            (16, 2, "gate_up"): (0.0150, (128, 128, 8, 3, False, 1))}           # no down: not a pair
+    best = {(32, 3, "gate_up"): (0.01197, (64, 128, 8, 2, False, 1, "", True)),
+            (32, 3, "down"): (0.00832, (128, 128, 8, 3, False, 1, "")),
+            (32, 2, "gate_up"): (0.0130, (64, 128, 8, 3, False, 1, "")),
+            (32, 2, "down"): (0.0089, (128, 128, 8, 3, False, 1, "")),
+            (16, 2, "gate_up"): (0.0150, (128, 128, 8, 3, False, 1, ""))}           # no down: not a pair
     m = _experts(5, E=4, H=256, I=256)
     got = _choose(best, m, 8192)
     assert got["by_piece_and_dequant"] == {"piece32_dequant3": pytest.approx(0.02029),

@@ -41,10 +41,11 @@ def test_routes_is_the_reference(E, T, K, block_m, seed):
 
 def test_replayed_routes_off_cuda_is_routes():
     idx = torch.tensor([[1], [0], [1]])
+    graphs = len(routing._GRAPHS)                # CUDA tests earlier in the session may have some
     for _ in range(3):
         got = replayed_routes(idx, 2, (2,))[2]
         assert got.sorted_ids.tolist()[:4] == [1, 3, 0, 2]
-    assert not routing._GRAPHS
+    assert len(routing._GRAPHS) == graphs
 
 
 @pytest.mark.gpu

@@ -48,6 +48,15 @@ DEQUANT3 = ((32, 64, 128, 8, 2, False, 1), (32, 64, 128, 8, 3, False, 1), (32, 6
 # split * block_m * 8P * 2 + block_n * P * 4 bytes, so piece 32 fits 2 stages, piece 16 3.
 SPLITS = ((32, 64, 128, 8, 2, False, 3), (16, 64, 128, 8, 3, False, 3), (32, 64, 128, 8, 2, False, 2),
           (16, 64, 128, 8, 3, False, 4), (32, 32, 128, 8, 3, False, 4), (16, 64, 128, 8, 2, False, 3))
+# wgmma_kernel's explicit Hopper pipeline (a last field: "wgmma" empties the MMA queue at every
+# K step, "wgmma-lag" keeps the last piece in flight into the next and prefetches one step less,
+# so needs 3 stages); tried first, at DEQUANT 3 (its decode). Where it cannot run (not sm_90)
+# the rows time the Triton kernel of the same tile. Shared memory as SPLITS'. An H200 A/B
+# (NOTES.md, scripts/ab_wgmma.py) had split 3 at 2 stages fastest for both GEMMs at 8k tokens.
+WGMMA = ((32, 64, 128, 8, 2, False, 3, "wgmma"), (32, 64, 128, 8, 2, False, 1, "wgmma"),
+         (16, 64, 128, 8, 3, False, 3, "wgmma-lag"), (16, 64, 128, 8, 4, False, 3, "wgmma-lag"),
+         (16, 64, 128, 8, 2, False, 3, "wgmma"), (16, 64, 128, 8, 3, False, 3, "wgmma"),
+         (32, 64, 128, 8, 2, False, 2, "wgmma"), (32, 128, 128, 8, 2, False, 1, "wgmma"))
 
 @torch.no_grad()
 def dequant_exact(experts, dequant: int) -> bool | str:
@@ -119,12 +128,14 @@ class _Gemms:
 
 
 def _tile(cand: tuple) -> dict:
-    """(block_m, block_n, num_warps, num_stages, wide, split[, glu]) -> one GEMM's entry of
-    fast.GROUPED (glu: gate_up's, whether the activation is in its epilogue; split only
-    where it is not 1)."""
-    bm, bn, warps, stages, wide, split, *glu = cand
+    """(block_m, block_n, num_warps, num_stages, wide, split, pipe[, glu]) -> one GEMM's entry
+    of fast.GROUPED (pipe: "" for the Triton kernel, "wgmma" / "wgmma-lag" for wgmma_kernel
+    with and without the drain; glu: gate_up's, whether the activation is in its epilogue;
+    split only where it is not 1)."""
+    bm, bn, warps, stages, wide, split, pipe, *glu = cand
     return {"block_m": bm, "block_n": bn, "num_warps": warps, "num_stages": stages, "wide": wide,
-            **({"split": split} if split != 1 else {}), **({"glu": glu[0]} if glu else {})}
+            **({"split": split} if split != 1 else {}), **({"glu": glu[0]} if glu else {}),
+            **({"wgmma": True, "drain": pipe == "wgmma"} if pipe else {})}
 
 
 def _try(g: _Gemms, which: str, cand: tuple, rows: list, tag: dict) -> float:
@@ -141,15 +152,16 @@ def _try(g: _Gemms, which: str, cand: tuple, rows: list, tag: dict) -> float:
 
 def _gemm_tiles(cand: tuple, fusable: bool) -> list[tuple[str, tuple]]:
     """The (GEMM, tile) pairs one config is timed as: gate_up with the activation in its
-    epilogue and after it, where the activation can be fused; down once.
-    (64, 128, 8, 2, False, 1), fusable -> gate_up (..., True), gate_up (..., False), down (...)."""
-    ups = [cand + (True,), cand + (False,)] if fusable else [cand]
+    epilogue and after it, where the activation can be fused (wgmma_kernel has no such
+    epilogue: after it only); down once.
+    (64, 128, 8, 2, False, 1, ""), fusable -> gate_up (..., True), gate_up (..., False), down (...)."""
+    ups = [cand + (True,), cand + (False,)] if fusable and not cand[6] else [cand + (False,)] if fusable else [cand]
     return [("gate_up", t) for t in ups] + [("down", cand)]
 
 
 @torch.no_grad()
 def tune_grouped(moe, tokens: int = 8192, *, budget_s: float = 120.0, configs=CONFIGS,
-                 dequant: int = 2, dequant3=SPLITS + DEQUANT3, log=print) -> dict:
+                 dequant: int = 2, dequant3=WGMMA + SPLITS + DEQUANT3, log=print) -> dict:
     """Each config's two GEMMs timed alone at `tokens` (the weights re-laid per piece width),
     `configs` at `dequant`, `dequant3` at DEQUANT 3; the fastest (piece, dequant) by the sum
     of its best tile per GEMM (each GEMM's block_m its own) chosen into fast.GROUPED, then
@@ -160,7 +172,7 @@ def tune_grouped(moe, tokens: int = 8192, *, budget_s: float = 120.0, configs=CO
     g = _Gemms(moe, tokens)
     rows: list[dict] = []
     best: dict = {}
-    tried = [(*c, 3) for c in dequant3] + [(*c, dequant) for c in configs]
+    tried = [(*c[:7], c[7] if len(c) > 7 else "", 3) for c in dequant3] + [(*c, "", dequant) for c in configs]
     for piece in dict.fromkeys(c[0] for c in tried):
         fast.to_kernel_layout(moe.experts, piece)
         for _, *cand, dq in (c for c in tried if c[0] == piece):

@@ -45,14 +45,18 @@ TILES = {"block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 4, "num_stag
 # The grouped kernel (kernel-layout weights, kernel_layout.fits): "gate_up" / "down" tiles
 # per GEMM, each with its own block_m, the token side (the dot's N, 16..256; each GEMM is
 # routed for its own), "split" (default 1: the row block is split sub-blocks of block_m rows
-# decoding each weight tile once for all of them), and block_n, the weight rows ("wide": one dot of depth 8 * piece per
+# decoding each weight tile once for all of them), and block_n, the weight rows ("wgmma": the
+# explicit Hopper pipeline of wgmma_kernel, "drain" its variant that empties the MMA queue at
+# every K step; "wide": one dot of depth 8 * piece per
 # K step instead of 8 of depth piece, fast_kernel; gate_up's "glu": silu(gate) * up in its
 # epilogue, where the module's activation is SiLU). The piece width (the weights' layout)
 # and the dequant variant are shared. The defaults are what diag bench measured fastest on
 # an H200 (reports/bench/NOTES.md); a bench run may set others for its own process.
 GROUPED = {"dequant": 3, "piece": 32,
-           "gate_up": {"block_m": 64, "block_n": 128, "num_warps": 8, "num_stages": 2, "glu": False},
-           "down": {"block_m": 64, "block_n": 128, "num_warps": 8, "num_stages": 2, "split": 3}}
+           "gate_up": {"block_m": 64, "block_n": 128, "num_warps": 8, "num_stages": 2, "split": 3, "glu": False,
+                       "wgmma": True, "drain": True},
+           "down": {"block_m": 64, "block_n": 128, "num_warps": 8, "num_stages": 2, "split": 3,
+                    "wgmma": True, "drain": True}}
 
 
 def _block_k(width: int, group: int) -> int:
@@ -92,26 +96,55 @@ def grouped_int4_gemm(a: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor
     """The grouped kernel: packed [E, N, K/8] int32 in kernel layout of piece width `piece`,
     scale [E, N, K/group] (any strides), a [rows, K] bf16 -> out [S, N] bf16, in the
     routing's block_m (GROUPED[which]'s block_m is what fused_experts routes for).
-    glu: packed is gate_up [E, 2I, K/8] and out is silu(gate) * up [S, I], in the epilogue."""
+    glu: packed is gate_up [E, 2I, K/8] and out is silu(gate) * up [S, I], in the epilogue.
+    A tile with "wgmma" runs wgmma_kernel's explicit Hopper pipeline where wgmma_runs says
+    it can (the same bits), else the Triton kernel of the same tile."""
     from diag.int4.fast_kernel import moe_int4_gemm_grouped, moe_int4_gemm_split
     import triton
 
     N, K = packed.shape[1], packed.shape[2] * 8
     t = GROUPED[which]
     split = split_of(which, r.block_m)
+    out = torch.empty(r.num_pairs, N // 2 if glu else N, dtype=torch.bfloat16, device=a.device)
+    args = (a, packed, scale, out, r.sorted_ids, r.block_expert, route_w if route_w is not None else out,
+            N, K, r.num_pairs, a_div, a.stride(0), packed.stride(0), packed.stride(1), scale.stride(0),
+            scale.stride(1), scale.stride(2), out.stride(0))
+    if t.get("wgmma", False) and not glu and wgmma_runs(a.device, scale, split, t):
+        from diag.int4.wgmma_kernel import moe_int4_gemm_wgmma
+        grid = (triton.cdiv(N, t["block_n"]), r.block_expert.numel())
+        moe_int4_gemm_wgmma[grid](*args, GROUP=group, PIECE=piece, BLOCK_N=t["block_n"],
+                                  BLOCK_M=r.block_m // split, MUL_ROUTE=route_w is not None, SPLIT=split,
+                                  STAGES=t["num_stages"], DRAIN=bool(t.get("drain", True)),
+                                  num_warps=t["num_warps"])
+        return out
     kernel, extra = (moe_int4_gemm_split, {"SPLIT": split}) if split > 1 else \
         (moe_int4_gemm_grouped, {"WIDE": bool(t.get("wide", False))})
-    out = torch.empty(r.num_pairs, N // 2 if glu else N, dtype=torch.bfloat16, device=a.device)
     grid = (triton.cdiv(N // 2 if glu else N, t["block_n"] // 2 if glu else t["block_n"]), r.block_expert.numel())
-    kernel[grid](a, packed, scale, out, r.sorted_ids, r.block_expert,
-                 route_w if route_w is not None else out, N, K, r.num_pairs, a_div,
-                 a.stride(0), packed.stride(0), packed.stride(1), scale.stride(0),
-                 scale.stride(1), scale.stride(2), out.stride(0), GROUP=group,
-                 PIECE=piece, BLOCK_N=t["block_n"], BLOCK_M=r.block_m // split,
+    kernel[grid](*args, GROUP=group, PIECE=piece, BLOCK_N=t["block_n"], BLOCK_M=r.block_m // split,
                  DEQUANT=dequant_variant(a.device), MUL_ROUTE=route_w is not None,
                  UPCAST=_interpreting(), GLU=glu, **extra,
                  num_warps=t["num_warps"], num_stages=t["num_stages"])
     return out
+
+
+def wgmma_runs(dev: torch.device, scale: torch.Tensor | None = None, split: int = 1,
+               tile: dict | None = None) -> bool:
+    """Whether wgmma_kernel can run: a Hopper GPU (wgmma is sm_90 only) without Triton's
+    interpreter, a Triton with Gluon, scales group major (stride 1 along N), 1..3 sub-blocks
+    and a tile whose warpgroups each own whole 64-row slabs of weight rows (num_warps a
+    multiple of 4, block_n of 16 x num_warps: 128 at 8 warps). Elsewhere the Triton kernel
+    of the same tile runs: the same bits."""
+    if _interpreting() or dev.type != "cuda" or torch.cuda.get_device_capability(dev)[0] != 9:
+        return False
+    if (scale is not None and scale.stride(1) != 1) or not 1 <= split <= 3:
+        return False
+    if tile is not None and (tile["num_warps"] % 4 or tile["block_n"] % (16 * tile["num_warps"])):
+        return False
+    try:
+        import diag.int4.wgmma_kernel  # noqa: F401  (Gluon's Hopper ops: Triton >= 3.5)
+    except ImportError:
+        return False
+    return True
 
 
 def block_rows(which: str) -> int:
