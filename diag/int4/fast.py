@@ -13,7 +13,9 @@ per-expert Python loop or bf16 weight copy exists.
 Routing (diag.int4.routing, with its worked example) is replayed from a CUDA graph per shape:
 some 40 small kernels whose launches cost 1.3 ms of host time per layer.
 
-The kernels (diag.int4.fast_kernel): the grouped one wherever the widths allow it
+The kernels (diag.int4.fast_kernel; on Hopper diag.int4.wgmma_kernel, the grouped one with its
+pipeline written out in Gluon: copies a K step ahead, each piece decoded while the previous
+one multiplies, the same bits): the grouped one wherever the widths allow it
 (kernel_layout.fits: Kimi's 7168 and 2048 with group 32 do), reading the packed words re-laid
 once, at the first forward, so that unpacking one group is a shift and a mask, in row blocks
 of one dot or (a GEMM's "split") of several sub-blocks sharing each decoded weight tile; the

@@ -147,15 +147,9 @@ def _dequant(words, shift, scale, DEQUANT: tl.constexpr, UPCAST: tl.constexpr):
     return _decode((words >> shift) & 0xF, scale[:, None], DEQUANT, UPCAST)
 
 
-@triton.jit
-def _dequant_pair(words, shift, scale_lo, scale_hi):
-    """[BN, P] words, [BN] bf16 scales of pieces i and i + 4 (shift = 4i, i < 4) -> the two
-    pieces' [BN, P] bf16 weights (DEQUANT 3; CUDA only: inline PTX)."""
-    pair = ((scale_lo.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF)
-            | (scale_hi.to(tl.int16, bitcast=True).to(tl.int32) << 16))                # [BN]
-    pair = tl.broadcast_to(pair[:, None], words.shape)
-    return tl.inline_asm_elementwise(
-        """{
+# DEQUANT 3's instructions: $2 the shifted word, $3 the two pieces' bf16 scales (lo | hi << 16)
+# -> $0, $1 the pieces' bf16 weights (wgmma_kernel decodes with the same string)
+BF16X2_DECODE = tl.constexpr("""{
         .reg .b32 t, m, c, one, neg, nz;
         mov.b32 m, 0x000F000F;
         mov.b32 c, 0x43004300;
@@ -166,8 +160,18 @@ def _dequant_pair(words, shift, scale_lo, scale_hi):
         fma.rn.bf16x2 t, t, one, neg;
         fma.rn.bf16x2 t, t, $3, nz;
         mov.b32 {$0, $1}, t;
-        }""",
-        "=h,=h,r,r", [words >> shift, pair], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1)
+        }""")
+
+
+@triton.jit
+def _dequant_pair(words, shift, scale_lo, scale_hi):
+    """[BN, P] words, [BN] bf16 scales of pieces i and i + 4 (shift = 4i, i < 4) -> the two
+    pieces' [BN, P] bf16 weights (DEQUANT 3; CUDA only: inline PTX)."""
+    pair = ((scale_lo.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF)
+            | (scale_hi.to(tl.int16, bitcast=True).to(tl.int32) << 16))                # [BN]
+    pair = tl.broadcast_to(pair[:, None], words.shape)
+    return tl.inline_asm_elementwise(BF16X2_DECODE, "=h,=h,r,r", [words >> shift, pair],
+                                     dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1)
 
 
 @triton.jit

@@ -1,7 +1,8 @@
 """The grouped INT4 GEMM for Hopper written in Gluon (Triton's explicit dialect): the same
 product as fast_kernel.moe_int4_gemm_split, with the weights in kernel_layout and the
 tokens on the MMA's N side, but with its pipeline spelled out, because the one Triton
-derives for that kernel leaves the tensor cores waiting (NOTES.md, "the wgmma kernel"):
+derives for that kernel leaves the tensor cores waiting (reports/bench/NOTES.md, wgmma;
+scripts/int4_schedule.py prints both schedules without a GPU):
 
   Triton's schedule (sm_90, Kimi's gate_up at block_m 64, 2 stages), per K step of 8P columns:
     wait for all copies; decode piece 0; wgmma; wait 0; decode piece 1; wgmma; wait 0; ...;
@@ -9,16 +10,17 @@ derives for that kernel leaves the tensor cores waiting (NOTES.md, "the wgmma ke
   so each K step's load latency is paid in full, and no decode overlaps an MMA.
   Here, per K step s (every copy lands in shared memory by cp.async, one commit group a step):
     wait for step s's group; fence; barrier; issue the copies of step s + DIST;
-    words <- shared (registers, in the MMA's A layout); for each piece i (pairs i, i + 4):
+    words <- shared (registers, in the MMA's A layout); step s + 1's scales <- global
+    (registers, one step ahead); for each piece i (pairs i, i + 4):
       decode piece i into registers (bf16x2, as fast_kernel's DEQUANT 3)
       issue its wgmma for every sub-block, asynchronously
       wait until only that piece's wgmmas are in flight: the previous piece's are done, so
       the decode of the next piece runs while this one multiplies
     (DRAIN: wait 0 at the step's end; else the last piece stays in flight into the next step)
 
-Buffers and hazards. STAGES buffers hold a step's words [BN, P] int32, its scales [8, BN]
-bf16 (piece i's group row) and its activations [SPLIT * 8, BM, P] bf16 (sub-block s, piece
-i). Step s + DIST is copied into buffer (s + DIST) % STAGES, last read at step s + DIST -
+Buffers and hazards. STAGES buffers hold a step's words [BN, P] int32 and its activations
+[SPLIT * 8, BM, P] bf16 (index (stage * SPLIT + s) * 8 + i: sub-block s, piece i; P 32,
+BM 64, 3 sub-blocks: 16 + 96 KB a stage, 224 KB at 2 stages, one CTA per SM). Step s + DIST is copied into buffer (s + DIST) % STAGES, last read at step s + DIST -
 STAGES: with DRAIN (DIST = STAGES - 1) its wgmmas were waited for at that step's end; without
 (DIST = STAGES - 2) its last wgmmas were retired by each warpgroup's first wait of step s - 1,
 before step s's barrier. cp.async writes are ordered before the async proxy's wgmma reads by
@@ -35,17 +37,21 @@ module needs Triton >= 3.5 (gluon); nothing imports it unless the grouped kernel
 from __future__ import annotations
 
 from triton.experimental import gluon
-from triton.runtime.jit import constexpr_function
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, warpgroup_mma,
                                                                warpgroup_mma_wait)
+from triton.runtime.jit import constexpr_function
+
+from diag.int4.fast_kernel import BF16X2_DECODE
 
 
 @constexpr_function
 def _copy_layout(rows, cols, vec, num_warps):
     """A blocked layout in which each thread cp.asyncs `vec` contiguous elements of a
-    [rows, cols] tile (row major): threads along the row first, warps down the rows."""
+    [rows, cols] tile (row major): threads along the row first, warps down the rows.
+    Activations [64, 32] bf16, vec 8 (16 bytes), 8 warps: threads [8, 4], warps [8, 1], one
+    pass; words [128, 32] int32, vec 4: threads [4, 8], warps [8, 1], four passes."""
     tc = min(cols // vec, 32)
     tr = 32 // tc
     wr = min(num_warps, max(rows // tr, 1))
@@ -54,7 +60,8 @@ def _copy_layout(rows, cols, vec, num_warps):
 
 @constexpr_function
 def _store_layout(block_n, block_m, num_warps):
-    """out^T [BN, BM] stored at out[pair, n]: 8 consecutive n (16 bytes) per thread."""
+    """out^T [BN, BM] stored at out[pair, n]: 8 consecutive n (16 bytes) per thread; BN 128,
+    8 warps: threads [16, 2], warps [1, 8], so a pass stores [128, 16]."""
     tn = min(block_n // 8, 32)
     return gl.BlockedLayout([8, 1], [tn, 32 // tn], [1, num_warps], [0, 1])
 
@@ -65,20 +72,8 @@ def _dequant_pair(words, shift: gl.constexpr, pair_scale):
     high) -> pieces i and i + 4 as [BN, P] bf16 each: fast_kernel._dequant_pair's
     instructions (worked example there): (q_i, q_{i+4}) = bf16x2(128 + u) - 136, exactly,
     then times the scales, rounded once."""
-    return gl.inline_asm_elementwise(
-        """{
-        .reg .b32 t, m, c, one, neg, nz;
-        mov.b32 m, 0x000F000F;
-        mov.b32 c, 0x43004300;
-        mov.b32 one, 0x3F803F80;
-        mov.b32 neg, 0xC308C308;
-        mov.b32 nz, 0x80008000;
-        lop3.b32 t, $2, m, c, 0xEA;
-        fma.rn.bf16x2 t, t, one, neg;
-        fma.rn.bf16x2 t, t, $3, nz;
-        mov.b32 {$0, $1}, t;
-        }""",
-        "=h,=h,r,r", [words >> shift, pair_scale], dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=1)
+    return gl.inline_asm_elementwise(BF16X2_DECODE, "=h,=h,r,r", [words >> shift, pair_scale],
+                                     dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=1)
 
 
 @gluon.jit
