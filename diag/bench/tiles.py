@@ -155,7 +155,12 @@ def _gemm_tiles(cand: tuple, fusable: bool) -> list[tuple[str, tuple]]:
     epilogue and after it, where the activation can be fused (wgmma_kernel has no such
     epilogue: after it only); down once.
     (64, 128, 8, 2, False, 1, ""), fusable -> gate_up (..., True), gate_up (..., False), down (...)."""
-    ups = [cand + (True,), cand + (False,)] if fusable and not cand[6] else [cand + (False,)] if fusable else [cand]
+    if not fusable:
+        ups = [cand]
+    elif cand[6]:                                       # pipe: wgmma_kernel
+        ups = [cand + (False,)]
+    else:
+        ups = [cand + (True,), cand + (False,)]
     return [("gate_up", t) for t in ups] + [("down", cand)]
 
 

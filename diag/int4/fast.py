@@ -31,6 +31,7 @@ reads no files.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -131,19 +132,26 @@ def grouped_int4_gemm(a: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor
 
 def wgmma_runs(dev: torch.device, scale: torch.Tensor | None = None, split: int = 1,
                tile: dict | None = None) -> bool:
-    """Whether wgmma_kernel can run: a Hopper GPU (wgmma is sm_90 only) without Triton's
-    interpreter, a Triton with Gluon, scales group major (stride 1 along N), 1..3 sub-blocks
-    and a tile whose warpgroups each own whole 64-row slabs of weight rows (num_warps a
-    multiple of 4, block_n of 16 x num_warps: 128 at 8 warps). Elsewhere the Triton kernel
-    of the same tile runs: the same bits."""
-    if _interpreting() or dev.type != "cuda" or torch.cuda.get_device_capability(dev)[0] != 9:
+    """Whether wgmma_kernel can run: a Hopper GPU with a Triton that has Gluon's Hopper ops
+    (_wgmma_device), not under Triton's interpreter, scales group major (stride 1 along N),
+    1..3 sub-blocks and a tile whose warpgroups each own whole 64-row slabs of weight rows
+    (num_warps a multiple of 4, block_n of 16 x num_warps: 128 at 8 warps). Elsewhere the
+    Triton kernel of the same tile runs: the same bits."""
+    if _interpreting() or not _wgmma_device(dev):
         return False
     if (scale is not None and scale.stride(1) != 1) or not 1 <= split <= 3:
         return False
-    if tile is not None and (tile["num_warps"] % 4 or tile["block_n"] % (16 * tile["num_warps"])):
+    return tile is None or not (tile["num_warps"] % 4 or tile["block_n"] % (16 * tile["num_warps"]))
+
+
+@functools.lru_cache(maxsize=None)
+def _wgmma_device(dev: torch.device) -> bool:
+    """sm_90 (wgmma is Hopper's alone) and wgmma_kernel importable (Triton >= 3.5): asked once
+    per device, not at every GEMM of every layer."""
+    if dev.type != "cuda" or torch.cuda.get_device_capability(dev)[0] != 9:
         return False
     try:
-        import diag.int4.wgmma_kernel  # noqa: F401  (Gluon's Hopper ops: Triton >= 3.5)
+        import diag.int4.wgmma_kernel  # noqa: F401
     except ImportError:
         return False
     return True
