@@ -161,11 +161,16 @@ def test_stale_partials_of_dead_runs_are_removed(tmp_path):
 def test_a_report_of_diag_0_1_without_manifest_is_diags(tmp_path):
     old = tmp_path / "old"
     (old / "plots").mkdir(parents=True)
-    (old / "report.json").write_text(json.dumps({"kind": "diag-report"}))
+    (old / "report.json").write_text(json.dumps({"kind": "diag-report",
+                                                 "plots": [{"file": "plots/a.png", "title": "a"}]}))
     (old / "report.md").write_text("x")
     (old / "samples.jsonl").write_text("")
     (old / "plots" / "a.png").write_bytes(b"png")
     check_out_dir(old)
+    (old / "plots" / "mine.png").write_bytes(b"png")      # a plot report.json does not name
+    with pytest.raises(DiagError, match="plots/mine.png"):
+        check_out_dir(old)
+    (old / "plots" / "mine.png").unlink()
     (old / "mine.txt").write_text("keep")
     with pytest.raises(DiagError, match="mine.txt"):
         check_out_dir(old)

@@ -6,6 +6,7 @@ import json
 import tempfile
 from pathlib import Path
 
+WORKDIR_KIND = "diag-bench-workdir"
 
 
 def register(sub) -> None:
@@ -38,7 +39,33 @@ def _overrides(items: list[str]) -> dict:
     return out
 
 
+def _is_summary(path: Path) -> bool:
+    """An earlier `diag bench render` file: its first line is render's title."""
+    with open(path, encoding="utf-8") as fh:
+        return fh.readline().rstrip("\n") == "# diag bench"
+
+
+def _is_result(path: Path) -> bool:
+    """An earlier bench result: JSON carrying bench_version and a kind (bench/common.py)."""
+    data = json.loads(path.read_text())
+    return isinstance(data, dict) and "bench_version" in data and "kind" in data
+
+
+def _check_paths(a) -> None:
+    """Before any measurement: never write over a file or into a directory diag did not
+    write (--out a user's file, --workdir holding a user's files)."""
+    from diag.report.outdir import check_out_dir, check_out_file
+
+    if a.where == "render":
+        check_out_file(a.out or "reports/bench/summary.md", _is_summary, what="bench summary")
+        return
+    check_out_file(a.out or f"reports/bench/{a.where}.json", _is_result, what="bench result JSON")
+    if a.workdir:
+        check_out_dir(a.workdir, WORKDIR_KIND, field="--workdir")
+
+
 def run(a) -> int:
+    _check_paths(a)
     if a.where == "render":
         from diag.bench.render import render
         text = render([Path(x) for x in a.inputs])
@@ -48,14 +75,23 @@ def run(a) -> int:
     out = Path(a.out or f"reports/bench/{a.where}.json")
     with tempfile.TemporaryDirectory(prefix="diag-bench-") as tmp:
         work = Path(a.workdir) if a.workdir else Path(tmp)
-        if a.where == "gpu":
-            from diag.bench.gpu import SECTIONS, run as gpu_run
-            sections = tuple(a.sections.split(",")) if a.sections else SECTIONS
-            gpu_run(out, work, max_layers=a.max_layers, layers=a.layers, sections=sections,
-                    e2e_prompts=a.e2e_prompts, e2e_new_tokens=a.e2e_new_tokens,
-                    e2e_evaluate=_overrides(a.e2e_evaluate), tile_budget_s=a.tile_budget)
-        else:
-            from diag.bench.cpu import SECTIONS as CPU_SECTIONS, run as cpu_run
-            cpu_run(out, work, sections=tuple(a.sections.split(",")) if a.sections else CPU_SECTIONS)
+        try:
+            _measure(a, out, work)
+        finally:
+            if a.workdir and work.is_dir():
+                from diag.report.outdir import write_manifest
+                write_manifest(work, WORKDIR_KIND)       # all of it is diag's scratch now
     print(f"results: {out}")
     return 0
+
+
+def _measure(a, out: Path, work: Path) -> None:
+    if a.where == "gpu":
+        from diag.bench.gpu import SECTIONS, run as gpu_run
+        sections = tuple(a.sections.split(",")) if a.sections else SECTIONS
+        gpu_run(out, work, max_layers=a.max_layers, layers=a.layers, sections=sections,
+                e2e_prompts=a.e2e_prompts, e2e_new_tokens=a.e2e_new_tokens,
+                e2e_evaluate=_overrides(a.e2e_evaluate), tile_budget_s=a.tile_budget)
+    else:
+        from diag.bench.cpu import SECTIONS as CPU_SECTIONS, run as cpu_run
+        cpu_run(out, work, sections=tuple(a.sections.split(",")) if a.sections else CPU_SECTIONS)

@@ -26,7 +26,10 @@ def register(sub) -> None:
 
 def run(a) -> int:
     from diag.report.compare import compare, load_report, render_markdown, render_terminal
+    from diag.report.outdir import check_out_file
 
+    if a.out:                                   # before the work: never over a user's file
+        check_out_file(a.out, _is_comparison, what="comparison Markdown")
     rep_a, file_a = load_report(a.a)
     rep_b, file_b = load_report(a.b)
     cmp = compare(rep_a, rep_b, a_path=str(file_a), b_path=str(file_b), seed=a.seed, n_boot=a.bootstrap)
@@ -40,3 +43,9 @@ def run(a) -> int:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(render_markdown(cmp))
     return 0
+
+
+def _is_comparison(path: Path) -> bool:
+    """An earlier `diag compare --out` file: its first line is render_markdown's title."""
+    with open(path, encoding="utf-8") as fh:
+        return fh.readline().startswith("# diag compare: ")

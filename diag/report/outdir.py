@@ -18,6 +18,14 @@ Worked example: out = reports/demo holding report.json, report.md, samples.jsonl
 plots/a.png and the manifest listing them -> replaceable. reports/demo also holding
 notes.txt -> DiagError "refusing to replace ...", found: notes.txt.
 
+Without the manifest (a report copied with `cp -r src/* DIR/`, which skips dot files) diag
+proves what it wrote from report.json itself: its `plots` list names every PNG it drew. A
+PNG the user added under plots/ is not named there, so the directory is refused.
+
+The same rules guard every directory a command writes as a whole, each with its own
+manifest kind (`kimi-shaped OUT`: KIMI_KIND), and single output files (`check_out_file`):
+an existing file is replaced only when it reads as the same command's output.
+
 This module knows paths, renames and signals; the content comes from the other report
 modules.
 """
@@ -38,6 +46,8 @@ from pathlib import Path
 from diag.errors import DiagError
 
 MANIFEST = ".diag-report.json"
+REPORT_KIND = "diag-report-dir"
+KIMI_KIND = "diag-kimi-shaped-dir"
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 
@@ -52,40 +62,51 @@ def _entries(folder: Path) -> list[str]:
     return sorted(p.replace(os.sep, "/") for p in out)
 
 
-def _manifest(folder: Path) -> list[str] | None:
+def _manifest(folder: Path, kind: str = REPORT_KIND) -> list[str] | None:
     f = folder / MANIFEST
     try:
         data = json.loads(f.read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(data, dict) or data.get("kind") != "diag-report-dir":
+    if not isinstance(data, dict) or data.get("kind") != kind:
         return None
     files = data.get("files")
     return files if isinstance(files, list) and all(isinstance(x, str) for x in files) else None
 
 
-def _legacy(folder: Path, entries: list[str]) -> list[str] | None:
-    """A report written before the manifest existed (diag 0.1): report.json of kind
-    diag-report, report.md, samples.jsonl and plots/*.png, nothing else."""
+def _plots_named(report: dict) -> set[str]:
+    """The plot files report.json lists: {"plots": [{"file": "plots/x.png", ...}]}."""
+    plots = report.get("plots")
+    if not isinstance(plots, list):
+        return set()
+    return {p["file"] for p in plots if isinstance(p, dict) and isinstance(p.get("file"), str)}
+
+
+def _without_manifest(folder: Path, entries: list[str]) -> list[str] | None:
+    """A report without its manifest (written before it existed, or copied with
+    `cp -r src/* DIR/`): report.json of kind diag-report, report.md, samples.jsonl and the
+    plots report.json names, nothing else. None: not a report at all."""
     try:
-        kind = json.loads((folder / "report.json").read_text()).get("kind")
-    except (OSError, ValueError, AttributeError):
+        report = json.loads((folder / "report.json").read_text())
+    except (OSError, ValueError):
         return None
-    if kind != "diag-report":
+    if not isinstance(report, dict) or report.get("kind") != "diag-report":
         return None
-    return [e for e in entries if e not in ("report.json", "report.md", "samples.jsonl", "plots")
-            and not (e.startswith("plots/") and e.endswith(".png") and e.count("/") == 1)]
+    ours = {"report.json", "report.md", "samples.jsonl"} | _plots_named(report)
+    if any(p.startswith("plots/") for p in ours):
+        ours.add("plots")
+    return [e for e in entries if e not in ours]
 
 
-def foreign_entries(folder: Path) -> list[str]:
+def foreign_entries(folder: Path, kind: str = REPORT_KIND) -> list[str]:
     """What in `folder` diag did not write (empty list: diag may replace it).
     Directories count as diag's when every file inside them is."""
-    listed = _manifest(folder)
+    listed = _manifest(folder, kind)
     entries = _entries(folder)
     if not entries:
         return []
     if listed is None:
-        legacy = _legacy(folder, entries)
+        legacy = _without_manifest(folder, entries) if kind == REPORT_KIND else None
         return entries if legacy is None else legacy
     allowed = set(listed) | {MANIFEST}
     dirs = {str(Path(p).parent).replace(os.sep, "/") for p in allowed}
@@ -108,48 +129,74 @@ def _writable_ancestor(out: Path) -> Path:
     return p
 
 
-def check_out_dir(out: str | Path) -> Path:
-    """Fail now, before any weight is loaded, when `out` cannot take a report: not a
-    directory, a symbolic link, not diag's own report directory, the working directory or
-    one of its parents, or on a read-only path. Returns the resolved path."""
+def check_out_dir(out: str | Path, kind: str = REPORT_KIND, *, field: str = "--out") -> Path:
+    """Fail now, before any weight is loaded, when `out` cannot take a report (or the
+    directory of another `kind`): not a directory, a symbolic link, not diag's own directory
+    of that kind, the working directory or one of its parents, or on a read-only path.
+    Returns the resolved path."""
     given = Path(out)
     path = given.absolute()
-    restore_interrupted(path)
+    restore_interrupted(path, kind)
     if given.is_symlink():
-        raise DiagError("the report directory is a symbolic link; diag will not replace it",
-                        file=str(given), field="--out", expected="a directory diag wrote, an empty "
+        raise DiagError("the output directory is a symbolic link; diag will not replace it",
+                        file=str(given), field=field, expected="a directory diag wrote, an empty "
                         "directory or a new path", found=f"a link to {os.readlink(given)}")
     if path.exists() and not path.is_dir():
-        raise DiagError("the report path exists and is not a directory", file=str(given),
-                        field="--out", expected="a directory diag wrote, an empty directory or a "
+        raise DiagError("the output path exists and is not a directory", file=str(given),
+                        field=field, expected="a directory diag wrote, an empty directory or a "
                         "new path", found="a file")
     if _cwd_inside(path.resolve()):
-        raise DiagError("the report directory would replace the working directory or one of its "
-                        "parents", file=str(given), field="--out",
+        raise DiagError("the output directory would replace the working directory or one of its "
+                        "parents", file=str(given), field=field,
                         expected="a directory below the working directory, e.g. reports/NAME",
                         found=str(path.resolve()))
     if path.is_dir():
-        foreign = foreign_entries(path)
+        foreign = foreign_entries(path, kind)
         if foreign:
             raise DiagError("refusing to replace a directory diag did not write (it would delete "
-                            "these files)", file=str(given), field="--out",
-                            expected=f"an empty directory or a diag report directory (with "
-                            f"{MANIFEST} listing every file)",
+                            "these files)", file=str(given), field=field,
+                            expected=f"an empty directory or a directory diag wrote (with "
+                            f"{MANIFEST} of kind {kind} listing every file)",
                             found=", ".join(foreign[:6]) + (f" and {len(foreign) - 6} more"
                                                              if len(foreign) > 6 else ""),
                             hint="choose another --out, or move these files away")
     base = _writable_ancestor(path.parent)
     if not os.access(base, os.W_OK | os.X_OK):
-        raise DiagError("the report directory cannot be written", file=str(given), field="--out",
+        raise DiagError("the output directory cannot be written", file=str(given), field=field,
                         expected=f"write permission on {base}", found="read-only")
     return path
 
 
-def write_manifest(folder: Path) -> None:
+def write_manifest(folder: Path, kind: str = REPORT_KIND) -> None:
     """List every file now in `folder` as diag's own (written last, inside the partial dir)."""
     files = [e for e in _entries(folder) if (folder / e).is_file()]
-    (folder / MANIFEST).write_text(json.dumps({"kind": "diag-report-dir", "files": files},
-                                              indent=1) + "\n")
+    (folder / MANIFEST).write_text(json.dumps({"kind": kind, "files": files}, indent=1) + "\n")
+
+
+def check_out_file(out: str | Path, owned, *, what: str, field: str = "--out") -> Path:
+    """Fail now when `out` holds a file that `owned(path) -> bool` does not recognise as
+    this command's earlier output (a user's file of the same name), or is not a file.
+    Example: `diag compare A B --out notes.md` over the user's notes.md -> DiagError."""
+    path = Path(out).absolute()
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise DiagError(f"the {what} path exists and is not a plain file", file=str(out),
+                        field=field, expected=f"a new path or an earlier {what}",
+                        found="a link" if path.is_symlink() else "a directory")
+    if path.exists():
+        try:
+            ours = owned(path)
+        except (OSError, ValueError, UnicodeDecodeError):
+            ours = False
+        if not ours:
+            raise DiagError("refusing to replace a file diag did not write", file=str(out),
+                            field=field, expected=f"a new path or an earlier {what}",
+                            found="a file of other content", hint="choose another path, or move "
+                            "the file away")
+    base = _writable_ancestor(path.parent)
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise DiagError(f"the {what} cannot be written", file=str(out), field=field,
+                        expected=f"write permission on {base}", found="read-only")
+    return path
 
 
 def partial_dir(out: Path) -> Path:
@@ -172,13 +219,13 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def restore_interrupted(out: Path) -> None:
+def restore_interrupted(out: Path, kind: str = REPORT_KIND) -> None:
     """`out` missing but a complete `.out.old-*` beside it: a swap was cut between its two
     renames; put the previous report back."""
     if out.exists() or not out.parent.is_dir():
         return
     for old in sorted(out.parent.glob(f".{out.name}.old-*")):
-        if _manifest(old) is not None and not foreign_entries(old):
+        if _manifest(old, kind) is not None and not foreign_entries(old, kind):
             os.rename(old, out)
             return
 
@@ -218,10 +265,10 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(b))
 
 
-def swap_into_place(new: Path, out: Path) -> None:
+def swap_into_place(new: Path, out: Path, kind: str = REPORT_KIND) -> None:
     """Put the finished report `new` at `out`, atomically, removing the old report."""
     with _no_interrupt():
-        check_out_dir(out)
+        check_out_dir(out, kind)
         if not out.exists():
             os.rename(new, out)
             return
