@@ -56,7 +56,8 @@ def pytest_runtest_setup(item) -> None:
 def case_from_options(config):
     """--diag-case, else --diag-target + --diag-drafter, else the demo case."""
     from diag.run.case import check_case, read_case
-    from diag.cli.run import DEMO, case_from_flags, main_parser, repo_file
+    from diag.cli.run import case_from_flags, main_parser
+    from diag.run.shipped import DEMO, shipped
 
     case, target, drafter = (config.getoption(o) for o in ("--diag-case", "--diag-target", "--diag-drafter"))
     if case and (target or drafter):
@@ -67,7 +68,7 @@ def case_from_options(config):
         if not (target and drafter):
             raise pytest.UsageError("--diag-target and --diag-drafter go together")
         return case_from_flags(main_parser().parse_args(["run", "--target", target, "--drafter", drafter]))
-    return check_case(read_case(repo_file(DEMO)))
+    return check_case(read_case(shipped(DEMO)))
 
 
 def report_dir(config, case) -> Path:

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from diag.cli.run import repo_file
+from diag.run.shipped import shipped
 from diag.replay.evaluation import one
 from diag.run.case import Case, EvaluateSpec, ModelSpec, PromptSpec, ServerSpec, SpeedupSpec
 from diag.run.pipeline import run_case
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 def _case() -> Case:
     return Case(1, "server-zoo", "<flags>", ModelSpec("zoo:llama-tiny", "float32"),
                 ModelSpec("zoo:llama-tiny-eagle3-embed", "float32"),
-                PromptSpec(str(repo_file("cases/prompts/mixed-48.jsonl").resolve()), max_new_tokens=64, limit=16),
+                PromptSpec(str(shipped("cases/prompts/mixed-48.jsonl").resolve()), max_new_tokens=64, limit=16),
                 EvaluateSpec(layouts=("embed+L2+L4", "L1+L3+L5"), trees=("chain-3", "chain-1"),
                              bootstrap=1000), speedup=SpeedupSpec(measure=False))
 

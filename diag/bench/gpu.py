@@ -31,6 +31,7 @@ from diag.bench.common import copy_bandwidth, envelope, matmul_peak, save, secti
 from diag.bench.drafter import replay_bench
 from diag.bench.naive import naive_loop
 from diag.bench.target import capture_throughput, experts_compare, synthetic_sequences
+from diag.run.shipped import DEFAULT_PROMPTS, shipped
 from diag.int4.packed import resident_bytes
 from diag.layouts import layout, union_points
 
@@ -191,7 +192,7 @@ def _e2e(ks, layers, workdir, prompts, new_tokens, evaluate, dev) -> dict:
 
     cpu = dev == "cpu"
     return end_to_end(ks.target, ks.drafter, ks.layout, layers, workdir, limit=prompts,
-                      prompts=Path(__file__).resolve().parents[2] / "cases" / "prompts" / "mixed-48.jsonl",
+                      prompts=shipped(DEFAULT_PROMPTS),
                       max_new_tokens=new_tokens, evaluate=evaluate, gpus=0 if cpu else 1,
                       dtype="float32" if cpu else "bfloat16")
 

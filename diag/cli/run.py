@@ -16,16 +16,7 @@ from diag.errors import DiagError
 from diag.run.case import (Case, DecodingSpec, EvaluateSpec, ModelSpec, PromptSpec, ServingSpec, check_case,
                            read_case, with_engine)
 
-DEMO = "cases/demo.toml"
-DEFAULT_PROMPTS = "cases/prompts/mixed-48.jsonl"
-
-
-def repo_file(rel: str) -> Path:
-    """A file of this checkout: relative to the working directory, else to the package's repo."""
-    here = Path(rel)
-    if here.exists():
-        return here
-    return Path(__file__).resolve().parents[2] / rel
+from diag.run.shipped import DEFAULT_PROMPTS, DEMO, shipped
 
 
 def register(sub) -> None:
@@ -110,7 +101,7 @@ def _server_overrides(server, a):
 def case_from_flags(a) -> Case:
     if not (a.target and a.drafter):
         raise SystemExit("diag run: --target and --drafter go together (or give a case file)")
-    prompts = PromptSpec(file=a.prompts or str(repo_file(DEFAULT_PROMPTS).resolve()),
+    prompts = PromptSpec(file=a.prompts or str(shipped(DEFAULT_PROMPTS).resolve()),
                          max_new_tokens=64 if a.max_new_tokens is None else a.max_new_tokens, limit=a.limit,
                          recorded=a.recorded)
     ev = EvaluateSpec(layouts=tuple(a.layout), scan=a.scan or not a.layout, modes=tuple(a.mode) or ("eagle3",),
@@ -195,7 +186,7 @@ def run(a) -> int:
     if a.target or a.drafter:
         case = apply_overrides(case_from_flags(a), a)
     else:
-        case = apply_overrides(read_case(a.case or repo_file(DEMO)), a)
+        case = apply_overrides(read_case(a.case or shipped(DEMO)), a)
     case = checked(case, a)
     out = Path(a.out) if a.out else Path("reports") / case.name
     check_out_dir(out)                  # before any weight is loaded

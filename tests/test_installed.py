@@ -1,0 +1,72 @@
+"""diag installed as users install it (issue 35): a wheel built from this checkout, installed
+in a fresh virtual environment outside the checkout, runs its main jobs from another
+directory. Before, the wheel carried no cases/ and no prompt sets: `diag run` stopped with
+"case file not found ... site-packages/cases/demo.toml", and `--target/--drafter` with
+"prompt file not found ... site-packages/cases/prompts/mixed-48.jsonl".
+
+The fresh environment installs torch==2.13.0 first (as the README does: the CPU build) and
+then the wheel with its dependencies; pip's cache makes that a copy, not a download, after
+the suite's own install. The zoo cache is the suite's, so no checkpoint is trained here.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def _run(argv, cwd, env=None, timeout=900):
+    done = subprocess.run([str(a) for a in argv], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == 0, f"{argv}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """(the venv's diag script, a working directory outside the checkout, the environment)."""
+    tmp = tmp_path_factory.mktemp("installed")
+    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", tmp / "dist", ROOT], cwd=tmp)
+    wheel = next((tmp / "dist").glob("diag-*.whl"))
+    venv = tmp / "venv"
+    _run([sys.executable, "-m", "venv", venv], cwd=tmp)
+    pip = venv / "bin" / "pip"
+    _run([pip, "install", "-q", "torch==2.13.0"], cwd=tmp)
+    _run([pip, "install", "-q", wheel], cwd=tmp)
+    work = tmp / "elsewhere"
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["DIAG_CACHE_DIR"] = os.environ.get("DIAG_CACHE_DIR", str(Path.home() / ".cache" / "diag"))
+    return venv / "bin" / "diag", work, env, wheel
+
+
+def test_the_wheel_carries_what_the_commands_read(installed):
+    names = set(zipfile.ZipFile(installed[3]).namelist())
+    for rel in ("diag/cases/demo.toml", "diag/cases/demo-sampled.toml", "diag/cases/prompts/mixed-48.jsonl",
+                "diag/schema/report.schema.json"):
+        assert rel in names, f"{rel} is not in {installed[3].name}"
+
+
+def test_the_demo_runs_from_another_directory(installed):
+    diag, work, env, _ = installed
+    _run([diag, "run", "--out", work / "demo", "--quiet", "--limit", "8"], cwd=work, env=env)
+    rep = json.loads((work / "demo" / "report.json").read_text())
+    assert rep["case"]["name"] == "demo"
+    assert "site-packages/diag/cases/demo.toml" in rep["case"]["source"]
+    assert not str(ROOT) in rep["case"]["source"]
+
+
+def test_a_target_drafter_run_reads_the_shipped_prompts(installed):
+    diag, work, env, _ = installed
+    _run([diag, "run", "--target", "zoo:llama-tiny", "--drafter", "zoo:llama-tiny-eagle3-embed-vllm-ids",
+          "--layout", "embed+L2+L4", "--tree", "chain-3", "--limit", "4", "--max-new-tokens", "16",
+          "--out", work / "flags", "--quiet"], cwd=work, env=env)
+    rep = json.loads((work / "flags" / "report.json").read_text())
+    assert "site-packages/diag/cases/prompts/mixed-48.jsonl" in json.dumps(rep["prompts"])
