@@ -9,9 +9,17 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
-from diag.errors import DiagError
+# torch's OpenMP threads busy-wait between parallel regions before they sleep. On a machine
+# whose cores are shared (the demo beside a CI run, two helpers on 2 cores) the spinning
+# threads take the cores the other process needs, and both slow several-fold (the demo's
+# checkpoints: 208 s quiet, 797 s beside another load). PASSIVE makes them sleep at once.
+# It must be set before torch loads its OpenMP runtime, and a user's own choice stands.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from diag.errors import DiagError  # noqa: E402  (after the OpenMP policy)
 
 COMMANDS = ("run", "zoo", "kimi", "explain", "effective", "lint", "compare", "bench")
 

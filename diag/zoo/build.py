@@ -34,6 +34,7 @@ from diag.zoo.allocator import keep_freed_memory
 from diag.zoo.recipes import (BUILDER_VERSION, ZOO, CorpusRecipe, DerivedDrafterRecipe, DrafterRecipe, IdsRecipe,
                               Int4Recipe, TargetRecipe)
 from diag.zoo.recipes_prompt_side import PromptDrafterRecipe, ThinkingRecipe
+from diag.zoo.shipped import copy_shipped
 from diag.zoo.train import BUILD_THREADS
 
 META_FILE = "zoo_meta.json"
@@ -153,6 +154,8 @@ def build_one(name: str, deps: dict[str, Path], rebuilt: set[str] = frozenset())
     """Build `name` (its dependencies must be in deps) unless a servable one exists (stale:
     checked again under the entry's lock). Returns (path, built_now)."""
     def work(tmp: Path) -> None:
+        if copy_shipped(name, fingerprint(name), tmp):      # the demo's pair: shipped, not trained
+            return
         start = time.perf_counter()
         metrics = _run_builder(name, tmp, deps)
         (tmp / META_FILE).write_text(json.dumps(_meta(name, time.perf_counter() - start, metrics),

@@ -1,0 +1,85 @@
+"""The demo's pair ships with diag (diag/zoo/shipped.py): a fresh cache is seeded from it
+without training, a damaged or outdated copy is never served, and the shipped bytes are what
+a fresh build makes (issue 35, "the first impression")."""
+
+import json
+import platform
+import shutil
+
+import pytest
+import torch
+import transformers
+
+from diag.errors import DiagError
+from diag.zoo import build, shipped
+from diag.zoo.cache import entry_dir
+
+DEMO_DRAFTER = "llama-tiny-eagle3-embed-vllm-ids"
+
+
+def _no_training(monkeypatch):
+    real = build._run_builder
+
+    def only_the_corpus(name, out, deps):
+        assert name not in shipped.NAMES, f"{name} was trained, though diag ships it"
+        return real(name, out, deps)
+    monkeypatch.setattr(build, "_run_builder", only_the_corpus)
+
+
+def test_every_shipped_entry_is_complete_and_current():
+    for name in shipped.NAMES:
+        d = shipped.shipped_dir(name)
+        assert d is not None, name
+        assert shipped.digests(d) == json.loads((d / shipped.DIGESTS).read_text()), name
+        assert shipped.fingerprint_of(name) == build.fingerprint(name), \
+            f"{name}: its recipe changed; refresh the shipped copy (python -m diag.zoo.shipped)"
+
+
+def test_a_fresh_cache_is_seeded_from_the_shipped_pair(tmp_path, monkeypatch):
+    monkeypatch.setenv("DIAG_CACHE_DIR", str(tmp_path))
+    _no_training(monkeypatch)
+    paths = build.ensure([DEMO_DRAFTER], progress=False)
+    for name in shipped.NAMES:
+        assert shipped.digests(paths[name]) == shipped.digests(shipped.shipped_dir(name))
+
+
+def test_a_damaged_shipped_copy_is_refused(tmp_path, monkeypatch):
+    copy = tmp_path / "entries" / "llama-tiny"
+    shutil.copytree(shipped.shipped_dir("llama-tiny"), copy)
+    with open(copy / "model.safetensors", "r+b") as fh:
+        fh.seek(-8, 2)
+        fh.write(b"\x00" * 8)
+    monkeypatch.setattr(shipped, "shipped_dir", lambda name: copy if name == "llama-tiny" else None)
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(DiagError, match="damaged") as err:
+        shipped.copy_shipped("llama-tiny", build.fingerprint("llama-tiny"), out)
+    assert "model.safetensors" in str(err.value)
+
+
+def test_a_copy_of_another_recipe_is_not_served(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    assert not shipped.copy_shipped("llama-tiny", "0" * 16, out)
+    assert not list(out.iterdir())
+
+
+@pytest.mark.slow
+def test_the_shipped_pair_is_what_a_fresh_build_makes(tmp_path, monkeypatch):
+    monkeypatch.setenv("DIAG_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(build, "copy_shipped", lambda *a: False)
+    build.ensure([DEMO_DRAFTER], progress=False)
+    for name in shipped.NAMES:
+        made, ship = entry_dir(name), shipped.shipped_dir(name)
+        meta = json.loads((ship / "zoo_meta.json").read_text())
+        same_platform = (meta["torch"], meta["transformers"], meta["python"]) == (
+            torch.__version__, transformers.__version__, platform.python_version())
+        if same_platform:
+            mine, theirs = shipped.digests(made), shipped.digests(ship)
+            mine.pop("zoo_meta.json"), theirs.pop("zoo_meta.json")    # build seconds differ
+            assert mine == theirs, f"{name}: a fresh build differs from the shipped bytes"
+        else:   # another torch draws other weights: the same quality, within the build's spread
+            fresh = json.loads((made / "zoo_meta.json").read_text())["metrics"]
+            for key, value in meta["metrics"].items():
+                if isinstance(value, float):
+                    assert fresh[key] == pytest.approx(value, rel=0.1, abs=0.05), (name, key)
