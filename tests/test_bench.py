@@ -531,3 +531,18 @@ def test_e2e_layouts_exist_at_k_layers(layers, want):
     assert got == want
     for text in got:                                  # a DiagError if a point does not exist
         layout(text, field="t").check_against(layers, field="t")
+
+
+@pytest.mark.parametrize("layers", range(2, 62))
+def test_every_section_has_valid_layouts_at_any_depth(layers):
+    """Issue 36: with room for 6 layers the sampled section stopped on 'L2+L3+L3'."""
+    from diag.bench.e2e import e2e_layouts
+    from diag.bench.gpu import sampled_layouts
+    from diag.layouts import layout
+    from diag.zoo.kimi_shaped import drafter_layout
+
+    claimed = drafter_layout(layers)[0]
+    for lays in (sampled_layouts(claimed), e2e_layouts(claimed, layers)):
+        assert len(set(lays)) == len(lays), lays
+        for text in lays:
+            layout(text, field="t").check_against(layers, field="t")

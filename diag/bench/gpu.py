@@ -137,7 +137,7 @@ def run(out: Path, workdir: Path, *, layers: int | None = None, max_layers: int 
                                                         tile_budget_s=tile_budget_s))
         save(res, out)
     seqs = synthetic_sequences(num_seqs, seq_len, prompt_len, model.config.vocab_size)
-    lays = [ks.layout, "L1+L2+final", "embed+L1+final"]
+    lays = sampled_layouts(ks.layout)
     points = tuple(dict.fromkeys(union_points([layout(x) for x in lays]) + (layout("final").points[0],)))
     if "pass" in sections:
         section(res, "pass_2layer", lambda: _two_layer(model, moe, seqs, points))
@@ -294,6 +294,13 @@ def _grown(model, seqs, points, max_layers, st, dev, batch: int = 48) -> dict:
             "costs_probe": {"base": base_costs, "grown": costs},
             "costs_seconds_per_layer": (costs["seconds"] - base_costs["seconds"]) / max(added, 1)
             if costs["seconds"] is not None and base_costs["seconds"] is not None else None}
+
+
+def sampled_layouts(claimed: str) -> list[str]:
+    """The pass / sampled / drafter sections' three layouts at any depth K >= 2: the drafter's
+    claim and two that every K has. K = 2: embed+L1+L2, L1+L2+final, embed+L1+final;
+    K = 6: embed+L3+L6, L1+L2+final, embed+L1+final (was L2+L3+L3: a point twice)."""
+    return list(dict.fromkeys([claimed, "L1+L2+final", "embed+L1+final"]))
 
 
 def _sampled(st, model, lays, num_prompts, prompt_len, max_new_tokens: int = 64, *, device: str = "cuda",

@@ -103,9 +103,10 @@ def _check_widths(text: dict, group_size: int) -> None:
 
 def drafter_layout(layers: int) -> tuple[str, list[int] | None]:
     """The layout the random drafter claims, and SGLang (DeepSeek) ids for it.
-    K >= 6: SGLang's default L2+L{K//2}+L{K-3}, ids [2, K//2, K-3] (K = 61: [2, 30, 58],
-    Kimi's). Smaller K: embed+L{ceil(K/2)}+L{K}, which SGLang ids cannot express (None)."""
-    if layers >= 6:
+    K >= 7: SGLang's default L2+L{K//2}+L{K-3}, ids [2, K//2, K-3] (K = 61: [2, 30, 58],
+    Kimi's). Smaller K: embed+L{ceil(K/2)}+L{K}, which SGLang ids cannot express (None);
+    at K = 6 the default would name L3 twice (6 // 2 = 6 - 3), so 6 is small too."""
+    if layers >= 7:
         return f"L2+L{layers // 2}+L{layers - 3}", [2, layers // 2, layers - 3]
     return f"embed+L{(layers + 1) // 2}+L{layers}", None
 
