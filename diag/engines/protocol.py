@@ -22,7 +22,8 @@ What the protocol covers, in the order a run needs it (worked examples are SGLan
                   = [-1, 1, 3] (SGLang 0.5.23, sglang-llama)")
   trees           resolve_tree(num_steps, topk, num_draft_tokens, target_config) -> the tree the
                   server runs (auto defaults when all three are None; S=1, K=1, D=16 -> D=2)
-  verification    greedy_verifier / sampled_verifier -> the functions the decode loop calls
+  verification    verification(release) -> the greedy and sampled rules the decode loop applies,
+                  by name (Verification: "tree-argmax", "tree-target-only")
   metrics         accept_rate_formula(release) -> the diag.metrics function name the engine's
                   log calls "accept rate" ("sglang_accept_rate": Σa / (rounds·(D-1)));
                   formula_label(name) -> its text
@@ -40,7 +41,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from diag.errors import DiagError
 
@@ -83,13 +84,19 @@ class Release:
         return release_tuple(self.version)
 
 
-# greedy: (tree: DraftTree, target_next [B, S] target argmax windows) -> accepted drafts [B];
-# the signature of diag.replay.verify.accepted_tree.
-GreedyVerifier = Callable[..., Any]
-# sampled: (tokens [B, D], parents [B, D], valid [B, D], probs [B, D, V], coins [B, D],
-# final_coin [B], num_steps, *, threshold_single, threshold_acc) -> SampledRound; the signature
-# of diag.replay.sampling.verify_tree. A chain-only engine reads node i's parent as i - 1.
-SampledVerifier = Callable[..., Any]
+@dataclass(frozen=True)
+class Verification:
+    """How a release verifies drafts, by rule name. The rules are torch code in diag.replay
+    (replay/verifiers.py maps each name to its function), because verification runs on the
+    drafter's trees, which this layer may not import. Names say what the rule does, not whose
+    it is: greedy "tree-argmax" (accept the deepest path whose tokens equal the target's
+    argmax continuation); sampled "tree-target-only" (SGLang's walk of each node's children
+    with one coin, the draft distribution never read), "chain-rejection" (accept depth d iff
+    u_d < p(x_d), else resample from p without x_d). `text` is the sentence a report shows."""
+
+    greedy: str
+    sampled: str
+    text: str
 
 
 @runtime_checkable
@@ -143,11 +150,8 @@ class EngineRules(Protocol):
         and rewrites applied; a flag set the server refuses resolves with `crash` set."""
 
     # ---- verification --------------------------------------------------------------------
-    def greedy_verifier(self, release: Release) -> GreedyVerifier:
-        """The greedy verification the decode loop applies (see GreedyVerifier)."""
-
-    def sampled_verifier(self, release: Release) -> SampledVerifier:
-        """The sampled verification the decode loop applies (see SampledVerifier)."""
+    def verification(self, release: Release) -> Verification:
+        """The greedy and sampled verification rules the decode loop applies (Verification)."""
 
     # ---- metric formulas -----------------------------------------------------------------
     def accept_rate_formula(self, release: Release) -> str:
