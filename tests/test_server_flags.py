@@ -7,9 +7,9 @@ import io
 
 import pytest
 
-from diag.engine import server_flags
-from diag.engine.flag_parser import flag_problems, read_argv, resolve, table_for
-from diag.engine.server_flags_gen import extract
+from diag.engines.sglang import server_flags
+from diag.engines.sglang.flag_parser import flag_problems, read_argv, resolve, table_for
+from diag.engines.sglang.server_flags_gen import extract
 
 
 def _argparse_of(table) -> argparse.ArgumentParser:

@@ -20,7 +20,7 @@ from diag.errors import DiagError
 
 # family -> the module whose RULES object implements EngineRules
 FAMILIES: dict[str, str] = {
-    "sglang": "diag.engines.sglang",
+    "sglang": "diag.engines.sglang.rules",
 }
 DEFAULT_FAMILY = "sglang"
 DEFAULT_ENGINE = "sglang-0.5.23"

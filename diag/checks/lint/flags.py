@@ -2,7 +2,7 @@
 misspelt flags (`--speculative-algoritm`), abbreviations argparse resolves or refuses
 (`--speculative-num-step` -> `--speculative-num-steps`; `--speculative-num` is ambiguous),
 values no option takes, and `--speculative-algorithm` names the release does not know
-(`EAGEL3`). The rules are diag.engine.flag_parser's, over the table generated from the wheels.
+(`EAGEL3`). The rules are diag.engines.sglang.flag_parser's, over the table generated from the wheels.
 
 Takes the Pair (pair.py) and returns Findings; reads no file.
 """
@@ -10,8 +10,8 @@ Takes the Pair (pair.py) and returns Findings; reads no file.
 from __future__ import annotations
 
 from diag.checks.lint.pair import Finding, Pair
-from diag.engine.flag_parser import flag_problems, table_for
-from diag.engine.versions import engine
+from diag.engines.sglang.flag_parser import flag_problems, table_for
+from diag.engines.sglang.versions import engine
 
 
 def check_flags(p: Pair) -> list[Finding]:
@@ -21,12 +21,12 @@ def check_flags(p: Pair) -> list[Finding]:
     table = table_for(version)
     if table is None:
         return [Finding("info", "FLAG_TABLE", f"no flag table for SGLang {version}: launch flags not "
-                        "checked", "n/a", "regenerate diag/engine/server_flags.py with this release")]
+                        "checked", "n/a", "regenerate diag/engines/sglang/server_flags.py with this release")]
     out = [Finding(x.severity, x.code, x.message, x.behaviour, x.fix, None, x.flag)
            for x in flag_problems(list(p.argv), table)]
     if not table.exact:
         out.append(Finding("info", "FLAG_TABLE", f"launch flags checked against SGLang {table.version}'s "
                            f"parser, the nearest generated release at or below {version}",
                            "flags added after that release are reported as warnings, not errors",
-                           "regenerate diag/engine/server_flags.py with this release"))
+                           "regenerate diag/engines/sglang/server_flags.py with this release"))
     return out
