@@ -2,7 +2,7 @@
 
 ServerArgs' parser is a plain `argparse.ArgumentParser()` (allow_abbrev on), filled by
 `ServerArgs.add_cli_args`; the option strings and their nargs per release are the generated
-table in server_flags.py. argparse (Python 3.11, `_parse_optional` / `_get_option_tuples`)
+table in server_flags.json. argparse (Python 3.11, `_parse_optional` / `_get_option_tuples`)
 reads each word that starts with "--" as:
 1. an exact option string: `--model` is `--model` (an alias of `--model-path`);
 2. `--flag=value`: the part before "=" looked up exactly;

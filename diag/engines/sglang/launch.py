@@ -95,7 +95,7 @@ def _pairs(args: list[str], engine_name: str | None) -> list[tuple[str, str | No
     table = table_for(engine(engine_name).version)
     if table is None:
         raise DiagError("no launch-flag table for this engine version", field="engine",
-                        expected="a release at or above the oldest in diag/engines/sglang/server_flags.py",
+                        expected="a release at or above the oldest in diag/engines/sglang/server_flags.json",
                         found=engine_name)
     out: list[tuple[str, str | None]] = []
     for w in read_argv(args, table):
