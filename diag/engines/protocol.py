@@ -29,8 +29,9 @@ What the protocol covers, in the order a run needs it (worked examples are SGLan
                   formula_label(name) -> its text
   readers         read_log / read_responses / read_server_info / read_metrics: the engine's saved
                   output parsed into its own frozen records (see each method)
-  launch lint     parse_launch(command) -> LaunchFlags; effective_config -> EffectiveConfig;
-                  flag_problems(argv, release) -> what this release's parser refuses
+  launch lint     launch_argv(command) -> the words the server parses; parse_launch(command) ->
+                  LaunchFlags; effective_config -> EffectiveConfig; flag_problems(argv, release)
+                  -> what this release's parser refuses
 
 A family that cannot answer a question (vLLM has no `/server_info` in SGLang's shape) raises a
 DiagError naming the release and the input; it never answers with another family's rules.
@@ -174,6 +175,11 @@ class EngineRules(Protocol):
         """The speculative counters of a saved GET /metrics (Prometheus text)."""
 
     # ---- launch-flag lint ----------------------------------------------------------------
+    def launch_argv(self, command: str | list[str]) -> list[str]:
+        """The words after the program, as the server's parser gets them ('python -m
+        sglang.launch_server --tp 8' -> ['--tp', '8']); a DiagError when the command does not
+        start this engine's server."""
+
     def parse_launch(self, command: str | list[str], *, release: Release) -> LaunchFlags:
         """The launch line's flags diag reads, by this release's spellings."""
 

@@ -102,6 +102,9 @@ class SglangEngine:
                         expected="the server log, /generate responses or /server_info",
                         found="a metrics scrape named for SGLang")
 
+    def launch_argv(self, command: str | list[str]) -> list[str]:
+        return launch.server_argv(command)
+
     def parse_launch(self, command: str | list[str], *, release: Release) -> LaunchFlags:
         return launch.parse_launch(command, release.name)
 
