@@ -127,8 +127,10 @@ class EngineRules(Protocol):
     # ---- capture and the fix -------------------------------------------------------------
     def serving_plan(self, drafter_config: dict, target_config: dict, *, release: Release,
                      algorithm: str = "EAGLE3", cuda_graph: bool = True) -> ServingPlan | ServingError:
-        """What `release` feeds this drafter on this target (ServingPlan), or why it cannot
-        serve it as configured (ServingError: ids it cannot capture, a shape that crashes)."""
+        """What `release` feeds this drafter on this target (ServingPlan; its `crash` says why a
+        server that starts fails at the first draft), or ServingError when it cannot be served
+        as configured at all (ids it cannot capture, a key its drafter class cannot build with).
+        common.refused(plan) turns a plan that crashes into its ServingError."""
 
     def capture_convention(self, target_config: dict, *, release: Release) -> str:
         """The layer-id rule `release` applies to this target's drafter ids, by convention

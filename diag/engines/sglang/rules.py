@@ -54,8 +54,11 @@ class SglangEngine:
 
     def serving_plan(self, drafter_config: dict, target_config: dict, *, release: Release,
                      algorithm: str = "EAGLE3", cuda_graph: bool = True) -> ServingPlan | ServingError:
-        return serving.try_serving_plan(drafter_config, target_config, engine_name=release.name,
+        try:
+            return serving.serving_plan(drafter_config, target_config, engine_name=release.name,
                                         algorithm=algorithm, cuda_graph=cuda_graph)
+        except DiagError as err:
+            return ServingError(err.message, err.field, err.expected, err.found)
 
     def capture_convention(self, target_config: dict, *, release: Release) -> str:
         return serving.capture_convention(target_config, engine_name=release.name)
