@@ -356,8 +356,8 @@ def check_long_context(case: Case) -> None:
 
 
 def _check_decoding(dec: DecodingSpec, src: str) -> None:
-    """Every sweep value and threshold in range (diag.engines.sglang.decoding), before anything loads."""
-    from diag.engines.sglang.decoding import check, parse_decoding
+    """Every sweep value and threshold in range (diag.engines.decoding), before anything loads."""
+    from diag.engines.decoding import check, parse_decoding
     names = {k: f"decoding.{k}" for k in ("temperature", "top_p", "top_k", "threshold_single", "threshold_acc")}
     for t in dec.temperature or (1.0,):
         for p in dec.top_p or (1.0,):
