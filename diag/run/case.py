@@ -28,7 +28,7 @@ import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from diag.engines.sglang.versions import DEFAULT_ENGINE, engine
+from diag.engines import DEFAULT_ENGINE, engine
 from diag.errors import DiagError
 
 CASE_VERSION = 1
@@ -68,7 +68,7 @@ class EvaluateSpec:
 
 @dataclass(frozen=True)
 class ServingSpec:
-    engine: str = DEFAULT_ENGINE     # "sglang-0.5.X" (or "0.5.X"); diag.engines.sglang.versions knows which
+    engine: str = DEFAULT_ENGINE     # "sglang-0.5.X" (or "0.5.X"); the registry, diag.engines, knows which
     algorithm: str = "EAGLE3"
     layout: str | None = None
     launch: str | None = None
