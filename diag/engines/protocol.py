@@ -20,6 +20,8 @@ What the protocol covers, in the order a run needs it (worked examples are SGLan
   the fix         serving_ids(embed+L2+L4) -> [-1, 1, 3]; fix_for -> Fix with the sentence in
                   the engine's own terms ("write eagle_config.eagle_aux_hidden_state_layer_ids
                   = [-1, 1, 3] (SGLang 0.5.23, sglang-llama)")
+  draft tables    draft_tables(drafter_config, "eagle") -> embed / lm_head "target", drafts among
+                  the first draft_vocab_size target ids (DraftTables)
   trees           resolve_tree(num_steps, topk, num_draft_tokens, target_config) -> the tree the
                   server runs (auto defaults when all three are None; S=1, K=1, D=16 -> D=2)
   verification    verification(release) -> the greedy and sampled rules the decode loop applies,
@@ -47,8 +49,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from diag.errors import DiagError
 
 if TYPE_CHECKING:
-    from diag.engines.common import (EffectiveConfig, FlagProblem, Fix, LaunchFlags, ResolvedShape,
-                                     ServingError, ServingPlan)
+    from diag.engines.common import (DraftTables, EffectiveConfig, FlagProblem, Fix, LaunchFlags,
+                                     ResolvedShape, ServingError, ServingPlan)
     from diag.layouts import Layout
 
 _VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?$")
@@ -144,6 +146,10 @@ class EngineRules(Protocol):
 
     def fix_for(self, layout: Layout, target_config: dict, *, release: Release) -> Fix:
         """How to make `release` serve `layout`, written in the engine's terms."""
+
+    def draft_tables(self, drafter_config: dict, mode: str, *, release: Release) -> DraftTables:
+        """Whose embedding and lm_head the served drafter uses in `mode` ("eagle3" | "eagle"),
+        how many logits it scores, whether d2t maps its ids (the draft vocabulary rule)."""
 
     # ---- trees ---------------------------------------------------------------------------
     def resolve_tree(self, num_steps: int | None, topk: int | None, num_draft_tokens: int | None,

@@ -18,7 +18,7 @@ from diag.checkpoint.headers import tensor_infos
 from diag.checkpoint.layers import check_layer_count
 from diag.drafter.checkpoint import DrafterCheckpoint, inspect_drafter
 from diag.engines import EngineRules, Release, engine, rules
-from diag.engines.common import ServingError
+from diag.engines.common import DraftTables, ServingError
 from diag.errors import DiagError
 from diag.layouts import CapturePoint, point, union_points
 from diag.run.candidates import Candidate, candidates_for
@@ -147,6 +147,12 @@ def served_by(case: Case) -> tuple[Release, EngineRules]:
     """The release the case names ([serving] engine) and its family's rules."""
     rel = engine(case.serving.engine)
     return rel, rules(rel)
+
+
+def draft_tables_by_mode(inp: "Inputs") -> dict[str, DraftTables]:
+    """The served engine's draft tables for both drafter modes, "eagle3" and "eagle"."""
+    rel, eng = served_by(inp.case)
+    return {m: eng.draft_tables(inp.drafter_config, m, release=rel) for m in ("eagle3", "eagle")}
 
 
 def _grid(eng: EngineRules, rel: Release, g: dict) -> tuple[list[TreeShape], list[tuple[tuple, TreeShape]]]:

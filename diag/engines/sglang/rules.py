@@ -14,12 +14,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 from diag.checkpoint.config import num_layers
-from diag.engines.common import EffectiveConfig, FlagProblem, Fix, LaunchFlags, ResolvedShape, ServingError, ServingPlan
+from diag.engines.common import (DraftTables, EffectiveConfig, FlagProblem, Fix, LaunchFlags, ResolvedShape,
+                                 ServingError, ServingPlan)
 from diag.engines.protocol import Release, Verification
 from diag.engines.sglang import accept_rate, conventions, flag_parser, launch, server_log, server_responses, serving
 from diag.engines.sglang.algorithms import ALIASES, MODES, mode_of
 from diag.engines.sglang.architectures import auto_defaults_key, capture_model
 from diag.engines.sglang.capture import NoCapture, capture_rule
+from diag.engines.sglang.draft_tables import draft_tables_for
 from diag.engines.sglang.serving import IDS_FIELD
 from diag.engines.sglang.tree_rules import resolve_sglang_shape
 from diag.engines.sglang.versions import RELEASES, engine
@@ -74,6 +76,9 @@ class SglangEngine:
 
     def fix_for(self, layout: Layout, target_config: dict, *, release: Release) -> Fix:
         return serving.fix_for(layout, target_config, engine_name=release.name)
+
+    def draft_tables(self, drafter_config: dict, mode: str, *, release: Release) -> DraftTables:
+        return draft_tables_for(drafter_config, mode)
 
     def resolve_tree(self, num_steps: int | None, topk: int | None, num_draft_tokens: int | None,
                      target_config: dict | None, *, release: Release,
