@@ -19,7 +19,7 @@ from pathlib import Path
 
 from diag.engines import engine, rules
 from diag.engines.common import ServingError
-from diag.engines.sglang import conventions
+from diag.engines import conventions
 from diag.run.case import Case
 from diag.checkpoint.headers import tensor_infos
 from diag.errors import DiagError

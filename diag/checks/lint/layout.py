@@ -9,7 +9,8 @@ from __future__ import annotations
 from diag.checkpoint.config import hidden_size, num_layers
 from diag.checkpoint.drafter_format import is_speculators, trainer_marks
 from diag.checks.lint.pair import Finding, Pair, find, is_eagle3_drafter, algorithm, under_eagle3
-from diag.engines.sglang import conventions, serving
+from diag.engines import conventions
+from diag.engines.sglang import serving
 from diag.engines.sglang.architectures import is_deepseek_family
 from diag.engines import engine, rules
 from diag.engines.common import ServingError

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from diag.checkpoint.config import hidden_size, num_layers
 from diag.engines.common import DeclaredLayout, Fix, ServingError, ServingPlan
-from diag.engines.sglang import conventions
+from diag.engines import conventions
 from diag.engines.sglang.algorithms import mode_of
 from diag.engines.sglang.architectures import capture_model
 from diag.engines.sglang.capture import NoCapture, capture_rule, graph_replays_capture_defaults, graph_rule_span
