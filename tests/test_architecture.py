@@ -135,7 +135,6 @@ NAMED_OUTSIDE: dict[str, dict[str, int]] = {
         "diag/report/decoding_section.py": 1,
         "diag/report/sections/head.py": 4,
         "diag/report/server_markdown.py": 4,
-        "diag/run/decodings.py": 5,
         "diag/run/prompts/read.py": 1,
         "diag/run/server_inputs.py": 7,
         "diag/run/server_observation.py": 4,

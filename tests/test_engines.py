@@ -77,6 +77,9 @@ def test_sglang_trees_verification_metrics_and_launch():
     assert r.resolve_tree(None, None, None, KIMI, release=engine("0.5.7")).shape.name == "s5-k4-d8"
     assert r.resolve_tree(None, None, None, KIMI, release=rel).shape.name == "chain-3"
     assert r.resolve_tree(3, 4, 100, LLAMA6, release=rel).crash is not None
+    req = r.request_defaults({"temperature": 0.6, "top_p": 0.95, "min_p": 0.1}, release=rel)
+    assert req.values == {"temperature": 0.6, "top_p": 0.95, "top_k": -1} and req.unmodelled == {"min_p": 0.1}
+    assert r.request_defaults({"temperature": 0.6}, "openai", release=rel).source == "SGLang defaults"
     v = r.verification(rel)
     assert (v.greedy, v.sampled) == ("tree-argmax", "tree-target-only")
     assert r.accept_rate_formula(engine("0.5.10.post1")) == "sglang_accept_rate_legacy"
