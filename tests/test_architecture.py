@@ -117,7 +117,7 @@ NAMED_OUTSIDE: dict[str, dict[str, int]] = {
     "sglang": {
         "diag/checkpoint/drafter_format.py": 4,
         "diag/checks/lint/__init__.py": 5,
-        "diag/checks/lint/drafter.py": 6,
+        "diag/checks/lint/drafter.py": 5,
         "diag/checks/lint/layout.py": 7,
         "diag/checks/lint/pair.py": 1,
         "diag/checks/lint/rope.py": 1,
