@@ -5,7 +5,7 @@ The one module of diag that imports sglang, lazily."""
 from __future__ import annotations
 
 from diag.checks.lint.pair import Finding
-from diag.engine.launch import EffectiveConfig
+from diag.engines.sglang.launch import EffectiveConfig
 
 
 def compare_with_sglang(eff: EffectiveConfig, resolved: dict) -> list[Finding]:
@@ -24,6 +24,8 @@ def compare_with_sglang(eff: EffectiveConfig, resolved: dict) -> list[Finding]:
 
 def sglang_cross_check(eff: EffectiveConfig, argv: list[str]) -> list[Finding]:
     """Resolve the launch with sglang's ServerArgs when sglang is importable."""
+    if not eff.engine.startswith("sglang-"):       # another engine's launch: nothing to ask sglang
+        return []
     try:
         from sglang.srt.server_args import prepare_server_args
     except ImportError:

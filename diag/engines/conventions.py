@@ -19,16 +19,20 @@ Worked examples (Kimi-K2.5, N = 61 layers):
   specforge       default ids [1, 61//2-1, 61-4] = [1, 29, 57] -> L2+L30+L58
   speculators     default ids [2, 30, 58, 61] -> L2+L30+L58+L61
 
-The SGLang conventions are one per version range in which the rule held; which one an
-engine version applies to which target is capture.py's table. This module knows ids, shifts
-and ranges; it knows nothing about config files, drafter weights, launch flags or which
-convention a given deployment uses (serving.py decides that).
+This module holds the machinery (resolve, to_ids, readings) and the conventions of trainers and
+of engines without a package here (vllm, eagle-reference, specforge, speculators); an engine
+package registers its own (the SGLang ones, one per version range in which the rule held, are
+diag/engines/sglang/conventions.py; which one a release applies to which target is its
+capture.py). This module knows ids, shifts and ranges; it knows nothing about config files,
+drafter weights, launch flags or which convention a given deployment uses.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib import import_module
 
+from diag.engines import FAMILIES
 from diag.errors import DiagError
 from diag.layouts import Layout, point
 
@@ -72,72 +76,24 @@ class Convention:
     reads_ids: bool = True  # False: the convention ignores any ids (SGLang without nested ids)
 
 
-_SGL_DEFAULT = (_TWO, _HALF, _N_MINUS_3)
-_LLAMA_PY = "python/sglang/srt/models/llama.py"
-_DEEPSEEK_PY = "python/sglang/srt/models/deepseek_v2.py"
+DEFAULT_TERMS = (_TWO, _HALF, _N_MINUS_3)    # [2, N//2, N-3]: SGLang's, vLLM's and EAGLE's default
 
-CONVENTIONS: dict[str, Convention] = {
-    # llama.py set_eagle3_layers_to_capture (identical 0.5.6-0.5.23): layers_to_capture =
-    # [id + 1 for id in layer_ids], default [2, N//2, N-3]; LlamaModel.forward captures the
-    # residual stream entering layer i for i in layers_to_capture, i over range(N): ascending
-    # order, r <= N-1. Since 0.5.22 the capture runs in the layer boundary
-    # (layers/layer_boundary/stage.py), which at layer 0 captures the embeddings: id -1 = embed.
-    "sglang-llama": Convention(
-        "sglang-llama", "SGLang 0.5.22–0.5.23", _LLAMA_PY,
-        "id i captures the output of layer i, L{i+1}; id -1 the embeddings; ascending layer order",
-        1, False, True, 0, -1, _SGL_DEFAULT, False),
-    # 0.5.6-0.5.21: LlamaModel.forward appends `hidden_states + residual` before layer i, and
-    # residual is None before layer 0: id -1 (layers_to_capture 0) raises a TypeError at the
-    # first forward, so r >= 1.
-    "sglang-llama-pre-0.5.22": Convention(
-        "sglang-llama-pre-0.5.22", "SGLang 0.5.6–0.5.21", _LLAMA_PY,
-        "id i captures the output of layer i, L{i+1}; ascending layer order; no embeddings "
-        "(`hidden_states + residual` with residual None at layer 0)",
-        1, False, True, 1, -1, _SGL_DEFAULT, False),
-    # deepseek_v2.py set_eagle3_layers_to_capture since 0.5.13: [id + 1 ...] only
-    # `if layer_ids and layer_ids[0] == 1`, else list(layer_ids); default [2, N//2, N-3].
-    # Since 0.5.14 the capture runs in the layer communicator
-    # (prepare_attn_and_capture_last_layer_outputs), which at layer 0 captures the
-    # embeddings (residual = hidden_states): id 0 = embed.
-    "sglang-deepseek": Convention(
-        "sglang-deepseek", "SGLang 0.5.14–0.5.23", _DEEPSEEK_PY,
-        "id i captures L{i+1} if the first id is 1, else L{i} (id 0 = the embeddings); "
-        "ascending layer order", 0, True, True, 0, -1, _SGL_DEFAULT, False),
-    # 0.5.13, 0.5.13.post1: the first-id rule, but DeepseekV2Model.forward still appends
-    # `hidden_states + residual` before layer i (residual None at layer 0), so r >= 1.
-    "sglang-deepseek-0.5.13": Convention(
-        "sglang-deepseek-0.5.13", "SGLang 0.5.13–0.5.13.post1", _DEEPSEEK_PY,
-        "id i captures L{i+1} if the first id is 1, else L{i}; ascending layer order; no "
-        "embeddings (`hidden_states + residual` with residual None at layer 0)",
-        0, True, True, 1, -1, _SGL_DEFAULT, False),
-    # 0.5.6-0.5.12.post1: deepseek_v2.py's set_eagle3_layers_to_capture is llama.py's, always
-    # [id + 1 ...]; no embeddings either.
-    "sglang-deepseek-pre-0.5.13": Convention(
-        "sglang-deepseek-pre-0.5.13", "SGLang 0.5.6–0.5.12.post1", _DEEPSEEK_PY,
-        "id i captures the output of layer i, L{i+1}; ascending layer order; no embeddings "
-        "(`hidden_states + residual` with residual None at layer 0)",
-        1, False, True, 1, -1, _SGL_DEFAULT, False),
-    # SGLang reads ids only from the drafter's nested
-    # eagle_config.eagle_aux_hidden_state_layer_ids; without them both llama.py
-    # and deepseek_v2.py capture layers_to_capture = [2, N//2, N-3] directly
-    # (identical default in both families and every version 0.5.6-0.5.23).
-    "sglang-default": Convention(
-        "sglang-default", "SGLang 0.5.6–0.5.23", "python/sglang/srt/models/{llama,deepseek_v2}.py",
-        "no ids in eagle_config: L2, L{N//2}, L{N-3} whatever else the config says", 0, False,
-        True, 0, -1, _SGL_DEFAULT, False, reads_ids=False),
+# Conventions of trainers and of engines without a package here; an engine package adds its own
+# with register() (diag/engines/sglang/conventions.py), and those come first in every listing.
+OTHERS: dict[str, Convention] = {
     # vllm/model_executor/models/llama.py: aux_hidden_state_layers = ids; the
     # forward appends the residual stream before layer idx -> L{id};
     # default (2, N//2, N-3) from get_eagle3_aux_hidden_state_layers.
     "vllm": Convention(
         "vllm", "vLLM v1", "vllm/model_executor/models/llama.py",
         "id i captures the input of layer i, L{i}", 0, False, False,
-        0, -1, _SGL_DEFAULT, True),
+        0, -1, DEFAULT_TERMS, True),
     # SafeAILab/EAGLE eagle/model/modeling_llama_kv.py: appends hidden_states
     # entering layer idx for idx in {2, N//2, N-3} -> L{id}.
     "eagle-reference": Convention(
         "eagle-reference", "EAGLE-3 reference", "eagle/model/modeling_llama_kv.py",
         "id i captures the input of layer i, L{i}", 0, False, False,
-        0, -1, _SGL_DEFAULT, True),
+        0, -1, DEFAULT_TERMS, True),
     # SpecForge specforge/modeling/target/eagle3_target_model.py: ids are
     # output-of-layer ids (SGLang-style +1); default aux_hidden_states_layers
     # [1, N//2 - 1, N - 4]. Id N-1 would be HF hidden_states[N] (already
@@ -169,12 +125,29 @@ class Resolution:
     conventions: tuple[str, ...] = ()
 
 
+_REGISTERED: dict[str, Convention] = {}
+
+
+def register(conventions: dict[str, Convention]) -> None:
+    """An engine package's own conventions (called when its conventions module is imported)."""
+    _REGISTERED.update(conventions)
+
+
+def all_conventions() -> dict[str, Convention]:
+    """Every convention by name: the engines' (in registry order), then OTHERS. Importing each
+    registered family's rules module imports its conventions, which registers them."""
+    for module in FAMILIES.values():
+        import_module(module)
+    return {**_REGISTERED, **OTHERS}
+
+
 def get(name: str) -> Convention:
     """The named convention, or a DiagError listing the known ones."""
-    if name not in CONVENTIONS:
+    known = all_conventions()
+    if name not in known:
         raise DiagError("unknown layer-id convention", field="convention",
-                        expected=", ".join(CONVENTIONS), found=repr(name))
-    return CONVENTIONS[name]
+                        expected=", ".join(known), found=repr(name))
+    return known[name]
 
 
 def _shift(conv: Convention, ids: list[int]) -> int:
@@ -286,7 +259,7 @@ def readings(ids: list[int], num_layers: int) -> list[Resolution]:
     distinct layout (first-seen order), listing all conventions that agree.
     Conventions that cannot read the ids (out of range) are left out."""
     groups: dict[Layout, list[Resolution]] = {}
-    for name, conv in CONVENTIONS.items():
+    for name, conv in all_conventions().items():
         if not conv.reads_ids:
             continue
         try:

@@ -26,80 +26,19 @@ This module reads dicts; it knows nothing about files, weights or tensors.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from diag.checkpoint.config import hidden_size, num_layers
-from diag.engine import conventions
-from diag.engine.algorithms import mode_of
-from diag.engine.architectures import capture_model
-from diag.engine.capture import NoCapture, capture_rule, graph_replays_capture_defaults, graph_rule_span
-from diag.engine.draft_tables import draft_tables_for
-from diag.engine.drafter_keys import draft_vocab_crash, fc_inputs, uses_aux_hidden_state
-from diag.engine.versions import DEFAULT_ENGINE, RELEASES, Engine, engine, release
+from diag.engines.common import Fix, ServingError, ServingPlan
+from diag.engines.drafter_ids import IDS_FIELD, TOP_IDS_FIELD, nested_ids, top_level_ids
+from diag.engines import conventions
+from diag.engines.sglang.algorithms import mode_of
+from diag.engines.sglang.architectures import capture_model
+from diag.engines.sglang.capture import NoCapture, capture_rule, graph_replays_capture_defaults, graph_rule_span
+from diag.engines.sglang.draft_tables import draft_tables_for
+from diag.engines.sglang.drafter_keys import draft_vocab_crash, fc_inputs, uses_aux_hidden_state
+from diag.engines.sglang.versions import DEFAULT_ENGINE, RELEASES, Engine, engine, release
 from diag.errors import DiagError
-from diag.layouts import Layout, layout, point
-
-IDS_FIELD = "eagle_config.eagle_aux_hidden_state_layer_ids"
-TOP_IDS_FIELD = "eagle_aux_hidden_state_layer_ids"
-TRAINED_LAYOUT_FIELD = "diag_trained_layout"
-
-
-@dataclass(frozen=True)
-class ServingPlan:
-    """What the engine runs. mode "eagle3" or "eagle"; layout = what the fc input (or the
-    bypassed hidden state) is made of in decode rounds; embed / lm_head "drafter" or
-    "target"; vocab_limit: drafts limited to the first N ids (None: all); fc_inputs: how
-    many states SGLang built fc for; prefill_layout: what prefill captures when it differs
-    from `layout` (0.5.6-0.5.10.post1 under CUDA graphs); crash: why the engine would fail
-    at startup or at the first draft step, or None."""
-
-    mode: str
-    layout: Layout
-    rule: str
-    convention: str | None
-    uses_fc: bool
-    lm_head: str
-    uses_d2t: bool
-    notes: tuple[str, ...]
-    crash: str | None = None
-    engine: str = DEFAULT_ENGINE
-    embed: str = "target"
-    vocab_limit: int | None = None
-    fc_inputs: int | None = None
-    prefill_layout: Layout | None = None
-    warnings: tuple[str, ...] = ()     # version-specific behaviour a report must carry
-
-
-@dataclass(frozen=True)
-class DeclaredLayout:
-    """A layout a drafter config says it was trained on, and where it says so."""
-
-    layout: Layout
-    source: str
-    rule: str
-
-
-def _ids_at(value: object, field: str, file: str | None) -> list[int] | None:
-    if value is None:
-        return None
-    if not isinstance(value, list) or not all(isinstance(i, int) for i in value):
-        raise DiagError("layer ids must be a list of integers", file=file, field=field,
-                        expected="e.g. [2, 30, 58]", found=repr(value))
-    return list(value)
-
-
-def nested_ids(drafter_config: dict, *, file: str | None = None) -> list[int] | None:
-    """The ids SGLang reads: eagle_config.eagle_aux_hidden_state_layer_ids."""
-    eagle = drafter_config.get("eagle_config")
-    if not isinstance(eagle, dict):
-        return None
-    return _ids_at(eagle.get(TOP_IDS_FIELD), IDS_FIELD, file)
-
-
-def top_level_ids(drafter_config: dict, *, file: str | None = None) -> list[int] | None:
-    """A top-level eagle_aux_hidden_state_layer_ids (speculators/vLLM style)."""
-    return _ids_at(drafter_config.get(TOP_IDS_FIELD), TOP_IDS_FIELD, file)
-
+from diag.layouts import Layout, point
 
 def _id_notes(drafter_config: dict, ids: list[int] | None) -> list[str]:
     top = top_level_ids(drafter_config)
@@ -232,22 +171,6 @@ def serving_plan(drafter_config: dict, target_config: dict, *, engine_name: str 
     return _eagle3_plan(drafter_config, target_config, eng, has_d2t, cuda_graph)
 
 
-@dataclass(frozen=True)
-class ServingError:
-    """The engine cannot serve the drafter as configured (ids it cannot capture, a shape
-    that crashes the first draft forward). A value, not an exception: the run goes on to
-    find what the drafter was trained on, and a verdict proposes the fix."""
-
-    message: str
-    field: str | None = None
-    expected: object = None
-    found: object = None
-
-    def __str__(self) -> str:
-        where = f" ({self.field}: {self.found}; expected {self.expected})" if self.field else ""
-        return self.message + where
-
-
 def try_serving_plan(drafter_config: dict, target_config: dict, *, engine_name: str = DEFAULT_ENGINE,
                      algorithm: str = "EAGLE3", cuda_graph: bool = True) -> ServingPlan | ServingError:
     """serving_plan, with "the engine cannot serve this" as a ServingError value."""
@@ -284,16 +207,6 @@ def later_serving(lay: Layout, target_config: dict, *,
     return None
 
 
-@dataclass(frozen=True)
-class Fix:
-    """How to make `engine` serve a layout: the ids (None when no ids can on this version),
-    the first later release whose ids can (version, ids) or None, and the sentence."""
-
-    ids: list[int] | None
-    upgrade: tuple[str, list[int]] | None
-    text: str
-
-
 def fix_for(lay: Layout, target_config: dict, *, engine_name: str = DEFAULT_ENGINE) -> Fix:
     """The fix a finding or verdict proposes for serving `lay`; retraining only when no ids
     can serve it. Example (Kimi-K2.5, embed+L3+L31): 0.5.23 -> "write
@@ -318,36 +231,3 @@ def capture_convention(target_config: dict, *, engine_name: str = DEFAULT_ENGINE
     rule = capture_rule(engine(engine_name), capture_model(target_config))
     return "no-capture" if isinstance(rule, NoCapture) else rule
 
-
-def _trainer_convention(drafter_config: dict) -> str | None:
-    """speculators configs carry speculators_config / speculators_model_type; TorchSpec's
-    (checkpoint.drafter_format) write the serving engine's own ids (it trains on states an
-    SGLang / vLLM engine captured, and its vLLM export shifts them by +1), so they declare no
-    layout apart from what the engine serves: None. Everything else is read as SpecForge ids."""
-    from diag.checkpoint.drafter_format import is_speculators, trainer_marks
-
-    if is_speculators(drafter_config):
-        return "speculators"
-    return None if trainer_marks(drafter_config) == "torchspec" else "specforge"
-
-
-def declared_layouts(drafter_config: dict, num_hidden_layers: int, *,
-                     file: str | None = None) -> list[DeclaredLayout]:
-    """Layouts the drafter config declares it was trained on, most explicit
-    first: diag_trained_layout (e.g. "embed+L3+L31"), then the nested ids, then
-    top-level ids, each read under the trainer's convention."""
-    out: list[DeclaredLayout] = []
-    text = drafter_config.get(TRAINED_LAYOUT_FIELD)
-    if text is not None:
-        lay = layout(str(text), field=TRAINED_LAYOUT_FIELD).check_against(
-            num_hidden_layers, field=TRAINED_LAYOUT_FIELD)
-        out.append(DeclaredLayout(lay, TRAINED_LAYOUT_FIELD, f"{TRAINED_LAYOUT_FIELD} = {text!r}"))
-    trainer = _trainer_convention(drafter_config)
-    for field, ids in () if trainer is None else ((IDS_FIELD, nested_ids(drafter_config, file=file)),
-                       (TOP_IDS_FIELD, top_level_ids(drafter_config, file=file))):
-        if ids is None:
-            continue
-        res = conventions.resolve(ids, trainer, num_hidden_layers)
-        if all(d.layout != res.layout for d in out):
-            out.append(DeclaredLayout(res.layout, field, res.rule))
-    return out

@@ -1,7 +1,9 @@
 """The decoding a request runs under: greedy, or sampled with temperature, top-p and top-k,
-verified with SGLang's two acceptance thresholds (DESIGN.md §11).
+verified with two acceptance thresholds (DESIGN.md §11). Engine-neutral: every family reads the
+same Decoding; what a request that sets nothing runs is each family's rule (for SGLang,
+diag/engines/sglang/decoding.py).
 
-Rules mirrored from SGLang 0.5.23:
+The ranges, as SGLang 0.5.23 checks them:
 - `SamplingParams.verify`: temperature finite and >= 0, top_p in (0, 1], top_k -1 (the whole
   vocabulary) or >= 1. diag refuses temperature <= 0 *given as sampling* (say greedy instead).
 - `SamplingParams.__init__`: temperature below 1e-6 (_SAMPLING_EPS) samples with top_k = 1 at
@@ -10,10 +12,6 @@ Rules mirrored from SGLang 0.5.23:
   both lie in [0, 1]; diag asks for (0, 1] (0 accepts every draft with any mass). Below 1 the
   verification accepts more than the target distribution allows: lossy.
 - Greedy requests are verified greedily (`verify_tree_greedy`); thresholds do not apply.
-- `--sampling-defaults model` (the server default): a request that sets nothing takes the
-  non-null temperature / top_p / top_k of the target's generation_config.json, else SGLang's own
-  defaults (temperature 1.0, top_p 1.0, top_k -1); `openai` ignores generation_config.json.
-  generation_config's `do_sample` is not read by SGLang.
 
 Names are stable axis values: "greedy"; "t1.0-p0.95-k-1"; thresholds appended when either
 is below 1: "t1.0-p0.95-k-1-ts0.5-ta0.8". This module knows numbers and names; it knows
@@ -29,9 +27,6 @@ from dataclasses import dataclass
 from diag.errors import DiagError
 
 SAMPLING_EPS = 1e-6            # SGLang _SAMPLING_EPS: below it a temperature means argmax
-SGLANG_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1}
-GENERATION_CONFIG_KEYS = ("temperature", "top_p", "top_k")       # what verification uses
-UNMODELLED_KEYS = ("min_p", "repetition_penalty")                # SGLang reads them; diag does not
 
 FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
           "threshold_single": "threshold_single", "threshold_acc": "threshold_acc"}
@@ -139,32 +134,6 @@ def parse_decoding(text: str | Decoding, *, field: str = "decoding") -> Decoding
     except ValueError as err:
         raise DiagError("not a decoding name", field=field, expected="numbers in tT-pP-kK",
                         found=repr(text)) from err
-
-
-@dataclass(frozen=True)
-class RequestDefaults:
-    """What a request that sets no sampling parameter runs on the server, and why."""
-
-    values: dict                 # temperature, top_p, top_k after SGLang's resolution
-    source: str                  # "generation_config.json" or "SGLang defaults"
-    unmodelled: dict             # min_p / repetition_penalty the server applies and diag does not
-
-    @property
-    def from_generation_config(self) -> bool:
-        return self.source == "generation_config.json"
-
-
-def request_defaults(generation_config: dict | None, sampling_defaults: str = "model") -> RequestDefaults:
-    """SGLang's ModelConfig.get_default_sampling_params over its SamplingParams defaults.
-    Example: {"temperature": 0.6, "top_p": 0.95} -> t0.6-p0.95-k-1 from generation_config.json;
-    None (or --sampling-defaults openai) -> temperature 1.0, top_p 1.0, top_k -1."""
-    given = {}
-    if sampling_defaults == "model" and generation_config:
-        given = {k: generation_config[k] for k in GENERATION_CONFIG_KEYS + UNMODELLED_KEYS
-                 if generation_config.get(k) is not None}
-    values = {**SGLANG_DEFAULTS, **{k: v for k, v in given.items() if k in GENERATION_CONFIG_KEYS}}
-    source = "generation_config.json" if any(k in given for k in GENERATION_CONFIG_KEYS) else "SGLang defaults"
-    return RequestDefaults(values, source, {k: v for k, v in given.items() if k in UNMODELLED_KEYS})
 
 
 def from_values(values: dict, threshold_single: float = 1.0, threshold_acc: float = 1.0, *,
