@@ -28,6 +28,11 @@ def _path_line(spec: str, case: Case, field: str) -> str:
             raise DiagError("unknown zoo checkpoint", file=case.source, field=field,
                             expected=f"one of {sorted(ZOO)}", found=text)
         return f"{field}: {text} (built-in tiny checkpoint)"
+    from diag.run.checkpoints import locate
+    located = locate(spec, case, field, configs_only=True)      # a hub id: its JSON files only
+    if located.hub is not None:
+        return located.note
+    text = str(located.path)
     if not (Path(text) / "config.json").is_file():
         raise DiagError("checkpoint directory has no config.json", file=case.source, field=field,
                         expected=f"{text}/config.json", found="missing")

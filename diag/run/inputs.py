@@ -23,6 +23,7 @@ from diag.errors import DiagError
 from diag.layouts import CapturePoint, point, union_points
 from diag.run.candidates import Candidate, candidates_for
 from diag.run.case import Case, resolve_path
+from diag.run.checkpoints import locate
 from diag.run.decodings import DecodingPlan, plan as decoding_plan
 from diag.run.prompts import PromptSet, read_prompt_set, read_recorded
 from diag.run.rendered import RenderedPrompts, render_prompts
@@ -76,7 +77,8 @@ def zoo_or_path(spec: str) -> str:
 
 
 def checkpoint_path(spec: str, case: Case, field_name: str) -> Path:
-    return Path(zoo_or_path(resolve_path(spec, case, field_name)))
+    """zoo:NAME, a local directory or a hub id (diag.run.checkpoints) -> its directory."""
+    return locate(spec, case, field_name).path
 
 
 def dtype_of(name: str, field_name: str, case: Case):
@@ -291,8 +293,8 @@ def check_lengths(prompts, recorded, case: Case, tcfg: dict, tinfo: TargetInfo) 
 
 def prepare(case: Case) -> Inputs:
     """Resolve and check everything that needs no target weight (see the module docstring)."""
-    tpath = checkpoint_path(case.target.path, case, "target.path")
-    dpath = checkpoint_path(case.drafter.path, case, "drafter.path")
+    located = [locate(case.target.path, case, "target.path"), locate(case.drafter.path, case, "drafter.path")]
+    tpath, dpath = (loc.path for loc in located)
     tinfo = target_info(tpath)
     check_pair_config(tinfo, dpath)
     dckpt = inspect_drafter(dpath)
@@ -303,6 +305,7 @@ def prepare(case: Case) -> Inputs:
     tcfg = read_config_json(tpath, "target")
     check_target_files(tpath, tcfg)
     case, served_shapes, notes = with_launch(case, tcfg)
+    notes = [loc.note for loc in located if loc.note] + notes
     cands, cand_notes, serving_error = candidates_for(case, tinfo, dcfg, dpath)
     shapes, grid_notes = tree_shapes(case)
     pset, prompts, recorded, rendered = _prompts(case, tok, tpath)
