@@ -101,10 +101,12 @@ def _storage(hub: HubId, cache: Path) -> Path:
     return cache / ("models--" + hub.repo_id.replace("/", "--"))
 
 
-def _download_hint(hub: HubId, cache: Path, files: tuple[str, ...] = ()) -> str:
-    what = "".join(f" '{f}'" if "*" in f else f" {f}" for f in files)
-    return (f"download it first: HF_HUB_CACHE={cache} hf download {hub.repo_id}{what} --revision {hub.revision}"
-            + ("" if files else "  (diag never downloads weights itself)"))
+def _download_hint(hub: HubId, cache: Path, configs_only: bool = False) -> str:
+    """The command that puts the files where this lookup reads them."""
+    what = " --include '*.json'" if configs_only else ""
+    why = ", or unset HF_HUB_OFFLINE to let diag fetch them" if configs_only and offline() else (
+        "" if configs_only else " (diag never downloads weights itself)")
+    return f"download it first: hf download {hub.repo_id} --revision {hub.revision} --cache-dir {cache}{what}{why}"
 
 
 def _commit(hub: HubId, storage: Path) -> str | None:
@@ -115,20 +117,20 @@ def _commit(hub: HubId, storage: Path) -> str | None:
     return ref.read_text().strip() if ref.is_file() else None
 
 
-def _not_cached(hub: HubId, cache: Path, field: str, file: str | None, files=()) -> DiagError:
+def _not_cached(hub: HubId, cache: Path, field: str, file: str | None, configs_only=False, why="") -> DiagError:
     """Which part is missing: the repo, or this revision of it."""
     storage = _storage(hub, cache)
     if not storage.is_dir():
-        found = f"{hub.spelled}: no {storage.name} in the Hugging Face cache {cache}"
+        found = f"{hub.spelled}: no {storage.name} in the Hugging Face cache {cache}{why}"
         return DiagError("hub id is not in the Hugging Face cache", file=file, field=field,
                          expected=f"a local directory, or {hub.repo_id} downloaded into {cache}",
-                         found=found, hint=_download_hint(hub, cache, files))
+                         found=found, hint=_download_hint(hub, cache, configs_only))
     have = sorted(p.name for p in (storage / "refs").glob("*")) + sorted(
         p.name[:12] for p in (storage / "snapshots").glob("*"))
     return DiagError("hub revision is not in the Hugging Face cache", file=file, field=field,
                      expected=f"revision {hub.revision} of {hub.repo_id} in {storage}",
-                     found=f"only {', '.join(have) or 'nothing'} (refs, then snapshot commits)",
-                     hint=_download_hint(hub, cache, files))
+                     found=f"only {', '.join(have) or 'nothing'} (refs, then snapshot commits){why}",
+                     hint=_download_hint(hub, cache, configs_only))
 
 
 def _resolved(hub: HubId, folder: str, cache: Path, field: str, file: str | None, fetched=()) -> Resolved:
@@ -168,8 +170,9 @@ def configs(hub: HubId, *, field: str, file: str | None = None) -> Resolved:
     try:
         folder = snapshot_download(hub.repo_id, revision=hub.revision, cache_dir=cache, local_files_only=local,
                                    allow_patterns=list(CONFIG_FILES), endpoint=os.environ.get("HF_ENDPOINT"))
-    except LocalEntryNotFoundError:
-        raise _not_cached(hub, cache, field, file, CONFIG_FILES) from None
+    except LocalEntryNotFoundError as err:
+        why = "" if local else f"; the hub could not be reached ({str(err.__cause__ or err).splitlines()[0][:160]})"
+        raise _not_cached(hub, cache, field, file, True, why) from None
     except RevisionNotFoundError:
         raise DiagError("hub revision not found", file=file, field=field,
                         expected=f"a branch, tag or commit of {hub.repo_id}", found=hub.revision) from None
