@@ -35,9 +35,12 @@ def etag_of(name: str, data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
-def add_to_cache(cache: Path, repo_id: str, src: Path, commit: str, refs=("main",), only=None) -> Path:
+def add_to_cache(cache: Path, repo_id: str, src: Path, commit: str, refs=("main",), only=None,
+                 tree: bool = False) -> Path:
     """Put src's files into the cache as commit `commit` of repo_id; refs point at it.
-    only: the file names to copy (None: all). Returns the snapshot directory."""
+    only: the file names to copy (None: all); tree: also write trees/<commit>.json listing all of
+    src's files, as snapshot_download does (then a snapshot missing some is known incomplete).
+    Returns the snapshot directory."""
     storage = Path(cache) / ("models--" + repo_id.replace("/", "--"))
     snap = storage / "snapshots" / commit
     snap.mkdir(parents=True)
@@ -52,6 +55,14 @@ def add_to_cache(cache: Path, repo_id: str, src: Path, commit: str, refs=("main"
     (storage / "refs").mkdir(exist_ok=True)
     for ref in refs:
         (storage / "refs" / ref).write_text(commit)
+    if tree:
+        files = {}
+        for f in sorted(Path(src).iterdir()):
+            e = FakeHub._entry(f)
+            files[f.name] = {"size": e["size"], "blob_id": e["oid"],
+                             **({"lfs_sha256": e["lfs"]["oid"], "lfs_size": e["size"]} if "lfs" in e else {})}
+        (storage / "trees").mkdir()
+        (storage / "trees" / f"{commit}.json").write_text(json.dumps({"format_version": 1, "files": files}))
     return snap
 
 

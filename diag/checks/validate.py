@@ -1,7 +1,8 @@
 """Checking a case without loading weights: every name parses, every file it can see exists.
 
 Paths behind unset environment variables are reported, not failed: a case for a cluster
-(cases/kimi-k2.5-int4.toml) validates on a laptop. This module reads configs and headers
+(cases/kimi-k2.5-int4.toml) validates on a laptop. A hub id (org/name[@revision]) brings only
+its JSON files (diag.run.checkpoints, configs_only). This module reads configs and headers
 only; it never loads a tensor.
 """
 
