@@ -83,7 +83,7 @@ def test_case_file_with_hub_ids_and_revisions(hub_cache, tmp_path, capsys):
 def test_a_local_directory_wins_over_the_hub_id_of_the_same_spelling(hub_cache, zoo_pair, tmp_path):
     shutil.copytree(zoo_pair[0], tmp_path / "work" / "org" / "tiny")
     got = locate("org/tiny", None, "--target")
-    assert got.path == (tmp_path / "work" / "org" / "tiny").resolve() and got.hub is None
+    assert got.path == (tmp_path / "work" / "org" / "tiny").resolve() and got.resolved is None
     assert "local directory" in got.note and "instead of the Hugging Face hub id" in got.note
 
 
@@ -164,3 +164,21 @@ def test_lint_fetches_only_the_json_files_from_the_hub(zoo_pair, tmp_path):
     assert run.returncode == 2 and "hub snapshot is incomplete" in run.stderr, run.stderr
     assert "model.safetensors" in run.stderr and "hf download org/tiny --revision main" in run.stderr
     assert not any(p.endswith((".safetensors", "tokenizer.json")) for _, p in hub.requests)
+
+
+def test_a_ckpt_regime_names_a_hub_id(hub_cache, tmp_path, capsys):
+    """`ckpt:org/name@revision`: validate reads its config from the cache; run loads its snapshot."""
+    from types import SimpleNamespace
+    from diag.run.target_passes import _checkpoint
+    case = tmp_path / "work" / "regimes.toml"
+    body = ('version = 1\nname = "r"\n[target]\npath = "org/tiny"\n[drafter]\npath = "org/tiny-drafter"\n'
+            f'[prompts]\nfile = "{ROOT / "cases" / "prompts" / "mixed-48.jsonl"}"\n[evaluate]\n'
+            'layouts = ["embed+L2+L4"]\nregimes = ["as-loaded", "ckpt:org/tiny@REV"]\n')
+    case.write_text(body.replace("REV", T_SHA))
+    assert main(["validate", str(case)]) == 0, capsys.readouterr().err
+    inp = SimpleNamespace(case=read_case(case), target_path=None)
+    assert _checkpoint(inp, f"ckpt:org/tiny@{T_SHA}") == snap(hub_cache, "org/tiny", T_SHA)
+    case.write_text(body.replace("REV", "v7"))
+    assert main(["validate", str(case)]) == 2
+    err = capsys.readouterr().err
+    assert "hub revision is not in the Hugging Face cache" in err and "evaluate.regimes" in err and "revision v7" in err

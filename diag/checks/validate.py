@@ -31,7 +31,7 @@ def _path_line(spec: str, case: Case, field: str) -> str:
         return f"{field}: {text} (built-in tiny checkpoint)"
     from diag.run.checkpoints import locate
     located = locate(spec, case, field, configs_only=True)      # a hub id: its JSON files only
-    if located.hub is not None:
+    if located.resolved is not None:
         return located.note
     text = str(located.path)
     if not (Path(text) / "config.json").is_file():

@@ -34,7 +34,7 @@ class Located:
 
     path: Path
     note: str | None = None
-    hub: hub.Resolved | None = None
+    resolved: hub.Resolved | None = None     # set for a hub id
 
 
 def _where(case: Case | None, field: str) -> tuple[str | None, str]:
@@ -69,4 +69,4 @@ def locate(spec: str, case: Case | None, field: str, *, configs_only: bool = Fal
     file, shown = _where(case, field)
     hid = hub.parse(text, field=shown, file=file)
     got = (hub.configs if configs_only else hub.snapshot)(hid, field=shown, file=file)
-    return Located(got.path, f"{field}: {text} -> {got.describe()}", got)
+    return Located(got.path, f"{field}: {text} -> {got.describe()}", resolved=got)
