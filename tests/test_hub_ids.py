@@ -182,3 +182,23 @@ def test_a_ckpt_regime_names_a_hub_id(hub_cache, tmp_path, capsys):
     assert main(["validate", str(case)]) == 2
     err = capsys.readouterr().err
     assert "hub revision is not in the Hugging Face cache" in err and "evaluate.regimes" in err and "revision v7" in err
+
+
+@pytest.mark.parametrize("name, message, found", [
+    ("org/no-config", "hub repo has no config.json", "no file"),
+    ("org/tiny@v9", "hub revision not found", "v9"),
+    ("org/absent", "hub repo not found (or gated: set HF_TOKEN)", "org/absent"),
+])
+def test_what_the_hub_refuses_is_named(name, message, found, zoo_pair, tmp_path, monkeypatch):
+    """Online (HF_HUB_OFFLINE unset) against the fake hub: each refusal is a DiagError naming the flag."""
+    weights_only = tmp_path / "weights-only"
+    weights_only.mkdir()
+    shutil.copy(Path(zoo_pair[1]) / "model.safetensors", weights_only)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    with FakeHub({"org/tiny": (T_SHA, Path(zoo_pair[0])), "org/no-config": (D_SHA, weights_only)}) as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        with pytest.raises(DiagError) as err:
+            locate(name, None, "--drafter", configs_only=True)
+    assert err.value.message == message and err.value.field == "--drafter" and found in str(err.value.found)
+    assert not any(p.endswith(".safetensors") for _, p in hub.requests)

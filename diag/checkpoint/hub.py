@@ -88,7 +88,8 @@ def parse(text: str, *, field: str, file: str | None = None) -> HubId:
                         expected="org/name@REVISION (a branch, tag or commit sha) or org/name", found=text)
     if repo.count("/") != 1:
         raise DiagError("not a local directory, and not a hub id", file=file, field=field, expected=FORM,
-                        found=f"{text} ({repo.count('/') + 1} path parts; no such directory)")
+                        found=f"{text} (no such directory; as a hub id it has {repo.count('/') + 1} "
+                              "part(s), not 2: org/name)")
     from huggingface_hub.utils import HFValidationError, validate_repo_id
     try:
         validate_repo_id(repo)
@@ -107,14 +108,6 @@ def _download_hint(hub: HubId, cache: Path, configs_only: bool = False) -> str:
     why = ", or unset HF_HUB_OFFLINE to let diag fetch them" if configs_only and offline() else (
         "" if configs_only else " (diag never downloads weights itself)")
     return f"download it first: hf download {hub.repo_id} --revision {hub.revision} --cache-dir {cache}{what}{why}"
-
-
-def _commit(hub: HubId, storage: Path) -> str | None:
-    """A commit sha names itself; a branch or tag goes through refs/<revision>."""
-    if len(hub.revision) == 40 and all(c in "0123456789abcdef" for c in hub.revision):
-        return hub.revision
-    ref = storage / "refs" / hub.revision
-    return ref.read_text().strip() if ref.is_file() else None
 
 
 def _not_cached(hub: HubId, cache: Path, field: str, file: str | None, configs_only=False, why="") -> DiagError:
@@ -182,5 +175,5 @@ def configs(hub: HubId, *, field: str, file: str | None = None) -> Resolved:
     except HfHubHTTPError as err:
         raise DiagError("the hub refused the request", file=file, field=field,
                         expected=f"{hub.repo_id}@{hub.revision} readable", found=str(err).splitlines()[0]) from None
-    fetched = sorted(p.name for p in Path(folder).iterdir() if p not in before)
+    fetched = sorted(p.name for p in Path(folder).glob("*") if p not in before)   # none: no such folder
     return _resolved(hub, folder, cache, field, file, fetched)
