@@ -1,5 +1,6 @@
 """Hub ids (org/name[@revision]) wherever a checkpoint is named: `run --target/--drafter`, case
-files, `lint` and the ids inside `--launch`, resolved through huggingface_hub's cache as SGLang and
+files, ckpt: regimes, `lint` and the ids inside `--launch` (as the engine's own launch parser
+reads them: model_path, draft_model_path), resolved through huggingface_hub's cache as SGLang and
 vLLM resolve them (diag/checkpoint/hub.py, diag/run/checkpoints.py).
 
 The caches are built offline from the zoo's demo pair (tests/hub_cache.py lays them out as
@@ -16,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from hub_cache import FakeHub, add_to_cache
-from diag.checks.launch_models import launch_models
 from diag.cli.main import main
 from diag.errors import DiagError
 from diag.run.case import read_case
@@ -95,30 +95,11 @@ def test_lint_reads_the_pair_the_launch_line_names(hub_cache, capsys):
     cap = capsys.readouterr()
     findings = json.loads(cap.out)
     assert code in (0, 1), cap.err
-    assert "target: --launch --model-path: org/tiny -> org/tiny@main (commit 111111111111)" in cap.err
-    assert "drafter: --launch --speculative-draft-model-path: org/tiny-drafter@v1 ->" in cap.err
+    assert "target: --launch (model_path): org/tiny -> org/tiny@main (commit 111111111111)" in cap.err
+    assert "drafter: --launch (draft_model_path): org/tiny-drafter@v1 -> org/tiny-drafter@v1 (commit 2222" in cap.err
     assert any(str(snap(hub_cache, "org/tiny-drafter", D_SHA)) in (f["file"] or "") for f in findings)
     code = main(["lint", "--target", "org/tiny", "--launch", launch.replace("org/tiny ", "org/other ")])
-    assert "--target org/tiny is linted; the launch line's --model-path names org/other" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("line, target, drafter", [
-    ("python -m sglang.launch_server --model-path org/t --speculative-draft-model-path=org/d@v1",
-     ("--model-path", "org/t"), ("--speculative-draft-model-path", "org/d@v1")),
-    ("sglang serve --model org/t --speculative-draft-model org/d --model org/t2",
-     ("--model", "org/t2"), ("--speculative-draft-model", "org/d")),
-    ("vllm serve org/t --tensor-parallel-size 8 --speculative-config "
-     "'{\"model\": \"org/d\", \"method\": \"eagle3\", \"num_speculative_tokens\": 3}'",
-     ("vllm serve MODEL", "org/t"), ('--speculative-config "model"', "org/d")),
-    ("python -m vllm.entrypoints.openai.api_server --model org/t -sc '{\"model\": \"org/d@abc\"}'",
-     ("--model", "org/t"), ('-sc "model"', "org/d@abc")),
-    ("vllm serve org/t --speculative-config.model org/d", ("vllm serve MODEL", "org/t"),
-     ("--speculative-config.model", "org/d")),
-    ("vllm serve --model org/t", ("--model", "org/t"), None),
-])
-def test_launch_models(line, target, drafter):
-    got = launch_models(line)
-    assert (got.target, got.drafter) == (target, drafter)
+    assert "--target org/tiny is linted; the launch line's model_path is org/other" in capsys.readouterr().out
 
 
 def _index(src: Path, dst: Path) -> None:

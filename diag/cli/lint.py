@@ -4,9 +4,9 @@ Prints one block per finding (severity, code, what SGLang does, the fix)
 and exits 1 if any finding is an error, 0 otherwise, 2 on a usage error.
 Reads config.json files and safetensors headers only; loads no weights.
 T and D are directories, zoo:NAME or hub ids (org/name[@revision]); either may be left out when
-the launch line names it (--model-path, --speculative-draft-model-path; vLLM's model and
---speculative-config "model"). A hub id brings only its JSON files (diag.checkpoint.hub), and
-the lines before the findings say what was fetched.
+the launch line names it (model_path, draft_model_path, as the engine's own launch parser reads
+them). A hub id brings only its JSON files (diag.checkpoint.hub), and the lines before the
+findings say what was fetched.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import asdict
 
 from diag.errors import DiagError
 from diag.checks.lint import Finding, lint
-from diag.engines import families, rules as engine_rules, split
+from diag.engines import engine as engine_of, families, rules as engine_rules, split
 
 _ORDER = {"error": 0, "warning": 1, "info": 2}
 
@@ -47,33 +47,36 @@ def render(f: Finding) -> str:
     return "\n".join(lines)
 
 
-def _named(args):
-    """The launch line's model names, or None (a line lint cannot read is its own finding,
-    unless a checkpoint must come from it)."""
-    from diag.checks.launch_models import launch_models
+def _named(args) -> dict[str, str | None] | None:
+    """The checkpoints the launch line names, read by the engine's own launch parser
+    (EngineRules.parse_launch: model_path, draft_model_path), or None. A line that parser cannot
+    read is a finding of its own, unless a checkpoint must come from it."""
     if not args.launch:
         return None
+    release = engine_of(args.engine)
     try:
-        return launch_models(args.launch)
+        flags = engine_rules(release).parse_launch(args.launch, release=release)
     except DiagError:
         if args.target and args.drafter:
             return None
         raise
+    return {"target": flags.model_path, "drafter": flags.draft_model_path}
 
 
 def _checkpoint(args, named, role: str) -> tuple[str, list[str]]:
     """(directory, lines to print) for --target or --drafter, else the launch line's name."""
     from diag.run.checkpoints import locate
     flag, given = f"--{role}", getattr(args, role)
-    launched = getattr(named, role) if named is not None else None
+    key = "model_path" if role == "target" else "draft_model_path"
+    launched = (named or {}).get(role)
     if given is None and launched is None:
         raise DiagError(f"no {role} checkpoint named", field=flag, expected=f"{flag} DIR or org/name[@revision], "
-                        "or a --launch line that names it", found="neither")
-    spec, field = (given, flag) if given is not None else (launched[1], f"--launch {launched[0]}")
+                        f"or a --launch line that names it ({key})", found="neither")
+    spec, field = (given, flag) if given is not None else (launched, f"--launch ({key})")
     loc = locate(spec, None, field, configs_only=True)
     lines = [f"{role}: {loc.note}"] if loc.note else []
-    if given is not None and launched is not None and launched[1] != given:
-        lines.append(f"{role}: {flag} {given} is linted; the launch line's {launched[0]} names {launched[1]}")
+    if given is not None and launched is not None and launched != given:
+        lines.append(f"{role}: {flag} {given} is linted; the launch line's {key} is {launched}")
     return str(loc.path), lines
 
 

@@ -56,7 +56,7 @@ def _local_note(ctx):
     assert ctx.report()["target"]["path"] == str((ctx.tmp / "org" / "t").resolve())
 
 
-VLLM_BAD_JSON = "vllm serve org/t --speculative-config '{\"model\": org/d}'"
+NO_DRAFT = "python -m sglang.launch_server --model-path org/t --speculative-algorithm EAGLE3"
 
 CATALOGUE = [
     Bad("hub-id-three-parts", lambda c: c.run(target="a/b/c"),
@@ -80,8 +80,10 @@ CATALOGUE = [
         Error(("hub snapshot is incomplete", "--target", "model.safetensors", "hf download org/t --revision main"))),
     Bad("lint-no-drafter-named", lambda c: ["lint", "--target", c.pair["target"]],
         Error(("no drafter checkpoint named", "--drafter", "--launch"))),
-    Bad("lint-speculative-config-not-json", lambda c: ["lint", "--target", c.pair["target"], "--launch", VLLM_BAD_JSON],
-        Error(("--speculative-config is not JSON", "--launch --speculative-config"))),
+    Bad("lint-launch-names-no-drafter", lambda c: ["lint", "--target", c.pair["target"], "--launch", NO_DRAFT],
+        Error(("no drafter checkpoint named", "--drafter", "draft_model_path"))),
+    Bad("lint-launch-not-a-server-and-no-pair", lambda c: ["lint", "--launch", "python serve.py --model-path org/t"],
+        Error(("not an SGLang launch command", "--launch"))),
     Bad("hub-id-spelling-of-a-local-directory", _local_wins, Handled(_local_note)),
 ]
 
