@@ -68,14 +68,6 @@ class Inputs:
         return list(dict.fromkeys([ev.reference_regime, *ev.regimes]))
 
 
-def zoo_or_path(spec: str) -> str:
-    """`zoo:NAME` -> the built-in checkpoint's folder (built on first use); else spec."""
-    if spec.startswith("zoo:"):
-        from diag.zoo import zoo_path
-        return str(zoo_path(spec[4:]))
-    return spec
-
-
 def checkpoint_path(spec: str, case: Case, field_name: str) -> Path:
     """zoo:NAME, a local directory or a hub id (diag.run.checkpoints) -> its directory."""
     return locate(spec, case, field_name).path
