@@ -21,6 +21,7 @@ ORDER = [
     ("diag.replay",),           # verify, replay, the typed evaluation records
     ("diag.run",),              # a case end to end: inputs, passes, evaluate, verdicts
     ("diag.report",),           # report.json, report.md, plots, compare
+    ("diag.probe",),            # a live server as an input: send the prompts, save its answers
     ("diag.checks",),           # lint, validate
     ("diag.bench",),
     ("diag.cli",),

@@ -13,7 +13,7 @@ import sys
 
 from diag.errors import DiagError
 
-COMMANDS = ("run", "zoo", "kimi", "explain", "effective", "lint", "compare", "bench")
+COMMANDS = ("run", "zoo", "kimi", "explain", "effective", "lint", "compare", "bench", "probe")
 
 
 def build_parser() -> argparse.ArgumentParser:
