@@ -114,6 +114,19 @@ def probe_case(case, url: str, out: Path, *, engine: str | None = None, progress
     return replace(case, server=replace(case.server, **result.files)), result
 
 
+def probe_for_run(case, a, out: Path):
+    """`diag run CASE --server URL`: probe into OUT-server/, then the case reads those files."""
+    saved = {"--server-responses": "server_responses", "--server-info": "server_server_info",
+             "--server-metrics": "server_vllm_metrics"}      # run's dest names (cli/run.py SERVER_FLAGS)
+    given = [flag for flag, dest in saved.items() if getattr(a, dest, None)]
+    if given:
+        raise DiagError("--server probes the live server; saved server files cannot be given with it",
+                        field="--server", expected="--server URL, or saved files (--server-responses ...)",
+                        found=f"both: --server and {', '.join(given)}")
+    return probe_case(case, a.server, Path(f"{out}-server"), engine=getattr(a, "engine", None),
+                      progress=not a.quiet)[0]
+
+
 def run(a) -> int:
     from diag.probe.client import Client
     from diag.probe.plan import from_case

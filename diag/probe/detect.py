@@ -26,8 +26,8 @@ from diag.probe.client import Client
 from diag.probe.prometheus import names
 
 ENGINES = ("sglang", "vllm")
-_FLAG = re.compile(r"^(?:(?P<engine>sglang|vllm)(?:[-=@ ]?v?(?P<v1>\d+(?:\.\d+)*(?:\.?post\d+)?))?"
-                   r"|v?(?P<v2>\d+(?:\.\d+)*(?:\.?post\d+)?))$", re.I)
+_V = r"\d+(?:\.\d+)*(?:\.?post\d+)?(?:\+[\w.]+)?"       # 0.5.10.post1, 0.32.0+cpu
+_FLAG = re.compile(rf"^(?:(?P<engine>sglang|vllm)(?:[-=@ ]?v?(?P<v1>{_V}))?|v?(?P<v2>{_V}))$", re.I)
 
 
 @dataclass(frozen=True)

@@ -86,12 +86,9 @@ def _jsonl(rows: list[dict]) -> str:
     return "".join(json.dumps(r) + "\n" for r in rows)
 
 
-def _sglang(client: Client, server: Server, plan: ProbePlan, model: str | None, concurrency: int,
+def _sglang(client: Client, server: Server, plan: ProbePlan, concurrency: int,
             progress: bool) -> tuple[dict[str, str], dict[str, str], list[str]]:
     """(files to write, ServerSpec field -> file name, notes)."""
-    if model is not None and server.model is not None and model != server.model:
-        raise DiagError("the server does not serve the model named", file=server.url, field="--model",
-                        expected=model, found=server.model)
     rows = _send_all(client, plan, lambda p: sglang_shape.request(p, plan.decoding, plan.max_new_tokens),
                      sglang_shape.record, "/generate", concurrency, progress)
     sglang_shape.check_speculated(rows, client.base + "/generate")
@@ -102,15 +99,24 @@ def _sglang(client: Client, server: Server, plan: ProbePlan, model: str | None, 
     return files, {"responses": "responses.jsonl", "server_info": "server_info.json"}, notes
 
 
-def _vllm(client: Client, server: Server, plan: ProbePlan, model: str | None, concurrency: int,
-          progress: bool) -> tuple[dict[str, str], dict[str, str], list[str], str]:
-    models = client.get("/v1/models")
-    served = vllm_shape.served_model(models.json(), model, client.base + "/v1/models")
-    rows = _send_all(client, plan, lambda p: vllm_shape.request(p, plan.decoding, plan.max_new_tokens, served),
+def _vllm(client: Client, plan: ProbePlan, model: str, concurrency: int,
+          progress: bool) -> tuple[dict[str, str], dict[str, str], list[str]]:
+    rows = _send_all(client, plan, lambda p: vllm_shape.request(p, plan.decoding, plan.max_new_tokens, model),
                      vllm_shape.record, "/v1/completions", concurrency, progress)
     version = client.get("/version")
-    return {"completions.jsonl": _jsonl(rows), "models.json": models.text, "version.json": version.text}, \
-        {}, [], served
+    return {"completions.jsonl": _jsonl(rows), "version.json": version.text}, {}, []
+
+
+def _model(client: Client, server: Server, model: str | None) -> tuple[str | None, dict[str, str]]:
+    """The model the requests go to (checked against what the server serves), and files to keep."""
+    if server.engine == "vllm":
+        models = client.get("/v1/models")
+        return vllm_shape.served_model(models.json(), model, client.base + "/v1/models"), \
+            {"models.json": models.text}
+    if model is not None and server.model is not None and model != server.model:
+        raise DiagError("the server does not serve the model named", file=server.url, field="--model",
+                        expected=model, found=server.model)
+    return model or server.model, {}
 
 
 def _other_traffic(delta_text: str, engine: str, sent: int) -> list[str]:
@@ -132,15 +138,16 @@ def probe(plan: ProbePlan, client: Client, out: str | Path, *, engine: str | Non
     server = server or detect(client)
     check_engine(server, engine)
     prefix = f"{server.engine}:"
+    probed, kept = _model(client, server, model)
     before = _metrics(client)
     if before is not None:
-        vllm_shape.check_model_labels(before, model or server.model, client.base + "/metrics", prefix)
+        vllm_shape.check_model_labels(before, probed, client.base + "/metrics", prefix)
     start = time.monotonic()
     if server.engine == "sglang":
-        files, fields, notes = _sglang(client, server, plan, model, concurrency, progress)
-        probed = model or server.model
+        files, fields, notes = _sglang(client, server, plan, concurrency, progress)
     else:
-        files, fields, notes, probed = _vllm(client, server, plan, model, concurrency, progress)
+        files, fields, notes = _vllm(client, plan, probed, concurrency, progress)
+    files.update(kept)
     wall = time.monotonic() - start
     after = _metrics(client)
     if before is not None and after is not None:
