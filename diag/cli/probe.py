@@ -46,14 +46,14 @@ def register(sub) -> None:
 def _case(a):
     """The case the flags name, or None for a prompts-only probe."""
     from diag.cli.run import DEMO, decoding_overrides, repo_file
-    from diag.run.case import Case, ModelSpec, PromptSpec, check_case, read_case
+    from diag.run.case import Case, EvaluateSpec, ModelSpec, PromptSpec, check_case, read_case
     if a.case:
         case = read_case(a.case)
     elif a.target:
         case = Case(version=1, name=Path(a.target.removeprefix("zoo:")).name or "probe", source="<flags>",
                     target=ModelSpec(a.target), drafter=ModelSpec(a.target),
                     prompts=PromptSpec(file=str(Path(a.prompts or repo_file("cases/prompts/mixed-48.jsonl"))
-                                               .resolve()), max_new_tokens=64))
+                                               .resolve()), max_new_tokens=64), evaluate=EvaluateSpec(scan=True))
     elif a.prompts:
         return None
     else:
