@@ -66,12 +66,12 @@ def _check_numbers(case: Case) -> None:
 def pair(requests: tuple[RequestCounts, ...], prompt_ids: list[str], *, narrowed: bool,
          source: str, texts: dict[str, str | None] | None = None) -> tuple[tuple[RequestCounts, ...], list[str]]:
     """The responses in the case's prompt order, and notes (see the module docstring); with
-    no id in common, by the prompt texts saved with them (server_text_match.py)."""
+    a request id that is no prompt id, by the prompt text saved with it (server_text_match.py)."""
     by_id, wanted, paired = {r.id: r for r in requests}, set(prompt_ids), []
-    if texts and not wanted & set(by_id) and any(r.prompt is not None for r in requests):
+    if texts and any(r.prompt is not None and r.id not in wanted for r in requests):
         requests, n = match_by_text(requests, texts, source)
         by_id, paired = {r.id: r for r in requests}, [f"{n} responses paired with prompts by their text (their "
-                                                      "request ids match no prompt id)"]
+                                                      "request ids match no prompt id)"] if n else []
     if not wanted & set(by_id):
         raise DiagError("the responses' request ids match none of the case's prompt ids", file=source,
                         field="meta_info.id", expected=f"prompt ids such as {prompt_ids[:3]}",

@@ -1,5 +1,5 @@
-"""Pairing /generate responses with prompts by the prompt text saved beside them, for files
-whose request ids match no prompt id (SGLang then names a request by a random uuid).
+"""Pairing /generate responses with prompts by the prompt text saved beside them, for the
+responses whose request id is no prompt id (SGLang names a request without rid by a uuid).
 
 Rule: a response's text pairs with the prompt whose text is the same, exactly, else after
 stripping surrounding whitespace on both sides; a text two prompts share, or one two
@@ -33,12 +33,13 @@ def _index(texts: dict[str, str], source: str, key) -> dict[str, str]:
 
 def match_by_text(requests: tuple[RequestCounts, ...], texts: dict[str, str | None],
                   source: str) -> tuple[tuple[RequestCounts, ...], int]:
-    """The requests with prompt ids where their text names a prompt, and how many were paired."""
+    """The requests with prompt ids where their text names a prompt (those whose own id is a
+    prompt id keep it), and how many were paired by text."""
     given = {pid: t for pid, t in texts.items() if t is not None}
     exact, stripped = _index(given, source, lambda t: t), _index(given, source, str.strip)
-    out, taken = [], {}
+    out, taken = [], {r.id: r.record for r in requests if r.id in texts}
     for r in requests:
-        pid = None if r.prompt is None else exact.get(r.prompt, stripped.get(r.prompt.strip()))
+        pid = None if r.prompt is None or r.id in texts else exact.get(r.prompt, stripped.get(r.prompt.strip()))
         if pid is None:
             out.append(r)
             continue
@@ -48,4 +49,4 @@ def match_by_text(requests: tuple[RequestCounts, ...], texts: dict[str, str | No
                             found=f"both are prompt {pid}")
         taken[pid] = r.record
         out.append(replace(r, id=pid))
-    return tuple(out), len(taken)
+    return tuple(out), sum(a.id != b.id for a, b in zip(requests, out))
