@@ -379,7 +379,7 @@ except ImportError:
 
 
 @pytest.mark.vllm
-def test_real_vllm_probe_then_run(tmp_path, vllm_server):
+def test_real_vllm_probe_then_run(tmp_path, prompts, vllm_server):
     from diag.zoo import zoo_path
     target, drafter = zoo_path("llama-tiny"), zoo_path("llama-tiny-eagle3-embed-vllm-ids")
     url = vllm_server(target, drafter, num_speculative_tokens=3)
@@ -394,5 +394,14 @@ def test_real_vllm_probe_then_run(tmp_path, vllm_server):
     assert c.num_drafts > 0 and c.num_draft_tokens == 3 * c.num_drafts
     rows = [json.loads(x) for x in (tmp_path / "rep-server" / "completions.jsonl").read_text().splitlines()]
     assert all(r["usage"]["completion_tokens"] <= 16 for r in rows)
-    report = json.loads((out / "report.json").read_text())
-    assert str(tmp_path / "rep-server" / "metrics.txt") in json.dumps(report)
+    observed = json.loads((out / "report.json").read_text())["server"]["observed"]
+    assert observed["files"] == [{"kind": "vllm_metrics", "path": str(tmp_path / "rep-server" / "metrics.txt")}]
+    assert observed["accept_length"]["value"] == pytest.approx(c.accept_length)          # this probe's counters
+    assert observed["tree"]["name"] == "chain-3"
+    # sampled decoding, text prompts: vLLM takes diag's top_k -1 as its 0
+    assert main(["probe", "--server", url, "--prompts", str(prompts), "--temperature", "0.7", "--top-p", "0.9",
+                 "--top-k", "-1", "--max-new-tokens", "8", "--out", str(tmp_path / "s"), "--quiet",
+                 "--engine", "vllm-0.32.0"]) == 0
+    sampled = json.loads((tmp_path / "s" / "probe.json").read_text())
+    assert sampled["decoding"]["name"] == "t0.7-p0.9-k-1" and sampled["prompts"]["sent_as"] == "text"
+    assert read_vllm_metrics((tmp_path / "s" / "metrics.txt").read_text(), source="s").num_drafts > 0
