@@ -235,6 +235,22 @@ def test_cli_probe(tmp_path, prompts, capsys):
     assert "--server-metrics" in out and "not the engine named" in errs
 
 
+def test_cli_probe_of_a_case_sends_its_token_ids_and_decoding(tmp_path):
+    from diag.cli.run import repo_file
+    case = tmp_path / "c.toml"
+    case.write_text(repo_file("cases/demo.toml").read_text().replace('file = "prompts/mixed-48.jsonl"', 'file = "'
+                    + str(repo_file("cases/prompts/mixed-48.jsonl").resolve()) + '"') + "\n[decoding]\ntemperature = 0.5\n")
+    with Fake("sglang") as fake:
+        assert main(["probe", str(case), "--server", fake.url, "--limit", "3", "--out", str(tmp_path / "o"),
+                     "--quiet"]) == 0
+    sent = sorted((b for _, b in fake.posts), key=lambda b: b["rid"])
+    assert [b["rid"] for b in sent] == ["code-01", "code-02", "code-03"]
+    assert all(b["input_ids"] and b["sampling_params"] == {"max_new_tokens": 64, "temperature": 0.5, "top_p": 1.0,
+                                                           "top_k": -1} for b in sent)
+    saved = json.loads((tmp_path / "o" / "probe.json").read_text())
+    assert saved["prompts"]["sent_as"] == "token ids" and saved["decoding_source"] == "case [decoding] / flags"
+
+
 # ---- the reading side -----------------------------------------------------------------------
 
 def test_two_field_responses_are_usable_with_a_note():

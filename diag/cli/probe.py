@@ -47,19 +47,21 @@ def _case(a):
     """The case the flags name, or None for a prompts-only probe."""
     from diag.cli.run import DEMO, decoding_overrides, repo_file
     from diag.run.case import Case, EvaluateSpec, ModelSpec, PromptSpec, check_case, read_case
+    prompts = str(Path(a.prompts).expanduser().resolve()) if a.prompts else None
     if a.case:
         case = read_case(a.case)
-    elif a.target:
+        case = replace(case, target=replace(case.target, path=a.target)) if a.target else case
+    elif a.target:                      # the drafter is not read by a probe; the target stands in for it
         case = Case(version=1, name=Path(a.target.removeprefix("zoo:")).name or "probe", source="<flags>",
                     target=ModelSpec(a.target), drafter=ModelSpec(a.target),
-                    prompts=PromptSpec(file=str(Path(a.prompts or repo_file("cases/prompts/mixed-48.jsonl"))
-                                               .resolve()), max_new_tokens=64), evaluate=EvaluateSpec(scan=True))
+                    prompts=PromptSpec(file=prompts or str(repo_file("cases/prompts/mixed-48.jsonl").resolve()),
+                                       max_new_tokens=64), evaluate=EvaluateSpec(scan=True))
     elif a.prompts:
         return None
     else:
         case = read_case(repo_file(DEMO))
     pr = case.prompts
-    pr = replace(pr, file=str(Path(a.prompts).resolve()) if a.prompts else pr.file,
+    pr = replace(pr, file=prompts or pr.file,
                  limit=a.limit if a.limit is not None else pr.limit,
                  max_new_tokens=pr.max_new_tokens if a.max_new_tokens is None else a.max_new_tokens)
     target = replace(case.target, trust_remote_code=case.target.trust_remote_code or a.trust_remote_code)
@@ -75,7 +77,7 @@ def _prompts_plan(a):
     given = bool(dec.temperature or dec.top_p or dec.top_k)
     decoding = from_values({"temperature": (dec.temperature or (1.0,))[0], "top_p": (dec.top_p or (1.0,))[0],
                             "top_k": (dec.top_k or (-1,))[0]}) if given else GREEDY
-    return from_prompts(a.prompts, limit=a.limit, max_new_tokens=64 if a.max_new_tokens is None else a.max_new_tokens,
+    return from_prompts(str(Path(a.prompts).expanduser()), limit=a.limit, max_new_tokens=64 if a.max_new_tokens is None else a.max_new_tokens,
                         decoding=decoding, decoding_source="flags" if given else "default (greedy)")
 
 
