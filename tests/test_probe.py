@@ -238,8 +238,10 @@ def test_cli_probe(tmp_path, prompts, capsys):
 def test_cli_probe_of_a_case_sends_its_token_ids_and_decoding(tmp_path):
     from diag.cli.run import repo_file
     case = tmp_path / "c.toml"
-    case.write_text(repo_file("cases/demo.toml").read_text().replace('file = "prompts/mixed-48.jsonl"', 'file = "'
-                    + str(repo_file("cases/prompts/mixed-48.jsonl").resolve()) + '"') + "\n[decoding]\ntemperature = 0.5\n")
+    prompt_file = repo_file("cases/prompts/mixed-48.jsonl").resolve()
+    case.write_text(repo_file("cases/demo.toml").read_text().replace('file = "prompts/mixed-48.jsonl"',
+                                                                     f'file = "{prompt_file}"')
+                    + "\n[decoding]\ntemperature = 0.5\n")
     with Fake("sglang") as fake:
         assert main(["probe", str(case), "--server", fake.url, "--limit", "3", "--out", str(tmp_path / "o"),
                      "--quiet"]) == 0
@@ -341,7 +343,8 @@ def test_what_diag_reads_is_what_sglang_answers(sglang_0_5_23):
 def test_run_with_server_probes_then_reads_the_probe(tmp_path, monkeypatch):
     import tiny
     monkeypatch.setenv("DIAG_CACHE_DIR", str(tmp_path / "cache"))
-    t, dr, p = tiny.make_target(tmp_path / "t"), tiny.make_drafter(tmp_path / "d"), tiny.make_prompts(tmp_path / "p.jsonl")
+    t, dr = tiny.make_target(tmp_path / "t"), tiny.make_drafter(tmp_path / "d")
+    p = tiny.make_prompts(tmp_path / "p.jsonl")
     out = tmp_path / "rep"
     args = ["run", "--target", str(t), "--drafter", str(dr), "--prompts", str(p), "--out", str(out), "--quiet",
             "--max-new-tokens", "12", "--layout", "embed+L2+L3", "--tree", "chain-3", "--no-cache"]

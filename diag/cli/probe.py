@@ -77,8 +77,9 @@ def _prompts_plan(a):
     given = bool(dec.temperature or dec.top_p or dec.top_k)
     decoding = from_values({"temperature": (dec.temperature or (1.0,))[0], "top_p": (dec.top_p or (1.0,))[0],
                             "top_k": (dec.top_k or (-1,))[0]}) if given else GREEDY
-    return from_prompts(str(Path(a.prompts).expanduser()), limit=a.limit, max_new_tokens=64 if a.max_new_tokens is None else a.max_new_tokens,
-                        decoding=decoding, decoding_source="flags" if given else "default (greedy)")
+    n = 64 if a.max_new_tokens is None else a.max_new_tokens
+    return from_prompts(str(Path(a.prompts).expanduser()), limit=a.limit, max_new_tokens=n, decoding=decoding,
+                        decoding_source="flags" if given else "default (greedy)")
 
 
 def _print(result) -> None:
