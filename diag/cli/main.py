@@ -21,7 +21,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from diag.errors import DiagError  # noqa: E402  (after the OpenMP policy)
 
-COMMANDS = ("run", "zoo", "kimi", "explain", "effective", "lint", "compare", "bench")
+COMMANDS = ("run", "zoo", "kimi", "explain", "effective", "lint", "compare", "bench", "probe")
 
 
 def build_parser() -> argparse.ArgumentParser:

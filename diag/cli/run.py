@@ -57,7 +57,9 @@ def register(sub) -> None:
     p.add_argument("--no-cache", action="store_true", help="recompute the target pass")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--strict", action="store_true", help="exit 1 when a verdict is an error")
-    _server_flags(p.add_argument_group("the live server (reconcile with what it emitted; case [server])"))
+    _server_flags(g := p.add_argument_group("the live server (reconcile with what it emitted; case [server])"))
+    g.add_argument("--server", metavar="URL", help="probe this live server first (diag probe, into OUT-server/), "
+                   "then reconcile with its answers")
     prompt_flags.register(p)
     p.set_defaults(func=run)
     v = sub.add_parser("validate", help="check a case file without loading weights")
@@ -190,6 +192,9 @@ def run(a) -> int:
     case = checked(case, a)
     out = Path(a.out) if a.out else Path("reports") / case.name
     check_out_dir(out)                  # before any weight is loaded
+    if getattr(a, "server", None):
+        from diag.cli.probe import probe_for_run
+        case = probe_for_run(case, a, out)
     if not a.no_cache:
         check_cache_dir()
     run_result = run_case(case, progress=not a.quiet, use_cache=not a.no_cache)

@@ -21,6 +21,8 @@ from diag.engines.sglang.server_responses import RequestCounts, read_generate_re
 from diag.engines.vllm.metrics import read_vllm_metrics
 from diag.errors import DiagError
 from diag.run.case import Case, resolve_path
+from diag.run.prompts import read_prompt_set
+from diag.run.server_text_match import match_by_text
 from diag.run.server_observation import (LogLoad, Observed, ServerObservation, agree_on_shape, log_draft_tokens,
                                          pooled_log, pooled_requests)
 from diag.trees import TreeShape, tree_shape
@@ -62,10 +64,14 @@ def _check_numbers(case: Case) -> None:
 
 
 def pair(requests: tuple[RequestCounts, ...], prompt_ids: list[str], *, narrowed: bool,
-         source: str) -> tuple[tuple[RequestCounts, ...], list[str]]:
-    """The responses in the case's prompt order, and notes (see the module docstring)."""
-    by_id = {r.id: r for r in requests}
-    wanted = set(prompt_ids)
+         source: str, texts: dict[str, str | None] | None = None) -> tuple[tuple[RequestCounts, ...], list[str]]:
+    """The responses in the case's prompt order, and notes (see the module docstring); with
+    a request id that is no prompt id, by the prompt text saved with it (server_text_match.py)."""
+    by_id, wanted, paired = {r.id: r for r in requests}, set(prompt_ids), []
+    if texts and any(r.prompt is not None and r.id not in wanted for r in requests):
+        requests, n = match_by_text(requests, texts, source)
+        by_id, paired = {r.id: r for r in requests}, [f"{n} responses paired with prompts by their text (their "
+                                                      "request ids match no prompt id)"] if n else []
     if not wanted & set(by_id):
         raise DiagError("the responses' request ids match none of the case's prompt ids", file=source,
                         field="meta_info.id", expected=f"prompt ids such as {prompt_ids[:3]}",
@@ -76,13 +82,13 @@ def pair(requests: tuple[RequestCounts, ...], prompt_ids: list[str], *, narrowed
         raise DiagError("the responses do not cover the case's prompts", file=source, field="meta_info.id",
                         expected=f"one response for each of the {len(prompt_ids)} prompts",
                         found=f"{len(missing)} missing, e.g. {missing[:5]}")
-    extra = [i for i in by_id if i not in wanted]
+    extra = [r.id or f"record {r.record}" for r in requests if r.id not in wanted]
     if extra and not narrowed:
         raise DiagError("the responses hold prompts the case does not replay", file=source, field="meta_info.id",
                         expected=f"only the case's {len(prompt_ids)} prompt ids", found=f"{len(extra)} others, "
                         f"e.g. {extra[:5]}", hint="replay the same prompt set the server answered")
-    notes = [f"{len(extra)} responses are for prompts outside the case's narrowed prompt set and are not used"] \
-        if extra else []
+    notes = paired + ([f"{len(extra)} responses are for prompts outside the case's narrowed prompt set and are "
+                       "not used"] if extra else [])
     return tuple(by_id[i] for i in prompt_ids), notes
 
 
@@ -169,9 +175,11 @@ def _read_responses(s: _Sources, rel, prompt_ids: list[str], seed: int, n_boot: 
         return
     resp = read_generate_responses(got[1], source=got[0], release=rel)
     p = s.case.prompts
+    texts = {q.id: q.text for q in read_prompt_set(resolve_path(p.file, s.case, "prompts.file")).prompts} \
+        if any(r.prompt is not None for r in resp.requests) else None
     s.requests, notes = pair(resp.requests, prompt_ids, narrowed=p.limit is not None or bool(p.categories),
-                             source=got[0])
-    s.notes += notes
+                             source=got[0], texts=texts)
+    s.notes += list(resp.notes) + notes
     s.files.append(("responses", got[0]))
     ds = sorted({r.num_draft_tokens for r in s.requests if r.num_draft_tokens is not None})
     if len(ds) > 1:
