@@ -1,0 +1,1 @@
+"""The serving engines diag models, one package each (vllm/ here; SGLang still in diag.engine)."""
