@@ -1,0 +1,270 @@
+"""vLLM as a served engine: release names, the rule table read from the wheels, the served layout,
+--speculative-config, logs and scrapes, the engine-sanity verdict, and differential tests that run
+vLLM's own functions (rejection kernels under TRITON_INTERPRET, the log line, the default aux ids)
+from its wheels against diag's port. Tests marked `wheel` read files from PyPI by HTTP range
+(cached); they run on EXECUTED: the newest release and every release where a rule changes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from diag.engines.vllm import capture, detect, rejection, rules_gen, sanity
+from diag.engines.vllm.releases import (NEWEST, RELEASES, rule, rule_change_releases, rule_row, span,
+                                        vllm_release)
+from diag.engines.vllm.rules import RULES
+from diag.engines.vllm.spec_config import parse_launch, parse_spec_config
+from diag.errors import DiagError
+
+EXECUTED = rule_change_releases(executed=True)
+V1_SAMPLER = "vllm/v1/sample/rejection_sampler.py"
+
+
+def test_release_names_and_errors():
+    assert vllm_release("vllm-0.32.0").label == "vLLM 0.32.0"
+    assert vllm_release(None).version == NEWEST == "0.34.0"
+    assert RELEASES[0] == "0.8.5" and "0.9.0.1" in RELEASES and "0.8.5.post1" in RELEASES
+    with pytest.raises(DiagError, match="unknown vLLM release") as e:
+        vllm_release("vllm-0.8.4")
+    assert "predates EAGLE-3" in str(e.value)
+    with pytest.raises(DiagError, match="regenerate"):
+        vllm_release("vllm-0.99.0")
+    with pytest.raises(DiagError, match="not a vLLM release version"):
+        vllm_release("vllm-latest")
+
+
+def test_every_rule_covers_every_release_once():
+    for name in {r.name for r in RULES}:
+        rows = [r for r in RULES if r.name == name]
+        covered = [v for r in rows for v in RELEASES[RELEASES.index(r.first):RELEASES.index(r.last) + 1]]
+        assert covered == list(RELEASES), name
+    assert EXECUTED[-1] == NEWEST and EXECUTED[0] == RELEASES[0]
+    assert set(EXECUTED) <= set(rule_change_releases())
+
+
+def test_rule_values_read_from_the_wheels():
+    assert rule("aux_ids_source", "vllm-0.11.0")[0].startswith("always the model's default")
+    assert rule("aux_ids_source", "vllm-0.32.0")[0] == "drafter config.json eagle_aux_hidden_state_layer_ids"
+    assert rule("aux_default.llama", "vllm-0.32.0") == "(2, num_layers // 2, num_layers - 3)"
+    assert rule("log_line", "vllm-0.8.5")[1] == "num_accepted_tokens / num_drafts"       # no bonus token
+    assert rule("log_line", "vllm-0.9.0")[1] == "1 + num_accepted_tokens / num_drafts"
+    assert span(rule_row("aux_capture.llama", "vllm-0.18.0")) == "0.18.0–0.34.0"
+
+
+@pytest.mark.parametrize("eng, ids, want", [
+    ("vllm-0.32.0", [0, 2, 4], "embed+L2+L4"), ("vllm-0.32.0", [4, 2, 0], "embed+L2+L4"),
+    ("vllm-0.32.0", [1, 3, 6], "L1+L3+L6"), ("vllm-0.32.0", None, "L2+L3"),
+    ("vllm-0.11.0", [0, 2, 4], "L2+L3"), ("vllm-0.17.1", [1, 3, 5], "L1+L3+L5")])
+def test_served_layout(eng, ids, want):
+    assert capture.served("llama", ids, 6, eng).layout == want
+
+
+def test_served_layout_refusals():
+    with pytest.raises(DiagError, match="cannot serve aux id 0"):
+        capture.served("llama", [0, 2, 4], 6, "vllm-0.17.1")
+    with pytest.raises(DiagError, match="never captures aux id 6"):
+        capture.served("llama", [2, 4, 6], 6, "vllm-0.17.1")
+    with pytest.raises(DiagError, match="no EAGLE-3 capture for deepseek"):
+        capture.served("deepseek", [1, 2, 3], 6, "vllm-0.17.1")
+    assert capture.served("deepseek", [1, 2, 6], 6, "vllm-0.25.0").layout == "L1+L2+L6"
+    with pytest.raises(DiagError, match="never captures"):
+        capture.served("deepseek", [1, 2, 6], 6, "vllm-0.24.0")
+
+
+SPEC = '{"method": "eagle3", "model": "/d", "num_speculative_tokens": 3, "draft_tensor_parallel_size": 1}'
+
+
+def test_launch_commands():
+    a = parse_launch(f"vllm serve /m --speculative-config '{SPEC}'", "vllm-0.32.0")
+    b = parse_launch(f"python -m vllm.entrypoints.openai.api_server --model /m --speculative-config='{SPEC}'")
+    c = parse_launch("vllm serve /m --speculative-config.method eagle3 --speculative-config.model /d "
+                     "--speculative-config.num_speculative_tokens 3 --speculative-config.draft_tensor_parallel_size 1")
+    assert a.target == b.target == c.target == "/m"
+    assert a.spec == b.spec == c.spec and a.spec.num_speculative_tokens == 3 and a.spec.method == "eagle3"
+    assert parse_launch("vllm serve /m").spec is None
+
+
+def test_speculative_config_errors():
+    with pytest.raises(DiagError, match="is not JSON: Expecting property name.* at character 1") as e:
+        parse_launch("vllm serve /m --speculative-config \"{method: 'eagle3'}\"")
+    assert "'{' ⟶ \"method: 'eagle3'}\"" in str(e.value)
+    with pytest.raises(DiagError, match="a method diag does not model"):
+        parse_spec_config({"method": "ngram", "num_speculative_tokens": 3})
+    with pytest.raises(DiagError, match="an unknown method"):
+        parse_spec_config({"method": "eagle4", "num_speculative_tokens": 3})
+    with pytest.raises(DiagError, match="vLLM 0.8.5 does not know") as e:
+        parse_spec_config({"method": "eagle3", "num_speculative_tokens": 3, "speculative_token_tree": "[(0,)]"},
+                          "vllm-0.8.5")
+    assert "speculative_token_tree" in str(e.value)
+    with pytest.raises(DiagError, match="needs num_speculative_tokens"):
+        parse_spec_config({"method": "eagle3", "model": "/d"})
+    with pytest.raises(DiagError, match="not a vLLM launch command"):
+        parse_launch("python -m sglang.launch_server --model /m")
+
+
+LOG = """(APIServer pid=9993) INFO 12-04 19:29:18 [api_utils.py:347]  version 0.32.0
+(EngineCore pid=10536) INFO 12-04 19:30:04 [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config: \
+model='/m', speculative_config=SpeculativeConfig(method='eagle3', model='/d', num_spec_tokens=3), tokenizer='/m'
+(APIServer pid=9993) INFO 12-04 19:30:30 [metrics.py:101] SpecDecoding metrics: Mean acceptance length: 2.76, \
+Accepted throughput: 98.10 tokens/s, Drafted throughput: 167.40 tokens/s, Accepted: 981 tokens, Drafted: 1674 \
+tokens, Per-position acceptance rate: 0.790, 0.600, 0.368, Avg Draft acceptance rate: 58.6%
+"""
+
+
+def test_log_release_spec_and_intervals():
+    assert detect.release_from_log(LOG, source="server.log").version == "0.32.0"
+    assert detect.spec_from_log(LOG) == ("eagle3", "/d", 3)
+    (i,) = detect.log_intervals(LOG, "vllm-0.32.0", source="server.log")
+    assert (i.drafts, i.accepted, i.per_position) == (558, 981, (0.79, 0.6, 0.368))
+    assert detect.logged_accept_length(i, "vllm-0.32.0") == 2.76
+    with pytest.raises(DiagError, match="unknown vLLM release"):
+        detect.release_from_log("Initializing a V1 LLM engine (v0.7.3) with config", source="old.log")
+
+
+SCRAPE = """vllm:spec_decode_num_drafts_total{engine="0",model_name="/zoo/llama-tiny"} 558.0
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="/zoo/llama-tiny"} 1674.0
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="/zoo/llama-tiny"} 981.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="/zoo/llama-tiny",position="0"} 441.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="/zoo/llama-tiny",position="1"} 335.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="/zoo/llama-tiny",position="2"} 205.0
+"""
+
+
+def test_scrape_model_and_counters():
+    c = detect.read_scrape(SCRAPE, source="metrics.txt", model="/other/llama-tiny")
+    assert round(c.accept_length, 3) == 2.758 and c.num_speculative_tokens == 3
+    with pytest.raises(DiagError, match="from another model") as e:
+        detect.read_scrape(SCRAPE, source="metrics.txt", model="/zoo/qwen3-tiny")
+    assert "/zoo/llama-tiny" in str(e.value)
+    with pytest.raises(DiagError, match="no vLLM speculative-decoding counters"):
+        detect.read_scrape('vllm:num_requests_running{model_name="m"} 0\n', source="metrics.txt")
+    with pytest.raises(DiagError, match="not a vLLM /metrics scrape"):
+        detect.read_scrape("sglang:num_running_reqs 0\n", source="metrics.txt")
+
+
+def test_engine_sanity_verdict():
+    runs = [sanity.Sampled(1.0, 1.05, 558), sanity.Sampled(0.3, 1.09, 558), sanity.Sampled(0.01, 1.01, 558)]
+    v = sanity.check(runs, 2.76, 3, "vllm-0.32.0")
+    assert v.defect and v.engine == "vLLM 0.32.0" and round(v.tolerance, 2) == 0.44
+    assert "ENGINE DEFECT in vLLM 0.32.0" in v.message and "rejection_sampler.py" in v.message
+    assert "fits none" in v.message and "layout" in v.message
+    ok = sanity.check([sanity.Sampled(1.0, 1.3), sanity.Sampled(0.01, 2.70, 558)], 2.76, 3, "vllm-0.32.0",
+                      greedy_source="diag's greedy prediction")
+    assert ok.verdict == "OK" and "diag's greedy prediction" in ok.message
+    assert sanity.check([sanity.Sampled(1.0, 1.05)], 2.76, 3, "vllm-0.32.0").verdict == "NO VERDICT"
+
+
+def test_rejection_port_examples():
+    g = rejection.greedy(torch.tensor([5, 7, 2]), torch.tensor([5, 7, 9]), 4)
+    assert (g.tokens, g.accepted) == ((5, 7, 9), 2)
+    assert rejection.greedy(torch.tensor([5, 7]), torch.tensor([5, 7]), 4).tokens == (5, 7, 4)
+    p = torch.zeros(2, 5)
+    p[0, 3], p[0, 0], p[1, 1], p[1, 4] = 0.6, 0.4, 0.8, 0.2
+    s = rejection.sampled(torch.tensor([3, 1]), p, 2, torch.tensor([0.5, 0.9], dtype=torch.float64),
+                          torch.ones(5))
+    assert (s.tokens, s.accepted) == ((3, 4), 1)        # recovered: p_1 with token 1 zeroed -> 4
+    assert math.isclose(rejection.expected_accept_length(torch.tensor([3, 1]), p), 2.08, rel_tol=1e-6)
+
+
+# ---- differential tests: vLLM's own code from its wheels --------------------------------------------
+
+def _kernel_args(kernel, known: dict) -> dict:
+    missing = [a for a in kernel.arg_names if a not in known]
+    assert not missing, f"{kernel.fn.__name__} has parameters diag does not feed: {missing} (a rule change?)"
+    return {a: known[a] for a in kernel.arg_names}
+
+
+def _run_vllm_chain(ns, draft, probs, bonus, u, e, greedy):
+    """One request through vLLM's kernels: returns its output row without placeholders."""
+    import sglang_wheels
+    k, vocab = probs.shape[0], probs.shape[1]
+    out = torch.full((1, k + 1), -1, dtype=torch.int32)
+    common = dict(output_token_ids_ptr=out, cu_num_draft_tokens_ptr=torch.tensor([k], dtype=torch.int32),
+                  draft_token_ids_ptr=draft.to(torch.int32), bonus_token_ids_ptr=torch.tensor([bonus]),
+                  max_spec_len=k, uniform_probs_ptr=u, synthetic_conditional_rates_ptr=None,
+                  SYNTHETIC_MODE=False, draft_probs_ptr=None, NO_DRAFT_PROBS=True, vocab_size=vocab,
+                  target_probs_ptr=probs, IS_NGRAM=True)
+    with sglang_wheels.interpreting():
+        if greedy:
+            kern = ns["rejection_greedy_sample_kernel"]
+            kern[(1,)](**_kernel_args(kern, {**common, "target_argmax_ptr": probs.argmax(-1), "is_greedy_ptr": None}))
+        else:
+            rec = torch.empty(k, dtype=torch.int32)
+            kr = ns["sample_recovered_tokens_kernel"]
+            kr[(1, k)](**_kernel_args(kr, {**common, "output_token_ids_ptr": rec, "q_ptr": e[None],
+                                          "inv_q_ptr": (1.0 / e)[None], "PADDED_VOCAB_SIZE": 8, "BLOCK_SIZE": 8,
+                                          "USE_FP64_GUMBEL": False}))
+            kern = ns["rejection_random_sample_kernel"]
+            kern[(1,)](**_kernel_args(kern, {**common, "recovered_token_ids_ptr": rec,
+                                             "is_greedy_ptr": torch.tensor([False])}))
+    return tuple(int(t) for t in out[0] if t >= 0)
+
+
+@pytest.mark.wheel
+@pytest.mark.parametrize("version", [v for v in EXECUTED if rule_row("rejection_sampler", v).source == V1_SAMPLER])
+def test_rejection_kernels_equal_the_port(version):
+    import vllm_wheels
+    ns = vllm_wheels.load(version, V1_SAMPLER, ["rejection_greedy_sample_kernel", "rejection_random_sample_kernel",
+                                                "sample_recovered_tokens_kernel"], triton=True)
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(12):
+        k, vocab = 1 + trial % 4, 8
+        probs = torch.softmax(torch.randn(k, vocab, generator=gen) * 2, -1).contiguous()
+        draft = torch.where(torch.rand(k, generator=gen) < 0.7, probs.argmax(-1),
+                            torch.randint(0, vocab, (k,), generator=gen))
+        bonus, u = 7, torch.rand(k, generator=gen, dtype=torch.float64)
+        e = torch.empty(vocab).exponential_(generator=gen)
+        assert _run_vllm_chain(ns, draft, probs, bonus, u, e, True) == \
+            rejection.greedy(draft, probs.argmax(-1), bonus).tokens, (version, trial)
+        assert _run_vllm_chain(ns, draft, probs, bonus, u, e, False) == \
+            rejection.sampled(draft, probs, bonus, u, 1.0 / e).tokens, (version, trial)
+
+
+@pytest.mark.wheel
+@pytest.mark.parametrize("version", EXECUTED)
+def test_log_line_of_the_wheel_reads_back(version):
+    import vllm_wheels
+
+    class _Logger:
+        def info(self, *a, **k):
+            pass
+    ns = vllm_wheels.load(version, rules_gen._METRICS, ["SpecDecodingStats", "SpecDecodingLogging"],
+                          extra={"time": __import__("time"), "dataclass": __import__("dataclasses").dataclass,
+                                 "field": __import__("dataclasses").field, "logger": _Logger(),
+                                 "Optional": __import__("typing").Optional})
+    stats = ns["SpecDecodingStats"].new(3)
+    for a in (3, 1, 0, 2, 3, 1):
+        stats.observe_draft(num_draft_tokens=3, num_accepted_tokens=a)
+    logging = ns["SpecDecodingLogging"]()
+    logging.observe(stats)
+    lines = []
+    logging.log(log_fn=lambda fmt, *args: lines.append(fmt % args))
+    (i,) = detect.log_intervals(lines[0], version, source=f"vllm-{version} log")
+    assert (i.accepted, i.drafted, i.drafts) == (10, 18, 6)
+    assert round(detect.logged_accept_length(i, version), 2) == round(1 + 10 / 6, 2)
+    assert i.per_position == (round(5 / 6, 3), round(3 / 6, 3), round(2 / 6, 3))
+
+
+@pytest.mark.wheel
+@pytest.mark.parametrize("version", EXECUTED)
+def test_default_aux_layers_and_table_equal_the_wheel(version):
+    """The generator re-reads this release and finds the table's values; the default method runs."""
+    import vllm_wheels
+    facts = rules_gen.facts(version)
+    for name, (value, _) in facts.items():
+        assert rule(name, version) == value, (version, name)
+    for family, (owner, _) in rules_gen.FAMILIES.items():
+        if not rule(f"aux_default.{family}", version).startswith("("):
+            continue
+        src = rule_row(f"aux_default.{family}", version).source
+        method = next(m for m in ("get_eagle3_default_aux_hidden_state_layers", "get_eagle3_aux_hidden_state_layers")
+                      if m in (__import__("diag.engines.vllm.wheels", fromlist=["x"]).read_text(version, src) or ""))
+        import ast
+        tree = vllm_wheels._tree(version, src)
+        fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == method)
+        ns = {}
+        exec(compile(ast.Module(body=[fn], type_ignores=[]), src, "exec"), ns)
+        fake = type("M", (), {"model": type("I", (), {"layers": [0] * 61})()})()
+        assert tuple(ns[method](fake)) == capture.default_ids(family, 61, version) == (2, 30, 58)
