@@ -13,7 +13,7 @@ ORDER = [
     ("diag.errors",),
     ("diag.layouts", "diag.trees", "diag.metrics", "diag.stats"),   # leaves everything uses
     ("diag.checkpoint",),       # config.json, safetensors headers, content digests
-    ("diag.engine",),           # what SGLang decides, per version
+    ("diag.engine", "diag.engines"),   # what SGLang / vLLM decide, per version
     ("diag.int4",),             # the INT4 format
     ("diag.target",),           # the target: load, capture, passes, regimes, placement
     ("diag.drafter",),          # the drafter: model, formats, drafting, trees

@@ -6,6 +6,7 @@ from its wheels against diag's port. Tests marked `wheel` read files from PyPI b
 
 from __future__ import annotations
 
+import ast
 import math
 
 import pytest
@@ -258,11 +259,10 @@ def test_default_aux_layers_and_table_equal_the_wheel(version):
     for family, (owner, _) in rules_gen.FAMILIES.items():
         if not rule(f"aux_default.{family}", version).startswith("("):
             continue
-        src = rule_row(f"aux_default.{family}", version).source
-        method = next(m for m in ("get_eagle3_default_aux_hidden_state_layers", "get_eagle3_aux_hidden_state_layers")
-                      if m in (__import__("diag.engines.vllm.wheels", fromlist=["x"]).read_text(version, src) or ""))
-        import ast
+        src = facts[f"aux_default.{family}"][1]          # the file at this release (methods move)
         tree = vllm_wheels._tree(version, src)
+        method = next(m for m in ("get_eagle3_default_aux_hidden_state_layers", "get_eagle3_aux_hidden_state_layers")
+                      if any(isinstance(n, ast.FunctionDef) and n.name == m for n in ast.walk(tree)))
         fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == method)
         ns = {}
         exec(compile(ast.Module(body=[fn], type_ignores=[]), src, "exec"), ns)

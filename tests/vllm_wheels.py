@@ -13,6 +13,8 @@ This module is test support: it knows files and ast; nothing else of diag.
 from __future__ import annotations
 
 import ast
+import sys
+import types
 from functools import lru_cache
 
 from sglang_wheels import interpreting
@@ -43,6 +45,13 @@ def _constants(tree: ast.Module) -> list[ast.stmt]:
             and all(isinstance(t, ast.Name) for t in n.targets)]
 
 
+def _range(*bounds):
+    """`range` for interpreted kernels: triton 3.4's interpreter hands `range(n)` a loaded scalar
+    as a 1-element array (vLLM's kernels loop `for pos in range(num_draft_tokens)`)."""
+    import builtins
+    return builtins.range(*(int(b.handle.data.reshape(-1)[0]) if hasattr(b, "handle") else int(b) for b in bounds))
+
+
 def load(version: str, rel: str, names, *, triton: bool = False, extra: dict | None = None) -> dict:
     """Execute the named definitions of vllm/<rel>; KeyError if one is missing."""
     import numpy as np
@@ -54,11 +63,15 @@ def load(version: str, rel: str, names, *, triton: bool = False, extra: dict | N
         if node is None:
             raise KeyError(f"vllm {version} {rel} has no {name}")
         nodes.append(node)
-    ns = {"torch": torch, "np": np, "__name__": f"vllm_{version}", **(extra or {})}
+    # a registered module, so that @dataclass (which looks its class's module up) works
+    mod = types.ModuleType(f"vllm_{version.replace('.', '_')}_{rel.replace('/', '_').removesuffix('.py')}")
+    sys.modules[mod.__name__] = mod
+    ns = mod.__dict__
+    ns.update({"torch": torch, "np": np, **(extra or {})})
     with interpreting(triton):
         if triton:
             import triton as tr
             import triton.language as tl
-            ns.update(triton=tr, tl=tl)
+            ns.update(triton=tr, tl=tl, range=_range)
         exec(compile(ast.Module(body=nodes, type_ignores=[]), f"vllm-{version}/{rel}", "exec"), ns)
     return ns

@@ -254,7 +254,8 @@ HEADER = '''"""vLLM's EAGLE-3 rules by release range: DATA written by `python -m
 from the released wheels (HTTP range reads, diag/engines/vllm/wheels.py). Do not edit by hand.
 
 Each row: Rule(name, first, last, value, source): `value` holds for every release in RELEASES
-from `first` to `last` inclusive, read from `source` inside the wheel. releases.py looks rows up.
+from `first` to `last` inclusive, read from `source` inside `first`'s wheel (later releases of the
+range may hold the same rule in another file). releases.py looks rows up.
 """
 
 from __future__ import annotations
