@@ -104,7 +104,7 @@ def accept_length_no_bonus(c: AcceptCounts) -> float | None:
 
 def sglang_accept_rate(c: AcceptCounts) -> float | None:
     """Σa / (rounds · (D-1)): the "accept rate" SGLang 0.5.11–0.5.23 logs (draft slots only,
-    bonus excluded; diag.engine.accept_rate says which version logs which).
+    bonus excluded; diag.engines.sglang.accept_rate says which version logs which).
     Example: a = [0, 2, 2, 1], D = 4 -> 5 / 12 = 0.4167.
     None with 0 rounds or D = 1 (no draft slot)."""
     slots = c.rounds * (c.num_draft_tokens - 1)

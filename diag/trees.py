@@ -11,7 +11,7 @@ whose parent was not kept, or padding) also holds -1 and counts as depth 0;
 masks, depths and positions derive from `parents` by the functions below.
 
 How SGLang resolves and rewrites the three launch flags is an engine rule
-(diag.engine.tree_rules). This module knows nothing about models, logits or metrics.
+(diag.engines.sglang.tree_rules). This module knows nothing about models, logits or metrics.
 """
 
 from __future__ import annotations

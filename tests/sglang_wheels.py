@@ -1,7 +1,7 @@
 """SGLang's own source, from its released wheels, loaded without importing `sglang`.
 
 The `sglang` package cannot be imported without its CUDA runtime, so the differential tests
-(tests/test_sglang_*.py) take the released wheel of each version (diag.engine.wheels, the
+(tests/test_sglang_*.py) take the released wheel of each version (diag.engines.sglang.wheels, the
 same cached wheel server_flags_gen reads; the source files the tests read are unpacked once
 beside it, under `sglang-wheels/X/`) and load just the top-level definitions they need
 with `ast` into a small namespace: `@torch.compile` decorators are dropped, everything the
@@ -13,7 +13,7 @@ Worked example:
     ns["set_eagle3_layers_to_capture"](fake_self, [2, 30, 58])   # fake_self.model.layers_to_capture
                                                                   # -> [3, 31, 59]
 Each file is parsed once per session (lru_cache). This module is test support: it knows
-files and ast (the wheels come from diag.engine.wheels); it knows nothing else of diag.
+files and ast (the wheels come from diag.engines.sglang.wheels); it knows nothing else of diag.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
 
-from diag.engine import wheels
+from diag.engines.sglang import wheels
 
 # Source files the differential tests read (paths inside the wheel, under sglang/); a
 # version lacks some of them, which the tests treat as a fact about that version.

@@ -5,7 +5,12 @@ from earlier ones only. Imports are read with ast, so one hidden inside a functi
 too. Every module must belong to a group, and the top level stays small."""
 
 import ast
+import io
+import re
+import tokenize
 from pathlib import Path
+
+from diag.engines import FAMILIES, families
 
 PKG = Path(__file__).resolve().parents[1] / "diag"
 
@@ -13,7 +18,7 @@ ORDER = [
     ("diag.errors",),
     ("diag.layouts", "diag.trees", "diag.metrics", "diag.stats"),   # leaves everything uses
     ("diag.checkpoint",),       # config.json, safetensors headers, content digests
-    ("diag.engine", "diag.engines"),   # what SGLang / vLLM decide, per version
+    ("diag.engines",),          # what each serving engine decides, per release
     ("diag.int4",),             # the INT4 format
     ("diag.target",),           # the target: load, capture, passes, regimes, placement
     ("diag.drafter",),          # the drafter: model, formats, drafting, trees
@@ -94,3 +99,134 @@ def test_a_backwards_import_is_caught(tmp_path):
     bad.write_text("from diag.run.pipeline import run_case\n")
     assert group("diag.run.pipeline") > group("diag.target.load")
     assert imports(bad) == {"diag.run.pipeline"}
+
+
+# ---- engines: one package each, named nowhere else ---------------------------------------
+#
+# A family's name ("sglang") may appear in code only inside its package (diag/engines/<family>/),
+# the registry (diag/engines/__init__.py), the docs and the tests. "In code" means identifiers,
+# import paths and string literals; comments and docstrings are documentation (they cite the
+# engine's source files, e.g. "SGLang's llama_eagle3.py") and are not counted.
+# NAMED_OUTSIDE lists the modules that still name a family, with how many times: the count may
+# only shrink (lower it when you route a use through diag.engines.rules()); a new module naming
+# an engine fails. What remains, by kind: metric and section names that are report fields
+# (metrics.sglang_accept_rate, the report's "sglang" keys), user-facing wording of the server
+# readers (run/server_*), the lint cross-check that imports sglang itself (checks/lint/sglang.py),
+# and CLI help texts.
+NAMED_OUTSIDE: dict[str, dict[str, int]] = {
+    "sglang": {
+        "diag/assertions.py": 1,
+        "diag/bench/sampled.py": 1,
+        "diag/checkpoint/drafter_format.py": 4,
+        "diag/checks/lint/__init__.py": 10,
+        "diag/checks/lint/drafter.py": 6,
+        "diag/checks/lint/flags.py": 6,
+        "diag/checks/lint/launch.py": 1,
+        "diag/checks/lint/layout.py": 9,
+        "diag/checks/lint/pair.py": 3,
+        "diag/checks/lint/rope.py": 1,
+        "diag/checks/lint/sglang.py": 14,
+        "diag/checks/lint/tables.py": 3,
+        "diag/checks/lint/vocab.py": 4,
+        "diag/checks/validate.py": 1,
+        "diag/cli/effective.py": 5,
+        "diag/cli/explain.py": 5,
+        "diag/cli/lint.py": 8,
+        "diag/cli/run.py": 6,
+        "diag/drafter/checkpoint.py": 1,
+        "diag/metrics.py": 6,
+        "diag/replay/decode_loop.py": 1,
+        "diag/replay/replay.py": 1,
+        "diag/replay/sampling.py": 1,
+        "diag/report/decoding_section.py": 1,
+        "diag/report/envelope.py": 1,
+        "diag/report/sections/head.py": 4,
+        "diag/report/server_markdown.py": 4,
+        "diag/run/candidates.py": 3,
+        "diag/run/case.py": 2,
+        "diag/run/case_checks.py": 6,
+        "diag/run/decodings.py": 5,
+        "diag/run/evaluate.py": 1,
+        "diag/run/inputs.py": 17,
+        "diag/run/pipeline.py": 1,
+        "diag/run/prompts/read.py": 1,
+        "diag/run/sampled.py": 1,
+        "diag/run/server_inputs.py": 7,
+        "diag/run/server_observation.py": 4,
+        "diag/run/server_section.py": 2,
+        "diag/run/verdicts/eagle.py": 1,
+        "diag/run/verdicts/layout.py": 1,
+        "diag/run/verdicts/serving_error.py": 1,
+        "diag/trees.py": 2,
+        "diag/zoo/build_drafters.py": 1,
+        "diag/zoo/recipes.py": 1,
+    },
+}
+
+
+def _docstrings(tree: ast.Module) -> set[tuple[int, int]]:
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+                    and isinstance(first.value.value, str):
+                out.add((first.lineno, first.col_offset))
+    return out
+
+
+def names_in_code(path: Path, name: str) -> int:
+    """How often `name` (any case) occurs in identifiers and non-docstring string literals."""
+    src = path.read_text()
+    docs = _docstrings(ast.parse(src))
+    kinds = {tokenize.NAME, tokenize.STRING} | ({tokenize.FSTRING_MIDDLE} if hasattr(tokenize, "FSTRING_MIDDLE")
+                                                 else set())
+    return sum(len(re.findall(name, tok.string, re.I))
+               for tok in tokenize.generate_tokens(io.StringIO(src).readline)
+               if tok.type in kinds and not (tok.type == tokenize.STRING and tok.start in docs))
+
+
+def outside_its_package(family: str) -> dict[str, int]:
+    home = f"diag/engines/{family}/"
+    out = {}
+    for path in sorted(PKG.rglob("*.py")):
+        rel = path.relative_to(PKG.parent).as_posix()
+        if rel.startswith(home) or rel == "diag/engines/__init__.py":
+            continue
+        if (n := names_in_code(path, family)):
+            out[rel] = n
+    return out
+
+
+def test_every_registered_engine_is_a_package_of_its_own():
+    assert families()[0] == "sglang"
+    for family, module in FAMILIES.items():
+        assert module.startswith(f"diag.engines.{family}."), module
+        assert (PKG / "engines" / family / "__init__.py").is_file()
+
+
+def test_an_engine_is_named_only_in_its_package_the_registry_docs_and_tests():
+    grown = []
+    for family in families():
+        allowed = NAMED_OUTSIDE.get(family, {})
+        for rel, n in outside_its_package(family).items():
+            if n > allowed.get(rel, 0):
+                grown.append(f"{rel} names {family!r} {n} times (allowed {allowed.get(rel, 0)}): "
+                             "route it through diag.engines.rules()")
+    assert not grown, "\n".join(grown)
+
+
+def test_the_list_of_exceptions_is_exact():
+    """A module routed through the protocol leaves the list: stale entries fail, so the count shrinks."""
+    for family in families():
+        found = outside_its_package(family)
+        stale = {rel: (n, found.get(rel, 0)) for rel, n in NAMED_OUTSIDE.get(family, {}).items()
+                 if found.get(rel, 0) < n}
+        assert not stale, f"lower these counts in NAMED_OUTSIDE[{family!r}] (listed, found): {stale}"
+
+
+def test_the_name_counter_skips_docs_and_sees_code(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text('"""SGLang docs."""\n# sglang comment\nfrom diag.engines.sglang import x  # SGLang\n'
+                 'def g():\n    """SGLang."""\n    return f"SGLang {x}"\n')
+    assert names_in_code(f, "sglang") == 2

@@ -15,7 +15,7 @@ from conformance import REAL, build_drafter, build_target, config_only, real
 from diag.checks.lint import lint
 from diag.cli.main import main
 from diag.drafter.checkpoint import inspect_drafter, load_drafter
-from diag.engine.serving import try_serving_plan
+from diag.engines.sglang.serving import try_serving_plan
 from diag.errors import DiagError
 from diag.int4.packed import PackedExperts
 from diag.layouts import layout

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from diag.engine.conventions import CONVENTIONS, readings, resolve, to_ids
+from diag.engines.sglang.conventions import CONVENTIONS, readings, resolve, to_ids
 from diag.errors import DiagError
 from diag.layouts import layout
 

@@ -1,4 +1,4 @@
-"""The decoding axis: SGLang's sampling parameters and thresholds (diag.engine.decoding), stable
+"""The decoding axis: SGLang's sampling parameters and thresholds (diag.engines.sglang.decoding), stable
 names, and where a run's decodings come from (case [decoding], flags, the launch command, the
 target's generation_config.json), with clear errors for bad values before anything loads."""
 
@@ -8,8 +8,8 @@ import pytest
 
 import tiny
 from diag.cli.main import main
-from diag.engine.decoding import GREEDY, Decoding, parse_decoding, request_defaults, sampled
-from diag.engine.launch import parse_launch
+from diag.engines.sglang.decoding import GREEDY, Decoding, parse_decoding, request_defaults, sampled
+from diag.engines.sglang.launch import parse_launch
 from diag.errors import DiagError
 from diag.run.case import check_case, read_case
 from diag.run.decodings import plan

@@ -10,13 +10,13 @@ from types import SimpleNamespace as NS
 import pytest
 
 from diag.cli.main import main
-from diag.engine.accept_rate import FORMULAS, formula_for, versions_of
-from diag.engine.drafter_keys import fc_inputs, uses_aux_hidden_state
-from diag.engine.explain import explain
-from diag.engine.launch import effective_config, parse_launch
-from diag.engine.serving import ServingError, fix_for, later_serving, serving_ids, serving_plan, try_serving_plan
-from diag.engine.tree_rules import auto_defaults
-from diag.engine.versions import DEFAULT_ENGINE, RELEASES, engine, release, since, span
+from diag.engines.sglang.accept_rate import FORMULAS, formula_for, versions_of
+from diag.engines.sglang.drafter_keys import fc_inputs, uses_aux_hidden_state
+from diag.engines.sglang.explain import explain
+from diag.engines.sglang.launch import effective_config, parse_launch
+from diag.engines.sglang.serving import ServingError, fix_for, later_serving, serving_ids, serving_plan, try_serving_plan
+from diag.engines.sglang.tree_rules import auto_defaults
+from diag.engines.sglang.versions import DEFAULT_ENGINE, RELEASES, engine, release, since, span
 from diag.errors import DiagError
 from diag.layouts import layout
 
@@ -159,7 +159,7 @@ def test_embedding_and_head_choice_in_the_plan():
 
 def test_replay_refuses_a_missing_own_embedding():
     import torch
-    from diag.engine.draft_tables import draft_tables
+    from diag.engines.sglang.draft_tables import draft_tables
     from diag.replay.replay import draft_head
     t = draft_tables("eagle3", hidden_size=16, target_hidden_size=32, draft_vocab_size=8, vocab_size=8)
     with pytest.raises(DiagError) as err:

@@ -8,7 +8,7 @@ from hypothesis import given, strategies as st
 
 from diag.cli import explain as cmd
 from diag.errors import DiagError
-from diag.engine.explain import consistent_pairs, explain, predicted_rate
+from diag.engines.sglang.explain import consistent_pairs, explain, predicted_rate
 from diag.metrics import AcceptCounts, accept_length, sglang_accept_rate, sglang_accept_rate_legacy
 from diag.trees import TreeShape
 

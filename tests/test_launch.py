@@ -7,7 +7,7 @@ import pytest
 
 from diag.cli import effective as effective_cmd
 from diag.errors import DiagError
-from diag.engine.launch import effective_config, parse_launch, server_argv
+from diag.engines.sglang.launch import effective_config, parse_launch, server_argv
 
 KIMI_WRAPPED = {"architectures": ["KimiK25ForConditionalGeneration"]}
 DSV3 = {"architectures": ["DeepseekV3ForCausalLM"]}

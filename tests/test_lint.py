@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import save_file
 
 from diag.cli import lint as lint_cmd
-from diag.engine.launch import effective_config, parse_launch
+from diag.engines.sglang.launch import effective_config, parse_launch
 from diag.checks.lint import compare_with_sglang, lint, read_tensor_headers
 
 N, H_T, H, VOCAB, DRAFT_VOCAB = 8, 32, 32, 100, 40

@@ -96,9 +96,9 @@ def test_seed_accept_len_1_68_rate_0_84_is_a_depth_1_chain(tmp_path):
 
 def test_seed_pair_cannot_come_from_0_5_23():
     """The same printed pair under 0.5.11+'s (L-1)/(D-1) fits no D: an error naming the release."""
-    from diag.engine.server_log import read_server_log
+    from diag.engines.sglang.server_log import read_server_log
     from diag.run.server_observation import log_draft_tokens
-    from diag.engine.server_releases import server_release
+    from diag.engines.sglang.server_releases import server_release
     log = read_server_log(PREFIX + msg_0_5_11(8, 10, 0.01, 1.68, 0.84, 56.8, 0), source="s.log",
                           release=server_release("0.5.23"))
     with pytest.raises(DiagError, match="fit no tree") as e:

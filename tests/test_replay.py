@@ -187,7 +187,7 @@ def _chain_drafts(drafter, embed, head, tp, seqs, mode, lay, tables=None):
 def test_eagle_drafts_only_the_first_draft_vocab_ids(target, drafter):
     """SGLang keeps vocab_size = draft_vocab_size for the draft logits: with the target's head
     under EAGLE, drafts are target ids 0..39 (draft_vocab_size 40 of 64)."""
-    from diag.engine.draft_tables import draft_tables
+    from diag.engines.sglang.draft_tables import draft_tables
     seqs = sequences(3)
     tp = run_capture(target, seqs, (point("final"),), regime="as-loaded", token_budget=100, progress=False)
     lay = layout("final")
@@ -203,7 +203,7 @@ def test_eagle_drafts_only_the_first_draft_vocab_ids(target, drafter):
 def test_drafter_embed_tokens_used_only_when_sglang_keeps_them(target, drafter):
     """A drafter that ships its own embed_tokens drafts with the TARGET's table (set_embed),
     unless target_hidden_size != hidden_size (draft_tables.py)."""
-    from diag.engine.draft_tables import draft_tables
+    from diag.engines.sglang.draft_tables import draft_tables
     seqs = sequences(2)
     lay = layout("embed+L1+L3")
     tp = run_capture(target, seqs, lay.points, regime="as-loaded", token_budget=100, progress=False)

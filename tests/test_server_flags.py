@@ -7,9 +7,14 @@ import io
 
 import pytest
 
-from diag.engine import server_flags
-from diag.engine.flag_parser import flag_problems, read_argv, resolve, table_for
-from diag.engine.server_flags_gen import extract
+from diag.engines.sglang import server_flags
+from diag.engines.sglang.flag_parser import flag_problems, read_argv, resolve, table_for
+from diag.engines.sglang.server_flags_gen import check, encode, extract, render
+
+# sha256 of the tables the generated module server_flags.py held before they became
+# server_flags.json (json.dumps of SOURCES, ALGORITHMS and FLAGS as ordered (option, nargs) lists,
+# computed from that module's last version, commit bcabe81)
+OLD_MODULE_SHA256 = "4c20df29cf383eda793f236dd8e41c4e6eacb925e53555b2cfe27cc6d8d71245"
 
 
 def _argparse_of(table) -> argparse.ArgumentParser:
@@ -121,3 +126,67 @@ def test_table_matches_the_wheel(version):
     assert {o: n for opts, n in data["flags"] for o in opts} == server_flags.FLAGS[version]
     algo = data["algorithm"]
     assert (algo["checked_by"], tuple(algo["names"])) == server_flags.ALGORITHMS[version]
+
+
+def _digest(sources, algorithms, flags) -> str:
+    import hashlib
+    import json
+    return hashlib.sha256(json.dumps({"SOURCES": sources, "ALGORITHMS": algorithms,
+                                      "FLAGS": {v: list(f.items()) for v, f in flags.items()}}).encode()).hexdigest()
+
+
+def test_the_data_file_rebuilds_every_release_the_generated_module_held():
+    """server_flags.json, edits applied, gives exactly the old module's tables, order included."""
+    assert list(server_flags.FLAGS) == ["0.5.6", "0.5.8", "0.5.10.post1", "0.5.11", "0.5.12.post1", "0.5.13",
+                                        "0.5.14", "0.5.23"]
+    assert [len(f) for f in server_flags.FLAGS.values()] == [296, 336, 365, 387, 402, 419, 433, 559]
+    assert _digest(server_flags.SOURCES, server_flags.ALGORITHMS, server_flags.FLAGS) == OLD_MODULE_SHA256
+
+
+def test_only_the_first_release_is_stored_whole():
+    import json
+    from importlib import resources
+    data = json.loads(resources.files("diag.engines.sglang").joinpath(server_flags.DATA).read_text())
+    first, *later = data["releases"]
+    assert "flags" in first and all("edits" in r and "flags" not in r for r in later)
+    stored = len(first["flags"]) + sum(len(items) for r in later for _, _, items in r["edits"])
+    assert stored < 0.25 * sum(len(f) for f in server_flags.FLAGS.values())     # 3,197 entries held, ~700 written
+
+
+def _table(version, pairs, algos=("EAGLE", "EAGLE3")):
+    return {"flags": [[[o], n] for o, n in pairs], "algorithm": {"checked_by": "argparse", "names": list(algos)},
+            "wheel": f"sglang-{version}.whl", "server_args_sha256": version * 3}
+
+
+def test_edits_round_trip_inserts_drops_and_changed_nargs():
+    """encode -> the JSON text -> releases() gives back every release: flags added in the middle
+    and at the end, dropped at the start, a nargs changed, an alias moved."""
+    import json
+    a = [("--a", 0), ("--c", 1), ("--model-path", 1), ("--model", 1)]
+    b = [("--b", "+"), ("--c", "?"), ("--model-path", 1), ("--model", 1), ("--z", 0)]
+    c = [("--b", "+"), ("--model", 1), ("--model-path", 1)]
+    tables = {"1.0.0": _table("1.0.0", a), "1.0.1": _table("1.0.1", b), "1.1.0": _table("1.1.0", c, ("EAGLE3",))}
+    text = render(tables)
+    back = server_flags.releases(json.loads(text))
+    assert {v: r["flags"] for v, r in back.items()} == {"1.0.0": a, "1.0.1": b, "1.1.0": c}
+    assert back["1.1.0"]["algorithms"] == ["argparse", ["EAGLE3"]]
+    assert encode(tables)["releases"][1]["edits"] == [[0, 2, [["--b", "+"], ["--c", "?"]]], [4, 0, [["--z", 0]]]]
+
+
+def test_apply_edits_worked_example():
+    prev = [("--a", 0), ("--c", 1)]
+    assert server_flags.apply_edits(prev, [[1, 0, [["--b", "+"]]], [2, 0, [["--d", 1]]]]) == \
+        [("--a", 0), ("--b", "+"), ("--c", 1), ("--d", 1)]
+    assert server_flags.apply_edits(prev, [[0, 1, []]]) == [("--c", 1)] and prev == [("--a", 0), ("--c", 1)]
+
+
+@pytest.mark.wheel
+def test_check_mode_passes_on_the_newest_release_and_names_a_difference(monkeypatch):
+    """`server_flags_gen --check` against the 0.5.23 wheel: clean; with one flag dropped from the
+    held table it names that flag."""
+    assert check(["0.5.23"]) == []
+    held = server_flags.load()
+    held["0.5.23"]["flags"] = [f for f in held["0.5.23"]["flags"] if f[0] != "--speculative-num-steps"]
+    monkeypatch.setattr(server_flags, "load", lambda: held)
+    (problem,) = check(["0.5.23"])
+    assert "0.5.23: flags differ" in problem and "--speculative-num-steps" in problem

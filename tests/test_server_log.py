@@ -3,8 +3,8 @@ back by the release that wrote them; lines a release cannot print are errors nam
 
 import pytest
 
-from diag.engine.server_log import parse_decode_line, parse_server_args, read_baseline_log, read_server_log
-from diag.engine.server_releases import LAST_COVERED, rate_formula, server_release, show
+from diag.engines.sglang.server_log import parse_decode_line, parse_server_args, read_baseline_log, read_server_log
+from diag.engines.sglang.server_releases import LAST_COVERED, rate_formula, server_release, show
 from diag.errors import DiagError
 
 COVERED = ["0.5.6", "0.5.7", "0.5.8", "0.5.9", "0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1",

@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from diag.engine.server_releases import server_release
-from diag.engine.server_responses import read_generate_responses, read_server_info
-from diag.engine.simulate import simulated_acceptance
-from diag.engine.vllm_metrics import read_vllm_metrics
+from diag.engines.sglang.server_releases import server_release
+from diag.engines.sglang.server_responses import read_generate_responses, read_server_info
+from diag.engines.sglang.simulate import simulated_acceptance
+from diag.engines.vllm.metrics import read_vllm_metrics
 from diag.errors import DiagError
 from diag.trees import TreeShape
 from test_server_log import COVERED

@@ -3,9 +3,9 @@
 import pytest
 
 from diag.errors import DiagError
-from diag.engine.algorithms import mode_of
-from diag.engine.architectures import auto_defaults_key, capture_model
-from diag.engine.serving import (ServingError, declared_layouts, nested_ids, serving_ids, serving_plan,
+from diag.engines.sglang.algorithms import mode_of
+from diag.engines.sglang.architectures import auto_defaults_key, capture_model
+from diag.engines.sglang.serving import (ServingError, declared_layouts, nested_ids, serving_ids, serving_plan,
                                  top_level_ids, try_serving_plan)
 from diag.layouts import layout
 

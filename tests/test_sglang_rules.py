@@ -22,13 +22,13 @@ import pytest
 import torch
 
 import sglang_wheels as wheels
-from diag.engine.accept_rate import formula_for
-from diag.engine.capture import graph_replays_capture_defaults
-from diag.engine.draft_tables import draft_tables
-from diag.engine.drafter_keys import draft_vocab_crash, fc_inputs, uses_aux_hidden_state
-from diag.engine.serving import ServingError, try_serving_plan
-from diag.engine.tree_rules import auto_defaults, topk1_draft_tokens
-from diag.engine.versions import RELEASES
+from diag.engines.sglang.accept_rate import formula_for
+from diag.engines.sglang.capture import graph_replays_capture_defaults
+from diag.engines.sglang.draft_tables import draft_tables
+from diag.engines.sglang.drafter_keys import draft_vocab_crash, fc_inputs, uses_aux_hidden_state
+from diag.engines.sglang.serving import ServingError, try_serving_plan
+from diag.engines.sglang.tree_rules import auto_defaults, topk1_draft_tokens
+from diag.engines.sglang.versions import RELEASES
 from diag.metrics import AcceptCounts, accept_length, sglang_accept_rate, sglang_accept_rate_legacy
 
 pytestmark = pytest.mark.sglang

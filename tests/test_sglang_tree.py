@@ -20,7 +20,7 @@ import sglang_chain as C
 import sglang_golden as G
 import sglang_wheels as wheels
 from diag.drafter.tree_build import Beam, DraftTree, expand_step, finalize, first_step
-from diag.engine.versions import RELEASES
+from diag.engines.sglang.versions import RELEASES
 from diag.replay.verify import accepted_path
 from diag.trees import PAD, depths
 

@@ -1,7 +1,7 @@
-"""SGLang's tree-flag rules (diag.engine.tree_rules): auto defaults, the topk=1 rewrite,
+"""SGLang's tree-flag rules (diag.engines.sglang.tree_rules): auto defaults, the topk=1 rewrite,
 partial flags, too many draft tokens, the sweep grid."""
 
-from diag.engine.tree_rules import grid, resolve_sglang_shape, topk1_draft_tokens
+from diag.engines.sglang.tree_rules import grid, resolve_sglang_shape, topk1_draft_tokens
 from diag.trees import TreeShape
 
 

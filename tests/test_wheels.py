@@ -1,4 +1,4 @@
-"""diag.engine.wheels: one cache of SGLang's released wheels for the flag table generator and
+"""diag.engines.sglang.wheels: one cache of SGLang's released wheels for the flag table generator and
 the differential tests; pip is replaced here by a fake that writes or refuses a wheel."""
 
 import subprocess
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from diag.engine import wheels
+from diag.engines.sglang import wheels
 
 
 @pytest.fixture

@@ -492,7 +492,7 @@ def test_compute_dtype_puts_the_forward_under_autocast_where_the_cpu_has_bf16(na
 def test_ids_rewrite_keeps_weights_and_writes_the_other_convention(tiny_corpus, tiny_targets, tmp_path):
     """The derived entry of the seeds' story: same weights, vLLM's L{id} ids (which read back
     as the trained layout under vLLM's rule), no trained layout in the config."""
-    from diag.engine.conventions import resolve
+    from diag.engines.sglang.conventions import resolve
     from diag.zoo.build_drafters import rewrite_ids
     deps = {"t": tiny_targets["llama"][0], "c": tiny_corpus}
     build_drafter(TINY_DRAFTER, tmp_path / "src", deps, corpus="c")
@@ -569,7 +569,7 @@ def test_zoo_targets_load_and_are_trained(name):
     tok = AutoTokenizer.from_pretrained(path)
     assert model.config.vocab_size == len(tok) and tok.chat_template
     from diag.checkpoint.config import read_config_json
-    from diag.engine.architectures import capture_model
+    from diag.engines.sglang.architectures import capture_model
     assert capture_model(read_config_json(path)) == name.split("-")[0]    # "llama" / "deepseek"
     meta = read_meta(name)["metrics"]
     assert meta["heldout_perplexity"] < meta["unigram_perplexity"] / 3
@@ -606,7 +606,7 @@ def test_zoo_drafters_declare_layout_and_vocab(name):
 def test_zoo_vllm_ids_drafter_is_served_one_layer_off():
     """The demo's drafter: the embed drafter's weights, ids [0, 2, 4] in vLLM's convention;
     SGLang 0.5.23 reads them as L1+L3+L5 (the seeds' story), and [-1, 1, 3] fixes it."""
-    from diag.engine.serving import serving_ids, serving_plan
+    from diag.engines.sglang.serving import serving_ids, serving_plan
     path = zoo_path("llama-tiny-eagle3-embed-vllm-ids", progress=False)
     cfg = json.loads((path / "config.json").read_text())
     tcfg = json.loads((zoo_path("llama-tiny", progress=False) / "config.json").read_text())

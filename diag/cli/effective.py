@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from diag.errors import DiagError
-from diag.engine.launch import EffectiveConfig, effective_config, parse_launch
+from diag.engines.sglang.launch import EffectiveConfig, effective_config, parse_launch
 from diag.checkpoint.config import read_config_json
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 
-from diag.engine.explain import Explanation, explain
+from diag.engines.sglang.explain import Explanation, explain
 
 
 def register(subparsers) -> None:

@@ -55,7 +55,7 @@ class Prefix:
 
 
 def prefix(drafter: Eagle3Drafter, dh: DraftHead, x: DraftInputs) -> Prefix:
-    embed = dh.embed                        # the caller's choice (diag.engine.draft_tables)
+    embed = dh.embed                        # the caller's choice (diag.engines.sglang.draft_tables)
     r, cache = drafter.prefix_step(embed(x.tokens), drafter.project(x.aux), x.valid)
     return Prefix(embed, at_index(r, x.index)[:, :, None], cache)
 

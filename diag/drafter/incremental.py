@@ -72,7 +72,7 @@ def cache_dims(attn) -> tuple[int, int, int]:
 
 def embedder(drafter: Eagle3Drafter, dh: DraftHead):
     """The table every step embeds with: the caller's choice in dh (replay.draft_head follows
-    the engine's rule, diag.engine.draft_tables), as in drafting.py."""
+    the engine's rule, diag.engines.sglang.draft_tables), as in drafting.py."""
     return dh.embed
 
 

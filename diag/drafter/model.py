@@ -269,7 +269,7 @@ class Eagle3Drafter(nn.Module):
         valid = torch.ones_like(tokens, dtype=torch.bool) if attention_mask is None \
             else attention_mask.bool()
         index = every_index(tokens) if index is None else index
-        embed = embed_tokens                     # the caller's choice (diag.engine.draft_tables)
+        embed = embed_tokens                     # the caller's choice (diag.engines.sglang.draft_tables)
         h = self.project(aux)
         r, cache = self.prefix_step(embed(tokens), h, valid)
         teacher = None if teacher_tokens is None else teacher_tokens.gather(

@@ -1,1 +1,71 @@
+<<<<<<< HEAD
 """The serving engines diag models, one package each (vllm/ here; SGLang still in diag.engine)."""
+=======
+"""The registry of serving engines: which families diag knows and how a release is named.
+
+A release is "<family>-<version>" ("sglang-0.5.23", "vllm-0.32.0"); a bare version
+("0.5.23") names the first family listed, the one diag has always defaulted to. `rules(name)`
+gives the family's EngineRules (protocol.py); `engine(name)` the Release. The families are
+imported lazily, by module path, so that an engine package may import diag.engines.common
+without a cycle. Adding a family is one line in FAMILIES.
+
+Worked example: engine("vllm-0.32.0") -> Release("vllm", "0.32.0", "vLLM");
+engine("0.5.23") -> Release("sglang", "0.5.23", "SGLang"); engine(None) -> DEFAULT_ENGINE's.
+This module is the only place outside the engine packages that names a family.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+
+from diag.engines.protocol import EngineRules, Release
+from diag.errors import DiagError
+
+# family -> the module whose RULES object implements EngineRules
+FAMILIES: dict[str, str] = {
+    "sglang": "diag.engines.sglang.rules",
+}
+DEFAULT_FAMILY = "sglang"
+DEFAULT_ENGINE = "sglang-0.5.23"
+
+
+def families() -> tuple[str, ...]:
+    """The registered family names, default first: ("sglang", ...)."""
+    return tuple(FAMILIES)
+
+
+def family_rules(family: str) -> EngineRules:
+    """The EngineRules of a registered family, or a DiagError listing them."""
+    if family not in FAMILIES:
+        raise DiagError("unknown serving engine", field="engine", expected="one of " + ", ".join(FAMILIES),
+                        found=repr(family))
+    return import_module(FAMILIES[family]).RULES
+
+
+def split(name: str | Release | None) -> tuple[str, str]:
+    """("sglang", "0.5.23") for "sglang-0.5.23", "0.5.23" or None (the default)."""
+    if isinstance(name, Release):
+        return name.family, name.version
+    key = name or DEFAULT_ENGINE
+    family, sep, version = key.partition("-")
+    if sep and family in FAMILIES:
+        return family, version
+    return DEFAULT_FAMILY, key
+
+
+def engine(name: str | Release | None = None) -> Release:
+    """The named release (default: DEFAULT_ENGINE), or a DiagError naming the covered ones."""
+    if isinstance(name, Release):
+        return name
+    family, version = split(name)
+    return family_rules(family).release(version)
+
+
+def rules(name: str | Release | None = None) -> EngineRules:
+    """The EngineRules of the family a release name belongs to."""
+    return family_rules(split(name)[0])
+
+
+__all__ = ["DEFAULT_ENGINE", "EngineRules", "Release", "engine", "families", "family_rules", "rules",
+           "split"]
+>>>>>>> engines

@@ -9,7 +9,7 @@ T 12, S_max 3 -> roots j = 4..7 (root token t_{j+1} = t_5..t_8; depth 3 guesses 
 The verifying tokens are the target's argmax along the sequence (= the greedy continuation
 when the target generated it). Chains of every depth share one draft; trees that share
 (num_steps, topk) share one beam. Whose embedding and lm_head each serving mode drafts with,
-and how many of its logits count, is the engine's rule (diag.engine.draft_tables), applied
+and how many of its logits count, is the engine's rule (diag.engines.sglang.draft_tables), applied
 in `draft_head`. This module knows tensors and dataclasses; it knows nothing about TOML,
 files or reports.
 """
@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from diag.drafter.model import Eagle3Drafter
 from diag.drafter.drafting import DraftHead, DraftInputs, draft_beam, draft_chain, prefix
-from diag.engine.draft_tables import DraftTables, draft_tables
+from diag.engines.sglang.draft_tables import DraftTables, draft_tables
 from diag.errors import DiagError
 from diag.layouts import Layout
 from diag.target.passes import TargetPass, budget_batches, pad_right
@@ -43,7 +43,7 @@ class Variant:
     regime: str = "as-loaded"          # regime of the drafter's input features
     tokens_regime: str = "as-loaded"   # regime whose argmax verifies
     rendering: str = LEGACY_AXES["rendering"]   # how the prompts became token ids
-    decoding: str = LEGACY_AXES["decoding"]     # diag.engine.decoding name; replay itself is greedy
+    decoding: str = LEGACY_AXES["decoding"]     # diag.engines.sglang.decoding name; replay itself is greedy
 
     @property
     def axes(self) -> Axes:

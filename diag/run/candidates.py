@@ -1,6 +1,6 @@
 """Which layouts a run evaluates, and why each is there (DESIGN.md §2, §3).
 
-Sources, in order: the case's named layouts; what the engine will serve (diag.engine.serving); what
+Sources, in order: the case's named layouts; what the engine will serve (diag.engines.sglang.serving); what
 the drafter's config declares it was trained on, read under every convention; and, when the
 case asks for a scan (or names no layout at all), the neighbours of each: every point moved
 by ±1, the whole layout moved by ±1, `embed` swapped for L1 and the first point swapped for
@@ -17,13 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from diag.engine import conventions
+from diag.engines.sglang import conventions
 from diag.run.case import Case
 from diag.checkpoint.headers import tensor_infos
 from diag.errors import DiagError
 from diag.layouts import Layout, layout, point
-from diag.engine.launch import parse_launch
-from diag.engine.serving import ServingError, declared_layouts, nested_ids, serving_plan, top_level_ids
+from diag.engines.sglang.launch import parse_launch
+from diag.engines.sglang.serving import ServingError, declared_layouts, nested_ids, serving_plan, top_level_ids
 from diag.target.load import TargetInfo, read_target_config
 
 EAGLE_LABEL = "final (EAGLE)"

@@ -3,7 +3,7 @@ SGLang refuses, regime names, the engine version and the serving algorithm. Run 
 flag gets the same checks as a case file (`--max-new-tokens 0`, `--limit -1`).
 
 Ranges are data (RANGES): field, the test, what is expected. Trees follow the engine's own
-rules (diag.engine.tree_rules): a shape SGLang refuses at its first draft is an error naming
+rules (diag.engines.sglang.tree_rules): a shape SGLang refuses at its first draft is an error naming
 the tree; one it rewrites is run as it runs it, with a note (diag.run.inputs.tree_shapes).
 Worked example: trees = ["s3-k4-d100"] -> DiagError field evaluate.trees, found "s3-k4-d100:
 RuntimeError: selected index k out of range ... num_draft_tokens - 1 = 99 exceeds the 36
@@ -14,7 +14,7 @@ This module knows the case's dataclasses and the engine's tree rules; it reads n
 
 from __future__ import annotations
 
-from diag.engine.tree_rules import resolve_sglang_shape
+from diag.engines.sglang.tree_rules import resolve_sglang_shape
 from diag.errors import DiagError
 from diag.trees import tree_shape
 
@@ -88,8 +88,8 @@ def check_regimes(case) -> None:
 
 def check_serving(case) -> None:
     """The engine version is one diag knows, the algorithm one it can emulate."""
-    from diag.engine.algorithms import mode_of
-    from diag.engine.versions import engine
+    from diag.engines.sglang.algorithms import mode_of
+    from diag.engines.sglang.versions import engine
     for fn, value, key in ((engine, case.serving.engine, "serving.engine"),
                            (mode_of, case.serving.algorithm, "serving.algorithm")):
         try:

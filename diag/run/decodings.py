@@ -1,6 +1,6 @@
 """Which decodings a run evaluates, and which one the server runs (the reference axis).
 
-Sources, most specific first (DESIGN.md §11; SGLang's own rules live in diag.engine.decoding):
+Sources, most specific first (DESIGN.md §11; SGLang's own rules live in diag.engines.sglang.decoding):
 1. the case's [decoding] values or the --temperature / --top-p / --top-k flags: every
    combination is evaluated and the first is what the server runs; a dimension left out
    takes the server's request default;
@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from diag.engine.decoding import GREEDY, Decoding, from_values, parse_decoding, request_defaults
+from diag.engines.sglang.decoding import GREEDY, Decoding, from_values, parse_decoding, request_defaults
 from diag.errors import DiagError
 from diag.run.case import Case
 

@@ -15,7 +15,7 @@ This module connects replay and evaluation; it knows nothing about files or repo
 
 from __future__ import annotations
 
-from diag.engine.draft_tables import draft_tables_for
+from diag.engines.sglang.draft_tables import draft_tables_for
 from diag.replay.evaluation import ANY, LEGACY_AXES, Axes, Evaluation, best, select, summarize
 from diag.replay.replay import Variant, replay
 from diag.run.inputs import Inputs

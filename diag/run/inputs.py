@@ -17,8 +17,8 @@ from diag.checkpoint.config import read_config_json, text_config
 from diag.checkpoint.headers import tensor_infos
 from diag.checkpoint.layers import check_layer_count
 from diag.drafter.checkpoint import DrafterCheckpoint, inspect_drafter
-from diag.engine.serving import ServingError, capture_convention
-from diag.engine.tree_rules import grid, resolve_sglang_shape
+from diag.engines.sglang.serving import ServingError, capture_convention
+from diag.engines.sglang.tree_rules import grid, resolve_sglang_shape
 from diag.errors import DiagError
 from diag.layouts import CapturePoint, point, union_points
 from diag.run.candidates import Candidate, candidates_for
@@ -139,13 +139,13 @@ def trusts_remote_code(case: Case) -> bool:
         return True
     if not case.serving.launch:
         return False
-    from diag.engine.launch import parse_launch
+    from diag.engines.sglang.launch import parse_launch
     return any(flag == TRUST_FLAG for flag, _ in parse_launch(case.serving.launch, case.serving.engine).other)
 
 
 def tree_shapes(case: Case) -> tuple[list[TreeShape], list[str]]:
     """The case's named shapes, then its sweep grid, each as SGLang runs it
-    (diag.engine.tree_rules): s3-k1-d8 runs as chain-3, with a note; a grid point SGLang
+    (diag.engines.sglang.tree_rules): s3-k1-d8 runs as chain-3, with a note; a grid point SGLang
     cannot run (D - 1 > K + (S-1)K^2) is left out, with a note. (A named shape SGLang cannot
     run is already an error of the case, diag.run.case_checks.)"""
     shapes, notes = [], []
@@ -176,11 +176,11 @@ def tree_shapes(case: Case) -> tuple[list[TreeShape], list[str]]:
 
 def launch_refusals(case: Case) -> list[str]:
     """What the engine version's own argument parser refuses in the case's launch line
-    (diag.engine.flag_parser), as notes: such a line launches no server, so its algorithm
+    (diag.engines.sglang.flag_parser), as notes: such a line launches no server, so its algorithm
     is not applied either."""
-    from diag.engine.flag_parser import flag_problems, table_for
-    from diag.engine.launch import server_argv
-    from diag.engine.versions import engine
+    from diag.engines.sglang.flag_parser import flag_problems, table_for
+    from diag.engines.sglang.launch import server_argv
+    from diag.engines.sglang.versions import engine
     table = table_for(engine(case.serving.engine).version)
     if table is None:
         return []
@@ -189,12 +189,12 @@ def launch_refusals(case: Case) -> list[str]:
 
 
 def with_launch(case: Case, target_config: dict) -> tuple[Case, list[TreeShape], list[str]]:
-    """What the case's SGLang launch command really runs (diag.engine.launch): its algorithm
+    """What the case's SGLang launch command really runs (diag.engines.sglang.launch): its algorithm
     becomes the serving algorithm, its effective tree joins the shapes, its rewrites and
     crashes become notes."""
     if not case.serving.launch:
         return case, [], []
-    from diag.engine.launch import effective_config, parse_launch
+    from diag.engines.sglang.launch import effective_config, parse_launch
     eff = effective_config(parse_launch(case.serving.launch, case.serving.engine), target_config,
                            engine_name=case.serving.engine)
     refused = launch_refusals(case)
@@ -287,6 +287,6 @@ def prepare(case: Case) -> Inputs:
 
 
 def _decodings(case: Case, tpath: Path) -> DecodingPlan:
-    from diag.engine.launch import parse_launch
+    from diag.engines.sglang.launch import parse_launch
     launch = parse_launch(case.serving.launch, case.serving.engine) if case.serving.launch else None
     return decoding_plan(case, tpath, launch)

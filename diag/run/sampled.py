@@ -21,7 +21,7 @@ from diag.replay.decode_loop import DecodeLoop, Lane
 from diag.replay.evaluation import Evaluation, best
 from diag.replay.replay import Variant
 from diag.replay.sampled_summary import summarize_sampled
-from diag.engine.draft_tables import draft_tables_for
+from diag.engines.sglang.draft_tables import draft_tables_for
 from diag.run.evaluate import serving_rendering
 from diag.run.inputs import Inputs
 from diag.run.target_passes import special_ids

@@ -7,18 +7,18 @@ prompts outside the case are an error, except when the case narrows its prompt s
 error that says how SGLang names requests (rid).
 
 This module reads the server's files (the I/O edge of the reconciliation); the combination
-rules live in server_observation.py, the parsers in diag/engine.
+rules live in server_observation.py, the parsers in diag/engines.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from diag.engine.launch import SPEC_MAX_RUNNING_REQUESTS, effective_config, parse_launch
-from diag.engine.server_log import read_baseline_log, read_server_log
-from diag.engine.server_releases import rate_formula, server_release, show
-from diag.engine.server_responses import RequestCounts, read_generate_responses, read_server_info
-from diag.engine.vllm_metrics import read_vllm_metrics
+from diag.engines.sglang.launch import SPEC_MAX_RUNNING_REQUESTS, effective_config, parse_launch
+from diag.engines.sglang.server_log import read_baseline_log, read_server_log
+from diag.engines.sglang.server_releases import rate_formula, server_release, show
+from diag.engines.sglang.server_responses import RequestCounts, read_generate_responses, read_server_info
+from diag.engines.vllm.metrics import read_vllm_metrics
 from diag.errors import DiagError
 from diag.run.case import Case, resolve_path
 from diag.run.server_observation import (LogLoad, Observed, ServerObservation, agree_on_shape, log_draft_tokens,

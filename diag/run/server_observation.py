@@ -1,6 +1,6 @@
 """The server's numbers as one typed record, and the rules that combine several sources of them.
 
-Sources (diag/engine readers): the scheduler log, /generate responses, /server_info, vLLM's
+Sources (diag/engines readers): the scheduler log, /generate responses, /server_info, vLLM's
 /metrics, the case's [server] values and its launch command. Combining them:
 - the tree the server ran: every source that names a full (S, K, D) must agree (an explicit
   [server] tree, the log's server_args line, /server_info, vLLM's K as a chain, the launch
@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from diag.engine.explain import consistent_pairs
-from diag.engine.server_log import DecodeLine
-from diag.engine.server_responses import RequestCounts
+from diag.engines.sglang.explain import consistent_pairs
+from diag.engines.sglang.server_log import DecodeLine
+from diag.engines.sglang.server_responses import RequestCounts
 from diag.errors import DiagError
 from diag.stats import accept_length_ci, bootstrap_ci
 from diag.trees import TreeShape

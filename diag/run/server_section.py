@@ -9,8 +9,8 @@ reference axes, the tree left free; every candidate is taken at the reference (s
 
 from __future__ import annotations
 
-from diag.engine.server_releases import server_release
-from diag.engine.simulate import simulated_acceptance
+from diag.engines.sglang.server_releases import server_release
+from diag.engines.sglang.simulate import simulated_acceptance
 from diag.metrics import summary
 from diag.replay.evaluation import ANY, Axes, select
 from diag.run.calibrate import calibration, concurrency

@@ -29,7 +29,7 @@ L1+L3+L5 -> [0, 2, 4]; embed has no layer and is written -1 (embed+L2+L4 ->
 [-1, 1, 3]). SpecForge's HF backend rejects -1, and SGLang's Llama capture (source read
 at commit 00239548) would take `hidden_states + residual` before layer 0, where residual
 is None: such a layout cannot be served by id there (0.5.22+ captures each layer's input, id + 1,
-so -1 is the embedding and [-1, 1, 3] serves embed+L2+L4: diag.engine). `diag_trained_layout` is the
+so -1 is the embedding and [-1, 1, 3] serves embed+L2+L4: diag.engines). `diag_trained_layout` is the
 authoritative statement; config.json also says `diag_layer_id_convention: specforge`.
 """
 
@@ -48,7 +48,7 @@ from diag.target.capture import capture_pass, decoder_parts
 from diag.drafter.mla import MlaShape
 from diag.drafter.model import DrafterConfig, Eagle3Drafter
 from diag.drafter.checkpoint import save_drafter
-from diag.engine.conventions import to_ids
+from diag.engines.sglang.conventions import to_ids
 from diag.errors import DiagError
 from diag.layouts import CapturePoint, Layout, layout as parse_layout
 from diag.zoo.build_targets import load_back, load_streams

@@ -2,7 +2,7 @@
 
 Reads only config.json files and safetensors *headers* (names, shapes, dtypes); never a
 weight value. Each Finding says what is wrong, what the selected SGLang version will do
-about it (usually: nothing, silently) and how to fix it. The rules come from diag.engine;
+about it (usually: nothing, silently) and how to fix it. The rules come from diag.engines;
 the checks live beside this module by subject: drafter.py (format, architecture, weights,
 what a config-only directory leaves unchecked), layout.py (ids, fc, algorithm), vocab.py
 (vocabularies, widths), tables.py (embedding / lm_head swaps, use_aux_hidden_state), rope.py
@@ -31,9 +31,9 @@ from diag.checks.lint.rope import check_rope
 from diag.checks.lint.sglang import compare_with_sglang, sglang_cross_check
 from diag.checks.lint.tables import check_tables
 from diag.checks.lint.vocab import check_hidden, check_vocab
-from diag.engine.launch import effective_config, parse_launch, server_argv
-from diag.engine.serving import try_serving_plan
-from diag.engine.versions import DEFAULT_ENGINE, engine as engine_of
+from diag.engines.sglang.launch import effective_config, parse_launch, server_argv
+from diag.engines.sglang.serving import try_serving_plan
+from diag.engines.sglang.versions import DEFAULT_ENGINE, engine as engine_of
 from diag.errors import DiagError
 
 __all__ = ["Finding", "lint", "read_tensor_headers", "compare_with_sglang", "CHECKS"]

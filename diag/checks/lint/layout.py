@@ -9,9 +9,9 @@ from __future__ import annotations
 from diag.checkpoint.config import hidden_size, num_layers
 from diag.checkpoint.drafter_format import is_speculators, trainer_marks
 from diag.checks.lint.pair import Finding, Pair, find, is_eagle3_drafter, algorithm, under_eagle3
-from diag.engine import conventions, serving
-from diag.engine.architectures import is_deepseek_family
-from diag.engine.serving import ServingError, fix_for
+from diag.engines.sglang import conventions, serving
+from diag.engines.sglang.architectures import is_deepseek_family
+from diag.engines.sglang.serving import ServingError, fix_for
 from diag.errors import DiagError
 
 

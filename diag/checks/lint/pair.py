@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from diag.engine.launch import EffectiveConfig, LaunchFlags
-from diag.engine.serving import ServingError, ServingPlan
+from diag.engines.sglang.launch import EffectiveConfig, LaunchFlags
+from diag.engines.sglang.serving import ServingError, ServingPlan
 
 
 @dataclass(frozen=True)

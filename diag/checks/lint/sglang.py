@@ -5,7 +5,7 @@ The one module of diag that imports sglang, lazily."""
 from __future__ import annotations
 
 from diag.checks.lint.pair import Finding
-from diag.engine.launch import EffectiveConfig
+from diag.engines.sglang.launch import EffectiveConfig
 
 
 def compare_with_sglang(eff: EffectiveConfig, resolved: dict) -> list[Finding]:

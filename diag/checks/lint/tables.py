@@ -1,6 +1,6 @@
-"""Lint checks of the tables SGLang swaps in (diag.engine.draft_tables): a drafter's own
+"""Lint checks of the tables SGLang swaps in (diag.engines.sglang.draft_tables): a drafter's own
 embed_tokens or lm_head that the server never reads, the EAGLE vocabulary limit, and
-eagle_config.use_aux_hidden_state (diag.engine.drafter_keys).
+eagle_config.use_aux_hidden_state (diag.engines.sglang.drafter_keys).
 
 Each check takes the Pair (pair.py) and returns Findings; none reads a weight value.
 """
@@ -8,9 +8,9 @@ Each check takes the Pair (pair.py) and returns Findings; none reads a weight va
 from __future__ import annotations
 
 from diag.checks.lint.pair import Finding, Pair, algorithm, find
-from diag.engine.draft_tables import SOURCE, draft_tables_for
-from diag.engine.drafter_keys import uses_aux_hidden_state
-from diag.engine.serving import ServingError
+from diag.engines.sglang.draft_tables import SOURCE, draft_tables_for
+from diag.engines.sglang.drafter_keys import uses_aux_hidden_state
+from diag.engines.sglang.serving import ServingError
 
 
 def check_tables(p: Pair) -> list[Finding]:

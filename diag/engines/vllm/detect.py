@@ -9,7 +9,7 @@ and logs its counters every interval in the release's format (rules.py "log_line
         Drafted: 1674 tokens, Per-position acceptance rate: 0.790, 0.600, 0.368, Avg Draft acceptance rate: 58.6%
   The mean includes the bonus token (1 + accepted / drafts) from 0.9.0; 0.8.5's is accepted / drafts.
   drafts = Drafted / k (k = the number of per-position rates): 1674 / 3 = 558 rounds; 1 + 981 / 558 = 2.758.
-A /metrics scrape carries counters (diag.engine.vllm_metrics reads them) and the served model in
+A /metrics scrape carries counters (metrics.py reads them) and the served model in
 its `model_name` label; a scrape of another model, or with no spec-decode counters, is an error.
 This module knows text; it opens no file.
 """
@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from diag.engine.vllm_metrics import VllmSpecCounters, read_vllm_metrics
+from diag.engines.vllm.metrics import VllmSpecCounters, read_vllm_metrics
 from diag.engines.vllm.releases import VllmRelease, rule, vllm_release
 from diag.errors import DiagError
 

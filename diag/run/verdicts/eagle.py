@@ -6,7 +6,7 @@ Reads Evaluation records; knows nothing about models or files.
 
 from __future__ import annotations
 
-from diag.engine.algorithms import mode_of
+from diag.engines.sglang.algorithms import mode_of
 from diag.replay.evaluation import select
 from diag.run.verdicts.layout import under
 from diag.run.verdicts.record import Verdict, fmt

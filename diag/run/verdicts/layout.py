@@ -11,7 +11,7 @@ Reads Evaluation records and the run's candidates; knows nothing about models or
 
 from __future__ import annotations
 
-from diag.engine.serving import fix_for
+from diag.engines.sglang.serving import fix_for
 from diag.layouts import layout
 from diag.replay.evaluation import best, select
 from diag.run.verdicts.record import Verdict, fmt
@@ -67,7 +67,7 @@ def _trained(top, ties: list[dict], order: list, run) -> Verdict:
 
 
 def _fix(trained: str, run, target_config: dict | None) -> tuple[str, dict]:
-    """The engine's fix for serving the trained layout (diag.engine.serving.fix_for)."""
+    """The engine's fix for serving the trained layout (diag.engines.sglang.serving.fix_for)."""
     if target_config is None or trained == "final (EAGLE)":
         return "", {}
     f = fix_for(layout(trained), target_config, engine_name=run.case.serving.engine)

@@ -1,13 +1,13 @@
 """The serving-error verdict: the engine cannot serve the drafter as configured (layer ids it
 cannot capture, a shape that crashes the first draft forward), and the ids that would serve
-the layout the drafter was trained on, from the engine's own rules (diag.engine.serving).
+the layout the drafter was trained on, from the engine's own rules (diag.engines.sglang.serving).
 
 Reads the run's typed ServingError and Evaluation records; knows nothing about models.
 """
 
 from __future__ import annotations
 
-from diag.engine.serving import fix_for
+from diag.engines.sglang.serving import fix_for
 from diag.layouts import layout
 from diag.run.verdicts.layout import likely_trained
 from diag.run.verdicts.record import Verdict

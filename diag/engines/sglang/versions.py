@@ -20,13 +20,11 @@ This module knows names and versions; the rules themselves live in the modules b
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
 from typing import Sequence, TypeVar
 
+from diag.engines.protocol import Release, release_tuple
 from diag.errors import DiagError
 
-_VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?$")
 T = TypeVar("T")
 
 # Every release on PyPI from 0.5.6 to 0.5.23, in release order.
@@ -38,32 +36,11 @@ RELEASES: tuple[str, ...] = (
 )
 
 
-def release(text: str) -> tuple[int, int, int, int]:
-    """"0.5.10.post1" -> (0, 5, 10, 1); "0.5.23" -> (0, 5, 23, 0)."""
-    m = _VERSION.match(text)
-    if not m:
-        raise DiagError("not a release version", field="engine", expected="e.g. 0.5.23 or 0.5.10.post1",
-                        found=repr(text))
-    return tuple(int(g or 0) for g in m.groups())
+release = release_tuple
+Engine = Release          # one SGLang release: Release("sglang", "0.5.23", "SGLang")
 
 
-@dataclass(frozen=True)
-class Engine:
-    """One engine release: "sglang-0.5.23" -> version "0.5.23", label "SGLang 0.5.23"."""
-
-    name: str
-    version: str
-
-    @property
-    def label(self) -> str:
-        return f"SGLang {self.version}"
-
-    @property
-    def release(self) -> tuple[int, int, int, int]:
-        return release(self.version)
-
-
-ENGINES: dict[str, Engine] = {f"sglang-{v}": Engine(f"sglang-{v}", v) for v in RELEASES}
+ENGINES: dict[str, Engine] = {f"sglang-{v}": Release("sglang", v, "SGLang") for v in RELEASES}
 DEFAULT_ENGINE = f"sglang-{RELEASES[-1]}"
 
 

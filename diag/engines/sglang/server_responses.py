@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from diag.engine.server_releases import Release, ReleaseRange, show
+from diag.engines.sglang.server_releases import Release, ReleaseRange, show
 from diag.errors import DiagError
 
 

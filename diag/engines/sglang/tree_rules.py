@@ -21,9 +21,9 @@ This module knows flags and shapes; it reads no files.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
-from diag.engine.versions import Engine, Since, engine, since, span_of
+from diag.engines.common import ResolvedShape
+from diag.engines.sglang.versions import Engine, Since, engine, since, span_of
 from diag.trees import TreeShape
 
 # Always (5, 4, 8), in every release 0.5.6-0.5.23.
@@ -62,18 +62,6 @@ def topk1_draft_tokens(num_steps: int, topk: int, num_draft_tokens: int | None) 
     """The D SGLang runs: S + 1 whenever topk is 1 (whatever was asked), else D as given.
     Example: (1, 1, 16) -> 2; (3, 4, 8) -> 8."""
     return num_steps + 1 if topk == 1 else num_draft_tokens
-
-
-@dataclass(frozen=True)
-class ResolvedShape:
-    """What SGLang runs for the given flags. `requested` = the flags as given
-    (None = omitted). `crash` is the failure SGLang would hit (None if it runs);
-    `shape` is None when no shape can be resolved at all."""
-
-    shape: TreeShape | None
-    requested: tuple
-    notes: tuple[str, ...]
-    crash: str | None
 
 
 def _partial_flags_crash(s, k, d) -> str | None:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from diag.engine.server_releases import Release, ReleaseRange, rate_formula, show
+from diag.engines.sglang.server_releases import Release, ReleaseRange, rate_formula, show
 from diag.errors import DiagError
 
 # "[2026-03-01 10:00:00 DP0 TP0] " (scheduler.py: DP, PP, ATTN_CP, MOE_DP, TP, EP ranks when > 1)

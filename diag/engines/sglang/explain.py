@@ -24,9 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from diag.errors import DiagError
-from diag.engine.accept_rate import FORMULAS, formula_for, versions_of
-from diag.engine.tree_rules import ResolvedShape, resolve_sglang_shape
-from diag.engine.versions import DEFAULT_ENGINE, engine
+from diag.engines.sglang.accept_rate import FORMULAS, formula_for, versions_of
+from diag.engines.sglang.tree_rules import ResolvedShape, resolve_sglang_shape
+from diag.engines.sglang.versions import DEFAULT_ENGINE, engine
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ This module knows class names per release; nothing about files or tensors.
 
 from __future__ import annotations
 
-from diag.engine.versions import DEFAULT_ENGINE, Since, since
+from diag.engines.sglang.versions import DEFAULT_ENGINE, Since, since
 
 DRAFTER_CLASSES: Since = (
     ("0.5.6", frozenset({"LlamaForCausalLMEagle3"})),

@@ -2,7 +2,7 @@
 
 ServerArgs' parser is a plain `argparse.ArgumentParser()` (allow_abbrev on), filled by
 `ServerArgs.add_cli_args`; the option strings and their nargs per release are the generated
-table in server_flags.py. argparse (Python 3.11, `_parse_optional` / `_get_option_tuples`)
+table in server_flags.json. argparse (Python 3.11, `_parse_optional` / `_get_option_tuples`)
 reads each word that starts with "--" as:
 1. an exact option string: `--model` is `--model` (an alias of `--model-path`);
 2. `--flag=value`: the part before "=" looked up exactly;
@@ -25,8 +25,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from diag.engine import server_flags
-from diag.engine.versions import release
+from diag.engines.common import FlagProblem
+from diag.engines.sglang import server_flags
+from diag.engines.sglang.versions import release
 
 _NEGATIVE = re.compile(r"^-\d+$|^-\d*\.\d+$")
 
@@ -151,20 +152,6 @@ def algorithm_problem(value: str, table: FlagTable) -> str | None:
         return None
     return (f"ValueError: Unknown speculative algorithm name: {value} (SpeculativeAlgorithm.from_string "
             f"accepts {names}, any case); the launch fails while resolving its arguments")
-
-
-@dataclass(frozen=True)
-class FlagProblem:
-    """Something in a launch line this release's parser refuses or reads differently from
-    what is written. severity: "error" (the launch fails) | "warning" (it runs, but not
-    necessarily as written)."""
-
-    code: str
-    severity: str
-    flag: str
-    message: str
-    behaviour: str
-    fix: str
 
 
 def _close(word: str, table: FlagTable) -> str:

@@ -32,7 +32,7 @@ This module reads config dicts; it knows nothing about weights or files.
 
 from __future__ import annotations
 
-from diag.engine.versions import Engine, Since, engine, since, span_of
+from diag.engines.sglang.versions import Engine, Since, engine, since, span_of
 
 USE_AUX_READ: Since = (("0.5.6", False), ("0.5.8", True))
 FC_FROM_CONFIG: Since = (("0.5.6", False), ("0.5.12", True))

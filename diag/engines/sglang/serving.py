@@ -26,57 +26,22 @@ This module reads dicts; it knows nothing about files, weights or tensors.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from diag.checkpoint.config import hidden_size, num_layers
-from diag.engine import conventions
-from diag.engine.algorithms import mode_of
-from diag.engine.architectures import capture_model
-from diag.engine.capture import NoCapture, capture_rule, graph_replays_capture_defaults, graph_rule_span
-from diag.engine.draft_tables import draft_tables_for
-from diag.engine.drafter_keys import draft_vocab_crash, fc_inputs, uses_aux_hidden_state
-from diag.engine.versions import DEFAULT_ENGINE, RELEASES, Engine, engine, release
+from diag.engines.common import DeclaredLayout, Fix, ServingError, ServingPlan
+from diag.engines.sglang import conventions
+from diag.engines.sglang.algorithms import mode_of
+from diag.engines.sglang.architectures import capture_model
+from diag.engines.sglang.capture import NoCapture, capture_rule, graph_replays_capture_defaults, graph_rule_span
+from diag.engines.sglang.draft_tables import draft_tables_for
+from diag.engines.sglang.drafter_keys import draft_vocab_crash, fc_inputs, uses_aux_hidden_state
+from diag.engines.sglang.versions import DEFAULT_ENGINE, RELEASES, Engine, engine, release
 from diag.errors import DiagError
 from diag.layouts import Layout, layout, point
 
 IDS_FIELD = "eagle_config.eagle_aux_hidden_state_layer_ids"
 TOP_IDS_FIELD = "eagle_aux_hidden_state_layer_ids"
 TRAINED_LAYOUT_FIELD = "diag_trained_layout"
-
-
-@dataclass(frozen=True)
-class ServingPlan:
-    """What the engine runs. mode "eagle3" or "eagle"; layout = what the fc input (or the
-    bypassed hidden state) is made of in decode rounds; embed / lm_head "drafter" or
-    "target"; vocab_limit: drafts limited to the first N ids (None: all); fc_inputs: how
-    many states SGLang built fc for; prefill_layout: what prefill captures when it differs
-    from `layout` (0.5.6-0.5.10.post1 under CUDA graphs); crash: why the engine would fail
-    at startup or at the first draft step, or None."""
-
-    mode: str
-    layout: Layout
-    rule: str
-    convention: str | None
-    uses_fc: bool
-    lm_head: str
-    uses_d2t: bool
-    notes: tuple[str, ...]
-    crash: str | None = None
-    engine: str = DEFAULT_ENGINE
-    embed: str = "target"
-    vocab_limit: int | None = None
-    fc_inputs: int | None = None
-    prefill_layout: Layout | None = None
-    warnings: tuple[str, ...] = ()     # version-specific behaviour a report must carry
-
-
-@dataclass(frozen=True)
-class DeclaredLayout:
-    """A layout a drafter config says it was trained on, and where it says so."""
-
-    layout: Layout
-    source: str
-    rule: str
 
 
 def _ids_at(value: object, field: str, file: str | None) -> list[int] | None:
@@ -232,22 +197,6 @@ def serving_plan(drafter_config: dict, target_config: dict, *, engine_name: str 
     return _eagle3_plan(drafter_config, target_config, eng, has_d2t, cuda_graph)
 
 
-@dataclass(frozen=True)
-class ServingError:
-    """The engine cannot serve the drafter as configured (ids it cannot capture, a shape
-    that crashes the first draft forward). A value, not an exception: the run goes on to
-    find what the drafter was trained on, and a verdict proposes the fix."""
-
-    message: str
-    field: str | None = None
-    expected: object = None
-    found: object = None
-
-    def __str__(self) -> str:
-        where = f" ({self.field}: {self.found}; expected {self.expected})" if self.field else ""
-        return self.message + where
-
-
 def try_serving_plan(drafter_config: dict, target_config: dict, *, engine_name: str = DEFAULT_ENGINE,
                      algorithm: str = "EAGLE3", cuda_graph: bool = True) -> ServingPlan | ServingError:
     """serving_plan, with "the engine cannot serve this" as a ServingError value."""
@@ -282,16 +231,6 @@ def later_serving(lay: Layout, target_config: dict, *,
             if ids is not None:
                 return v, ids
     return None
-
-
-@dataclass(frozen=True)
-class Fix:
-    """How to make `engine` serve a layout: the ids (None when no ids can on this version),
-    the first later release whose ids can (version, ids) or None, and the sentence."""
-
-    ids: list[int] | None
-    upgrade: tuple[str, list[int]] | None
-    text: str
 
 
 def fix_for(lay: Layout, target_config: dict, *, engine_name: str = DEFAULT_ENGINE) -> Fix:

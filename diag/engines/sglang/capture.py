@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from diag.engine.versions import Engine, Since, engine, since, span_of
+from diag.engines.sglang.versions import Engine, Since, engine, since, span_of
 
 
 @dataclass(frozen=True)

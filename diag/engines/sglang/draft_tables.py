@@ -26,22 +26,11 @@ This module knows config values and names; it knows nothing about tensors or fil
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+
+from diag.engines.common import DraftTables
 
 SOURCE = ("python/sglang/srt/speculative/eagle_worker.py (eagle_worker_v2.py), "
           "models/llama.py set_embed, models/llama_eagle3.py")
-
-
-@dataclass(frozen=True)
-class DraftTables:
-    """embed, lm_head: "target" or "drafter"; vocab_limit: logits kept for the first N rows
-    of lm_head (None: all); uses_d2t: draft ids map to target ids through d2t."""
-
-    embed: str
-    lm_head: str
-    vocab_limit: int | None
-    uses_d2t: bool
-    why: str
 
 
 def draft_tables(mode: str, *, hidden_size: int, target_hidden_size: int | None,

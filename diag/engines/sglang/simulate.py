@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from diag.engine.server_releases import Release
+from diag.engines.sglang.server_releases import Release
 from diag.trees import TreeShape
 
 MATCH_EXPECTED_DEFAULT_SINCE: Release = (0, 5, 11, 0)

@@ -18,7 +18,7 @@ This module knows formula names and versions; nothing about logs or models.
 
 from __future__ import annotations
 
-from diag.engine.versions import Engine, Since, engine, since, span
+from diag.engines.sglang.versions import Engine, Since, engine, since, span
 
 FORMULA: Since = (("0.5.6", "sglang_accept_rate_legacy"), ("0.5.11", "sglang_accept_rate"))
 _TEXT = {"sglang_accept_rate_legacy": "Σ(a+1) / (rounds·D), bonus counted",

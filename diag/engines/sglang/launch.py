@@ -25,13 +25,13 @@ This module knows command-line syntax and server-args rules; it reads no files
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
 
-from diag.engine.algorithms import EAGLE_WORKERS, canonical, is_alias
-from diag.engine.architectures import auto_defaults_key
-from diag.engine.flag_parser import read_argv, table_for
-from diag.engine.tree_rules import ResolvedShape, auto_defaults, resolve_sglang_shape
-from diag.engine.versions import DEFAULT_ENGINE, engine
+from diag.engines.common import EffectiveConfig, LaunchFlags
+from diag.engines.sglang.algorithms import EAGLE_WORKERS, canonical, is_alias
+from diag.engines.sglang.architectures import auto_defaults_key
+from diag.engines.sglang.flag_parser import read_argv, table_for
+from diag.engines.sglang.tree_rules import auto_defaults, resolve_sglang_shape
+from diag.engines.sglang.versions import DEFAULT_ENGINE, engine
 from diag.errors import DiagError
 
 # Canonical flag -> every spelling SGLang's argparse accepts for it.
@@ -60,46 +60,6 @@ _FLOAT_FIELDS = ("accept_threshold_single", "accept_threshold_acc")
 _BY_SPELLING = {s: name for name, spellings in FLAG_ALIASES.items() for s in spellings}
 
 SPEC_MAX_RUNNING_REQUESTS = 48
-
-
-@dataclass(frozen=True)
-class LaunchFlags:
-    """The flags diag cares about; None = omitted. `other` keeps every other
-    flag as (spelling, value or None) so a report can show the full line."""
-
-    program: str
-    model_path: str | None = None
-    draft_model_path: str | None = None
-    algorithm: str | None = None
-    num_steps: int | None = None
-    topk: int | None = None
-    num_draft_tokens: int | None = None
-    max_running_requests: int | None = None
-    tp_size: int | None = None
-    dp_size: int | None = None
-    enable_dp_attention: bool = False
-    token_map: str | None = None
-    disable_cuda_graph: bool = False
-    accept_threshold_single: float | None = None     # verification thresholds (decoding.py)
-    accept_threshold_acc: float | None = None
-    use_rejection_sampling: bool = False
-    sampling_defaults: str | None = None              # "model" (default) | "openai"
-    other: tuple[tuple[str, str | None], ...] = ()
-
-
-@dataclass(frozen=True)
-class EffectiveConfig:
-    """What the server will actually run. `algorithm` after aliasing (None: no
-    speculation); `tree` from diag.trees; `crash` the first failure SGLang hits."""
-
-    flags: LaunchFlags
-    algorithm: str | None
-    architecture: str          # architectures[0]: what SGLang's auto tree defaults are keyed on
-    engine: str                # the version whose rules were applied, e.g. "sglang-0.5.23"
-    tree: ResolvedShape | None
-    max_running_requests: int | None
-    notes: tuple[str, ...]
-    crash: str | None
 
 
 def _tokens(command: str | list[str]) -> list[str]:
@@ -135,7 +95,7 @@ def _pairs(args: list[str], engine_name: str | None) -> list[tuple[str, str | No
     table = table_for(engine(engine_name).version)
     if table is None:
         raise DiagError("no launch-flag table for this engine version", field="engine",
-                        expected="a release at or above the oldest in diag/engine/server_flags.py",
+                        expected="a release at or above the oldest in diag/engines/sglang/server_flags.json",
                         found=engine_name)
     out: list[tuple[str, str | None]] = []
     for w in read_argv(args, table):

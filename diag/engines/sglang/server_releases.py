@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from diag.engine.accept_rate import FORMULA
-from diag.engine.versions import release
+from diag.engines.sglang.accept_rate import FORMULA
+from diag.engines.sglang.versions import release
 from diag.errors import DiagError
 
 Release = tuple[int, int, int, int]

@@ -1,0 +1,159 @@
+"""The engine-neutral records the EngineRules protocol (protocol.py) speaks in.
+
+ServingPlan / ServingError / Fix (what a release feeds a drafter and how to change it),
+ResolvedShape (the tree a release runs for its launch flags), LaunchFlags / EffectiveConfig /
+FlagProblem (a launch line read and linted), DraftTables (whose embedding and lm_head the draft
+uses). Every family fills these; none of them names a family. This module holds types; it
+computes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from diag.engines import DEFAULT_ENGINE
+from diag.layouts import Layout
+from diag.trees import TreeShape
+
+__all__ = ["DeclaredLayout", "DraftTables", "EffectiveConfig", "FlagProblem", "Fix", "LaunchFlags",
+           "ResolvedShape", "ServingError", "ServingPlan"]
+
+
+@dataclass(frozen=True)
+class ServingPlan:
+    """What the engine runs. mode "eagle3" or "eagle"; layout = what the fc input (or the
+    bypassed hidden state) is made of in decode rounds; embed / lm_head "drafter" or
+    "target"; vocab_limit: drafts limited to the first N ids (None: all); fc_inputs: how
+    many states SGLang built fc for; prefill_layout: what prefill captures when it differs
+    from `layout` (0.5.6-0.5.10.post1 under CUDA graphs); crash: why the engine would fail
+    at startup or at the first draft step, or None."""
+
+    mode: str
+    layout: Layout
+    rule: str
+    convention: str | None
+    uses_fc: bool
+    lm_head: str
+    uses_d2t: bool
+    notes: tuple[str, ...]
+    crash: str | None = None
+    engine: str = DEFAULT_ENGINE
+    embed: str = "target"
+    vocab_limit: int | None = None
+    fc_inputs: int | None = None
+    prefill_layout: Layout | None = None
+    warnings: tuple[str, ...] = ()     # version-specific behaviour a report must carry
+
+
+@dataclass(frozen=True)
+class ServingError:
+    """The engine cannot serve the drafter as configured (ids it cannot capture, a shape
+    that crashes the first draft forward). A value, not an exception: the run goes on to
+    find what the drafter was trained on, and a verdict proposes the fix."""
+
+    message: str
+    field: str | None = None
+    expected: object = None
+    found: object = None
+
+    def __str__(self) -> str:
+        where = f" ({self.field}: {self.found}; expected {self.expected})" if self.field else ""
+        return self.message + where
+
+
+@dataclass(frozen=True)
+class Fix:
+    """How to make `engine` serve a layout: the ids (None when no ids can on this version),
+    the first later release whose ids can (version, ids) or None, and the sentence."""
+
+    ids: list[int] | None
+    upgrade: tuple[str, list[int]] | None
+    text: str
+
+
+@dataclass(frozen=True)
+class DeclaredLayout:
+    """A layout a drafter config says it was trained on, and where it says so."""
+
+    layout: Layout
+    source: str
+    rule: str
+
+
+@dataclass(frozen=True)
+class DraftTables:
+    """embed, lm_head: "target" or "drafter"; vocab_limit: logits kept for the first N rows
+    of lm_head (None: all); uses_d2t: draft ids map to target ids through d2t."""
+
+    embed: str
+    lm_head: str
+    vocab_limit: int | None
+    uses_d2t: bool
+    why: str
+
+
+@dataclass(frozen=True)
+class ResolvedShape:
+    """What SGLang runs for the given flags. `requested` = the flags as given
+    (None = omitted). `crash` is the failure SGLang would hit (None if it runs);
+    `shape` is None when no shape can be resolved at all."""
+
+    shape: TreeShape | None
+    requested: tuple
+    notes: tuple[str, ...]
+    crash: str | None
+
+
+@dataclass(frozen=True)
+class LaunchFlags:
+    """The flags diag cares about; None = omitted. `other` keeps every other
+    flag as (spelling, value or None) so a report can show the full line."""
+
+    program: str
+    model_path: str | None = None
+    draft_model_path: str | None = None
+    algorithm: str | None = None
+    num_steps: int | None = None
+    topk: int | None = None
+    num_draft_tokens: int | None = None
+    max_running_requests: int | None = None
+    tp_size: int | None = None
+    dp_size: int | None = None
+    enable_dp_attention: bool = False
+    token_map: str | None = None
+    disable_cuda_graph: bool = False
+    accept_threshold_single: float | None = None     # verification thresholds (decoding.py)
+    accept_threshold_acc: float | None = None
+    use_rejection_sampling: bool = False
+    sampling_defaults: str | None = None              # "model" (default) | "openai"
+    other: tuple[tuple[str, str | None], ...] = ()
+
+
+@dataclass(frozen=True)
+class EffectiveConfig:
+    """What the server will actually run. `algorithm` after aliasing (None: no
+    speculation); `tree` from diag.trees; `crash` the first failure SGLang hits."""
+
+    flags: LaunchFlags
+    algorithm: str | None
+    architecture: str          # architectures[0]: what SGLang's auto tree defaults are keyed on
+    engine: str                # the version whose rules were applied, e.g. "sglang-0.5.23"
+    tree: ResolvedShape | None
+    max_running_requests: int | None
+    notes: tuple[str, ...]
+    crash: str | None
+
+
+@dataclass(frozen=True)
+class FlagProblem:
+    """Something in a launch line this release's parser refuses or reads differently from
+    what is written. severity: "error" (the launch fails) | "warning" (it runs, but not
+    necessarily as written)."""
+
+    code: str
+    severity: str
+    flag: str
+    message: str
+    behaviour: str
+    fix: str
+    parser: str = ""                   # whose parser judged: "SGLang 0.5.14" (the nearest table)

@@ -1,0 +1,191 @@
+"""The one interface every serving engine implements: what diag asks an engine's rules.
+
+An engine family (SGLang, vLLM, ...) is one package under diag/engines/ holding its rules,
+release by release, and one object implementing `EngineRules`. Code outside the engine
+packages reaches an engine only through this protocol and the registry (diag/engines/__init__):
+it never imports a family package and never names a family.
+
+A release is named "<family>-<version>": "sglang-0.5.23", "vllm-0.32.0"; `Release` is that
+name parsed. Every method that depends on the version takes the Release it answers for.
+
+What the protocol covers, in the order a run needs it (worked examples are SGLang 0.5.23 on a
+6-layer Llama target unless named):
+  releases        releases() -> ("0.5.6", ..., "0.5.23"); release("0.5.23") -> Release
+  algorithms      algorithms() -> names the engine's --speculative-algorithm accepts;
+                  mode_of("NEXTN") -> "eagle" (diag's drafter modes: "eagle3" | "eagle")
+  capture         serving_plan(drafter_config, target_config, ...) -> what the server feeds the
+                  drafter (ServingPlan) or why it cannot (ServingError); capture_convention ->
+                  the layer-id rule's name ("sglang-llama"); default_aux_layers -> the layout
+                  fed when the drafter config names no ids (Kimi-K2.5, 61 layers: L2+L30+L58)
+  the fix         serving_ids(embed+L2+L4) -> [-1, 1, 3]; fix_for -> Fix with the sentence in
+                  the engine's own terms ("write eagle_config.eagle_aux_hidden_state_layer_ids
+                  = [-1, 1, 3] (SGLang 0.5.23, sglang-llama)")
+  trees           resolve_tree(num_steps, topk, num_draft_tokens, target_config) -> the tree the
+                  server runs (auto defaults when all three are None; S=1, K=1, D=16 -> D=2)
+  verification    verification(release) -> the greedy and sampled rules the decode loop applies,
+                  by name (Verification: "tree-argmax", "tree-target-only")
+  metrics         accept_rate_formula(release) -> the diag.metrics function name the engine's
+                  log calls "accept rate" ("sglang_accept_rate": Σa / (rounds·(D-1)));
+                  formula_label(name) -> its text
+  readers         read_log / read_responses / read_server_info / read_metrics: the engine's saved
+                  output parsed into its own frozen records (see each method)
+  launch lint     launch_argv(command) -> the words the server parses; parse_launch(command) ->
+                  LaunchFlags; effective_config -> EffectiveConfig; flag_problems(argv, release)
+                  -> what this release's parser refuses
+
+A family that cannot answer a question (vLLM has no `/server_info` in SGLang's shape) raises a
+DiagError naming the release and the input; it never answers with another family's rules.
+This module declares; it computes nothing and imports no engine package.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from diag.errors import DiagError
+
+if TYPE_CHECKING:
+    from diag.engines.common import (EffectiveConfig, FlagProblem, Fix, LaunchFlags, ResolvedShape,
+                                     ServingError, ServingPlan)
+    from diag.layouts import Layout
+
+_VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?$")
+
+
+def release_tuple(text: str) -> tuple[int, int, int, int]:
+    """"0.5.10.post1" -> (0, 5, 10, 1); "0.32.0" -> (0, 32, 0, 0). Versions compare as these."""
+    m = _VERSION.match(text)
+    if not m:
+        raise DiagError("not a release version", field="engine", expected="e.g. 0.5.23 or 0.5.10.post1",
+                        found=repr(text))
+    return tuple(int(g or 0) for g in m.groups())
+
+
+@dataclass(frozen=True)
+class Release:
+    """One engine release. Release("sglang", "0.5.23", "SGLang"): name "sglang-0.5.23",
+    label "SGLang 0.5.23", release (0, 5, 23, 0)."""
+
+    family: str
+    version: str
+    display: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.family}-{self.version}"
+
+    @property
+    def label(self) -> str:
+        return f"{self.display} {self.version}"
+
+    @property
+    def release(self) -> tuple[int, int, int, int]:
+        return release_tuple(self.version)
+
+
+@dataclass(frozen=True)
+class Verification:
+    """How a release verifies drafts, by rule name. The rules are torch code in diag.replay
+    (replay/verifiers.py maps each name to its function), because verification runs on the
+    drafter's trees, which this layer may not import. Names say what the rule does, not whose
+    it is: greedy "tree-argmax" (accept the deepest path whose tokens equal the target's
+    argmax continuation); sampled "tree-target-only" (SGLang's walk of each node's children
+    with one coin, the draft distribution never read), "chain-rejection" (accept depth d iff
+    u_d < p(x_d), else resample from p without x_d). `text` is the sentence a report shows."""
+
+    greedy: str
+    sampled: str
+    text: str
+
+
+@runtime_checkable
+class EngineRules(Protocol):
+    """One engine family's rules. `family` is the name prefix ("sglang"), `display` how reports
+    write it ("SGLang"), `ids_field` the drafter config key whose layer ids the engine reads
+    ("eagle_config.eagle_aux_hidden_state_layer_ids")."""
+
+    family: str
+    display: str
+    ids_field: str
+
+    # ---- releases and algorithms -------------------------------------------------------
+    def releases(self) -> tuple[str, ...]:
+        """Every covered version, oldest first."""
+
+    def release(self, version: str) -> Release:
+        """The named version of this family, or a DiagError listing the covered ones."""
+
+    def algorithms(self) -> tuple[str, ...]:
+        """The speculative algorithm names this engine accepts for EAGLE drafters, canonical
+        first: ("EAGLE3", "EAGLE", "NEXTN")."""
+
+    def mode_of(self, algorithm: str) -> str:
+        """diag's drafter mode for an algorithm name: "eagle3" or "eagle"; else a DiagError."""
+
+    # ---- capture and the fix -------------------------------------------------------------
+    def serving_plan(self, drafter_config: dict, target_config: dict, *, release: Release,
+                     algorithm: str = "EAGLE3", cuda_graph: bool = True) -> ServingPlan | ServingError:
+        """What `release` feeds this drafter on this target (ServingPlan), or why it cannot
+        serve it as configured (ServingError: ids it cannot capture, a shape that crashes)."""
+
+    def capture_convention(self, target_config: dict, *, release: Release) -> str:
+        """The layer-id rule `release` applies to this target's drafter ids, by convention
+        name ("sglang-llama"); "no-capture" when its model class captures nothing."""
+
+    def default_aux_layers(self, target_config: dict, *, release: Release) -> Layout | None:
+        """The layout fed when the drafter config names no ids (None: cannot capture)."""
+
+    def serving_ids(self, layout: Layout, target_config: dict, *, release: Release) -> list[int] | None:
+        """The ids that make `release` feed exactly `layout`, or None when no ids can."""
+
+    def fix_for(self, layout: Layout, target_config: dict, *, release: Release) -> Fix:
+        """How to make `release` serve `layout`, written in the engine's terms."""
+
+    # ---- trees ---------------------------------------------------------------------------
+    def resolve_tree(self, num_steps: int | None, topk: int | None, num_draft_tokens: int | None,
+                     target_config: dict | None, *, release: Release,
+                     algorithm: str = "EAGLE3") -> ResolvedShape:
+        """The tree the server runs for these launch flags (None = omitted), auto defaults
+        and rewrites applied; a flag set the server refuses resolves with `crash` set."""
+
+    # ---- verification --------------------------------------------------------------------
+    def verification(self, release: Release) -> Verification:
+        """The greedy and sampled verification rules the decode loop applies (Verification)."""
+
+    # ---- metric formulas -----------------------------------------------------------------
+    def accept_rate_formula(self, release: Release) -> str:
+        """The diag.metrics function name this release logs as its accept rate."""
+
+    def formula_label(self, formula: str) -> str:
+        """"SGLang 0.5.11–0.5.23: Σa / (rounds·(D-1)), draft slots only"."""
+
+    # ---- readers (each returns the engine's own frozen record; DiagError when unsupported) --
+    def read_log(self, text: str, *, source: str, release: Release) -> Any:
+        """The server log's speculative decode lines and its printed server arguments."""
+
+    def read_responses(self, text: str, *, source: str, release: Release) -> Any:
+        """Per-request counts from saved generation responses (one JSON object a line)."""
+
+    def read_server_info(self, text: str, *, source: str) -> Any:
+        """The server's self-description: version, lifetime accept length, tree."""
+
+    def read_metrics(self, text: str, *, source: str) -> Any:
+        """The speculative counters of a saved GET /metrics (Prometheus text)."""
+
+    # ---- launch-flag lint ----------------------------------------------------------------
+    def launch_argv(self, command: str | list[str]) -> list[str]:
+        """The words after the program, as the server's parser gets them ('python -m
+        sglang.launch_server --tp 8' -> ['--tp', '8']); a DiagError when the command does not
+        start this engine's server."""
+
+    def parse_launch(self, command: str | list[str], *, release: Release) -> LaunchFlags:
+        """The launch line's flags diag reads, by this release's spellings."""
+
+    def effective_config(self, flags: LaunchFlags, target_config: dict | None, *,
+                         release: Release) -> EffectiveConfig:
+        """What the server will run for those flags: algorithm, tree, running requests, crash."""
+
+    def flag_problems(self, argv: list[str], *, release: Release) -> list[FlagProblem]:
+        """Every flag this release's parser refuses or reads differently from how it is written."""

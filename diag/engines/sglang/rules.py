@@ -1,0 +1,133 @@
+"""SGLang's answers to the EngineRules protocol (diag/engines/protocol.py), one method each,
+delegating to the modules beside this one; the registry (diag/engines/__init__) finds RULES here.
+
+Every rule lives in its own module (capture.py, conventions.py, serving.py, tree_rules.py,
+accept_rate.py, server_log.py, server_responses.py, launch.py, flag_parser.py); this module
+only adapts their signatures to the protocol's. Worked example (SGLang 0.5.23, a 6-layer Llama
+target): RULES.serving_ids(embed+L2+L4, cfg, release=RULES.release("0.5.23")) -> [-1, 1, 3];
+RULES.resolve_tree(1, 1, 16, cfg, ...) -> chain-1 (D rewritten to S + 1 = 2).
+This module knows no rule of its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from diag.checkpoint.config import num_layers
+from diag.engines.common import EffectiveConfig, FlagProblem, Fix, LaunchFlags, ResolvedShape, ServingError, ServingPlan
+from diag.engines.protocol import Release, Verification
+from diag.engines.sglang import accept_rate, conventions, flag_parser, launch, server_log, server_responses, serving
+from diag.engines.sglang.algorithms import ALIASES, MODES, mode_of
+from diag.engines.sglang.architectures import auto_defaults_key, capture_model
+from diag.engines.sglang.capture import NoCapture, capture_rule
+from diag.engines.sglang.serving import IDS_FIELD
+from diag.engines.sglang.tree_rules import resolve_sglang_shape
+from diag.engines.sglang.versions import RELEASES, engine
+from diag.errors import DiagError
+from diag.layouts import Layout
+
+VERIFICATION = Verification(
+    "tree-argmax", "tree-target-only",
+    "greedy: verify_tree_greedy, the deepest path equal to the target's argmax continuation; sampled: "
+    "TreeSpeculativeSamplingTargetOnly, each child accepted with its target probability (draft "
+    "probabilities never read), thresholds --speculative-accept-threshold-single / -acc")
+
+
+class SglangEngine:
+    """The EngineRules of SGLang 0.5.6-0.5.23 (see the module docstring)."""
+
+    family = "sglang"
+    display = "SGLang"
+    ids_field = IDS_FIELD
+
+    def releases(self) -> tuple[str, ...]:
+        return RELEASES
+
+    def release(self, version: str) -> Release:
+        return engine(version)
+
+    def algorithms(self) -> tuple[str, ...]:
+        return (*MODES, *ALIASES)
+
+    def mode_of(self, algorithm: str) -> str:
+        return mode_of(algorithm)
+
+    def serving_plan(self, drafter_config: dict, target_config: dict, *, release: Release,
+                     algorithm: str = "EAGLE3", cuda_graph: bool = True) -> ServingPlan | ServingError:
+        return serving.try_serving_plan(drafter_config, target_config, engine_name=release.name,
+                                        algorithm=algorithm, cuda_graph=cuda_graph)
+
+    def capture_convention(self, target_config: dict, *, release: Release) -> str:
+        return serving.capture_convention(target_config, engine_name=release.name)
+
+    def default_aux_layers(self, target_config: dict, *, release: Release) -> Layout | None:
+        rule = capture_rule(release, capture_model(target_config))
+        if isinstance(rule, NoCapture):
+            return None
+        return conventions.resolve(None, rule, num_layers(target_config)).layout
+
+    def serving_ids(self, layout: Layout, target_config: dict, *, release: Release) -> list[int] | None:
+        return serving.serving_ids(layout, target_config, engine_name=release.name)
+
+    def fix_for(self, layout: Layout, target_config: dict, *, release: Release) -> Fix:
+        return serving.fix_for(layout, target_config, engine_name=release.name)
+
+    def resolve_tree(self, num_steps: int | None, topk: int | None, num_draft_tokens: int | None,
+                     target_config: dict | None, *, release: Release,
+                     algorithm: str = "EAGLE3") -> ResolvedShape:
+        return resolve_sglang_shape(num_steps, topk, num_draft_tokens, auto_defaults_key(target_config),
+                                    eng=release, algorithm=algorithm)
+
+    def verification(self, release: Release) -> Verification:
+        return VERIFICATION
+
+    def accept_rate_formula(self, release: Release) -> str:
+        return accept_rate.formula_for(release)
+
+    def formula_label(self, formula: str) -> str:
+        return accept_rate.label(formula)
+
+    def read_log(self, text: str, *, source: str, release: Release) -> server_log.ServerLog:
+        return server_log.read_server_log(text, source=source, release=release.release)
+
+    def read_responses(self, text: str, *, source: str,
+                       release: Release) -> server_responses.GenerateResponses:
+        return server_responses.read_generate_responses(text, source=source, release=release.release)
+
+    def read_server_info(self, text: str, *, source: str) -> server_responses.ServerInfo:
+        return server_responses.read_server_info(text, source=source)
+
+    def read_metrics(self, text: str, *, source: str):
+        raise DiagError("diag reads no SGLang /metrics scrape", file=source, field="metrics",
+                        expected="the server log, /generate responses or /server_info",
+                        found="a metrics scrape named for SGLang")
+
+    def launch_argv(self, command: str | list[str]) -> list[str]:
+        return launch.server_argv(command)
+
+    def parse_launch(self, command: str | list[str], *, release: Release) -> LaunchFlags:
+        return launch.parse_launch(command, release.name)
+
+    def effective_config(self, flags: LaunchFlags, target_config: dict | None, *,
+                         release: Release) -> EffectiveConfig:
+        return launch.effective_config(flags, target_config, engine_name=release.name)
+
+    def flag_problems(self, argv: list[str], *, release: Release) -> list[FlagProblem]:
+        """The parser's problems, each with `parser` set; FLAG_TABLE notes (severity "info")
+        when no table is at or below the release, or the nearest one is older."""
+        table = flag_parser.table_for(release.version)
+        regen = "regenerate diag/engines/sglang/server_flags.json with this release"
+        if table is None:
+            return [FlagProblem("FLAG_TABLE", "info", "", f"no flag table for {release.label}: launch flags not "
+                                "checked", "n/a", regen)]
+        parser = f"SGLang {table.version}"
+        out = [replace(x, parser=parser) for x in flag_parser.flag_problems(list(argv), table)]
+        if not table.exact:
+            out.append(FlagProblem("FLAG_TABLE", "info", "", f"launch flags checked against {parser}'s "
+                                   f"parser, the nearest generated release at or below {release.version}",
+                                   "flags added after that release are reported as warnings, not errors",
+                                   regen, parser))
+        return out
+
+
+RULES = SglangEngine()
