@@ -1,6 +1,3 @@
-<<<<<<< HEAD
-"""The serving engines diag models, one package each (vllm/ here; SGLang still in diag.engine)."""
-=======
 """The registry of serving engines: which families diag knows and how a release is named.
 
 A release is "<family>-<version>" ("sglang-0.5.23", "vllm-0.32.0"); a bare version
@@ -68,4 +65,3 @@ def rules(name: str | Release | None = None) -> EngineRules:
 
 __all__ = ["DEFAULT_ENGINE", "EngineRules", "Release", "engine", "families", "family_rules", "rules",
            "split"]
->>>>>>> engines
