@@ -268,3 +268,31 @@ def test_default_aux_layers_and_table_equal_the_wheel(version):
         exec(compile(ast.Module(body=[fn], type_ignores=[]), src, "exec"), ns)
         fake = type("M", (), {"model": type("I", (), {"layers": [0] * 61})()})()
         assert tuple(ns[method](fake)) == capture.default_ids(family, 61, version) == (2, 30, 58)
+
+
+def test_wheels_network_failure_is_a_diag_error(monkeypatch, tmp_path):
+    from diag.engines.vllm import wheels
+    monkeypatch.setenv("DIAG_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(wheels, "INDEX", "http://127.0.0.1:9/pypi")     # nothing listens on port 9
+    monkeypatch.setattr(wheels, "_TIMEOUT", 2)
+    wheels._project.cache_clear()
+    wheels.release_files.cache_clear()
+    try:
+        with pytest.raises(DiagError, match="cannot reach the package index") as e:
+            wheels.read("0.32.0", "vllm/v1/spec_decode/metrics.py")
+        assert "127.0.0.1:9" in str(e.value)
+    finally:
+        wheels._project.cache_clear()
+        wheels.release_files.cache_clear()
+
+
+@pytest.mark.wheel
+def test_wheels_unknown_release_and_absent_member(tmp_path, monkeypatch):
+    from diag.engines.vllm import wheels
+    monkeypatch.setenv("DIAG_CACHE_DIR", str(tmp_path))
+    with pytest.raises(DiagError, match="unknown vLLM release"):
+        wheels.read("0.99.0", "vllm/config.py")
+    assert wheels.read("0.34.0", "vllm/v1/sample/rejection_sampler.py") is None      # moved in 0.34.0
+    text = wheels.read_text("0.34.0", "vllm/v1/spec_decode/metrics.py")
+    assert "SpecDecoding metrics" in text
+    assert (tmp_path / "vllm-wheels/0.34.0/vllm/v1/spec_decode/metrics.py").read_text() == text
