@@ -15,7 +15,7 @@ import torch
 from diag.engines.vllm import capture, detect, rejection, rules_gen, sanity
 from diag.engines.vllm.releases import (NEWEST, RELEASES, rule, rule_change_releases, rule_row, span,
                                         vllm_release)
-from diag.engines.vllm.rules import RULES
+from diag.engines.vllm.table import ROWS
 from diag.engines.vllm.spec_config import parse_launch, parse_spec_config
 from diag.errors import DiagError
 
@@ -37,8 +37,8 @@ def test_release_names_and_errors():
 
 
 def test_every_rule_covers_every_release_once():
-    for name in {r.name for r in RULES}:
-        rows = [r for r in RULES if r.name == name]
+    for name in {r.name for r in ROWS}:
+        rows = [r for r in ROWS if r.name == name]
         covered = [v for r in rows for v in RELEASES[RELEASES.index(r.first):RELEASES.index(r.last) + 1]]
         assert covered == list(RELEASES), name
     assert EXECUTED[-1] == NEWEST and EXECUTED[0] == RELEASES[0]

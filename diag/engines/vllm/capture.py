@@ -1,4 +1,4 @@
-"""Which hidden states a vLLM release feeds an EAGLE-3 drafter, from rules.py's rows.
+"""Which hidden states a vLLM release feeds an EAGLE-3 drafter, from table.py's rows.
 
 Residual-stream index r as in diag/layouts.py: r = 0 is the embeddings ("embed"), r = i the
 state entering decoder layer i ("L{i}"), r = N the last layer's output before the final norm.
@@ -42,7 +42,7 @@ def default_ids(family: str, num_layers: int, eng: str | VllmRelease | None) -> 
     if not expr.startswith("("):
         raise DiagError(f"{vllm_release(eng).label} has no EAGLE-3 for this model family", field="family",
                         expected="a family vLLM captures for", found=family, hint=expr)
-    return tuple(eval(compile(expr, "<rules.py>", "eval"), {"__builtins__": {}}, {"num_layers": num_layers}))
+    return tuple(eval(compile(expr, "<table.py>", "eval"), {"__builtins__": {}}, {"num_layers": num_layers}))
 
 
 def _point(r: int) -> str:

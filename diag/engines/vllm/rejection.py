@@ -1,5 +1,5 @@
 """vLLM's rejection sampler for one request's chain, ported from vllm/v1/sample/rejection_sampler.py
-(0.8.5–0.33.0; rules.py "rejection_sampler") as diag's own pure functions over tensors.
+(0.8.5–0.33.0; table.py "rejection_sampler") as diag's own pure functions over tensors.
 
 A round verifies k drafts d[0..k-1] against the target's k + 1 positions:
   greedy  (rejection_greedy_sample_kernel): emit argmax[i] for i = 0, 1, ... while d[i] == argmax[i];

@@ -3,7 +3,7 @@
 An engine is named "vllm-0.32.0" (`--engine vllm-0.32.0`, `[serving] engine = "vllm-0.32.0"`);
 "vllm-0.9.0.1" and "vllm-0.8.5.post1" too. diag knows every vLLM release on PyPI from the first
 with EAGLE-3 (0.8.5: vllm/model_executor/models/llama_eagle3.py appears) to the newest it read
-(rules.py, RELEASES, written by rules_gen from the wheels).
+(table.py, RELEASES, written by rules_gen from the wheels).
 
 Versions compare as tuples (major, minor, patch, fourth, post):
     "0.9.0.1"     -> (0, 9, 0, 1, 0)  > "0.9.0"  -> (0, 9, 0, 0, 0)
@@ -11,7 +11,7 @@ Versions compare as tuples (major, minor, patch, fourth, post):
 A rule is a row (name, first, last, value): it holds for every known release r with
 first <= r <= last. `rule("aux_default.llama", "vllm-0.32.0")` -> the value for 0.32.0.
 
-This module knows names, versions and ranges; the rules themselves are rules.py's data.
+This module knows names, versions and ranges; the rules themselves are table.py's data.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from diag.engines.vllm.rules import RELEASES, RULES, Rule
+from diag.engines.vllm.table import RELEASES, ROWS, Rule
 from diag.errors import DiagError
 
 _VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:\.(\d+))?(?:\.post(\d+))?$")
@@ -87,7 +87,7 @@ def vllm_release(name: str | VllmRelease | None = None) -> VllmRelease:
 def rule_row(name: str, eng: str | VllmRelease | None) -> Rule:
     """The row of rule `name` whose range holds this release."""
     r = vllm_release(eng)
-    rows = [row for row in RULES if row.name == name]
+    rows = [row for row in ROWS if row.name == name]
     if not rows:
         raise KeyError(f"no vLLM rule named {name!r}")
     for row in rows:
@@ -114,6 +114,6 @@ DATA_ONLY = ("spec_config_keys",)
 def rule_change_releases(*, executed: bool = False) -> tuple[str, ...]:
     """The first release of every rule's every range, and the newest; with executed=True only the
     rules whose functions the differential tests run (the set CI executes)."""
-    rows = [row for row in RULES if not (executed and row.name in DATA_ONLY)]
+    rows = [row for row in ROWS if not (executed and row.name in DATA_ONLY)]
     firsts = {row.first for row in rows} | {NEWEST}
     return tuple(v for v in RELEASES if v in firsts)

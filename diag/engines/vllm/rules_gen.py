@@ -1,9 +1,9 @@
 """Read vLLM's EAGLE-3 rules out of every release's wheel and write them, with release ranges,
-to rules.py.  `python -m diag.engines.vllm.rules_gen` (about 40 releases, ~20 MB of ranged
+to table.py.  `python -m diag.engines.vllm.rules_gen` (about 40 releases, ~20 MB of ranged
 reads the first time, then the cache under $DIAG_CACHE_DIR/vllm-wheels).
 
 Each probe reads one or two files of one release and returns a fact, a short string (or a
-tuple of strings) in words; consecutive releases with the same fact form one row of rules.py.
+tuple of strings) in words; consecutive releases with the same fact form one row of table.py.
 A probe that meets code it does not recognise raises Unrecognized: a new rule must be read and
 named by a person, never guessed. Worked example (llama.py 0.8.5):
     for idx, layer in enumerate(self.layers[...]):
@@ -14,7 +14,7 @@ named by a person, never guessed. Worked example (llama.py 0.8.5):
                           "id N: never captured (the loop stops at layer N-1)")
 
 This module knows vLLM's source files and how to read them; the engine rules diag applies are
-the data it writes (rules.py) and the functions that read that data (releases.py, capture.py).
+the data it writes (table.py) and the functions that read that data (releases.py, capture.py).
 """
 
 from __future__ import annotations
@@ -279,7 +279,7 @@ def render(releases, rows) -> str:
     out = [HEADER, "RELEASES: tuple[str, ...] = (\n"]
     for i in range(0, len(releases), 8):
         out.append("    " + " ".join(f"{v!r}," for v in releases[i:i + 8]) + "\n")
-    out.append(")\n\nRULES: tuple[Rule, ...] = (\n")
+    out.append(")\n\nROWS: tuple[Rule, ...] = (\n")
     for name, first, last, value, source in rows:
         out.append(f"    Rule({name!r}, {first!r}, {last!r},\n         {value!r},\n         {source!r}),\n")
     out.append(")\n")
@@ -292,7 +292,7 @@ def main(argv=None) -> int:
     with ThreadPoolExecutor(6) as pool:
         table = dict(zip(releases, tqdm(pool.map(facts, releases), total=len(releases), desc="vLLM wheels")))
     rows = ranges(releases, table)
-    target = Path(__file__).with_name("rules.py")
+    target = Path(__file__).with_name("table.py")
     target.write_text(render(releases, rows))
     print(f"{len(releases)} releases {releases[0]}..{releases[-1]}, {len(rows)} rule rows -> {target}")
     return 0

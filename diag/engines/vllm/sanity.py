@@ -1,6 +1,6 @@
 """Engine sanity: does a server's sampled acceptance approach its greedy acceptance as T -> 0?
 
-Under vLLM's rule (rules.py "rejection_sampler": accept the draft d with probability p(d)/q(d),
+Under vLLM's rule (table.py "rejection_sampler": accept the draft d with probability p(d)/q(d),
 q one-hot for EAGLE) the target's distribution at temperature T tends to its argmax as T -> 0,
 so p(d) -> 1 when d is the argmax and -> 0 otherwise: the sampled accept length must tend to the
 greedy one, whatever the drafter and whatever layout it is fed. A sampled run at a low

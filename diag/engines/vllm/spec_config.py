@@ -9,7 +9,7 @@ position 0..k-1 (`speculative_token_tree`, where the release has it, makes a tre
 
 Errors name the flag and what was found: JSON that does not parse (with the character position
 and the text around it), a method diag does not model, a key the release's SpeculativeConfig does
-not have. This module knows command lines and JSON; the keys per release are rules.py's data.
+not have. This module knows command lines and JSON; the keys per release are table.py's data.
 """
 
 from __future__ import annotations

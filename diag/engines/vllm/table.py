@@ -29,7 +29,7 @@ RELEASES: tuple[str, ...] = (
     '0.29.0', '0.30.0', '0.31.0', '0.32.0', '0.33.0', '0.34.0',
 )
 
-RULES: tuple[Rule, ...] = (
+ROWS: tuple[Rule, ...] = (
     Rule('aux_capture.llama', '0.8.5', '0.17.1',
          ('L{id}: the residual stream entering layer id (hidden_states + residual before it)', 'id 0: TypeError at the first forward (residual is None before layer 0)', 'id N (= num_layers): never captured (the loop stops before layer N): one state short'),
          'vllm/model_executor/models/llama.py'),
