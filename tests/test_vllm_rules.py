@@ -296,3 +296,48 @@ def test_wheels_unknown_release_and_absent_member(tmp_path, monkeypatch):
     text = wheels.read_text("0.34.0", "vllm/v1/spec_decode/metrics.py")
     assert "SpecDecoding metrics" in text
     assert (tmp_path / "vllm-wheels/0.34.0/vllm/v1/spec_decode/metrics.py").read_text() == text
+
+
+# ---- the EngineRules protocol ------------------------------------------------------------------------
+
+LLAMA6 = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 6, "vocab_size": 1000}
+
+
+def test_vllm_engine_rules():
+    from diag.engines import EngineRules
+    from diag.engines.vllm.rules import RULES as r
+    from diag.layouts import layout
+    engine = r.release
+    rel = engine("vllm-0.32.0")
+    assert isinstance(r, EngineRules) and rel.label == "vLLM 0.32.0" and engine("vllm-0.9.0.1").release == (0, 9, 0, 1)
+    plan = r.serving_plan({"eagle_aux_hidden_state_layer_ids": [0, 2, 4]}, LLAMA6, release=rel)
+    assert str(plan.layout) == "embed+L2+L4" and "literally" in plan.rule and plan.fc_inputs == 3
+    nested = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 5]}}
+    assert str(r.serving_plan(nested, LLAMA6, release=rel).layout) == "L1+L3+L5"          # 0.22.0-0.33.0
+    assert str(r.serving_plan(nested, LLAMA6, release=engine("vllm-0.34.0")).layout) == "L2+L3"   # default
+    err = r.serving_plan({"eagle_aux_hidden_state_layer_ids": [0, 2, 4]}, LLAMA6, release=engine("vllm-0.17.1"))
+    assert "cannot serve aux id 0" in str(err)
+    assert r.serving_ids(layout("embed+L2+L4"), LLAMA6, release=rel) == [0, 2, 4]
+    fix = r.fix_for(layout("embed+L2+L4"), LLAMA6, release=engine("vllm-0.11.0"))
+    assert fix.ids is None and fix.upgrade == ("0.18.0", [0, 2, 4])
+    assert str(r.default_aux_layers(LLAMA6, release=rel)) == "L2+L3"
+    assert r.resolve_tree(3, None, None, LLAMA6, release=rel).shape.name == "chain-3"
+    assert r.resolve_tree(3, 4, 8, LLAMA6, release=rel).crash
+    assert r.verification(rel).sampled == "chain-rejection"
+    assert r.accept_rate_formula(rel) == "draft_accept_rate" and "Σa / (rounds·k)" in r.formula_label("draft_accept_rate")
+
+
+def test_vllm_engine_launch_lint():
+    from diag.engines.vllm.rules import RULES as r
+    engine = r.release
+    rel = engine("vllm-0.32.0")
+    flags = r.parse_launch(f"vllm serve /m -tp 2 --speculative-config '{SPEC}'", release=rel)
+    assert (flags.model_path, flags.draft_model_path, flags.num_steps, flags.tp_size) == ("/m", "/d", 3, 2)
+    assert r.effective_config(flags, LLAMA6, release=rel).tree.shape.name == "chain-3"
+    assert r.launch_argv("python -m vllm.entrypoints.openai.api_server --model /m") == ["--model", "/m"]
+    (p,) = r.flag_problems(["/m", "--speculative-config", "{bad"], release=rel)
+    assert p.severity == "error" and "not JSON" in p.message and p.parser == "vLLM 0.32.0"
+    assert r.flag_problems(["/m", "--speculative-config", SPEC], release=rel) == []
+    with pytest.raises(DiagError, match="another vLLM release"):
+        r.read_log(LOG, source="server.log", release=engine("vllm-0.31.0"))
+    assert r.read_log(LOG, source="server.log", release=rel)[0].drafts == 558
