@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
-from diag.engines.sglang.decoding import parse_decoding
+from diag.engines.decoding import parse_decoding
 from diag.errors import DiagError
 from diag.replay.evaluation import Evaluation, reference_axes, select
 from diag.report.compare import load_report

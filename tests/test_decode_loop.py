@@ -10,7 +10,7 @@ import torch
 
 from diag.cli.run import DEMO, repo_file
 from diag.drafter.checkpoint import load_drafter
-from diag.engines.sglang.decoding import GREEDY, sampled
+from diag.engines.decoding import GREEDY, sampled
 from diag.replay.decode_loop import DecodeLoop, Lane
 from diag.replay.evaluation import trajectory_rounds
 from diag.replay.replay import Variant, replay

@@ -1,5 +1,5 @@
-"""The decoding axis: SGLang's sampling parameters and thresholds (diag.engines.sglang.decoding), stable
-names, and where a run's decodings come from (case [decoding], flags, the launch command, the
+"""The decoding axis: SGLang's sampling parameters and thresholds (diag.engines.decoding; what a
+request that sets nothing runs: diag.engines.sglang.decoding), stable names, and where a run's decodings come from (case [decoding], flags, the launch command, the
 target's generation_config.json), with clear errors for bad values before anything loads."""
 
 import json
@@ -8,7 +8,8 @@ import pytest
 
 import tiny
 from diag.cli.main import main
-from diag.engines.sglang.decoding import GREEDY, Decoding, parse_decoding, request_defaults, sampled
+from diag.engines.decoding import GREEDY, Decoding, parse_decoding, sampled
+from diag.engines.sglang.decoding import request_defaults
 from diag.engines.sglang.launch import parse_launch
 from diag.errors import DiagError
 from diag.run.case import check_case, read_case

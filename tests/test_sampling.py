@@ -6,7 +6,7 @@ emission at thresholds 1 (chi-square)."""
 import pytest
 import torch
 
-from diag.engines.sglang.decoding import sampled
+from diag.engines.decoding import sampled
 from diag.replay.sampling import (accept_probs, expected_at_depth, reach_probs, renorm_top_k, renorm_top_p,
                                   sample, target_probs, uniforms, verify_chain_vllm, verify_tree)
 from diag.trees import depths

@@ -21,7 +21,7 @@ import time
 import torch
 
 from diag.bench.common import sync
-from diag.engines.sglang.decoding import sampled
+from diag.engines.decoding import sampled
 from diag.layouts import CapturePoint, layout, union_points
 from diag.replay.decode_loop import DecodeLoop, Lane
 from diag.replay.replay import Variant

@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 
 from diag.errors import DiagError
-from diag.engines.sglang.launch import EffectiveConfig, effective_config, parse_launch
+from diag.engines import engine, rules
+from diag.engines.common import EffectiveConfig
 from diag.checkpoint.config import read_config_json
 
 
@@ -80,9 +81,10 @@ def run(args) -> int:
         print("diag effective: give the launch command after --", file=sys.stderr)
         return 2
     try:
-        flags = parse_launch(words if len(words) > 1 else words[0])
-        eff = effective_config(flags, _target_config(args.target, flags.model_path),
-                               **({"engine_name": args.engine} if args.engine else {}))
+        rel = engine(args.engine)
+        eng = rules(rel)
+        flags = eng.parse_launch(words if len(words) > 1 else words[0], release=rel)
+        eff = eng.effective_config(flags, _target_config(args.target, flags.model_path), release=rel)
     except DiagError as err:
         print(err.render(), file=sys.stderr)
         return 2

@@ -13,6 +13,7 @@ from dataclasses import asdict
 
 from diag.errors import DiagError
 from diag.checks.lint import Finding, lint
+from diag.engines import families, rules as engine_rules, split
 
 _ORDER = {"error": 0, "warning": 1, "info": 2}
 
@@ -35,8 +36,8 @@ def render(f: Finding) -> str:
     lines = [f"{f.severity.upper()} {f.code}: {f.message}"]
     if where:
         lines.append(f"  where:  {where}")
-    version = f" {f.engine.removeprefix('sglang-')}" if f.engine else ""
-    lines += [f"  sglang{version}: {f.sglang_behaviour}", f"  fix:    {f.fix}"]
+    family, version = split(f.engine) if f.engine else (families()[0], None)
+    lines += [f"  {family}{f' {version}' if version else ''}: {f.sglang_behaviour}", f"  fix:    {f.fix}"]
     return "\n".join(lines)
 
 
@@ -53,7 +54,7 @@ def run(args) -> int:
     else:
         print("\n\n".join(render(f) for f in findings) if findings else "no findings")
         counts = {s: sum(f.severity == s for f in findings) for s in _ORDER}
-        rules = findings[0].engine if findings else (args.engine or "the newest known SGLang")
+        rules = findings[0].engine if findings else (args.engine or f"the newest known {engine_rules().display}")
         print(f"\n{counts['error']} error(s), {counts['warning']} warning(s), "
               f"{counts['info']} info (rules of {rules})")
     return 1 if any(f.severity == "error" for f in findings) else 0

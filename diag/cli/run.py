@@ -129,7 +129,7 @@ FLAG_NAMES = {"temperature": "--temperature", "top_p": "--top-p", "top_k": "--to
 def decoding_overrides(dec: DecodingSpec, a) -> DecodingSpec:
     """--temperature / --top-p / --top-k / thresholds / --seeds over the case's [decoding],
     each value checked with the flag's name before anything loads."""
-    from diag.engines.sglang.decoding import check
+    from diag.engines.decoding import check
     ts, ta = getattr(a, "threshold_single", None), getattr(a, "threshold_acc", None)
     for t in getattr(a, "temperature", None) or [1.0]:
         for p in getattr(a, "top_p", None) or [1.0]:

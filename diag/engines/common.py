@@ -16,7 +16,7 @@ from diag.layouts import Layout
 from diag.trees import TreeShape
 
 __all__ = ["DeclaredLayout", "DraftTables", "EffectiveConfig", "FlagProblem", "Fix", "LaunchFlags",
-           "ResolvedShape", "ServingError", "ServingPlan"]
+           "ResolvedShape", "ServingError", "ServingPlan", "refused"]
 
 
 @dataclass(frozen=True)
@@ -157,3 +157,8 @@ class FlagProblem:
     behaviour: str
     fix: str
     parser: str = ""                   # whose parser judged: "SGLang 0.5.14" (the nearest table)
+
+
+def refused(plan: ServingPlan | ServingError) -> ServingPlan | ServingError:
+    """A plan that crashes as the ServingError it is; anything else unchanged."""
+    return ServingError(plan.crash) if isinstance(plan, ServingPlan) and plan.crash else plan

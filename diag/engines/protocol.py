@@ -20,6 +20,8 @@ What the protocol covers, in the order a run needs it (worked examples are SGLan
   the fix         serving_ids(embed+L2+L4) -> [-1, 1, 3]; fix_for -> Fix with the sentence in
                   the engine's own terms ("write eagle_config.eagle_aux_hidden_state_layer_ids
                   = [-1, 1, 3] (SGLang 0.5.23, sglang-llama)")
+  draft tables    draft_tables(drafter_config, "eagle") -> embed / lm_head "target", drafts among
+                  the first draft_vocab_size target ids (DraftTables)
   trees           resolve_tree(num_steps, topk, num_draft_tokens, target_config) -> the tree the
                   server runs (auto defaults when all three are None; S=1, K=1, D=16 -> D=2)
   verification    verification(release) -> the greedy and sampled rules the decode loop applies,
@@ -47,8 +49,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from diag.errors import DiagError
 
 if TYPE_CHECKING:
-    from diag.engines.common import (EffectiveConfig, FlagProblem, Fix, LaunchFlags, ResolvedShape,
-                                     ServingError, ServingPlan)
+    from diag.engines.common import (DraftTables, EffectiveConfig, FlagProblem, Fix, LaunchFlags,
+                                     ResolvedShape, ServingError, ServingPlan)
     from diag.layouts import Layout
 
 _VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:\.post(\d+)|\.(\d+))?$")
@@ -130,8 +132,10 @@ class EngineRules(Protocol):
     # ---- capture and the fix -------------------------------------------------------------
     def serving_plan(self, drafter_config: dict, target_config: dict, *, release: Release,
                      algorithm: str = "EAGLE3", cuda_graph: bool = True) -> ServingPlan | ServingError:
-        """What `release` feeds this drafter on this target (ServingPlan), or why it cannot
-        serve it as configured (ServingError: ids it cannot capture, a shape that crashes)."""
+        """What `release` feeds this drafter on this target (ServingPlan; its `crash` says why a
+        server that starts fails at the first draft), or ServingError when it cannot be served
+        as configured at all (ids it cannot capture, a key its drafter class cannot build with).
+        common.refused(plan) turns a plan that crashes into its ServingError."""
 
     def capture_convention(self, target_config: dict, *, release: Release) -> str:
         """The layer-id rule `release` applies to this target's drafter ids, by convention
@@ -145,6 +149,10 @@ class EngineRules(Protocol):
 
     def fix_for(self, layout: Layout, target_config: dict, *, release: Release) -> Fix:
         """How to make `release` serve `layout`, written in the engine's terms."""
+
+    def draft_tables(self, drafter_config: dict, mode: str, *, release: Release) -> DraftTables:
+        """Whose embedding and lm_head the served drafter uses in `mode` ("eagle3" | "eagle"),
+        how many logits it scores, whether d2t maps its ids (the draft vocabulary rule)."""
 
     # ---- trees ---------------------------------------------------------------------------
     def resolve_tree(self, num_steps: int | None, topk: int | None, num_draft_tokens: int | None,

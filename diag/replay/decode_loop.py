@@ -33,7 +33,7 @@ import torch
 
 from diag.drafter.drafting import DraftHead
 from diag.drafter.incremental import DraftKV, cache_dims, draft_tree, extend
-from diag.engines.sglang.decoding import Decoding
+from diag.engines.decoding import Decoding
 from diag.layouts import CapturePoint, Layout, union_points
 from diag.replay.replay import Variant, _on, default_tables, draft_head
 from diag.replay.sampling import expected_at_depth, sample, target_probs, uniforms, verify_tree

@@ -5,7 +5,7 @@ An Evaluation is what every later part of diag reads: verdicts, the speedup and 
 sections, the report writer, the plots, the pytest assertions. Each variant is a point on
 named axes (Axes): layout, mode, tree, regime (of the drafter's features), tokens_regime
 (whose argmax verifies), rendering (how the prompts became token ids, diag/run/rendering.py),
-decoding ("greedy", or a sampled decoding's name such as "t1.0-p0.95-k-1", diag.engines.sglang.decoding).
+decoding ("greedy", or a sampled decoding's name such as "t1.0-p0.95-k-1", diag.engines.decoding).
 A new axis is a new Axes field with its default, filled by the
 producer (`summarize`); every `select(evaluations, where)` with a `where` built from the
 run's reference axes then pins it, so a forgotten axis cannot join a ranking silently.

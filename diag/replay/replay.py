@@ -43,7 +43,7 @@ class Variant:
     regime: str = "as-loaded"          # regime of the drafter's input features
     tokens_regime: str = "as-loaded"   # regime whose argmax verifies
     rendering: str = LEGACY_AXES["rendering"]   # how the prompts became token ids
-    decoding: str = LEGACY_AXES["decoding"]     # diag.engines.sglang.decoding name; replay itself is greedy
+    decoding: str = LEGACY_AXES["decoding"]     # diag.engines.decoding name; replay itself is greedy
 
     @property
     def axes(self) -> Axes:

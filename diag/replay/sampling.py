@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from diag.engines.sglang.decoding import SAMPLING_EPS, Decoding
+from diag.engines.decoding import SAMPLING_EPS, Decoding
 
 MAX_COIN = 1.0 - 2 ** -24        # SGLang clamps coins below 1.0 (a 1.0 coin walks past the CDF)
 _M32 = 0xFFFFFFFF

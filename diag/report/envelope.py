@@ -96,7 +96,7 @@ def _decoding(run) -> dict:
     """The run's decoding plan; a run built without one decoded greedily only."""
     if run.decoding is not None:
         return run.decoding.to_dict()
-    from diag.engines.sglang.decoding import GREEDY
+    from diag.engines.decoding import GREEDY
     return {"served": GREEDY.to_dict(), "sampled": [], "seeds": [], "scope": "verdicts",
             "source": "default (greedy)", "lossy": False}
 

@@ -1,6 +1,6 @@
 """Which layouts a run evaluates, and why each is there (DESIGN.md §2, §3).
 
-Sources, in order: the case's named layouts; what the engine will serve (diag.engines.sglang.serving); what
+Sources, in order: the case's named layouts; what the engine will serve (EngineRules.serving_plan); what
 the drafter's config declares it was trained on, read under every convention; and, when the
 case asks for a scan (or names no layout at all), the neighbours of each: every point moved
 by ±1, the whole layout moved by ±1, `embed` swapped for L1 and the first point swapped for
@@ -17,13 +17,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from diag.engines import engine, rules
+from diag.engines.common import ServingError
 from diag.engines.sglang import conventions
 from diag.run.case import Case
 from diag.checkpoint.headers import tensor_infos
 from diag.errors import DiagError
 from diag.layouts import Layout, layout, point
-from diag.engines.sglang.launch import parse_launch
-from diag.engines.sglang.serving import ServingError, declared_layouts, nested_ids, serving_plan, top_level_ids
+from diag.engines.sglang.serving import declared_layouts, nested_ids, top_level_ids
 from diag.target.load import TargetInfo, read_target_config
 
 EAGLE_LABEL = "final (EAGLE)"
@@ -87,12 +88,12 @@ def neighbours(lay: Layout, n: int) -> list[tuple[Layout, str]]:
 def _serving(case: Case, dcfg: dict, tcfg: dict, book: "_Book"):
     """What the engine will feed; ids it cannot capture become a serving error (a verdict),
     and the run goes on to find what the drafter was trained on."""
-    graphs = not (case.serving.launch and parse_launch(case.serving.launch).disable_cuda_graph)
-    try:
-        plan = serving_plan(dcfg, tcfg, engine_name=case.serving.engine, algorithm=case.serving.algorithm,
-                            cuda_graph=graphs)
-    except DiagError as err:
-        book.serving_error = ServingError(err.message, err.field, err.expected, err.found)
+    rel = engine(case.serving.engine)
+    eng = rules(rel)
+    graphs = not (case.serving.launch and eng.parse_launch(case.serving.launch, release=rel).disable_cuda_graph)
+    plan = eng.serving_plan(dcfg, tcfg, release=rel, algorithm=case.serving.algorithm, cuda_graph=graphs)
+    if isinstance(plan, ServingError):
+        book.serving_error = plan
         return None
     if plan.crash:
         book.serving_error = ServingError(plan.crash)

@@ -28,7 +28,7 @@ import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from diag.engines.sglang.versions import DEFAULT_ENGINE, engine
+from diag.engines import DEFAULT_ENGINE, engine
 from diag.errors import DiagError
 
 CASE_VERSION = 1
@@ -68,7 +68,7 @@ class EvaluateSpec:
 
 @dataclass(frozen=True)
 class ServingSpec:
-    engine: str = DEFAULT_ENGINE     # "sglang-0.5.X" (or "0.5.X"); diag.engines.sglang.versions knows which
+    engine: str = DEFAULT_ENGINE     # "sglang-0.5.X" (or "0.5.X"); the registry, diag.engines, knows which
     algorithm: str = "EAGLE3"
     layout: str | None = None
     launch: str | None = None
@@ -356,8 +356,8 @@ def check_long_context(case: Case) -> None:
 
 
 def _check_decoding(dec: DecodingSpec, src: str) -> None:
-    """Every sweep value and threshold in range (diag.engines.sglang.decoding), before anything loads."""
-    from diag.engines.sglang.decoding import check, parse_decoding
+    """Every sweep value and threshold in range (diag.engines.decoding), before anything loads."""
+    from diag.engines.decoding import check, parse_decoding
     names = {k: f"decoding.{k}" for k in ("temperature", "top_p", "top_k", "threshold_single", "threshold_acc")}
     for t in dec.temperature or (1.0,):
         for p in dec.top_p or (1.0,):

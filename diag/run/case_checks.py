@@ -1,9 +1,10 @@
 """Value checks of a case that parsing its types alone does not make: ranges, tree shapes
-SGLang refuses, regime names, the engine version and the serving algorithm. Run on every case after the command-line overrides, so a
-flag gets the same checks as a case file (`--max-new-tokens 0`, `--limit -1`).
+the engine refuses, regime names, the engine version and the serving algorithm. Run on every
+case after the command-line overrides, so a flag gets the same checks as a case file
+(`--max-new-tokens 0`, `--limit -1`).
 
 Ranges are data (RANGES): field, the test, what is expected. Trees follow the engine's own
-rules (diag.engines.sglang.tree_rules): a shape SGLang refuses at its first draft is an error naming
+rules (EngineRules.resolve_tree): a shape the engine refuses at its first draft is an error naming
 the tree; one it rewrites is run as it runs it, with a note (diag.run.inputs.tree_shapes).
 Worked example: trees = ["s3-k4-d100"] -> DiagError field evaluate.trees, found "s3-k4-d100:
 RuntimeError: selected index k out of range ... num_draft_tokens - 1 = 99 exceeds the 36
@@ -14,7 +15,7 @@ This module knows the case's dataclasses and the engine's tree rules; it reads n
 
 from __future__ import annotations
 
-from diag.engines.sglang.tree_rules import resolve_sglang_shape
+from diag.engines import EngineRules, Release, engine, rules
 from diag.errors import DiagError
 from diag.trees import tree_shape
 
@@ -58,17 +59,28 @@ def check_ranges(case) -> None:
                             expected=expected, found=value)
 
 
+def _rules(case) -> tuple[Release, EngineRules]:
+    """The case's engine and its rules; its newest release while the version itself is still
+    unchecked (check_serving reports an unknown one, naming its field)."""
+    eng = rules(case.serving.engine)
+    try:
+        return engine(case.serving.engine), eng
+    except DiagError:
+        return eng.release(eng.releases()[-1]), eng
+
+
 def check_trees(case) -> None:
-    """Every named tree is one SGLang runs; a case with no tree at all is an error too."""
+    """Every named tree is one the engine runs; a case with no tree at all is an error too."""
     ev = case.evaluate
     if not ev.trees and not ev.tree_grid:
         raise DiagError("the case names no tree shape", file=case.source, field="evaluate.trees",
                         expected="at least one shape, e.g. chain-3, or a tree_grid", found="[]")
     for text in ev.trees:
         shape = tree_shape(text, field="evaluate.trees")
-        resolved = resolve_sglang_shape(shape.num_steps, shape.topk, shape.num_draft_tokens)
+        rel, eng = _rules(case)
+        resolved = eng.resolve_tree(shape.num_steps, shape.topk, shape.num_draft_tokens, None, release=rel)
         if resolved.crash is not None:
-            raise DiagError("SGLang cannot run this tree shape", file=case.source, field="evaluate.trees",
+            raise DiagError(f"{eng.display} cannot run this tree shape", file=case.source, field="evaluate.trees",
                             expected=f"num_draft_tokens - 1 <= K + (S-1)K^2 = {shape.num_candidates} "
                                      f"for S={shape.num_steps}, K={shape.topk}",
                             found=f"{text}: {resolved.crash}")
@@ -88,10 +100,8 @@ def check_regimes(case) -> None:
 
 def check_serving(case) -> None:
     """The engine version is one diag knows, the algorithm one it can emulate."""
-    from diag.engines.sglang.algorithms import mode_of
-    from diag.engines.sglang.versions import engine
     for fn, value, key in ((engine, case.serving.engine, "serving.engine"),
-                           (mode_of, case.serving.algorithm, "serving.algorithm")):
+                           (rules(case.serving.engine).mode_of, case.serving.algorithm, "serving.algorithm")):
         try:
             fn(value)
         except DiagError as err:

@@ -21,7 +21,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from diag.engines.sglang.decoding import GREEDY, Decoding, from_values, parse_decoding, request_defaults
+from diag.engines.decoding import GREEDY, Decoding, from_values, parse_decoding
+from diag.engines.sglang.decoding import request_defaults
 from diag.errors import DiagError
 from diag.run.case import Case
 

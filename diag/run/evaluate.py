@@ -15,10 +15,9 @@ This module connects replay and evaluation; it knows nothing about files or repo
 
 from __future__ import annotations
 
-from diag.engines.sglang.draft_tables import draft_tables_for
 from diag.replay.evaluation import ANY, LEGACY_AXES, Axes, Evaluation, best, select, summarize
 from diag.replay.replay import Variant, replay
-from diag.run.inputs import Inputs
+from diag.run.inputs import Inputs, draft_tables_by_mode
 from diag.trees import TreeShape
 
 
@@ -64,7 +63,7 @@ def evaluate(inp: Inputs, drafter, embed, head, passes, *, progress: bool,
     renderings (`extra`: name -> TargetPass at the reference regime)."""
     layouts = {c.label: c.layout for c in inp.candidates}
     budget = inp.case.evaluate.token_budget
-    tables = {m: draft_tables_for(inp.drafter_config, m) for m in ("eagle3", "eagle")}
+    tables = draft_tables_by_mode(inp)
     evals = _summaries(replay(drafter, embed, head, passes, variants(inp), layouts, token_budget=budget,
                               progress=progress, tables=tables), inp)
     top = best(select(evals, reference_axes(inp), decoding="greedy"))

@@ -17,8 +17,8 @@ from diag.checkpoint.config import read_config_json, text_config
 from diag.checkpoint.headers import tensor_infos
 from diag.checkpoint.layers import check_layer_count
 from diag.drafter.checkpoint import DrafterCheckpoint, inspect_drafter
-from diag.engines.sglang.serving import ServingError, capture_convention
-from diag.engines.sglang.tree_rules import grid, resolve_sglang_shape
+from diag.engines import EngineRules, Release, engine, rules
+from diag.engines.common import DraftTables, ServingError
 from diag.errors import DiagError
 from diag.layouts import CapturePoint, point, union_points
 from diag.run.candidates import Candidate, candidates_for
@@ -139,36 +139,67 @@ def trusts_remote_code(case: Case) -> bool:
         return True
     if not case.serving.launch:
         return False
-    from diag.engines.sglang.launch import parse_launch
-    return any(flag == TRUST_FLAG for flag, _ in parse_launch(case.serving.launch, case.serving.engine).other)
+    rel, eng = served_by(case)
+    return any(flag == TRUST_FLAG for flag, _ in eng.parse_launch(case.serving.launch, release=rel).other)
+
+
+def served_by(case: Case) -> tuple[Release, EngineRules]:
+    """The release the case names ([serving] engine) and its family's rules."""
+    rel = engine(case.serving.engine)
+    return rel, rules(rel)
+
+
+def draft_tables_by_mode(inp: "Inputs") -> dict[str, DraftTables]:
+    """The served engine's draft tables for both drafter modes, "eagle3" and "eagle"."""
+    rel, eng = served_by(inp.case)
+    return {m: eng.draft_tables(inp.drafter_config, m, release=rel) for m in ("eagle3", "eagle")}
+
+
+def _grid(eng: EngineRules, rel: Release, g: dict) -> tuple[list[TreeShape], list[tuple[tuple, TreeShape]]]:
+    """Every (S, K, D) of the sweep grid as the release runs it, de-duplicated in first-seen
+    order, and the ((S, K, D) asked, shape run) pairs it rewrites. Example (topk 1 forces
+    D = S + 1): S [3], K [1, 4], D [4, 8] -> chain-3, s3-k4-d4, s3-k4-d8; rewritten
+    [((3, 1, 8), chain-3)]."""
+    shapes: dict[TreeShape, None] = {}
+    rewritten: list[tuple[tuple, TreeShape]] = []
+    for s in g["num_steps"]:
+        for k in g["topk"]:
+            for d in g["num_draft_tokens"]:
+                shape = eng.resolve_tree(s, k, d, None, release=rel).shape
+                if shape.num_draft_tokens != d:
+                    rewritten.append(((s, k, d), shape))
+                shapes.setdefault(shape, None)
+    return list(shapes), rewritten
 
 
 def tree_shapes(case: Case) -> tuple[list[TreeShape], list[str]]:
-    """The case's named shapes, then its sweep grid, each as SGLang runs it
-    (diag.engines.sglang.tree_rules): s3-k1-d8 runs as chain-3, with a note; a grid point SGLang
-    cannot run (D - 1 > K + (S-1)K^2) is left out, with a note. (A named shape SGLang cannot
-    run is already an error of the case, diag.run.case_checks.)"""
+    """The case's named shapes, then its sweep grid, each as the case's engine runs it
+    (EngineRules.resolve_tree): under SGLang s3-k1-d8 runs as chain-3, with a note; a grid point
+    the engine cannot run (D - 1 > K + (S-1)K^2) is left out, with a note. (A named shape it
+    cannot run is already an error of the case, diag.run.case_checks.)"""
     shapes, notes = [], []
+    rel, eng = served_by(case)
+    name = eng.display
     for text in case.evaluate.trees:
         asked = tree_shape(text, field="evaluate.trees")
-        runs = resolve_sglang_shape(asked.num_steps, asked.topk, asked.num_draft_tokens).shape
+        runs = eng.resolve_tree(asked.num_steps, asked.topk, asked.num_draft_tokens, None, release=rel).shape
         if runs != asked:
-            notes.append(f"tree {text}: SGLang runs it as {runs.name} (topk = 1 forces num_draft_tokens "
+            notes.append(f"tree {text}: {name} runs it as {runs.name} (topk = 1 forces num_draft_tokens "
                          f"= num_steps + 1 = {runs.num_draft_tokens}); evaluated as {runs.name}")
         shapes.append(runs)
     if case.evaluate.tree_grid:
         g = case.evaluate.tree_grid
-        more, rewritten = grid(g["num_steps"], g["topk"], g["num_draft_tokens"])
-        notes += [f"tree grid: (S={s}, K={k}, D={d}) runs as {shape.name}: SGLang forces "
+        more, rewritten = _grid(eng, rel, g)
+        notes += [f"tree grid: (S={s}, K={k}, D={d}) runs as {shape.name}: {name} forces "
                   f"num_draft_tokens = num_steps + 1 when topk = 1" for (s, k, d), shape in rewritten]
         for shape in more:
-            crash = resolve_sglang_shape(shape.num_steps, shape.topk, shape.num_draft_tokens).crash
+            crash = eng.resolve_tree(shape.num_steps, shape.topk, shape.num_draft_tokens, None, release=rel).crash
             if crash is None:
                 shapes.append(shape)
             else:
-                notes.append(f"tree grid: {shape.name} left out: SGLang cannot run it ({crash})")
+                notes.append(f"tree grid: {shape.name} left out: {name} cannot run it ({crash})")
     if not shapes:
-        raise DiagError("no tree shape SGLang can run is left to evaluate", file=case.source,
+        raise DiagError(f"no tree shape {name} can run is left to evaluate", file=case.source,
                         field="evaluate.tree_grid", expected="at least one (S, K, D) with "
                         "num_draft_tokens - 1 <= K + (S-1)K^2", found=case.evaluate.tree_grid)
     return list(dict.fromkeys(shapes)), notes
@@ -176,31 +207,25 @@ def tree_shapes(case: Case) -> tuple[list[TreeShape], list[str]]:
 
 def launch_refusals(case: Case) -> list[str]:
     """What the engine version's own argument parser refuses in the case's launch line
-    (diag.engines.sglang.flag_parser), as notes: such a line launches no server, so its algorithm
+    (EngineRules.flag_problems), as notes: such a line launches no server, so its algorithm
     is not applied either."""
-    from diag.engines.sglang.flag_parser import flag_problems, table_for
-    from diag.engines.sglang.launch import server_argv
-    from diag.engines.sglang.versions import engine
-    table = table_for(engine(case.serving.engine).version)
-    if table is None:
-        return []
-    return [f"launch command: SGLang {table.version} would refuse it: {p.message} ({p.behaviour}; {p.fix})"
-            for p in flag_problems(server_argv(case.serving.launch), table) if p.severity == "error"]
+    rel, eng = served_by(case)
+    return [f"launch command: {p.parser} would refuse it: {p.message} ({p.behaviour}; {p.fix})"
+            for p in eng.flag_problems(eng.launch_argv(case.serving.launch), release=rel) if p.severity == "error"]
 
 
 def with_launch(case: Case, target_config: dict) -> tuple[Case, list[TreeShape], list[str]]:
-    """What the case's SGLang launch command really runs (diag.engines.sglang.launch): its algorithm
+    """What the case's launch command really runs (EngineRules.effective_config): its algorithm
     becomes the serving algorithm, its effective tree joins the shapes, its rewrites and
     crashes become notes."""
     if not case.serving.launch:
         return case, [], []
-    from diag.engines.sglang.launch import effective_config, parse_launch
-    eff = effective_config(parse_launch(case.serving.launch, case.serving.engine), target_config,
-                           engine_name=case.serving.engine)
+    rel, eng = served_by(case)
+    eff = eng.effective_config(eng.parse_launch(case.serving.launch, release=rel), target_config, release=rel)
     refused = launch_refusals(case)
     notes = [f"launch command: {n}" for n in eff.notes] + refused
     if eff.crash:
-        notes.append(f"launch command: SGLang would crash: {eff.crash}")
+        notes.append(f"launch command: {eng.display} would crash: {eff.crash}")
     shapes = [eff.tree.shape] if eff.tree is not None and eff.tree.shape is not None else []
     if eff.algorithm and not any("--speculative-algorithm" in n for n in refused):
         case = replace(case, serving=replace(case.serving, algorithm=eff.algorithm))
@@ -281,12 +306,12 @@ def prepare(case: Case) -> Inputs:
     dplan = _decodings(case, tpath)
     return Inputs(case, tpath, dpath, tinfo, tcfg, dcfg, dckpt, tok, cands, serving_error,
                   list(dict.fromkeys(shapes + served_shapes)), pset, prompts, recorded, points,
-                  capture_convention(tcfg, engine_name=case.serving.engine),
+                  rules(case.serving.engine).capture_convention(tcfg, release=engine(case.serving.engine)),
                   notes + grid_notes + cand_notes + list(dckpt.notes) + list(pset.notes) + list(dplan.notes),
                   rendered, long_prompts, long_source, dplan)
 
 
 def _decodings(case: Case, tpath: Path) -> DecodingPlan:
-    from diag.engines.sglang.launch import parse_launch
-    launch = parse_launch(case.serving.launch, case.serving.engine) if case.serving.launch else None
+    rel, eng = served_by(case)
+    launch = eng.parse_launch(case.serving.launch, release=rel) if case.serving.launch else None
     return decoding_plan(case, tpath, launch)

@@ -25,7 +25,7 @@ import torch
 
 from diag.drafter.checkpoint import load_drafter
 from diag.drafter.health import HealthCheck, health_checks
-from diag.engines.sglang.serving import ServingError
+from diag.engines.common import ServingError
 from diag.replay.evaluation import Axes, Evaluation, best, select
 from diag.run.candidates import Candidate
 from diag.run.case import Case, check_case

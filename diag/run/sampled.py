@@ -21,9 +21,8 @@ from diag.replay.decode_loop import DecodeLoop, Lane
 from diag.replay.evaluation import Evaluation, best
 from diag.replay.replay import Variant
 from diag.replay.sampled_summary import summarize_sampled
-from diag.engines.sglang.draft_tables import draft_tables_for
 from diag.run.evaluate import serving_rendering
-from diag.run.inputs import Inputs
+from diag.run.inputs import Inputs, draft_tables_by_mode
 from diag.run.target_passes import special_ids
 from diag.trees import TreeShape
 
@@ -95,7 +94,7 @@ class SampledEvaluations:
             vs = [v for v in variants if v.tree == shape]
             lanes = [Lane(v, s) for v in vs for s in inp.decoding.seeds]
             loop = DecodeLoop(model, self.drafter, self.embed, self.head, lanes, layouts, shape, dec, eos_ids=eos,
-                              tables={m: draft_tables_for(inp.drafter_config, m) for m in ("eagle3", "eagle")})
+                              tables=draft_tables_by_mode(inp))
             rows = [(li, p) for li in range(len(lanes)) for p in range(len(prompts))]
             decoded = []
             for batch in _batches(rows, lens, shape, inp.case.prompts.max_new_tokens, ev.token_budget):

@@ -31,9 +31,8 @@ from diag.checks.lint.rope import check_rope
 from diag.checks.lint.sglang import compare_with_sglang, sglang_cross_check
 from diag.checks.lint.tables import check_tables
 from diag.checks.lint.vocab import check_hidden, check_vocab
-from diag.engines.sglang.launch import effective_config, parse_launch, server_argv
-from diag.engines.sglang.serving import try_serving_plan
-from diag.engines.sglang.versions import DEFAULT_ENGINE, engine as engine_of
+from diag.engines import DEFAULT_ENGINE, engine as engine_of, rules
+from diag.engines.common import refused
 from diag.errors import DiagError
 
 __all__ = ["Finding", "lint", "read_tensor_headers", "compare_with_sglang", "CHECKS"]
@@ -67,7 +66,7 @@ def _launch_flags(launch: str | None, engine: str):
     if not launch:
         return None, []
     try:
-        return parse_launch(launch, engine), []
+        return rules(engine).parse_launch(launch, release=engine_of(engine)), []
     except DiagError as err:
         return None, [Finding("error", "LAUNCH_UNPARSABLE", f"{err.message}: {err.found}",
                               "SGLang's argparse exits at launch", f"expected: {err.expected}", None, err.field)]
@@ -82,24 +81,25 @@ def lint(drafter_dir: str | Path, target_dir: str | Path, launch: str | None, *,
          engine: str = DEFAULT_ENGINE) -> list[Finding]:
     """Every finding for this drafter, target and (optional) launch line, each naming the
     engine version whose rules it applies."""
-    engine = engine_of(engine).name
+    rel = engine_of(engine)
+    engine, eng = rel.name, rules(rel)
     raw = read_config_json(Path(drafter_dir), "drafter")
     target = read_config_json(Path(target_dir), "target")
     try:
         drafter = flat_config(raw)
     except DiagError:                      # check_format reports it
         drafter = raw
-    argv = tuple(server_argv(launch)) if launch else None
+    argv = tuple(eng.launch_argv(launch)) if launch else None
     flags, unreadable = _launch_flags(launch, engine)
-    eff = effective_config(flags, target, engine_name=engine) if flags is not None else None
+    eff = eng.effective_config(flags, target, release=rel) if flags is not None else None
     graphs = not (flags is not None and flags.disable_cuda_graph)
     pair = Pair(drafter, target, _headers_or_none(Path(drafter_dir)),
                 str(Path(drafter_dir) / "config.json"), str(Path(target_dir) / "config.json"),
                 flags, eff, engine,
-                try_serving_plan(drafter, target, engine_name=engine, cuda_graph=graphs),
-                try_serving_plan(drafter, target, engine_name=engine, algorithm="EAGLE"), argv=argv,
+                refused(eng.serving_plan(drafter, target, release=rel, cuda_graph=graphs)),
+                refused(eng.serving_plan(drafter, target, release=rel, algorithm="EAGLE")), argv=argv,
                 raw_drafter=raw)
     out = _dedupe(unreadable + [f for check in CHECKS for f in _run_check(check, pair)])
     if eff is not None:
-        out += sglang_cross_check(eff, server_argv(launch))
+        out += sglang_cross_check(eff, eng.launch_argv(launch))
     return [f if f.engine else replace(f, engine=engine) for f in out]

@@ -11,7 +11,8 @@ from diag.checkpoint.drafter_format import is_speculators, trainer_marks
 from diag.checks.lint.pair import Finding, Pair, find, is_eagle3_drafter, algorithm, under_eagle3
 from diag.engines.sglang import conventions, serving
 from diag.engines.sglang.architectures import is_deepseek_family
-from diag.engines.sglang.serving import ServingError, fix_for
+from diag.engines import engine, rules
+from diag.engines.common import ServingError
 from diag.errors import DiagError
 
 
@@ -29,7 +30,7 @@ def _declared_fix(p: Pair) -> str | None:
     if not declared:
         return None
     return f"the drafter declares {declared[0].layout} ({declared[0].source}): " + \
-        fix_for(declared[0].layout, p.target, engine_name=p.engine).text
+        rules(p.engine).fix_for(declared[0].layout, p.target, release=engine(p.engine)).text
 
 
 def check_serving(p: Pair) -> list[Finding]:
@@ -123,7 +124,7 @@ def check_deepseek_first_id(p: Pair) -> list[Finding]:
     if ids is None or not is_deepseek_family(p.target) or eagle3_plan(p) is None \
             or trainer_marks(p.drafter) == "torchspec":    # TorchSpec ids: drafter.check_torchspec_ids
         return []
-    name = serving.capture_convention(p.target, engine_name=p.engine)
+    name = rules(p.engine).capture_convention(p.target, release=engine(p.engine))
     if not conventions.get(name).first_one_shift:
         return []
     n = num_layers(p.target)
@@ -148,7 +149,7 @@ def check_layout(p: Pair) -> list[Finding]:
     plan, trained = eagle3_plan(p), declared[0]
     if plan is None or plan.layout == trained.layout:
         return []
-    fix = fix_for(trained.layout, p.target, engine_name=p.engine).text
+    fix = rules(p.engine).fix_for(trained.layout, p.target, release=engine(p.engine)).text
     rule = plan.rule + "".join(f"; {note}" for note in plan.notes if "CUDA graph" in note)
     return [Finding("error", "LAYOUT_MISMATCH", f"drafter trained on {trained.layout} "
                     f"({trained.source}), {p.engine} serves {plan.layout}{under_eagle3(p)}",

@@ -9,8 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from diag.engines.sglang.launch import EffectiveConfig, LaunchFlags
-from diag.engines.sglang.serving import ServingError, ServingPlan
+from diag.engines.common import EffectiveConfig, LaunchFlags, ServingError, ServingPlan
 
 
 @dataclass(frozen=True)

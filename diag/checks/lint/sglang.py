@@ -24,6 +24,8 @@ def compare_with_sglang(eff: EffectiveConfig, resolved: dict) -> list[Finding]:
 
 def sglang_cross_check(eff: EffectiveConfig, argv: list[str]) -> list[Finding]:
     """Resolve the launch with sglang's ServerArgs when sglang is importable."""
+    if not eff.engine.startswith("sglang-"):       # another engine's launch: nothing to ask sglang
+        return []
     try:
         from sglang.srt.server_args import prepare_server_args
     except ImportError:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from diag.checks.lint.pair import Finding, Pair, algorithm, find
 from diag.engines.sglang.draft_tables import SOURCE, draft_tables_for
 from diag.engines.sglang.drafter_keys import uses_aux_hidden_state
-from diag.engines.sglang.serving import ServingError
+from diag.engines.common import ServingError
 
 
 def check_tables(p: Pair) -> list[Finding]:

@@ -14,12 +14,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 from diag.checkpoint.config import num_layers
-from diag.engines.common import EffectiveConfig, FlagProblem, Fix, LaunchFlags, ResolvedShape, ServingError, ServingPlan
+from diag.engines.common import (DraftTables, EffectiveConfig, FlagProblem, Fix, LaunchFlags, ResolvedShape,
+                                 ServingError, ServingPlan)
 from diag.engines.protocol import Release, Verification
 from diag.engines.sglang import accept_rate, conventions, flag_parser, launch, server_log, server_responses, serving
 from diag.engines.sglang.algorithms import ALIASES, MODES, mode_of
 from diag.engines.sglang.architectures import auto_defaults_key, capture_model
 from diag.engines.sglang.capture import NoCapture, capture_rule
+from diag.engines.sglang.draft_tables import draft_tables_for
 from diag.engines.sglang.serving import IDS_FIELD
 from diag.engines.sglang.tree_rules import resolve_sglang_shape
 from diag.engines.sglang.versions import RELEASES, engine
@@ -54,8 +56,11 @@ class SglangEngine:
 
     def serving_plan(self, drafter_config: dict, target_config: dict, *, release: Release,
                      algorithm: str = "EAGLE3", cuda_graph: bool = True) -> ServingPlan | ServingError:
-        return serving.try_serving_plan(drafter_config, target_config, engine_name=release.name,
+        try:
+            return serving.serving_plan(drafter_config, target_config, engine_name=release.name,
                                         algorithm=algorithm, cuda_graph=cuda_graph)
+        except DiagError as err:
+            return ServingError(err.message, err.field, err.expected, err.found)
 
     def capture_convention(self, target_config: dict, *, release: Release) -> str:
         return serving.capture_convention(target_config, engine_name=release.name)
@@ -71,6 +76,9 @@ class SglangEngine:
 
     def fix_for(self, layout: Layout, target_config: dict, *, release: Release) -> Fix:
         return serving.fix_for(layout, target_config, engine_name=release.name)
+
+    def draft_tables(self, drafter_config: dict, mode: str, *, release: Release) -> DraftTables:
+        return draft_tables_for(drafter_config, mode)
 
     def resolve_tree(self, num_steps: int | None, topk: int | None, num_draft_tokens: int | None,
                      target_config: dict | None, *, release: Release,

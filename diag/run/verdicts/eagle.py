@@ -6,14 +6,14 @@ Reads Evaluation records; knows nothing about models or files.
 
 from __future__ import annotations
 
-from diag.engines.sglang.algorithms import mode_of
+from diag.engines import rules
 from diag.replay.evaluation import select
 from diag.run.verdicts.layout import under
 from diag.run.verdicts.record import Verdict, fmt
 
 
 def eagle_verdicts(run) -> list[Verdict]:
-    served_eagle = mode_of(run.case.serving.algorithm) == "eagle"
+    served_eagle = rules(run.case.serving.engine).mode_of(run.case.serving.algorithm) == "eagle"
     out = []
     for e in select(run.evaluations, run.reference, mode="eagle"):
         text = (f"{'SERVED WITH' if served_eagle else 'If served with'} --speculative-algorithm EAGLE, "

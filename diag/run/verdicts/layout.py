@@ -11,7 +11,7 @@ Reads Evaluation records and the run's candidates; knows nothing about models or
 
 from __future__ import annotations
 
-from diag.engines.sglang.serving import fix_for
+from diag.engines import engine, rules
 from diag.layouts import layout
 from diag.replay.evaluation import best, select
 from diag.run.verdicts.record import Verdict, fmt
@@ -67,10 +67,10 @@ def _trained(top, ties: list[dict], order: list, run) -> Verdict:
 
 
 def _fix(trained: str, run, target_config: dict | None) -> tuple[str, dict]:
-    """The engine's fix for serving the trained layout (diag.engines.sglang.serving.fix_for)."""
+    """The engine's fix for serving the trained layout (EngineRules.fix_for)."""
     if target_config is None or trained == "final (EAGLE)":
         return "", {}
-    f = fix_for(layout(trained), target_config, engine_name=run.case.serving.engine)
+    f = rules(run.case.serving.engine).fix_for(layout(trained), target_config, release=engine(run.case.serving.engine))
     upgrade = None if f.upgrade is None else {"version": f.upgrade[0], "ids": f.upgrade[1]}
     return f" Fix: {f.text}.", {"fix_ids": f.ids, "upgrade": upgrade, "engine": run.case.serving.engine}
 

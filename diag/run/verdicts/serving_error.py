@@ -1,13 +1,13 @@
 """The serving-error verdict: the engine cannot serve the drafter as configured (layer ids it
 cannot capture, a shape that crashes the first draft forward), and the ids that would serve
-the layout the drafter was trained on, from the engine's own rules (diag.engines.sglang.serving).
+the layout the drafter was trained on, from the engine's own rules (EngineRules.fix_for).
 
 Reads the run's typed ServingError and Evaluation records; knows nothing about models.
 """
 
 from __future__ import annotations
 
-from diag.engines.sglang.serving import fix_for
+from diag.engines import engine as engine_of, rules
 from diag.layouts import layout
 from diag.run.verdicts.layout import likely_trained
 from diag.run.verdicts.record import Verdict
@@ -33,7 +33,7 @@ def serving_error_verdicts(run, found: list[Verdict], target_config: dict) -> li
     if err.field in KEY_FIXES:            # the key itself is the fix, whatever the layout
         fix = f" Fix: set {err.field} in the drafter's config.json to {err.expected}."
     elif trained is not None and trained != "final (EAGLE)":
-        f = fix_for(layout(trained), target_config, engine_name=engine)
+        f = rules(engine).fix_for(layout(trained), target_config, release=engine_of(engine))
         ids, upgrade = f.ids, f.upgrade
         fix = f" The drafter was trained on {trained}; {f.text}."
     text = f"SERVING ERROR: {engine} cannot serve this drafter as configured: {err}.{fix}"
