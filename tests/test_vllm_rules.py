@@ -324,6 +324,16 @@ def test_vllm_engine_rules():
     assert r.resolve_tree(3, None, None, LLAMA6, release=rel).shape.name == "chain-3"
     assert r.resolve_tree(3, 4, 8, LLAMA6, release=rel).crash
     assert r.verification(rel).sampled == "chain-rejection"
+    d = {"hidden_size": 64, "vocab_size": 1000, "draft_vocab_size": 1000}
+    t = r.draft_tables(d, "eagle3", release=engine("vllm-0.11.0"))
+    assert (t.embed, t.lm_head) == ("target", "target") and "0.11.0" in t.why        # the trained head unused
+    assert (r.draft_tables(d, "eagle3", release=engine("vllm-0.9.0")).embed,
+            r.draft_tables({**d, "target_hidden_size": 128}, "eagle3", release=engine("vllm-0.10.0")).embed) == \
+        ("target", "drafter")
+    t = r.draft_tables({**d, "draft_vocab_size": 300}, "eagle3", release=rel)
+    assert (t.lm_head, t.uses_d2t) == ("drafter", True)
+    assert r.draft_tables(d, "eagle3", release=rel).uses_d2t is False                   # 0.30.0+: same vocab
+    assert plan.embed == "drafter" and "checkpoint has no embed_tokens" in plan.notes[0]
     assert r.accept_rate_formula(rel) == "draft_accept_rate" and "Σa / (rounds·k)" in r.formula_label("draft_accept_rate")
 
 

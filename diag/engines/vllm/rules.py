@@ -14,9 +14,10 @@ from __future__ import annotations
 import shlex
 
 from diag.checkpoint.config import architecture, num_layers
-from diag.engines.common import EffectiveConfig, FlagProblem, Fix, LaunchFlags, ResolvedShape, ServingError, ServingPlan
+from diag.engines.common import (DraftTables, EffectiveConfig, FlagProblem, Fix, LaunchFlags, ResolvedShape,
+                                 ServingError, ServingPlan)
 from diag.engines.protocol import Release, Verification
-from diag.engines.vllm import capture, detect, spec_config
+from diag.engines.vllm import capture, detect, draft_tables, spec_config
 from diag.engines.vllm.releases import RELEASES, rule, rule_row, span, vllm_release
 from diag.errors import DiagError
 from diag.layouts import Layout, layout
@@ -82,12 +83,10 @@ class VllmEngine:
             served = capture.served(_family(target_config), ids, num_layers(target_config), release.name)
         except DiagError as err:
             return ServingError(err.message, field=err.field, expected=err.expected, found=err.found)
-        vocab, target_vocab = drafter_config.get("draft_vocab_size"), target_config.get("vocab_size")
-        d2t = rule("draft_vocab", release.name)
-        return ServingPlan("eagle3", layout(served.layout), served.reason, "vllm", True, "drafter",
-                           bool(vocab and target_vocab and vocab != target_vocab),
-                           (f"{release.label}: {d2t[0]}; {d2t[1]}", f"order: {rule('aux_ids_order', release.name)}"),
-                           engine=release.name, fc_inputs=len(set(served.ids)))
+        tables = draft_tables.draft_tables(drafter_config, "eagle3", release.name)
+        return ServingPlan("eagle3", layout(served.layout), served.reason, "vllm", True, tables.lm_head,
+                           tables.uses_d2t, (tables.why, f"order: {rule('aux_ids_order', release.name)}"),
+                           engine=release.name, embed=tables.embed, fc_inputs=len(set(served.ids)))
 
     def capture_convention(self, target_config: dict, *, release: Release) -> str:
         cap = rule(f"aux_capture.{_family(target_config)}", release.name)
@@ -123,6 +122,9 @@ class VllmEngine:
             if up is not None:
                 return Fix(None, (v, up), f"{release.label} cannot serve {lay}; vLLM {v} can, with {IDS_FIELD} = {up}")
         return Fix(None, None, f"no vLLM release diag knows serves {lay} to this drafter")
+
+    def draft_tables(self, drafter_config: dict, mode: str, *, release: Release) -> DraftTables:
+        return draft_tables.draft_tables(drafter_config, mode, release.name)
 
     def resolve_tree(self, num_steps: int | None, topk: int | None, num_draft_tokens: int | None,
                      target_config: dict | None, *, release: Release, algorithm: str = "eagle3") -> ResolvedShape:

@@ -158,6 +158,36 @@ GREEDY = ("greedy: accept while draft == target argmax; the first mismatch emits
           "bonus token when all k are accepted")
 
 
+_PROPOSERS = ("vllm/v1/spec_decode/eagle.py", "vllm/v1/spec_decode/llm_base_proposer.py",
+              "vllm/v1/worker/gpu/spec_decode/eagle/utils.py")
+
+
+def draft_weights(version: str) -> tuple[tuple[str, ...], str]:
+    """Whose embed_tokens and lm_head the EAGLE-3 drafter uses (the proposer's load_model)."""
+    for path in reversed(_PROPOSERS):          # the newest location first
+        t = re.sub(r"[\s\\]+", " ", _text(version, path))        # one line: conditions wrap differently
+        if "has_own_embed_tokens" in t and "has_own_lm_head" in t and "torch.equal" in t:
+            return ("embed: the target's when the drafter checkpoint has no embed_tokens or an identical one, "
+                    "else the drafter's own",
+                    "lm_head: the target's when the drafter checkpoint has no lm_head or an identical one, "
+                    "else the drafter's own"), path
+        if "eagle_shape == target_shape" in t or "embed_tokens.weight.shape == target_language_model" in t:
+            lm = "lm_head: the target's when its shape equals the drafter's (draft_vocab_size == vocab_size), " \
+                 "else the drafter's own" if "self.model.lm_head.weight.shape ==" in t else \
+                 "lm_head: the drafter's own (only EAGLE-1 takes the target's)"
+            return ("embed: the target's when its shape equals the drafter's (pipeline parallel 1), "
+                    "else the drafter's own", lm), path
+        if "self.model.model.embed_tokens = target_model.model.embed_tokens" in t and \
+                'speculative_config.method != "eagle3"' in t:
+            return ("embed: always the target's (pipeline parallel 1); the drafter's own is ignored",
+                    "lm_head: the drafter's own (only EAGLE-1 takes the target's)"), path
+        if '"model.embed_tokens.weight" not in loaded_weights' in t:
+            return ("embed: the target's when the drafter checkpoint has no model.embed_tokens.weight, "
+                    "else the drafter's own",
+                    "lm_head: the drafter's own (only EAGLE-1 takes the target's)"), path
+    raise Unrecognized(f"{version}: cannot find how the EAGLE proposer shares embed_tokens / lm_head")
+
+
 def rejection(version: str) -> tuple[tuple[str, ...], str]:
     """The greedy and the sampled verification rule (the Triton kernels, read as text)."""
     t = _text(version, _SAMPLERS[0])
@@ -215,6 +245,7 @@ PROBES = {
     "spec_config_keys": spec_config_keys,
     "draft_shape": token_tree,
     "draft_vocab": draft_vocab,
+    "draft_weights": draft_weights,
     "rejection_sampler": rejection,
     "prometheus_counters": metrics,
     "log_line": log_line,
