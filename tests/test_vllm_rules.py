@@ -351,3 +351,27 @@ def test_vllm_engine_launch_lint():
     with pytest.raises(DiagError, match="another vLLM release"):
         r.read_log(LOG, source="server.log", release=engine("vllm-0.31.0"))
     assert r.read_log(LOG, source="server.log", release=rel)[0].drafts == 558
+
+
+V2_SAMPLER = "vllm/v1/worker/gpu/spec_decode/rejection_sampler_utils.py"
+
+
+@pytest.mark.wheel
+@pytest.mark.parametrize("version", [v for v in EXECUTED if rule_row("rejection_sampler", v).source == V2_SAMPLER])
+def test_v2_rejection_sampler_greedy_equals_the_port(version):
+    """Model runner v2's rejection_sample at temperature 0, batched (k = 1, 3, 4, 2), in a subprocess
+    with TRITON_INTERPRET=1 from the start (tests/vllm_v2_sampler.py says why)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = Path(__file__).with_name("vllm_v2_sampler.py")
+    for seed in (0, 1):
+        done = subprocess.run([sys.executable, str(script), version, str(seed)], capture_output=True, text=True,
+                              timeout=600, env={**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"})
+        assert done.returncode == 0, done.stderr[-3000:]
+        for req in json.loads(done.stdout):
+            k = len(req["draft"])
+            want = rejection.greedy(torch.tensor(req["draft"]), torch.tensor(req["argmax"][:k]), req["argmax"][k])
+            assert tuple(req["tokens"]) == want.tokens, (version, seed, req)

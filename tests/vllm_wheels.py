@@ -75,3 +75,14 @@ def load(version: str, rel: str, names, *, triton: bool = False, extra: dict | N
             ns.update(triton=tr, tl=tl, range=_range)
         exec(compile(ast.Module(body=nodes, type_ignores=[]), f"vllm-{version}/{rel}", "exec"), ns)
     return ns
+
+
+def load_module(version: str, rel: str, ns: dict, *, skip=()) -> dict:
+    """Execute every top-level statement of vllm/<rel> but its imports (and the names in `skip`)
+    in `ns`, under TRITON_INTERPRET=1: a module of Triton helpers whose imports the caller gives."""
+    tree = _tree(version, rel)
+    body = [n for n in tree.body if not isinstance(n, (ast.Import, ast.ImportFrom))
+            and getattr(n, "name", None) not in skip]
+    with interpreting(True):
+        exec(compile(ast.Module(body=body, type_ignores=[]), f"vllm-{version}/{rel}", "exec"), ns)
+    return ns
