@@ -9,7 +9,7 @@ A layout is an ordered list of capture points, written "embed+L3+L31"; the
 drafter's fc input is their concatenation in that order.
 
 This module knows names and their order; it knows nothing about models,
-engines or layer-id conventions (see diag/engines/sglang/conventions.py).
+engines or layer-id conventions (see diag/engines/conventions.py).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from diag.engines.sglang.conventions import CONVENTIONS, readings, resolve, to_ids
+from diag.engines.conventions import all_conventions, readings, resolve, to_ids
 from diag.errors import DiagError
 from diag.layouts import layout
 
@@ -125,13 +125,13 @@ N_LAYERS = st.integers(min_value=4, max_value=96)
 @st.composite
 def ids_for(draw, convention):
     n = draw(N_LAYERS)
-    conv = CONVENTIONS[convention]
+    conv = all_conventions()[convention]
     lo, hi = conv.min_index - conv.shift, n + conv.max_from_n - conv.shift
     ids = draw(st.lists(st.integers(lo, hi), min_size=1, max_size=4, unique=True))
     return n, ids
 
 
-ID_CONVENTIONS = [name for name, c in CONVENTIONS.items() if c.reads_ids]
+ID_CONVENTIONS = [name for name, c in all_conventions().items() if c.reads_ids]
 
 
 @settings(max_examples=60, deadline=None)
@@ -139,7 +139,7 @@ ID_CONVENTIONS = [name for name, c in CONVENTIONS.items() if c.reads_ids]
 def test_ids_points_ids_round_trip(data):
     name = data.draw(st.sampled_from(ID_CONVENTIONS))
     n, ids = data.draw(ids_for(name))
-    conv = CONVENTIONS[name]
+    conv = all_conventions()[name]
     # sglang-deepseek with first id 1 shifts every id by one: keep them in range
     assume(not (conv.first_one_shift and ids[0] == 1 and max(ids) + 1 > n - 1))
     res = resolve(ids, name, n)

@@ -5,8 +5,8 @@ import pytest
 from diag.errors import DiagError
 from diag.engines.sglang.algorithms import mode_of
 from diag.engines.sglang.architectures import auto_defaults_key, capture_model
-from diag.engines.sglang.serving import (ServingError, declared_layouts, nested_ids, serving_ids, serving_plan,
-                                 top_level_ids, try_serving_plan)
+from diag.engines.drafter_ids import declared_layouts, nested_ids, top_level_ids
+from diag.engines.sglang.serving import ServingError, serving_ids, serving_plan, try_serving_plan
 from diag.layouts import layout
 
 KIMI = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",

@@ -492,7 +492,7 @@ def test_compute_dtype_puts_the_forward_under_autocast_where_the_cpu_has_bf16(na
 def test_ids_rewrite_keeps_weights_and_writes_the_other_convention(tiny_corpus, tiny_targets, tmp_path):
     """The derived entry of the seeds' story: same weights, vLLM's L{id} ids (which read back
     as the trained layout under vLLM's rule), no trained layout in the config."""
-    from diag.engines.sglang.conventions import resolve
+    from diag.engines.conventions import resolve
     from diag.zoo.build_drafters import rewrite_ids
     deps = {"t": tiny_targets["llama"][0], "c": tiny_corpus}
     build_drafter(TINY_DRAFTER, tmp_path / "src", deps, corpus="c")

@@ -19,12 +19,12 @@ from pathlib import Path
 
 from diag.engines import engine, rules
 from diag.engines.common import ServingError
-from diag.engines.sglang import conventions
+from diag.engines import conventions
 from diag.run.case import Case
 from diag.checkpoint.headers import tensor_infos
 from diag.errors import DiagError
 from diag.layouts import Layout, layout, point
-from diag.engines.sglang.serving import declared_layouts, nested_ids, top_level_ids
+from diag.engines.drafter_ids import declared_layouts, nested_ids, top_level_ids
 from diag.target.load import TargetInfo, read_target_config
 
 EAGLE_LABEL = "final (EAGLE)"

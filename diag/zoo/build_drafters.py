@@ -48,7 +48,7 @@ from diag.target.capture import capture_pass, decoder_parts
 from diag.drafter.mla import MlaShape
 from diag.drafter.model import DrafterConfig, Eagle3Drafter
 from diag.drafter.checkpoint import save_drafter
-from diag.engines.sglang.conventions import to_ids
+from diag.engines.conventions import to_ids
 from diag.errors import DiagError
 from diag.layouts import CapturePoint, Layout, layout as parse_layout
 from diag.zoo.build_targets import load_back, load_streams

@@ -136,7 +136,7 @@ class IdsRecipe:
     SGLang's Llama rule reads as L1+L3+L5. Costs no training."""
 
     source: str                       # zoo name of the drafter entry
-    convention: str                   # diag.engines.sglang.conventions name, e.g. "vllm"
+    convention: str                   # diag.engines.conventions name, e.g. "vllm"
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ from __future__ import annotations
 from diag.checkpoint.config import hidden_size, num_layers
 from diag.checkpoint.drafter_format import is_speculators, trainer_marks
 from diag.checks.lint.pair import Finding, Pair, find, is_eagle3_drafter, algorithm, under_eagle3
-from diag.engines.sglang import conventions, serving
+from diag.engines import conventions
+from diag.engines import drafter_ids
 from diag.engines.sglang.architectures import is_deepseek_family
 from diag.engines import engine, rules
 from diag.engines.common import ServingError
@@ -24,7 +25,7 @@ def eagle3_plan(p: Pair):
 def _declared_fix(p: Pair) -> str | None:
     """The fix for the layout the drafter config declares, on this engine version."""
     try:
-        declared = serving.declared_layouts(p.drafter, num_layers(p.target), file=p.drafter_file)
+        declared = drafter_ids.declared_layouts(p.drafter, num_layers(p.target), file=p.drafter_file)
     except DiagError:
         return None
     if not declared:
@@ -94,8 +95,8 @@ def check_fc_width(p: Pair) -> list[Finding]:
 
 
 def check_top_level_ids(p: Pair) -> list[Finding]:
-    top = serving.top_level_ids(p.drafter, file=p.drafter_file)
-    if top is None or serving.nested_ids(p.drafter) is not None or is_speculators(p.drafter):
+    top = drafter_ids.top_level_ids(p.drafter, file=p.drafter_file)
+    if top is None or drafter_ids.nested_ids(p.drafter) is not None or is_speculators(p.drafter):
         return []                   # speculators' own (top-level) ids: declared_layouts reads them
     plan = eagle3_plan(p)
     if plan is None or plan.convention is None:
@@ -107,7 +108,7 @@ def check_top_level_ids(p: Pair) -> list[Finding]:
                     f"eagle_aux_hidden_state_layer_ids and falls back to its defaults: serves "
                     f"{plan.layout} (the top-level ids would give {meant})",
                     f'move them: "eagle_config": {{"eagle_aux_hidden_state_layer_ids": {top}}}',
-                    p.drafter_file, serving.TOP_IDS_FIELD)]
+                    p.drafter_file, drafter_ids.TOP_IDS_FIELD)]
 
 
 def _reading(ids: list[int], convention: str, n: int):
@@ -120,7 +121,7 @@ def _reading(ids: list[int], convention: str, n: int):
 
 def check_deepseek_first_id(p: Pair) -> list[Finding]:
     """The first-id rule of SGLang >= 0.5.13 on DeepSeek-family targets (capture.py)."""
-    ids = serving.nested_ids(p.drafter)
+    ids = drafter_ids.nested_ids(p.drafter)
     if ids is None or not is_deepseek_family(p.target) or eagle3_plan(p) is None \
             or trainer_marks(p.drafter) == "torchspec":    # TorchSpec ids: drafter.check_torchspec_ids
         return []
@@ -138,12 +139,12 @@ def check_deepseek_first_id(p: Pair) -> list[Finding]:
                     f"{ids} as {served}; SpecForge-style output-of-layer ids mean {trained}",
                     f"deepseek_v2.py set_eagle3_layers_to_capture: {rule}",
                     "check which layout the drafter was trained on (diag scan) and write ids "
-                    "that SGLang reads as that layout", p.drafter_file, serving.IDS_FIELD)]
+                    "that SGLang reads as that layout", p.drafter_file, drafter_ids.IDS_FIELD)]
 
 
 def check_layout(p: Pair) -> list[Finding]:
     n = num_layers(p.target)
-    declared = serving.declared_layouts(p.drafter, n, file=p.drafter_file)
+    declared = drafter_ids.declared_layouts(p.drafter, n, file=p.drafter_file)
     if not declared:
         return []
     plan, trained = eagle3_plan(p), declared[0]

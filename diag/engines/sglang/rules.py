@@ -17,7 +17,9 @@ from diag.checkpoint.config import num_layers
 from diag.engines.common import (DraftTables, EffectiveConfig, FlagProblem, Fix, LaunchFlags, ResolvedShape,
                                  ServingError, ServingPlan)
 from diag.engines.protocol import Release, Verification
-from diag.engines.sglang import accept_rate, conventions, flag_parser, launch, server_log, server_responses, serving
+from diag.engines import conventions
+from diag.engines.sglang import accept_rate, flag_parser, launch, server_log, server_responses, serving
+from diag.engines.sglang import conventions as _sglang_conventions  # noqa: F401  (registers them)
 from diag.engines.sglang.algorithms import ALIASES, MODES, mode_of
 from diag.engines.sglang.architectures import auto_defaults_key, capture_model
 from diag.engines.sglang.capture import NoCapture, capture_rule

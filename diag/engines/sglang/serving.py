@@ -28,8 +28,9 @@ from __future__ import annotations
 
 
 from diag.checkpoint.config import hidden_size, num_layers
-from diag.engines.common import DeclaredLayout, Fix, ServingError, ServingPlan
-from diag.engines.sglang import conventions
+from diag.engines.common import Fix, ServingError, ServingPlan
+from diag.engines.drafter_ids import IDS_FIELD, TOP_IDS_FIELD, nested_ids, top_level_ids
+from diag.engines import conventions
 from diag.engines.sglang.algorithms import mode_of
 from diag.engines.sglang.architectures import capture_model
 from diag.engines.sglang.capture import NoCapture, capture_rule, graph_replays_capture_defaults, graph_rule_span
@@ -37,34 +38,7 @@ from diag.engines.sglang.draft_tables import draft_tables_for
 from diag.engines.sglang.drafter_keys import draft_vocab_crash, fc_inputs, uses_aux_hidden_state
 from diag.engines.sglang.versions import DEFAULT_ENGINE, RELEASES, Engine, engine, release
 from diag.errors import DiagError
-from diag.layouts import Layout, layout, point
-
-IDS_FIELD = "eagle_config.eagle_aux_hidden_state_layer_ids"
-TOP_IDS_FIELD = "eagle_aux_hidden_state_layer_ids"
-TRAINED_LAYOUT_FIELD = "diag_trained_layout"
-
-
-def _ids_at(value: object, field: str, file: str | None) -> list[int] | None:
-    if value is None:
-        return None
-    if not isinstance(value, list) or not all(isinstance(i, int) for i in value):
-        raise DiagError("layer ids must be a list of integers", file=file, field=field,
-                        expected="e.g. [2, 30, 58]", found=repr(value))
-    return list(value)
-
-
-def nested_ids(drafter_config: dict, *, file: str | None = None) -> list[int] | None:
-    """The ids SGLang reads: eagle_config.eagle_aux_hidden_state_layer_ids."""
-    eagle = drafter_config.get("eagle_config")
-    if not isinstance(eagle, dict):
-        return None
-    return _ids_at(eagle.get(TOP_IDS_FIELD), IDS_FIELD, file)
-
-
-def top_level_ids(drafter_config: dict, *, file: str | None = None) -> list[int] | None:
-    """A top-level eagle_aux_hidden_state_layer_ids (speculators/vLLM style)."""
-    return _ids_at(drafter_config.get(TOP_IDS_FIELD), TOP_IDS_FIELD, file)
-
+from diag.layouts import Layout, point
 
 def _id_notes(drafter_config: dict, ids: list[int] | None) -> list[str]:
     top = top_level_ids(drafter_config)
@@ -257,36 +231,3 @@ def capture_convention(target_config: dict, *, engine_name: str = DEFAULT_ENGINE
     rule = capture_rule(engine(engine_name), capture_model(target_config))
     return "no-capture" if isinstance(rule, NoCapture) else rule
 
-
-def _trainer_convention(drafter_config: dict) -> str | None:
-    """speculators configs carry speculators_config / speculators_model_type; TorchSpec's
-    (checkpoint.drafter_format) write the serving engine's own ids (it trains on states an
-    SGLang / vLLM engine captured, and its vLLM export shifts them by +1), so they declare no
-    layout apart from what the engine serves: None. Everything else is read as SpecForge ids."""
-    from diag.checkpoint.drafter_format import is_speculators, trainer_marks
-
-    if is_speculators(drafter_config):
-        return "speculators"
-    return None if trainer_marks(drafter_config) == "torchspec" else "specforge"
-
-
-def declared_layouts(drafter_config: dict, num_hidden_layers: int, *,
-                     file: str | None = None) -> list[DeclaredLayout]:
-    """Layouts the drafter config declares it was trained on, most explicit
-    first: diag_trained_layout (e.g. "embed+L3+L31"), then the nested ids, then
-    top-level ids, each read under the trainer's convention."""
-    out: list[DeclaredLayout] = []
-    text = drafter_config.get(TRAINED_LAYOUT_FIELD)
-    if text is not None:
-        lay = layout(str(text), field=TRAINED_LAYOUT_FIELD).check_against(
-            num_hidden_layers, field=TRAINED_LAYOUT_FIELD)
-        out.append(DeclaredLayout(lay, TRAINED_LAYOUT_FIELD, f"{TRAINED_LAYOUT_FIELD} = {text!r}"))
-    trainer = _trainer_convention(drafter_config)
-    for field, ids in () if trainer is None else ((IDS_FIELD, nested_ids(drafter_config, file=file)),
-                       (TOP_IDS_FIELD, top_level_ids(drafter_config, file=file))):
-        if ids is None:
-            continue
-        res = conventions.resolve(ids, trainer, num_hidden_layers)
-        if all(d.layout != res.layout for d in out):
-            out.append(DeclaredLayout(res.layout, field, res.rule))
-    return out
