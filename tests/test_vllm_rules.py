@@ -375,3 +375,19 @@ def test_v2_rejection_sampler_greedy_equals_the_port(version):
             k = len(req["draft"])
             want = rejection.greedy(torch.tensor(req["draft"]), torch.tensor(req["argmax"][:k]), req["argmax"][k])
             assert tuple(req["tokens"]) == want.tokens, (version, seed, req)
+
+
+def test_lint_reads_speculative_config_through_the_protocol(tmp_path):
+    """`diag lint --engine vllm-0.32.0 --launch "vllm serve ..."`: the launch line's JSON and keys are
+    judged by vLLM 0.32.0's SpeculativeConfig, and the served layout by its capture rule."""
+    from test_lint import write_drafter, write_target
+    from diag.checks.lint import lint
+    t, d = write_target(tmp_path / "t"), write_drafter(tmp_path / "d", eagle_aux_hidden_state_layer_ids=[1, 3, 5])
+    bad = lint(str(d), str(t), "vllm serve t --speculative-config \"{method: 'eagle3'}\"", engine="vllm-0.32.0")
+    (spec,) = [f for f in bad if f.code == "SPEC_CONFIG"]
+    assert spec.severity == "error" and "character 1" in spec.message and spec.engine == "vllm-0.32.0"
+    key = lint(str(d), str(t), "vllm serve t --speculative-config '{\"method\": \"eagle3\", \"model\": \"d\", "
+               "\"num_speculative_tokens\": 3, \"speculative_token_tree\": \"[(0,)]\"}'", engine="vllm-0.32.0")
+    assert any(f.code == "SPEC_CONFIG" and "speculative_token_tree" in f.fix for f in key)
+    good = lint(str(d), str(t), f"vllm serve t --speculative-config '{SPEC}'", engine="vllm-0.32.0")
+    assert not [f for f in good if f.code in ("SPEC_CONFIG", "TREE_REWRITE")]

@@ -133,11 +133,12 @@ class VllmEngine:
         req = (num_steps, topk, num_draft_tokens)
         if num_steps is None:
             return ResolvedShape(None, req, (), f"{spec_config.FLAG} needs num_speculative_tokens")
-        shape, notes = _chain(num_steps), (rule("draft_shape", release.name),)
+        shape = _chain(num_steps)
         if topk not in (None, 1) or num_draft_tokens not in (None, num_steps + 1):
-            return ResolvedShape(shape, req, notes, f"{release.label} drafts a chain of {num_steps}: "
-                                 f"topk {topk}, num_draft_tokens {num_draft_tokens} cannot be served")
-        return ResolvedShape(shape, req, notes, None)
+            return ResolvedShape(shape, req, (rule("draft_shape", release.name),),
+                                 f"{release.label} drafts a chain of {num_steps}: topk {topk}, num_draft_tokens "
+                                 f"{num_draft_tokens} cannot be served")
+        return ResolvedShape(shape, req, (), None)          # nothing rewritten: no notes
 
     def verification(self, release: Release) -> Verification:
         r = rule_row("rejection_sampler", release.name)
