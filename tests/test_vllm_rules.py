@@ -391,3 +391,30 @@ def test_lint_reads_speculative_config_through_the_protocol(tmp_path):
     assert any(f.code == "SPEC_CONFIG" and "speculative_token_tree" in f.fix for f in key)
     good = lint(str(d), str(t), f"vllm serve t --speculative-config '{SPEC}'", engine="vllm-0.32.0")
     assert not [f for f in good if f.code in ("SPEC_CONFIG", "TREE_REWRITE")]
+
+
+def test_explain_counters():
+    from diag.engines.vllm import explain
+    e = explain.explain_scrape(detect.read_scrape(SCRAPE, source="m.txt"), "vllm-0.32.0")
+    assert (e.k, round(e.accept_length, 3), round(e.draft_acceptance_rate, 3)) == (3, 2.758, 0.586)
+    assert [round(x, 3) for x in e.at_position] == [0.79, 0.6, 0.367] and e.consistent
+    assert [round(x, 3) for x in e.conditional] == [0.79, 0.76, 0.612]
+    assert round(explain.explain(558, 1674, 981, [441, 335, 205], "vllm-0.8.5").logged_mean, 2) == 1.76
+    bad = explain.explain(100, 300, 90, [20, 40, 30], "vllm-0.32.0")
+    assert not bad.consistent and "INCONSISTENT: position 1" in bad.sentences[-1]
+    lg = explain.explain_log(detect.log_intervals(LOG, "vllm-0.32.0", source="s.log"), "vllm-0.32.0", source="s.log")
+    assert (lg.drafts, lg.accepted, lg.per_pos, lg.consistent) == (558, 981, (441, 335, 205), True)
+    with pytest.raises(DiagError, match="chains of k drafts"):
+        explain.explain(100, 250, 90, [], "vllm-0.32.0")
+
+
+def test_cli_explain_reconciles_a_scrape(tmp_path, capsys):
+    from diag.cli import main
+    (tmp_path / "m.txt").write_text(SCRAPE)
+    assert main(["explain", "--engine", "vllm-0.32.0", "--metrics", str(tmp_path / "m.txt")]) == 0
+    assert "accept length 1 + 981/558 = 2.758" in capsys.readouterr().out
+    (tmp_path / "s.log").write_text(LOG)
+    assert main(["explain", "--engine", "vllm-0.31.0", "--server-log", str(tmp_path / "s.log")]) == 2
+    assert "another vLLM release" in capsys.readouterr().err
+    assert main(["explain", "--engine", "sglang-0.5.23", "--metrics", str(tmp_path / "m.txt")]) == 2
+    assert "exports no counters" in capsys.readouterr().err

@@ -17,7 +17,7 @@ from diag.checkpoint.config import architecture, num_layers
 from diag.engines.common import (DraftTables, EffectiveConfig, FlagProblem, Fix, LaunchFlags, ResolvedShape,
                                  ServingError, ServingPlan)
 from diag.engines.protocol import Release, Verification
-from diag.engines.vllm import capture, detect, draft_tables, spec_config
+from diag.engines.vllm import capture, detect, draft_tables, explain, spec_config
 from diag.engines.vllm.releases import RELEASES, rule, rule_row, span, vllm_release
 from diag.errors import DiagError
 from diag.layouts import Layout, layout
@@ -174,6 +174,13 @@ class VllmEngine:
 
     def read_metrics(self, text: str, *, source: str):
         return detect.read_scrape(text, source=source)
+
+    def explain_counters(self, text: str, *, source: str, release: Release, kind: str) -> explain.CounterExplanation:
+        """Reconcile a saved /metrics scrape (kind "metrics") or log (kind "log") in this release's terms
+        (not in the protocol yet: `diag explain --metrics/--log` looks it up by name)."""
+        if kind == "metrics":
+            return explain.explain_scrape(detect.read_scrape(text, source=source), release.name)
+        return explain.explain_log(self.read_log(text, source=source, release=release), release.name, source=source)
 
     def launch_argv(self, command: str | list[str]) -> list[str]:
         argv = shlex.split(command) if isinstance(command, str) else list(command)
