@@ -314,7 +314,10 @@ def test_vllm_engine_rules():
     assert str(plan.layout) == "embed+L2+L4" and "literally" in plan.rule and plan.fc_inputs == 3
     nested = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 5]}}
     assert str(r.serving_plan(nested, LLAMA6, release=rel).layout) == "L1+L3+L5"          # 0.22.0-0.33.0
-    assert str(r.serving_plan(nested, LLAMA6, release=engine("vllm-0.34.0")).layout) == "L2+L3"   # default
+    late = r.serving_plan(nested, LLAMA6, release=engine("vllm-0.34.0"))          # nested ids: not read
+    assert str(late.layout) == "L2+L3" and "feeds 2 states (L2+L3) to an fc built for 3" in late.crash
+    renamed = {"eagle_config": {"layer_ids": [1, 3, 5]}}                           # what 0.34.0 reads
+    assert str(r.serving_plan(renamed, LLAMA6, release=engine("vllm-0.34.0")).layout) == "L1+L3+L5"
     err = r.serving_plan({"eagle_aux_hidden_state_layer_ids": [0, 2, 4]}, LLAMA6, release=engine("vllm-0.17.1"))
     assert "cannot serve aux id 0" in str(err)
     assert r.serving_ids(layout("embed+L2+L4"), LLAMA6, release=rel) == [0, 2, 4]
@@ -333,7 +336,7 @@ def test_vllm_engine_rules():
     t = r.draft_tables({**d, "draft_vocab_size": 300}, "eagle3", release=rel)
     assert (t.lm_head, t.uses_d2t) == ("drafter", True)
     assert r.draft_tables(d, "eagle3", release=rel).uses_d2t is False                   # 0.30.0+: same vocab
-    assert plan.embed == "drafter" and "checkpoint has no embed_tokens" in plan.notes[0]
+    assert plan.embed == "target" and "checkpoint has no embed_tokens" in plan.notes[0]
     assert r.accept_rate_formula(rel) == "draft_accept_rate" and "Σa / (rounds·k)" in r.formula_label("draft_accept_rate")
 
 

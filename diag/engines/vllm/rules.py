@@ -40,11 +40,22 @@ def _family(target_config: dict) -> str:
 
 def _ids(drafter_config: dict, release: Release) -> list[int] | None:
     """The ids vLLM reads from the drafter's config.json at this release (None: none given)."""
-    ids = drafter_config.get(IDS_FIELD)
-    nested = (drafter_config.get("eagle_config") or {}).get(IDS_FIELD)
-    if not ids and nested and any("eagle_config" in s for s in rule("aux_ids_source", release.name)):
-        ids = nested
+    ids, eagle = drafter_config.get(IDS_FIELD), drafter_config.get("eagle_config") or {}
+    for source in rule("aux_ids_source", release.name)[1:]:
+        if not ids and source.startswith(f"else drafter config.json eagle_config.{IDS_FIELD}"):
+            ids = eagle.get(IDS_FIELD)
+        if not ids and source.startswith("else drafter config.json eagle_config.layer_ids"):
+            ids = eagle.get("layer_ids")
     return list(ids) if ids else None
+
+
+def _fc_inputs(drafter_config: dict, release: Release) -> int:
+    """The states the drafter's fc is built for: 3 up to 0.21.0; then num_aux_hidden_states, else the
+    nested ids' count, else 3 (llama_eagle3.py, table.py "fc_width")."""
+    if rule("fc_width", release.name).startswith("3 states always"):
+        return 3
+    nested = (drafter_config.get("eagle_config") or {}).get(IDS_FIELD)
+    return int(drafter_config.get("num_aux_hidden_states") or (len(nested) if nested else 3))
 
 
 def _chain(k: int) -> TreeShape:
@@ -84,9 +95,13 @@ class VllmEngine:
         except DiagError as err:
             return ServingError(err.message, field=err.field, expected=err.expected, found=err.found)
         tables = draft_tables.draft_tables(drafter_config, "eagle3", release.name)
+        built, fed = _fc_inputs(drafter_config, release), len(set(served.ids))
+        crash = None if built == fed else \
+            f"{release.label} feeds {fed} states ({served.layout}) to an fc built for {built} " \
+            f"({rule('fc_width', release.name)}): the first draft forward fails on the fc shape"
         return ServingPlan("eagle3", layout(served.layout), served.reason, "vllm", True, tables.lm_head,
                            tables.uses_d2t, (tables.why, f"order: {rule('aux_ids_order', release.name)}"),
-                           engine=release.name, embed=tables.embed, fc_inputs=len(set(served.ids)))
+                           crash, engine=release.name, embed=tables.embed, fc_inputs=built)
 
     def capture_convention(self, target_config: dict, *, release: Release) -> str:
         cap = rule(f"aux_capture.{_family(target_config)}", release.name)

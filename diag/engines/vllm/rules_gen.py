@@ -100,6 +100,8 @@ def aux_ids_source(version: str) -> tuple[tuple[str, ...], str]:
             found.append("drafter config.json eagle_aux_hidden_state_layer_ids")
         if re.search(r'eagle_config\.get\(\s*"eagle_aux_hidden_state_layer_ids"', t):
             found.append("else drafter config.json eagle_config.eagle_aux_hidden_state_layer_ids")
+        if re.search(r'for config_name in \([^)]*"eagle_config"', t) and 'drafter_config.get("layer_ids")' in t:
+            found.append("else drafter config.json eagle_config.layer_ids (not eagle_aux_hidden_state_layer_ids)")
         if found:
             return tuple(found) + ("else the model's default",), path
     if "get_eagle3_aux_hidden_state_layers()" in _text(version, _RUNNERS[0]) and \
@@ -156,6 +158,19 @@ def draft_vocab(version: str) -> tuple[tuple[str, ...], str]:
 _SAMPLER_UTILS = "vllm/v1/worker/gpu/spec_decode/rejection_sampler_utils.py"
 GREEDY = ("greedy: accept while draft == target argmax; the first mismatch emits the argmax; "
           "bonus token when all k are accepted")
+
+
+def fc_width(version: str) -> tuple[str, str]:
+    """How many aux states the EAGLE-3 drafter's fc is built for (llama_eagle3.py)."""
+    path = _M + "llama_eagle3.py"
+    t = re.sub(r"[\s\\]+", " ", _text(version, path))
+    if "num_aux_hidden_states" in t and 'eagle_config.get("eagle_aux_hidden_state_layer_ids")' in t and \
+            "len(layer_ids) if layer_ids else 3" in t:
+        return ("config num_aux_hidden_states, else len(eagle_config.eagle_aux_hidden_state_layer_ids), "
+                "else 3"), path
+    if re.search(r"hidden_size \* 3\b", t):
+        return "3 states always (fc in = 3 x target_hidden_size)", path
+    raise Unrecognized(f"{version} {path}: fc width rule changed")
 
 
 _PROPOSERS = ("vllm/v1/spec_decode/eagle.py", "vllm/v1/spec_decode/llm_base_proposer.py",
@@ -246,6 +261,7 @@ PROBES = {
     "draft_shape": token_tree,
     "draft_vocab": draft_vocab,
     "draft_weights": draft_weights,
+    "fc_width": fc_width,
     "rejection_sampler": rejection,
     "prometheus_counters": metrics,
     "log_line": log_line,
