@@ -428,3 +428,15 @@ def test_cli_explain_reconciles_a_scrape(tmp_path, capsys):
     assert "another vLLM release" in capsys.readouterr().err
     assert main(["explain", "--engine", "sglang-0.5.23", "--metrics", str(tmp_path / "m.txt")]) == 2
     assert "exports no counters" in capsys.readouterr().err
+
+
+def test_detect_engine_from_server_output():
+    assert detect.detect(log=LOG).name == "vllm-0.32.0"
+    assert detect.detect(launch=f"vllm serve /m --speculative-config '{SPEC}'").release is None
+    assert detect.detect(metrics=SCRAPE).name == "vllm"
+    assert detect.detect(launch="python -m sglang.launch_server --model-path /m", metrics="sglang:x 1") is None
+    detect.check_named("vllm-0.32.0", detect.detect(log=LOG))
+    with pytest.raises(DiagError, match="not the engine named"):
+        detect.check_named("sglang-0.5.23", detect.detect(metrics=SCRAPE))
+    with pytest.raises(DiagError, match="another vLLM release"):
+        detect.check_named("vllm-0.31.0", detect.detect(log=LOG))

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from diag.engines.vllm.metrics import VllmSpecCounters, read_vllm_metrics
 from diag.engines.vllm.releases import VllmRelease, rule, vllm_release
+from diag.engines.vllm.spec_config import is_vllm_command
 from diag.errors import DiagError
 
 _VERSION_LINES = (re.compile(r"LLM engine \(v(\d+\.\d+\.\d+(?:\.\d+)?(?:\.post\d+)?)[^)]*\)"),
@@ -100,3 +101,44 @@ def read_scrape(text: str, *, source: str, model: str | None = None) -> VllmSpec
                         expected=model, found=", ".join(sorted(names)),
                         hint="scrape the server that serves this target (GET /metrics)")
     return read_vllm_metrics(text, source=source)
+
+
+@dataclass(frozen=True)
+class Detected:
+    """What saved server output says about the engine: vLLM, its release when a log names it."""
+
+    release: VllmRelease | None
+    evidence: str
+
+    @property
+    def name(self) -> str:
+        return self.release.name if self.release else "vllm"
+
+
+def detect(*, launch=None, log: str | None = None, metrics: str | None = None, source: str = "server output") \
+        -> Detected | None:
+    """vLLM if the launch command, the log or the scrape is vLLM's (None otherwise); the release from
+    the log's engine line. Worked example: a log with "Initializing a V1 LLM engine (v0.32.0)" ->
+    Detected(vLLM 0.32.0); `vllm serve /m ...` alone -> Detected(None): the command names no release."""
+    if log is not None and (named := release_from_log(log, source=source)) is not None:
+        return Detected(named, f"{source}: the engine line names {named.label}")
+    if launch is not None and is_vllm_command(launch.split() if isinstance(launch, str) else launch):
+        return Detected(None, "the launch command starts vLLM's server (it names no release: pass --engine vllm-X.Y.Z)")
+    if log is not None and ("SpecDecoding metrics:" in log or "vLLM API server" in log):
+        return Detected(None, f"{source}: vLLM's log lines (no release named)")
+    if metrics is not None and re.search(r"^vllm:\w+", metrics, re.M):
+        return Detected(None, f"{source}: vllm:* Prometheus series (a scrape names no release)")
+    return None
+
+
+def check_named(named: str, found: Detected | None) -> None:
+    """A DiagError when the engine named (--engine / [serving] engine) is not what the output shows."""
+    if found is None:
+        return
+    if not named.startswith("vllm"):
+        raise DiagError("the server is not the engine named", field="engine", expected=named,
+                        found=f"vLLM ({found.evidence})", hint=f"name it --engine {found.name}")
+    if found.release is not None and vllm_release(named).version != found.release.version:
+        raise DiagError("the server runs another vLLM release than the one named", field="engine",
+                        expected=vllm_release(named).label, found=found.evidence,
+                        hint=f"name it --engine {found.name}")
