@@ -3,8 +3,9 @@
 ServingPlan / ServingError / Fix (what a release feeds a drafter and how to change it),
 ResolvedShape (the tree a release runs for its launch flags), LaunchFlags / EffectiveConfig /
 FlagProblem (a launch line read and linted), DraftTables (whose embedding and lm_head the draft
-uses). Every family fills these; none of them names a family. This module holds types; it
-computes nothing.
+uses), RequestDefaults (what a request that sets no sampling parameter runs). Every family
+fills these; none of them names a family. This module holds types; it computes nothing but
+`refused`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from diag.layouts import Layout
 from diag.trees import TreeShape
 
 __all__ = ["DeclaredLayout", "DraftTables", "EffectiveConfig", "FlagProblem", "Fix", "LaunchFlags",
-           "ResolvedShape", "ServingError", "ServingPlan", "refused"]
+           "RequestDefaults", "ResolvedShape", "ServingError", "ServingPlan", "refused"]
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,19 @@ class FlagProblem:
     fix: str
     parser: str = ""                   # whose parser judged: "SGLang 0.5.14" (the nearest table)
 
+
+
+@dataclass(frozen=True)
+class RequestDefaults:
+    """What a request that sets no sampling parameter runs on the server, and why."""
+
+    values: dict                 # temperature, top_p, top_k after the engine's resolution
+    source: str                  # "generation_config.json" or "<Engine> defaults"
+    unmodelled: dict             # min_p / repetition_penalty the server applies and diag does not
+
+    @property
+    def from_generation_config(self) -> bool:
+        return self.source == "generation_config.json"
 
 def refused(plan: ServingPlan | ServingError) -> ServingPlan | ServingError:
     """A plan that crashes as the ServingError it is; anything else unchanged."""

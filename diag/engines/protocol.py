@@ -24,6 +24,7 @@ What the protocol covers, in the order a run needs it (worked examples are SGLan
                   the first draft_vocab_size target ids (DraftTables)
   trees           resolve_tree(num_steps, topk, num_draft_tokens, target_config) -> the tree the
                   server runs (auto defaults when all three are None; S=1, K=1, D=16 -> D=2)
+  sampling        request_defaults(generation_config) -> what a request that sets nothing runs
   verification    verification(release) -> the greedy and sampled rules the decode loop applies,
                   by name (Verification: "tree-argmax", "tree-target-only")
   metrics         accept_rate_formula(release) -> the diag.metrics function name the engine's
@@ -50,7 +51,7 @@ from diag.errors import DiagError
 
 if TYPE_CHECKING:
     from diag.engines.common import (DraftTables, EffectiveConfig, FlagProblem, Fix, LaunchFlags,
-                                     ResolvedShape, ServingError, ServingPlan)
+                                     RequestDefaults, ResolvedShape, ServingError, ServingPlan)
     from diag.layouts import Layout
 
 _VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:\.post(\d+)|\.(\d+))?$")
@@ -164,6 +165,11 @@ class EngineRules(Protocol):
     # ---- verification --------------------------------------------------------------------
     def verification(self, release: Release) -> Verification:
         """The greedy and sampled verification rules the decode loop applies (Verification)."""
+
+    def request_defaults(self, generation_config: dict | None, sampling_defaults: str = "model", *,
+                         release: Release) -> RequestDefaults:
+        """What a request that sets no sampling parameter runs: the target's generation_config.json
+        values or the engine's own defaults (`sampling_defaults`: the launch line's setting)."""
 
     # ---- metric formulas -----------------------------------------------------------------
     def accept_rate_formula(self, release: Release) -> str:

@@ -36,7 +36,8 @@ from diag.drafter.incremental import DraftKV, cache_dims, draft_tree, extend
 from diag.engines.decoding import Decoding
 from diag.layouts import CapturePoint, Layout, union_points
 from diag.replay.replay import Variant, _on, default_tables, draft_head
-from diag.replay.sampling import expected_at_depth, sample, target_probs, uniforms, verify_tree
+from diag.replay.sampling import sample, target_probs, uniforms
+from diag.replay.verifiers import sampled_rule
 from diag.target.passes import pad_right
 from diag.target.tree_forward import commit, prefill, select_rows, verify_forward
 from diag.trees import TreeShape
@@ -111,8 +112,9 @@ class DecodeLoop:
 
     def __init__(self, model, drafter, embed, head, lanes: list[Lane], layouts: dict[str, Layout],
                  shape: TreeShape, decoding: Decoding, *, eos_ids: set[int], profile: bool = False,
-                 tables: dict | None = None):
+                 tables: dict | None = None, verification: str = "tree-target-only"):
         self.model, self.drafter, self.lanes, self.layouts = model, drafter, lanes, layouts
+        self.rule = sampled_rule(verification)     # the engine's sampled rule (replay/verifiers.py)
         self.profile, self.seconds = profile, defaultdict(float)     # phase -> seconds (profile only)
         self.counts = defaultdict(int)                              # rounds, verified tokens, rows
         self.shape, self.decoding, self.eos = shape, decoding, sorted(eos_ids)
@@ -282,10 +284,10 @@ class DecodeLoop:
         coins = self._coins(keys, st.lane_of, st.root, D + 1)
         d = self.decoding
         ts, ta = (1.0, 1.0) if d.greedy else (d.threshold_single, d.threshold_acc)
-        res = verify_tree(t["tokens"], t["parents"], t["valid"], probs, coins[:, :D], coins[:, D], S,
-                          threshold_single=ts, threshold_acc=ta)
-        exp = expected_at_depth(t["tokens"], t["parents"], t["valid"], probs, t["depths"], S,
-                                threshold_single=ts, threshold_acc=ta)
+        res = self.rule.verify(t["tokens"], t["parents"], t["valid"], probs, coins[:, :D], coins[:, D], S,
+                               threshold_single=ts, threshold_acc=ta)
+        exp = self.rule.expected(t["tokens"], t["parents"], t["valid"], probs, t["depths"], S,
+                                 threshold_single=ts, threshold_acc=ta)
         return res, exp
 
     def _record(self, st, res, exp):

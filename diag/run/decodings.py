@@ -1,6 +1,6 @@
 """Which decodings a run evaluates, and which one the server runs (the reference axis).
 
-Sources, most specific first (DESIGN.md §11; SGLang's own rules live in diag.engines.sglang.decoding):
+Sources, most specific first (DESIGN.md §11; the engine's request defaults: EngineRules.request_defaults):
 1. the case's [decoding] values or the --temperature / --top-p / --top-k flags: every
    combination is evaluated and the first is what the server runs; a dimension left out
    takes the server's request default;
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from diag.engines.decoding import GREEDY, Decoding, from_values, parse_decoding
-from diag.engines.sglang.decoding import request_defaults
+from diag.engines import engine, rules
 from diag.errors import DiagError
 from diag.run.case import Case
 
@@ -87,7 +87,8 @@ def plan(case: Case, target_path: Path, launch=None) -> DecodingPlan:
     d, notes = case.decoding, []
     sampling_defaults = getattr(launch, "sampling_defaults", None) or "model"
     gen_cfg = generation_config(target_path)
-    req = request_defaults(gen_cfg, sampling_defaults)
+    eng = rules(case.serving.engine)
+    req = eng.request_defaults(gen_cfg, sampling_defaults, release=engine(case.serving.engine))
     ts, ta, t_src = _thresholds(case, launch)
     names = {**CASE_NAMES, **_names(t_src)}
     grid = _grid(case, req.values, ts, ta, case.source, names)
@@ -95,23 +96,23 @@ def plan(case: Case, target_path: Path, launch=None) -> DecodingPlan:
         served, source = grid[0], "case [decoding] / flags"
     elif req.from_generation_config:
         served = from_values(req.values, ts, ta, names=names, file=str(Path(target_path) / "generation_config.json"))
-        source = f"{target_path}/generation_config.json (SGLang --sampling-defaults {sampling_defaults})"
+        source = f"{target_path}/generation_config.json ({eng.display} --sampling-defaults {sampling_defaults})"
     else:
         served, source = GREEDY, "default (greedy)"
         if launch is not None:
-            notes.append("a request that sends no temperature is sampled at temperature 1.0 by SGLang's "
+            notes.append(f"a request that sends no temperature is sampled at temperature 1.0 by {eng.display}'s "
                          "defaults; diag evaluated greedy decoding: give --temperature / [decoding] to "
                          "evaluate what your clients send")
     if d.served != "auto":
         served = parse_decoding(d.served, field="decoding.served")
         source = "case decoding.served"
     sampled = list(dict.fromkeys(([served] if not served.greedy else []) + [g for g in grid if not g.greedy]))
-    notes += _notes(sampled, req, launch, case)
+    notes += _notes(sampled, req, launch, case, eng.display)
     return DecodingPlan(served, tuple(sampled), tuple(case.evaluate.seed + i for i in range(d.seeds)),
                         d.scope, source, tuple(notes))
 
 
-def _notes(sampled: list[Decoding], req, launch, case: Case) -> list[str]:
+def _notes(sampled: list[Decoding], req, launch, case: Case, display: str) -> list[str]:
     out = []
     for dec in sampled:
         if dec.lossy:
@@ -119,11 +120,11 @@ def _notes(sampled: list[Decoding], req, launch, case: Case) -> list[str]:
                        f"acc {dec.threshold_acc}) make verification lossy: the output no longer follows "
                        "the target's distribution")
     if sampled and req.unmodelled:
-        out.append(f"generation_config.json sets {req.unmodelled}; SGLang applies them, diag's sampled "
+        out.append(f"generation_config.json sets {req.unmodelled}; {display} applies them, diag's sampled "
                    "verification does not model them")
     if sampled and getattr(launch, "use_rejection_sampling", False):
         out.append("--speculative-use-rejection-sampling: the server accepts with the draft distribution "
-                   "(coin * q < p); diag evaluated SGLang's default target-only rule")
+                   f"(coin * q < p); diag evaluated {display}'s default target-only rule")
     if sampled and case.prompts.recorded:
         out.append("sampled decodings generate their own continuations; the recorded ones are used for "
                    "greedy decoding only")

@@ -155,6 +155,12 @@ def draft_tables_by_mode(inp: "Inputs") -> dict[str, DraftTables]:
     return {m: eng.draft_tables(inp.drafter_config, m, release=rel) for m in ("eagle3", "eagle")}
 
 
+def sampled_verification(inp: "Inputs") -> str:
+    """The sampled verification rule the served release runs (replay/verifiers.py names it)."""
+    rel, eng = served_by(inp.case)
+    return eng.verification(rel).sampled
+
+
 def _grid(eng: EngineRules, rel: Release, g: dict) -> tuple[list[TreeShape], list[tuple[tuple, TreeShape]]]:
     """Every (S, K, D) of the sweep grid as the release runs it, de-duplicated in first-seen
     order, and the ((S, K, D) asked, shape run) pairs it rewrites. Example (topk 1 forces

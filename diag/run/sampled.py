@@ -22,7 +22,7 @@ from diag.replay.evaluation import Evaluation, best
 from diag.replay.replay import Variant
 from diag.replay.sampled_summary import summarize_sampled
 from diag.run.evaluate import serving_rendering
-from diag.run.inputs import Inputs, draft_tables_by_mode
+from diag.run.inputs import Inputs, draft_tables_by_mode, sampled_verification
 from diag.run.target_passes import special_ids
 from diag.trees import TreeShape
 
@@ -94,7 +94,7 @@ class SampledEvaluations:
             vs = [v for v in variants if v.tree == shape]
             lanes = [Lane(v, s) for v in vs for s in inp.decoding.seeds]
             loop = DecodeLoop(model, self.drafter, self.embed, self.head, lanes, layouts, shape, dec, eos_ids=eos,
-                              tables=draft_tables_by_mode(inp))
+                              tables=draft_tables_by_mode(inp), verification=sampled_verification(inp))
             rows = [(li, p) for li in range(len(lanes)) for p in range(len(prompts))]
             decoded = []
             for batch in _batches(rows, lens, shape, inp.case.prompts.max_new_tokens, ev.token_budget):

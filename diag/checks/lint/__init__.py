@@ -48,7 +48,7 @@ def _run_check(check, pair: Pair) -> list[Finding]:
     try:
         return check(pair)
     except DiagError as err:
-        return [Finding("error", "CONFIG", err.message, "SGLang fails on or misreads this field",
+        return [Finding("error", "CONFIG", err.message, f"{rules(pair.engine).display} fails on or misreads this field",
                         err.hint or f"expected: {err.expected}", err.file or pair.drafter_file,
                         err.field)]
 
@@ -69,7 +69,8 @@ def _launch_flags(launch: str | None, engine: str):
         return rules(engine).parse_launch(launch, release=engine_of(engine)), []
     except DiagError as err:
         return None, [Finding("error", "LAUNCH_UNPARSABLE", f"{err.message}: {err.found}",
-                              "SGLang's argparse exits at launch", f"expected: {err.expected}", None, err.field)]
+                              f"{rules(engine).display}'s argparse exits at launch", f"expected: {err.expected}", None,
+                              err.field)]
 
 
 def _headers_or_none(directory: Path):

@@ -12,7 +12,7 @@ from diag.checkpoint.headers import TensorInfo as HeaderInfo
 from diag.checks.lint.pair import Finding, Pair
 from diag.engines.sglang.drafter_keys import draft_vocab_crash
 from diag.engines.sglang.drafter_models import builds_drafter, drafter_classes
-from diag.engines.sglang.versions import engine
+from diag.engines import engine
 
 NOT_CHECKED = ("fc.weight's width against the layout", "d2t / t2d presence, dtypes and shapes",
                "lm_head rows against draft_vocab_size", "embed_tokens", "every weight name and shape "

@@ -7,6 +7,7 @@ Each check takes the Pair (pair.py) and returns Findings.
 from __future__ import annotations
 
 from diag.checks.lint.pair import Finding, Pair
+from diag.engines import rules
 
 
 def check_tree(p: Pair) -> list[Finding]:
@@ -24,7 +25,7 @@ def check_tree(p: Pair) -> list[Finding]:
            f"{shape.num_steps + 1} so the flags say what runs" if sev == "warning" else
            "pass all three tree flags to pin the shape")
     return [Finding(sev, "TREE_REWRITE" if sev == "warning" else "TREE_AUTO", note,
-                    f"SGLang runs {shape.name} (S={shape.num_steps}, K={shape.topk}, "
+                    f"{rules(p.engine).display} runs {shape.name} (S={shape.num_steps}, K={shape.topk}, "
                     f"D={shape.num_draft_tokens})", fix, None, flag) for note in tree.notes]
 
 

@@ -11,24 +11,11 @@ This module knows config values; it reads no file.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from diag.engines.common import RequestDefaults
 
 SGLANG_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1}
 GENERATION_CONFIG_KEYS = ("temperature", "top_p", "top_k")       # what verification uses
 UNMODELLED_KEYS = ("min_p", "repetition_penalty")                # SGLang reads them; diag does not
-
-
-@dataclass(frozen=True)
-class RequestDefaults:
-    """What a request that sets no sampling parameter runs on the server, and why."""
-
-    values: dict                 # temperature, top_p, top_k after SGLang's resolution
-    source: str                  # "generation_config.json" or "SGLang defaults"
-    unmodelled: dict             # min_p / repetition_penalty the server applies and diag does not
-
-    @property
-    def from_generation_config(self) -> bool:
-        return self.source == "generation_config.json"
 
 
 def request_defaults(generation_config: dict | None, sampling_defaults: str = "model") -> RequestDefaults:

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from diag.checkpoint.config import num_layers
-from diag.engines.common import (DraftTables, EffectiveConfig, FlagProblem, Fix, LaunchFlags, ResolvedShape,
-                                 ServingError, ServingPlan)
+from diag.engines.common import (DraftTables, EffectiveConfig, FlagProblem, Fix, LaunchFlags, RequestDefaults,
+                                 ResolvedShape, ServingError, ServingPlan)
 from diag.engines.protocol import Release, Verification
 from diag.engines import conventions
 from diag.engines.sglang import accept_rate, flag_parser, launch, server_log, server_responses, serving
@@ -23,6 +23,7 @@ from diag.engines.sglang import conventions as _sglang_conventions  # noqa: F401
 from diag.engines.sglang.algorithms import ALIASES, MODES, mode_of
 from diag.engines.sglang.architectures import auto_defaults_key, capture_model
 from diag.engines.sglang.capture import NoCapture, capture_rule
+from diag.engines.sglang.decoding import request_defaults
 from diag.engines.sglang.draft_tables import draft_tables_for
 from diag.engines.sglang.serving import IDS_FIELD
 from diag.engines.sglang.tree_rules import resolve_sglang_shape
@@ -90,6 +91,10 @@ class SglangEngine:
 
     def verification(self, release: Release) -> Verification:
         return VERIFICATION
+
+    def request_defaults(self, generation_config: dict | None, sampling_defaults: str = "model", *,
+                         release: Release) -> RequestDefaults:
+        return request_defaults(generation_config, sampling_defaults)
 
     def accept_rate_formula(self, release: Release) -> str:
         return accept_rate.formula_for(release)
