@@ -152,6 +152,7 @@ NAMED_OUTSIDE: dict[str, dict[str, int]] = {
         "diag/engines/conventions.py": 4,
         "diag/engines/sglang/simulate.py": 8,
         "diag/replay/sampling.py": 1,
+        "diag/replay/verifiers.py": 2,
         "diag/report/server_markdown.py": 3,
         "diag/run/case.py": 1,
         "diag/run/prompts/read.py": 1,

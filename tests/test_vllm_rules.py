@@ -349,7 +349,8 @@ def test_vllm_engine_rules():
     assert (t.lm_head, t.uses_d2t) == ("drafter", True)
     assert r.draft_tables(d, "eagle3", release=rel).uses_d2t is False                   # 0.30.0+: same vocab
     assert plan.embed == "target" and "checkpoint has no embed_tokens" in plan.notes[0]
-    assert r.accept_rate_formula(rel) == "draft_accept_rate" and "Σa / (rounds·k)" in r.formula_label("draft_accept_rate")
+    assert r.accept_rate_formula(rel) == "draft_accept_rate"
+    assert "Σa / (rounds·k)" in r.formula_label("draft_accept_rate")
 
 
 def test_vllm_engine_launch_lint():
@@ -472,3 +473,14 @@ def test_cpu_expand_defect_executes_from_the_wheel(version):
     ints = torch.zeros(6, dtype=torch.int64)
     ns["_expand_kernel_impl"](ints, torch.tensor([3, 0, 5]), torch.tensor([2, 4, 6]), 0, 1)
     assert ints.tolist() == [3, 3, 1, 1, 5, 5]                         # int64 outputs (top-k) are fine
+
+
+def test_request_defaults():
+    from diag.engines.vllm.rules import RULES as r
+    rel = r.release("vllm-0.32.0")
+    d = r.request_defaults({"temperature": 0.6, "top_p": 0.95, "repetition_penalty": 1.05}, release=rel)
+    assert d.values == {"temperature": 0.6, "top_p": 0.95, "top_k": -1} and d.from_generation_config
+    assert d.unmodelled == {"repetition_penalty": 1.05}
+    plain = r.request_defaults({"temperature": 0.6}, "vllm", release=rel)
+    assert plain.values == {"temperature": 1.0, "top_p": 1.0, "top_k": -1} and plain.source == "vLLM defaults"
+    assert r.request_defaults(None, release=r.release("vllm-0.8.5")).values["top_k"] == -1

@@ -70,7 +70,8 @@ def served(family: str, ids, num_layers: int, eng: str | VllmRelease | None) -> 
         used, why = given, f"the drafter's eagle_aux_hidden_state_layer_ids read literally (vLLM {span(source)})"
     for i in used:
         if i == 0 and "TypeError" in cap.value[1]:
-            raise DiagError(f"{r.label} cannot serve aux id 0 to a {family} target", field="eagle_aux_hidden_state_layer_ids",
+            raise DiagError(f"{r.label} cannot serve aux id 0 to a {family} target",
+                            field="eagle_aux_hidden_state_layer_ids",
                             expected="ids >= 1 (the embeddings are capturable from vLLM 0.18.0 for Llama/Qwen3)",
                             found=list(used), hint=f"{cap.source} ({span(cap)}): {cap.value[1]}")
         if i == num_layers and "never captured" in cap.value[2]:

@@ -14,8 +14,9 @@ Worked example (vLLM 0.11.0, drafter hidden 2048 = target's, vocab 32000, draft_
 embed "target", lm_head "target" — the drafter's trained lm_head is not used.
 Where the answer depends on the checkpoint's tensors (0.8.5, 0.11.1+), the embedding is the
 target's when the shapes match (a checkpoint without embed_tokens, or with the target's, is served
-so; one with its own distinct table is not, and `why` says so) and the lm_head the drafter's. Method "eagle" (EAGLE-1): the lm_head is the
-target's up to 0.11.0 (`method != "eagle3"`), then the same checkpoint rule; no d2t.
+so; one with its own distinct table is not, and `why` says so) and the lm_head the drafter's.
+Method "eagle" (EAGLE-1): the lm_head is the target's up to 0.11.0 (`method != "eagle3"`), then
+the same checkpoint rule; no d2t.
 This module knows config keys and the rows.
 """
 

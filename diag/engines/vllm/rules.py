@@ -14,13 +14,13 @@ from __future__ import annotations
 import shlex
 
 from diag.checkpoint.config import architecture, num_layers
-from diag.engines.common import (DraftTables, EffectiveConfig, FlagProblem, Fix, LaunchFlags, ResolvedShape,
-                                 ServingError, ServingPlan)
+from diag.engines.common import (DraftTables, EffectiveConfig, FlagProblem, Fix, LaunchFlags, RequestDefaults,
+                                 ResolvedShape, ServingError, ServingPlan)
 from diag.engines.protocol import Release, Verification
-from diag.engines.vllm import capture, detect, draft_tables, explain, spec_config
+from diag.engines.vllm import capture, decoding, detect, draft_tables, explain, spec_config
 from diag.engines.vllm.releases import RELEASES, rule, rule_row, span, vllm_release
 from diag.errors import DiagError
-from diag.layouts import Layout, layout
+from diag.layouts import Layout, layout as parse_layout
 from diag.trees import TreeShape
 
 IDS_FIELD = "eagle_aux_hidden_state_layer_ids"
@@ -99,7 +99,7 @@ class VllmEngine:
         crash = None if built == fed else \
             f"{release.label} feeds {fed} states ({served.layout}) to an fc built for {built} " \
             f"({rule('fc_width', release.name)}): the first draft forward fails on the fc shape"
-        return ServingPlan("eagle3", layout(served.layout), served.reason, "vllm", True, tables.lm_head,
+        return ServingPlan("eagle3", parse_layout(served.layout), served.reason, "vllm", True, tables.lm_head,
                            tables.uses_d2t, (tables.why, f"order: {rule('aux_ids_order', release.name)}"),
                            crash, engine=release.name, embed=tables.embed, fc_inputs=built)
 
@@ -109,34 +109,35 @@ class VllmEngine:
 
     def default_aux_layers(self, target_config: dict, *, release: Release) -> Layout | None:
         try:
-            return layout(capture.served(_family(target_config), None, num_layers(target_config),
+            return parse_layout(capture.served(_family(target_config), None, num_layers(target_config),
                                          release.name).layout)
         except DiagError:
             return None
 
-    def serving_ids(self, lay: Layout, target_config: dict, *, release: Release) -> list[int] | None:
-        """embed -> 0, L{i} -> i; None when this release cannot serve `lay` through ids."""
-        ids = [0 if p == "embed" else int(p[1:]) for p in str(lay).split("+") if p == "embed" or p[1:].isdigit()]
-        if len(ids) != len(str(lay).split("+")):
+    def serving_ids(self, layout: Layout, target_config: dict, *, release: Release) -> list[int] | None:
+        """embed -> 0, L{i} -> i; None when this release cannot serve `layout` through ids."""
+        ids = [0 if p == "embed" else int(p[1:]) for p in str(layout).split("+") if p == "embed" or p[1:].isdigit()]
+        if len(ids) != len(str(layout).split("+")):
             return None
         try:
             got = capture.served(_family(target_config), ids, num_layers(target_config), release.name)
         except DiagError:
             return None
-        return ids if got.layout == str(layout(str(lay))) and "literally" in got.reason else None
+        return ids if got.layout == str(parse_layout(str(layout))) and "literally" in got.reason else None
 
-    def fix_for(self, lay: Layout, target_config: dict, *, release: Release) -> Fix:
-        ids = self.serving_ids(lay, target_config, release=release)
+    def fix_for(self, layout: Layout, target_config: dict, *, release: Release) -> Fix:
+        ids = self.serving_ids(layout, target_config, release=release)
         src = rule_row("aux_ids_source", release.name)
         if ids is not None:
             return Fix(ids, None, f"write {IDS_FIELD} = {ids} in the drafter's config.json ({release.label} "
                                   f"reads them literally, id i = L{{i}}, id 0 = the embeddings; {span(src)})")
         later = [v for v in RELEASES if self.release(v).release > release.release]
         for v in later:
-            up = self.serving_ids(lay, target_config, release=self.release(v))
+            up = self.serving_ids(layout, target_config, release=self.release(v))
             if up is not None:
-                return Fix(None, (v, up), f"{release.label} cannot serve {lay}; vLLM {v} can, with {IDS_FIELD} = {up}")
-        return Fix(None, None, f"no vLLM release diag knows serves {lay} to this drafter")
+                return Fix(None, (v, up),
+                           f"{release.label} cannot serve {layout}; vLLM {v} can, with {IDS_FIELD} = {up}")
+        return Fix(None, None, f"no vLLM release diag knows serves {layout} to this drafter")
 
     def draft_tables(self, drafter_config: dict, mode: str, *, release: Release) -> DraftTables:
         return draft_tables.draft_tables(drafter_config, mode, release.name)
@@ -159,6 +160,10 @@ class VllmEngine:
         r = rule_row("rejection_sampler", release.name)
         return Verification("tree-argmax", "chain-rejection", f"{release.label} ({r.source}, {span(r)}): "
                             + "; ".join(r.value))
+
+    def request_defaults(self, generation_config: dict | None, sampling_defaults: str = "model", *,
+                         release: Release) -> RequestDefaults:
+        return decoding.request_defaults(generation_config, sampling_defaults, release.name)
 
     def accept_rate_formula(self, release: Release) -> str:
         # "Draft acceptance rate" = num_accepted_tokens / num_draft_tokens = Σa / (rounds·k): a chain has

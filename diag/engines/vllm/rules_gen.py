@@ -192,6 +192,25 @@ def cpu_expand(version: str) -> tuple[str, str]:
     return "the CPU expand kernel writes its output in place (dtype kept)", _CPU_TL
 
 
+def request_defaults(version: str) -> tuple[tuple[str, ...], str]:
+    """What a request that sets no sampling parameter runs: --generation-config's default, the
+    generation_config.json keys vLLM takes, and SamplingParams' own defaults (the first of each)."""
+    cfg = next(p for p in ("vllm/config/model.py", "vllm/config.py", "vllm/config/__init__.py")
+               if "def get_diff_sampling_param" in _text(version, p))
+    t = _text(version, cfg)
+    mode = re.search(r'generation_config: str = "(\w+)"', t)
+    at = t.index("available_params", t.index("def get_diff_sampling_param"))
+    keys = re.findall(r'"(\w+)"', t[at:t.index("]", at)])
+    own = {}
+    for name, value in re.findall(r"^    (temperature|top_p|top_k): (?:float|int) = ([-\d.]+)",
+                                  _text(version, "vllm/sampling_params.py"), re.M):
+        own.setdefault(name, value)
+    if not mode or not keys or len(own) != 3:
+        raise Unrecognized(f"{version} {cfg}: request defaults changed")
+    return (f"--generation-config {mode.group(1)}", "generation_config.json keys: " + " ".join(keys),
+            "SamplingParams: " + " ".join(f"{k}={v}" for k, v in own.items())), cfg
+
+
 _PROPOSERS = ("vllm/v1/spec_decode/eagle.py", "vllm/v1/spec_decode/llm_base_proposer.py",
               "vllm/v1/worker/gpu/spec_decode/eagle/utils.py")
 
@@ -282,6 +301,7 @@ PROBES = {
     "draft_weights": draft_weights,
     "fc_width": fc_width,
     "cpu_expand": cpu_expand,
+    "request_defaults": request_defaults,
     "rejection_sampler": rejection,
     "prometheus_counters": metrics,
     "log_line": log_line,

@@ -80,8 +80,9 @@ def parse_spec_config(value: dict | str, eng: str | VllmRelease | None = None, *
     if method not in METHODS:
         what = "a method diag does not model" if method in OTHER_METHODS else "an unknown method"
         raise DiagError(f"{FLAG} names {what}", field=f"{FLAG} method", expected=" or ".join(METHODS),
-                        found=repr(method), hint="diag diagnoses EAGLE-3 drafters (method eagle3; eagle serves "
-                                                 "one hidden state)" if method is None or method in OTHER_METHODS else None)
+                        found=repr(method),
+                        hint="diag diagnoses EAGLE-3 drafters (method eagle3; eagle serves one hidden state)"
+                        if method is None or method in OTHER_METHODS else None)
     k = d.get("num_speculative_tokens")
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise DiagError(f"{FLAG} needs num_speculative_tokens", field=f"{FLAG} num_speculative_tokens",
@@ -115,7 +116,8 @@ def parse_launch(command, eng: str | VllmRelease | None = None) -> VllmLaunch:
     argv = shlex.split(command) if isinstance(command, str) else list(command)
     if not is_vllm_command(argv):
         raise DiagError("not a vLLM launch command", field="launch",
-                        expected="vllm serve MODEL ... or python -m vllm.entrypoints.openai.api_server --model MODEL ...",
+                        expected="vllm serve MODEL ... or "
+                                 "python -m vllm.entrypoints.openai.api_server --model MODEL ...",
                         found=" ".join(argv)[:120])
     dotted, words = _dotted(argv)
     target, spec_text = None, None
