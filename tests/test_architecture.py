@@ -108,11 +108,19 @@ def test_a_backwards_import_is_caught(tmp_path):
 # import paths and string literals; comments and docstrings are documentation (they cite the
 # engine's source files, e.g. "SGLang's llama_eagle3.py") and are not counted.
 # NAMED_OUTSIDE lists the modules that still name a family, with how many times: the count may
-# only shrink (lower it when you route a use through diag.engines.rules()); a new module naming
-# an engine fails. What remains, by kind: metric and section names that are report fields
-# (metrics.sglang_accept_rate, the report's "sglang" keys), user-facing wording of the server
-# readers (run/server_*), the lint cross-check that imports sglang itself (checks/lint/sglang.py),
-# and CLI help texts.
+# only shrink (lower it when you route a use through diag.engines.rules(); a stale count fails
+# too); a new module naming an engine fails. What remains, by kind:
+#   report fields and values: metrics.py (sglang_accept_rate*), report/sections/head.py, the
+#     drafter format "sglang-eagle3" (checkpoint/drafter_format.py), the tree preset
+#     "sglang-llama-default" (trees.py);
+#   the live-server readers, still SGLang-shaped: run/server_inputs.py, server_observation.py,
+#     server_section.py, checks/validate.py, report/server_markdown.py;
+#   lint checks written in SGLang's terms (drafter classes, drafter keys, draft tables, vocab,
+#     rope, fc width), the Finding field `sglang_behaviour`, and the cross-check that imports
+#     sglang itself (checks/lint/sglang.py);
+#   CLI help texts (cli/run.py, effective.py, lint.py) and `diag explain` (SGLang's rate formulas);
+#   notes' wording (drafter/checkpoint.py, run/prompts/read.py, report/decoding_section.py,
+#     zoo/recipes.py) and replay.py's default draft tables when a caller passes none.
 NAMED_OUTSIDE: dict[str, dict[str, int]] = {
     "sglang": {
         "diag/checkpoint/drafter_format.py": 4,
