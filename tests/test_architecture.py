@@ -160,6 +160,29 @@ NAMED_OUTSIDE: dict[str, dict[str, int]] = {
         "diag/trees.py": 2,
         "diag/zoo/recipes.py": 1,
     },
+    # registered with vLLM (diag/engines/vllm): what already named it then, by kind: the "vllm"
+    # layer-id convention and the zoo's vLLM-convention drafters, the saved vLLM /metrics input of
+    # `run --server-metrics` (server_inputs, report), help texts.
+    "vllm": {
+        "diag/bench/zoo.py": 1,
+        "diag/checks/lint/drafter.py": 3,
+        "diag/cli/probe.py": 4,
+        "diag/cli/run.py": 3,
+        "diag/engines/conventions.py": 4,
+        "diag/engines/sglang/simulate.py": 8,
+        "diag/probe/client.py": 1,
+        "diag/probe/detect.py": 11,
+        "diag/probe/probe.py": 18,
+        "diag/probe/vllm_shape.py": 7,
+        "diag/replay/sampling.py": 1,
+        "diag/replay/verifiers.py": 2,
+        "diag/report/server_markdown.py": 3,
+        "diag/run/case.py": 1,
+        "diag/run/prompts/read.py": 1,
+        "diag/run/server_inputs.py": 17,
+        "diag/zoo/recipes.py": 3,
+        "diag/zoo/shipped.py": 1,           # the zoo entry's name, llama-tiny-eagle3-embed-vllm-ids
+    },
 }
 
 

@@ -21,6 +21,7 @@ from diag.errors import DiagError
 # family -> the module whose RULES object implements EngineRules
 FAMILIES: dict[str, str] = {
     "sglang": "diag.engines.sglang.rules",
+    "vllm": "diag.engines.vllm.rules",
 }
 DEFAULT_FAMILY = "sglang"
 DEFAULT_ENGINE = "sglang-0.5.23"

@@ -54,16 +54,19 @@ if TYPE_CHECKING:
                                      RequestDefaults, ResolvedShape, ServingError, ServingPlan)
     from diag.layouts import Layout
 
-_VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?$")
+_VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:\.post(\d+)|\.(\d+))?$")
 
 
 def release_tuple(text: str) -> tuple[int, int, int, int]:
-    """"0.5.10.post1" -> (0, 5, 10, 1); "0.32.0" -> (0, 32, 0, 0). Versions compare as these."""
+    """"0.5.10.post1" -> (0, 5, 10, 1); "0.32.0" -> (0, 32, 0, 0). Versions compare as these.
+    vLLM's hotfix releases put a fourth number where SGLang writes .postN (no release has both):
+    "0.9.0.1" -> (0, 9, 0, 1), after "0.9.0" and before "0.9.1"."""
     m = _VERSION.match(text)
     if not m:
         raise DiagError("not a release version", field="engine", expected="e.g. 0.5.23 or 0.5.10.post1",
                         found=repr(text))
-    return tuple(int(g or 0) for g in m.groups())
+    major, minor, patch, post, fourth = m.groups()
+    return int(major), int(minor), int(patch), int(post or fourth or 0)
 
 
 @dataclass(frozen=True)
