@@ -152,7 +152,7 @@ NAMED_OUTSIDE: dict[str, dict[str, int]] = {
         "diag/replay/replay.py": 1,
         "diag/report/decoding_section.py": 1,
         "diag/report/sections/head.py": 4,
-        "diag/report/server_markdown.py": 4,
+        "diag/report/server_markdown.py": 3,
         "diag/run/prompts/read.py": 1,
         "diag/run/server_inputs.py": 7,
         "diag/run/server_observation.py": 4,
@@ -179,7 +179,7 @@ NAMED_OUTSIDE: dict[str, dict[str, int]] = {
         "diag/report/server_markdown.py": 3,
         "diag/run/case.py": 1,
         "diag/run/prompts/read.py": 1,
-        "diag/run/server_inputs.py": 17,
+        "diag/run/server_inputs.py": 9,
         "diag/zoo/recipes.py": 3,
         "diag/zoo/shipped.py": 1,           # the zoo entry's name, llama-tiny-eagle3-embed-vllm-ids
     },

@@ -32,6 +32,9 @@ What the protocol covers, in the order a run needs it (worked examples are SGLan
                   formula_label(name) -> its text
   readers         read_log / read_responses / read_server_info / read_metrics: the engine's saved
                   output parsed into its own frozen records (see each method)
+  sanity          read_sampled(text, temperature=0.01) -> Sampled (a saved run at that temperature, in
+                  the engine's own format); sampled_sanity(runs, greedy, k) -> EngineSanity, the
+                  T -> 0 check worded in the engine's terms (diag/engines/sanity.py)
   launch lint     launch_argv(command) -> the words the server parses; parse_launch(command) ->
                   LaunchFlags; effective_config -> EffectiveConfig; flag_problems(argv, release)
                   -> what this release's parser refuses
@@ -52,6 +55,7 @@ from diag.errors import DiagError
 if TYPE_CHECKING:
     from diag.engines.common import (DraftTables, EffectiveConfig, FlagProblem, Fix, LaunchFlags,
                                      RequestDefaults, ResolvedShape, ServingError, ServingPlan)
+    from diag.engines.sanity import EngineSanity, Sampled
     from diag.layouts import Layout
 
 _VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:\.post(\d+)|\.(\d+))?$")
@@ -190,6 +194,15 @@ class EngineRules(Protocol):
 
     def read_metrics(self, text: str, *, source: str) -> Any:
         """The speculative counters of a saved GET /metrics (Prometheus text)."""
+
+    # ---- engine sanity -------------------------------------------------------------------
+    def read_sampled(self, text: str, *, source: str, temperature: float, release: Release) -> Sampled:
+        """One saved sampled run (the format this engine's counters come in) as its accept length."""
+
+    def sampled_sanity(self, sampled: list[Sampled], greedy: float, k: int, *, release: Release,
+                       greedy_source: str, platform: str | None = None) -> EngineSanity:
+        """Whether the sampled runs approach `greedy` as T -> 0 (diag/engines/sanity.py), worded
+        in this engine's terms."""
 
     # ---- launch-flag lint ----------------------------------------------------------------
     def launch_argv(self, command: str | list[str]) -> list[str]:

@@ -20,7 +20,7 @@ from pathlib import Path
 import diag
 from diag.replay.evaluation import ANY
 
-SCHEMA_VERSION = "2.5"
+SCHEMA_VERSION = "2.6"
 
 
 def git_hash() -> str | None:

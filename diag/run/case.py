@@ -105,6 +105,7 @@ class ServerSpec:
     tree: str | None = None
     concurrency: int | None = None
     max_running_requests: int | None = None
+    sampled: dict | None = None      # {"0.01" = "metrics-t0.01.txt"}: runs at T > 0, the engine-sanity check
 
 
 @dataclass(frozen=True)

@@ -207,7 +207,9 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True) -> Ru
     run.regimes = regime_section(passes, pass_meta["reference_regime"], evals, greedy,
                                  top.layout if top else None, seed=ev.seed, n_boot=ev.bootstrap)
     if server is not None:
-        run.server = server_section(server, evals, run.reference, run.best_layout(), seed=ev.seed, n_boot=ev.bootstrap)
+        served = next((c.label for c in inp.candidates if "serving" in c.roles), None)
+        run.server = server_section(server, evals, run.reference, run.best_layout(), seed=ev.seed,
+                                    n_boot=ev.bootstrap, served_layout=served)
     side = prompt_sections(inp, greedy, top.layout if top else None, evals, passes, extra, drafter, embed, head,
                            progress=progress)                # the prompt side is replayed greedily
     run.renderings, run.coverage, run.loops, run.long_context = \

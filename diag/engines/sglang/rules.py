@@ -18,6 +18,7 @@ from diag.engines.common import (DraftTables, EffectiveConfig, FlagProblem, Fix,
                                  ResolvedShape, ServingError, ServingPlan)
 from diag.engines.protocol import Release, Verification
 from diag.engines import conventions
+from diag.engines.sanity import EngineSanity, Sampled, limit_check
 from diag.engines.sglang import accept_rate, flag_parser, launch, server_log, server_responses, serving
 from diag.engines.sglang import conventions as _sglang_conventions  # noqa: F401  (registers them)
 from diag.engines.sglang.algorithms import ALIASES, MODES, mode_of
@@ -116,6 +117,25 @@ class SglangEngine:
         raise DiagError("diag reads no SGLang /metrics scrape", file=source, field="metrics",
                         expected="the server log, /generate responses or /server_info",
                         found="a metrics scrape named for SGLang")
+
+    def read_sampled(self, text: str, *, source: str, temperature: float, release: Release) -> Sampled:
+        """Saved /generate responses at that temperature, pooled: 1 + Σa / Σrounds over requests."""
+        reqs = [r for r in self.read_responses(text, source=source, release=release).requests if r.rounds]
+        if not reqs:
+            raise DiagError("the sampled responses hold no verify round", file=source, field="meta_info.spec_verify_ct",
+                            expected="> 0 in some response", found="0 everywhere")
+        rounds = sum(r.rounds for r in reqs)
+        ds = {r.num_draft_tokens for r in reqs if r.num_draft_tokens is not None}
+        return Sampled(temperature, 1.0 + sum(r.accepted_sum for r in reqs) / rounds, rounds,
+                       max(ds) - 1 if ds else None, source)
+
+    def sampled_sanity(self, sampled: list[Sampled], greedy: float, k: int, *, release: Release,
+                       greedy_source: str, platform: str | None = None) -> EngineSanity:
+        why = ("SGLang's sampled rule (TreeSpeculativeSamplingTargetOnly) accepts each child with its target "
+               "probability, which tends to the greedy rule (verify_tree_greedy) as T -> 0; no layout explains "
+               "a discontinuity, so diag fits none to these sampled numbers. Check the server's sampling path "
+               "(the release, its sampling and attention backends) against the same engine at T=0.")
+        return limit_check(sampled, greedy, k, release.label, greedy_source=greedy_source, why=why)
 
     def launch_argv(self, command: str | list[str]) -> list[str]:
         return launch.server_argv(command)

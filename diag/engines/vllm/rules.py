@@ -17,7 +17,8 @@ from diag.checkpoint.config import architecture, num_layers
 from diag.engines.common import (DraftTables, EffectiveConfig, FlagProblem, Fix, LaunchFlags, RequestDefaults,
                                  ResolvedShape, ServingError, ServingPlan)
 from diag.engines.protocol import Release, Verification
-from diag.engines.vllm import capture, decoding, detect, draft_tables, explain, spec_config
+from diag.engines.sanity import EngineSanity, Sampled
+from diag.engines.vllm import capture, decoding, detect, draft_tables, explain, sanity, spec_config
 from diag.engines.vllm.releases import RELEASES, rule, rule_row, span, vllm_release
 from diag.errors import DiagError
 from diag.layouts import Layout, layout as parse_layout
@@ -194,6 +195,14 @@ class VllmEngine:
 
     def read_metrics(self, text: str, *, source: str):
         return detect.read_scrape(text, source=source)
+
+    def read_sampled(self, text: str, *, source: str, temperature: float, release: Release) -> Sampled:
+        c = detect.read_scrape(text, source=source)
+        return Sampled(temperature, c.accept_length, c.num_drafts, c.num_speculative_tokens, source)
+
+    def sampled_sanity(self, sampled: list[Sampled], greedy: float, k: int, *, release: Release,
+                       greedy_source: str, platform: str | None = None) -> EngineSanity:
+        return sanity.check(sampled, greedy, k, release.name, greedy_source=greedy_source, platform=platform)
 
     def explain_counters(self, text: str, *, source: str, release: Release, kind: str) -> explain.CounterExplanation:
         """Reconcile a saved /metrics scrape (kind "metrics") or log (kind "log") in this release's terms

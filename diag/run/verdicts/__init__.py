@@ -17,7 +17,7 @@ from diag.run.verdicts.floor import floor_verdicts
 from diag.run.verdicts.layout import layout_verdicts
 from diag.run.verdicts.record import SEVERITIES, Verdict
 from diag.run.verdicts.regime import regime_verdicts
-from diag.run.verdicts.server import server_verdicts
+from diag.run.verdicts.server import sanity_verdicts, server_verdicts
 from diag.run.verdicts.serving_error import serving_error_verdicts
 from diag.run.verdicts.speedup import speedup_verdicts
 from diag.run.verdicts.prompt_side import prompt_side_verdicts
@@ -26,10 +26,10 @@ __all__ = ["Verdict", "verdicts"]
 
 
 def verdicts(run, target_config: dict) -> list[Verdict]:
-    """All verdicts, most severe first (stable within a severity)."""
+    """All verdicts, most severe first (stable within a severity; an engine defect leads its severity)."""
     floor = floor_verdicts(run)
     layout = [] if floor else layout_verdicts(run, target_config)
-    found = (floor + serving_error_verdicts(run, floor + layout, target_config) + layout
+    found = (sanity_verdicts(run) + floor + serving_error_verdicts(run, floor + layout, target_config) + layout
              + ([] if floor else eagle_verdicts(run)) + regime_verdicts(run) + server_verdicts(run)
              + speedup_verdicts(run) + decoding_verdicts(run) + prompt_side_verdicts(run))
     return sorted(found, key=lambda v: SEVERITIES.index(v.severity))
