@@ -31,6 +31,7 @@ from diag.run.candidates import Candidate
 from diag.run.case import Case, check_case
 from diag.run.cost_cache import CostKey, load_costs, save_costs
 from diag.run.costs import measure_costs
+from diag.run.engines_section import EnginesSection, engines_section
 from diag.run.evaluate import evaluate, reference_axes
 from diag.run.inputs import Inputs, dtype_of, prepare
 from diag.run.pricing import speedup_section, user_costs
@@ -63,6 +64,7 @@ class RunResult:
     speedup: dict | None = None
     regimes: dict | None = None
     server: dict | None = None           # the live server reconciled (run/server_section.py)
+    engines: EnginesSection | None = None  # the engines compared from this one pass (run/engines_section.py)
     renderings: dict | None = None       # the prompt-side sections (prompt_sections.py)
     coverage: dict | None = None
     loops: dict | None = None
@@ -206,6 +208,8 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True) -> Ru
     top = best(select(evals, greedy))
     run.regimes = regime_section(passes, pass_meta["reference_regime"], evals, greedy,
                                  top.layout if top else None, seed=ev.seed, n_boot=ev.bootstrap)
+    run.engines = engines_section(case, inp.drafter_config, inp.target_config, evals, run.reference,
+                                  run.best_layout())
     if server is not None:
         served = next((c.label for c in inp.candidates if "serving" in c.roles), None)
         run.server = server_section(server, evals, run.reference, run.best_layout(), seed=ev.seed,

@@ -1,5 +1,5 @@
 """Verdicts: sentences a ticket can quote, each with its evidence and interval, one module
-per subject (floor, layout, serving_error, eagle, regime, server, speedup, decoding, rendering,
+per subject (floor, layout, serving_error, eagle, engines, regime, server, speedup, decoding, rendering,
 coverage, loops, long_context), the record in record.py.
 When the drafter predicts nothing on any layout (floor.py), that verdict replaces the layout
 and EAGLE verdicts: a tie of zeros says nothing about which layout the server should feed.
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from diag.run.verdicts.decoding import decoding_verdicts
 from diag.run.verdicts.eagle import eagle_verdicts
+from diag.run.verdicts.engines import engines_verdicts
 from diag.run.verdicts.floor import floor_verdicts
 from diag.run.verdicts.layout import layout_verdicts
 from diag.run.verdicts.record import SEVERITIES, Verdict
@@ -30,6 +31,6 @@ def verdicts(run, target_config: dict) -> list[Verdict]:
     floor = floor_verdicts(run)
     layout = [] if floor else layout_verdicts(run, target_config)
     found = (sanity_verdicts(run) + floor + serving_error_verdicts(run, floor + layout, target_config) + layout
-             + ([] if floor else eagle_verdicts(run)) + regime_verdicts(run) + server_verdicts(run)
+             + ([] if floor else eagle_verdicts(run)) + engines_verdicts(run) + regime_verdicts(run) + server_verdicts(run)
              + speedup_verdicts(run) + decoding_verdicts(run) + prompt_side_verdicts(run))
     return sorted(found, key=lambda v: SEVERITIES.index(v.severity))
