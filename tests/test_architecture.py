@@ -146,7 +146,7 @@ NAMED_OUTSIDE: dict[str, dict[str, int]] = {
         "diag/run/server_text_match.py": 1,
         "diag/cli/explain.py": 5,
         "diag/cli/lint.py": 5,
-        "diag/cli/run.py": 5,
+        "diag/cli/run.py": 3,
         "diag/drafter/checkpoint.py": 1,
         "diag/metrics.py": 6,
         "diag/replay/replay.py": 1,
