@@ -20,6 +20,8 @@ What the protocol covers, in the order a run needs it (worked examples are SGLan
   the fix         serving_ids(embed+L2+L4) -> [-1, 1, 3]; fix_for -> Fix with the sentence in
                   the engine's own terms ("write eagle_config.eagle_aux_hidden_state_layer_ids
                   = [-1, 1, 3] (SGLang 0.5.23, sglang-llama)")
+  drafter         drafter_support(drafter_config) -> DrafterSupport: its model class, a missing
+                  draft_vocab_size, use_aux_hidden_state (lint's drafter checks)
   draft tables    draft_tables(drafter_config, "eagle") -> embed / lm_head "target", drafts among
                   the first draft_vocab_size target ids (DraftTables)
   trees           resolve_tree(num_steps, topk, num_draft_tokens, target_config) -> the tree the
@@ -53,7 +55,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from diag.errors import DiagError
 
 if TYPE_CHECKING:
-    from diag.engines.common import (DraftTables, EffectiveConfig, FlagProblem, Fix, LaunchFlags,
+    from diag.engines.common import (DrafterSupport, DraftTables, EffectiveConfig, FlagProblem, Fix, LaunchFlags,
                                      RequestDefaults, ResolvedShape, ServingError, ServingPlan)
     from diag.engines.sanity import EngineSanity, Sampled
     from diag.layouts import Layout
@@ -158,6 +160,10 @@ class EngineRules(Protocol):
     def draft_tables(self, drafter_config: dict, mode: str, *, release: Release) -> DraftTables:
         """Whose embedding and lm_head the served drafter uses in `mode` ("eagle3" | "eagle"),
         how many logits it scores, whether d2t maps its ids (the draft vocabulary rule)."""
+
+    def drafter_support(self, drafter_config: dict, *, release: Release) -> DrafterSupport:
+        """Whether `release` builds this drafter's class, crashes on a missing draft_vocab_size,
+        and captures auxiliary states (DrafterSupport); what lint checks before the layout."""
 
     # ---- trees ---------------------------------------------------------------------------
     def resolve_tree(self, num_steps: int | None, topk: int | None, num_draft_tokens: int | None,

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from diag.checkpoint.config import num_layers
-from diag.engines.common import (DraftTables, EffectiveConfig, FlagProblem, Fix, LaunchFlags, RequestDefaults,
-                                 ResolvedShape, ServingError, ServingPlan)
+from diag.engines.common import (DrafterSupport, DraftTables, EffectiveConfig, FlagProblem, Fix, LaunchFlags,
+                                 RequestDefaults, ResolvedShape, ServingError, ServingPlan)
 from diag.engines.protocol import Release, Verification
 from diag.engines import conventions
 from diag.engines.sanity import EngineSanity, Sampled, limit_check
@@ -25,7 +25,9 @@ from diag.engines.sglang.algorithms import ALIASES, MODES, mode_of
 from diag.engines.sglang.architectures import auto_defaults_key, capture_model
 from diag.engines.sglang.capture import NoCapture, capture_rule
 from diag.engines.sglang.decoding import request_defaults
-from diag.engines.sglang.draft_tables import draft_tables_for
+from diag.engines.sglang import drafter_keys
+from diag.engines.sglang.draft_tables import SOURCE as TABLES_SOURCE, draft_tables_for
+from diag.engines.sglang.drafter_models import builds_drafter, drafter_classes
 from diag.engines.sglang.serving import IDS_FIELD
 from diag.engines.sglang.tree_rules import resolve_sglang_shape
 from diag.engines.sglang.versions import RELEASES, engine
@@ -82,7 +84,14 @@ class SglangEngine:
         return serving.fix_for(layout, target_config, engine_name=release.name)
 
     def draft_tables(self, drafter_config: dict, mode: str, *, release: Release) -> DraftTables:
-        return draft_tables_for(drafter_config, mode)
+        return replace(draft_tables_for(drafter_config, mode), source=TABLES_SOURCE)
+
+    def drafter_support(self, drafter_config: dict, *, release: Release) -> DrafterSupport:
+        arch = drafter_keys.drafter_class(drafter_config)
+        aux, note = drafter_keys.uses_aux_hidden_state(drafter_config, release.name)
+        return DrafterSupport(builds_drafter(arch, engine_name=release.name),
+                              tuple(sorted(drafter_classes(engine_name=release.name))),
+                              drafter_keys.draft_vocab_crash(drafter_config, release.name), aux, note)
 
     def resolve_tree(self, num_steps: int | None, topk: int | None, num_draft_tokens: int | None,
                      target_config: dict | None, *, release: Release,
