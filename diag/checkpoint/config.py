@@ -9,13 +9,14 @@ import json
 from pathlib import Path
 
 from diag.errors import DiagError
+from diag.files import require_readable
 
 
 def read_config_json(directory: str | Path, what: str = "checkpoint") -> dict:
     """directory/config.json as a dict. `what` names the checkpoint in errors ("target",
     "drafter"): e.g. "drafter checkpoint has no config.json"."""
-    directory = Path(directory)
-    path = directory / "config.json"
+    directory = require_readable(directory, f"{what} checkpoint directory")
+    path = require_readable(directory / "config.json", f"{what} config.json")
     if not directory.is_dir():
         raise DiagError(f"{what} checkpoint directory does not exist", file=str(directory),
                         expected="a directory with config.json and *.safetensors", found="no such directory")

@@ -22,6 +22,7 @@ import torch
 from safetensors import safe_open
 
 from diag.errors import DiagError
+from diag.files import require_readable
 
 INDEX = "model.safetensors.index.json"
 _MAX_HEADER = 100 * 2**20  # safetensors refuses larger headers too
@@ -41,7 +42,7 @@ class TensorInfo:
 
 def read_header(path: Path) -> dict[str, TensorInfo]:
     """Parse and check one shard's header; DiagError if corrupt or truncated."""
-    size = path.stat().st_size
+    size = require_readable(path, "safetensors shard").stat().st_size
     with open(path, "rb") as f:
         head = f.read(8)
         n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1

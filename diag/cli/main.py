@@ -11,6 +11,7 @@ import argparse
 import importlib
 import sys
 
+from diag.cli.paths import expand_paths, flag_names
 from diag.errors import DiagError
 
 COMMANDS = ("run", "zoo", "kimi", "explain", "effective", "lint", "compare", "bench")
@@ -38,9 +39,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        expand_paths(args, flag_names(parser, args.command))    # `--out=~/r`, `--out '$HOME'`
         return int(args.func(args) or 0)
     except DiagError as err:
         print(f"diag {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except PermissionError as err:       # a reader no check before it reached (diag.files)
+        from diag.files import unreadable_error
+        print(f"diag {args.command}: error: {unreadable_error(err.filename or '?', 'a file diag needs')}",
+              file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"diag {args.command}: interrupted; the previous report and the cache are as they were "

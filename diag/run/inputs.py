@@ -21,6 +21,7 @@ from diag.drafter.checkpoint import DrafterCheckpoint, inspect_drafter
 from diag.engine.serving import ServingError, capture_convention
 from diag.engine.tree_rules import grid, resolve_sglang_shape
 from diag.errors import DiagError
+from diag.files import require_readable_tree
 from diag.layouts import CapturePoint, point, union_points
 from diag.run.candidates import Candidate, candidates_for
 from diag.run.case import Case, resolve_path
@@ -294,6 +295,8 @@ def prepare(case: Case) -> Inputs:
     """Resolve and check everything that needs no target weight (see the module docstring)."""
     tpath = checkpoint_path(case.target.path, case, "target.path")
     dpath = checkpoint_path(case.drafter.path, case, "drafter.path")
+    require_readable_tree(tpath, "target checkpoint", field="target.path")
+    require_readable_tree(dpath, "drafter checkpoint", field="drafter.path")
     tcfg = read_config_json(tpath, "target")
     check_not_drafter(tpath, tcfg, case)
     tinfo = target_info(tpath)

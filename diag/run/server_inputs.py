@@ -20,6 +20,7 @@ from diag.engine.server_releases import rate_formula, server_release, show
 from diag.engine.server_responses import RequestCounts, read_generate_responses, read_server_info
 from diag.engine.vllm_metrics import read_vllm_metrics
 from diag.errors import DiagError
+from diag.files import require_readable
 from diag.run.case import Case, resolve_path
 from diag.run.server_observation import (LogLoad, Observed, ServerObservation, agree_on_shape, log_draft_tokens,
                                          pooled_log, pooled_requests)
@@ -42,6 +43,7 @@ def _text(case: Case, name: str) -> tuple[str, str] | None:
     if not path.is_file():
         raise DiagError("server file not found", file=str(path), field=f"server.{name}",
                         expected="a file saved from the server", found="no such file")
+    require_readable(path, "server file", field=f"server.{name}")
     try:
         return str(path), path.read_text()
     except UnicodeDecodeError as err:
