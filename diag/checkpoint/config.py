@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from diag.errors import DiagError
-from diag.files import require_readable
+from diag.checkpoint.readable import require_readable
 
 
 def read_config_json(directory: str | Path, what: str = "checkpoint") -> dict:
@@ -53,7 +53,7 @@ def positive_int(config: dict, key: str, *, file: str | None = None, what: str =
     value = text_config(config).get(key)
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise DiagError(f"{what} has no usable {key}", file=file, field=key,
-                        expected="a positive integer", found=value)
+                        expected="a positive integer", found=repr(value) if isinstance(value, str) else value)
     return value
 
 

@@ -22,7 +22,7 @@ import torch
 from safetensors import safe_open
 
 from diag.errors import DiagError
-from diag.files import require_readable
+from diag.checkpoint.readable import require_readable
 
 INDEX = "model.safetensors.index.json"
 _MAX_HEADER = 100 * 2**20  # safetensors refuses larger headers too

@@ -44,8 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     except DiagError as err:
         print(f"diag {args.command}: error: {err}", file=sys.stderr)
         return 2
-    except PermissionError as err:       # a reader no check before it reached (diag.files)
-        from diag.files import unreadable_error
+    except PermissionError as err:       # a reader no check before it reached (diag.checkpoint.readable)
+        from diag.checkpoint.readable import unreadable_error
         print(f"diag {args.command}: error: {unreadable_error(err.filename or '?', 'a file diag needs')}",
               file=sys.stderr)
         return 2

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from diag.engine.versions import DEFAULT_ENGINE, engine
 from diag.errors import DiagError
-from diag.files import require_readable
+from diag.checkpoint.readable import require_readable
 
 CASE_VERSION = 1
 

@@ -99,8 +99,15 @@ def check_serving(case) -> None:
                             found=err.found) from err
 
 
+def check_placement(case) -> None:
+    """[placement] sizes parse ("130GiB"), as the placement step will parse them."""
+    from diag.target.placement import check_values
+    check_values(case.placement.gpu_memory, case.placement.activation_budget, file=case.source)
+
+
 def check_case_values(case) -> None:
     check_ranges(case)
+    check_placement(case)
     check_trees(case)
     check_regimes(case)
     check_serving(case)

@@ -21,13 +21,14 @@ from diag.drafter.checkpoint import DrafterCheckpoint, inspect_drafter
 from diag.engine.serving import ServingError, capture_convention
 from diag.engine.tree_rules import grid, resolve_sglang_shape
 from diag.errors import DiagError
-from diag.files import require_readable_tree
+from diag.checkpoint.readable import require_readable_tree
 from diag.layouts import CapturePoint, point, union_points
 from diag.run.candidates import Candidate, candidates_for
 from diag.run.case import Case, resolve_path
 from diag.run.decodings import DecodingPlan, plan as decoding_plan
 from diag.run.prompts import PromptSet, read_prompt_set, read_recorded
 from diag.run.rendered import RenderedPrompts, render_prompts
+from diag.target.placement import require_gpus
 from diag.target.load import TargetInfo, plain_config, target_info
 from diag.target.tokenizer import TRUST_FLAG, load_tokenizer
 from diag.trees import TreeShape, tree_shape
@@ -295,6 +296,7 @@ def prepare(case: Case) -> Inputs:
     """Resolve and check everything that needs no target weight (see the module docstring)."""
     tpath = checkpoint_path(case.target.path, case, "target.path")
     dpath = checkpoint_path(case.drafter.path, case, "drafter.path")
+    require_gpus(case.placement.gpus, file=case.source)
     require_readable_tree(tpath, "target checkpoint", field="target.path")
     require_readable_tree(dpath, "drafter checkpoint", field="drafter.path")
     tcfg = read_config_json(tpath, "target")

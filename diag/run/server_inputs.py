@@ -20,7 +20,7 @@ from diag.engine.server_releases import rate_formula, server_release, show
 from diag.engine.server_responses import RequestCounts, read_generate_responses, read_server_info
 from diag.engine.vllm_metrics import read_vllm_metrics
 from diag.errors import DiagError
-from diag.files import require_readable
+from diag.checkpoint.readable import require_readable
 from diag.run.case import Case, resolve_path
 from diag.run.server_observation import (LogLoad, Observed, ServerObservation, agree_on_shape, log_draft_tokens,
                                          pooled_log, pooled_requests)

@@ -48,6 +48,30 @@ def parse_bytes(text: str | int | None, *, field: str) -> int | None:
                         found=repr(text)) from err
 
 
+def check_values(gpu_memory, activation_budget, *, file: str | None = None) -> None:
+    """The placement's sizes parse, before anything runs (`diag validate` runs this too)."""
+    for key, value in (("gpu_memory", gpu_memory), ("activation_budget", activation_budget)):
+        try:
+            parse_bytes(value, field=f"placement.{key}")
+        except DiagError as err:
+            raise DiagError(err.message, file=file, field=err.field, expected=err.expected, found=err.found) from err
+
+
+def require_gpus(gpus: int, *, field: str = "placement.gpus", file: str | None = None) -> None:
+    """`gpus` CUDA devices are visible to this torch, else a DiagError naming the flag: a
+    CPU-only torch used to fail deep in the drafter's .to("cuda:0") with an AssertionError.
+    Example: --gpus 2 on torch 2.13+cpu -> found "0 visible (torch 2.13.0+cpu is built without CUDA)"."""
+    if gpus <= 0:
+        return
+    seen = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if seen < gpus:
+        why = (f"torch {torch.__version__} is built without CUDA" if torch.version.cuda is None
+               else "CUDA_VISIBLE_DEVICES or the driver hides the others")
+        raise DiagError("placement asks for more GPUs than this machine shows torch", file=file, field=field,
+                        expected=f"{gpus} CUDA device(s)", found=f"{seen} visible ({why})",
+                        hint="run with --gpus 0 (the CPU), or on a machine with the GPUs and a CUDA build of torch")
+
+
 def activation_bytes(config, token_budget: int, *, num_points: int = 4, vocab_chunk: int = 32768) -> int:
     """Estimated peak activation bytes of one token-budget batch (see the module docstring)."""
     c = _cfg_dict(config)

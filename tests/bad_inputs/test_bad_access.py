@@ -1,6 +1,6 @@
 """Inputs that used to end in a traceback (issue 35.3) and paths as shells leave them (35.5):
 files and directories without read permission, a cache directory that cannot be created,
-chat templates that do not render, a truncated zoo_meta.json, a layer count written as a
+chat templates that do not render, a layer count written as a
 string, placement the hardware cannot honour or `validate` did not parse, `~` and `$VARS`
 that reached diag unexpanded. Each entry states its outcome.
 
@@ -10,7 +10,6 @@ path as the kernel would for a user, which is how diag checks before it reads.""
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -92,18 +91,6 @@ def _layers_as_string(ctx):
     return ctx.run(target=ctx.target(config=lambda c: c.update(num_hidden_layers="4")))
 
 
-def _truncated_zoo_meta(ctx):
-    """A zoo entry in this test's own cache (never the shared one) with its zoo_meta.json cut."""
-    from diag.zoo import cache
-    ctx.env["DIAG_CACHE_DIR"] = str(ctx.cache)
-    os.environ["DIAG_CACHE_DIR"] = str(ctx.cache)
-    entry = cache.entry_dir("llama-tiny")
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(ctx.pair["target"], entry)
-    (entry / "zoo_meta.json").write_text('{"recipe": {"name": "llama-tiny", "vers')
-    return ["zoo", "path", "llama-tiny"]
-
-
 def _out_as_typed(ctx, out):
     """The run's command line with `--out` as the shell hands it over, run from ctx.tmp."""
     os.chdir(ctx.tmp)
@@ -154,7 +141,6 @@ CATALOGUE = [
         Error(("chat template", "renders", "chat_template"))),
     Bad("target-num-hidden-layers-string", _layers_as_string,
         Error(("num_hidden_layers", "a positive integer", "'4'"))),
-    Bad("zoo-meta-truncated", _truncated_zoo_meta, Error(("zoo_meta.json", "llama-tiny"))),
     Bad("flag-gpus-without-cuda", lambda c: c.run("--gpus", "2"),
         Error(("--gpus", "2", "GPU"))),
     Bad("validate-placement-gpu-memory-unparsable", _placement_case('gpu_memory = "lots"'),

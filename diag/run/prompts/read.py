@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 from diag.errors import DiagError
-from diag.files import require_readable
+from diag.checkpoint.readable import require_readable
 from diag.run.prompts.datasets import dataset_prompt
 from diag.run.prompts.formats import parse_record
 from diag.run.prompts.records import Prompt, PromptSet
