@@ -122,6 +122,13 @@ def _placement_case(value):
     return build
 
 
+def _cache_that_cannot_be_created(ctx):
+    """/proc takes no new directories, even from root (whose permission bits say it may)."""
+    ctx.env["DIAG_CACHE_DIR"] = "/proc/diag-cache-test"
+    return ctx.run()
+
+
+
 CATALOGUE = [
     Bad("target-config-unreadable", _unreadable_target_file("config.json"),
         Error(("cannot be read", "config.json", "read permission"))),
@@ -135,6 +142,8 @@ CATALOGUE = [
     Bad("server-log-unreadable", _unreadable_server_log,
         Error(("cannot be read", "server.log", "read permission"))),
     Bad("cache-dir-under-a-file", _cache_under_a_file, Error(("cache directory", "afile"))),
+    Bad("cache-dir-cannot-be-created", _cache_that_cannot_be_created,
+        Error(("cache directory cannot be written", "/proc/diag-cache-test", "--no-cache"))),
     Bad("chat-template-syntax-error", _template("{% for m in messages %}{{ m.content }"),
         Error(("chat template", "tokenizer_config.json", "chat_template"))),
     Bad("chat-template-renders-nothing", _template("{% if false %}{{ messages }}{% endif %}"),
@@ -156,3 +165,4 @@ CATALOGUE = [
 def test_bad_access(bad, outcome, monkeypatch):
     monkeypatch.chdir(Path.cwd())          # entries that chdir are put back
     outcome(bad)
+
