@@ -40,6 +40,14 @@ def _target_mislabel(name):
     return build
 
 
+def _validate_mislabel(ctx):
+    """`diag validate` makes every check `diag run` makes before loading (it used to say OK)."""
+    t = bf16_target(ctx)
+    relabel(t / "model.safetensors", UP1, "F16")
+    return ["validate", ctx.case(f'[prompts]\nfile = "{ctx.pair["prompts"]}"\nmax_new_tokens = 8\n'
+                                 '[evaluate]\nlayouts = ["embed+L2+L3"]\ntrees = ["chain-2"]\n', target=t)]
+
+
 def _drafter_mislabel(ctx):
     d = ctx.copy("drafter")
     relabel(d / "model.safetensors", "midlayer.mlp.up_proj.weight", "F16")
@@ -87,6 +95,7 @@ def _report_written(ctx):
 CATALOGUE = [
     Bad("target-header-one-tensor-f16-among-bf16", _target_mislabel(UP1),
         Error(("header dtype disagrees", UP1, "F16", "BF16", "model.safetensors"))),
+    Bad("validate-target-header-one-tensor-f16", _validate_mislabel, Error(("header dtype disagrees", UP1))),
     Bad("target-header-embed-tokens-f16", _target_mislabel(EMBED),
         Error(("header dtype disagrees", EMBED, "F16", "target"))),
     Bad("drafter-header-one-tensor-f16-among-bf16", _drafter_mislabel,
