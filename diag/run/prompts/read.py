@@ -147,6 +147,7 @@ def read_recorded(path: str | Path, tokenizer, ids: list[str]) -> dict[str, list
     if not path.is_file():
         raise DiagError("recorded continuation file not found", file=str(path),
                         expected='JSONL {"id", "token_ids"} or {"id", "text"}', found="no such file")
+    require_readable(path, "recorded continuation file")
     out: dict[str, list[int]] = {}
     for n, line in _lines(path):
         if not line.strip():
