@@ -119,3 +119,24 @@ CATALOGUE = [
 @pytest.mark.parametrize("bad", [b.param() for b in CATALOGUE])
 def test_bad_labels(bad, outcome):
     outcome(bad)
+
+
+# ---- drafter configs the server cannot run, trees that verify fewer tokens than they draft ----
+
+def _drafter_cfg(**kv):
+    return lambda c: c.run(drafter=c.drafter(config=lambda x: x.update(kv)))
+
+
+SERVER_CANNOT = [
+    Bad("drafter-heads-do-not-divide-hidden", _drafter_cfg(num_attention_heads=5, head_dim=None),
+        Error(("rejects the drafter config", "config.json"))),
+    Bad("drafter-kv-heads-do-not-divide-heads", _drafter_cfg(num_attention_heads=4, num_key_value_heads=3),
+        Error(("cannot run this drafter", "num_key_value_heads", "3"))),
+    Bad("drafter-unknown-rope-type", _drafter_cfg(rope_scaling={"rope_type": "weird", "factor": 2.0}),
+        Error(("unknown rope scaling type", "weird"))),
+]
+
+
+@pytest.mark.parametrize("bad", [b.param() for b in SERVER_CANNOT])
+def test_bad_drafter_configs(bad, outcome):
+    outcome(bad)
