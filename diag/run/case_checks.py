@@ -66,6 +66,15 @@ def check_trees(case) -> None:
                         expected="at least one shape, e.g. chain-3, or a tree_grid", found="[]")
     for text in ev.trees:
         shape = tree_shape(text, field="evaluate.trees")
+        if shape.wasted_steps:
+            raise DiagError("this tree verifies fewer tokens than it drafts: its last draft steps are never "
+                            "verified", file=case.source, field="evaluate.trees",
+                            expected=f"num_draft_tokens - 1 >= num_steps = {shape.num_steps} (a node at depth j "
+                                     f"needs its whole path in the verify tree)",
+                            found=f"{text}: {shape.num_draft_tokens - 1} verified token(s) per round, "
+                                  f"{shape.wasted_steps} of {shape.num_steps} draft steps wasted",
+                            hint=f"s{shape.num_draft_tokens - 1}-k{shape.topk}-d{shape.num_draft_tokens} drafts the "
+                                 f"same trees in fewer steps; or raise num_draft_tokens to {shape.num_steps + 1}")
         resolved = resolve_sglang_shape(shape.num_steps, shape.topk, shape.num_draft_tokens)
         if resolved.crash is not None:
             raise DiagError("SGLang cannot run this tree shape", file=case.source, field="evaluate.trees",

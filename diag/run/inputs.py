@@ -197,7 +197,11 @@ def tree_shapes(case: Case) -> tuple[list[TreeShape], list[str]]:
                   f"num_draft_tokens = num_steps + 1 when topk = 1" for (s, k, d), shape in rewritten]
         for shape in more:
             crash = resolve_sglang_shape(shape.num_steps, shape.topk, shape.num_draft_tokens).crash
-            if crash is None:
+            if shape.wasted_steps:
+                notes.append(f"tree grid: {shape.name} left out: it verifies {shape.num_draft_tokens - 1} "
+                             f"token(s) per round, so {shape.wasted_steps} of its {shape.num_steps} draft steps "
+                             "are never verified")
+            elif crash is None:
                 shapes.append(shape)
             else:
                 notes.append(f"tree grid: {shape.name} left out: SGLang cannot run it ({crash})")

@@ -123,6 +123,17 @@ def test_bad_labels(bad, outcome):
 
 # ---- drafter configs the server cannot run, trees that verify fewer tokens than they draft ----
 
+def _grid_left_out(ctx):
+    trees = {e["tree"] for e in ctx.report()["evaluations"]}
+    assert trees == {"s1-k2-d3"}, trees
+    assert any("s3-k2-d3 left out" in n and "never verified" in n for n in ctx.notes()), ctx.notes()
+
+
+def _lint_wasted(ctx):
+    got = [f for f in json.loads(ctx.stdout) if f["code"] == "TREE_WASTED_STEPS"]
+    assert got and got[0]["severity"] == "warning" and "s5-k2-d3" in got[0]["message"], ctx.stdout
+
+
 def _drafter_cfg(**kv):
     return lambda c: c.run(drafter=c.drafter(config=lambda x: x.update(kv)))
 
@@ -132,6 +143,19 @@ SERVER_CANNOT = [
         Error(("rejects the drafter config", "config.json"))),
     Bad("drafter-kv-heads-do-not-divide-heads", _drafter_cfg(num_attention_heads=4, num_key_value_heads=3),
         Error(("cannot run this drafter", "num_key_value_heads", "3"))),
+    Bad("tree-verifies-fewer-than-it-drafts", lambda c: c.run("--tree", "s5-k2-d3"),
+        Error(("verifies fewer tokens than it drafts", "--tree", "s5-k2-d3", "3 of 5 draft steps wasted"))),
+    Bad("tree-grid-point-verifies-fewer", lambda c: ["run", c.case(
+        f'[prompts]\nfile = "{c.pair["prompts"]}"\nmax_new_tokens = 8\n[evaluate]\nlayouts = ["embed+L2+L3"]\n'
+        'trees = []\ntree_grid = {num_steps = [1, 3], topk = [2], num_draft_tokens = [3]}\n'), "--out", c.out, "--quiet"],
+        Handled(lambda ctx: _grid_left_out(ctx))),
+    Bad("lint-launch-tree-wastes-steps", lambda c: ["lint", "--drafter", c.pair["drafter"], "--target", c.pair["target"],
+                                                   "--launch", "python -m sglang.launch_server --model-path T "
+                                                   "--speculative-draft-model-path D --speculative-algorithm EAGLE3 "
+                                                   "--speculative-num-steps 5 --speculative-eagle-topk 2 "
+                                                   "--speculative-num-draft-tokens 3 --max-running-requests 8",
+                                                   "--json"],
+        Handled(lambda ctx: _lint_wasted(ctx), code=1)),
     Bad("drafter-unknown-rope-type", _drafter_cfg(rope_scaling={"rope_type": "weird", "factor": 2.0}),
         Error(("unknown rope scaling type", "weird"))),
 ]
