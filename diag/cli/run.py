@@ -199,8 +199,9 @@ def run(a) -> int:
         case = apply_overrides(read_case(a.case or repo_file(DEMO)), a)
     case = checked(case, a)
     from diag.target.placement import require_gpus
-    require_gpus(case.placement.gpus, file=case.source,
-                 field="--gpus (placement.gpus)" if a.gpus is not None else "placement.gpus")
+    require_gpus(case.placement.gpus, file=case.source, gpu_memory=case.placement.gpu_memory,
+                 field="--gpus (placement.gpus)" if a.gpus is not None else "placement.gpus",
+                 memory_field="--gpu-memory (placement.gpu_memory)" if a.gpu_memory else "placement.gpu_memory")
     out = Path(a.out) if a.out else Path("reports") / case.name
     check_out_dir(out)                  # before any weight is loaded
     if not a.no_cache:

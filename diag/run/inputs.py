@@ -300,7 +300,7 @@ def prepare(case: Case) -> Inputs:
     """Resolve and check everything that needs no target weight (see the module docstring)."""
     tpath = checkpoint_path(case.target.path, case, "target.path")
     dpath = checkpoint_path(case.drafter.path, case, "drafter.path")
-    require_gpus(case.placement.gpus, file=case.source)
+    require_gpus(case.placement.gpus, file=case.source, gpu_memory=case.placement.gpu_memory)
     require_readable_tree(tpath, "target checkpoint", field="target.path")
     require_readable_tree(dpath, "drafter checkpoint", field="drafter.path")
     tcfg = read_config_json(tpath, "target")

@@ -57,10 +57,13 @@ def check_values(gpu_memory, activation_budget, *, file: str | None = None) -> N
             raise DiagError(err.message, file=file, field=err.field, expected=err.expected, found=err.found) from err
 
 
-def require_gpus(gpus: int, *, field: str = "placement.gpus", file: str | None = None) -> None:
-    """`gpus` CUDA devices are visible to this torch, else a DiagError naming the flag: a
-    CPU-only torch used to fail deep in the drafter's .to("cuda:0") with an AssertionError.
-    Example: --gpus 2 on torch 2.13+cpu -> found "0 visible (torch 2.13.0+cpu is built without CUDA)"."""
+def require_gpus(gpus: int, *, field: str = "placement.gpus", file: str | None = None,
+                 gpu_memory: str | int | None = None, memory_field: str = "placement.gpu_memory") -> None:
+    """`gpus` CUDA devices are visible to this torch, and a per-GPU budget fits the smallest of
+    them, else a DiagError naming the flag: a CPU-only torch used to fail deep in the drafter's
+    .to("cuda:0") with an AssertionError, a budget past the device's memory at the weights' load.
+    Example: --gpus 2 on torch 2.13+cpu -> found "0 visible (torch 2.13.0+cpu is built without CUDA)";
+    --gpu-memory 500GiB on 141 GiB H200s -> expected "<= 139.8 GiB", found "500.0 GiB"."""
     if gpus <= 0:
         return
     seen = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -70,6 +73,13 @@ def require_gpus(gpus: int, *, field: str = "placement.gpus", file: str | None =
         raise DiagError("placement asks for more GPUs than this machine shows torch", file=file, field=field,
                         expected=f"{gpus} CUDA device(s)", found=f"{seen} visible ({why})",
                         hint="run with --gpus 0 (the CPU), or on a machine with the GPUs and a CUDA build of torch")
+    budget = parse_bytes(gpu_memory, field=memory_field)
+    if budget is not None:
+        total = min(torch.cuda.get_device_properties(i).total_memory for i in range(gpus))
+        if budget > total:
+            raise DiagError("the per-GPU memory budget is more than the GPU has", file=file, field=memory_field,
+                            expected=f"<= {_gib(total)} (the smallest of the {gpus} GPU(s))", found=_gib(budget),
+                            hint="lower --gpu-memory, or leave it out to plan with each GPU's free memory")
 
 
 def activation_bytes(config, token_budget: int, *, num_points: int = 4, vocab_chunk: int = 32768) -> int:

@@ -166,3 +166,16 @@ def test_bad_access(bad, outcome, monkeypatch):
     monkeypatch.chdir(Path.cwd())          # entries that chdir are put back
     outcome(bad)
 
+
+
+def test_gpu_memory_beyond_the_device(outcome, monkeypatch):
+    """--gpu-memory past what the GPUs hold (two 80 GiB GPUs, as torch would report them):
+    named before any weight, not an out-of-memory error at the load."""
+    import types
+
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(total_memory=80 * 2**30))
+    outcome(Bad("flag-gpu-memory-beyond-the-device", lambda c: c.run("--gpus", "2", "--gpu-memory", "500GiB"),
+                Error(("--gpu-memory", "more than the GPU has", "80.0 GiB", "500.0 GiB"))))
