@@ -142,17 +142,9 @@ def check_tokenizer(tok, tinfo: TargetInfo) -> None:
 
 
 def check_not_drafter(tpath: Path, tcfg: dict, case: Case) -> None:
-    """A drafter checkpoint given as the target is named as such (it used to fail as a tokenizer
-    without a word about drafters)."""
-    from diag.checkpoint.drafter_format import LLAMA_ARCH, MLA_ARCH, SPECULATORS_ARCHS, is_speculators
-    arch = (tcfg.get("architectures") or [None])[0]
-    if arch in (LLAMA_ARCH, MLA_ARCH, *SPECULATORS_ARCHS) or is_speculators(tcfg) or "eagle_config" in tcfg:
-        raise DiagError("the target checkpoint is an EAGLE-3 drafter checkpoint",
-                        file=str(tpath / "config.json"),
-                        field="--target" if case.source.startswith("<") else "target.path",
-                        expected="the target model (e.g. LlamaForCausalLM, DeepseekV3ForCausalLM)",
-                        found=f"architectures {tcfg.get('architectures')}",
-                        hint="pass the drafter as --drafter and the model it drafts for as --target")
+    """A drafter checkpoint given as the target is named as such."""
+    from diag.checkpoint.drafter_format import not_a_drafter
+    not_a_drafter(tpath, tcfg, field="--target" if case.source.startswith("<") else "target.path")
 
 
 def check_target_files(tpath: Path, tcfg: dict) -> None:

@@ -113,6 +113,8 @@ CATALOGUE = [
         Error(("target", "config.json", "hidden_size", "64", "32", EMBED))),
     Bad("drafter-given-as-target", lambda c: c.run(target=c.pair["drafter"]),
         Error(("drafter checkpoint", "--target", "LlamaForCausalLMEagle3"))),
+    Bad("lint-drafter-given-as-target", lambda c: ["lint", "--target", c.pair["drafter"], "--drafter", c.pair["drafter"]],
+        Error(("drafter checkpoint", "--target", "LlamaForCausalLMEagle3"))),
 ]
 
 
