@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from diag.checkpoint.config import read_config_json, text_config
-from diag.checkpoint.dtypes import check_header_dtypes
+from diag.checkpoint.dtypes import check_header_dtypes, declared_dtype
 from diag.checkpoint.headers import tensor_infos
 from diag.checkpoint.layers import check_embedding, check_layer_count
 from diag.drafter.checkpoint import DrafterCheckpoint, inspect_drafter
@@ -28,7 +28,7 @@ from diag.run.case import Case, resolve_path
 from diag.run.decodings import DecodingPlan, plan as decoding_plan
 from diag.run.prompts import PromptSet, read_prompt_set, read_recorded
 from diag.run.rendered import RenderedPrompts, render_prompts
-from diag.target.placement import require_gpus
+from diag.target.placement import require_bf16, require_gpus
 from diag.target.load import TargetInfo, plain_config, target_info
 from diag.target.tokenizer import TRUST_FLAG, load_tokenizer
 from diag.trees import TreeShape, tree_shape
@@ -297,6 +297,10 @@ def prepare(case: Case) -> Inputs:
     require_readable_tree(dpath, "drafter checkpoint", field="drafter.path")
     tcfg = read_config_json(tpath, "target")
     check_not_drafter(tpath, tcfg, case)
+    declared = declared_dtype(tcfg)
+    require_bf16(case.placement.gpus, case.target.dtype if case.target.dtype != "auto" else
+                 ("bfloat16" if declared and declared[1] == "BF16" else "auto"), file=case.source,
+                 field="target.dtype" if case.target.dtype != "auto" else f"{tpath}/config.json {declared and declared[0]}")
     tinfo = target_info(tpath)
     check_target_files(tpath, tcfg)         # the target's own files first: a fault there is its own
     check_pair_config(tinfo, dpath)

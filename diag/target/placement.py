@@ -82,6 +82,20 @@ def require_gpus(gpus: int, *, field: str = "placement.gpus", file: str | None =
                             hint="lower --gpu-memory, or leave it out to plan with each GPU's free memory")
 
 
+def require_bf16(gpus: int, dtype_name: str, *, field: str = "target.dtype", file: str | None = None) -> None:
+    """bfloat16 weights on GPUs that cannot compute in it (before Ampere: V100, T4) are refused
+    by name; on the CPU torch emulates bf16. dtype_name: the case's dtype, or the checkpoint's
+    declared one for "auto" ("bfloat16", "bf16")."""
+    if gpus <= 0 or dtype_name not in ("bfloat16", "bf16") or not torch.cuda.is_available():
+        return
+    if not torch.cuda.is_bf16_supported():
+        name = torch.cuda.get_device_name(0)
+        raise DiagError("the GPUs cannot compute in bfloat16", file=file, field=field,
+                        expected="a GPU with bfloat16 (compute capability >= 8.0: A100, H100, ...)",
+                        found=f"{name} (compute capability {'.'.join(map(str, torch.cuda.get_device_capability(0)))})",
+                        hint='set dtype = "float16" or "float32" in [target], or run on the CPU (--gpus 0)')
+
+
 def activation_bytes(config, token_budget: int, *, num_points: int = 4, vocab_chunk: int = 32768) -> int:
     """Estimated peak activation bytes of one token-budget batch (see the module docstring)."""
     c = _cfg_dict(config)

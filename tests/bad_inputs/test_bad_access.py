@@ -179,3 +179,19 @@ def test_gpu_memory_beyond_the_device(outcome, monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(total_memory=80 * 2**30))
     outcome(Bad("flag-gpu-memory-beyond-the-device", lambda c: c.run("--gpus", "2", "--gpu-memory", "500GiB"),
                 Error(("--gpu-memory", "more than the GPU has", "80.0 GiB", "500.0 GiB"))))
+
+
+def test_bf16_on_a_gpu_without_it(outcome, monkeypatch):
+    """A BF16 target placed on GPUs that cannot compute in bfloat16 (a V100, as torch reports
+    it): named with the checkpoint's declared dtype, before any weight."""
+    import types
+
+    import torch
+    from test_bad_labels import bf16_target
+    for name, value in (("is_available", lambda: True), ("device_count", lambda: 1),
+                        ("get_device_properties", lambda i: types.SimpleNamespace(total_memory=32 * 2**30)),
+                        ("is_bf16_supported", lambda *a, **k: False), ("get_device_name", lambda *a: "Tesla V100"),
+                        ("get_device_capability", lambda *a: (7, 0))):
+        monkeypatch.setattr(torch.cuda, name, value)
+    outcome(Bad("gpu-without-bf16", lambda c: c.run("--gpus", "1", target=bf16_target(c)),
+                Error(("cannot compute in bfloat16", "Tesla V100", "7.0", "config.json"))))
