@@ -164,5 +164,5 @@ SERVER_CANNOT = [
 
 
 @pytest.mark.parametrize("bad", [b.param() for b in SERVER_CANNOT])
-def test_bad_drafter_configs(bad, outcome):
+def test_bad_server_cannot_run(bad, outcome):
     outcome(bad)
