@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from diag.checkpoint.identity import is_memoised
+from diag.checkpoint.identity import drain_notes, is_memoised
 from diag.errors import DiagError
 from diag.run.inputs import Inputs, dtype_of, zoo_or_path
 from diag.target.gen_batch import generation_batch
@@ -124,6 +124,7 @@ def _one_pass(inp: Inputs, target: _Target, prompts, recorded, sequences, *, use
     dtype, case, clock = target.dtype, inp.case, target.clock
     eos, pad = special_ids(inp.tokenizer)
     key = pass_key(inp, target.regime, token_digest(prompts, recorded, eos, pad), dtype) if use_cache else None
+    meta["cache_notes"] += [f"checkpoint digest: {n}" for n in drain_notes()]
     tp, why = load_pass(key) if use_cache else (None, None)
     if why:
         meta["cache_notes"].append(f"target pass [{label}]: {why}")
