@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from diag.bench.common import sync
-from diag.bench.disk import drop_page_cache, raw_read
+from diag.bench.disk import drop_page_cache, hash_rates, raw_read
 from diag.checkpoint.headers import shard_files
 
 
@@ -123,6 +123,8 @@ def load_bench(target: Path, device: str = "cuda", *, warm_threads=(4, 8, 16), w
             tries = out.get(name, {}).get("tries", []) + [row["seconds"]]
             out[name] = min(out.get(name, row), row, key=lambda r: r["seconds"])
             out[name]["tries"] = tries
+    out["hash_bytes_per_s"] = hash_rates()
+    log(f"[bench] load hash_bytes_per_s: {out['hash_bytes_per_s']}")
     out["raw_warm"] = raw_read(files)
     out["raw_warm_8_readers"] = raw_read(files, threads=8)
     out["diag_warm"] = [_diag_load(target, device, digest=False, threads=t) for t in warm_threads]
