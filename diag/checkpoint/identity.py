@@ -12,13 +12,16 @@ Worked example: a 150 MiB shard has chunks [0, 64Mi), [64Mi, 128Mi), [128Mi, 150
 digest hashes 'xxh3-128-tree-64MiB-v1\\0157286400\\0' and 3 x 16 bytes. An empty file has no
 chunk. The digest depends on the bytes alone, never on how they were read.
 
-Why xxh3-128 (measured on this 2-core AMD EPYC, in memory, best of 5, reports/bench/NOTES.md):
-sha256 0.88 GB/s per core (the digest of diag <= 0.4, the cause of a first run at half the
-disk's speed), blake3 4.5 GB/s per core (its own threads: 2.7 GB/s on the busy machine),
-xxh3-128 18.3 GB/s per core. Only xxh3 keeps pace with an NVMe array on one or two cores
-beside the reader. It is not cryptographic: it tells a retrained, rewritten or corrupted
-checkpoint from another (a chance collision is ~2^-64 per pair), not one crafted to collide,
-which a user's own cache does not need.
+Why xxh3-128 (measured on the 2-core AMD EPYC dev machine, in memory, 256 MiB, best of 5,
+repeated over three runs of a shared, noisy machine; reports/bench/cpu-load-digest.json and
+reports/bench/NOTES.md): sha256 (the digest before) 0.9-1.3 GB/s a core, blake3 2.2-4.6 GB/s
+a core (2.7-3.5 GB/s with its own threads), xxh3-128 10.9-18.3 GB/s a core; the raw cold read
+of the same machine 1.35-1.55 GB/s (one reader), warm 3.3-6.8 GB/s. Only xxh3 stays far above
+a fast disk array on the loader's few spare cycles (Kimi's 594 GB: 33 s of one core, spread
+over the 8 reader threads), where blake3 would need ~130 core-seconds and sha256 ~500. It is
+not cryptographic: it tells a retrained, rewritten or corrupted checkpoint from another (a
+chance collision ~2^-64 per pair), not one crafted to collide, which a user's own cache does
+not need.
 
 Hashing 550 GB on every run would cost minutes, so each file's digest is memoised under
 $DIAG_CACHE_DIR/digests, keyed by its stat (stat_key: resolved path, size, mtime_ns, ctime_ns,
