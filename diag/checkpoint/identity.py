@@ -70,7 +70,6 @@ def stat_key(path: str | Path) -> dict:
             "ctime_ns": st.st_ctime_ns, "ino": st.st_ino, "dev": st.st_dev}
 
 
-_stat_key = stat_key
 
 
 # ---- the digest's definition ---------------------------------------------

@@ -162,6 +162,7 @@ def target_passes(inp: Inputs, *, progress: bool, use_cache: bool,
     dtype = dtype_of(inp.case.target.dtype, "target.dtype", inp.case)
     passes, extra, sequences = {}, {}, None
     meta = {"regimes": {}, "cache_notes": [], "extra_passes": {}, "phases": {}}
+    drain_notes()                         # an earlier run's notes in this process are not this run's
     for reg in inp.regimes:
         target = _Target(inp, reg, dtype, meta["phases"])
         if use_cache and _load_primes_digests(_checkpoint(inp, reg)):
