@@ -70,8 +70,6 @@ def stat_key(path: str | Path) -> dict:
             "ctime_ns": st.st_ctime_ns, "ino": st.st_ino, "dev": st.st_dev}
 
 
-
-
 # ---- the digest's definition ---------------------------------------------
 
 def chunk_hasher():
