@@ -168,3 +168,21 @@ def test_a_repeat_lookup_reads_only_the_spot_check(tmp_path, monkeypatch):
     want = file_digest(f)
     monkeypatch.setattr(identity, "hash_file", lambda *a, **k: pytest.fail("hashed again"))
     assert file_digest(f) == want
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_the_one_reduction_finite_check_finds_every_nan_and_inf(dtype):
+    """check_finite's fast path (aminmax, the loader's check beside the digested read): a NaN,
+    +Inf or -Inf at the first, a middle or the last place of a chunk is an error; none is not."""
+    from diag.checkpoint.finite import _CHUNK, check_finite
+    from diag.errors import DiagError
+
+    n = _CHUNK + 5                                       # two chunks: the second 5 values long
+    base = torch.randn(n, generator=torch.Generator().manual_seed(1)).to(dtype)
+    check_finite("w", base, "f")
+    for pos in (0, n // 3, _CHUNK - 1, _CHUNK, n - 1):
+        for bad in (float("nan"), float("inf"), float("-inf")):
+            x = base.clone()
+            x[pos] = bad
+            with pytest.raises(DiagError, match=r"first at \[%d\]" % pos):
+                check_finite("w", x, "f")
