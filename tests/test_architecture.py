@@ -165,6 +165,7 @@ NAMED_OUTSIDE: dict[str, dict[str, int]] = {
     "vllm": {
         "diag/bench/zoo.py": 1,
         "diag/checks/lint/drafter.py": 3,
+        "diag/cli/paths.py": 1,             # the --server-vllm-metrics flag's dest, a path flag
         "diag/cli/probe.py": 4,
         "diag/cli/run.py": 3,
         "diag/engines/conventions.py": 4,

@@ -166,7 +166,8 @@ def apply_overrides(case: Case, a) -> Case:
 _FLAG_OF = {"prompts.max_new_tokens": "--max-new-tokens", "prompts.limit": "--limit",
             "prompts.recorded": "--recorded", "placement.gpus": "--gpus", "evaluate.trees": "--tree",
             "evaluate.layouts": "--layout", "evaluate.modes": "--mode", "evaluate.regimes": "--regime",
-            "serving.layout": "--serving-layout", "serving.algorithm": "--algorithm", **prompt_flags.FLAG_OF}
+            "serving.layout": "--serving-layout", "serving.algorithm": "--algorithm",
+            "placement.gpu_memory": "--gpu-memory", **prompt_flags.FLAG_OF}
 
 
 def checked(case: Case, a) -> Case:
@@ -194,6 +195,10 @@ def run(a) -> int:
     else:
         case = apply_overrides(read_case(a.case or shipped(DEMO)), a)
     case = checked(case, a)
+    from diag.target.placement import require_gpus
+    require_gpus(case.placement.gpus, file=case.source, gpu_memory=case.placement.gpu_memory,
+                 field="--gpus (placement.gpus)" if a.gpus is not None else "placement.gpus",
+                 memory_field="--gpu-memory (placement.gpu_memory)" if a.gpu_memory else "placement.gpu_memory")
     out = Path(a.out) if a.out else Path("reports") / case.name
     check_out_dir(out)                  # before any weight is loaded
     if getattr(a, "server", None):

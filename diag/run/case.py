@@ -30,6 +30,7 @@ from pathlib import Path
 
 from diag.engines import DEFAULT_ENGINE, engine
 from diag.errors import DiagError
+from diag.checkpoint.readable import require_readable
 
 CASE_VERSION = 1
 
@@ -398,6 +399,7 @@ def read_case(path: str | Path) -> Case:
     path = Path(path)
     if not path.is_file():
         raise DiagError("case file not found", file=str(path), expected="a TOML case file", found="no such file")
+    require_readable(path, "case file")
     try:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as err:
@@ -409,14 +411,15 @@ _ENV = re.compile(r"\$\{(\w+)\}")
 
 
 def resolve_path(spec: str, case: Case, field_name: str) -> str:
-    """`zoo:NAME` stays symbolic (the zoo resolves it); `${VAR}` expands; relative paths are
-    taken from the case file's folder."""
+    """`zoo:NAME` stays symbolic (the zoo resolves it); `${VAR}` and a leading `~` expand;
+    relative paths are taken from the case file's folder."""
     def expand(m):
         if m.group(1) not in os.environ:
             raise DiagError("case path uses an unset environment variable", file=case.source,
                             field=field_name, expected=f"${{{m.group(1)}}} set", found="unset")
         return os.environ[m.group(1)]
     text = _ENV.sub(expand, spec)
+    text = os.path.expanduser(text) if text.startswith("~") else text
     if text.startswith("zoo:") or Path(text).is_absolute() or case.source.startswith("<"):
         return text
     return str((Path(case.source).parent / text).resolve())

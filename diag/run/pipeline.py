@@ -43,6 +43,7 @@ from diag.run.server_section import server_section
 from diag.run.target_passes import target_passes
 from diag.run.verdicts import Verdict, verdicts
 from diag.target.load import TargetInfo, load_embed_and_head
+from diag.target.output_health import output_health
 
 
 @dataclass
@@ -70,6 +71,7 @@ class RunResult:
     loops: dict | None = None
     long_context: dict | None = None
     decoding: object = None              # run/decodings.DecodingPlan: served and sampled decodings
+    target_output: object = None         # target/output_health.OutputHealth of the reference pass
 
     def best_layout(self) -> str | None:
         """The eagle3 layout with the highest accept length at the reference axes."""
@@ -198,10 +200,12 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True) -> Ru
     evals = evaluate(inp, drafter, embed, head, passes, progress=progress, extra=extra) + sampled.evaluations
     t0 = _stopwatch(timings, "drafter_s", t0)
     health = health_checks(drafter, _continuations(passes[inp.regimes[0]]))
+    ref_pass = passes[inp.regimes[0]]
+    target_output = output_health(ref_pass.sequences, ref_pass.states.get("final"), head, inp.target.vocab_size)
     run = RunResult(case, inp.target, _drafter_info(inp.drafter_path, dckpt, drafter), _prompts_info(inp),
                     pass_meta, inp.candidates, evals, reference_axes(inp), inp.capture_convention,
                     serving_error=inp.serving_error, drafter_health=health,
-                    timings=timings, notes=notes, decoding=inp.decoding)
+                    timings=timings, notes=notes, decoding=inp.decoding, target_output=target_output)
     run.speedup = _speedup(inp, measured, evals, notes)
     ev = case.evaluate
     greedy = run.reference.but(decoding="greedy")           # regimes are compared under greedy decoding

@@ -6,6 +6,14 @@ prompts outside the case are an error, except when the case narrows its prompt s
 `categories`): then they are left out and a note says how many. No id in common at all is an
 error that says how SGLang names requests (rid).
 
+Span rule: the server's accept length depends on how far into a generation it was measured, so
+the replay must cover the spans the server generated. The responses' completion_tokens are
+compared with the replay's max_new_tokens (give or take max(2, 10%): the prefill token, a last
+round cut short): a replay shorter than the server's median completion is an error (512-token generations are not "the same prompts" as a 16-token replay); a replay
+longer than the server's longest completion gets a note; both spans are always stated in a note.
+Worked example: completions 512 x 6, max_new_tokens 16 -> DiagError prompts.max_new_tokens,
+expected ">= 512", found 16.
+
 This module reads the server's files (the I/O edge of the reconciliation); the combination
 rules live in server_observation.py, the parsers in diag/engines.
 """
@@ -21,6 +29,7 @@ from diag.engines.sglang.server_responses import RequestCounts, read_generate_re
 from diag.engines import DEFAULT_FAMILY, engine, rules
 from diag.engines.vllm.metrics import read_vllm_metrics
 from diag.errors import DiagError
+from diag.checkpoint.readable import require_readable
 from diag.run.case import Case, resolve_path
 from diag.run.prompts import read_prompt_set
 from diag.run.server_sampled import read_sampled
@@ -47,6 +56,7 @@ def _text(case: Case, name: str) -> tuple[str, str] | None:
     if not path.is_file():
         raise DiagError("server file not found", file=str(path), field=f"server.{name}",
                         expected="a file saved from the server", found="no such file")
+    require_readable(path, "server file", field=f"server.{name}")
     try:
         return str(path), path.read_text()
     except UnicodeDecodeError as err:
@@ -195,6 +205,29 @@ def _read_responses(s: _Sources, rel, prompt_ids: list[str], seed: int, n_boot: 
     if ds:
         s.draft_sets.append((f"{got[0]} (proposed drafts per round)", tuple(ds)))
     s.aggregates.insert(0, pooled_requests(s.requests, seed=seed, n_boot=n_boot))
+    s.notes += check_spans([r.completion_tokens for r in s.requests], p.max_new_tokens, p.recorded, got[0])
+
+
+def check_spans(completions: list[int], max_new_tokens: int, recorded: str | None, source: str) -> list[str]:
+    """The span rule (module docstring): a DiagError, or the notes that state both spans."""
+    if not completions:
+        return []
+    lo, hi, med = min(completions), max(completions), sorted(completions)[len(completions) // 2]
+    replay = (f"the replay continues each prompt up to {max_new_tokens} tokens"
+              + (f" of the recorded continuations ({recorded})" if recorded else ""))
+    server = f"the server generated {lo}-{hi} tokens per request (median {med})"
+    slack = max(2, max_new_tokens // 10)      # the prefill token, a last round cut short
+    if med > max_new_tokens + slack:
+        raise DiagError("the replay is shorter than the server's generations, so the two accept lengths "
+                        "would be measured over different spans", file=source, field="prompts.max_new_tokens",
+                        expected=f">= {med} (the median completion_tokens of the responses; {server})",
+                        found=f"{max_new_tokens}",
+                        hint=f"replay with --max-new-tokens {hi} (or max_new_tokens = {hi} in [prompts])")
+    notes = [f"server spans: {server}; {replay}"]
+    if max_new_tokens > hi + slack:
+        notes.append(f"server spans: the replay runs {max_new_tokens - hi} tokens past the server's longest "
+                     f"completion ({hi}); positions after {hi} are measured by the replay alone")
+    return notes
 
 
 def _read_counters(s: _Sources, reader=read_vllm_metrics) -> None:

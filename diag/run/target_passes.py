@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from diag.checkpoint.identity import is_memoised
+from diag.checkpoint.identity import drain_notes, is_memoised
 from diag.errors import DiagError
 from diag.run.inputs import Inputs, dtype_of, zoo_or_path
 from diag.target.gen_batch import generation_batch
@@ -124,6 +124,7 @@ def _one_pass(inp: Inputs, target: _Target, prompts, recorded, sequences, *, use
     dtype, case, clock = target.dtype, inp.case, target.clock
     eos, pad = special_ids(inp.tokenizer)
     key = pass_key(inp, target.regime, token_digest(prompts, recorded, eos, pad), dtype) if use_cache else None
+    meta["cache_notes"] += [f"checkpoint digest: {n}" for n in drain_notes()]
     tp, why = load_pass(key) if use_cache else (None, None)
     if why:
         meta["cache_notes"].append(f"target pass [{label}]: {why}")
@@ -161,6 +162,7 @@ def target_passes(inp: Inputs, *, progress: bool, use_cache: bool,
     dtype = dtype_of(inp.case.target.dtype, "target.dtype", inp.case)
     passes, extra, sequences = {}, {}, None
     meta = {"regimes": {}, "cache_notes": [], "extra_passes": {}, "phases": {}}
+    drain_notes()                         # an earlier run's notes in this process are not this run's
     for reg in inp.regimes:
         target = _Target(inp, reg, dtype, meta["phases"])
         if use_cache and _load_primes_digests(_checkpoint(inp, reg)):

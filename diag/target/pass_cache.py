@@ -1,7 +1,7 @@
 """On-disk cache of target passes, keyed by content and checked on every read (DESIGN.md §8).
 
 The key hashes what decides the pass's numbers:
-  the checkpoint's content: the sha256 of every weight, config and tokenizer file
+  the checkpoint's content: the digest (identity.py: xxh3-128 over 64 MiB chunks) of every weight, config and tokenizer file
     (identity.py; memoised per file by its stat, so a second run reads no weight bytes);
   the exact token ids replayed: every prompt after tokenization and chat template, the
     recorded continuations, the eos and pad ids;
