@@ -127,8 +127,13 @@ def probe_for_run(case, a, out: Path):
         raise DiagError("--server probes the live server; saved server files cannot be given with it",
                         field="--server", expected="--server URL, or saved files (--server-responses ...)",
                         found=f"both: --server and {', '.join(given)}")
-    return probe_case(case, a.server, Path(f"{out}-server"), engine=getattr(a, "engine", None),
+    return probe_case(case, a.server, Path(f"{out}-server"), engine=_served(getattr(a, "engine", None)),
                       progress=not a.quiet)[0]
+
+
+def _served(name: str | list[str] | None) -> str | None:
+    """`diag run --engine A --engine B --server URL`: the server runs the first engine named."""
+    return name[0] if isinstance(name, list) and name else (name or None)
 
 
 def run(a) -> int:

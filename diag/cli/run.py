@@ -13,6 +13,7 @@ from pathlib import Path
 
 from diag.cli import prompt_flags
 from diag.errors import DiagError
+from diag.engines import DEFAULT_ENGINE, families
 from diag.run.case import (Case, DecodingSpec, EvaluateSpec, ModelSpec, PromptSpec, ServingSpec, check_case,
                            read_case, with_engine)
 
@@ -36,8 +37,11 @@ def register(sub) -> None:
     p.add_argument("--algorithm", help="--speculative-algorithm the server runs (EAGLE3, EAGLE, NEXTN)")
     p.add_argument("--serving-layout", help="the layout the server feeds, if known")
     p.add_argument("--launch", help="the SGLang launch command line, to report what it really runs")
-    p.add_argument("--engine", help="the SGLang version the server runs, e.g. sglang-0.5.10 or 0.5.10 "
-                                    "(default: the case's [serving] engine, else the newest known)")
+    p.add_argument("--engine", action="append", default=None,
+                   help=f"the engine release the server runs, <family>-<version> (families: {', '.join(families())}; "
+                        f"e.g. {DEFAULT_ENGINE}); repeat it to compare engines from one target pass, the first the "
+                        "served one "
+                        "(default: the case's [serving] engine, else the newest known)")
     p.add_argument("--gpus", type=int, help="place the target across N GPUs (0: CPU)")
     p.add_argument("--gpu-memory", help="memory budget per GPU for weights, e.g. 130GiB")
     p.add_argument("--temperature", action="append", type=float, default=[],

@@ -31,6 +31,7 @@ from diag.run.candidates import Candidate
 from diag.run.case import Case, check_case
 from diag.run.cost_cache import CostKey, load_costs, save_costs
 from diag.run.costs import measure_costs
+from diag.run.engines_section import EnginesSection, engines_section
 from diag.run.evaluate import evaluate, reference_axes
 from diag.run.inputs import Inputs, dtype_of, prepare
 from diag.run.pricing import speedup_section, user_costs
@@ -64,6 +65,7 @@ class RunResult:
     speedup: dict | None = None
     regimes: dict | None = None
     server: dict | None = None           # the live server reconciled (run/server_section.py)
+    engines: EnginesSection | None = None  # the engines compared from this one pass (run/engines_section.py)
     renderings: dict | None = None       # the prompt-side sections (prompt_sections.py)
     coverage: dict | None = None
     loops: dict | None = None
@@ -210,8 +212,12 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True) -> Ru
     top = best(select(evals, greedy))
     run.regimes = regime_section(passes, pass_meta["reference_regime"], evals, greedy,
                                  top.layout if top else None, seed=ev.seed, n_boot=ev.bootstrap)
+    run.engines = engines_section(case, inp.drafter_config, inp.target_config, evals, run.reference,
+                                  run.best_layout())
     if server is not None:
-        run.server = server_section(server, evals, run.reference, run.best_layout(), seed=ev.seed, n_boot=ev.bootstrap)
+        served = next((c.label for c in inp.candidates if "serving" in c.roles), None)
+        run.server = server_section(server, evals, run.reference, run.best_layout(), seed=ev.seed,
+                                    n_boot=ev.bootstrap, served_layout=served)
     side = prompt_sections(inp, greedy, top.layout if top else None, evals, passes, extra, drafter, embed, head,
                            progress=progress)                # the prompt side is replayed greedily
     run.renderings, run.coverage, run.loops, run.long_context = \

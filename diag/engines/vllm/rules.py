@@ -14,10 +14,11 @@ from __future__ import annotations
 import shlex
 
 from diag.checkpoint.config import architecture, num_layers
-from diag.engines.common import (DraftTables, EffectiveConfig, FlagProblem, Fix, LaunchFlags, RequestDefaults,
-                                 ResolvedShape, ServingError, ServingPlan)
+from diag.engines.common import (DrafterSupport, DraftTables, EffectiveConfig, FlagProblem, Fix, LaunchFlags,
+                                 RequestDefaults, ResolvedShape, ServingError, ServingPlan)
 from diag.engines.protocol import Release, Verification
-from diag.engines.vllm import capture, decoding, detect, draft_tables, explain, spec_config
+from diag.engines.sanity import EngineSanity, Sampled
+from diag.engines.vllm import capture, decoding, detect, draft_tables, explain, sanity, spec_config
 from diag.engines.vllm.releases import RELEASES, rule, rule_row, span, vllm_release
 from diag.errors import DiagError
 from diag.layouts import Layout, layout as parse_layout
@@ -142,6 +143,18 @@ class VllmEngine:
     def draft_tables(self, drafter_config: dict, mode: str, *, release: Release) -> DraftTables:
         return draft_tables.draft_tables(drafter_config, mode, release.name)
 
+    def drafter_support(self, drafter_config: dict, *, release: Release) -> DrafterSupport:
+        """vLLM renames an EAGLE-3 drafter's class (transformers_utils/configs/eagle.py: Eagle3{arch}
+        unless it starts or ends with Eagle3) and builds it from its model registry, which diag has
+        not read release by release: `builds` None (not checked). A missing draft_vocab_size is
+        filled with the target's vocab_size (table.py "draft_vocab", llama_eagle3.py), no crash;
+        llama_eagle3.py reads eagle_config.use_aux_hidden_state (default true) in 0.32.0."""
+        nested = (drafter_config.get("eagle_config") or {}).get("use_aux_hidden_state")
+        aux = nested is None or bool(nested)
+        note = None if aux else (f"eagle_config.use_aux_hidden_state = false: vLLM's llama_eagle3.py (read in "
+                                 f"0.32.0) captures no auxiliary states on {release.label}")
+        return DrafterSupport(None, (), None, aux, note)
+
     def resolve_tree(self, num_steps: int | None, topk: int | None, num_draft_tokens: int | None,
                      target_config: dict | None, *, release: Release, algorithm: str = "eagle3") -> ResolvedShape:
         """num_steps = num_speculative_tokens (k); vLLM drafts a chain, so topk must be 1 (or omitted)
@@ -194,6 +207,14 @@ class VllmEngine:
 
     def read_metrics(self, text: str, *, source: str):
         return detect.read_scrape(text, source=source)
+
+    def read_sampled(self, text: str, *, source: str, temperature: float, release: Release) -> Sampled:
+        c = detect.read_scrape(text, source=source)
+        return Sampled(temperature, c.accept_length, c.num_drafts, c.num_speculative_tokens, source)
+
+    def sampled_sanity(self, sampled: list[Sampled], greedy: float, k: int, *, release: Release,
+                       greedy_source: str, platform: str | None = None) -> EngineSanity:
+        return sanity.check(sampled, greedy, k, release.name, greedy_source=greedy_source, platform=platform)
 
     def explain_counters(self, text: str, *, source: str, release: Release, kind: str) -> explain.CounterExplanation:
         """Reconcile a saved /metrics scrape (kind "metrics") or log (kind "log") in this release's terms

