@@ -22,6 +22,7 @@ from typing import Callable
 
 from diag.checkpoint.identity import is_memoised
 from diag.errors import DiagError
+from diag.replay.round_accounting import accounting_for
 from diag.run.inputs import Inputs, dtype_of, zoo_or_path
 from diag.target.gen_batch import generation_batch
 from diag.target.load import load_target, target_info
@@ -77,12 +78,19 @@ def _load_primes_digests(ckpt: Path) -> bool:
     return target_info(ckpt).quantization == "pack-quantized" and not is_memoised(ckpt)
 
 
+def lookahead(inp: Inputs) -> int:
+    """Greedy tokens past each request's end that the engine's round accounting scores
+    (vllm: the deepest tree's steps; window: 0)."""
+    return accounting_for(inp.case.serving.engine).lookahead(max(s.num_steps for s in inp.shapes))
+
+
 def pass_key(inp: Inputs, regime: str, tokens_sha: str, dtype) -> PassKey:
     case = inp.case
     ckpt = _checkpoint(inp, regime)
     placement = f"gpus={case.placement.gpus}" if case.placement.gpus else "cpu"
-    return PassKey.make(ckpt, tokens_sha, regime, inp.points, case.prompts.max_new_tokens, str(dtype),
-                        placement)
+    extra = lookahead(inp)
+    new_tokens = f"{case.prompts.max_new_tokens}+{extra}" if extra else case.prompts.max_new_tokens
+    return PassKey.make(ckpt, tokens_sha, regime, inp.points, new_tokens, str(dtype), placement)
 
 
 def extra_prompt_sets(inp: Inputs) -> dict[str, list[tuple[str, str, list[int]]]]:
@@ -137,7 +145,7 @@ def _one_pass(inp: Inputs, target: _Target, prompts, recorded, sequences, *, use
                 clock.setdefault("target_generate_longest_prompt", max((len(p) for _, _, p in prompts), default=0))
             sequences = _timed(clock, "target_generate_s", lambda: build_sequences(
                 model, prompts, case.prompts.max_new_tokens, pad_id=pad, eos_ids=eos, recorded=recorded,
-                batch_size=batch, progress=progress))
+                batch_size=batch, progress=progress, lookahead=lookahead(inp)))
         tp = _timed(clock, "target_capture_s", lambda: run_capture(
             model, sequences, inp.points, regime=target.regime, token_budget=case.evaluate.token_budget,
             progress=progress))
