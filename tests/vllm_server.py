@@ -173,6 +173,39 @@ def start(python: Path, target_dir, drafter_dir=None, *, num_speculative_tokens:
                        f"command: {shlex.join(cmd)}\nlog tail ({log}):\n{server.tail()}")
 
 
+def scrape(url: str) -> str:
+    """GET /metrics (Prometheus text)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+        return r.read().decode()
+
+
+def _post(url: str, body: dict, timeout: float) -> dict:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        raise RuntimeError(f"POST {url} -> {e.code}: {e.read().decode(errors='replace')[:LOG_TAIL]}") from None
+
+
+def complete(url: str, model: str, prompts: list[list[int]], max_tokens: int, *, temperature: float = 0.0,
+             seed: int = 0, concurrency: int = 8, timeout: float = 600.0) -> list[list[int]]:
+    """POST /v1/completions per prompt (token ids in, token ids out), `concurrency` at a time;
+    each answer's generated token ids, in prompt order. Sampled requests carry seed + index."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(i: int) -> list[int]:
+        body = {"model": model, "prompt": prompts[i], "max_tokens": max_tokens, "temperature": temperature,
+                "return_token_ids": True}
+        if temperature > 0:
+            body["seed"] = seed + i
+        choice = _post(url + "/v1/completions", body, timeout)["choices"][0]
+        return list(choice["token_ids"])
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        return list(pool.map(one, range(len(prompts))))
+
+
 _POOL: dict[tuple, Server] = {}       # every running server of this process, by argument set
 
 

