@@ -100,3 +100,11 @@ def test_the_drafter_runs_in_the_targets_dtype_unless_told():
     assert served_dtypes(told, {"dtype": "float32"}) == (torch.bfloat16, torch.float32)
     assert served_dtypes(replace(case, target=ModelSpec("t", dtype="bfloat16")), {}) == \
         (torch.bfloat16, torch.bfloat16)
+
+
+def test_served_counters_are_vllms_sums():
+    from diag.run.served import ServedCounters
+    c = ServedCounters.from_rounds([[3, 1], [0]], 3)     # the module docstring's example
+    assert c.counts() == {"num_drafts": 3, "num_draft_tokens": 9, "num_accepted_tokens": 4,
+                          "accepted_per_pos": [2, 1, 1]}
+    assert c.accept_length == 1 + 4 / 3
