@@ -52,7 +52,8 @@ def cell(python: Path, pair: vc.Pair, k: int, dtype: str) -> dict:
         server = vs.get_server(python, target, drafter, num_speculative_tokens=k, dtype=dtype,
                                extra_args=vc.EXTRA_ARGS)
     except RuntimeError as e:
-        row["engine_error"] = str(e)[-1500:]
+        causes = [ln for ln in str(e).splitlines() if "Error:" in ln and "HTTP" not in ln]
+        row["engine_error"] = "the server did not start: " + "\n".join(dict.fromkeys(causes))[-1200:]
         return row
     row["server_start_s"] = round(server.started_s, 1)
     pred = vc.prediction(target, dtype)
