@@ -146,7 +146,7 @@ def _speedup(inp: Inputs, measured: _Costs, evals: list[Evaluation], notes: list
 
 def _continuations(tp) -> torch.Tensor:
     """Every replayed continuation token (target ids), prompts excluded: [sum of T - prompt_len]."""
-    return torch.cat([s.ids[s.prompt_len:] for s in tp.sequences]) if tp.sequences else torch.zeros(0)
+    return torch.cat([s.ids[s.prompt_len:s.emitted] for s in tp.sequences]) if tp.sequences else torch.zeros(0)
 
 
 def _drafter_info(dpath: Path, dckpt, drafter) -> dict:

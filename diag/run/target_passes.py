@@ -196,6 +196,6 @@ def _summary(meta: dict, passes: dict[str, TargetPass], inp: Inputs) -> dict:
     meta.update({"source": "recorded" if inp.recorded is not None else "greedy",
                  "max_new_tokens": inp.case.prompts.max_new_tokens, "sequences": len(seqs),
                  "tokens": int(sum(len(s.ids) for s in seqs)),
-                 "continuation_tokens": int(sum(len(s.ids) - s.prompt_len for s in seqs)),
+                 "continuation_tokens": int(sum(s.emitted - s.prompt_len for s in seqs)),
                  "points": [p.name for p in inp.points], "reference_regime": inp.regimes[0]})
     return meta
