@@ -37,12 +37,12 @@ COMPILED_AT = (3,)             # chain lengths whose bf16 cell (first pair) also
 
 
 def _key(pair, k, dtype) -> str:
-    return f"{pair.target}|{pair.drafter}|k{k}|{dtype}"
+    return f"{pair.target}|{vc.pair_label(pair)}|k{k}|{dtype}"
 
 
 def cell(python: Path, pair: vc.Pair, k: int, dtype: str) -> dict:
-    target, drafter = vc.zoo(pair.target), vc.zoo(pair.drafter)
-    row = {"target": pair.target, "drafter": pair.drafter, "k": k, "dtype": dtype}
+    target, drafter = vc.pair_dirs(pair)
+    row = {"target": pair.target, "drafter": vc.pair_label(pair), "k": k, "dtype": dtype}
     try:
         lay = vc.served_layout(target, drafter)
         row["served_layout"] = str(lay)
@@ -83,7 +83,7 @@ def cell(python: Path, pair: vc.Pair, k: int, dtype: str) -> dict:
 
 
 def sampled(python: Path, pair: vc.Pair) -> dict:
-    target, drafter = vc.zoo(pair.target), vc.zoo(pair.drafter)
+    target, drafter = vc.pair_dirs(pair)
     server = vs.get_server(python, target, drafter, num_speculative_tokens=3, dtype="float32",
                            extra_args=vc.EXTRA_ARGS)
     prompts = vc.prediction(target, "float32").prompts
@@ -149,7 +149,9 @@ def markdown(data: dict) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pairs", default="", help="drafter names, comma-separated (default: every pair)")
+    ap.add_argument("--pairs", default="", help="drafter names or labels, comma-separated (default: every pair)")
+    ap.add_argument("--written", choices=("both", "yes", "no"), default="both",
+                    help="pairs served as written / with vLLM ids (vllm_cells.vllm_ids_copy)")
     ap.add_argument("--extra-pair", action="append", default=[], metavar="TARGET_DIR:DRAFTER_DIR",
                     help="a pair outside the zoo (absolute directories)")
     ap.add_argument("--dtypes", default=",".join(DTYPES))
@@ -167,8 +169,10 @@ def main() -> int:
     if not a.render_only:
         python = vs.vllm_python()
         wanted = set(filter(None, a.pairs.split(",")))
-        pairs = [p for p in (*vc.LLAMA_PAIRS, *vc.DEEPSEEK_PAIRS) if not wanted or p.drafter in wanted]
-        pairs += [vc.Pair(*spec.split(":")) for spec in a.extra_pair]
+        pairs = [p for p in (*vc.LLAMA_PAIRS, *vc.DEEPSEEK_PAIRS)
+                 if (not wanted or p.drafter in wanted or vc.pair_label(p) in wanted)
+                 and a.written in ("both", "yes" if p.as_written else "no")]
+        pairs += [vc.Pair(*spec.split(":"), as_written=True) for spec in a.extra_pair]
         try:
             for p in pairs:
                 for k in map(int, a.chains.split(",")):

@@ -11,8 +11,10 @@ diag.run.served's prediction of the same configuration:
 vLLM reads eagle_aux_hidden_state_layer_ids literally (diag's "vllm" convention): the counters
 tell that reading from SGLang's +1 reading, and ids vLLM cannot capture (-1) crash the server.
 
-CI runs a lean matrix (every zoo Llama pair at k = 3, the vLLM-ids pair at k = 1, 3, 5, bf16 at
-k = 3); DIAG_VLLM_MATRIX=full runs every pair at every k (scripts/vllm_engine_report.py).
+The zoo writes ids in the SpecForge convention ([-1, 1, 3]); vLLM cannot serve those, so every
+drafter with a trained layout is also served with its ids rewritten for vLLM (vllm_cells.
+vllm_ids_copy), as a user would. CI runs a lean matrix (the vLLM-ids pair at k = 1, 3, 5, every
+other pair at k = 3, bf16 at k = 3); DIAG_VLLM_MATRIX=full runs every pair at every k and the crash.
 """
 
 from __future__ import annotations
@@ -30,13 +32,16 @@ pytestmark = pytest.mark.vllm
 
 FULL = os.environ.get("DIAG_VLLM_MATRIX") == "full"
 MAIN = vc.LLAMA_PAIRS[0]                   # the drafter whose ids are written in vLLM's convention
-SERVABLE = [p for p in vc.LLAMA_PAIRS if p.drafter != "llama-tiny-eagle3-embed"]
-FP32_CELLS = sorted(((p, k) for p in SERVABLE for k in vc.CHAINS if FULL or p == MAIN or k == 3),
+CRASHES = vc.LLAMA_PAIRS[1]                # SGLang / SpecForge ids [-1, 1, 3] as written
+SERVABLE = [p for p in vc.LLAMA_PAIRS if p != CRASHES]
+LEAN_ONLY_FULL = {vc.Pair("llama-tiny", "llama-tiny-eagle3-l1")}   # l1 with vLLM ids: the full matrix
+FP32_CELLS = sorted(((p, k) for p in SERVABLE for k in vc.CHAINS
+                     if FULL or (p == MAIN) or (k == 3 and p not in LEAN_ONLY_FULL)),
                     key=lambda c: (c[0] != MAIN, c[1] != 3))      # the literal-reading test's server first
 
 
 def _dirs(pair: vc.Pair):
-    return vc.zoo(pair.target), vc.zoo(pair.drafter)
+    return vc.pair_dirs(pair)
 
 
 def test_the_counters_tell_vllms_literal_reading_from_sglangs(vllm_server):  # noqa: F811
@@ -52,7 +57,7 @@ def test_the_counters_tell_vllms_literal_reading_from_sglangs(vllm_server):  # n
     assert shifted.accept_length < vc.accept_length(engine) - 0.3, (shifted.counts(), engine)
 
 
-@pytest.mark.parametrize("pair,k", FP32_CELLS, ids=[f"{p.drafter}-k{k}" for p, k in FP32_CELLS])
+@pytest.mark.parametrize("pair,k", FP32_CELLS, ids=[f"{vc.pair_label(p).replace(' (vLLM ids)', '-vllm-ids-copy')}-k{k}" for p, k in FP32_CELLS])
 def test_fp32_counters_equal_the_engines(vllm_server, pair, k):  # noqa: F811
     target, drafter = _dirs(pair)
     lay = vc.served_layout(target, drafter)
@@ -70,7 +75,7 @@ def test_ids_vllm_cannot_capture_crash_the_server(vllm_venv):  # noqa: F811
     """llama-tiny-eagle3-embed writes SGLang's ids [-1, 1, 3]: vLLM captures only L1 and L3 (no
     layer has index -1), and the first request fails in the drafter's fc; diag refuses the ids."""
     import vllm_server as vs
-    target, drafter = _dirs(vc.LLAMA_PAIRS[1])
+    target, drafter = _dirs(CRASHES)
     with pytest.raises(DiagError, match="range|capture|id"):
         vc.served_layout(target, drafter)
     server = vs.get_server(vllm_venv, target, drafter, num_speculative_tokens=3, dtype="float32",

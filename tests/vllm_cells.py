@@ -32,12 +32,18 @@ CHAINS = (1, 3, 5)
 class Pair:
     target: str
     drafter: str
+    as_written: bool = False     # True: serve the drafter's config as it is; False: with its trained
+                                 # layout's ids written in vLLM's convention (vllm_ids_copy)
 
 
-# Every zoo Llama pair (diag/zoo/recipes.py, recipes_prompt_side.py).
+# Every zoo Llama pair (diag/zoo/recipes.py, recipes_prompt_side.py). The zoo writes ids in the
+# SpecForge convention ([-1, 1, 3] for embed+L2+L4), which vLLM cannot serve (no layer -1: the
+# first request dies); a user serving them on vLLM rewrites the ids, as vllm_ids_copy does. The
+# embed drafter is also held as written (the crash), the vLLM-ids entry is served as it is.
 LLAMA_PAIRS = (
-    Pair("llama-tiny", "llama-tiny-eagle3-embed-vllm-ids"),
-    Pair("llama-tiny", "llama-tiny-eagle3-embed"),
+    Pair("llama-tiny", "llama-tiny-eagle3-embed-vllm-ids", as_written=True),
+    Pair("llama-tiny", "llama-tiny-eagle3-embed", as_written=True),
+    Pair("llama-tiny", "llama-tiny-eagle3-l1", as_written=True),   # [0, 2, 4]: vLLM feeds embed+L2+L4
     Pair("llama-tiny", "llama-tiny-eagle3-l1"),
     Pair("llama-tiny", "llama-tiny-eagle3-nows"),
     Pair("llama-tiny", "llama-tiny-eagle3-short"),
@@ -52,6 +58,40 @@ def zoo(name: str) -> Path:
         return Path(name)
     from diag.zoo import zoo_path
     return Path(zoo_path(name, progress=False))
+
+
+def vllm_ids_copy(target_dir: Path, drafter_dir: Path) -> Path:
+    """The drafter with its trained layout (config.json diag_trained_layout) written as vLLM ids,
+    beside the cache's copies in $DIAG_CACHE_DIR/vllm-drafters/NAME (weights symlinked).
+    Example: llama-tiny-eagle3-nows, embed+L2+L4 -> eagle_aux_hidden_state_layer_ids [0, 2, 4]."""
+    from diag.engine.conventions import to_ids
+    from diag.layouts import layout
+    cfg = json.loads((drafter_dir / "config.json").read_text())
+    trained = cfg.get("diag_trained_layout")
+    n = int(json.loads((target_dir / "config.json").read_text())["num_hidden_layers"])
+    ids = to_ids(layout(trained), "vllm", n) if trained else None
+    if ids is None:
+        raise DiagError("the drafter states no trained layout vLLM can serve", file=str(drafter_dir / "config.json"),
+                        field="diag_trained_layout", expected="a layout of embed / L{i} points", found=trained)
+    out = vs.venv_dir().parent / "vllm-drafters" / drafter_dir.name
+    out.mkdir(parents=True, exist_ok=True)
+    for f in drafter_dir.iterdir():
+        if f.name != "config.json" and not (out / f.name).exists():
+            (out / f.name).symlink_to(f.resolve())
+    cfg.setdefault("eagle_config", {})["eagle_aux_hidden_state_layer_ids"] = ids
+    cfg["diag_layer_id_convention"] = "vllm"
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    return out
+
+
+def pair_dirs(pair: Pair) -> tuple[Path, Path]:
+    """(target, drafter as served) directories."""
+    target, drafter = zoo(pair.target), zoo(pair.drafter)
+    return target, (drafter if pair.as_written else vllm_ids_copy(target, drafter))
+
+
+def pair_label(pair: Pair) -> str:
+    return pair.drafter + ("" if pair.as_written else " (vLLM ids)")
 
 
 def served_layout(target_dir: Path, drafter_dir: Path):
