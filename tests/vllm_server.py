@@ -112,6 +112,16 @@ class Server:
         except OSError:
             return "(no log)"
 
+    def causes(self) -> list[str]:
+        """The distinct error lines of the whole log (the root cause sits far above the tail)."""
+        try:
+            lines = self.log.read_text(errors="replace").splitlines()
+        except OSError:
+            return []
+        found = [ln.split("] ", 1)[-1].strip() for ln in lines
+                 if ("Error:" in ln or "Error(" in ln) and "HTTP" not in ln and "ulimit" not in ln]
+        return list(dict.fromkeys(found))
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
@@ -163,7 +173,8 @@ def start(python: Path, target_dir, drafter_dir=None, *, num_speculative_tokens:
     while time.perf_counter() - t0 < timeout_s:
         if proc.poll() is not None:
             raise RuntimeError(f"the vLLM server exited with {proc.returncode} before /health answered\n"
-                               f"command: {shlex.join(cmd)}\nlog tail ({log}):\n{server.tail()}")
+                               f"command: {shlex.join(cmd)}\nerrors:\n" + "\n".join(server.causes()) +
+                               f"\nlog tail ({log}):\n{server.tail()}")
         if _healthy(server.url):
             server.started_s = time.perf_counter() - t0
             return server
