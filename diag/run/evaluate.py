@@ -15,10 +15,10 @@ This module connects replay and evaluation; it knows nothing about files or repo
 
 from __future__ import annotations
 
-from diag.replay.round_accounting import accounting_for
 from diag.engine.draft_tables import draft_tables_for
 from diag.replay.evaluation import ANY, LEGACY_AXES, Axes, Evaluation, best, select, summarize
 from diag.replay.replay import Variant, replay
+from diag.replay.round_accounting import accounting_for
 from diag.run.inputs import Inputs
 from diag.trees import TreeShape
 

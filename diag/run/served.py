@@ -9,8 +9,8 @@ capture pass, the drafter's replay of the served layout, the trajectory of each 
 Worked example: K = 3, two requests visiting a = [3, 1] and [0] -> drafts 3, draft tokens 9,
 accepted 4, per position [2, 1, 1].
 
-Dtypes are the engine's unless given: the target in its checkpoint's dtype, the drafter in the
-target's (inputs.served_dtypes). This module knows models and counts; nothing about HTTP.
+The caller names the served dtype (vLLM's --dtype); the drafter runs in it unless told otherwise,
+as the engine runs it (inputs.served_dtypes). This module knows models and counts; nothing about HTTP.
 """
 
 from __future__ import annotations
@@ -26,12 +26,9 @@ from diag.layouts import Layout, union_points
 from diag.replay.evaluation import trajectory_rounds
 from diag.replay.replay import Variant, replay
 from diag.replay.round_accounting import accounting_for
-from diag.target.load import load_embed_and_head, load_target, read_target_config
+from diag.target.load import load_embed_and_head, load_target
 from diag.target.passes import build_sequences, run_capture
 from diag.trees import TreeShape
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
 
 @dataclass(frozen=True)
 class ServedCounters:
@@ -55,13 +52,6 @@ class ServedCounters:
     def counts(self) -> dict:
         return {"num_drafts": self.num_drafts, "num_draft_tokens": self.num_draft_tokens,
                 "num_accepted_tokens": self.num_accepted_tokens, "accepted_per_pos": list(self.accepted_per_pos)}
-
-
-def checkpoint_dtype(path: Path) -> torch.dtype:
-    """config.json `dtype` (or `torch_dtype`); float32 when it names none."""
-    cfg = read_target_config(path)
-    written = cfg.get("dtype") or cfg.get("torch_dtype") or (cfg.get("text_config") or {}).get("dtype")
-    return DTYPES.get(written, torch.float32)
 
 
 @dataclass
