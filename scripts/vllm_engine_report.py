@@ -157,11 +157,16 @@ def markdown(data: dict) -> str:
                   f"| greedy | {s['greedy']:.3f} | |"]
         lines += [f"| T = {t} | {s[f'T={t}']['accept_length']:.3f} | {s[f'T={t}']['num_drafts']} |"
                   for t in TEMPERATURES]
+    t = data.get("time", {})
     lines += ["", "## Time", ""]
-    for name, v in data.get("time", {}).items():
-        lines.append(f"- {name}: {json.dumps(v) if isinstance(v, dict) else v}")
-    for note in data.get("notes", []):
-        lines.append(f"- {note}")
+    if "ci_tests" in t:
+        ci = t["ci_tests"]
+        lines += [f"`pytest -m vllm tests/test_vllm_engine.py` (junit): {ci['total_s']} s for {ci['tests']} tests.", "",
+                  "| test | seconds |", "|---|---|"]
+        lines += [f"| {name} | {sec:.1f} |" for name, sec in ci["per_test_s"].items()]
+    if "cold_install_s" in t:
+        lines += ["", f"Cold venv build (tests/vllm_server.py build_venv, marker file): {t['cold_install_s']} s."]
+    lines += ["", "## Notes", ""] + [f"- {note}" for note in data.get("notes", [])]
     return "\n".join(lines) + "\n"
 
 
@@ -207,7 +212,7 @@ def main() -> int:
         data.setdefault("time", {})["ci_tests"] = ci_seconds(a.junit)
     if a.install_log:
         data.setdefault("time", {})["cold_install_s"] = json.loads(a.install_log.read_text())["seconds"]
-    data["notes"] = sorted(set(data.get("notes", [])) | set(a.note))
+    data["notes"] = a.note or data.get("notes", [])           # --note replaces them, in the order given
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1))
     OUT_MD.write_text(markdown(data))
