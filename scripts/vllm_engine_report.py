@@ -54,7 +54,7 @@ def cell(python: Path, pair: vc.Pair, k: int, dtype: str) -> dict:
     except RuntimeError as e:
         text = str(e)
         causes = text.split("errors:\n", 1)[-1].split("\nlog tail", 1)[0] if "errors:\n" in text else text
-        row["engine_error"] = "the server did not start:\n" + causes[-1500:]
+        row["engine_error"] = "the server did not start:\n" + causes[:1500]
         return row
     row["server_start_s"] = round(server.started_s, 1)
     pred = vc.prediction(target, dtype)
@@ -62,7 +62,7 @@ def cell(python: Path, pair: vc.Pair, k: int, dtype: str) -> dict:
         row["engine"], outs, row["engine_s"] = vc.engine_counts(server.url, str(target), pred.prompts)
     except RuntimeError as e:
         time.sleep(2)
-        row["engine_error"] = "the first requests failed:\n" + "\n".join(server.causes())[-1500:]
+        row["engine_error"] = "the first requests failed:\n" + "\n".join(server.causes())[:1500]
         vs.stop_all()
         return row
     if dtype != "float32":
@@ -107,14 +107,17 @@ def _fmt(c: dict | None) -> str:
     return f"{c['num_drafts']} / {c['num_accepted_tokens']} / {c['accepted_per_pos']}"
 
 
-ROOT_CAUSE = ("KeyError", "ValueError", "shape '", "TypeError", "AssertionError")
+ROOT_CAUSE = ("KeyError", "ValueError:", "Value error,", "shape '", "TypeError", "AssertionError")
 
 
 def _cause(text: str) -> str:
     """The root-cause line of a server error (a KeyError over the RuntimeErrors that wrap it)."""
-    lines = [ln.split("] ", 1)[-1].strip() for ln in text.splitlines() if ln.strip()]
-    hits = [ln for ln in lines if any(c in ln for c in ROOT_CAUSE)]
-    return (hits or lines or ["?"])[0]
+    lines = [vs.LOG_PREFIX.sub("", ln).strip() for ln in text.splitlines() if ln.strip()]
+    for cause in ROOT_CAUSE:
+        hits = [ln for ln in lines if cause in ln and not ln.startswith("raise")]
+        if hits:
+            return hits[0]
+    return ([ln for ln in lines if "Error" in ln] or lines or ["?"])[-1]
 
 
 def _name(entry: str, target: bool = False) -> str:

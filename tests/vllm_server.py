@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -45,6 +46,7 @@ MISMATCHED = ("torchvision", "torchaudio", "torchcodec")
 MARKER = ".diag-vllm-complete"
 START_TIMEOUT_S = float(os.environ.get("DIAG_VLLM_START_TIMEOUT", "420"))
 LOG_TAIL = 4000                       # characters of the server's log quoted in a failure
+LOG_PREFIX = re.compile(r"^\(\w+ pid=\d+\) [A-Z]+ [\d-]+ [\d:]+ \[[^\]]+\] ")   # "(Worker pid=7) ERROR 12-04 20:15:04 [f.py:1] "
 
 
 def _cache_root() -> Path:
@@ -118,8 +120,8 @@ class Server:
             lines = self.log.read_text(errors="replace").splitlines()
         except OSError:
             return []
-        found = [ln.split("] ", 1)[-1].strip() for ln in lines
-                 if ("Error:" in ln or "Error(" in ln) and "HTTP" not in ln and "ulimit" not in ln]
+        found = [LOG_PREFIX.sub("", ln).strip() for ln in lines
+                 if ("Error:" in ln or "Value error," in ln) and "HTTP" not in ln and "ulimit" not in ln]
         return list(dict.fromkeys(found))
 
     def stop(self) -> None:
