@@ -114,7 +114,7 @@ def prompt_set(target_dir: Path) -> tuple[list[tuple[str, str, list[int]]], set[
     case = read_case(ROOT / "cases" / "demo.toml")
     case = replace(case, target=replace(case.target, path=str(target_dir)))
     inp = prepare(case)
-    eos, pad = special_ids(inp.tokenizer)
+    eos, pad = special_ids(inp.tokenizer, inp.target_path)
     return inp.prompts[:PROMPTS], eos, pad
 
 

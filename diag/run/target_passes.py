@@ -16,6 +16,7 @@ This module knows models and the cache; nothing about drafters or reports.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Callable
@@ -32,8 +33,20 @@ from diag.target.passes import TargetPass, build_sequences, run_capture
 LONG_CONTEXT = "long-context"      # the extra pass of the long-context prompts (long_context.py)
 
 
-def special_ids(tok) -> tuple[set[int], int]:
+def special_ids(tok, target_path: Path | None = None) -> tuple[set[int], int]:
+    """(the ids that end a request, the pad id). A server stops at the tokenizer's eos and at every
+    eos_token_id of the target's generation_config.json (vLLM: the sampling params' stop ids from
+    the generation config). Example: tokenizer eos 1, generation_config [1, 6] -> {1, 6}: a chat
+    model that ends its turn with <|end|> (6) stops there, not at the continuation's limit."""
     eos = {tok.eos_token_id} if tok.eos_token_id is not None else set()
+    gen = Path(target_path) / "generation_config.json" if target_path is not None else None
+    if gen is not None and gen.is_file():
+        try:
+            written = json.loads(gen.read_text()).get("eos_token_id")
+        except (OSError, ValueError):
+            written = None
+        ids = written if isinstance(written, list) else [written]
+        eos |= {i for i in ids if isinstance(i, int) and not isinstance(i, bool)}
     pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
     return eos, pad
 
@@ -130,7 +143,7 @@ def _one_pass(inp: Inputs, target: _Target, prompts, recorded, sequences, *, use
     """One TargetPass over `prompts` (or the given sequences), from the cache when it can be."""
     t0 = time.perf_counter()
     dtype, case, clock = target.dtype, inp.case, target.clock
-    eos, pad = special_ids(inp.tokenizer)
+    eos, pad = special_ids(inp.tokenizer, inp.target_path)
     key = pass_key(inp, target.regime, token_digest(prompts, recorded, eos, pad), dtype) if use_cache else None
     tp, why = load_pass(key) if use_cache else (None, None)
     if why:
