@@ -108,3 +108,15 @@ def test_served_counters_are_vllms_sums():
     assert c.counts() == {"num_drafts": 3, "num_draft_tokens": 9, "num_accepted_tokens": 4,
                           "accepted_per_pos": [2, 1, 1]}
     assert c.accept_length == 1 + 4 / 3
+
+
+def test_a_request_ends_at_every_eos_of_the_generation_config(tmp_path):
+    import json
+    from types import SimpleNamespace
+    from diag.run.target_passes import special_ids
+    tok = SimpleNamespace(eos_token_id=1, pad_token_id=2)
+    assert special_ids(tok) == ({1}, 2)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 6]}))
+    assert special_ids(tok, tmp_path) == ({1, 6}, 2)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 7}))
+    assert special_ids(tok, tmp_path) == ({1, 7}, 2)
