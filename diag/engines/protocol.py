@@ -176,6 +176,11 @@ class EngineRules(Protocol):
     def verification(self, release: Release) -> Verification:
         """The greedy and sampled verification rules the decode loop applies (Verification)."""
 
+    def round_accounting(self, release: Release) -> str:
+        """Which verify rounds of a request the engine counts (replay/round_accounting.py names
+        them): "to-end" (every step until the request ends, scored before the max_tokens cut)
+        or "window" (only rounds whose draft window lies inside the emitted sequence)."""
+
     def request_defaults(self, generation_config: dict | None, sampling_defaults: str = "model", *,
                          release: Release) -> RequestDefaults:
         """What a request that sets no sampling parameter runs: the target's generation_config.json

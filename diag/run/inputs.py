@@ -89,6 +89,20 @@ def dtype_of(name: str, field_name: str, case: Case):
     return DTYPES[name]
 
 
+def served_dtypes(case: Case, target_config: dict):
+    """(target dtype, drafter dtype) as the engine runs them unless the case says otherwise:
+    "auto" is the target checkpoint's dtype (config.json `dtype`, older `torch_dtype`; None
+    when it names none: the loader's default), and the drafter runs in the target's dtype, as
+    vLLM (SpeculativeConfig: the draft model config takes the target's dtype) and SGLang (the
+    draft worker shares server_args.dtype) run it. Example: a bf16 target and an fp32 drafter,
+    both "auto" -> (bfloat16, bfloat16); drafter.dtype = "float32" -> (bfloat16, float32)."""
+    target = dtype_of(case.target.dtype, "target.dtype", case)
+    written = target_config.get("dtype") or target_config.get("torch_dtype")
+    served = target or (DTYPES.get(written) if isinstance(written, str) else None)
+    drafter = dtype_of(case.drafter.dtype, "drafter.dtype", case) or served or torch.float32
+    return target, drafter
+
+
 def check_pair_config(tinfo: TargetInfo, dpath: Path) -> None:
     """The pair's vocabulary and width from the drafter's config.json alone, before its headers
     are read against that config (a wrong vocab_size is the user's mistake to name, not the
@@ -179,6 +193,12 @@ def draft_tables_by_mode(inp: "Inputs") -> dict[str, DraftTables]:
     """The served engine's draft tables for both drafter modes, "eagle3" and "eagle"."""
     rel, eng = served_by(inp.case)
     return {m: eng.draft_tables(inp.drafter_config, m, release=rel) for m in ("eagle3", "eagle")}
+
+
+def round_accounting(case: Case) -> str:
+    """The round accounting the served release counts (replay/round_accounting.py names it)."""
+    rel, eng = served_by(case)
+    return eng.round_accounting(rel)
 
 
 def sampled_verification(inp: "Inputs") -> str:

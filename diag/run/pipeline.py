@@ -33,7 +33,7 @@ from diag.run.cost_cache import CostKey, load_costs, save_costs
 from diag.run.costs import measure_costs
 from diag.run.engines_section import EnginesSection, engines_section
 from diag.run.evaluate import evaluate, reference_axes
-from diag.run.inputs import Inputs, dtype_of, prepare
+from diag.run.inputs import Inputs, prepare, served_dtypes
 from diag.run.pricing import speedup_section, user_costs
 from diag.run.prompt_sections import prompt_sections
 from diag.run.regime_section import regime_section
@@ -150,7 +150,7 @@ def _speedup(inp: Inputs, measured: _Costs, evals: list[Evaluation], notes: list
 
 def _continuations(tp) -> torch.Tensor:
     """Every replayed continuation token (target ids), prompts excluded: [sum of T - prompt_len]."""
-    return torch.cat([s.ids[s.prompt_len:] for s in tp.sequences]) if tp.sequences else torch.zeros(0)
+    return torch.cat([s.ids[s.prompt_len:s.emitted] for s in tp.sequences]) if tp.sequences else torch.zeros(0)
 
 
 def _drafter_info(dpath: Path, dckpt, drafter) -> dict:
@@ -177,8 +177,7 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True) -> Ru
         inp = replace(inp, shapes=[*inp.shapes, server.shape],
                       notes=[*inp.notes, f"the server's tree {server.shape.name} ({server.shape_source}) was added "
                                          "to the evaluated trees"])
-    drafter, dckpt = load_drafter(inp.drafter_path,
-                                  dtype=dtype_of(case.drafter.dtype, "drafter.dtype", case) or torch.float32)
+    drafter, dckpt = load_drafter(inp.drafter_path, dtype=served_dtypes(case, inp.target_config)[1])
     drafter.to(_main_device(case))
     embed, head = load_embed_and_head(inp.target_path)
     if drafter.cfg.lm_head_from_target:            # no draft_vocab_size: the target's lm_head

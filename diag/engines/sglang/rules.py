@@ -102,6 +102,9 @@ class SglangEngine:
     def verification(self, release: Release) -> Verification:
         return VERIFICATION
 
+    def round_accounting(self, release: Release) -> str:
+        return "window"         # SGLang's end-of-request rounds are not modelled yet
+
     def request_defaults(self, generation_config: dict | None, sampling_defaults: str = "model", *,
                          release: Release) -> RequestDefaults:
         return request_defaults(generation_config, sampling_defaults)

