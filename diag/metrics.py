@@ -107,6 +107,13 @@ def sglang_accept_rate(c: AcceptCounts) -> float | None:
     bonus excluded; diag.engines.sglang.accept_rate says which version logs which).
     Example: a = [0, 2, 2, 1], D = 4 -> 5 / 12 = 0.4167.
     None with 0 rounds or D = 1 (no draft slot)."""
+    return draft_accept_rate(c)
+
+
+def draft_accept_rate(c: AcceptCounts) -> float | None:
+    """Σa / (rounds · (D-1)), drafted slots only. vLLM logs it as "Draft acceptance rate"
+    (num_accepted_tokens / num_draft_tokens: a chain of k drafts has D - 1 = k slots).
+    Example: a = [0, 2, 2, 1], D = 4 -> 5 / 12 = 0.4167. None with 0 rounds or D = 1."""
     slots = c.rounds * (c.num_draft_tokens - 1)
     return None if slots <= 0 else _sum_accepted(c) / slots
 

@@ -49,6 +49,14 @@ class TreeShape:
         Example: S=3, K=4 -> 4 + 2·16 = 36."""
         return self.topk + (self.num_steps - 1) * self.topk ** 2
 
+    @property
+    def wasted_steps(self) -> int:
+        """Draft steps per round that can never be verified: a node at depth j needs its j - 1
+        ancestors in the verify tree too, so D - 1 verified tokens reach depth D - 1 at most.
+        Example: s5-k2-d3 drafts 5 steps, verifies 2 tokens -> depth <= 2, 3 steps wasted.
+        (topk = 1 is rewritten by SGLang to D = S + 1 and wastes none.)"""
+        return max(0, self.num_steps - (self.num_draft_tokens - 1)) if self.topk > 1 else 0
+
     def __str__(self) -> str:
         return self.name
 

@@ -546,3 +546,29 @@ def test_every_section_has_valid_layouts_at_any_depth(layers):
         assert len(set(lays)) == len(lays), lays
         for text in lays:
             layout(text, field="t").check_against(layers, field="t")
+
+
+def test_first_run_load_goals_show_on_both_machines_and_the_extrapolation_loads_as_a_first_run():
+    """The load section's two goals (first-run load <= 1.1 x plain cold load <= 1.25 x raw read)
+    are rendered for a CPU and a GPU run; the extrapolation's load uses the first-run rate and
+    lists every term of first_run_total_s."""
+    from diag.bench.extrapolate import extrapolate
+
+    load = {"plain_over_raw": 1.2, "first_run_over_plain": 1.3, "ratio_cold": 0.9}
+    for kind in ("cpu", "gpu"):
+        lines = "\n".join(goal_lines({"kind": kind, "sections": {"load": load}}))
+        assert "| plain cold load / raw cold read (s / s) | 1.2 | <= 1.25 | met |" in lines
+        assert "| first-run load (content digest in the read) / plain cold load (s / s) | 1.3 | <= 1.1 | NOT met |" in lines
+    e2e = {"layers": 4, "max_new_tokens": 512, "cached_seconds_per_variant": 0.2,
+           "first": {"sequences": 48, "tokens": 30000, "target_s": 100.0, "target_load_s": 30.0,
+                     "target_generate_s": 40.0, "target_capture_s": 10.0, "checks_s": 2.0,
+                     "drafter_s": 20.0, "summary_s": 1.0, "report_s": 3.0}}
+    grown = {"generate_seconds_per_layer_step": 1e-3, "capture_seconds_per_layer_token": 1e-5}
+    shards = [1e9, 1e10, 1e10, 1e10, 5e9]
+    x = extrapolate(e2e, grown, {"diag_cold_bytes_per_s": 2e9, "first_run_bytes_per_s": 1e9}, shards)
+    assert x["load_s"] == x["kimi_bytes"] / 1e9 and "first-run" in x["load_rate"]
+    total = x["load_s"] + x["generate_s"] + x["capture_s"] + x["step_costs_s"] + x["drafter_and_report_s"]
+    assert abs(x["first_run_total_s"] - total) < 1e-9
+    assert x["first_run_total_terms"].endswith(f"= {total:.1f} s") and x["first_run_total_terms"].count("+") == 4
+    old = {"diag_cold_bytes_per_s": 2e9, "checkpoint_bytes": 15.5e9, "diag_cold_with_digest": {"seconds": 16.5}}
+    assert extrapolate(e2e, grown, old, shards)["load_s"] == x["kimi_bytes"] / (15.5e9 / 16.5)

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from diag.cli.run import DEMO, repo_file
+from diag.run.shipped import DEMO, shipped
 from diag.drafter.checkpoint import load_drafter
 from diag.engines.decoding import GREEDY, sampled
 from diag.replay.decode_loop import DecodeLoop, Lane
@@ -29,7 +29,7 @@ WINDOW = max(s.num_steps for s in SHAPES)
 
 @pytest.fixture(scope="module")
 def zoo():
-    case = read_case(repo_file(DEMO))
+    case = read_case(shipped(DEMO))
     case = replace(case, prompts=replace(case.prompts, limit=PROMPTS, max_new_tokens=NEW))
     inp = prepare(case)
     model, _ = load_target(inp.target_path, dtype=torch.float32)

@@ -141,3 +141,20 @@ def test_an_empty_cache_dir_variable_means_the_default_never_the_cwd(monkeypatch
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("DIAG_CACHE_DIR", "")
     assert cache_root() == tmp_path / ".cache" / "diag"
+
+
+def test_a_digest_memo_from_another_version_is_recomputed_with_a_note_and_still_hits(setup):
+    """The weights' memo rewritten as the sha256 memos of earlier diag versions were: the
+    digest is recomputed (same bytes -> same key -> a correct cache hit) and the report says why."""
+    from diag.checkpoint import memo
+    from diag.checkpoint.identity import cache_root, stat_key
+
+    _, target, case = setup
+    first = run(case)
+    f = target / "model.safetensors"
+    record = memo.record_file(cache_root(), stat_key(f))
+    record.write_text(json.dumps({**stat_key(f), "sha256": "ab" * 32}))
+    again = run(case)
+    assert cached(again) and numbers(again) == numbers(first)
+    assert any("another diag version" in n and "model.safetensors" in n for n in again.notes), again.notes
+    assert not any("another diag version" in n for n in run(case).notes)     # the memo was rewritten

@@ -1,8 +1,7 @@
 """diag.checkpoint.reader: every byte of every piece lands where it belongs (any chunk,
-segment and thread count, gaps skipped or hashed), digests equal sha256 of the file, and
+segment and thread count, gaps skipped or hashed), digests equal the identity digest of the file, and
 the INT4 loader built on it fills every tensor exactly as safetensors' own reader does."""
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -12,7 +11,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from diag.checkpoint.headers import read_header
-from diag.checkpoint.identity import is_memoised, memoised_digest
+from diag.checkpoint.identity import digest_bytes, is_memoised, memoised_digest
 from diag.checkpoint.reader import MiB, Piece, _spans, plan, read_pieces
 from diag.errors import DiagError
 
@@ -68,7 +67,7 @@ def test_pieces_bit_identical_to_safetensors(tmp_path, chunk, segment, threads):
     for (f, n), d in dests.items():
         assert torch.equal(d, want[f][n]), (f.name, n)
     assert set(stats.digests) == {files[2]}
-    assert stats.digests[files[2]][0] == hashlib.sha256(files[2].read_bytes()).hexdigest()
+    assert stats.digests[files[2]][0] == digest_bytes(files[2].read_bytes())
     assert stats.bytes_read >= sum(p.nbytes for p in pieces)
 
 
@@ -169,9 +168,10 @@ def test_loader_primes_the_digest_memo_so_identity_reads_nothing(tmp_path, monke
     model = load_packed_target(ks.target)                       # memo misses: hashed while read
     assert set(model.diag_read_stats.digests) == set(shards)
     for f in shards:
-        assert memoised_digest(f) == hashlib.sha256(f.read_bytes()).hexdigest()
+        assert memoised_digest(f) == digest_bytes(f.read_bytes())
     want = identity.checkpoint_identity(ks.target)
-    monkeypatch.setattr(identity, "_hash", lambda p: pytest.fail(f"re-read {p}") if p.suffix ==
-                        ".safetensors" else hashlib.sha256(p.read_bytes()).hexdigest())
+    real = identity.hash_file
+    monkeypatch.setattr(identity, "hash_file", lambda p, **kw: pytest.fail(f"re-read {p}") if p.suffix ==
+                        ".safetensors" else real(p, **kw))
     assert identity.checkpoint_identity(ks.target) == want and is_memoised(ks.target)
     assert load_packed_target(ks.target).diag_read_stats.digests == {}   # memo hits: not hashed

@@ -5,8 +5,10 @@ measured fp32 matmul rate, the naive loop's speed ratio, and the sampled decode 
 (3 layouts x 6 trees over 32 prompts) against the teacher-forced pass on the same tokens. The numbers describe diag's
 overheads at toy widths, not Kimi speed.
 `load` writes a larger Kimi-shaped target (LOAD_WIDTHS, 3 layers, 1.38 GB) and measures
-diag's load into CPU memory against the raw read of the same files (bench/load.py; only
-these files' pages are dropped, the shared machine's page cache stays).
+diag's load into CPU memory against the raw read of the same files, and the first run's
+load (the content digest in the same read) beside them (bench/load.py; only these files'
+pages are dropped, the shared machine's page cache stays; each cold row best of 5, the
+machine being shared and noisy).
 `zoo`, only when asked: the whole zoo built into an empty cache, the demo's entries first (bench/zoo.py).
 
 This module is orchestration; the measurements live in target.py, drafter.py, naive.py.
@@ -99,4 +101,4 @@ def _load(workdir: Path) -> dict:
     ks = kimi_shaped(workdir, layers=3, widths=LOAD_WIDTHS, drafter=False)
     write = time.perf_counter() - t0
     return {"widths": LOAD_WIDTHS, "layers": 3, "write_seconds": write,
-            **load_bench(ks.target, "cpu", warm_threads=(2, 4), whole_machine=False)}
+            **load_bench(ks.target, "cpu", warm_threads=(2, 4), whole_machine=False, repeats=5)}

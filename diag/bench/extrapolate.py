@@ -5,7 +5,9 @@ Assumptions (reports/bench/NOTES.md says why each holds or might not):
   bytes     Kimi's shards hold 1 dense layer, 60 MoE layers and the embeddings/head; the
             Kimi-shaped writer puts layer i in shard i, so bytes_61 = s_0 + 60 s_1 + s_last
   load      the 8 GPUs' shards are read concurrently from one host's disk, so the disk, not
-            the GPUs, bounds it: load_61 = bytes_61 / (diag cold bytes/s measured here)
+            the GPUs, bounds it: load_61 = bytes_61 / (first-run load bytes/s measured here:
+            cold, with the content digest the pass cache needs, as a first run loads;
+            an older run without that row: the plain cold load's, and the formula says so)
   layers    placement runs layers one after another (no tensor parallelism), so a pass
             costs the sum of its layers: phase_61 = phase_K + (61 - K) * slope, the slopes
             measured by growing the model in GPU memory (same widths, random weights)
@@ -72,6 +74,18 @@ def kimi_generation_batch(first: dict, max_new_tokens: int, kimi_total: int, gpu
     return batch_in_room(cfg, first["sequences"], longest, max_new_tokens, *rooms(free), token_budget)
 
 
+def first_run_rate(load: dict) -> tuple[float, str]:
+    """(bytes/s, which row) of the load a first run does: cold with the digest, else (a run
+    from before that row existed) the load measured with the digest, else the plain one.
+    Example: 15.5 GB, first-run load 8.4 s -> 1.85 GB/s."""
+    if "first_run_bytes_per_s" in load:
+        return load["first_run_bytes_per_s"], "first-run load: cold, content digest in the read"
+    if "diag_cold_with_digest" in load and "checkpoint_bytes" in load:
+        return (load["checkpoint_bytes"] / load["diag_cold_with_digest"]["seconds"],
+                "cold load with the digest (diag_cold_with_digest)")
+    return load["diag_cold_bytes_per_s"], "plain cold load: this run measured no first-run load"
+
+
 def extrapolate(e2e: dict, grown: dict, load: dict, shard_bytes: list[int], *, batch: int = 16,
                 gpu_memory: int | None = None) -> dict:
     """e2e, grown, load: the benchmark's sections; batch: prompts per generation batch when
@@ -85,7 +99,8 @@ def extrapolate(e2e: dict, grown: dict, load: dict, shard_bytes: list[int], *, b
     slope = grown.get("generate_seconds_per_layer_step_by_batch", {}).get(
         str(batch), grown["generate_seconds_per_layer_step"])
     steps = math.ceil(first["sequences"] / batch) * e2e["max_new_tokens"]
-    load_61 = total / load["diag_cold_bytes_per_s"]
+    rate, rate_name = first_run_rate(load)
+    load_61 = total / rate
     gen = first.get("target_generate_s", 0.0) + extra * slope * steps
     cap = first.get("target_capture_s", 0.0) + extra * grown["capture_seconds_per_layer_token"] * first["tokens"]
     costs_61, other, costs_formula = _step_costs(first, grown, k)
@@ -93,8 +108,12 @@ def extrapolate(e2e: dict, grown: dict, load: dict, shard_bytes: list[int], *, b
     verdict = gen + cap + costs_61 + rest
     kimi_batch = kimi_generation_batch(first, e2e["max_new_tokens"], total, gpu_memory,
                                        e2e.get("token_budget", 16384))
+    terms = {"load_s": load_61, "generate_s": gen, "capture_s": cap, "step_costs_s": costs_61,
+             "drafter_and_report_s": rest}
     return {
-        "kimi_bytes": total, "load_s": load_61, "generate_s": gen, "capture_s": cap,
+        "first_run_total_terms": " + ".join(f"{k[:-2]} {v:.1f}" for k, v in terms.items())
+                                 + f" = {load_61 + verdict:.1f} s",
+        "kimi_bytes": total, "load_s": load_61, "load_rate": rate_name, "generate_s": gen, "capture_s": cap,
         "step_costs_s": costs_61, "drafter_and_report_s": rest, "first_verdict_after_load_s": verdict,
         "first_verdict_without_step_costs_s": verdict - costs_61,
         "first_run_total_s": load_61 + verdict, "decode_steps": steps, "generation_batch": batch,
@@ -107,7 +126,8 @@ def extrapolate(e2e: dict, grown: dict, load: dict, shard_bytes: list[int], *, b
                             f" x {e2e['max_new_tokens']}, at a slope not measured"),
         "formulas": {
             "kimi_bytes": f"{shard_bytes[0]} + 60 * {shard_bytes[1]} + {shard_bytes[-1]}",
-            "load_s": f"{total:.4g} B / {load['diag_cold_bytes_per_s']:.4g} B/s",
+            "load_s": f"{total:.4g} B / {rate:.4g} B/s ({rate_name})",
+            "first_run_total_s": "load_s + generate_s + capture_s + step_costs_s + drafter_and_report_s",
             "generate_s": f"{first.get('target_generate_s', 0.0):.4g} + {extra} layers * "
                           f"{slope:.4g} s/layer/step * {steps} steps (batch {batch})",
             "capture_s": f"{first.get('target_capture_s', 0.0):.4g} + {extra} layers * "

@@ -1,14 +1,21 @@
-"""Loading speed against the disk: the raw read of the shards (as `cat` does, and with 8
-readers), diag's INT4 load onto the GPU, cold (page cache dropped) and warm, and their ratio;
-the content digest alone (what a first run would read a second time without priming) and
-the load that primes it.
+"""Loading speed against the disk, side by side in one run: the raw read of the shards (as
+`cat` does, and with 8 readers), diag's INT4 load cold (page cache dropped) and warm, and
+the load a first run really does: cold, with an empty digest memo, so that every shard is
+hashed (checkpoint.identity: xxh3-128 chunk tree) during the one read the load needs.
 
-  ratio_cold = checkpoint bytes / diag load seconds, over raw sequential bytes/s, both cold
-  Example: 25.3 GB, raw 17.3 s (1.46 GB/s), load 19.0 s (1.33 GB/s) -> 0.91 (goal >= 0.8)
+  ratio_cold           = (bytes / diag load s) / (bytes / raw sequential s), both cold
+  plain_over_raw       = diag cold load s / raw cold read s                  goal <= 1.25
+  first_run_over_plain = first-run load s / diag cold load s                 goal <= 1.1
+                         (the load with the digest, then the pass key's identity from the
+                         memo it primed: a few hundred KiB of spot checks per shard)
+Example: 25.3 GB, raw 17.3 s, load 19.0 s (ratio 0.91, plain_over_raw 1.10), first run
+19.5 s -> first_run_over_plain 1.03.
+`repeats` > 1 (a shared machine) measures each cold row that many times, interleaved, and
+keeps the fastest (every try is in the row's "tries").
 
 The load's seconds are wall time of load_packed_target (config, skeleton, key checks, the
-read, the copies to the GPU), not the read alone. This module knows the loader's entry point
-and clocks; nothing about replay or reports.
+read, the hashing, the copies to the GPU), not the read alone. This module knows the loader's
+entry point and clocks; nothing about replay or reports.
 """
 
 from __future__ import annotations
@@ -21,11 +28,11 @@ from pathlib import Path
 import torch
 
 from diag.bench.common import sync
-from diag.bench.disk import drop_page_cache, raw_read
+from diag.bench.disk import drop_page_cache, hash_rates, raw_read
 from diag.checkpoint.headers import shard_files
 
 
-def _diag_load(target: Path, device: str, *, digest: bool, threads: int | None = None) -> dict:
+def _diag_load(target: Path, device: str, *, digest: bool | None, threads: int | None = None) -> dict:
     from diag.int4.load import load_packed_target
 
     old = os.environ.get("DIAG_LOAD_THREADS")
@@ -48,19 +55,40 @@ def _diag_load(target: Path, device: str, *, digest: bool, threads: int | None =
             "threads": st.threads, "segments": st.segments, "digested_files": len(st.digests)}
 
 
+def _first_run_load(target: Path, device: str) -> dict:
+    """The load of a first run: an empty digest memo (a temporary DIAG_CACHE_DIR), digest=None
+    as the pipeline loads, then the checkpoint identity the pass cache's key needs (memo hits:
+    only the spot checks). `identity_after_s` is that identity's cost."""
+    from diag.checkpoint.identity import DIGEST_VERSION, checkpoint_identity
+
+    with _empty_memo():
+        row = _diag_load(target, device, digest=None)
+        t0 = time.perf_counter()
+        checkpoint_identity(target)
+        row["identity_after_s"] = time.perf_counter() - t0
+    row["digest_version"] = DIGEST_VERSION
+    return row
+
+
+class _empty_memo:
+    def __enter__(self):
+        self.old = os.environ.get("DIAG_CACHE_DIR")
+        self.tmp = tempfile.TemporaryDirectory(prefix="diag-memo-")
+        os.environ["DIAG_CACHE_DIR"] = self.tmp.name
+
+    def __exit__(self, *exc):
+        os.environ.pop("DIAG_CACHE_DIR") if self.old is None else os.environ.update(DIAG_CACHE_DIR=self.old)
+        self.tmp.cleanup()
+
+
 def _identity_alone(target: Path) -> float:
     """Seconds of checkpoint_identity with an empty digest memo (every byte hashed)."""
     from diag.checkpoint.identity import checkpoint_identity
 
-    old = os.environ.get("DIAG_CACHE_DIR")
-    with tempfile.TemporaryDirectory(prefix="diag-memo-") as tmp:
-        os.environ["DIAG_CACHE_DIR"] = tmp
-        try:
-            t0 = time.perf_counter()
-            checkpoint_identity(target)
-            return time.perf_counter() - t0
-        finally:
-            os.environ.pop("DIAG_CACHE_DIR") if old is None else os.environ.update(DIAG_CACHE_DIR=old)
+    with _empty_memo():
+        t0 = time.perf_counter()
+        checkpoint_identity(target)
+        return time.perf_counter() - t0
 
 
 def _warm_imports(target: Path) -> None:
@@ -75,25 +103,28 @@ def _warm_imports(target: Path) -> None:
 
 
 def load_bench(target: Path, device: str = "cuda", *, warm_threads=(4, 8, 16), with_digest: bool = True,
-               whole_machine: bool = True, log=print) -> dict:
+               whole_machine: bool = True, repeats: int = 1, log=print) -> dict:
     """whole_machine=False: only these files' pages are dropped (a shared machine's cache
     stays; disk.drop_page_cache)."""
     files = shard_files(Path(target))
     size = sum(f.stat().st_size for f in files)
-    out: dict = {"checkpoint_bytes": size, "files": len(files), "device": device}
-
-    def cold(name, fn):
-        out["cache_drop"] = drop_page_cache(files, whole_machine=whole_machine)
-        out[name] = fn()
-        log(f"[bench] load {name}: {out[name]}")
-
-    _warm_imports(target)
-    cold("raw_cold", lambda: raw_read(files))
-    cold("raw_cold_8_readers", lambda: raw_read(files, threads=8))
-    cold("diag_cold", lambda: _diag_load(target, device, digest=False))
+    out: dict = {"checkpoint_bytes": size, "files": len(files), "device": device, "repeats": repeats}
+    rows = {"raw_cold": lambda: raw_read(files), "raw_cold_8_readers": lambda: raw_read(files, threads=8),
+            "diag_cold": lambda: _diag_load(target, device, digest=False)}
     if with_digest:
-        cold("identity_alone_cold", lambda: {"seconds": _identity_alone(target)})
-        cold("diag_cold_with_digest", lambda: _diag_load(target, device, digest=True))
+        rows.update({"diag_cold_with_digest": lambda: _first_run_load(target, device),
+                     "identity_alone_cold": lambda: {"seconds": _identity_alone(target)}})
+    _warm_imports(target)
+    for _ in range(repeats):
+        for name, fn in rows.items():
+            out["cache_drop"] = drop_page_cache(files, whole_machine=whole_machine)
+            row = fn()
+            log(f"[bench] load {name}: {row}")
+            tries = out.get(name, {}).get("tries", []) + [row["seconds"]]
+            out[name] = min(out.get(name, row), row, key=lambda r: r["seconds"])
+            out[name]["tries"] = tries
+    out["hash_bytes_per_s"] = hash_rates()
+    log(f"[bench] load hash_bytes_per_s: {out['hash_bytes_per_s']}")
     out["raw_warm"] = raw_read(files)
     out["raw_warm_8_readers"] = raw_read(files, threads=8)
     out["diag_warm"] = [_diag_load(target, device, digest=False, threads=t) for t in warm_threads]
@@ -111,7 +142,14 @@ def _ratios(out: dict, size: int) -> dict:
          "diag_warm_bytes_per_s": rate(best_warm), "diag_warm_threads": best_warm["threads"]}
     r["ratio_cold"] = r["diag_cold_bytes_per_s"] / r["raw_cold_bytes_per_s"]
     r["ratio_warm"] = r["diag_warm_bytes_per_s"] / r["raw_warm_bytes_per_s"]
+    r["plain_over_raw"] = out["diag_cold"]["seconds"] / out["raw_cold"]["seconds"]
     if "diag_cold_with_digest" in out:
-        r["digest_priming_cost_s"] = out["diag_cold_with_digest"]["seconds"] - out["diag_cold"]["seconds"]
+        row = out["diag_cold_with_digest"]                # the load, then the pass key's identity
+        first = row["seconds"] + row.get("identity_after_s", 0.0)
+        r["first_run_load_s"] = first
+        r["first_run_bytes_per_s"] = size / first
+        r["first_run_over_plain"] = first / out["diag_cold"]["seconds"]
+        r["first_run_over_raw"] = first / out["raw_cold"]["seconds"]
+        r["digest_priming_cost_s"] = first - out["diag_cold"]["seconds"]
         r["first_run_saved_s"] = out["identity_alone_cold"]["seconds"] - r["digest_priming_cost_s"]
     return r

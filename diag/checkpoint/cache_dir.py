@@ -3,7 +3,8 @@
 A run writes target passes ($DIAG_CACHE_DIR/passes) and file digests ($DIAG_CACHE_DIR/digests)
 under the cache root (diag.checkpoint.identity.cache_root, default ~/.cache/diag). An
 unwritable root used to fail only when the finished pass was saved, losing the whole target
-pass; now it fails first, naming the directory and the way out (--no-cache).
+pass; now it fails first, naming the directory and the way out (--no-cache): the folders are
+created and a probe file written in each before any work.
 Worked example: DIAG_CACHE_DIR=/ro/cache on a read-only mount -> DiagError "the cache
 directory cannot be written", file /ro/cache, expected "write permission on /ro".
 
@@ -42,4 +43,20 @@ def check_cache_dir(root: Path | None = None) -> Path:
         _fail(root, "a directory path", f"{base} is a file")
     if not os.access(base, os.W_OK | os.X_OK):
         _fail(root, f"write permission on {base}", "read-only")
+    for path in (root, *(root / s for s in _SUBDIRS)):
+        _probe(path)
     return root
+
+
+def _probe(path: Path) -> None:
+    """Create `path` and a file in it now: permission bits do not tell everything (root may
+    write anywhere by mode, yet not under /proc or on a read-only mount, where the saved
+    pass used to fail after the whole target pass). Example: DIAG_CACHE_DIR=/proc/diag-cache
+    -> mkdir fails with ENOENT -> DiagError before any weight is read."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".diag-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        _fail(path, f"a directory diag can create and write ({path})", err.strerror or str(err))

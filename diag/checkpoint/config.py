@@ -9,13 +9,14 @@ import json
 from pathlib import Path
 
 from diag.errors import DiagError
+from diag.checkpoint.readable import require_readable
 
 
 def read_config_json(directory: str | Path, what: str = "checkpoint") -> dict:
     """directory/config.json as a dict. `what` names the checkpoint in errors ("target",
     "drafter"): e.g. "drafter checkpoint has no config.json"."""
-    directory = Path(directory)
-    path = directory / "config.json"
+    directory = require_readable(directory, f"{what} checkpoint directory")
+    path = require_readable(directory / "config.json", f"{what} config.json")
     if not directory.is_dir():
         raise DiagError(f"{what} checkpoint directory does not exist", file=str(directory),
                         expected="a directory with config.json and *.safetensors", found="no such directory")
@@ -52,7 +53,7 @@ def positive_int(config: dict, key: str, *, file: str | None = None, what: str =
     value = text_config(config).get(key)
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise DiagError(f"{what} has no usable {key}", file=file, field=key,
-                        expected="a positive integer", found=value)
+                        expected="a positive integer", found=repr(value) if isinstance(value, str) else value)
     return value
 
 

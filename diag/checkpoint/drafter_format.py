@@ -83,6 +83,23 @@ def is_speculators(config: dict) -> bool:
                                      "transformer_layer_config"))
 
 
+def is_drafter_config(config: dict) -> bool:
+    """A config.json that describes an EAGLE-3 drafter (any format), e.g. given as the target."""
+    archs = config.get("architectures") or []
+    arch = archs[0] if isinstance(archs, list) and archs else None
+    return arch in (LLAMA_ARCH, MLA_ARCH, *SPECULATORS_ARCHS) or is_speculators(config) or "eagle_config" in config
+
+
+def not_a_drafter(directory, config: dict, *, field: str) -> None:
+    """DiagError when the target's config.json is a drafter's (it used to fail as a tokenizer,
+    or be linted as a 1-layer target)."""
+    if is_drafter_config(config):
+        raise DiagError("the target checkpoint is an EAGLE-3 drafter checkpoint", file=f"{directory}/config.json",
+                        field=field, expected="the target model (e.g. LlamaForCausalLM, DeepseekV3ForCausalLM)",
+                        found=f"architectures {config.get('architectures')}",
+                        hint="pass the drafter as --drafter and the model it drafts for as --target")
+
+
 def flat_config(config: dict, *, file: str | None = None) -> dict:
     """The drafter config with speculators' transformer_layer_config lifted to the top level
     (top-level keys win: architectures, draft_vocab_size, target_hidden_size, ids, flags)."""

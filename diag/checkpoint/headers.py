@@ -22,6 +22,7 @@ import torch
 from safetensors import safe_open
 
 from diag.errors import DiagError
+from diag.checkpoint.readable import require_readable
 
 INDEX = "model.safetensors.index.json"
 _MAX_HEADER = 100 * 2**20  # safetensors refuses larger headers too
@@ -41,7 +42,7 @@ class TensorInfo:
 
 def read_header(path: Path) -> dict[str, TensorInfo]:
     """Parse and check one shard's header; DiagError if corrupt or truncated."""
-    size = path.stat().st_size
+    size = require_readable(path, "safetensors shard").stat().st_size
     with open(path, "rb") as f:
         head = f.read(8)
         n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
@@ -112,12 +113,37 @@ def shard_files(directory: Path) -> list[Path]:
             if not (directory / n).exists():
                 raise DiagError("a shard named by the index is missing", file=str(index),
                                 field=n, expected="the file to exist", found="no such file")
+        check_one_weight_set(directory)
         return [directory / n for n in names]
+    check_one_weight_set(directory)
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         raise DiagError("no safetensors weights in the checkpoint", file=str(directory),
                         expected="model.safetensors or an index with shards", found="none")
     return files
+
+
+def check_one_weight_set(directory: Path) -> None:
+    """One checkpoint per directory: two safetensors indexes, or an index beside a *.safetensors
+    file it does not list (a stale model.safetensors from an earlier export), are two weight
+    sets, and which one an engine loads is up to the engine. Example: model.safetensors.index.json
+    listing model-0000{1,2}-of-00002.safetensors plus model.safetensors -> DiagError naming both."""
+    indexes = sorted(p.name for p in directory.glob("*.safetensors.index.json"))
+    if len(indexes) > 1:
+        raise DiagError("two weight sets in one checkpoint directory: two safetensors indexes",
+                        file=str(directory), field=" and ".join(indexes),
+                        expected="one index with its shards (or *.safetensors without an index)",
+                        found=", ".join(indexes), hint="move the weight set you do not mean out of the directory")
+    if not indexes:
+        return
+    listed = set(_weight_map(directory / indexes[0]).values())
+    stale = sorted(p.name for p in directory.glob("*.safetensors") if p.name not in listed)
+    if stale:
+        raise DiagError("two weight sets in one checkpoint directory: safetensors files the index "
+                        "does not list", file=str(directory), field=f"{indexes[0]} and {', '.join(stale)}",
+                        expected=f"only the shards {indexes[0]} lists ({len(listed)} files)",
+                        found=f"also {', '.join(stale)}",
+                        hint="move the weight set you do not mean out of the directory")
 
 
 def _weight_map(index: Path) -> dict[str, str]:

@@ -67,3 +67,23 @@ def check_layer_count(names: Iterable[str], config: dict, *, file: str, config_f
                         file=config_file, field="num_hidden_layers",
                         expected=f"weights for layers 0-{n - 1} in {file}",
                         found=f"no weights for layer(s) {missing[:8]}")
+
+
+_EMBED = re.compile(r"^(?:language_model\.)?model\.(?:language_model\.)?embed_tokens\.weight$")
+
+
+def check_embedding(shapes: dict[str, tuple[int, ...]], config: dict, *, file: str, config_file: str) -> None:
+    """The embedding's header shape [vocab_size, hidden_size] against config.json, so a config
+    that disagrees with its own weights is named, not the drafter built for the weights.
+    Example: config hidden_size 64, model.embed_tokens.weight [300, 32] -> DiagError naming
+    config.json hidden_size, expected 32 (the weights), found 64."""
+    tcfg = text_config(config)
+    name = next((n for n in shapes if _EMBED.match(n)), None)
+    if name is None or len(shapes[name]) != 2:
+        return
+    for key, size in zip(("vocab_size", "hidden_size"), shapes[name]):
+        if tcfg.get(key) != size:
+            raise DiagError(f"the target's config.json disagrees with its own weights on {key}",
+                            file=config_file, field=key,
+                            expected=f"{size} ({name} is {list(shapes[name])} in {file})", found=tcfg.get(key),
+                            hint="fix config.json, or point --target at the checkpoint it belongs to")

@@ -6,8 +6,10 @@ so is every machine diag runs on). `read_pieces` reads every piece once:
 
   plan     pieces of a file sorted by offset; runs of them with gaps below `gap_bytes`
            merge into spans; a span longer than `segment_bytes` is cut into segments, so
-           one large file is still read by several threads. A file whose sha256 is wanted
-           is one segment covering the whole file (its bytes are hashed in order).
+           one large file is still read by several threads. A file whose digest is wanted
+           is read whole, cut at multiples of identity.DIGEST_CHUNK (64 MiB), and each
+           digest chunk is hashed as its bytes land (identity's chunk tree: the digest does
+           not depend on the segments, the threads or the order they finish in).
   read     each worker thread takes segments (ordered round-robin over destination
            devices, so every GPU's tensors are read and copied concurrently with the
            others') and reads them in `chunk_bytes` chunks with one preadv per chunk:
@@ -28,7 +30,6 @@ and streams; it knows nothing about models, names or dtypes.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import queue
 import sys
@@ -39,6 +40,7 @@ from pathlib import Path
 
 import torch
 
+from diag.checkpoint.identity import DIGEST_CHUNK, FileDigest, chunk_hasher, stat_key
 from diag.errors import DiagError
 
 MiB = 1 << 20
@@ -58,7 +60,7 @@ class Piece:
 
 @dataclass
 class ReadStats:
-    """What one read_pieces call did. `digests`: file -> (sha256, stat before the read)."""
+    """What one read_pieces call did. `digests`: file -> (identity digest, stat before the read)."""
     bytes_read: int = 0
     seconds: float = 0.0
     files: int = 0
@@ -77,7 +79,7 @@ class _Segment:
     start: int
     end: int
     pieces: tuple[Piece, ...]     # sorted by offset, each overlapping [start, end)
-    digest: bool                  # the segment is the whole file, hashed in order
+    digest: bool                  # digest-chunk aligned, every byte of it hashed
     device: str                   # the main destination device (for ordering only)
 
 
@@ -132,8 +134,13 @@ def plan(pieces: list[Piece], *, digest_files: set[Path] = frozenset(), gap_byte
     for f, ps in by_file.items():
         ps.sort(key=lambda p: p.offset)
         _spans(ps, gap_bytes=sys.maxsize)                      # raises on overlaps
-        if f in digest_files:
-            segs.append(_Segment(f, 0, f.stat().st_size, tuple(ps), True, _device_of(ps)))
+        if f in digest_files:        # whole file, cut at digest-chunk multiples
+            step = max(1, segment_bytes // DIGEST_CHUNK) * DIGEST_CHUNK
+            size = f.stat().st_size
+            for a in range(0, size, step):
+                b = min(size, a + step)
+                q = tuple(p for p in ps if p.offset < b and p.offset + p.nbytes > a)
+                segs.append(_Segment(f, a, b, q, True, _device_of(q or ps)))
             continue
         for a, b, sp in _spans(ps, gap_bytes):
             segs += [_Segment(f, x, y, tuple(q), False, _device_of(q))
@@ -225,12 +232,13 @@ def _preadv_exact(fd: int, iov: list[memoryview], offset: int, file: Path) -> No
                     got = 0
 
 
-def _read_segment(w: _Worker, seg: _Segment, stats: ReadStats, lock: threading.Lock) -> None:
-    h = hashlib.sha256() if seg.digest else None
-    stat = None
-    if seg.digest:
-        from diag.checkpoint.identity import stat_key
-        stat = stat_key(seg.file)
+def _read_segment(w: _Worker, seg: _Segment, stats: ReadStats, lock: threading.Lock,
+                  acc: FileDigest | None) -> None:
+    """Read one segment chunk by chunk; with `acc`, no chunk crosses a digest-chunk boundary
+    and each digest chunk's hash goes to acc when its last byte is in.
+    Example, DIGEST_CHUNK 64 MiB, w.chunk 32 MiB, segment [64Mi, 150Mi): reads [64, 96), [96, 128)
+    -> chunk 1 done; [128, 150) -> chunk 2 done (the file's end)."""
+    h = None
     fd = os.open(seg.file, os.O_RDONLY)
     try:
         if hasattr(os, "posix_fadvise"):
@@ -238,6 +246,10 @@ def _read_segment(w: _Worker, seg: _Segment, stats: ReadStats, lock: threading.L
         idx, pos = 0, seg.start
         while pos < seg.end:
             c1 = min(seg.end, pos + w.chunk)
+            if acc is not None:
+                c1 = min(c1, (pos // DIGEST_CHUNK + 1) * DIGEST_CHUNK)
+                if pos % DIGEST_CHUNK == 0:
+                    h = chunk_hasher()
             for e in w.events[w.turn]:
                 e.synchronize()                    # the copies out of this buffer are done
             iov, copies, idx = _chunk_iovecs(w, seg, pos, c1, idx)
@@ -245,6 +257,9 @@ def _read_segment(w: _Worker, seg: _Segment, stats: ReadStats, lock: threading.L
             if h is not None:
                 for v in iov:
                     h.update(v)
+                if c1 % DIGEST_CHUNK == 0 or c1 == acc.size:
+                    acc.add(pos // DIGEST_CHUNK, h.digest())
+                    h = None
             w.events[w.turn] = _issue(w, copies)
             w.turn ^= 1
             pos = c1
@@ -252,8 +267,6 @@ def _read_segment(w: _Worker, seg: _Segment, stats: ReadStats, lock: threading.L
         os.close(fd)
     with lock:
         stats.bytes_read += seg.end - seg.start
-        if h is not None:
-            stats.digests[seg.file] = (h.hexdigest(), stat)
 
 
 def _issue(w: _Worker, copies) -> list:
@@ -274,12 +287,16 @@ def _issue(w: _Worker, copies) -> list:
 
 def read_pieces(pieces: list[Piece], *, threads: int | None = None, chunk_bytes: int = 32 * MiB,
                 digest_files: set[Path] = frozenset(), segment_bytes: int = 1024 * MiB) -> ReadStats:
-    """Fill every piece's dest from its file; sha256 of each file in digest_files (read
-    whole, in order). Returns what was read, how fast, and the digests."""
+    """Fill every piece's dest from its file; the identity digest of each file in
+    digest_files (read whole). Returns what was read, how fast, and the digests."""
     if sys.byteorder != "little":
         raise DiagError("diag reads safetensors bytes directly and needs a little-endian host",
                         expected="little-endian", found=sys.byteorder)
     segs = plan(pieces, digest_files={Path(f) for f in digest_files}, segment_bytes=segment_bytes)
+    accs = {}
+    for f in {Path(f) for f in digest_files}:      # the stat before any byte is read
+        st = stat_key(f)
+        accs[f] = FileDigest(st["size"], st)
     n = max(1, min(threads or default_threads(), len(segs)))
     cuda = any(p.dest.is_cuda for p in pieces)
     stats = ReadStats(files=len({s.file for s in segs}), segments=len(segs), threads=n)
@@ -297,7 +314,7 @@ def read_pieces(pieces: list[Piece], *, threads: int | None = None, chunk_bytes:
                     seg = work.get_nowait()
                 except queue.Empty:
                     break
-                _read_segment(w, seg, stats, lock)
+                _read_segment(w, seg, stats, lock, accs.get(seg.file) if seg.digest else None)
         except BaseException as err:  # re-raised in the caller's thread
             errors.append(err)
         finally:
@@ -312,4 +329,5 @@ def read_pieces(pieces: list[Piece], *, threads: int | None = None, chunk_bytes:
     stats.seconds = time.perf_counter() - t0
     if errors:
         raise errors[0]
+    stats.digests = {f: (acc.hexdigest(), acc.stat) for f, acc in accs.items()}
     return stats

@@ -1,9 +1,13 @@
-"""Checking a case without loading weights: every name parses, every file it can see exists.
+"""Checking a case without loading weights: every name parses, every file it can see exists,
+and every check `diag run` makes before loading (diag.run.inputs.prepare: headers, dtypes,
+tokenizer, renderings, prompt lengths, placement, the server's files) passes, so `validate`
+says OK only to a case `run` would start on this machine.
 
 Paths behind unset environment variables are reported, not failed: a case for a cluster
-(cases/kimi-k2.5-int4.toml) validates on a laptop. A hub id (org/name[@revision]) brings only
-its JSON files (diag.run.checkpoints, configs_only). This module reads configs and headers
-only; it never loads a tensor.
+(cases/kimi-k2.5-int4.toml) validates on a laptop; so is a zoo checkpoint not built yet (it
+is not built for a validate). A hub id (org/name[@revision]) brings only its JSON files
+(diag.run.checkpoints, configs_only). This module reads configs and headers only; it never
+loads a tensor.
 """
 
 from __future__ import annotations
@@ -57,13 +61,39 @@ def validate_case(case: Case) -> list[str]:
     lines.append(f"prompts: {len(pset.prompts)} from {pset.path} (hash {pset.sha256})")
     lines.append(f"layouts: {', '.join(case.evaluate.layouts) or '(scan)'}; modes: {', '.join(case.evaluate.modes)}; "
                  f"trees: {', '.join(case.evaluate.trees)}; regimes: {', '.join(case.evaluate.regimes)}")
-    return lines + _server(case, [p.id for p in pset.prompts])
+    why_not = _not_here(case)
+    if why_not is not None:
+        return lines + [f"checks before loading: not run ({why_not})"] + _server(case, [p.id for p in pset.prompts])
+    from diag.run.inputs import prepare
+    inp = prepare(case)
+    lines.append(f"checks before loading: passed ({len(inp.prompts)} prompts rendered, {len(inp.candidates)} "
+                 f"candidate layout(s), placement {'cpu' if not case.placement.gpus else f'{case.placement.gpus} GPU(s)'})")
+    return lines + _server(inp.case, [p[0] for p in inp.prompts], inp.target_config)
 
 
-def _server(case: Case, prompt_ids: list[str]) -> list[str]:
+def _not_here(case: Case) -> str | None:
+    """Why the checks `run` makes before loading cannot run here, or None: a path behind an
+    unset variable, a zoo entry not built yet, or a hub id whose weights are not downloaded."""
+    from diag.run.checkpoints import locate
+    from diag.zoo import is_built
+    for spec, field in ((case.target.path, "target.path"), (case.drafter.path, "drafter.path")):
+        if any(v not in __import__("os").environ for v in re.findall(r"\$\{(\w+)\}", spec)):
+            return f"{spec} names an unset environment variable"
+        if spec.startswith("zoo:"):
+            if not is_built(spec[4:]):
+                return f"{spec} is not built yet"
+            continue
+        try:
+            locate(spec, case, field)            # a hub id: its complete snapshot, as run needs it
+        except DiagError as err:
+            return f"{spec}: {err.message}; only its JSON files were read"
+    return None
+
+
+def _server(case: Case, prompt_ids: list[str], target_config: dict | None = None) -> list[str]:
     """The [server] files read and checked exactly as `diag run` reads them (no weights)."""
     from diag.run.server_inputs import read_server
-    obs = read_server(case, prompt_ids, None)
+    obs = read_server(case, prompt_ids, target_config)
     if obs is None:
         return []
     files = ", ".join(f"{k} {p}" for k, p in obs.files) or "no file"

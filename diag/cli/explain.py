@@ -2,6 +2,8 @@
 
 Usage: diag explain --accept-len 1.68 --accept-rate 0.84
          [--num-steps 1 --topk 1 --num-draft-tokens 16] [--arch-family llama] [--engine sglang-0.5.23]
+       diag explain --engine NAME --metrics metrics.txt | --server-log server.log
+         (the engine's own counters: drafts, accepted, per position -> accept length and rates)
 Prints which num_draft_tokens and which SGLang rate formula fit the two logged
 numbers, which SGLang releases log that formula, whether the version given with --engine
 does, and what the launch flags (if given) made SGLang actually run.
@@ -12,8 +14,13 @@ otherwise.
 from __future__ import annotations
 
 import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
 
+from diag.engines import engine, rules as engine_rules
 from diag.engines.sglang.explain import Explanation, explain
+from diag.errors import DiagError
 
 
 def register(subparsers) -> None:
@@ -21,8 +28,12 @@ def register(subparsers) -> None:
         "explain", help="reconcile a server log's accept len and accept rate",
         description="Find the num_draft_tokens and rate formula that make SGLang's logged "
                     "'accept len' and 'accept rate' consistent.")
-    p.add_argument("--accept-len", type=float, required=True, help="logged accept len, e.g. 1.68")
-    p.add_argument("--accept-rate", type=float, required=True, help="logged accept rate, e.g. 0.84")
+    p.add_argument("--accept-len", type=float, default=None, help="logged accept len, e.g. 1.68")
+    p.add_argument("--accept-rate", type=float, default=None, help="logged accept rate, e.g. 0.84")
+    p.add_argument("--metrics", default=None, help="a saved GET /metrics of the server: reconcile its "
+                   "speculative counters with the rules of --engine (an engine that exports them)")
+    p.add_argument("--server-log", default=None, help="a saved server log: reconcile its speculative metric "
+                   "lines with the rules of --engine (an engine that logs counters)")
     p.add_argument("--num-steps", type=int, default=None, help="--speculative-num-steps as launched")
     p.add_argument("--topk", type=int, default=None, help="--speculative-eagle-topk as launched")
     p.add_argument("--num-draft-tokens", type=int, default=None,
@@ -62,7 +73,31 @@ def _architecture(args) -> str:
     return args.architecture or _FAMILY_ARCH[args.arch_family or "llama"]
 
 
+def _counters(args) -> int:
+    """--metrics / --server-log: the engine named by --engine reconciles its own counters."""
+    path = args.metrics or args.server_log
+    rules, release = engine_rules(args.engine), engine(args.engine)
+    reconcile = getattr(rules, "explain_counters", None)
+    try:
+        if reconcile is None:
+            raise DiagError(f"{rules.display} exports no counters diag reconciles", field="--engine",
+                            expected="an engine whose metrics or log lines carry draft / accepted counts",
+                            found=release.label, hint="give --accept-len and --accept-rate from its log")
+        e = reconcile(Path(path).read_text(), source=path, release=release,
+                      kind="metrics" if args.metrics else "log")
+    except (DiagError, OSError) as err:
+        print(err.render() if isinstance(err, DiagError) else f"cannot read {path}: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(asdict(e), indent=2, ensure_ascii=False) if args.json else "\n".join(e.sentences))
+    return 0 if e.consistent else 1
+
+
 def run(args) -> int:
+    if args.metrics or args.server_log:
+        return _counters(args)
+    if args.accept_len is None or args.accept_rate is None:
+        print("diag explain: give --accept-len and --accept-rate (or --metrics / --server-log)", file=sys.stderr)
+        return 2
     e = explain(args.accept_len, args.accept_rate, num_steps=args.num_steps, topk=args.topk,
                 num_draft_tokens=args.num_draft_tokens, architecture=_architecture(args),
                 decimals=args.decimals, engine_name=args.engine)

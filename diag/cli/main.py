@@ -19,9 +19,10 @@ import sys
 # It must be set before torch loads its OpenMP runtime, and a user's own choice stands.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from diag.errors import DiagError  # noqa: E402  (after the OpenMP policy)
+from diag.cli.paths import expand_paths, flag_names  # noqa: E402  (after the OpenMP policy)
+from diag.errors import DiagError  # noqa: E402
 
-COMMANDS = ("run", "zoo", "kimi", "explain", "effective", "lint", "compare", "bench")
+COMMANDS = ("run", "zoo", "kimi", "explain", "effective", "lint", "compare", "bench", "probe")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,9 +47,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        expand_paths(args, flag_names(parser, args.command))    # `--out=~/r`, `--out '$HOME'`
         return int(args.func(args) or 0)
     except DiagError as err:
         print(f"diag {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except PermissionError as err:       # a reader no check before it reached (diag.checkpoint.readable)
+        from diag.checkpoint.readable import unreadable_error
+        print(f"diag {args.command}: error: {unreadable_error(err.filename or '?', 'a file diag needs')}",
+              file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"diag {args.command}: interrupted; the previous report and the cache are as they were "

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from diag.cli import prompt_flags
 from diag.errors import DiagError
+from diag.engines import DEFAULT_ENGINE, families
 from diag.run.case import (Case, DecodingSpec, EvaluateSpec, ModelSpec, PromptSpec, ServingSpec, check_case,
                            read_case, with_engine)
 
@@ -36,8 +37,11 @@ def register(sub) -> None:
     p.add_argument("--algorithm", help="--speculative-algorithm the server runs (EAGLE3, EAGLE, NEXTN)")
     p.add_argument("--serving-layout", help="the layout the server feeds, if known")
     p.add_argument("--launch", help="the SGLang launch command line, to report what it really runs")
-    p.add_argument("--engine", help="the SGLang version the server runs, e.g. sglang-0.5.10 or 0.5.10 "
-                                    "(default: the case's [serving] engine, else the newest known)")
+    p.add_argument("--engine", action="append", default=None,
+                   help=f"the engine release the server runs, <family>-<version> (families: {', '.join(families())}; "
+                        f"e.g. {DEFAULT_ENGINE}); repeat it to compare engines from one target pass, the first the "
+                        "served one "
+                        "(default: the case's [serving] engine, else the newest known)")
     p.add_argument("--gpus", type=int, help="place the target across N GPUs (0: CPU)")
     p.add_argument("--gpu-memory", help="memory budget per GPU for weights, e.g. 130GiB")
     p.add_argument("--temperature", action="append", type=float, default=[],
@@ -57,7 +61,9 @@ def register(sub) -> None:
     p.add_argument("--no-cache", action="store_true", help="recompute the target pass")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--strict", action="store_true", help="exit 1 when a verdict is an error")
-    _server_flags(p.add_argument_group("the live server (reconcile with what it emitted; case [server])"))
+    _server_flags(g := p.add_argument_group("the live server (reconcile with what it emitted; case [server])"))
+    g.add_argument("--server", metavar="URL", help="probe this live server first (diag probe, into OUT-server/), "
+                   "then reconcile with its answers")
     prompt_flags.register(p)
     p.set_defaults(func=run)
     v = sub.add_parser("validate", help="check a case file without loading weights")
@@ -160,7 +166,8 @@ def apply_overrides(case: Case, a) -> Case:
 _FLAG_OF = {"prompts.max_new_tokens": "--max-new-tokens", "prompts.limit": "--limit",
             "prompts.recorded": "--recorded", "placement.gpus": "--gpus", "evaluate.trees": "--tree",
             "evaluate.layouts": "--layout", "evaluate.modes": "--mode", "evaluate.regimes": "--regime",
-            "serving.layout": "--serving-layout", "serving.algorithm": "--algorithm", **prompt_flags.FLAG_OF}
+            "serving.layout": "--serving-layout", "serving.algorithm": "--algorithm",
+            "placement.gpu_memory": "--gpu-memory", **prompt_flags.FLAG_OF}
 
 
 def checked(case: Case, a) -> Case:
@@ -188,8 +195,15 @@ def run(a) -> int:
     else:
         case = apply_overrides(read_case(a.case or shipped(DEMO)), a)
     case = checked(case, a)
+    from diag.target.placement import require_gpus
+    require_gpus(case.placement.gpus, file=case.source, gpu_memory=case.placement.gpu_memory,
+                 field="--gpus (placement.gpus)" if a.gpus is not None else "placement.gpus",
+                 memory_field="--gpu-memory (placement.gpu_memory)" if a.gpu_memory else "placement.gpu_memory")
     out = Path(a.out) if a.out else Path("reports") / case.name
     check_out_dir(out)                  # before any weight is loaded
+    if getattr(a, "server", None):
+        from diag.cli.probe import probe_for_run
+        case = probe_for_run(case, a, out)
     if not a.no_cache:
         check_cache_dir()
     run_result = run_case(case, progress=not a.quiet, use_cache=not a.no_cache)

@@ -30,6 +30,7 @@ from safetensors import safe_open
 from diag.checkpoint.config import read_config_json
 from diag.checkpoint.finite import check_finite
 from diag.checkpoint.drafter_format import DrafterFormat, canonical_names, detect, flat_config
+from diag.checkpoint.dtypes import check_header_dtypes
 from diag.checkpoint.headers import TensorInfo, tensor_infos
 from diag.drafter.config import drafter_config
 from diag.drafter.model import DrafterConfig, Eagle3Drafter
@@ -163,6 +164,7 @@ def inspect_drafter(path: str | Path) -> DrafterCheckpoint:
     cfile = str(path / "config.json")
     infos, files = _headers(path)
     where = _where(path, files)
+    check_header_dtypes(infos, config, what="drafter", config_file=cfile)
     fmt = detect(config, infos.keys(), file=cfile)
     names = canonical_names(infos, fmt.attention, file=where)
     found = {names[k]: v for k, v in infos.items()}

@@ -31,12 +31,17 @@ def hf_config(flat: dict, fmt: DrafterFormat, *, file: str | None = None):
     if model_type not in CONFIG_MAPPING:
         raise DiagError("drafter model_type unknown to transformers (remote code is never run)", file=file,
                         field="model_type", expected="e.g. llama, qwen3, deepseek_v3, kimi_k2", found=model_type)
+    from huggingface_hub.errors import StrictDataclassError
+
     kwargs = {k: v for k, v in flat.items() if k not in _DROP and k != "model_type"}
     try:
         return CONFIG_MAPPING[model_type](**kwargs)
-    except (TypeError, ValueError) as err:
-        raise DiagError("transformers rejects the drafter config", file=file, field="model_type",
-                        expected=f"a valid {model_type} config", found=str(err).splitlines()[0]) from err
+    except (TypeError, ValueError, KeyError, StrictDataclassError) as err:   # transformers 5 validates shapes
+        found = str(err).splitlines()
+        found = next((line.strip() for line in found[1:] if line.strip()), found[0]) if found else repr(err)
+        raise DiagError("transformers (and so the server, which builds the same config) rejects the drafter "
+                        "config", file=file, field="model_type", expected=f"a valid {model_type} config",
+                        found=found) from err
 
 
 def _rope(hf) -> tuple[float, dict | None]:
@@ -64,6 +69,25 @@ def _mla(hf, file: str | None) -> MlaShape:
                     rope_interleave=bool(getattr(hf, "rope_interleave", True)))
 
 
+def check_servable(hf, heads: int, scaling: dict | None, file: str | None) -> None:
+    """What the server's attention and rope need: query heads a multiple of the KV heads (each KV
+    head serves heads / kv_heads query heads: 32 / 8 = 4), and a rope type the engine's rope
+    table knows (transformers' ROPE_INIT_FUNCTIONS, which SGLang's get_rope mirrors), checked
+    before any weight so that neither fails deep inside the drafter's load."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    kv = getattr(hf, "num_key_value_heads", None) or heads
+    if not isinstance(kv, int) or kv < 1 or heads % kv:
+        raise DiagError("the server cannot run this drafter: its query heads are not a multiple of its "
+                        "KV heads", file=file, field="num_key_value_heads",
+                        expected=f"a divisor of num_attention_heads = {heads}", found=kv)
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if kind != "default" and kind not in ROPE_INIT_FUNCTIONS:
+        raise DiagError("the server cannot run this drafter: unknown rope scaling type", file=file,
+                        field="rope_scaling.rope_type", expected=f"one of {sorted(ROPE_INIT_FUNCTIONS)}",
+                        found=kind)
+
+
 def num_aux_from_fc(fc_shape: tuple[int, ...], hidden: int, target_hidden: int, *, file: str | None) -> int:
     """fc.weight [H, k * H_target] -> k. Example: [7168, 21504], H_target 7168 -> 3."""
     if len(fc_shape) != 2 or fc_shape[0] != hidden or fc_shape[1] % target_hidden:
@@ -87,6 +111,7 @@ def drafter_config(flat: dict, fmt: DrafterFormat, fc_shape: tuple[int, ...] | N
     target_hidden = int(flat.get("target_hidden_size") or hidden)
     vocab = _positive(hf, "vocab_size", file)
     theta, scaling = _rope(hf)
+    check_servable(hf, heads, scaling, file)
     o = fmt.options
     return DrafterConfig(
         hidden_size=hidden, num_attention_heads=heads,

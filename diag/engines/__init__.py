@@ -21,6 +21,7 @@ from diag.errors import DiagError
 # family -> the module whose RULES object implements EngineRules
 FAMILIES: dict[str, str] = {
     "sglang": "diag.engines.sglang.rules",
+    "vllm": "diag.engines.vllm.rules",
 }
 DEFAULT_FAMILY = "sglang"
 DEFAULT_ENGINE = "sglang-0.5.23"
@@ -55,7 +56,11 @@ def engine(name: str | Release | None = None) -> Release:
     if isinstance(name, Release):
         return name
     family, version = split(name)
-    return family_rules(family).release(version)
+    try:
+        return family_rules(family).release(version)
+    except DiagError as err:        # name the release as the user wrote it: "sglang-9.9.9", not "9.9.9"
+        raise DiagError(err.message, file=err.file, field=err.field, expected=err.expected,
+                        found=repr(name) if name else err.found, hint=err.hint) from None
 
 
 def rules(name: str | Release | None = None) -> EngineRules:

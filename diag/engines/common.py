@@ -16,7 +16,7 @@ from diag.engines import DEFAULT_ENGINE
 from diag.layouts import Layout
 from diag.trees import TreeShape
 
-__all__ = ["DeclaredLayout", "DraftTables", "EffectiveConfig", "FlagProblem", "Fix", "LaunchFlags",
+__all__ = ["DeclaredLayout", "DraftTables", "DrafterSupport", "EffectiveConfig", "FlagProblem", "Fix", "LaunchFlags",
            "RequestDefaults", "ResolvedShape", "ServingError", "ServingPlan", "refused"]
 
 
@@ -91,6 +91,23 @@ class DraftTables:
     vocab_limit: int | None
     uses_d2t: bool
     why: str
+    source: str = ""                   # the engine's files the rule was read from
+
+
+@dataclass(frozen=True)
+class DrafterSupport:
+    """What a release does with a drafter config before any layout question: whether it has a
+    model class for `architectures[0]` (`builds` None: diag has not read this engine's registry,
+    so it is not checked), why building it fails on a missing draft_vocab_size (`head_crash`),
+    whether it captures auxiliary states and a note when eagle_config.use_aux_hidden_state
+    matters. Example (SGLang 0.5.11, Eagle3DeepseekV2ForCausalLM): builds False, classes
+    ("LlamaForCausalLMEagle3",)."""
+
+    builds: bool | None
+    classes: tuple[str, ...]
+    head_crash: str | None
+    aux: bool
+    aux_note: str | None
 
 
 @dataclass(frozen=True)

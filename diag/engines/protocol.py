@@ -20,6 +20,8 @@ What the protocol covers, in the order a run needs it (worked examples are SGLan
   the fix         serving_ids(embed+L2+L4) -> [-1, 1, 3]; fix_for -> Fix with the sentence in
                   the engine's own terms ("write eagle_config.eagle_aux_hidden_state_layer_ids
                   = [-1, 1, 3] (SGLang 0.5.23, sglang-llama)")
+  drafter         drafter_support(drafter_config) -> DrafterSupport: its model class, a missing
+                  draft_vocab_size, use_aux_hidden_state (lint's drafter checks)
   draft tables    draft_tables(drafter_config, "eagle") -> embed / lm_head "target", drafts among
                   the first draft_vocab_size target ids (DraftTables)
   trees           resolve_tree(num_steps, topk, num_draft_tokens, target_config) -> the tree the
@@ -32,6 +34,9 @@ What the protocol covers, in the order a run needs it (worked examples are SGLan
                   formula_label(name) -> its text
   readers         read_log / read_responses / read_server_info / read_metrics: the engine's saved
                   output parsed into its own frozen records (see each method)
+  sanity          read_sampled(text, temperature=0.01) -> Sampled (a saved run at that temperature, in
+                  the engine's own format); sampled_sanity(runs, greedy, k) -> EngineSanity, the
+                  T -> 0 check worded in the engine's terms (diag/engines/sanity.py)
   launch lint     launch_argv(command) -> the words the server parses; parse_launch(command) ->
                   LaunchFlags; effective_config -> EffectiveConfig; flag_problems(argv, release)
                   -> what this release's parser refuses
@@ -50,20 +55,24 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from diag.errors import DiagError
 
 if TYPE_CHECKING:
-    from diag.engines.common import (DraftTables, EffectiveConfig, FlagProblem, Fix, LaunchFlags,
+    from diag.engines.common import (DrafterSupport, DraftTables, EffectiveConfig, FlagProblem, Fix, LaunchFlags,
                                      RequestDefaults, ResolvedShape, ServingError, ServingPlan)
+    from diag.engines.sanity import EngineSanity, Sampled
     from diag.layouts import Layout
 
-_VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?$")
+_VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:\.post(\d+)|\.(\d+))?$")
 
 
 def release_tuple(text: str) -> tuple[int, int, int, int]:
-    """"0.5.10.post1" -> (0, 5, 10, 1); "0.32.0" -> (0, 32, 0, 0). Versions compare as these."""
+    """"0.5.10.post1" -> (0, 5, 10, 1); "0.32.0" -> (0, 32, 0, 0). Versions compare as these.
+    vLLM's hotfix releases put a fourth number where SGLang writes .postN (no release has both):
+    "0.9.0.1" -> (0, 9, 0, 1), after "0.9.0" and before "0.9.1"."""
     m = _VERSION.match(text)
     if not m:
         raise DiagError("not a release version", field="engine", expected="e.g. 0.5.23 or 0.5.10.post1",
                         found=repr(text))
-    return tuple(int(g or 0) for g in m.groups())
+    major, minor, patch, post, fourth = m.groups()
+    return int(major), int(minor), int(patch), int(post or fourth or 0)
 
 
 @dataclass(frozen=True)
@@ -152,6 +161,10 @@ class EngineRules(Protocol):
         """Whose embedding and lm_head the served drafter uses in `mode` ("eagle3" | "eagle"),
         how many logits it scores, whether d2t maps its ids (the draft vocabulary rule)."""
 
+    def drafter_support(self, drafter_config: dict, *, release: Release) -> DrafterSupport:
+        """Whether `release` builds this drafter's class, crashes on a missing draft_vocab_size,
+        and captures auxiliary states (DrafterSupport); what lint checks before the layout."""
+
     # ---- trees ---------------------------------------------------------------------------
     def resolve_tree(self, num_steps: int | None, topk: int | None, num_draft_tokens: int | None,
                      target_config: dict | None, *, release: Release,
@@ -162,6 +175,11 @@ class EngineRules(Protocol):
     # ---- verification --------------------------------------------------------------------
     def verification(self, release: Release) -> Verification:
         """The greedy and sampled verification rules the decode loop applies (Verification)."""
+
+    def round_accounting(self, release: Release) -> str:
+        """Which verify rounds of a request the engine counts (replay/round_accounting.py names
+        them): "to-end" (every step until the request ends, scored before the max_tokens cut)
+        or "window" (only rounds whose draft window lies inside the emitted sequence)."""
 
     def request_defaults(self, generation_config: dict | None, sampling_defaults: str = "model", *,
                          release: Release) -> RequestDefaults:
@@ -187,6 +205,15 @@ class EngineRules(Protocol):
 
     def read_metrics(self, text: str, *, source: str) -> Any:
         """The speculative counters of a saved GET /metrics (Prometheus text)."""
+
+    # ---- engine sanity -------------------------------------------------------------------
+    def read_sampled(self, text: str, *, source: str, temperature: float, release: Release) -> Sampled:
+        """One saved sampled run (the format this engine's counters come in) as its accept length."""
+
+    def sampled_sanity(self, sampled: list[Sampled], greedy: float, k: int, *, release: Release,
+                       greedy_source: str, platform: str | None = None) -> EngineSanity:
+        """Whether the sampled runs approach `greedy` as T -> 0 (diag/engines/sanity.py), worded
+        in this engine's terms."""
 
     # ---- launch-flag lint ----------------------------------------------------------------
     def launch_argv(self, command: str | list[str]) -> list[str]:

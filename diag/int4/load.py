@@ -315,8 +315,9 @@ def _load(model, slots: list[Slot], infos: dict[str, TensorInfo], used: set[str]
           dtype: torch.dtype, device, digest: bool | None = None) -> ReadStats:
     """Every used slot read once by diag.checkpoint.reader, straight into its tensor when
     the stored dtype is the tensor's (INT4 words, scales, bf16 weights of a bf16 model),
-    else into a CPU buffer that is then cast. `digest`: sha256 every shard during the read
-    and prime the content-digest memo (None: only shards the memo does not know)."""
+    else into a CPU buffer that is then cast. `digest`: hash every shard during the read (the
+    identity digest, checkpoint.identity) and prime the content-digest memo (None: only shards
+    the memo does not know or does not believe)."""
     keep32 = fp32_names(model) if dtype in (torch.float16, torch.bfloat16) else ()
     unfed_ties = {s.target for s in slots if s.key not in used}  # tied lm_head only
     _materialise(model, dtype, keep32, device, skip=unfed_ties)

@@ -5,6 +5,8 @@ verifying tokens) and each sequence, a round is rooted at every index j of the c
 with a full window: j from prompt_len - 1 to T - 2 - S_max, where S_max is the deepest tree
 of the run, so every variant is scored on the same rounds. Worked example: prompt_len 5,
 T 12, S_max 3 -> roots j = 4..7 (root token t_{j+1} = t_5..t_8; depth 3 guesses t_8..t_11).
+That is the "window" accounting; an engine that verifies until the request ends ("vllm",
+round_accounting.py) scores roots up to T - 3 against the target's lookahead past T.
 
 The verifying tokens are the target's argmax along the sequence (= the greedy continuation
 when the target generated it). Chains of every depth share one draft; trees that share
@@ -32,7 +34,10 @@ from diag.target.passes import TargetPass, budget_batches, pad_right
 from diag.drafter.tree_build import finalize
 from diag.trees import TreeShape
 from diag.replay.evaluation import LEGACY_AXES, Axes
+from diag.replay.round_accounting import ACCOUNTINGS, RoundAccounting
 from diag.replay.verify import accepted_chain, accepted_tree, target_next_windows
+
+WINDOW = ACCOUNTINGS["window"]
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,14 @@ class VariantResult:
 def eval_roots(prompt_len: int, length: int, max_steps: int) -> range:
     """Root indices with a full window of max_steps guesses (see the module docstring)."""
     return range(prompt_len - 1, length - 1 - max_steps)
+
+
+def seq_roots(seq, max_steps: int, accounting: RoundAccounting = WINDOW) -> range:
+    """The roots the engine's accounting scores in one Sequence, never past what its ids can
+    verify (a recorded continuation has no lookahead: its last rounds fall back to full windows).
+    Example, vllm: prompt 5, end 11, ids 14 (lookahead 3), S 3 -> 4..8; window -> 4..6."""
+    r = accounting.roots(seq.prompt_len, seq.emitted, max_steps)
+    return range(r.start, max(r.start, min(r.stop, len(seq.ids) - 1 - max_steps)))
 
 
 def layout_features(tp: TargetPass, lay: Layout, mode: str, i: int) -> torch.Tensor:
@@ -154,9 +167,11 @@ def draft_head(drafter: Eagle3Drafter, embed: nn.Module, target_head: nn.Module,
 def replay(drafter: Eagle3Drafter, embed: nn.Module, target_head: nn.Module,
            passes: dict[str, TargetPass], variants: list[Variant], layouts: dict[str, Layout], *,
            token_budget: int = 16384, progress: bool = True,
-           tables: dict[str, DraftTables] | None = None) -> list[VariantResult]:
+           tables: dict[str, DraftTables] | None = None,
+           accounting: RoundAccounting = WINDOW) -> list[VariantResult]:
     """Run every variant. passes: regime -> TargetPass over the same sequences; tables: the
-    engine's DraftTables per mode ("eagle3", "eagle"), default from the drafter's config."""
+    engine's DraftTables per mode ("eagle3", "eagle"), default from the drafter's config;
+    accounting: which rounds of each request the engine counts (round_accounting.py)."""
     max_steps = max(v.tree.num_steps for v in variants)
     groups = defaultdict(list)          # (regime, layout, mode) -> variants; one draft per group
     for v in variants:
@@ -171,7 +186,7 @@ def replay(drafter: Eagle3Drafter, embed: nn.Module, target_head: nn.Module,
         t = (tables or {}).get(mode) or default_tables(drafter, mode)
         dh = draft_head(drafter, embed, target_head, t, dev, dtype)
         _replay_group(drafter, dh, passes, regime, layouts.get(lay_name), mode, group, results,
-                      max_steps, token_budget, dev, dtype)
+                      max_steps, token_budget, dev, dtype, accounting)
         bar.update()
     bar.close()
     seqs = next(iter(passes.values())).sequences
@@ -207,14 +222,15 @@ def _on(module: nn.Module, dev, dtype):
     return lambda x: module(x.to(home) if not x.is_floating_point() else x.to(home, module.weight.dtype)).to(dev, dtype)
 
 
-def _replay_group(drafter, dh, passes, regime, lay, mode, group, results, max_steps, budget, dev, dtype):
+def _replay_group(drafter, dh, passes, regime, lay, mode, group, results, max_steps, budget, dev, dtype,
+                  accounting):
     tp = passes[regime]
     seqs = tp.sequences
     _check_width(drafter, layout_features(tp, lay, mode, 0), lay, mode)
     for idx in budget_batches([len(s.ids) for s in seqs], budget):
         aux, valid = padded_features(tp, lay, mode, idx, dev, dtype)
         toks, _ = pad_right([torch.cat([seqs[i].ids[1:], seqs[i].ids[-1:]]) for i in idx])
-        index, rows, roots, owners = _rounds(seqs, idx, aux.shape[1], max_steps)
+        index, rows, roots, owners = _rounds(seqs, idx, aux.shape[1], max_steps, accounting)
         if rows[0].numel() == 0:
             for v in group:
                 _store(results[v], torch.zeros(0, dtype=torch.long), roots, owners, idx)
@@ -225,7 +241,7 @@ def _replay_group(drafter, dh, passes, regime, lay, mode, group, results, max_st
         for v in group:
             by_tokens[v.tokens_regime].append(v)
         for tok_regime, vs in by_tokens.items():
-            windows = _windows(passes[tok_regime], idx, seqs, max_steps).to(dev)
+            windows = _windows(passes[tok_regime], idx, seqs, max_steps, accounting).to(dev)
             acc = _accept(drafter, dh, x, vs, windows, rows)
             for v in vs:
                 _store(results[v], acc[v.tree].cpu(), roots, owners, idx)
@@ -248,14 +264,14 @@ def _accept(drafter, dh, x, variants, windows, rows):
     return out
 
 
-def _rounds(seqs, idx, T: int, max_steps: int):
+def _rounds(seqs, idx, T: int, max_steps: int, accounting: RoundAccounting = WINDOW):
     """Where each sequence of the batch drafts, and which (row, column) of the drafts is
     each round. index [B, Q]: row b drafts at its roots (eval_roots), Q = the most roots of
     any row; a shorter row repeats its last index (drafted, never read). rows: ([R], [R])
     batch row and column of each round; roots [R] its index j; owners [R] its sequence.
     Example: prompts 5 and 3, lengths 10 and 7, S 2 -> roots 4..6 and 2..3 ->
     index [[4, 5, 6], [2, 3, 3]], rows ([0, 0, 0, 1, 1], [0, 1, 2, 0, 1])."""
-    spans = [eval_roots(seqs[i].prompt_len, len(seqs[i].ids), max_steps) for i in idx]
+    spans = [seq_roots(seqs[i], max_steps, accounting) for i in idx]
     Q = max(1, max(len(r) for r in spans))
     index = torch.zeros(len(idx), Q, dtype=torch.long)
     b_rows, q_rows, roots, owners = [], [], [], []
@@ -270,11 +286,11 @@ def _rounds(seqs, idx, T: int, max_steps: int):
     return index, (as_long(b_rows), as_long(q_rows)), as_long(roots), as_long(owners)
 
 
-def _windows(tp: TargetPass, idx, seqs, max_steps):
+def _windows(tp: TargetPass, idx, seqs, max_steps, accounting: RoundAccounting = WINDOW):
     """[R, S]: the verifying tokens t_{j+2..j+1+S} of each round (in _rounds' order), from
     that regime's argmax."""
     return torch.cat([target_next_windows(tp.argmax[i], max_steps)[
-        list(eval_roots(seqs[i].prompt_len, len(seqs[i].ids), max_steps))] for i in idx])
+        list(seq_roots(seqs[i], max_steps, accounting))] for i in idx])
 
 
 def _store(res: VariantResult, acc, roots, owners, idx):

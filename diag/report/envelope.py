@@ -20,7 +20,7 @@ from pathlib import Path
 import diag
 from diag.replay.evaluation import ANY
 
-SCHEMA_VERSION = "2.5"
+SCHEMA_VERSION = "2.6"
 
 
 def git_hash() -> str | None:
@@ -46,8 +46,17 @@ def machine() -> dict:
     return info
 
 
+# case keys added after hashes were published, left out of the hash at their default, so a case that does
+# not use them keeps the hash (and the report.md) it had: [serving] engines, [server] sampled
+LATER_KEYS = {("serving", "engines"): (), ("server", "sampled"): None}
+
+
 def case_hash(case) -> str:
-    return hashlib.sha256(json.dumps(asdict(case), sort_keys=True, default=str).encode()).hexdigest()[:16]
+    spec = asdict(case)
+    for (section, key), default in LATER_KEYS.items():
+        if spec[section].get(key, default) == default:
+            spec[section].pop(key, None)
+    return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def envelope(run, argv: list[str] | None = None) -> dict:
@@ -79,6 +88,7 @@ def envelope(run, argv: list[str] | None = None) -> dict:
         "long_context": run.long_context,
         "timings": run.timings,
         "notes": run.notes,
+        **({"engines": run.engines.to_json()} if getattr(run, "engines", None) is not None else {}),
     }
 
 

@@ -13,7 +13,7 @@ from typing import Callable
 
 from diag.report.decoding_section import decoding_lines
 from diag.report.prompt_side_md import prompt_side
-from diag.report.sections import acceptance, head, provenance, regimes, speedup
+from diag.report.sections import acceptance, engines, head, provenance, regimes, speedup
 from diag.report.server_markdown import server_markdown
 
 Section = Callable[[dict], list[str]]
@@ -22,6 +22,7 @@ SECTIONS: tuple[Section, ...] = (
     head.title,
     head.verdicts,
     head.primary_table,
+    engines.engines,
     provenance.what_ran,
     acceptance.by_tree,
     decoding_lines,

@@ -20,7 +20,7 @@ def _iv(pair, nd: int = 2) -> str:
 def _observed(sec: dict) -> list[str]:
     o = sec["observed"]
     files = ", ".join(f"{f['kind']} `{f['path']}`" for f in o["files"]) or "none (values from the case)"
-    out = [f"SGLang {o['release']}; read {files}.", ""]
+    out = [f"{o['engine']}; read {files}.", ""]
     if o["accept_length"]:
         a = o["accept_length"]
         out.append(f"- accept length {_f(a['value'])} {_iv(a['ci95'])} ({a['source']})")
@@ -36,7 +36,12 @@ def _observed(sec: dict) -> list[str]:
         out.append(f"- speculative {_f(o['tokens_per_second'], 1)} tok/s ({o['tokens_per_second_source']})")
     if o["baseline_tokens_per_second"] is not None:
         out.append(f"- plain {_f(o['baseline_tokens_per_second'], 1)} tok/s ({o['baseline_source']})")
-    out.append(f"- max_running_requests {o['max_running_requests']} ({o['max_running_requests_source']})")
+    if o["max_running_requests"] is not None:
+        out.append(f"- max_running_requests {o['max_running_requests']} ({o['max_running_requests_source']})")
+    out += [f"- sampled at T={r['temperature']:g}: accept length {_f(r['accept_length'])} "
+            f"({r['rounds'] if r['rounds'] is not None else '?'} rounds, `{r['source']}`)" for r in o.get("sampled", [])]
+    if sec.get("sanity"):
+        out.append(f"- engine sanity: **{sec['sanity']['verdict']}**: {sec['sanity']['message']}")
     return out + [f"- {n}" for n in o["notes"]] + [""]
 
 

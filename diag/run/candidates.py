@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from diag.engines import engine, rules
-from diag.engines.common import ServingError
+from diag.engines import Release, engine, rules
+from diag.engines.common import ServingError, ServingPlan
 from diag.engines import conventions
 from diag.run.case import Case
 from diag.checkpoint.headers import tensor_infos
@@ -85,13 +85,36 @@ def neighbours(lay: Layout, n: int) -> list[tuple[Layout, str]]:
     return out
 
 
+def served_by(name: str) -> str:
+    """The candidate role of an engine's served layout when a run compares engines."""
+    return f"served by {name}"
+
+
+def engine_plan(case: Case, name: str, dcfg: dict, tcfg: dict) -> tuple[Release, ServingPlan | ServingError]:
+    """What one engine release feeds this drafter; the case's launch line is read for the served
+    (first) engine only, the command of one engine's program."""
+    rel = engine(name)
+    eng = rules(rel)
+    launch = case.serving.launch if name == case.serving.engine else None
+    graphs = not (launch and eng.parse_launch(launch, release=rel).disable_cuda_graph)
+    return rel, eng.serving_plan(dcfg, tcfg, release=rel, algorithm=case.serving.algorithm, cuda_graph=graphs)
+
+
+def _compared(case: Case, dcfg: dict, tcfg: dict, book: "_Book") -> None:
+    """Every engine a run compares (`[serving] engines`): its served layout evaluated from the same
+    target pass, tagged with the engine; one it cannot serve is a note (the comparison's table says why)."""
+    for name in case.serving.engines:
+        rel, plan = engine_plan(case, name, dcfg, tcfg)
+        if isinstance(plan, ServingError):
+            book.notes.append(f"{rel.label} cannot serve this drafter: {plan}")
+        else:
+            book.add(plan.layout, served_by(rel.name), plan.rule, plan.mode)
+
+
 def _serving(case: Case, dcfg: dict, tcfg: dict, book: "_Book"):
     """What the engine will feed; ids it cannot capture become a serving error (a verdict),
     and the run goes on to find what the drafter was trained on."""
-    rel = engine(case.serving.engine)
-    eng = rules(rel)
-    graphs = not (case.serving.launch and eng.parse_launch(case.serving.launch, release=rel).disable_cuda_graph)
-    plan = eng.serving_plan(dcfg, tcfg, release=rel, algorithm=case.serving.algorithm, cuda_graph=graphs)
+    plan = engine_plan(case, case.serving.engine, dcfg, tcfg)[1]
     if isinstance(plan, ServingError):
         book.serving_error = plan
         return None
@@ -134,6 +157,7 @@ def candidates_for(case: Case, tinfo: TargetInfo, dcfg: dict,
         book.add(layout(case.serving.layout, field="serving.layout"), "serving", "given in the case")
     elif plan is not None:
         book.add(plan.layout, "serving", plan.rule, plan.mode)
+    _compared(case, dcfg, tcfg, book)
     if "eagle" in case.evaluate.modes or (plan is not None and plan.mode == "eagle"):
         book.add(layout("final"), "serving mode eagle", "--speculative-algorithm EAGLE: final-normed last "
                  "hidden state, fc bypassed when widths match, target lm_head, no d2t", "eagle")

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from diag.engines import DEFAULT_ENGINE, engine
 from diag.errors import DiagError
+from diag.checkpoint.readable import require_readable
 
 CASE_VERSION = 1
 
@@ -69,6 +70,7 @@ class EvaluateSpec:
 @dataclass(frozen=True)
 class ServingSpec:
     engine: str = DEFAULT_ENGINE     # "sglang-0.5.X" (or "0.5.X"); the registry, diag.engines, knows which
+    engines: tuple[str, ...] = ()    # several engines compared from one target pass; engine is the first
     algorithm: str = "EAGLE3"
     layout: str | None = None
     launch: str | None = None
@@ -105,6 +107,7 @@ class ServerSpec:
     tree: str | None = None
     concurrency: int | None = None
     max_running_requests: int | None = None
+    sampled: dict | None = None      # {"0.01" = "metrics-t0.01.txt"}: runs at T > 0, the engine-sanity check
 
 
 @dataclass(frozen=True)
@@ -236,6 +239,10 @@ def parse_case(data: dict, source: str) -> Case:
         if required not in data:
             raise DiagError("case file lacks a required key", file=source, field=required,
                             expected="present", found="missing")
+    serving = data.get("serving")
+    if isinstance(serving, dict) and isinstance(serving.get("engine"), list):     # engine = [a, b]: engines
+        data = {**data, "serving": {**{k: v for k, v in serving.items() if k != "engine"},
+                                    "engines": [*serving["engine"], *serving.get("engines", [])]}}
     for name, keys in _SWEEPS.items():
         if isinstance(data.get(name), dict):
             data = {**data, name: {k: [v] if k in keys and not isinstance(v, list) else v
@@ -243,20 +250,32 @@ def parse_case(data: dict, source: str) -> Case:
     sections = {k: _section(cls, data[k], source, k) for k, cls in _SECTIONS.items() if k in data}
     case = Case(version=version, name=str(data["name"]), source=source,
                 description=str(data.get("description", "")), **sections)
+    if case.serving.engines:                         # [serving] engine, when also given, is served first
+        named = "engine" in data.get("serving", {})
+        return with_engine(case, [*([case.serving.engine] if named else []), *case.serving.engines])
     return with_engine(case, case.serving.engine)     # values: check_case, after the overrides
 
 
-def with_engine(case: Case, name: str | None) -> Case:
-    """The case with its serving engine named canonically ("0.5.10" -> "sglang-0.5.10"); an
-    unknown version is a DiagError listing the known ones, raised before anything loads."""
-    if name is None:
-        return case
+def _canonical(case: Case, name: str, field_name: str) -> str:
     try:
-        canonical = engine(name).name
+        return engine(name).name
     except DiagError as err:
-        raise DiagError(err.message, file=case.source, field="serving.engine", expected=err.expected,
+        raise DiagError(err.message, file=case.source, field=field_name, expected=err.expected,
                         found=err.found, hint=err.hint) from err
-    return replace(case, serving=replace(case.serving, engine=canonical))
+
+
+def with_engine(case: Case, name: str | list[str] | tuple[str, ...] | None) -> Case:
+    """The case with its serving engine named canonically ("0.5.10" -> "sglang-0.5.10"); an
+    unknown version is a DiagError listing the known ones, raised before anything loads.
+    Several names (`--engine sglang-0.5.23 --engine vllm-0.32.0`, `[serving] engines`) compare
+    those engines from one target pass: the first is the served one, `engines` lists them all;
+    one name leaves `engines` empty, so a single-engine case is unchanged."""
+    if name is None or (not isinstance(name, str) and not name):
+        return case
+    if isinstance(name, str):
+        return replace(case, serving=replace(case.serving, engine=_canonical(case, name, "serving.engine"), engines=()))
+    names = tuple(dict.fromkeys(_canonical(case, n, "serving.engines") for n in name))
+    return replace(case, serving=replace(case.serving, engine=names[0], engines=names if len(names) > 1 else ()))
 
 
 def _in_file(fn, text: str, field_name: str, src: str):
@@ -380,6 +399,7 @@ def read_case(path: str | Path) -> Case:
     path = Path(path)
     if not path.is_file():
         raise DiagError("case file not found", file=str(path), expected="a TOML case file", found="no such file")
+    require_readable(path, "case file")
     try:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as err:
@@ -401,9 +421,11 @@ def expand_env(spec: str, case: Case, field_name: str) -> str:
 
 
 def resolve_path(spec: str, case: Case, field_name: str) -> str:
-    """`zoo:NAME` stays symbolic (the zoo resolves it); `${VAR}` expands; relative paths are
-    taken from the case file's folder. (A hub id is told from a path by run/checkpoints.py.)"""
+    """`zoo:NAME` stays symbolic (the zoo resolves it); `${VAR}` and a leading `~` expand;
+    relative paths are taken from the case file's folder. (A hub id is told from a path by
+    run/checkpoints.py.)"""
     text = expand_env(spec, case, field_name)
+    text = os.path.expanduser(text) if text.startswith("~") else text
     if text.startswith("zoo:") or Path(text).is_absolute() or case.source.startswith("<"):
         return text
     return str((Path(case.source).parent / text).resolve())

@@ -77,6 +77,15 @@ def check_trees(case) -> None:
                         expected="at least one shape, e.g. chain-3, or a tree_grid", found="[]")
     for text in ev.trees:
         shape = tree_shape(text, field="evaluate.trees")
+        if shape.wasted_steps:
+            raise DiagError("this tree verifies fewer tokens than it drafts: its last draft steps are never "
+                            "verified", file=case.source, field="evaluate.trees",
+                            expected=f"num_draft_tokens - 1 >= num_steps = {shape.num_steps} (a node at depth j "
+                                     f"needs its whole path in the verify tree)",
+                            found=f"{text}: {shape.num_draft_tokens - 1} verified token(s) per round, "
+                                  f"{shape.wasted_steps} of {shape.num_steps} draft steps wasted",
+                            hint=f"s{shape.num_draft_tokens - 1}-k{shape.topk}-d{shape.num_draft_tokens} drafts the "
+                                 f"same trees in fewer steps; or raise num_draft_tokens to {shape.num_steps + 1}")
         rel, eng = _rules(case)
         resolved = eng.resolve_tree(shape.num_steps, shape.topk, shape.num_draft_tokens, None, release=rel)
         if resolved.crash is not None:
@@ -109,8 +118,15 @@ def check_serving(case) -> None:
                             found=err.found) from err
 
 
+def check_placement(case) -> None:
+    """[placement] sizes parse ("130GiB"), as the placement step will parse them."""
+    from diag.target.placement import check_values
+    check_values(case.placement.gpu_memory, case.placement.activation_budget, file=case.source)
+
+
 def check_case_values(case) -> None:
     check_ranges(case)
+    check_placement(case)
     check_trees(case)
     check_regimes(case)
     check_serving(case)

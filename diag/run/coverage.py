@@ -46,7 +46,7 @@ def continuation_targets(tp, i: int) -> torch.Tensor:
     """[C] the target's greedy token at each continuation position of sequence i:
     argmax[prompt_len-1 .. T-2] (argmax[j] = the token after index j)."""
     s = tp.sequences[i]
-    return tp.argmax[i][s.prompt_len - 1:len(s.ids) - 1]
+    return tp.argmax[i][s.prompt_len - 1:s.emitted - 1]
 
 
 def perfect_rounds(tp, i: int, covered: torch.Tensor, num_steps: int, max_steps: int) -> list[int]:

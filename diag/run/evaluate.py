@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from diag.replay.evaluation import ANY, LEGACY_AXES, Axes, Evaluation, best, select, summarize
 from diag.replay.replay import Variant, replay
-from diag.run.inputs import Inputs, draft_tables_by_mode
+from diag.replay.round_accounting import accounting_for
+from diag.run.inputs import Inputs, draft_tables_by_mode, round_accounting
 from diag.trees import TreeShape
 
 
@@ -64,15 +65,16 @@ def evaluate(inp: Inputs, drafter, embed, head, passes, *, progress: bool,
     layouts = {c.label: c.layout for c in inp.candidates}
     budget = inp.case.evaluate.token_budget
     tables = draft_tables_by_mode(inp)
+    acc = accounting_for(round_accounting(inp.case))
     evals = _summaries(replay(drafter, embed, head, passes, variants(inp), layouts, token_budget=budget,
-                              progress=progress, tables=tables), inp)
+                              progress=progress, tables=tables, accounting=acc), inp)
     top = best(select(evals, reference_axes(inp), decoding="greedy"))
     cross = cross_variants(inp, top.layout if top else None, inp.shapes[0])
     if cross:
         evals += _summaries(replay(drafter, embed, head, passes, cross, layouts, token_budget=budget,
-                                   progress=progress, tables=tables), inp)
+                                   progress=progress, tables=tables, accounting=acc), inp)
     for name in (inp.rendered.others() if inp.rendered else ()):
         evals += _summaries(replay(drafter, embed, head, {inp.regimes[0]: extra[name]},
                                    rendering_variants(inp, name), layouts, token_budget=budget,
-                                   progress=progress, tables=tables), inp)
+                                   progress=progress, tables=tables, accounting=acc), inp)
     return evals

@@ -14,12 +14,14 @@ from pathlib import Path
 import torch
 
 from diag.checkpoint.config import read_config_json, text_config
+from diag.checkpoint.dtypes import check_header_dtypes, declared_dtype
 from diag.checkpoint.headers import tensor_infos
-from diag.checkpoint.layers import check_layer_count
+from diag.checkpoint.layers import check_embedding, check_layer_count
 from diag.drafter.checkpoint import DrafterCheckpoint, inspect_drafter
 from diag.engines import EngineRules, Release, engine, rules
 from diag.engines.common import DraftTables, ServingError
 from diag.errors import DiagError
+from diag.checkpoint.readable import require_readable_tree
 from diag.layouts import CapturePoint, point, union_points
 from diag.run.candidates import Candidate, candidates_for
 from diag.run.case import Case, resolve_path
@@ -27,6 +29,7 @@ from diag.run.checkpoints import locate
 from diag.run.decodings import DecodingPlan, plan as decoding_plan
 from diag.run.prompts import PromptSet, read_prompt_set, read_recorded
 from diag.run.rendered import RenderedPrompts, render_prompts
+from diag.target.placement import require_bf16, require_gpus
 from diag.target.load import TargetInfo, plain_config, target_info
 from diag.target.tokenizer import TRUST_FLAG, load_tokenizer
 from diag.trees import TreeShape, tree_shape
@@ -80,6 +83,20 @@ def dtype_of(name: str, field_name: str, case: Case):
     return DTYPES[name]
 
 
+def served_dtypes(case: Case, target_config: dict):
+    """(target dtype, drafter dtype) as the engine runs them unless the case says otherwise:
+    "auto" is the target checkpoint's dtype (config.json `dtype`, older `torch_dtype`; None
+    when it names none: the loader's default), and the drafter runs in the target's dtype, as
+    vLLM (SpeculativeConfig: the draft model config takes the target's dtype) and SGLang (the
+    draft worker shares server_args.dtype) run it. Example: a bf16 target and an fp32 drafter,
+    both "auto" -> (bfloat16, bfloat16); drafter.dtype = "float32" -> (bfloat16, float32)."""
+    target = dtype_of(case.target.dtype, "target.dtype", case)
+    written = target_config.get("dtype") or target_config.get("torch_dtype")
+    served = target or (DTYPES.get(written) if isinstance(written, str) else None)
+    drafter = dtype_of(case.drafter.dtype, "drafter.dtype", case) or served or torch.float32
+    return target, drafter
+
+
 def check_pair_config(tinfo: TargetInfo, dpath: Path) -> None:
     """The pair's vocabulary and width from the drafter's config.json alone, before its headers
     are read against that config (a wrong vocab_size is the user's mistake to name, not the
@@ -111,18 +128,41 @@ def check_pair(tinfo: TargetInfo, dckpt: DrafterCheckpoint) -> None:
                         expected=f"{tinfo.hidden_size} (target hidden_size)", found=cfg.target_hidden_size)
 
 
+# A tokenizer must produce at least this share of the target's vocabulary. Vocabularies are
+# padded for kernels and tensor parallelism: Qwen2.5 has 151,665 tokenizer ids for vocab_size
+# 152,064 (99.7%), Phi-2 50,295 for 51,200 (98.2%); a tokenizer of another model covers far
+# less (600 of 2048 ids = 29%: its ids would be the wrong tokens). 90% leaves padding room.
+MIN_TOKENIZER_COVERAGE = 0.90
+
+
 def check_tokenizer(tok, tinfo: TargetInfo) -> None:
     if len(tok) > tinfo.vocab_size:
         raise DiagError("tokenizer has more tokens than the target's embedding table",
                         file=f"{tinfo.path}/tokenizer.json", field="vocab",
                         expected=f"<= {tinfo.vocab_size} (config vocab_size)", found=len(tok))
+    if len(tok) < MIN_TOKENIZER_COVERAGE * tinfo.vocab_size:
+        raise DiagError("the target's tokenizer covers too little of its vocabulary (another model's "
+                        "tokenizer?)", file=f"{tinfo.path}/tokenizer.json", field="vocab",
+                        expected=f">= {MIN_TOKENIZER_COVERAGE:.0%} of vocab_size {tinfo.vocab_size} = "
+                                 f"{int(MIN_TOKENIZER_COVERAGE * tinfo.vocab_size)} ids (a padded vocabulary "
+                                 "is normal, a missing one is not)",
+                        found=f"{len(tok)} ids ({len(tok) / tinfo.vocab_size:.0%})")
+
+
+def check_not_drafter(tpath: Path, tcfg: dict, case: Case) -> None:
+    """A drafter checkpoint given as the target is named as such."""
+    from diag.checkpoint.drafter_format import not_a_drafter
+    not_a_drafter(tpath, tcfg, field="--target" if case.source.startswith("<") else "target.path")
 
 
 def check_target_files(tpath: Path, tcfg: dict) -> None:
     """Every shard's header (corrupt or truncated files, byte ranges that do not fit their
     shapes), the decoder layers the weights hold against num_hidden_layers, and a config
     the loader can build (diag.target.load.plain_config)."""
-    check_layer_count(tensor_infos(tpath), tcfg, file=str(tpath), config_file=str(tpath / "config.json"))
+    infos, cfile = tensor_infos(tpath), str(tpath / "config.json")
+    check_header_dtypes(infos, tcfg, what="target", config_file=cfile)
+    check_embedding({n: i.shape for n, i in infos.items()}, tcfg, file=str(tpath), config_file=cfile)
+    check_layer_count(infos, tcfg, file=str(tpath), config_file=cfile)
     plain_config(tcfg, str(tpath / "config.json"))        # an unloadable config fails here, not at load
 
 
@@ -147,6 +187,12 @@ def draft_tables_by_mode(inp: "Inputs") -> dict[str, DraftTables]:
     """The served engine's draft tables for both drafter modes, "eagle3" and "eagle"."""
     rel, eng = served_by(inp.case)
     return {m: eng.draft_tables(inp.drafter_config, m, release=rel) for m in ("eagle3", "eagle")}
+
+
+def round_accounting(case: Case) -> str:
+    """The round accounting the served release counts (replay/round_accounting.py names it)."""
+    rel, eng = served_by(case)
+    return eng.round_accounting(rel)
 
 
 def sampled_verification(inp: "Inputs") -> str:
@@ -194,7 +240,11 @@ def tree_shapes(case: Case) -> tuple[list[TreeShape], list[str]]:
                   f"num_draft_tokens = num_steps + 1 when topk = 1" for (s, k, d), shape in rewritten]
         for shape in more:
             crash = eng.resolve_tree(shape.num_steps, shape.topk, shape.num_draft_tokens, None, release=rel).crash
-            if crash is None:
+            if shape.wasted_steps:
+                notes.append(f"tree grid: {shape.name} left out: it verifies {shape.num_draft_tokens - 1} "
+                             f"token(s) per round, so {shape.wasted_steps} of its {shape.num_steps} draft steps "
+                             "are never verified")
+            elif crash is None:
                 shapes.append(shape)
             else:
                 notes.append(f"tree grid: {shape.name} left out: {name} cannot run it ({crash})")
@@ -287,15 +337,23 @@ def prepare(case: Case) -> Inputs:
     """Resolve and check everything that needs no target weight (see the module docstring)."""
     located = [locate(case.target.path, case, "target.path"), locate(case.drafter.path, case, "drafter.path")]
     tpath, dpath = (loc.path for loc in located)
+    require_gpus(case.placement.gpus, file=case.source, gpu_memory=case.placement.gpu_memory)
+    require_readable_tree(tpath, "target checkpoint", field="target.path")
+    require_readable_tree(dpath, "drafter checkpoint", field="drafter.path")
+    tcfg = read_config_json(tpath, "target")
+    check_not_drafter(tpath, tcfg, case)
+    declared = declared_dtype(tcfg)
+    require_bf16(case.placement.gpus, case.target.dtype if case.target.dtype != "auto" else
+                 ("bfloat16" if declared and declared[1] == "BF16" else "auto"), file=case.source,
+                 field="target.dtype" if case.target.dtype != "auto" else f"{tpath}/config.json {declared and declared[0]}")
     tinfo = target_info(tpath)
+    check_target_files(tpath, tcfg)         # the target's own files first: a fault there is its own
     check_pair_config(tinfo, dpath)
     dckpt = inspect_drafter(dpath)
     dcfg = dckpt.flat
     check_pair(tinfo, dckpt)
     tok = load_tokenizer(tpath, trust_remote_code=trusts_remote_code(case))
     check_tokenizer(tok, tinfo)
-    tcfg = read_config_json(tpath, "target")
-    check_target_files(tpath, tcfg)
     case, served_shapes, notes = with_launch(case, tcfg)
     notes = [loc.note for loc in located if loc.note] + notes
     cands, cand_notes, serving_error = candidates_for(case, tinfo, dcfg, dpath)

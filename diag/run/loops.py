@@ -92,7 +92,7 @@ def loop_section(sequences, evaluation, decode, *, seed: int, n_boot: int, examp
     masks, found = [], []
     for s in sequences:
         ids = s.ids.tolist()
-        cont = find_loops(ids[s.prompt_len:])
+        cont = find_loops(ids[s.prompt_len:s.emitted])
         mask = [False] * len(ids)
         for lp in cont:
             for k in lp.repeating:
@@ -105,7 +105,7 @@ def loop_section(sequences, evaluation, decode, *, seed: int, n_boot: int, examp
            "sequences_with_loops": len({id(s) for s, _ in found}),
            "periods": sorted({lp.period for _, lp in found}),
            "loop_tokens": sum(sum(m) for m in masks),
-           "continuation_tokens": sum(len(s.ids) - s.prompt_len for s in sequences),
+           "continuation_tokens": sum(s.emitted - s.prompt_len for s in sequences),
            "all": _al(everything, seed, n_boot), "without_loops": _al(outside, seed, n_boot),
            "in_loops": _al(inside, seed, n_boot), "difference": None,
            "examples": [{"prompt": s.prompt_id, "period": lp.period, "from": s.prompt_len + lp.start,

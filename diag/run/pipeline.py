@@ -31,8 +31,9 @@ from diag.run.candidates import Candidate
 from diag.run.case import Case, check_case
 from diag.run.cost_cache import CostKey, load_costs, save_costs
 from diag.run.costs import measure_costs
+from diag.run.engines_section import EnginesSection, engines_section
 from diag.run.evaluate import evaluate, reference_axes
-from diag.run.inputs import Inputs, dtype_of, prepare
+from diag.run.inputs import Inputs, prepare, served_dtypes
 from diag.run.pricing import speedup_section, user_costs
 from diag.run.prompt_sections import prompt_sections
 from diag.run.regime_section import regime_section
@@ -42,6 +43,7 @@ from diag.run.server_section import server_section
 from diag.run.target_passes import target_passes
 from diag.run.verdicts import Verdict, verdicts
 from diag.target.load import TargetInfo, load_embed_and_head
+from diag.target.output_health import output_health
 
 
 @dataclass
@@ -63,11 +65,13 @@ class RunResult:
     speedup: dict | None = None
     regimes: dict | None = None
     server: dict | None = None           # the live server reconciled (run/server_section.py)
+    engines: EnginesSection | None = None  # the engines compared from this one pass (run/engines_section.py)
     renderings: dict | None = None       # the prompt-side sections (prompt_sections.py)
     coverage: dict | None = None
     loops: dict | None = None
     long_context: dict | None = None
     decoding: object = None              # run/decodings.DecodingPlan: served and sampled decodings
+    target_output: object = None         # target/output_health.OutputHealth of the reference pass
 
     def best_layout(self) -> str | None:
         """The eagle3 layout with the highest accept length at the reference axes."""
@@ -146,7 +150,7 @@ def _speedup(inp: Inputs, measured: _Costs, evals: list[Evaluation], notes: list
 
 def _continuations(tp) -> torch.Tensor:
     """Every replayed continuation token (target ids), prompts excluded: [sum of T - prompt_len]."""
-    return torch.cat([s.ids[s.prompt_len:] for s in tp.sequences]) if tp.sequences else torch.zeros(0)
+    return torch.cat([s.ids[s.prompt_len:s.emitted] for s in tp.sequences]) if tp.sequences else torch.zeros(0)
 
 
 def _drafter_info(dpath: Path, dckpt, drafter) -> dict:
@@ -173,8 +177,7 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True) -> Ru
         inp = replace(inp, shapes=[*inp.shapes, server.shape],
                       notes=[*inp.notes, f"the server's tree {server.shape.name} ({server.shape_source}) was added "
                                          "to the evaluated trees"])
-    drafter, dckpt = load_drafter(inp.drafter_path,
-                                  dtype=dtype_of(case.drafter.dtype, "drafter.dtype", case) or torch.float32)
+    drafter, dckpt = load_drafter(inp.drafter_path, dtype=served_dtypes(case, inp.target_config)[1])
     drafter.to(_main_device(case))
     embed, head = load_embed_and_head(inp.target_path)
     if drafter.cfg.lm_head_from_target:            # no draft_vocab_size: the target's lm_head
@@ -196,18 +199,24 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True) -> Ru
     evals = evaluate(inp, drafter, embed, head, passes, progress=progress, extra=extra) + sampled.evaluations
     t0 = _stopwatch(timings, "drafter_s", t0)
     health = health_checks(drafter, _continuations(passes[inp.regimes[0]]))
+    ref_pass = passes[inp.regimes[0]]
+    target_output = output_health(ref_pass.sequences, ref_pass.states.get("final"), head, inp.target.vocab_size)
     run = RunResult(case, inp.target, _drafter_info(inp.drafter_path, dckpt, drafter), _prompts_info(inp),
                     pass_meta, inp.candidates, evals, reference_axes(inp), inp.capture_convention,
                     serving_error=inp.serving_error, drafter_health=health,
-                    timings=timings, notes=notes, decoding=inp.decoding)
+                    timings=timings, notes=notes, decoding=inp.decoding, target_output=target_output)
     run.speedup = _speedup(inp, measured, evals, notes)
     ev = case.evaluate
     greedy = run.reference.but(decoding="greedy")           # regimes are compared under greedy decoding
     top = best(select(evals, greedy))
     run.regimes = regime_section(passes, pass_meta["reference_regime"], evals, greedy,
                                  top.layout if top else None, seed=ev.seed, n_boot=ev.bootstrap)
+    run.engines = engines_section(case, inp.drafter_config, inp.target_config, evals, run.reference,
+                                  run.best_layout())
     if server is not None:
-        run.server = server_section(server, evals, run.reference, run.best_layout(), seed=ev.seed, n_boot=ev.bootstrap)
+        served = next((c.label for c in inp.candidates if "serving" in c.roles), None)
+        run.server = server_section(server, evals, run.reference, run.best_layout(), seed=ev.seed,
+                                    n_boot=ev.bootstrap, served_layout=served)
     side = prompt_sections(inp, greedy, top.layout if top else None, evals, passes, extra, drafter, embed, head,
                            progress=progress)                # the prompt side is replayed greedily
     run.renderings, run.coverage, run.loops, run.long_context = \

@@ -96,6 +96,30 @@ class Renderer:
         if r.system and not self.system_prompt:
             raise DiagError("a +system rendering needs a system prompt", field="rendering.system_prompt",
                             expected=f"a system prompt text (for {r.name})", found="none")
+        if text is not None and r.base != "raw":
+            self._probe(r, text, where)
+
+    def _probe(self, r: Rendering, text: str, where: str) -> None:
+        """The template renders one user turn to some text: a syntax error, an exception it
+        raises or an empty rendering is named now, not as a jinja2 traceback mid-run.
+        Example: "{% for m in messages %}{{ m.content }" -> "unexpected '}'", line 1."""
+        msgs = [{"role": "user", "content": "hello"}]
+        kwargs = {} if r.thinking is None else {thinking_switch(text): r.thinking}
+        out = self._apply(msgs, text, where, kwargs, tokenize=False)
+        if not str(out).strip():
+            raise DiagError("the chat template renders to nothing", file=where, field="chat_template",
+                            expected=f"some text for one user turn (rendering {r.name})", found=repr(out))
+
+    def _apply(self, msgs: list[dict], text: str, where: str, kwargs: dict, *, tokenize: bool):
+        import jinja2
+        try:
+            return self.tokenizer.apply_chat_template(msgs, chat_template=text, add_generation_prompt=True,
+                                                      tokenize=tokenize, **kwargs)
+        except (jinja2.TemplateError, TypeError, ValueError) as err:
+            line = f" (line {err.lineno})" if getattr(err, "lineno", None) else ""
+            raise DiagError("the chat template does not render", file=where, field="chat_template",
+                            expected="a Jinja chat template that renders the prompts' turns",
+                            found=f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}{line}") from None
 
     def ids(self, prompt: Prompt, r: Rendering) -> list[int]:
         """Token ids of one prompt under one rendering (see rendering.py for the bases)."""
@@ -109,8 +133,7 @@ class Renderer:
             joined = "\n".join(f"{m['role']}: {m['content']}" for m in msgs) + "\nassistant:"
             return list(tok(joined, add_special_tokens=True)["input_ids"])
         kwargs = {} if r.thinking is None else {thinking_switch(text): r.thinking}
-        out = tok.apply_chat_template(msgs, chat_template=text, add_generation_prompt=True, tokenize=True,
-                                      **kwargs)
+        out = self._apply(msgs, text, self.template(r)[1], kwargs, tokenize=True)
         if isinstance(out, dict) or hasattr(out, "keys"):
             out = out["input_ids"]
         return list(out)

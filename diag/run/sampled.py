@@ -86,7 +86,7 @@ class SampledEvaluations:
         inp, ev = self.inp, self.inp.case.evaluate
         prompts = [p for _, _, p in inp.prompts]
         lens = [len(p) for p in prompts]
-        eos, _ = special_ids(inp.tokenizer)
+        eos, _ = special_ids(inp.tokenizer, inp.target_path)
         layouts = {c.label: c.layout for c in inp.candidates}
         window = max(s.num_steps for s in inp.shapes)
         out = []

@@ -6,6 +6,14 @@ prompts outside the case are an error, except when the case narrows its prompt s
 `categories`): then they are left out and a note says how many. No id in common at all is an
 error that says how SGLang names requests (rid).
 
+Span rule: the server's accept length depends on how far into a generation it was measured, so
+the replay must cover the spans the server generated. The responses' completion_tokens are
+compared with the replay's max_new_tokens (give or take max(2, 10%): the prefill token, a last
+round cut short): a replay shorter than the server's median completion is an error (512-token generations are not "the same prompts" as a 16-token replay); a replay
+longer than the server's longest completion gets a note; both spans are always stated in a note.
+Worked example: completions 512 x 6, max_new_tokens 16 -> DiagError prompts.max_new_tokens,
+expected ">= 512", found 16.
+
 This module reads the server's files (the I/O edge of the reconciliation); the combination
 rules live in server_observation.py, the parsers in diag/engines.
 """
@@ -18,20 +26,26 @@ from diag.engines.sglang.launch import SPEC_MAX_RUNNING_REQUESTS, effective_conf
 from diag.engines.sglang.server_log import read_baseline_log, read_server_log
 from diag.engines.sglang.server_releases import rate_formula, server_release, show
 from diag.engines.sglang.server_responses import RequestCounts, read_generate_responses, read_server_info
+from diag.engines import DEFAULT_FAMILY, engine, rules
 from diag.engines.vllm.metrics import read_vllm_metrics
 from diag.errors import DiagError
+from diag.checkpoint.readable import require_readable
 from diag.run.case import Case, resolve_path
+from diag.run.prompts import read_prompt_set
+from diag.run.server_sampled import read_sampled
+from diag.run.server_text_match import match_by_text
 from diag.run.server_observation import (LogLoad, Observed, ServerObservation, agree_on_shape, log_draft_tokens,
                                          pooled_log, pooled_requests)
 from diag.trees import TreeShape, tree_shape
 
 FILES = ("log", "baseline_log", "responses", "server_info", "vllm_metrics")
+COUNTERS_ONLY = ("log", "baseline_log", "responses", "server_info")   # files of the default family's shape
 
 
 def given(case: Case) -> bool:
     sv = case.server
     return any(getattr(sv, f) is not None for f in (*FILES, "baseline_tokens_per_second", "tokens_per_second",
-                                                     "accept_length"))
+                                                     "accept_length", "sampled"))
 
 
 def _text(case: Case, name: str) -> tuple[str, str] | None:
@@ -42,6 +56,7 @@ def _text(case: Case, name: str) -> tuple[str, str] | None:
     if not path.is_file():
         raise DiagError("server file not found", file=str(path), field=f"server.{name}",
                         expected="a file saved from the server", found="no such file")
+    require_readable(path, "server file", field=f"server.{name}")
     try:
         return str(path), path.read_text()
     except UnicodeDecodeError as err:
@@ -62,10 +77,14 @@ def _check_numbers(case: Case) -> None:
 
 
 def pair(requests: tuple[RequestCounts, ...], prompt_ids: list[str], *, narrowed: bool,
-         source: str) -> tuple[tuple[RequestCounts, ...], list[str]]:
-    """The responses in the case's prompt order, and notes (see the module docstring)."""
-    by_id = {r.id: r for r in requests}
-    wanted = set(prompt_ids)
+         source: str, texts: dict[str, str | None] | None = None) -> tuple[tuple[RequestCounts, ...], list[str]]:
+    """The responses in the case's prompt order, and notes (see the module docstring); with
+    a request id that is no prompt id, by the prompt text saved with it (server_text_match.py)."""
+    by_id, wanted, paired = {r.id: r for r in requests}, set(prompt_ids), []
+    if texts and any(r.prompt is not None and r.id not in wanted for r in requests):
+        requests, n = match_by_text(requests, texts, source)
+        by_id, paired = {r.id: r for r in requests}, [f"{n} responses paired with prompts by their text (their "
+                                                      "request ids match no prompt id)"] if n else []
     if not wanted & set(by_id):
         raise DiagError("the responses' request ids match none of the case's prompt ids", file=source,
                         field="meta_info.id", expected=f"prompt ids such as {prompt_ids[:3]}",
@@ -76,13 +95,13 @@ def pair(requests: tuple[RequestCounts, ...], prompt_ids: list[str], *, narrowed
         raise DiagError("the responses do not cover the case's prompts", file=source, field="meta_info.id",
                         expected=f"one response for each of the {len(prompt_ids)} prompts",
                         found=f"{len(missing)} missing, e.g. {missing[:5]}")
-    extra = [i for i in by_id if i not in wanted]
+    extra = [r.id or f"record {r.record}" for r in requests if r.id not in wanted]
     if extra and not narrowed:
         raise DiagError("the responses hold prompts the case does not replay", file=source, field="meta_info.id",
                         expected=f"only the case's {len(prompt_ids)} prompt ids", found=f"{len(extra)} others, "
                         f"e.g. {extra[:5]}", hint="replay the same prompt set the server answered")
-    notes = [f"{len(extra)} responses are for prompts outside the case's narrowed prompt set and are not used"] \
-        if extra else []
+    notes = paired + ([f"{len(extra)} responses are for prompts outside the case's narrowed prompt set and are "
+                       "not used"] if extra else [])
     return tuple(by_id[i] for i in prompt_ids), notes
 
 
@@ -103,7 +122,7 @@ class _Sources:
         self.mrr: list[tuple[str, int]] = []
         self.notes: list[str] = []
         self.requests: tuple[RequestCounts, ...] = ()
-        self.log = self.vllm = None
+        self.log = self.counters = None
         self.info_version: str | None = None
 
     def shape(self, src: str, tree: tuple) -> None:
@@ -129,6 +148,9 @@ def read_server(case: Case, prompt_ids: list[str], target_config: dict | None, *
         return None
     _check_numbers(case)
     sv, s = case.server, _Sources(case, target_config)
+    eng = engine(sv.engine or case.serving.engine)
+    if eng.family != DEFAULT_FAMILY:
+        return _other_family(s, eng)
     info_text = _text(case, "server_info")
     info = read_server_info(info_text[1], source=info_text[0]) if info_text else None
     rel = _release(case, info.version if info else None, info_text[0] if info_text else None)
@@ -141,7 +163,7 @@ def read_server(case: Case, prompt_ids: list[str], target_config: dict | None, *
             s.mrr.append((info.source, info.max_running_requests))
     _read_log(s, rel, seed, n_boot)
     _read_responses(s, rel, prompt_ids, seed, n_boot)
-    _read_vllm(s)
+    _read_counters(s)
     if sv.tree is not None:
         s.shapes.insert(0, ("server.tree", tree_shape(sv.tree, field="server.tree")))
     _launch(s)
@@ -169,9 +191,11 @@ def _read_responses(s: _Sources, rel, prompt_ids: list[str], seed: int, n_boot: 
         return
     resp = read_generate_responses(got[1], source=got[0], release=rel)
     p = s.case.prompts
+    texts = {q.id: q.text for q in read_prompt_set(resolve_path(p.file, s.case, "prompts.file")).prompts} \
+        if any(r.prompt is not None for r in resp.requests) else None
     s.requests, notes = pair(resp.requests, prompt_ids, narrowed=p.limit is not None or bool(p.categories),
-                             source=got[0])
-    s.notes += notes
+                             source=got[0], texts=texts)
+    s.notes += list(resp.notes) + notes
     s.files.append(("responses", got[0]))
     ds = sorted({r.num_draft_tokens for r in s.requests if r.num_draft_tokens is not None})
     if len(ds) > 1:
@@ -181,18 +205,41 @@ def _read_responses(s: _Sources, rel, prompt_ids: list[str], seed: int, n_boot: 
     if ds:
         s.draft_sets.append((f"{got[0]} (proposed drafts per round)", tuple(ds)))
     s.aggregates.insert(0, pooled_requests(s.requests, seed=seed, n_boot=n_boot))
+    s.notes += check_spans([r.completion_tokens for r in s.requests], p.max_new_tokens, p.recorded, got[0])
 
 
-def _read_vllm(s: _Sources) -> None:
+def check_spans(completions: list[int], max_new_tokens: int, recorded: str | None, source: str) -> list[str]:
+    """The span rule (module docstring): a DiagError, or the notes that state both spans."""
+    if not completions:
+        return []
+    lo, hi, med = min(completions), max(completions), sorted(completions)[len(completions) // 2]
+    replay = (f"the replay continues each prompt up to {max_new_tokens} tokens"
+              + (f" of the recorded continuations ({recorded})" if recorded else ""))
+    server = f"the server generated {lo}-{hi} tokens per request (median {med})"
+    slack = max(2, max_new_tokens // 10)      # the prefill token, a last round cut short
+    if med > max_new_tokens + slack:
+        raise DiagError("the replay is shorter than the server's generations, so the two accept lengths "
+                        "would be measured over different spans", file=source, field="prompts.max_new_tokens",
+                        expected=f">= {med} (the median completion_tokens of the responses; {server})",
+                        found=f"{max_new_tokens}",
+                        hint=f"replay with --max-new-tokens {hi} (or max_new_tokens = {hi} in [prompts])")
+    notes = [f"server spans: {server}; {replay}"]
+    if max_new_tokens > hi + slack:
+        notes.append(f"server spans: the replay runs {max_new_tokens - hi} tokens past the server's longest "
+                     f"completion ({hi}); positions after {hi} are measured by the replay alone")
+    return notes
+
+
+def _read_counters(s: _Sources, reader=read_vllm_metrics) -> None:
     got = _text(s.case, "vllm_metrics")
     if got is None:
         return
-    s.vllm = read_vllm_metrics(got[1], source=got[0])
-    k = s.vllm.num_speculative_tokens
+    s.counters = reader(got[1], source=got[0])
+    k = s.counters.num_speculative_tokens
     s.files.append(("vllm_metrics", got[0]))
     s.shapes.append((f"{got[0]} (vLLM drafts {k} tokens per round, a chain)", TreeShape(k, 1, k + 1)))
-    al = s.vllm.accept_length
-    s.aggregates.insert(1 if s.requests else 0, Observed(al, al, al, f"vLLM counters, {s.vllm.num_drafts} drafts"))
+    al = s.counters.accept_length
+    s.aggregates.insert(1 if s.requests else 0, Observed(al, al, al, f"vLLM counters, {s.counters.num_drafts} drafts"))
 
 
 def _launch(s: _Sources) -> None:
@@ -206,6 +253,43 @@ def _launch(s: _Sources) -> None:
         s.notes += [f"launch command: {n}" for n in eff.tree.notes]
     if eff.max_running_requests is not None:
         s.mrr.append(("serving.launch", eff.max_running_requests))
+
+
+def _other_family(s: _Sources, eng) -> ServerObservation:
+    """A server of another family than the default: its /metrics counters, its sampled runs, the
+    user's numbers and its launch command, each read with that engine's rules (the protocol)."""
+    sv = s.case.server
+    for name in COUNTERS_ONLY:
+        if getattr(sv, name) is not None:
+            raise DiagError(f"diag reconciles a {eng.label} server from its /metrics scrape", file=s.case.source,
+                            field=f"server.{name}", expected="server.vllm_metrics (GET /metrics), server.sampled",
+                            found=f"a {name} file", hint="`diag explain` reads the server's log")
+    if sv.concurrency is not None and sv.max_running_requests is None:
+        raise DiagError(f"diag does not know how many requests {eng.label} runs at once", file=s.case.source,
+                        field="server.max_running_requests", expected="the server's limit on running requests",
+                        found="missing (server.concurrency is set)")
+    eng_rules = rules(eng)
+    _read_counters(s, eng_rules.read_metrics)
+    if sv.tree is not None:
+        s.shapes.insert(0, ("server.tree", tree_shape(sv.tree, field="server.tree")))
+    if s.case.serving.launch:
+        eff = eng_rules.effective_config(eng_rules.parse_launch(s.case.serving.launch, release=eng), s.tcfg,
+                                         release=eng)
+        if eff.tree is not None and eff.tree.shape is not None and not eff.crash:
+            s.shapes.append((f"serving.launch ({eng.display}'s rules)", eff.tree.shape))
+    shape, where, ds = agree_on_shape(s.shapes, s.draft_sets)
+    aggregates = s.aggregates + ([Observed(sv.accept_length, sv.accept_length - 0.005, sv.accept_length + 0.005,
+                                           "server.accept_length")] if sv.accept_length is not None else [])
+    run_al = sv.accept_length if sv.accept_length is not None else (aggregates[0].value if aggregates else None)
+    return ServerObservation(
+        eng.version, tuple(s.files), aggregates[0] if aggregates else None, tuple(aggregates[1:]), (), shape, where,
+        ds, None, s.counters.acceptance_at_depth if s.counters is not None else None, sv.tokens_per_second,
+        "server.tokens_per_second" if sv.tokens_per_second is not None else None, run_al,
+        sv.baseline_tokens_per_second,
+        "server.baseline_tokens_per_second" if sv.baseline_tokens_per_second is not None else None,
+        sv.concurrency, sv.max_running_requests,
+        "server.max_running_requests" if sv.max_running_requests else f"not known for {eng.label}", None, tuple(s.notes),
+        eng.name, eng.label, read_sampled(s.case, eng))
 
 
 def _observation(s: _Sources, rel, seed: int, n_boot: int) -> ServerObservation:
@@ -228,9 +312,10 @@ def _observation(s: _Sources, rel, seed: int, n_boot: int) -> ServerObservation:
     return ServerObservation(
         show(rel), tuple(s.files), aggregates[0] if aggregates else None, tuple(aggregates[1:]), s.requests,
         shape, where, ds, rate_formula(rel) if s.log is not None else None,
-        s.vllm.acceptance_at_depth if s.vllm is not None else None,
+        s.counters.acceptance_at_depth if s.counters is not None else None,
         tps, tps_src if tps is not None else None, run_al, base, base_src, sv.concurrency, mrr, mrr_src,
-        _load(s.log, mrr) if s.log is not None else None, tuple(s.notes))
+        _load(s.log, mrr) if s.log is not None else None, tuple(s.notes),
+        engine(show(rel)).name, engine(show(rel)).label, read_sampled(s.case, engine(show(rel))))
 
 
 def _baseline(s: _Sources) -> tuple[float | None, str | None]:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from diag.engines.sanity import Sampled
 from diag.engines.sglang.explain import consistent_pairs
 from diag.engines.sglang.server_log import DecodeLine
 from diag.engines.sglang.server_responses import RequestCounts
@@ -78,14 +79,18 @@ class ServerObservation:
     baseline_tokens_per_second: float | None
     baseline_source: str | None
     concurrency: int | None
-    max_running_requests: int
+    max_running_requests: int | None              # None: the engine's cap is not known
     max_running_requests_source: str
     load: LogLoad | None
     notes: tuple[str, ...]
+    engine: str = ""                              # the release's name: "sglang-0.5.8", "vllm-0.32.0"
+    engine_label: str = ""                        # how reports write it: "SGLang 0.5.8"
+    sampled: tuple[Sampled, ...] = ()             # runs at T > 0 ([server] sampled), lowest T first
 
     def to_json(self) -> dict:
         s = self.shape
-        return {"release": self.release, "files": [{"kind": k, "path": p} for k, p in self.files],
+        return {"release": self.release, "engine": self.engine_label,
+                "sampled": [x.to_json() for x in self.sampled], "files": [{"kind": k, "path": p} for k, p in self.files],
                 "accept_length": self.accept_length.to_json() if self.accept_length else None,
                 "also": [o.to_json() for o in self.also],
                 "requests": [{"id": r.id, "rounds": r.rounds, "accepted_sum": r.accepted_sum,

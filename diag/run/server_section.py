@@ -9,6 +9,7 @@ reference axes, the tree left free; every candidate is taken at the reference (s
 
 from __future__ import annotations
 
+from diag.engines import DEFAULT_FAMILY, engine
 from diag.engines.sglang.server_releases import server_release
 from diag.engines.sglang.simulate import simulated_acceptance
 from diag.metrics import summary
@@ -16,6 +17,7 @@ from diag.replay.evaluation import ANY, Axes, select
 from diag.run.calibrate import calibration, concurrency
 from diag.run.reconcile import reconcile
 from diag.run.server_observation import ServerObservation
+from diag.run.server_sampled import sanity
 
 
 def _trained(evaluations, reference: Axes, layout: str | None) -> list[dict]:
@@ -26,11 +28,12 @@ def _trained(evaluations, reference: Axes, layout: str | None) -> list[dict]:
             for e in select(evaluations, reference, layout=layout, tree=ANY) if e.accept_length is not None]
 
 
-def _exports(evaluations, reference: Axes, layout: str | None, release: str) -> list[dict]:
-    """SGLang / vLLM simulated-acceptance settings for the trained layout on every evaluated tree."""
-    if layout is None:
+def _exports(evaluations, reference: Axes, layout: str | None, obs: ServerObservation) -> list[dict]:
+    """SGLang / vLLM simulated-acceptance settings for the trained layout on every evaluated tree
+    (written for the default family's releases: none for another family's server)."""
+    if layout is None or engine(obs.engine).family != DEFAULT_FAMILY:
         return []
-    rel = server_release(release)
+    rel = server_release(obs.release)
     out = []
     for e in select(evaluations, reference, layout=layout, tree=ANY):
         if e.accept_length is None:
@@ -42,7 +45,8 @@ def _exports(evaluations, reference: Axes, layout: str | None, release: str) -> 
 
 
 def server_section(obs: ServerObservation, evaluations, reference: Axes, trained_layout: str | None, *,
-                   seed: int, n_boot: int) -> dict:
+                   seed: int, n_boot: int, served_layout: str | None = None) -> dict:
+    check = sanity(obs, evaluations, reference, served_layout)
     # the server decodes with the served decoding: only candidates evaluated under it can explain it
     evaluations = [e for e in evaluations if e.axes.decoding == reference.decoding]
     rec = reconcile(evaluations, obs, seed=seed, n_boot=n_boot)
@@ -53,4 +57,5 @@ def server_section(obs: ServerObservation, evaluations, reference: Axes, trained
             "speedup": calibration(obs, evaluations),
             "concurrency": concurrency(obs.concurrency, obs.max_running_requests, obs.max_running_requests_source,
                                        obs.load),
-            "simulate": _exports(evaluations, reference, trained_layout, obs.release)}
+            "simulate": _exports(evaluations, reference, trained_layout, obs),
+            "sanity": None if check is None else check.to_json()}

@@ -16,14 +16,16 @@ This module knows models and the cache; nothing about drafters or reports.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Callable
 
-from diag.checkpoint.identity import is_memoised
+from diag.checkpoint.identity import drain_notes, is_memoised
 from diag.errors import DiagError
+from diag.replay.round_accounting import accounting_for
 from diag.run.checkpoints import locate
-from diag.run.inputs import Inputs, dtype_of
+from diag.run.inputs import Inputs, dtype_of, round_accounting
 from diag.target.gen_batch import generation_batch
 from diag.target.load import load_target, target_info
 from diag.target.pass_cache import PassKey, load_pass, save_pass, token_digest
@@ -32,8 +34,20 @@ from diag.target.passes import TargetPass, build_sequences, run_capture
 LONG_CONTEXT = "long-context"      # the extra pass of the long-context prompts (long_context.py)
 
 
-def special_ids(tok) -> tuple[set[int], int]:
+def special_ids(tok, target_path: Path | None = None) -> tuple[set[int], int]:
+    """(the ids that end a request, the pad id). A server stops at the tokenizer's eos and at every
+    eos_token_id of the target's generation_config.json (vLLM: the sampling params' stop ids from
+    the generation config). Example: tokenizer eos 1, generation_config [1, 6] -> {1, 6}: a chat
+    model that ends its turn with <|end|> (6) stops there, not at the continuation's limit."""
     eos = {tok.eos_token_id} if tok.eos_token_id is not None else set()
+    gen = Path(target_path) / "generation_config.json" if target_path is not None else None
+    if gen is not None and gen.is_file():
+        try:
+            written = json.loads(gen.read_text()).get("eos_token_id")
+        except (OSError, ValueError):
+            written = None
+        ids = written if isinstance(written, list) else [written]
+        eos |= {i for i in ids if isinstance(i, int) and not isinstance(i, bool)}
     pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
     return eos, pad
 
@@ -78,12 +92,19 @@ def _load_primes_digests(ckpt: Path) -> bool:
     return target_info(ckpt).quantization == "pack-quantized" and not is_memoised(ckpt)
 
 
+def lookahead(inp: Inputs) -> int:
+    """Greedy tokens past each request's end that the engine's round accounting scores
+    (vllm: the deepest tree's steps; window: 0)."""
+    return accounting_for(round_accounting(inp.case)).lookahead(max(s.num_steps for s in inp.shapes))
+
+
 def pass_key(inp: Inputs, regime: str, tokens_sha: str, dtype) -> PassKey:
     case = inp.case
     ckpt = _checkpoint(inp, regime)
     placement = f"gpus={case.placement.gpus}" if case.placement.gpus else "cpu"
-    return PassKey.make(ckpt, tokens_sha, regime, inp.points, case.prompts.max_new_tokens, str(dtype),
-                        placement)
+    extra = lookahead(inp)
+    new_tokens = f"{case.prompts.max_new_tokens}+{extra}" if extra else case.prompts.max_new_tokens
+    return PassKey.make(ckpt, tokens_sha, regime, inp.points, new_tokens, str(dtype), placement)
 
 
 def extra_prompt_sets(inp: Inputs) -> dict[str, list[tuple[str, str, list[int]]]]:
@@ -123,8 +144,9 @@ def _one_pass(inp: Inputs, target: _Target, prompts, recorded, sequences, *, use
     """One TargetPass over `prompts` (or the given sequences), from the cache when it can be."""
     t0 = time.perf_counter()
     dtype, case, clock = target.dtype, inp.case, target.clock
-    eos, pad = special_ids(inp.tokenizer)
+    eos, pad = special_ids(inp.tokenizer, inp.target_path)
     key = pass_key(inp, target.regime, token_digest(prompts, recorded, eos, pad), dtype) if use_cache else None
+    meta["cache_notes"] += [f"checkpoint digest: {n}" for n in drain_notes()]
     tp, why = load_pass(key) if use_cache else (None, None)
     if why:
         meta["cache_notes"].append(f"target pass [{label}]: {why}")
@@ -138,7 +160,7 @@ def _one_pass(inp: Inputs, target: _Target, prompts, recorded, sequences, *, use
                 clock.setdefault("target_generate_longest_prompt", max((len(p) for _, _, p in prompts), default=0))
             sequences = _timed(clock, "target_generate_s", lambda: build_sequences(
                 model, prompts, case.prompts.max_new_tokens, pad_id=pad, eos_ids=eos, recorded=recorded,
-                batch_size=batch, progress=progress))
+                batch_size=batch, progress=progress, lookahead=lookahead(inp)))
         tp = _timed(clock, "target_capture_s", lambda: run_capture(
             model, sequences, inp.points, regime=target.regime, token_budget=case.evaluate.token_budget,
             progress=progress))
@@ -162,6 +184,7 @@ def target_passes(inp: Inputs, *, progress: bool, use_cache: bool,
     dtype = dtype_of(inp.case.target.dtype, "target.dtype", inp.case)
     passes, extra, sequences = {}, {}, None
     meta = {"regimes": {}, "cache_notes": [], "extra_passes": {}, "phases": {}}
+    drain_notes()                         # an earlier run's notes in this process are not this run's
     for reg in inp.regimes:
         target = _Target(inp, reg, dtype, meta["phases"])
         if use_cache and _load_primes_digests(_checkpoint(inp, reg)):
@@ -189,6 +212,6 @@ def _summary(meta: dict, passes: dict[str, TargetPass], inp: Inputs) -> dict:
     meta.update({"source": "recorded" if inp.recorded is not None else "greedy",
                  "max_new_tokens": inp.case.prompts.max_new_tokens, "sequences": len(seqs),
                  "tokens": int(sum(len(s.ids) for s in seqs)),
-                 "continuation_tokens": int(sum(len(s.ids) - s.prompt_len for s in seqs)),
+                 "continuation_tokens": int(sum(s.emitted - s.prompt_len for s in seqs)),
                  "points": [p.name for p in inp.points], "reference_regime": inp.regimes[0]})
     return meta

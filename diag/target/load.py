@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from diag.checkpoint.config import read_config_json, text_config
+from diag.checkpoint.config import positive_int, read_config_json, text_config
 from diag.checkpoint.finite import check_finite
 from diag.errors import DiagError
 
@@ -62,10 +62,12 @@ def target_info(path: str | Path) -> TargetInfo:
     cfg = read_target_config(path)
     tcfg = text_config(cfg)
     arch = (cfg.get("architectures") or ["?"])[0]
+    where = str(Path(path) / "config.json")
     for key in ("num_hidden_layers", "hidden_size", "vocab_size"):
         if key not in tcfg:
-            raise DiagError("target config lacks a required key", file=str(Path(path) / "config.json"),
+            raise DiagError("target config lacks a required key", file=where,
                             field=key, expected="an integer", found="missing")
+        positive_int(cfg, key, file=where, what="target config")      # "6" (a string) is refused here
     digest = hashlib.sha256((Path(path) / "config.json").read_bytes()).hexdigest()[:16]
     return TargetInfo(str(path), arch, int(tcfg["num_hidden_layers"]), int(tcfg["hidden_size"]),
                       int(tcfg["vocab_size"]), digest,

@@ -1,7 +1,7 @@
 """On-disk cache of target passes, keyed by content and checked on every read (DESIGN.md §8).
 
 The key hashes what decides the pass's numbers:
-  the checkpoint's content: the sha256 of every weight, config and tokenizer file
+  the checkpoint's content: the digest (identity.py: xxh3-128 over 64 MiB chunks) of every weight, config and tokenizer file
     (identity.py; memoised per file by its stat, so a second run reads no weight bytes);
   the exact token ids replayed: every prompt after tokenization and chat template, the
     recorded continuations, the eos and pad ids;
@@ -97,7 +97,7 @@ def save_pass(key: PassKey, tp: TargetPass) -> Path:
     tensors = _tensors(tp)
     meta = json.dumps({"format": FORMAT, "key": key.fields, "regime": tp.regime,
                        "points": list(tp.states),
-                       "sequences": [[s.prompt_id, s.category, s.prompt_len] for s in tp.sequences]})
+                       "sequences": [[s.prompt_id, s.category, s.prompt_len, s.end] for s in tp.sequences]})
     key.file.parent.mkdir(parents=True, exist_ok=True)
     tmp = key.file.with_name(f"{key.file.stem}.tmp{os.getpid()}")
     try:
@@ -131,8 +131,8 @@ def load_pass(key: PassKey) -> tuple[TargetPass | None, str | None]:
 
 
 def _from_tensors(meta: dict, tensors: dict[str, torch.Tensor]) -> TargetPass:
-    seqs = [Sequence(pid, cat, int(pl), tensors[f"ids.{i}"])
-            for i, (pid, cat, pl) in enumerate(meta["sequences"])]
+    seqs = [Sequence(row[0], row[1], int(row[2]), tensors[f"ids.{i}"], row[3] if len(row) > 3 else None)
+            for i, row in enumerate(meta["sequences"])]      # [id, category, prompt_len, end]
     n = len(seqs)
     states = {p: [tensors[f"state.{p}.{i}"] for i in range(n)] for p in meta["points"]}
     return TargetPass(meta["regime"], seqs, states, [tensors[f"argmax.{i}"] for i in range(n)],

@@ -18,7 +18,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from diag.target.capture import capture_pass
-from diag.target.generate import greedy_continuations
+from diag.target.generate import cut_at_eos, greedy_continuations
 from diag.layouts import CapturePoint
 
 
@@ -27,7 +27,14 @@ class Sequence:
     prompt_id: str
     category: str
     prompt_len: int
-    ids: torch.Tensor              # [T] int64, prompt then continuation
+    ids: torch.Tensor              # [T] int64, prompt then continuation (then any lookahead)
+    end: int | None = None         # prompt + what the server emits; ids past it are the target's greedy
+                                   # lookahead that scores the request's last rounds (None: len(ids))
+
+    @property
+    def emitted(self) -> int:
+        """Length of the emitted sequence: ids [5 prompt + 6 emitted + 3 lookahead] -> 11."""
+        return len(self.ids) if self.end is None else self.end
 
 
 @dataclass
@@ -52,15 +59,24 @@ class TargetPass:
 
 def build_sequences(model: nn.Module, prompts: list[tuple[str, str, list[int]]], max_new_tokens: int, *,
                     pad_id: int, eos_ids: set[int], recorded: dict[str, list[int]] | None = None,
-                    batch_size: int = 16, progress: bool = True) -> list[Sequence]:
-    """prompts: (id, category, token ids). Recorded continuations win over generation."""
+                    batch_size: int = 16, progress: bool = True, lookahead: int = 0) -> list[Sequence]:
+    """prompts: (id, category, token ids). Recorded continuations win over generation (and have
+    no lookahead). lookahead > 0: the target's greedy tokens continue that far past the end (past
+    max_new_tokens or past the end-of-sequence token), `end` marks where the emitted part stops.
+    Example: max_new_tokens 4, lookahead 2, greedy [5, 1, 7, 8, 9, 3] with eos {1} -> emitted
+    [5, 1], ids prompt + [5, 1, 7, 8], end = prompt + 2."""
     if recorded is not None:
         conts = [recorded[pid][:max_new_tokens] for pid, _, _ in prompts]
-    else:
-        conts = greedy_continuations(model, [p for _, _, p in prompts], max_new_tokens, pad_id=pad_id,
-                                     eos_ids=eos_ids, batch_size=batch_size, progress=progress)
-    return [Sequence(pid, cat, len(p), torch.tensor(p + c, dtype=torch.long))
-            for (pid, cat, p), c in zip(prompts, conts)]
+        return [Sequence(pid, cat, len(p), torch.tensor(p + c, dtype=torch.long))
+                for (pid, cat, p), c in zip(prompts, conts)]
+    longer = greedy_continuations(model, [p for _, _, p in prompts], max_new_tokens + lookahead, pad_id=pad_id,
+                                  eos_ids=set(), batch_size=batch_size, progress=progress)
+    out = []
+    for (pid, cat, p), c in zip(prompts, longer):
+        emitted = len(cut_at_eos(c[:max_new_tokens], eos_ids))
+        ids = torch.tensor(p + c[:emitted + lookahead], dtype=torch.long)
+        out.append(Sequence(pid, cat, len(p), ids, len(p) + emitted if lookahead else None))
+    return out
 
 
 def budget_batches(lengths: list[int], token_budget: int) -> list[list[int]]:

@@ -48,6 +48,54 @@ def parse_bytes(text: str | int | None, *, field: str) -> int | None:
                         found=repr(text)) from err
 
 
+def check_values(gpu_memory, activation_budget, *, file: str | None = None) -> None:
+    """The placement's sizes parse, before anything runs (`diag validate` runs this too)."""
+    for key, value in (("gpu_memory", gpu_memory), ("activation_budget", activation_budget)):
+        try:
+            parse_bytes(value, field=f"placement.{key}")
+        except DiagError as err:
+            raise DiagError(err.message, file=file, field=err.field, expected=err.expected, found=err.found) from err
+
+
+def require_gpus(gpus: int, *, field: str = "placement.gpus", file: str | None = None,
+                 gpu_memory: str | int | None = None, memory_field: str = "placement.gpu_memory") -> None:
+    """`gpus` CUDA devices are visible to this torch, and a per-GPU budget fits the smallest of
+    them, else a DiagError naming the flag: a CPU-only torch used to fail deep in the drafter's
+    .to("cuda:0") with an AssertionError, a budget past the device's memory at the weights' load.
+    Example: --gpus 2 on torch 2.13+cpu -> found "0 visible (torch 2.13.0+cpu is built without CUDA)";
+    --gpu-memory 500GiB on 141 GiB H200s -> expected "<= 139.8 GiB", found "500.0 GiB"."""
+    if gpus <= 0:
+        return
+    seen = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if seen < gpus:
+        why = (f"torch {torch.__version__} is built without CUDA" if torch.version.cuda is None
+               else "CUDA_VISIBLE_DEVICES or the driver hides the others")
+        raise DiagError("placement asks for more GPUs than this machine shows torch", file=file, field=field,
+                        expected=f"{gpus} CUDA device(s)", found=f"{seen} visible ({why})",
+                        hint="run with --gpus 0 (the CPU), or on a machine with the GPUs and a CUDA build of torch")
+    budget = parse_bytes(gpu_memory, field=memory_field)
+    if budget is not None:
+        total = min(torch.cuda.get_device_properties(i).total_memory for i in range(gpus))
+        if budget > total:
+            raise DiagError("the per-GPU memory budget is more than the GPU has", file=file, field=memory_field,
+                            expected=f"<= {_gib(total)} (the smallest of the {gpus} GPU(s))", found=_gib(budget),
+                            hint="lower --gpu-memory, or leave it out to plan with each GPU's free memory")
+
+
+def require_bf16(gpus: int, dtype_name: str, *, field: str = "target.dtype", file: str | None = None) -> None:
+    """bfloat16 weights on GPUs that cannot compute in it (before Ampere: V100, T4) are refused
+    by name; on the CPU torch emulates bf16. dtype_name: the case's dtype, or the checkpoint's
+    declared one for "auto" ("bfloat16", "bf16")."""
+    if gpus <= 0 or dtype_name not in ("bfloat16", "bf16") or not torch.cuda.is_available():
+        return
+    if not torch.cuda.is_bf16_supported():
+        name = torch.cuda.get_device_name(0)
+        raise DiagError("the GPUs cannot compute in bfloat16", file=file, field=field,
+                        expected="a GPU with bfloat16 (compute capability >= 8.0: A100, H100, ...)",
+                        found=f"{name} (compute capability {'.'.join(map(str, torch.cuda.get_device_capability(0)))})",
+                        hint='set dtype = "float16" or "float32" in [target], or run on the CPU (--gpus 0)')
+
+
 def activation_bytes(config, token_budget: int, *, num_points: int = 4, vocab_chunk: int = 32768) -> int:
     """Estimated peak activation bytes of one token-budget batch (see the module docstring)."""
     c = _cfg_dict(config)

@@ -21,6 +21,7 @@ import dataclasses
 import hashlib
 import json
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -124,13 +125,40 @@ def stale(name: str, rebuilt: set[str] = frozenset()) -> str | None:
         return "not built"
     meta = read_meta(name)
     if meta is None:
-        return f"no {META_FILE}"
+        return f"its {META_FILE} is missing or unreadable"
+    if (damaged := _damaged(name, meta)) is not None:
+        return damaged
     if "fingerprint" in meta:
         return None if meta["fingerprint"] == fingerprint(name) else "its recipe or one it needs changed"
     if meta.get("recipe") != _plain(entry(name).recipe):
         return "its recipe changed"
     changed = [d for d in entry(name).needs if d in rebuilt]
     return f"{', '.join(changed)} was rebuilt" if changed else None
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    """sha256 of every file an entry holds but its zoo_meta.json, recorded when it is built."""
+    return {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(folder.iterdir())
+            if f.is_file() and f.name != META_FILE}
+
+
+def _damaged(name: str, meta: dict) -> str | None:
+    """Why an entry's files are not the ones it was built with (verified by content, as the
+    pass cache is), None when they are. Digests come from the memo while a file's stat is
+    unchanged (checkpoint.identity), so a served entry is not re-read on every use; an entry
+    built before digests were recorded is not checked. Example: one byte of model.safetensors
+    flipped on disk -> "its model.safetensors changed on disk since it was built"."""
+    from diag.checkpoint.identity import file_digest
+    files = meta.get("files")
+    if not isinstance(files, dict):
+        return None
+    for fname, digest in sorted(files.items()):
+        path = cache.entry_dir(name) / fname
+        if not path.is_file():
+            return f"its {fname} is missing"
+        if file_digest(path) != digest:
+            return f"its {fname} changed on disk since it was built (sha256 {digest[:12]} recorded)"
+    return None
 
 
 def outdated(names: list[str]) -> set[str]:
@@ -158,8 +186,8 @@ def build_one(name: str, deps: dict[str, Path], rebuilt: set[str] = frozenset())
             return
         start = time.perf_counter()
         metrics = _run_builder(name, tmp, deps)
-        (tmp / META_FILE).write_text(json.dumps(_meta(name, time.perf_counter() - start, metrics),
-                                                indent=2) + "\n")
+        meta = {**_meta(name, time.perf_counter() - start, metrics), "files": _digests(tmp)}
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     return cache.publish(name, work, keep=lambda _path: stale(name, rebuilt) is None)
 
 
@@ -177,6 +205,8 @@ def ensure(names: list[str], progress: bool = True) -> dict[str, Path]:
             paths[n] = cache.entry_dir(n)
             continue
         bar.set_postfix_str(n)
+        if cache.is_built(n) and (why := stale(n, rebuilt)) is not None:
+            tqdm.write(f"diag zoo: rebuilding {n}: {why}", file=sys.stderr)
         paths[n], now = build_one(n, paths, rebuilt)
         if now:
             rebuilt.add(n)
@@ -186,5 +216,11 @@ def ensure(names: list[str], progress: bool = True) -> dict[str, Path]:
 
 
 def read_meta(name: str) -> dict | None:
+    """An entry's zoo_meta.json; None when missing or unreadable (one cut short by a full disk
+    or a killed copy makes the entry stale, so it is rebuilt, not a JSONDecodeError)."""
     f = cache.entry_dir(name) / META_FILE
-    return json.loads(f.read_text()) if f.is_file() else None
+    try:
+        meta = json.loads(f.read_text()) if f.is_file() else None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return meta if isinstance(meta, dict) else None

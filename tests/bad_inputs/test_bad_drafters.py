@@ -137,6 +137,7 @@ def test_permuted_d2t_predicts_nothing_and_never_matches(tmp_path, monkeypatch):
     run = run_case(case, progress=False)
     kinds = {v.kind: v for v in run.verdicts}
     assert "drafter-predicts-nothing" in kinds and kinds["drafter-predicts-nothing"].severity == "error"
+    assert "target-output-garbage" not in kinds          # the trained target is fine: the drafter is blamed
     assert not {"layout-match", "layout-mismatch", "trained-layout", "eagle-algorithm"} & set(kinds)
     checks = {c["name"]: c for c in kinds["drafter-predicts-nothing"].evidence["checks"]}
     assert not checks["d2t order"]["ok"] and checks["weights finite"]["ok"]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from diag.checkpoint.config import read_config_json
 from diag.checks.lint.flags import check_flags
-from diag.checkpoint.drafter_format import flat_config
+from diag.checkpoint.drafter_format import flat_config, not_a_drafter
 from diag.checks.lint.drafter import (check_engine_class, check_format, check_torchspec_ids, check_weights,
                                       config_only)
 from diag.checks.lint.launch import check_max_running, check_tree
@@ -86,6 +86,7 @@ def lint(drafter_dir: str | Path, target_dir: str | Path, launch: str | None, *,
     engine, eng = rel.name, rules(rel)
     raw = read_config_json(Path(drafter_dir), "drafter")
     target = read_config_json(Path(target_dir), "target")
+    not_a_drafter(target_dir, target, field="--target")
     try:
         drafter = flat_config(raw)
     except DiagError:                      # check_format reports it

@@ -10,9 +10,7 @@ from __future__ import annotations
 from diag.checkpoint.drafter_format import canonical_names, detect, trainer_marks
 from diag.checkpoint.headers import TensorInfo as HeaderInfo
 from diag.checks.lint.pair import Finding, Pair
-from diag.engines.sglang.drafter_keys import draft_vocab_crash
-from diag.engines.sglang.drafter_models import builds_drafter, drafter_classes
-from diag.engines import engine
+from diag.engines import engine, rules
 
 NOT_CHECKED = ("fc.weight's width against the layout", "d2t / t2d presence, dtypes and shapes",
                "lm_head rows against draft_vocab_size", "embed_tokens", "every weight name and shape "
@@ -25,9 +23,10 @@ def check_format(p: Pair) -> list[Finding]:
     o = fmt.options
     flags = [k for k in ("fc_norm", "norm_before_fc", "norm_output", "norm_before_residual", "qk_norm")
              if getattr(o, k)]
+    rel = engine(p.engine)
     head = ("its own lm_head" if o.lm_head == "drafter" else
-            "no head: SGLang cannot build it without a draft_vocab_size key (see CONFIG)"
-            if draft_vocab_crash(p.raw_drafter, p.engine) else
+            f"no head: {rel.label} cannot build it without a draft_vocab_size key (see CONFIG)"
+            if rules(rel).drafter_support(p.raw_drafter, release=rel).head_crash else
             "the target's lm_head over the full vocabulary (draft_vocab_size null or absent)")
     return [Finding("info", "DRAFTER_FORMAT", f"{fmt.architecture}: {fmt.format} format, {fmt.attention} "
                     f"attention, {fmt.variant}{' (' + ', '.join(flags) + ')' if flags else ''}, scores with "
@@ -36,21 +35,26 @@ def check_format(p: Pair) -> list[Finding]:
 
 def check_engine_class(p: Pair) -> list[Finding]:
     fmt = detect(p.raw_drafter, None, file=p.drafter_file)
-    if builds_drafter(fmt.architecture, engine_name=p.engine):
+    rel = engine(p.engine)
+    support = rules(rel).drafter_support(p.raw_drafter, release=rel)
+    if support.builds is None:
+        return [Finding("info", "DRAFTER_CLASS_NOT_CHECKED", f"whether {rel.label} builds {fmt.architecture} is "
+                        f"not checked: diag has not read {rel.display}'s model registry", "n/a",
+                        "check the server's startup log for the draft model's class", p.drafter_file,
+                        "architectures")]
+    if support.builds:
         return []
-    label = engine(p.engine).label
-    return [Finding("error", "UNSERVABLE_DRAFTER", f"{label} has no model class for {fmt.architecture}",
+    return [Finding("error", "UNSERVABLE_DRAFTER", f"{rel.label} has no model class for {fmt.architecture}",
                     f"the server refuses the draft model at startup (its EAGLE-3 classes are "
-                    f"{' and '.join(sorted(drafter_classes(engine_name=p.engine)))})", _class_fix(fmt),
-                    p.drafter_file,
-                    "architectures")]
+                    f"{' and '.join(support.classes)})", _class_fix(fmt, support.classes),
+                    p.drafter_file, "architectures")]
 
 
-def _class_fix(fmt) -> str:
+def _class_fix(fmt, classes: tuple[str, ...]) -> str:
     if fmt.architecture == "Eagle3DeepseekV2ForCausalLM":
         return "upgrade to SGLang 0.5.12 or newer (srt/models/kimi_k25_eagle3.py serves MLA drafters)"
     return ("serve it with vLLM (which reads speculators configs), or convert it to "
-            "LlamaForCausalLMEagle3 (keys midlayer.*, ids in eagle_config)")
+            f"{classes[0]} (keys midlayer.*, ids in eagle_config)")
 
 
 def check_weights(p: Pair) -> list[Finding]:

@@ -20,13 +20,19 @@ def check_tree(p: Pair) -> list[Finding]:
                         None, flag)]
     sev = "warning" if tree.requested != (None, None, None) else "info"
     shape = tree.shape
+    wasted = [Finding("warning", "TREE_WASTED_STEPS", f"{shape.name} verifies {shape.num_draft_tokens - 1} "
+                      f"token(s) per round but drafts {shape.num_steps} steps",
+                      f"{shape.wasted_steps} draft step(s) per round are never verified (a node at depth j "
+                      "needs its whole path in the verify tree)",
+                      f"--speculative-num-steps {shape.num_draft_tokens - 1}, or --speculative-num-draft-tokens "
+                      f"{shape.num_steps + 1}", None, "--speculative-num-steps")] if shape.wasted_steps else []
     fix = (f"to verify more than {shape.num_draft_tokens - 1} draft token(s) per round use "
            f"topk > 1 (a tree) or more steps; otherwise pass num_draft_tokens = "
            f"{shape.num_steps + 1} so the flags say what runs" if sev == "warning" else
            "pass all three tree flags to pin the shape")
     return [Finding(sev, "TREE_REWRITE" if sev == "warning" else "TREE_AUTO", note,
                     f"{rules(p.engine).display} runs {shape.name} (S={shape.num_steps}, K={shape.topk}, "
-                    f"D={shape.num_draft_tokens})", fix, None, flag) for note in tree.notes]
+                    f"D={shape.num_draft_tokens})", fix, None, flag) for note in tree.notes] + wasted
 
 
 def check_max_running(p: Pair) -> list[Finding]:

@@ -41,7 +41,7 @@ def check_serving(p: Pair) -> list[Finding]:
     own = f"set {e.field}: {e.expected}" if e.field == "draft_vocab_size" else None   # not a layout fix
     fix = own or _declared_fix(p) or (f"expected: {e.expected}" if e.expected is not None else
                                       "see the message")
-    return [Finding("error", "CONFIG", e.message, "SGLang fails on or misreads this field",
+    return [Finding("error", "CONFIG", e.message, f"{rules(p.engine).display} fails on or misreads this field",
                     fix, p.drafter_file, e.field)]
 
 
@@ -49,7 +49,7 @@ def check_algorithm(p: Pair) -> list[Finding]:
     if p.flags is None:
         return [Finding("info", "NO_LAUNCH", "no launch command given: algorithm, tree flags and "
                         "max_running_requests not checked; assuming EAGLE3",
-                        "n/a", "pass --launch \"python -m sglang.launch_server ...\"")]
+                        "n/a", f"pass --launch with the command that starts the {engine(p.engine).label} server")]
     if algorithm(p) != "EAGLE" or not is_eagle3_drafter(p):
         return []
     plan, base = p.eagle_plan, eagle3_plan(p)

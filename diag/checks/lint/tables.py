@@ -1,6 +1,6 @@
-"""Lint checks of the tables SGLang swaps in (diag.engines.sglang.draft_tables): a drafter's own
+"""Lint checks of the tables the engine swaps in (EngineRules.draft_tables): a drafter's own
 embed_tokens or lm_head that the server never reads, the EAGLE vocabulary limit, and
-eagle_config.use_aux_hidden_state (diag.engines.sglang.drafter_keys).
+eagle_config.use_aux_hidden_state (EngineRules.drafter_support), each in the engine's terms.
 
 Each check takes the Pair (pair.py) and returns Findings; none reads a weight value.
 """
@@ -8,8 +8,7 @@ Each check takes the Pair (pair.py) and returns Findings; none reads a weight va
 from __future__ import annotations
 
 from diag.checks.lint.pair import Finding, Pair, algorithm, find
-from diag.engines.sglang.draft_tables import SOURCE, draft_tables_for
-from diag.engines.sglang.drafter_keys import uses_aux_hidden_state
+from diag.engines import engine, rules
 from diag.engines.common import ServingError
 
 
@@ -18,11 +17,12 @@ def check_tables(p: Pair) -> list[Finding]:
         return []
     out = []
     mode = "eagle" if algorithm(p) == "EAGLE" else "eagle3"
-    tables = draft_tables_for(p.drafter, mode)
+    rel = engine(p.engine)
+    tables = rules(rel).draft_tables(p.drafter, mode, release=rel)
     embed, head = find(p.tensors, "embed_tokens.weight"), find(p.tensors, "lm_head.weight")
     if embed is not None and tables.embed == "target":
         out.append(Finding("info", "DRAFTER_EMBED_UNUSED", "the drafter checkpoint ships embed_tokens, "
-                           "but the server embeds with the target's table", tables.why + f" ({SOURCE})",
+                           "but the server embeds with the target's table", tables.why + (f" ({tables.source})" if tables.source else ""),
                            "nothing to do if the drafter was trained on the target's embeddings; "
                            "otherwise set target_hidden_size != hidden_size only if the widths "
                            "really differ", embed[1].file, embed[0]))
@@ -35,7 +35,8 @@ def check_tables(p: Pair) -> list[Finding]:
         out.append(Finding("warning", "EAGLE_VOCAB_LIMIT", f"under EAGLE drafts are limited to the "
                            f"first {tables.vocab_limit} target token ids", tables.why,
                            "launch with --speculative-algorithm EAGLE3", None, "draft_vocab_size"))
-    aux, note = uses_aux_hidden_state(p.drafter, p.engine)
+    support = rules(rel).drafter_support(p.drafter, release=rel)
+    aux, note = support.aux, support.aux_note
     if note is not None and not isinstance(p.plan, ServingError):
         out.append(Finding("warning" if not aux else "info", "USE_AUX_HIDDEN_STATE", note,
                            f"{p.engine} serves {p.plan.layout}", "remove the key, or put "

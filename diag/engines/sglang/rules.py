@@ -14,17 +14,20 @@ from __future__ import annotations
 from dataclasses import replace
 
 from diag.checkpoint.config import num_layers
-from diag.engines.common import (DraftTables, EffectiveConfig, FlagProblem, Fix, LaunchFlags, RequestDefaults,
-                                 ResolvedShape, ServingError, ServingPlan)
+from diag.engines.common import (DrafterSupport, DraftTables, EffectiveConfig, FlagProblem, Fix, LaunchFlags,
+                                 RequestDefaults, ResolvedShape, ServingError, ServingPlan)
 from diag.engines.protocol import Release, Verification
 from diag.engines import conventions
+from diag.engines.sanity import EngineSanity, Sampled, limit_check
 from diag.engines.sglang import accept_rate, flag_parser, launch, server_log, server_responses, serving
 from diag.engines.sglang import conventions as _sglang_conventions  # noqa: F401  (registers them)
 from diag.engines.sglang.algorithms import ALIASES, MODES, mode_of
 from diag.engines.sglang.architectures import auto_defaults_key, capture_model
 from diag.engines.sglang.capture import NoCapture, capture_rule
 from diag.engines.sglang.decoding import request_defaults
-from diag.engines.sglang.draft_tables import draft_tables_for
+from diag.engines.sglang import drafter_keys
+from diag.engines.sglang.draft_tables import SOURCE as TABLES_SOURCE, draft_tables_for
+from diag.engines.sglang.drafter_models import builds_drafter, drafter_classes
 from diag.engines.sglang.serving import IDS_FIELD
 from diag.engines.sglang.tree_rules import resolve_sglang_shape
 from diag.engines.sglang.versions import RELEASES, engine
@@ -81,7 +84,14 @@ class SglangEngine:
         return serving.fix_for(layout, target_config, engine_name=release.name)
 
     def draft_tables(self, drafter_config: dict, mode: str, *, release: Release) -> DraftTables:
-        return draft_tables_for(drafter_config, mode)
+        return replace(draft_tables_for(drafter_config, mode), source=TABLES_SOURCE)
+
+    def drafter_support(self, drafter_config: dict, *, release: Release) -> DrafterSupport:
+        arch = drafter_keys.drafter_class(drafter_config)
+        aux, note = drafter_keys.uses_aux_hidden_state(drafter_config, release.name)
+        return DrafterSupport(builds_drafter(arch, engine_name=release.name),
+                              tuple(sorted(drafter_classes(engine_name=release.name))),
+                              drafter_keys.draft_vocab_crash(drafter_config, release.name), aux, note)
 
     def resolve_tree(self, num_steps: int | None, topk: int | None, num_draft_tokens: int | None,
                      target_config: dict | None, *, release: Release,
@@ -91,6 +101,9 @@ class SglangEngine:
 
     def verification(self, release: Release) -> Verification:
         return VERIFICATION
+
+    def round_accounting(self, release: Release) -> str:
+        return "window"         # SGLang's end-of-request rounds are not modelled yet
 
     def request_defaults(self, generation_config: dict | None, sampling_defaults: str = "model", *,
                          release: Release) -> RequestDefaults:
@@ -116,6 +129,25 @@ class SglangEngine:
         raise DiagError("diag reads no SGLang /metrics scrape", file=source, field="metrics",
                         expected="the server log, /generate responses or /server_info",
                         found="a metrics scrape named for SGLang")
+
+    def read_sampled(self, text: str, *, source: str, temperature: float, release: Release) -> Sampled:
+        """Saved /generate responses at that temperature, pooled: 1 + Σa / Σrounds over requests."""
+        reqs = [r for r in self.read_responses(text, source=source, release=release).requests if r.rounds]
+        if not reqs:
+            raise DiagError("the sampled responses hold no verify round", file=source, field="meta_info.spec_verify_ct",
+                            expected="> 0 in some response", found="0 everywhere")
+        rounds = sum(r.rounds for r in reqs)
+        ds = {r.num_draft_tokens for r in reqs if r.num_draft_tokens is not None}
+        return Sampled(temperature, 1.0 + sum(r.accepted_sum for r in reqs) / rounds, rounds,
+                       max(ds) - 1 if ds else None, source)
+
+    def sampled_sanity(self, sampled: list[Sampled], greedy: float, k: int, *, release: Release,
+                       greedy_source: str, platform: str | None = None) -> EngineSanity:
+        why = ("SGLang's sampled rule (TreeSpeculativeSamplingTargetOnly) accepts each child with its target "
+               "probability, which tends to the greedy rule (verify_tree_greedy) as T -> 0; no layout explains "
+               "a discontinuity, so diag fits none to these sampled numbers. Check the server's sampling path "
+               "(the release, its sampling and attention backends) against the same engine at T=0.")
+        return limit_check(sampled, greedy, k, release.label, greedy_source=greedy_source, why=why)
 
     def launch_argv(self, command: str | list[str]) -> list[str]:
         return launch.server_argv(command)

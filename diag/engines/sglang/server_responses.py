@@ -20,7 +20,14 @@ Worked example (0.5.23, a chain with D = 2): meta_info {"completion_tokens": 64,
 counts the prefill token).
 
 A request is identified by a top-level "id" when the file has one (what diag's prompt ids
-are), else by `meta_info.id` (SGLang's rid: send `"rid": "<prompt id>"` with each request).
+are), else by `meta_info.id` (SGLang's rid: send `"rid": "<prompt id>"` with each request);
+its prompt text, when saved beside it ("prompt", "input_text", or "request": {"text": ...}),
+lets diag.run.server_inputs pair it with a prompt when no id matches.
+A response with only completion_tokens and spec_verify_ct (no accepted/proposed counts) is
+read by SGLang's own rule, spec_accept_length = completion_tokens / spec_verify_ct
+(tokenizer_manager.py): Σa = completion_tokens - 1 - spec_verify_ct, e.g. 64 and 38 -> Σa 25,
+1 + 25/38 = 1.66 as above. It cannot tell the tree (D), the acceptance per position, or a last
+round cut by max_new_tokens (which it counts as fewer accepted drafts); `notes` says so.
 This module parses text into records; it opens no file and knows nothing about prompts.
 """
 
@@ -56,12 +63,14 @@ NO_ALIAS_SINCE = (0, 5, 21, 0)      # spec_num_correct_drafts without spec_accep
 class RequestCounts:
     """One request's verify rounds and accepted drafts, and the tree width it shows."""
 
-    id: str
+    id: str | None                  # None: no id saved; paired by `prompt`
     rounds: int                     # spec_verify_ct
     accepted_sum: int               # Σa
     completion_tokens: int
     num_draft_tokens: int | None    # D = proposed / rounds + 1; None without rounds
     record: int                     # 1-based position in the file
+    prompt: str | None = None       # the prompt text saved with the response
+    from_lengths: bool = False      # Σa from completion_tokens and spec_verify_ct only
 
     @property
     def accept_length(self) -> float | None:
@@ -73,6 +82,7 @@ class GenerateResponses:
     source: str
     release: Release
     requests: tuple[RequestCounts, ...]
+    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -145,17 +155,22 @@ def _request(no: int, value, source: str) -> tuple[RequestCounts, ReleaseRange]:
         raise DiagError("not a /generate response", file=source, field=where,
                         expected='{"text": ..., "meta_info": {...}} (what POST /generate returns)',
                         found=repr(value)[:120])
-    rid = value.get("id", meta.get("id"))
+    rid, prompt = value.get("id", meta.get("id")), _prompt_text(value)
     if not isinstance(rid, str) or not rid:
-        raise DiagError("a /generate response has no request id", file=source, field=f"{where}.meta_info.id",
-                        expected="the prompt's id (send rid with the request, or add a top-level id)", found=repr(rid))
+        if prompt is None:
+            raise DiagError("a /generate response has no request id", file=source, field=f"{where}.meta_info.id",
+                            expected="the prompt's id (send rid with the request, or add a top-level id), or its "
+                                     'text as "prompt"', found=repr(rid))
+        rid = None
     rounds = _int(meta, "spec_verify_ct", where, source)
     completion = _int(meta, "completion_tokens", where, source)
     rng = _record_releases(meta, where, source)
     acc_key, _ = _key(meta, ACCEPTED_KEYS, where, source)
     prop_key, _ = _key(meta, PROPOSED_KEYS, where, source)
     if rounds == 0:
-        return RequestCounts(rid, 0, 0, completion, None, no), rng
+        return RequestCounts(rid, 0, 0, completion, None, no, prompt), rng
+    if acc_key is None and prop_key is None:       # SGLang's two-field rule (module docstring)
+        return RequestCounts(rid, rounds, max(completion - 1 - rounds, 0), completion, None, no, prompt, True), rng
     if acc_key is None or prop_key is None:
         raise DiagError("a /generate response lacks its accepted-draft counts", file=source, field=f"{where}.meta_info",
                         expected="spec_num_correct_drafts / spec_accepted_drafts / spec_accept_token_num and the "
@@ -165,7 +180,27 @@ def _request(no: int, value, source: str) -> tuple[RequestCounts, ReleaseRange]:
         raise DiagError("a /generate response's draft counts do not add up", file=source, field=f"{where}.meta_info",
                         expected=f"{prop_key} a multiple of spec_verify_ct and >= {acc_key}",
                         found={"spec_verify_ct": rounds, acc_key: accepted, prop_key: proposed})
-    return RequestCounts(rid, rounds, accepted, completion, proposed // rounds + 1, no), rng
+    return RequestCounts(rid, rounds, accepted, completion, proposed // rounds + 1, no, prompt), rng
+
+
+def _prompt_text(value: dict) -> str | None:
+    request = value.get("request")
+    for text in (value.get("prompt"), value.get("input_text"), request.get("text") if isinstance(request, dict)
+                 else None):
+        if isinstance(text, str):
+            return text
+    return None
+
+
+def _notes(requests: list[RequestCounts]) -> tuple[str, ...]:
+    n = sum(r.from_lengths for r in requests)
+    if not n:
+        return ()
+    return (f"{n} of {len(requests)} /generate responses carry only completion_tokens and spec_verify_ct: "
+            "accepted drafts taken as completion_tokens - 1 - spec_verify_ct (SGLang's spec_accept_length = "
+            "completion_tokens / spec_verify_ct, which also counts the prefill token); they cannot tell the tree "
+            "width, the acceptance per draft position, or a last round cut by max_new_tokens (counted as fewer "
+            "accepted drafts)",)
 
 
 def read_generate_responses(text: str, *, source: str, release: Release) -> GenerateResponses:
@@ -174,7 +209,7 @@ def read_generate_responses(text: str, *, source: str, release: Release) -> Gene
     out, common, seen = [], ReleaseRange(), {}
     for no, value in _values(text, source):
         req, rng = _request(no, value, source)
-        if req.id in seen:
+        if req.id is not None and req.id in seen:
             raise DiagError("two /generate responses carry the same request id", file=source,
                             field=f"records {seen[req.id]} and {no}", expected="one response per prompt", found=req.id)
         seen[req.id] = no
@@ -192,7 +227,7 @@ def read_generate_responses(text: str, *, source: str, release: Release) -> Gene
                         field="meta_info", expected=f"meta_info as SGLang {show(release)} prints it",
                         found=f"keys only {common} prints",
                         hint="set [server] engine (or --server-engine) to the release that served them")
-    return GenerateResponses(source, release, tuple(out))
+    return GenerateResponses(source, release, tuple(out), _notes(out))
 
 
 def _find(value, key: str):

@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 
 from diag.errors import DiagError
+from diag.checkpoint.readable import require_readable
 from diag.run.prompts.datasets import dataset_prompt
 from diag.run.prompts.formats import parse_record
 from diag.run.prompts.records import Prompt, PromptSet
@@ -81,6 +82,7 @@ def read_prompt_set(path: str | Path, limit: int | None = None,
     if not path.is_file():
         raise DiagError("prompt file not found", file=str(path), expected="a JSONL prompt set",
                         found="no such file")
+    require_readable(path, "prompt file")
     default_category = path.name.split(".")[0]
     prompts = [_record(obj, where, n, default_category) for n, where, obj in _records(path)]
     if categories:
@@ -145,6 +147,7 @@ def read_recorded(path: str | Path, tokenizer, ids: list[str]) -> dict[str, list
     if not path.is_file():
         raise DiagError("recorded continuation file not found", file=str(path),
                         expected='JSONL {"id", "token_ids"} or {"id", "text"}', found="no such file")
+    require_readable(path, "recorded continuation file")
     out: dict[str, list[int]] = {}
     for n, line in _lines(path):
         if not line.strip():

