@@ -183,3 +183,23 @@ def test_what_the_hub_refuses_is_named(name, message, found, zoo_pair, tmp_path,
             locate(name, None, "--drafter", configs_only=True)
     assert err.value.message == message and err.value.field == "--drafter" and found in str(err.value.found)
     assert not any(p.endswith(".safetensors") for _, p in hub.requests)
+
+
+def test_validate_before_the_weights_are_downloaded(zoo_pair, tmp_path, monkeypatch, capsys):
+    """Only the JSON files cached (as lint leaves them): validate checks them and says why the
+    checks run makes before loading were skipped."""
+    cache = tmp_path / "hf"
+    add_to_cache(cache, "org/tiny", zoo_pair[0], T_SHA, only={"config.json", "generation_config.json",
+                                                               "tokenizer_config.json"}, tree=True)
+    add_to_cache(cache, "org/tiny-drafter", zoo_pair[1], D_SHA)
+    for k, v in {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache), "DIAG_CACHE_DIR": str(tmp_path / "dc")}.items():
+        monkeypatch.setenv(k, v)
+    case = tmp_path / "c.toml"
+    case.write_text('version = 1\nname = "c"\n[target]\npath = "org/tiny"\n[drafter]\npath = "org/tiny-drafter"\n'
+                    f'[prompts]\nfile = "{ROOT / "cases" / "prompts" / "mixed-48.jsonl"}"\n[evaluate]\n'
+                    'layouts = ["embed+L2+L4"]\n')
+    assert main(["validate", str(case)]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "target.path: org/tiny -> org/tiny@main (commit 111111111111)" in out
+    assert ("checks before loading: not run (org/tiny: hub snapshot is incomplete in the Hugging Face cache; "
+            "only its JSON files were read)") in out
