@@ -31,8 +31,8 @@ MARKERS = ("gpu: needs a CUDA device; skipped cleanly without one",
 def pytest_addoption(parser) -> None:
     group = parser.getgroup("diag", "EAGLE-3 drafter diagnostics (diag)")
     group.addoption("--diag-case", metavar="CASE", help="diag case file (TOML) for the diag_run fixture")
-    group.addoption("--diag-target", metavar="DIR", help="target checkpoint directory (or zoo:NAME)")
-    group.addoption("--diag-drafter", metavar="DIR", help="EAGLE-3 drafter checkpoint directory (or zoo:NAME)")
+    group.addoption("--diag-target", metavar="DIR", help="target checkpoint directory, zoo:NAME or hub id org/name[@revision]")
+    group.addoption("--diag-drafter", metavar="DIR", help="EAGLE-3 drafter checkpoint directory, zoo:NAME or hub id")
     group.addoption("--diag-report-dir", metavar="DIR",
                     help="report directory for diag_run (default reports/pytest-<case name> under rootdir)")
 

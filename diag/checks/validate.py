@@ -5,7 +5,9 @@ says OK only to a case `run` would start on this machine.
 
 Paths behind unset environment variables are reported, not failed: a case for a cluster
 (cases/kimi-k2.5-int4.toml) validates on a laptop; so is a zoo checkpoint not built yet (it
-is not built for a validate). This module reads configs and headers only; it never loads a tensor.
+is not built for a validate). A hub id (org/name[@revision]) brings only its JSON files
+(diag.run.checkpoints, configs_only). This module reads configs and headers only; it never
+loads a tensor.
 """
 
 from __future__ import annotations
@@ -31,6 +33,11 @@ def _path_line(spec: str, case: Case, field: str) -> str:
             raise DiagError("unknown zoo checkpoint", file=case.source, field=field,
                             expected=f"one of {sorted(ZOO)}", found=text)
         return f"{field}: {text} (built-in tiny checkpoint)"
+    from diag.run.checkpoints import locate
+    located = locate(spec, case, field, configs_only=True)      # a hub id: its JSON files only
+    if located.resolved is not None:
+        return located.note
+    text = str(located.path)
     if not (Path(text) / "config.json").is_file():
         raise DiagError("checkpoint directory has no config.json", file=case.source, field=field,
                         expected=f"{text}/config.json", found="missing")
@@ -66,13 +73,20 @@ def validate_case(case: Case) -> list[str]:
 
 def _not_here(case: Case) -> str | None:
     """Why the checks `run` makes before loading cannot run here, or None: a path behind an
-    unset variable, or a zoo entry not built yet."""
+    unset variable, a zoo entry not built yet, or a hub id whose weights are not downloaded."""
+    from diag.run.checkpoints import locate
     from diag.zoo import is_built
-    for spec in (case.target.path, case.drafter.path):
+    for spec, field in ((case.target.path, "target.path"), (case.drafter.path, "drafter.path")):
         if any(v not in __import__("os").environ for v in re.findall(r"\$\{(\w+)\}", spec)):
             return f"{spec} names an unset environment variable"
-        if spec.startswith("zoo:") and not is_built(spec[4:]):
-            return f"{spec} is not built yet"
+        if spec.startswith("zoo:"):
+            if not is_built(spec[4:]):
+                return f"{spec} is not built yet"
+            continue
+        try:
+            locate(spec, case, field)            # a hub id: its complete snapshot, as run needs it
+        except DiagError as err:
+            return f"{spec}: {err.message}; only its JSON files were read"
     return None
 
 

@@ -25,8 +25,8 @@ def register(subparsers) -> None:
         "effective", help="print the speculative configuration an SGLang launch line runs",
         description="Usage: diag effective [--target DIR] -- python -m sglang.launch_server ...")
     p.add_argument("--target", default=None,
-                   help="target checkpoint directory (config.json); default: the launch "
-                        "line's --model-path when it is a local directory")
+                   help="target checkpoint directory (config.json) or hub id; default: the launch "
+                        "line's --model-path when it is a local directory or a hub id")
     p.add_argument("--engine", default=None, help="the SGLang version the server runs, e.g. "
                    "sglang-0.5.10 (default: the newest known)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -35,12 +35,19 @@ def register(subparsers) -> None:
 
 
 def _target_config(target: str | None, model_path: str | None) -> dict | None:
-    """--target wins; else the launch's --model-path if it holds a config.json."""
+    """--target wins; else the launch's --model-path if it holds a config.json. Either may be a
+    hub id (org/name[@revision]): its config.json comes from the Hugging Face cache, or the hub."""
+    from diag.run.checkpoints import locate
     if target is not None:
-        return read_config_json(Path(target), "target")
-    if model_path is not None and (Path(model_path) / "config.json").is_file():
-        return read_config_json(Path(model_path), "target")
-    return None
+        return read_config_json(locate(target, None, "--target", configs_only=True).path, "target")
+    if model_path is None:
+        return None
+    try:
+        where = locate(model_path, None, "--model-path", configs_only=True).path
+    except DiagError as err:      # the server's path, not this machine's: say so, assume defaults
+        print(f"note: --model-path {model_path}: {err.message}; its config is unknown here", file=sys.stderr)
+        return None
+    return read_config_json(where, "target") if (where / "config.json").is_file() else None
 
 
 def describe(eff: EffectiveConfig) -> list[str]:

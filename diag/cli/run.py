@@ -23,8 +23,8 @@ from diag.run.shipped import DEFAULT_PROMPTS, DEMO, shipped
 def register(sub) -> None:
     p = sub.add_parser("run", help="replay prompts and compare the drafter with the target")
     p.add_argument("case", nargs="?", help=f"case file (default: {DEMO} unless --target/--drafter given)")
-    p.add_argument("--target", help="target checkpoint directory (or zoo:NAME)")
-    p.add_argument("--drafter", help="EAGLE-3 drafter checkpoint directory (or zoo:NAME)")
+    p.add_argument("--target", help="target checkpoint directory, zoo:NAME or hub id org/name[@revision]")
+    p.add_argument("--drafter", help="EAGLE-3 drafter checkpoint directory, zoo:NAME or hub id org/name[@revision]")
     p.add_argument("--layout", action="append", default=[], help="layout to evaluate, e.g. embed+L3+L31 (repeat)")
     p.add_argument("--tree", action="append", default=[], help="tree shape, e.g. chain-3 or s3-k4-d5 (repeat)")
     p.add_argument("--mode", action="append", default=[], choices=["eagle3", "eagle"], help="serving mode (repeat)")
@@ -113,7 +113,7 @@ def case_from_flags(a) -> Case:
     ev = EvaluateSpec(layouts=tuple(a.layout), scan=a.scan or not a.layout, modes=tuple(a.mode) or ("eagle3",),
                       trees=tuple(a.tree) or ("chain-3",), regimes=tuple(a.regime) or ("as-loaded",))
     serving = ServingSpec(algorithm=a.algorithm or "EAGLE3", layout=a.serving_layout, launch=a.launch)
-    return Case(version=1, name=Path(a.drafter.removeprefix("zoo:")).name or "run", source="<flags>",
+    return Case(version=1, name=Path(a.drafter.removeprefix("zoo:").split("@")[0]).name or "run", source="<flags>",
                 target=ModelSpec(a.target), drafter=ModelSpec(a.drafter), prompts=prompts, evaluate=ev,
                 serving=serving)
 

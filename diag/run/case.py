@@ -410,15 +410,21 @@ def read_case(path: str | Path) -> Case:
 _ENV = re.compile(r"\$\{(\w+)\}")
 
 
-def resolve_path(spec: str, case: Case, field_name: str) -> str:
-    """`zoo:NAME` stays symbolic (the zoo resolves it); `${VAR}` and a leading `~` expand;
-    relative paths are taken from the case file's folder."""
+def expand_env(spec: str, case: Case, field_name: str) -> str:
+    """`${VAR}` expanded; an unset one is an error naming the case's key."""
     def expand(m):
         if m.group(1) not in os.environ:
             raise DiagError("case path uses an unset environment variable", file=case.source,
                             field=field_name, expected=f"${{{m.group(1)}}} set", found="unset")
         return os.environ[m.group(1)]
-    text = _ENV.sub(expand, spec)
+    return _ENV.sub(expand, spec)
+
+
+def resolve_path(spec: str, case: Case, field_name: str) -> str:
+    """`zoo:NAME` stays symbolic (the zoo resolves it); `${VAR}` and a leading `~` expand;
+    relative paths are taken from the case file's folder. (A hub id is told from a path by
+    run/checkpoints.py.)"""
+    text = expand_env(spec, case, field_name)
     text = os.path.expanduser(text) if text.startswith("~") else text
     if text.startswith("zoo:") or Path(text).is_absolute() or case.source.startswith("<"):
         return text

@@ -25,6 +25,7 @@ from diag.checkpoint.readable import require_readable_tree
 from diag.layouts import CapturePoint, point, union_points
 from diag.run.candidates import Candidate, candidates_for
 from diag.run.case import Case, resolve_path
+from diag.run.checkpoints import locate
 from diag.run.decodings import DecodingPlan, plan as decoding_plan
 from diag.run.prompts import PromptSet, read_prompt_set, read_recorded
 from diag.run.rendered import RenderedPrompts, render_prompts
@@ -70,16 +71,9 @@ class Inputs:
         return list(dict.fromkeys([ev.reference_regime, *ev.regimes]))
 
 
-def zoo_or_path(spec: str) -> str:
-    """`zoo:NAME` -> the built-in checkpoint's folder (built on first use); else spec."""
-    if spec.startswith("zoo:"):
-        from diag.zoo import zoo_path
-        return str(zoo_path(spec[4:]))
-    return spec
-
-
 def checkpoint_path(spec: str, case: Case, field_name: str) -> Path:
-    return Path(zoo_or_path(resolve_path(spec, case, field_name)))
+    """zoo:NAME, a local directory or a hub id (diag.run.checkpoints) -> its directory."""
+    return locate(spec, case, field_name).path
 
 
 def dtype_of(name: str, field_name: str, case: Case):
@@ -341,8 +335,8 @@ def check_lengths(prompts, recorded, case: Case, tcfg: dict, tinfo: TargetInfo) 
 
 def prepare(case: Case) -> Inputs:
     """Resolve and check everything that needs no target weight (see the module docstring)."""
-    tpath = checkpoint_path(case.target.path, case, "target.path")
-    dpath = checkpoint_path(case.drafter.path, case, "drafter.path")
+    located = [locate(case.target.path, case, "target.path"), locate(case.drafter.path, case, "drafter.path")]
+    tpath, dpath = (loc.path for loc in located)
     require_gpus(case.placement.gpus, file=case.source, gpu_memory=case.placement.gpu_memory)
     require_readable_tree(tpath, "target checkpoint", field="target.path")
     require_readable_tree(dpath, "drafter checkpoint", field="drafter.path")
@@ -361,6 +355,7 @@ def prepare(case: Case) -> Inputs:
     tok = load_tokenizer(tpath, trust_remote_code=trusts_remote_code(case))
     check_tokenizer(tok, tinfo)
     case, served_shapes, notes = with_launch(case, tcfg)
+    notes = [loc.note for loc in located if loc.note] + notes
     cands, cand_notes, serving_error = candidates_for(case, tinfo, dcfg, dpath)
     shapes, grid_notes = tree_shapes(case)
     pset, prompts, recorded, rendered = _prompts(case, tok, tpath)

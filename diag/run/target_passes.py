@@ -24,7 +24,8 @@ from typing import Callable
 from diag.checkpoint.identity import drain_notes, is_memoised
 from diag.errors import DiagError
 from diag.replay.round_accounting import accounting_for
-from diag.run.inputs import Inputs, dtype_of, round_accounting, zoo_or_path
+from diag.run.checkpoints import locate
+from diag.run.inputs import Inputs, dtype_of, round_accounting
 from diag.target.gen_batch import generation_batch
 from diag.target.load import load_target, target_info
 from diag.target.pass_cache import PassKey, load_pass, save_pass, token_digest
@@ -59,7 +60,7 @@ def device_map(case, path: Path):
 
 
 def _other_checkpoint(tpath: Path, spec: str, dtype, case):
-    other = Path(zoo_or_path(spec))
+    other = locate(spec, case, "evaluate.regimes").path
     mine, theirs = target_info(tpath), target_info(other)
     for key in ("num_layers", "hidden_size", "vocab_size"):
         if getattr(mine, key) != getattr(theirs, key):
@@ -82,7 +83,7 @@ def model_for(tpath: Path, dtype, regime: str, case):
 
 
 def _checkpoint(inp: Inputs, regime: str) -> Path:
-    return Path(zoo_or_path(regime[5:])) if regime.startswith("ckpt:") else inp.target_path
+    return locate(regime[5:], inp.case, "evaluate.regimes").path if regime.startswith("ckpt:") else inp.target_path
 
 
 def _load_primes_digests(ckpt: Path) -> bool:
