@@ -145,7 +145,7 @@ def check(bad: Bad, pair: dict, tmp: Path, monkeypatch, capsys) -> Ctx:
     if isinstance(bad.expect, Error):
         err = ctx.stderr
         assert code == bad.expect.code, f"exit {code}, expected {bad.expect.code}\n{err}\n{ctx.stdout}"
-        assert "Traceback" not in err
+        assert "Traceback" not in err, err
         for needle in (*bad.expect.needles, "expected:", "found:"):
             assert needle in err, f"{needle!r} not in the error:\n{err}"
         assert not (ctx.out / "report.json").exists(), "an error left a report behind"
