@@ -166,6 +166,10 @@ def start(python: Path, target_dir, drafter_dir=None, *, num_speculative_tokens:
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": os.environ.get(
         "VLLM_LOGGING_LEVEL", "INFO"), "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
     env.pop("PYTHONPATH", None)       # diag's tree must not shadow the venv's packages
+    # the engine runs its own default threads, as a user's server does: an OMP_NUM_THREADS=1
+    # inherited from the test's shell changed its float32 reductions enough to flip one near-tie
+    # draft (llama-tiny-eagle3-short, k = 3: 849 / 675 drafts / accepted against 850 / 674)
+    env.pop("OMP_NUM_THREADS", None)
     cmd = server_command(python, target_dir, drafter_dir, port, num_speculative_tokens, dtype, extra_args)
     t0 = time.perf_counter()
     with open(log, "wb") as out:
