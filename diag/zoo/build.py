@@ -137,9 +137,17 @@ def stale(name: str, rebuilt: set[str] = frozenset()) -> str | None:
 
 
 def _digests(folder: Path) -> dict[str, str]:
-    """sha256 of every file an entry holds but its zoo_meta.json, recorded when it is built."""
-    return {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(folder.iterdir())
-            if f.is_file() and f.name != META_FILE}
+    """The content digest (checkpoint.identity.file_digest, the pass cache's) of every file an
+    entry holds but its zoo_meta.json, recorded when it is built."""
+    from diag.checkpoint.identity import file_digest
+    return {f.name: file_digest(f) for f in sorted(folder.iterdir()) if f.is_file() and f.name != META_FILE}
+
+
+def _digest_of(path: Path, kind: str) -> str:
+    """`path`'s digest in the form its entry recorded: "sha256" (entries of the first diag that
+    recorded digests) or the identity's current DIGEST_VERSION."""
+    from diag.checkpoint.identity import file_digest
+    return hashlib.sha256(path.read_bytes()).hexdigest() if kind == "sha256" else file_digest(path)
 
 
 def _damaged(name: str, meta: dict) -> str | None:
@@ -148,16 +156,19 @@ def _damaged(name: str, meta: dict) -> str | None:
     unchanged (checkpoint.identity), so a served entry is not re-read on every use; an entry
     built before digests were recorded is not checked. Example: one byte of model.safetensors
     flipped on disk -> "its model.safetensors changed on disk since it was built"."""
-    from diag.checkpoint.identity import file_digest
+    from diag.checkpoint.identity import DIGEST_VERSION
     files = meta.get("files")
     if not isinstance(files, dict):
         return None
+    kind = meta.get("files_digest", "sha256")
+    if kind not in ("sha256", DIGEST_VERSION):
+        return f"its file digests are of a kind this diag does not compute ({kind})"
     for fname, digest in sorted(files.items()):
         path = cache.entry_dir(name) / fname
         if not path.is_file():
             return f"its {fname} is missing"
-        if file_digest(path) != digest:
-            return f"its {fname} changed on disk since it was built (sha256 {digest[:12]} recorded)"
+        if _digest_of(path, kind) != digest:
+            return f"its {fname} changed on disk since it was built ({kind} {digest[:12]} recorded)"
     return None
 
 
@@ -186,7 +197,9 @@ def build_one(name: str, deps: dict[str, Path], rebuilt: set[str] = frozenset())
             return
         start = time.perf_counter()
         metrics = _run_builder(name, tmp, deps)
-        meta = {**_meta(name, time.perf_counter() - start, metrics), "files": _digests(tmp)}
+        from diag.checkpoint.identity import DIGEST_VERSION
+        meta = {**_meta(name, time.perf_counter() - start, metrics), "files": _digests(tmp),
+                "files_digest": DIGEST_VERSION}
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     return cache.publish(name, work, keep=lambda _path: stale(name, rebuilt) is None)
 

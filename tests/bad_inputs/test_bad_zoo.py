@@ -84,3 +84,32 @@ def test_an_intact_entry_is_served_without_a_rebuild(outcome):
     ensure(["t"], progress=False)
     assert stale("t") is None and ensure(["t"], progress=False)["t"] == cache.entry_dir("t")
     assert BUILDS == ["c", "t"]
+
+
+def test_an_intact_entry_is_served_not_rebuilt():
+    """The digests recorded at the build are the ones the check computes: when they were sha256
+    against the identity's xxh3 digest, every entry looked damaged and was rebuilt at each use."""
+    from diag.zoo.build import ensure, read_meta
+    ensure(["t"], progress=False)
+    ensure(["t"], progress=False)
+    assert BUILDS == ["c", "t"], BUILDS
+    from diag.checkpoint.identity import DIGEST_VERSION
+    assert read_meta("t")["files_digest"] == DIGEST_VERSION
+
+
+def test_an_entry_with_sha256_digests_is_still_verified():
+    """Entries of the first diag that recorded digests (sha256, no files_digest key)."""
+    import hashlib
+    import json
+    from diag.zoo.build import META_FILE, ensure
+    ensure(["t"], progress=False)
+    meta_file = cache.entry_dir("t") / META_FILE
+    meta = json.loads(meta_file.read_text())
+    del meta["files_digest"]
+    meta["files"] = {f: hashlib.sha256((cache.entry_dir("t") / f).read_bytes()).hexdigest() for f in meta["files"]}
+    meta_file.write_text(json.dumps(meta))
+    ensure(["t"], progress=False)
+    assert BUILDS == ["c", "t"], BUILDS                    # intact: served
+    _flip_byte(cache.entry_dir("t"))
+    ensure(["t"], progress=False)
+    assert BUILDS == ["c", "t", "t"], BUILDS               # damaged: rebuilt
