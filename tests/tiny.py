@@ -21,12 +21,15 @@ def make_tokenizer(out: Path, vocab: int = VOCAB) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
+    from diag.zoo.tokenizer import padded_to
+
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<|pad|>", "<|eos|>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(["def f(x):\n    return x + 1\n", "the quick brown fox"] * 20, trainer)
+    tok = padded_to(tok, vocab)          # the whole vocabulary, as a real checkpoint's tokenizer has
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<|pad|>", eos_token="<|eos|>")
     fast.save_pretrained(str(out))
 

@@ -195,13 +195,15 @@ def write_target(out_dir: str | Path, layers: int, *, seed: int = 0, widths: dic
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     (out / INDEX).write_text(json.dumps(index, indent=2) + "\n")
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    write_tokenizer(out)
+    write_tokenizer(out, text_config(config)["vocab_size"])
     return out
 
 
-def write_tokenizer(out: Path) -> None:
-    """A small byte-level BPE tokenizer (a few hundred ids, all inside Kimi's 163840), so
-    `diag run` can tokenize prompts for a Kimi-shaped target."""
+def write_tokenizer(out: Path, vocab: int) -> None:
+    """A small byte-level BPE tokenizer (a few hundred trained ids), its vocabulary filled up
+    to the target's `vocab` (Kimi: 163840) as real ones are, so `diag run` can tokenize prompts
+    for a Kimi-shaped target and its tokenizer check sees a whole vocabulary."""
+    from diag.zoo.tokenizer import padded_to
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -211,6 +213,7 @@ def write_tokenizer(out: Path) -> None:
     trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=["<|pad|>", "<|eos|>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(["def f(x):\n    return x + 1\n", "the quick brown fox jumps"] * 20, trainer)
+    tok = padded_to(tok, vocab)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<|pad|>", eos_token="<|eos|>")
     fast.save_pretrained(str(out))
 

@@ -115,3 +115,21 @@ def copy_tokenizer(src_dir: Path, out_dir: Path) -> None:
 
 def load_tokenizer(src_dir: Path) -> Tokenizer:
     return Tokenizer.from_file(str(src_dir / "tokenizer.json"))
+
+
+def padded_to(tok: Tokenizer, size: int) -> Tokenizer:
+    """`tok` (a trained byte-level BPE) with its vocabulary filled up to `size` ids by unused
+    entries "<|unused_i|>", as real checkpoints fill theirs for kernels and tensor parallelism,
+    so that diag's tokenizer check (run/inputs.check_tokenizer: a tokenizer must produce >= 90%
+    of vocab_size) sees a whole vocabulary. A few dozen training lines reach only a few hundred
+    ids: Kimi-shaped's trainer stops at 288 of 163840. The merges are kept, so encoding is the
+    trained tokenizer's; the filler ids are never produced by text.
+    Example: 288 trained ids, size 512 -> ids 288..511 are <|unused_0|>..<|unused_223|>."""
+    data = json.loads(tok.to_str())
+    vocab = data["model"]["vocab"]
+    added = {a["content"]: a["id"] for a in data.get("added_tokens", [])}
+    taken = set(vocab.values()) | set(added.values())
+    free = (i for i in range(size) if i not in taken)
+    for n, i in enumerate(free):
+        vocab[f"<|unused_{n}|>"] = i
+    return Tokenizer.from_str(json.dumps(data))

@@ -79,8 +79,8 @@ def _two_indexes(ctx):
 
 
 def _grown_vocab(ctx, vocab):
-    """The pair with vocab_size grown from 300 to `vocab` (rows of zeros), its tokenizer (288 ids) unchanged:
-    2048 is a tokenizer of another model; 310 is a padded vocabulary (Qwen2.5: 151,665 ids for 152,064)."""
+    """The pair with vocab_size grown from 300 to `vocab` (rows of zeros), its tokenizer (300 ids) unchanged:
+    2048 is a tokenizer of another model; 320 is a padded vocabulary (Qwen2.5: 151,665 ids for 152,064)."""
     t = ctx.target(config=lambda c: c.update(vocab_size=vocab), tensors=lambda t: t.update(
         {k: torch.cat([t[k], torch.zeros(vocab - 300, t[k].shape[1])]) for k in (EMBED, "lm_head.weight")}))
     d = ctx.drafter(config=lambda c: c.update(vocab_size=vocab), tensors=lambda t: t.update(
@@ -105,8 +105,8 @@ CATALOGUE = [
     Bad("target-two-indexes", lambda c: c.run(target=_two_indexes(c)),
         Error(("two weight sets", "model.safetensors.index.json", "model.fp32.safetensors.index.json"))),
     Bad("target-tokenizer-covers-little-of-vocab", lambda c: _grown_vocab(c, 2048),
-        Error(("tokenizer covers", "288 ids", "2048", "tokenizer.json"))),
-    Bad("target-padded-vocab-passes", lambda c: _grown_vocab(c, 310),   # 288 of 310 ids = 93%
+        Error(("tokenizer covers", "300 ids", "2048", "tokenizer.json"))),
+    Bad("target-padded-vocab-passes", lambda c: _grown_vocab(c, 320),   # 300 of 320 ids = 94%
         Handled(_report_written)),
     Bad("target-config-hidden-size-disagrees-with-weights",
         lambda c: c.run(target=c.target(config=lambda x: x.update(hidden_size=64))),
