@@ -78,6 +78,11 @@ def test_the_shipped_pair_is_what_a_fresh_build_makes(tmp_path, monkeypatch):
             mine, theirs = shipped.digests(made), shipped.digests(ship)
             mine.pop("zoo_meta.json"), theirs.pop("zoo_meta.json")    # build seconds differ
             assert mine == theirs, f"{name}: a fresh build differs from the shipped bytes"
+        elif meta["python"] != platform.python_version():
+            # the corpus is this Python's stdlib (zoo/corpus.py): another Python trains on other text,
+            # so its build is another model, not the shipped one redrawn (3.11.2: perplexity 67.7
+            # against 54.3); the fingerprint does not carry the Python version yet
+            pytest.skip(f"{name}: shipped from Python {meta['python']}, this is {platform.python_version()}")
         else:   # another torch draws other weights: the same quality, within the build's spread
             fresh = json.loads((made / "zoo_meta.json").read_text())["metrics"]
             for key, value in meta["metrics"].items():
