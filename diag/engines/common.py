@@ -193,3 +193,15 @@ class RequestDefaults:
 def refused(plan: ServingPlan | ServingError) -> ServingPlan | ServingError:
     """A plan that crashes as the ServingError it is; anything else unchanged."""
     return ServingError(plan.crash) if isinstance(plan, ServingPlan) and plan.crash else plan
+
+
+def find_key(value, key: str):
+    """The first value of `key` anywhere in nested dicts, None when absent: a server's /server_info
+    nests its arguments by group in some releases ({"spec": {"speculative_num_steps": 3}} -> 3)."""
+    if isinstance(value, dict):
+        if key in value:
+            return value[key]
+        for v in value.values():
+            if (hit := find_key(v, key)) is not None:
+                return hit
+    return None

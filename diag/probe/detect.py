@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from diag.engines.common import find_key
 from diag.errors import DiagError
 from diag.probe.client import Client
 from diag.probe.prometheus import names
@@ -80,21 +81,11 @@ def _sglang(client: Client) -> Server | None:
         if info is not None and isinstance(info.get("internal_states"), list):
             model = _json_dict(client.get("/model_info", ok_missing=True)) or \
                 _json_dict(client.get("/get_model_info", ok_missing=True)) or {}
-            name = model.get("served_model_name") or _find(info, "served_model_name") or \
-                model.get("model_path") or _find(info, "model_path")
+            name = model.get("served_model_name") or find_key(info, "served_model_name") or \
+                model.get("model_path") or find_key(info, "model_path")
             version = info.get("version")
             return Server("sglang", version if isinstance(version, str) else None,
                           name if isinstance(name, str) else None, client.base, reply.text, path)
-    return None
-
-
-def _find(value, key: str):
-    if isinstance(value, dict):
-        if key in value:
-            return value[key]
-        for v in value.values():
-            if (hit := _find(v, key)) is not None:
-                return hit
     return None
 
 

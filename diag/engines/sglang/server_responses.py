@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from diag.engines.common import find_key
 from diag.engines.sglang.server_releases import Release, ReleaseRange, show
 from diag.errors import DiagError
 
@@ -230,17 +231,6 @@ def read_generate_responses(text: str, *, source: str, release: Release) -> Gene
     return GenerateResponses(source, release, tuple(out), _notes(out))
 
 
-def _find(value, key: str):
-    """The first value of `key` anywhere in nested dicts (0.5.23 nests server args by group)."""
-    if isinstance(value, dict):
-        if key in value:
-            return value[key]
-        for v in value.values():
-            if (hit := _find(v, key)) is not None:
-                return hit
-    return None
-
-
 def read_server_info(text: str, *, source: str) -> ServerInfo:
     """Parse a saved GET /server_info: the accept length over the server's lifetime (mean over
     DP ranks), its version, and the speculative settings after SGLang's rewrites."""
@@ -259,8 +249,8 @@ def read_server_info(text: str, *, source: str) -> ServerInfo:
         raise DiagError("the server info has no speculative accept length", file=source,
                         field="internal_states[].avg_spec_accept_length",
                         expected="a number (present once a speculative server has decoded)", found="absent")
-    tree = tuple(_find(info, k) for k in ("speculative_num_steps", "speculative_eagle_topk",
+    tree = tuple(find_key(info, k) for k in ("speculative_num_steps", "speculative_eagle_topk",
                                           "speculative_num_draft_tokens"))
     version = info.get("version")
     return ServerInfo(source, version if isinstance(version, str) else None, sum(lengths) / len(lengths),
-                      len(lengths), _find(info, "speculative_algorithm"), tree, _find(info, "max_running_requests"))
+                      len(lengths), find_key(info, "speculative_algorithm"), tree, find_key(info, "max_running_requests"))
