@@ -2,8 +2,9 @@
 
 Sequences are prompt + continuation. The continuation is the target's greedy one (KV-cached
 generation) or a recorded one (what a live server produced). The capture pass runs over the
-sequences in token-budget batches (right padded) and keeps, per sequence, the captured
-points [T, H] and the argmax [T] (argmax[j] = the target's greedy token after index j).
+sequences in token-budget batches (right padded; on a target placed over several devices,
+the microbatches of a pipeline through its layer stages, stages.py) and keeps, per sequence,
+the captured points [T, H] and the argmax [T] (argmax[j] = the target's greedy token after j).
 
 This module knows the target model and token ids; it knows nothing about drafters, files
 or reports (the on-disk cache of a TargetPass lives in pass_cache.py).
@@ -19,6 +20,7 @@ from tqdm.auto import tqdm
 
 from diag.target.capture import capture_pass
 from diag.target.generate import cut_at_eos, greedy_continuations
+from diag.target.stages import Stage, staged_captures, stages_of
 from diag.layouts import CapturePoint
 
 
@@ -105,17 +107,37 @@ def pad_right(rows: list[torch.Tensor], value: int | float = 0) -> tuple[torch.T
 
 def run_capture(model: nn.Module, sequences: list[Sequence], points: tuple[CapturePoint, ...], *,
                 regime: str, token_budget: int, progress: bool = True,
-                store: torch.device | str = "cpu") -> TargetPass:
-    """Teacher-forced pass over every sequence in token-budget batches."""
+                store: torch.device | str = "cpu", stages: list[Stage] | None = None) -> TargetPass:
+    """Teacher-forced pass over every sequence in token-budget batches. A target whose layers
+    span several devices (stages: stages_of(model) unless given) runs the batches as the
+    microbatches of a pipeline (stages.py), one stage per device busy at once; the captures
+    and argmax are the same tensors as one batch after another gives."""
     states: dict[str, list] = {p.name: [None] * len(sequences) for p in points}
     argmax: list = [None] * len(sequences)
     groups = budget_batches([len(s.ids) for s in sequences], token_budget)
-    for group in tqdm(groups, desc=f"target pass [{regime}]", disable=not progress, leave=False):
-        ids, valid = pad_right([sequences[i].ids for i in group])
-        got = capture_pass(model, ids, valid.long(), points, to_device=store)
+    stages = stages_of(model) if stages is None else stages
+    desc = f"target pass [{regime}]"
+    for group, got in zip(groups, _captured(model, sequences, groups, points, stages, store, desc, progress)):
         for b, i in enumerate(group):
             n = len(sequences[i].ids)
             for name, t in got.states.items():
                 states[name][i] = t[b, :n].clone()
             argmax[i] = got.argmax[b, :n].clone()
     return TargetPass(regime, sequences, states, argmax)
+
+
+def capture_microbatches(sequences: list[Sequence], token_budget: int) -> int:
+    """How many microbatches the pass over `sequences` streams through a pipeline: its
+    token-budget batches. 48 sequences of at most 1,422 tokens, budget 16384 -> 5."""
+    return len(budget_batches([len(s.ids) for s in sequences], token_budget))
+
+
+def _captured(model, sequences, groups, points, stages, store, desc: str, progress: bool):
+    """One Captured per group, in order: staged when there are several stages, else batch
+    after batch (lazily, so one batch's tensors are alive at a time)."""
+    padded = lambda group: pad_right([sequences[i].ids for i in group])  # noqa: E731
+    if len(stages) > 1:
+        batches = [(ids, valid.long()) for ids, valid in map(padded, groups)]
+        return staged_captures(model, batches, points, stages, store=store, desc=desc, progress=progress)
+    return (capture_pass(model, ids, valid.long(), points, to_device=store)
+            for ids, valid in map(padded, tqdm(groups, desc=desc, disable=not progress, leave=False)))
