@@ -1,0 +1,129 @@
+"""The GPipe schedule on its own, and the staged teacher-forced pass against the one-stage
+pass on real zoo targets, with stages emulated on the CPU: bit for bit."""
+
+import pytest
+import torch
+
+from diag.layouts import CapturePoint
+from diag.target.load import load_target
+from diag.target.passes import Sequence, budget_batches, capture_microbatches, run_capture
+from diag.target.schedule import Step, bubble_fraction, gpipe_order, gpipe_ticks, pipelined_seconds
+from diag.target.stages import Stage, even_stages, stages_of
+from diag.zoo import zoo_path
+
+
+# ---- the schedule --------------------------------------------------------------------------
+
+def test_ticks_of_three_stages_and_four_microbatches():
+    ticks = [[(s.stage, s.microbatch) for s in tick] for tick in gpipe_ticks(3, 4)]
+    assert ticks == [[(0, 0)], [(0, 1), (1, 0)], [(0, 2), (1, 1), (2, 0)], [(0, 3), (1, 2), (2, 1)],
+                     [(1, 3), (2, 2)], [(2, 3)]]
+
+
+@pytest.mark.parametrize("stages, microbatches", [(1, 1), (1, 5), (2, 1), (3, 2), (4, 3), (8, 5), (5, 9)])
+def test_every_step_once_after_what_it_needs(stages, microbatches):
+    order = gpipe_order(stages, microbatches)
+    assert sorted((s.stage, s.microbatch) for s in order) == [(s, m) for s in range(stages)
+                                                                for m in range(microbatches)]
+    at = {step: i for i, step in enumerate(order)}
+    for step, i in at.items():
+        if step.stage > 0:                                 # the microbatch left the stage before
+            assert at[Step(step.stage - 1, step.microbatch)] < i
+        if step.microbatch > 0:                            # the stage took the microbatch before
+            assert at[Step(step.stage, step.microbatch - 1)] < i
+    ticks = gpipe_ticks(stages, microbatches)
+    assert len(ticks) == microbatches + stages - 1
+    assert all(len({s.stage for s in tick}) == len(tick) for tick in ticks)   # a stage works once a tick
+    busy = stages * microbatches / (stages * len(ticks))
+    assert bubble_fraction(stages, microbatches) == pytest.approx(1 - busy)
+
+
+def test_bubble_fraction_and_pipelined_seconds():
+    assert bubble_fraction(1, 7) == 0.0
+    assert bubble_fraction(3, 4) == pytest.approx(2 / 6)
+    assert bubble_fraction(8, 5) == pytest.approx(7 / 12)
+    assert pipelined_seconds(100.0, 8, 5) == pytest.approx(30.0)
+    assert pipelined_seconds(100.0, 1, 5) == pytest.approx(100.0)
+    assert pipelined_seconds(100.0, 8, 1) == pytest.approx(100.0)        # one microbatch: no overlap
+    with pytest.raises(ValueError, match="microbatch"):
+        gpipe_ticks(2, 0)
+    with pytest.raises(ValueError, match="stage"):
+        bubble_fraction(0, 3)
+
+
+def test_even_stages():
+    assert [list(s.layers) for s in even_stages(6, 4)] == [[0, 1], [2, 3], [4], [5]]
+    assert [list(s.layers) for s in even_stages(4, 1)] == [[0, 1, 2, 3]]
+    with pytest.raises(ValueError, match="5 stages for 4 layers"):
+        even_stages(4, 5)
+
+
+# ---- the staged pass on real targets ---------------------------------------------------------
+
+LENGTHS = [9, 23, 14, 17, 5, 20]
+BUDGETS = {1: 138, 2: 69, 3: 46}           # token budget -> that many token-budget batches of LENGTHS
+
+
+@pytest.fixture(scope="module", params=["llama-tiny", "deepseek-tiny"])
+def zoo_target(request):
+    return request.param, zoo_path(request.param)
+
+
+def _sequences(vocab: int) -> list[Sequence]:
+    gen = torch.Generator().manual_seed(7)
+    return [Sequence(f"p{i}", "c", max(1, n // 2), torch.randint(3, vocab, (n,), generator=gen))
+            for i, n in enumerate(LENGTHS)]
+
+
+def test_budgets_give_one_two_three_microbatches():
+    seqs = _sequences(100)
+    assert {m: capture_microbatches(seqs, b) for m, b in BUDGETS.items()} == {1: 1, 2: 2, 3: 3}
+    assert budget_batches(LENGTHS, 69) == [[1, 5, 3], [2, 0, 4]]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_staged_pass_equals_the_one_stage_pass_bit_for_bit(zoo_target, dtype):
+    name, path = zoo_target
+    model, info = load_target(path, dtype=dtype)
+    n = info.num_layers
+    assert [s.layers for s in stages_of(model)] == [range(n)]            # all on the CPU: one stage
+    points = tuple(CapturePoint(p) for p in ("embed", "L1", f"L{n // 2}", f"L{n}", "final"))
+    seqs = _sequences(info.vocab_size)
+    for microbatches, budget in BUDGETS.items():
+        ref = run_capture(model, seqs, points, regime="r", token_budget=budget, progress=False)
+        for count in range(2, min(4, n) + 1):
+            got = run_capture(model, seqs, points, regime="r", token_budget=budget, progress=False,
+                              stages=even_stages(n, count))
+            where = f"{name} {dtype} {count} stages {microbatches} microbatches"
+            for p in points:
+                for i, (a, b) in enumerate(zip(ref.states[p.name], got.states[p.name])):
+                    assert a.dtype == b.dtype == dtype and torch.equal(a, b), f"{where}: {p} of sequence {i}"
+            assert all(torch.equal(a, b) for a, b in zip(ref.argmax, got.argmax)), f"{where}: argmax"
+            logits = [model.lm_head(s) for s in got.states["final"]]
+            assert all(torch.equal(model.lm_head(a), b) for a, b in zip(ref.states["final"], logits)), where
+
+
+def test_staged_pass_runs_the_steps_in_pipeline_order():
+    """2 stages over 6 layers, 3 microbatches (T 23, 17, 9): layer calls come tick by tick,
+    stage 0 on microbatch m + 1 before stage 1 on microbatch m."""
+    model, info = load_target(zoo_path("llama-tiny"), dtype=torch.float32)
+    calls = []
+    hooks = [layer.register_forward_hook(lambda _m, args, _out, i=i: calls.append((i, args[0].shape[1])))
+             for i, layer in enumerate(model.model.layers)]
+    try:
+        run_capture(model, _sequences(info.vocab_size), (CapturePoint("L2"),), regime="r", token_budget=46,
+                    progress=False, stages=even_stages(6, 2))
+    finally:
+        for h in hooks:
+            h.remove()
+    widths = [23, 17, 9]
+    expected = [(i, widths[step.microbatch]) for step in gpipe_order(2, 3)
+                for i in range(3 * step.stage, 3 * step.stage + 3)]
+    assert calls == expected
+
+
+def test_stages_follow_where_the_layers_are():
+    model, _ = load_target(zoo_path("llama-tiny"), dtype=torch.float32)
+    for layer in model.model.layers[4:]:
+        layer.to("meta")
+    assert stages_of(model) == [Stage(range(0, 4), torch.device("cpu")), Stage(range(4, 6), torch.device("meta"))]
