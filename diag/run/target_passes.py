@@ -29,7 +29,7 @@ from diag.run.inputs import Inputs, dtype_of, round_accounting
 from diag.target.gen_batch import generation_batch
 from diag.target.load import load_target, target_info
 from diag.target.pass_cache import PassKey, load_pass, save_pass, token_digest
-from diag.target.passes import TargetPass, build_sequences, run_capture
+from diag.target.passes import TargetPass, build_sequences, capture_microbatches, run_capture
 
 LONG_CONTEXT = "long-context"      # the extra pass of the long-context prompts (long_context.py)
 
@@ -161,6 +161,8 @@ def _one_pass(inp: Inputs, target: _Target, prompts, recorded, sequences, *, use
             sequences = _timed(clock, "target_generate_s", lambda: build_sequences(
                 model, prompts, case.prompts.max_new_tokens, pad_id=pad, eos_ids=eos, recorded=recorded,
                 batch_size=batch, progress=progress, lookahead=lookahead(inp)))
+        clock.setdefault("target_capture_microbatches",              # a count (timings), as above
+                         capture_microbatches(sequences, case.evaluate.token_budget))
         tp = _timed(clock, "target_capture_s", lambda: run_capture(
             model, sequences, inp.points, regime=target.regime, token_budget=case.evaluate.token_budget,
             progress=progress))
