@@ -127,3 +127,31 @@ def test_stages_follow_where_the_layers_are():
     for layer in model.model.layers[4:]:
         layer.to("meta")
     assert stages_of(model) == [Stage(range(0, 4), torch.device("cpu")), Stage(range(4, 6), torch.device("meta"))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_staged_pass_on_cuda_equals_the_one_stage_pass(zoo_target, dtype):
+    """One GPU: 2-3 stages emulated on cuda:0 (its stream and events, no copies). Two GPUs: the
+    layers split over cuda:0 and cuda:1 by a device map, so run_capture pipelines on its own,
+    with a copy between devices at each hand-off. Both bit for bit against the whole model on
+    cuda:0, one batch after another."""
+    name, path = zoo_target
+    model, info = load_target(path, dtype=dtype, device_map={"": 0})
+    n = info.num_layers
+    points = tuple(CapturePoint(p) for p in ("embed", "L1", f"L{n // 2 + 1}", "final"))
+    seqs = _sequences(info.vocab_size)
+    kw = dict(regime="r", token_budget=BUDGETS[3], progress=False)
+    ref = run_capture(model, seqs, points, **kw)
+    runs = {f"{k} stages on cuda:0": run_capture(model, seqs, points, stages=even_stages(n, k, "cuda:0"), **kw)
+            for k in (2, min(3, n))}
+    if torch.cuda.device_count() >= 2:
+        split = {"model.embed_tokens": 0, "model.rotary_emb": 0, "model.norm": 1, "lm_head": 1,
+                 **{f"model.layers.{i}": int(i >= n // 2) for i in range(n)}}
+        placed, _ = load_target(path, dtype=dtype, device_map=split)
+        assert [s.device.index for s in stages_of(placed)] == [0, 1]
+        runs["cuda:0 + cuda:1"] = run_capture(placed, seqs, points, **kw)
+    for where, got in runs.items():
+        for p in points:
+            assert all(torch.equal(a, b) for a, b in zip(ref.states[p.name], got.states[p.name])), f"{name} {where} {p}"
+        assert all(torch.equal(a, b) for a, b in zip(ref.argmax, got.argmax)), f"{name} {where}: argmax"

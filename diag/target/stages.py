@@ -79,7 +79,7 @@ def staged_captures(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Te
     """batches: (input_ids, attention_mask) [B, T] each, right padded: one microbatch each.
     Returns one Captured per batch, equal to capture_pass(model, ids, mask, points) on it."""
     ticks = gpipe_ticks(len(stages), len(batches)) if batches else []
-    with _Streams(stages) as streams:
+    with _Streams(model) as streams:
         run = _Run(model, batches, tuple(points), stages, vocab_chunk, torch.device(store), streams)
         for tick in tqdm(ticks, desc=f"{desc} ({len(stages)} stages)", disable=not progress, leave=False):
             for step in tick:
@@ -188,7 +188,8 @@ def _used(model: nn.Module, layers: nn.ModuleList) -> nn.ModuleList:
 # ---- CUDA streams and events (no-ops on the CPU) ----------------------------------------------
 
 class _Streams:
-    """Per CUDA device of the stages: a compute stream, current on its device while the pass
+    """Per CUDA device the model sits on (its stages, and the embedding, norm and head
+    wherever placement put them): a compute stream, current on its device while the pass
     runs, and a copy stream for what leaves the device. A hand-off of microbatch m from
     stage s - 1 to stage s: stage s's stream waits for the event stage s - 1 recorded after m;
     the copy then runs on the source's copy stream (PyTorch copies across devices on the
@@ -196,8 +197,8 @@ class _Streams:
     destination wait for it), so stage s - 1's compute stream, already busy with m + 1,
     never waits for stage s."""
 
-    def __init__(self, stages: list[Stage]):
-        self.devices = sorted({s.device for s in stages if s.device.type == "cuda"}, key=lambda d: d.index or 0)
+    def __init__(self, model: nn.Module):
+        self.devices = sorted({p.device for p in model.parameters() if p.is_cuda}, key=lambda d: d.index)
         self.compute = {d: torch.cuda.Stream(device=d) for d in self.devices}
         self.copy = {d: torch.cuda.Stream(device=d) for d in self.devices}
         self._stack = ExitStack()
