@@ -1,12 +1,16 @@
 """The GPipe schedule on its own, and the staged teacher-forced pass against the one-stage
 pass on real zoo targets, with stages emulated on the CPU: bit for bit."""
 
+import threading
+
 import pytest
 import torch
 
 from diag.layouts import CapturePoint
+from diag.target.generate import greedy_continuations
 from diag.target.load import load_target
 from diag.target.passes import Sequence, budget_batches, capture_microbatches, run_capture
+from diag.target.stage_gates import run_in_stages, split_rows
 from diag.target.schedule import Step, bubble_fraction, gpipe_order, gpipe_ticks, pipelined_seconds
 from diag.target.stages import Stage, even_stages, stages_of
 from diag.zoo import zoo_path
@@ -155,3 +159,84 @@ def test_staged_pass_on_cuda_equals_the_one_stage_pass(zoo_target, dtype):
         for p in points:
             assert all(torch.equal(a, b) for a, b in zip(ref.states[p.name], got.states[p.name])), f"{name} {where} {p}"
         assert all(torch.equal(a, b) for a, b in zip(ref.argmax, got.argmax)), f"{name} {where}: argmax"
+
+
+# ---- the greedy generation in microbatches through the stages -------------------------------
+
+def test_split_rows():
+    assert split_rows(list(range(5)), 3) == [[0, 1], [2, 3], [4]]
+    assert split_rows([7, 8], 4) == [[7], [8]]
+    assert split_rows(list(range(48)), 8) == [list(range(k, k + 6)) for k in range(0, 48, 6)]
+    assert split_rows([1, 2, 3], 1) == [[1, 2, 3]]
+
+
+def _prompts(vocab: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(3)
+    return [torch.randint(3, vocab, (n,), generator=gen).tolist() for n in (5, 12, 8, 3, 10, 7, 6)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_generation_through_stages_equals_the_parts_in_turn(zoo_target, dtype):
+    """Microbatches on their own threads through 2 or 3 emulated stages give the tokens the same
+    parts give generated one after another, bit for bit; one microbatch is today's generation."""
+    name, path = zoo_target
+    model, info = load_target(path, dtype=dtype)
+    prompts, one = _prompts(info.vocab_size), [Stage(range(info.num_layers), torch.device("cpu"))]
+    kw = dict(pad_id=2, eos_ids={1}, batch_size=4, progress=False)      # 7 prompts: batches of 4 and 3
+    for microbatches in (1, 2, 3):
+        in_turn = greedy_continuations(model, prompts, 10, microbatches=microbatches, stages=one, **kw)
+        for count in (2, 3):
+            staged = greedy_continuations(model, prompts, 10, microbatches=microbatches,
+                                          stages=even_stages(info.num_layers, count), **kw)
+            assert staged == in_turn, f"{name} {dtype} {count} stages, {microbatches} microbatches"
+    assert greedy_continuations(model, prompts, 10, **kw) == greedy_continuations(model, prompts, 10, stages=one, **kw)
+
+
+def test_stage_gates_admit_one_microbatch_per_stage():
+    """The layers' outputs of each stage come in whole runs of one microbatch: no other
+    microbatch enters a stage while one is in it."""
+    model, info = load_target(zoo_path("llama-tiny"), dtype=torch.float32)
+    stages, events = even_stages(6, 3), []
+    hooks = [layer.register_forward_hook(lambda _m, _a, _o, i=i: events.append((i, threading.current_thread().name)))
+             for i, layer in enumerate(model.model.layers)]
+    try:
+        greedy_continuations(model, _prompts(info.vocab_size), 6, pad_id=2, eos_ids=set(), batch_size=7,
+                             progress=False, microbatches=3, stages=stages)
+    finally:
+        for h in hooks:
+            h.remove()
+    for stage in stages:
+        seen = [who for i, who in events if i in stage.layers]
+        runs = [seen[k:k + len(stage.layers)] for k in range(0, len(seen), len(stage.layers))]
+        assert all(len(set(r)) == 1 for r in runs), f"stage {list(stage.layers)}: microbatches interleaved"
+        assert {r[0] for r in runs} == {f"microbatch-{k}" for k in range(3)}
+        assert len(runs) == 3 * 6                                    # 3 microbatches x 6 tokens
+
+
+def test_a_microbatch_that_fails_raises_and_frees_its_stage():
+    model, _ = load_target(zoo_path("llama-tiny"), dtype=torch.float32)
+    stages = even_stages(6, 2)
+
+    def boom():
+        with torch.no_grad():
+            model(input_ids=torch.tensor([[5, 6, 7]]))
+        raise RuntimeError("microbatch 1 failed")
+
+    ok = lambda: model(input_ids=torch.tensor([[5, 6]])).logits.shape  # noqa: E731
+    with pytest.raises(RuntimeError, match="microbatch 1 failed"):
+        run_in_stages(model, stages, [ok, boom, ok])
+    assert run_in_stages(model, stages, [ok, ok]) == [torch.Size([1, 2, 2048])] * 2   # no gate left taken
+
+
+def test_the_case_knob_is_checked():
+    from diag.errors import DiagError
+    from diag.run.case import check_case, parse_case
+
+    base = {"version": 1, "name": "m", "target": {"path": "zoo:llama-tiny"}, "drafter": {"path": "zoo:x"},
+            "prompts": {"file": "p.jsonl"}, "evaluate": {"layouts": ["embed+L2+L4"]}}
+    case = check_case(parse_case({**base, "placement": {"gpus": 0, "microbatches": 4}}, "c.toml"))
+    assert case.placement.microbatches == 4
+    with pytest.raises(DiagError) as err:
+        check_case(parse_case({**base, "placement": {"microbatches": 0}}, "c.toml"))
+    assert err.value.field == "placement.microbatches" and err.value.file == "c.toml"
+    assert "as many as the GPUs" in err.value.expected and err.value.found == 0

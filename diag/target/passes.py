@@ -61,9 +61,10 @@ class TargetPass:
 
 def build_sequences(model: nn.Module, prompts: list[tuple[str, str, list[int]]], max_new_tokens: int, *,
                     pad_id: int, eos_ids: set[int], recorded: dict[str, list[int]] | None = None,
-                    batch_size: int = 16, progress: bool = True, lookahead: int = 0) -> list[Sequence]:
+                    batch_size: int = 16, progress: bool = True, lookahead: int = 0,
+                    microbatches: int = 1) -> list[Sequence]:
     """prompts: (id, category, token ids). Recorded continuations win over generation (and have
-    no lookahead). lookahead > 0: the target's greedy tokens continue that far past the end (past
+    no lookahead). microbatches: parts of each generation batch (greedy_continuations). lookahead > 0: the target's greedy tokens continue that far past the end (past
     max_new_tokens or past the end-of-sequence token), `end` marks where the emitted part stops.
     Example: max_new_tokens 4, lookahead 2, greedy [5, 1, 7, 8, 9, 3] with eos {1} -> emitted
     [5, 1], ids prompt + [5, 1, 7, 8], end = prompt + 2."""
@@ -72,7 +73,8 @@ def build_sequences(model: nn.Module, prompts: list[tuple[str, str, list[int]]],
         return [Sequence(pid, cat, len(p), torch.tensor(p + c, dtype=torch.long))
                 for (pid, cat, p), c in zip(prompts, conts)]
     longer = greedy_continuations(model, [p for _, _, p in prompts], max_new_tokens + lookahead, pad_id=pad_id,
-                                  eos_ids=set(), batch_size=batch_size, progress=progress)
+                                  eos_ids=set(), batch_size=batch_size, progress=progress,
+                                  microbatches=microbatches)
     out = []
     for (pid, cat, p), c in zip(prompts, longer):
         emitted = len(cut_at_eos(c[:max_new_tokens], eos_ids))
