@@ -240,3 +240,20 @@ def test_the_case_knob_is_checked():
         check_case(parse_case({**base, "placement": {"microbatches": 0}}, "c.toml"))
     assert err.value.field == "placement.microbatches" and err.value.file == "c.toml"
     assert "as many as the GPUs" in err.value.expected and err.value.found == 0
+
+
+@pytest.mark.gpu
+def test_generation_through_two_gpus_equals_the_parts_in_turn(zoo_target):
+    """Microbatches on their own threads through the layers split over cuda:0 and cuda:1 (or 3
+    stages emulated on cuda:0 with one GPU) against the parts generated in turn on cuda:0."""
+    name, path = zoo_target
+    model, info = load_target(path, dtype=torch.bfloat16, device_map={"": 0})
+    n, prompts = info.num_layers, _prompts(info.vocab_size)
+    kw = dict(pad_id=2, eos_ids={1}, batch_size=7, progress=False, microbatches=3)
+    in_turn = greedy_continuations(model, prompts, 12, stages=[Stage(range(n), torch.device("cuda:0"))], **kw)
+    assert greedy_continuations(model, prompts, 12, stages=even_stages(n, 3, "cuda:0"), **kw) == in_turn, name
+    if torch.cuda.device_count() >= 2:
+        split = {"model.embed_tokens": 0, "model.rotary_emb": 0, "model.norm": 1, "lm_head": 1,
+                 **{f"model.layers.{i}": int(i >= n // 2) for i in range(n)}}
+        placed, _ = load_target(path, dtype=torch.bfloat16, device_map=split)
+        assert greedy_continuations(placed, prompts, 12, **kw) == in_turn, f"{name} over 2 GPUs"

@@ -204,8 +204,11 @@ class _Streams:
         self._stack = ExitStack()
 
     def __enter__(self) -> "_Streams":
-        for stream in self.compute.values():
-            self._stack.enter_context(torch.cuda.stream(stream))
+        if self.devices:
+            current = torch.cuda.current_device()
+            for stream in self.compute.values():
+                self._stack.enter_context(torch.cuda.stream(stream))
+            torch.cuda.set_device(current)     # making a stream current also makes its device current
         return self
 
     def __exit__(self, *exc) -> None:
