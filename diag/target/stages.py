@@ -144,7 +144,9 @@ def _prologue(base: nn.Module, first: nn.Module, embed: nn.Module, ids: torch.Te
     got: dict = {}
 
     def enter(_mod, args, kwargs):
-        got["hidden"], got["kwargs"] = args[0], dict(kwargs)
+        kwargs = dict(kwargs)
+        got["hidden"] = args[0] if args else kwargs.pop("hidden_states")
+        got["kwargs"] = kwargs
         raise _Entered
 
     def embedded(_mod, _inp, out):
