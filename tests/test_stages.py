@@ -1,5 +1,6 @@
-"""The GPipe schedule on its own, and the staged teacher-forced pass against the one-stage
-pass on real zoo targets, with stages emulated on the CPU: bit for bit."""
+"""The GPipe schedule on its own; the staged teacher-forced pass against the one-stage pass,
+and the generation in microbatches through the stages against its parts in turn, on real zoo
+targets (llama-tiny, deepseek-tiny, its INT4 twin) with stages emulated on the CPU: bit for bit."""
 
 import threading
 
@@ -68,7 +69,7 @@ LENGTHS = [9, 23, 14, 17, 5, 20]
 BUDGETS = {1: 138, 2: 69, 3: 46}           # token budget -> that many token-budget batches of LENGTHS
 
 
-@pytest.fixture(scope="module", params=["llama-tiny", "deepseek-tiny"])
+@pytest.fixture(scope="module", params=["llama-tiny", "deepseek-tiny", "deepseek-tiny-int4"])
 def zoo_target(request):
     return request.param, zoo_path(request.param)
 
