@@ -45,7 +45,8 @@ def greedy_continuations(model: nn.Module, prompts: list[list[int]], max_new_tok
     the placement's stages at once when the target spans several (stage_gates.py; stages:
     stages_of(model) unless given). A part is padded and batched on its own, so a prompt's
     continuation is the one its part gives, whether the parts run at once or in turn."""
-    stages = stages_of(model) if stages is None else stages
+    if stages is None:
+        stages = stages_of(model) if microbatches > 1 else []       # one part a batch: nothing to overlap
     out: list[list[int]] = []
     batches = range(0, len(prompts), batch_size)
     for start in tqdm(batches, desc="target: greedy continuations", disable=not progress, leave=False):
