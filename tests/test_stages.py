@@ -258,3 +258,26 @@ def test_generation_through_two_gpus_equals_the_parts_in_turn(zoo_target):
                  **{f"model.layers.{i}": int(i >= n // 2) for i in range(n)}}
         placed, _ = load_target(path, dtype=torch.bfloat16, device_map=split)
         assert greedy_continuations(placed, prompts, 12, **kw) == in_turn, f"{name} over 2 GPUs"
+
+
+def test_generation_in_parts_keys_the_pass_cache():
+    """microbatches > 1 generates in other batches (another rounding in a near-tie): its pass
+    is cached under another key; 1 keeps the keys every earlier run wrote."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from diag.layouts import layout
+    from diag.run.case import parse_case
+    from diag.run.target_passes import pass_key
+    from diag.trees import tree_shape
+
+    case = parse_case({"version": 1, "name": "m", "target": {"path": "zoo:llama-tiny"}, "drafter": {"path": "zoo:x"},
+                       "prompts": {"file": "p.jsonl"}, "evaluate": {"layouts": ["embed+L2+L4"]}}, "c.toml")
+
+    def key(microbatches: int):
+        c = replace(case, placement=replace(case.placement, microbatches=microbatches))
+        inp = SimpleNamespace(case=c, target_path=zoo_path("llama-tiny"), points=layout("embed+L2+L4").points,
+                              shapes=[tree_shape("chain-3")])
+        return dict(pass_key(inp, "as-loaded", "tokens", "torch.float32").fields)["placement"]
+
+    assert (key(1), key(3)) == ("cpu", "cpu,microbatches=3")
