@@ -458,9 +458,32 @@ def test_extrapolation_worked_example():
     assert x["kimi_bytes"] == 1e9 + 60e10 + 5e9 and x["load_s"] == x["kimi_bytes"] / 1e9
     assert x["decode_steps"] == 3 * 512                              # 48 prompts, batches of 16
     assert abs(x["generate_s"] - (40 + 57 * 1e-3 * 1536)) < 1e-9
-    assert abs(x["capture_s"] - (10 + 57 * 1e-5 * 30000)) < 1e-9
+    sequential = 10 + 57 * 1e-5 * 30000                               # the capture layer after layer
+    assert x["pipeline"]["microbatches"] == 2 and "estimated" in x["pipeline"]["microbatches_from"]
+    assert abs(x["capture_s"] - sequential * (2 + 7) / (8 * 2)) < 1e-9  # GPipe over 8 GPUs, 2 microbatches
     assert abs(x["step_costs_s"] - 20 * 61 / 4) < 1e-9                # target_s minus its phases
     assert x["first_verdict_after_load_s"] == x["generate_s"] + x["capture_s"] + x["step_costs_s"] + 26
+
+
+def test_extrapolation_pipelines_the_capture_pass_over_the_runs_microbatches():
+    """The run counted 5 token-budget batches: the capture pass over 8 stages takes
+    (5 + 7) / (8 * 5) of its layer-after-layer time, bubble 7 / 12; the first-run total uses it."""
+    from diag.bench.extrapolate import extrapolate
+
+    e2e = {"layers": 4, "max_new_tokens": 512, "cached_seconds_per_variant": 0.2, "token_budget": 16384,
+           "first": {"sequences": 48, "tokens": 41693, "target_s": 100.0, "target_load_s": 30.0,
+                     "target_generate_s": 40.0, "target_capture_s": 10.0, "target_capture_microbatches": 5,
+                     "checks_s": 2.0, "drafter_s": 20.0, "summary_s": 1.0, "report_s": 3.0}}
+    grown = {"generate_seconds_per_layer_step": 1e-3, "capture_seconds_per_layer_token": 1e-5}
+    x = extrapolate(e2e, grown, {"diag_cold_bytes_per_s": 1e9}, [1e9, 1e10, 1e10, 1e10, 5e9])
+    pipe = x["pipeline"]
+    sequential = 10 + 57 * 1e-5 * 41693
+    assert (pipe["stages"], pipe["microbatches"]) == (8, 5) and pipe["microbatches_from"].startswith("the e2e run")
+    assert pipe["bubble_fraction"] == 7 / 12 and pipe["capture_sequential_s"] == sequential
+    assert abs(x["capture_s"] - sequential * 12 / 40) < 1e-9 and x["capture_s"] == pipe["capture_pipelined_s"]
+    assert "GPipe over 8 stages, 5 microbatches, bubble 0.583" in x["formulas"]["capture_s"]
+    assert x["first_run_total_s"] == x["load_s"] + x["generate_s"] + x["capture_s"] + x["step_costs_s"] + \
+        x["drafter_and_report_s"]
 
 
 def test_extrapolation_with_timed_costs_and_a_larger_batch():

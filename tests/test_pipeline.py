@@ -64,6 +64,7 @@ def test_costs_are_timed_and_not_measured_twice(counted, tmp_path, monkeypatch):
     first = run_case(case, progress=False)
     assert first.timings["target_costs_s"] > 0
     assert first.timings["target_generate_batch"] == min(16, first.target_pass["sequences"])
+    assert first.timings["target_capture_microbatches"] >= 1         # the pass's token-budget batches
     for d in (tmp_path / "cache").iterdir():
         if d.name != "costs":
             shutil.rmtree(d) if d.is_dir() else d.unlink()

@@ -11,6 +11,13 @@ Assumptions (reports/bench/NOTES.md says why each holds or might not):
   layers    placement runs layers one after another (no tensor parallelism), so a pass
             costs the sum of its layers: phase_61 = phase_K + (61 - K) * slope, the slopes
             measured by growing the model in GPU memory (same widths, random weights)
+  pipeline  the teacher-forced pass streams its M token-budget batches through the 8 GPUs'
+            stages as GPipe microbatches (diag/target/stages.py): capture_61 = the sum of
+            its layers * (M + 7) / (8 M), bubble (S - 1) / (M + S - 1) = 7 / (M + 7); M is
+            the e2e run's count (the same sequences and token budget make the same batches).
+            Stages are taken as balanced (placement balances bytes; the embedding and head
+            ride on the first and last). The greedy generation is taken as measured, one
+            batch stage after stage ([placement] microbatches = 1, as the e2e run generates)
   hand-off  activations cross 7 GPU boundaries per forward; at 7168 x 2 bytes per token
             that is 229 KB for a 16-row decode step: not counted
   drafter   replay, verdicts and report do not depend on the target's depth: as measured
@@ -19,14 +26,17 @@ Assumptions (reports/bench/NOTES.md says why each holds or might not):
             (each GPU holding 1/8 of the bytes; per GPU half the rest for caches, half for
             the prefill) and reported beside it: when they differ the extrapolation says so
 Worked example, bytes: s_0 0.8 GB, s_1 9.9 GB, s_last 4.7 GB -> 0.8 + 60 * 9.9 + 4.7 =
-599.5 GB; at 1.3 GB/s cold that loads in 461 s. This module knows arithmetic; it reads no
-files.
+599.5 GB; at 1.3 GB/s cold that loads in 461 s. Pipeline: a pass of 5 token-budget
+batches taking 11.1 s layer after layer -> 11.1 * (5 + 7) / (8 * 5) = 3.3 s, bubble 7 / 12.
+This module knows arithmetic; it reads no files.
 """
 
 from __future__ import annotations
 
 import math
 from types import SimpleNamespace
+
+from diag.target.schedule import bubble_fraction, pipelined_seconds
 
 KIMI_LAYERS = 61
 KIMI_GPUS = 8
@@ -86,6 +96,27 @@ def first_run_rate(load: dict) -> tuple[float, str]:
     return load["diag_cold_bytes_per_s"], "plain cold load: this run measured no first-run load"
 
 
+def capture_microbatches(first: dict, token_budget: int) -> tuple[int, str]:
+    """(microbatches of the teacher-forced pass, where the count comes from): the e2e run's
+    count, else (a run from before it counted) ceil(tokens / budget), a lower bound since
+    padding fills batches before the budget does. 41,693 tokens, budget 16384 -> 3."""
+    if "target_capture_microbatches" in first:
+        return int(first["target_capture_microbatches"]), "the e2e run's token-budget batches"
+    return (max(1, math.ceil(first["tokens"] / token_budget)),
+            f"estimated: ceil({first['tokens']} tokens / {token_budget} budget), the run did not count them")
+
+
+def pipeline_section(first: dict, token_budget: int, sequential_s: float, stages: int = KIMI_GPUS) -> dict:
+    """The capture pass as a GPipe pipeline over `stages` GPUs (module docstring)."""
+    m, source = capture_microbatches(first, token_budget)
+    return {"stages": stages, "microbatches": m, "microbatches_from": source,
+            "bubble_fraction": bubble_fraction(stages, m), "capture_sequential_s": sequential_s,
+            "capture_pipelined_s": pipelined_seconds(sequential_s, stages, m),
+            "generation": ("as measured, stage after stage: the e2e run generates its batch whole "
+                           "([placement] microbatches = 1); with microbatches = 8 its parts would pass "
+                           "the 8 GPUs at once, at a per-microbatch decode cost this bench does not measure")}
+
+
 def extrapolate(e2e: dict, grown: dict, load: dict, shard_bytes: list[int], *, batch: int = 16,
                 gpu_memory: int | None = None) -> dict:
     """e2e, grown, load: the benchmark's sections; batch: prompts per generation batch when
@@ -102,7 +133,9 @@ def extrapolate(e2e: dict, grown: dict, load: dict, shard_bytes: list[int], *, b
     rate, rate_name = first_run_rate(load)
     load_61 = total / rate
     gen = first.get("target_generate_s", 0.0) + extra * slope * steps
-    cap = first.get("target_capture_s", 0.0) + extra * grown["capture_seconds_per_layer_token"] * first["tokens"]
+    cap_seq = first.get("target_capture_s", 0.0) + extra * grown["capture_seconds_per_layer_token"] * first["tokens"]
+    pipe = pipeline_section(first, e2e.get("token_budget", 16384), cap_seq)
+    cap = pipe["capture_pipelined_s"]
     costs_61, other, costs_formula = _step_costs(first, grown, k)
     rest = first["checks_s"] + first["drafter_s"] + first["summary_s"] + first["report_s"] + other
     verdict = gen + cap + costs_61 + rest
@@ -118,7 +151,7 @@ def extrapolate(e2e: dict, grown: dict, load: dict, shard_bytes: list[int], *, b
         "first_verdict_without_step_costs_s": verdict - costs_61,
         "first_run_total_s": load_61 + verdict, "decode_steps": steps, "generation_batch": batch,
         "cached_seconds_per_variant": e2e["cached_seconds_per_variant"],
-        "kimi_8gpu_generation_batch": kimi_batch,
+        "kimi_8gpu_generation_batch": kimi_batch, "pipeline": pipe,
         "batch_note": ("Kimi on 8 GPUs would generate at the measured batch" if kimi_batch == batch
                        else "not computed: the run or the machine does not say" if kimi_batch is None
                        else f"Kimi on 8 GPUs would generate at batch {kimi_batch}, not the measured "
@@ -130,8 +163,11 @@ def extrapolate(e2e: dict, grown: dict, load: dict, shard_bytes: list[int], *, b
             "first_run_total_s": "load_s + generate_s + capture_s + step_costs_s + drafter_and_report_s",
             "generate_s": f"{first.get('target_generate_s', 0.0):.4g} + {extra} layers * "
                           f"{slope:.4g} s/layer/step * {steps} steps (batch {batch})",
-            "capture_s": f"{first.get('target_capture_s', 0.0):.4g} + {extra} layers * "
-                         f"{grown['capture_seconds_per_layer_token']:.4g} s/layer/token * {first['tokens']} tokens",
+            "capture_s": f"({first.get('target_capture_s', 0.0):.4g} + {extra} layers * "
+                         f"{grown['capture_seconds_per_layer_token']:.4g} s/layer/token * {first['tokens']} tokens)"
+                         f" * ({pipe['microbatches']} + {KIMI_GPUS - 1}) / ({KIMI_GPUS} * {pipe['microbatches']}): "
+                         f"GPipe over {KIMI_GPUS} stages, {pipe['microbatches']} microbatches, bubble "
+                         f"{pipe['bubble_fraction']:.3f}",
             "step_costs_s": costs_formula,
             "drafter_and_report_s": "checks + drafter + summary + report (+ target_s not in a timed "
                                     "phase: pass-cache writes, keys), as measured",

@@ -134,6 +134,7 @@ class PlacementSpec:
     gpus: int = 0
     gpu_memory: str | None = None
     activation_budget: str | None = None
+    microbatches: int = 1          # parts of each greedy-generation batch, through the GPUs at once
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,8 @@ RANGES = (
     ("evaluate", "seed", lambda v: v >= 0, ">= 0"),
     ("evaluate", "position_buckets", _buckets, "ascending bucket starts beginning at 0, e.g. [0, 64, 128]"),
     ("placement", "gpus", lambda v: v >= 0, ">= 0 (0: the CPU)"),
+    ("placement", "microbatches", lambda v: v >= 1,
+     ">= 1 parts of each generation batch (1: the batch whole; as many as the GPUs keep each busy)"),
     ("speedup", "context", lambda v: v >= 1, ">= 1 token of context"),
     ("speedup", "t_decode_ms", _positive_ms, "a positive number of milliseconds"),
     ("speedup", "t_draft_ms", lambda v: v is None or v >= 0, "a non-negative number of milliseconds"),

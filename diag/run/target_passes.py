@@ -29,7 +29,7 @@ from diag.run.inputs import Inputs, dtype_of, round_accounting
 from diag.target.gen_batch import generation_batch
 from diag.target.load import load_target, target_info
 from diag.target.pass_cache import PassKey, load_pass, save_pass, token_digest
-from diag.target.passes import TargetPass, build_sequences, run_capture
+from diag.target.passes import TargetPass, build_sequences, capture_microbatches, run_capture
 
 LONG_CONTEXT = "long-context"      # the extra pass of the long-context prompts (long_context.py)
 
@@ -102,6 +102,8 @@ def pass_key(inp: Inputs, regime: str, tokens_sha: str, dtype) -> PassKey:
     case = inp.case
     ckpt = _checkpoint(inp, regime)
     placement = f"gpus={case.placement.gpus}" if case.placement.gpus else "cpu"
+    if case.placement.microbatches > 1:          # other generation batches: other rounding
+        placement += f",microbatches={case.placement.microbatches}"
     extra = lookahead(inp)
     new_tokens = f"{case.prompts.max_new_tokens}+{extra}" if extra else case.prompts.max_new_tokens
     return PassKey.make(ckpt, tokens_sha, regime, inp.points, new_tokens, str(dtype), placement)
@@ -160,7 +162,10 @@ def _one_pass(inp: Inputs, target: _Target, prompts, recorded, sequences, *, use
                 clock.setdefault("target_generate_longest_prompt", max((len(p) for _, _, p in prompts), default=0))
             sequences = _timed(clock, "target_generate_s", lambda: build_sequences(
                 model, prompts, case.prompts.max_new_tokens, pad_id=pad, eos_ids=eos, recorded=recorded,
-                batch_size=batch, progress=progress, lookahead=lookahead(inp)))
+                batch_size=batch, progress=progress, lookahead=lookahead(inp),
+                microbatches=case.placement.microbatches))
+        clock.setdefault("target_capture_microbatches",              # a count (timings), as above
+                         capture_microbatches(sequences, case.evaluate.token_budget))
         tp = _timed(clock, "target_capture_s", lambda: run_capture(
             model, sequences, inp.points, regime=target.regime, token_budget=case.evaluate.token_budget,
             progress=progress))

@@ -2,8 +2,9 @@
 
 Sequences are prompt + continuation. The continuation is the target's greedy one (KV-cached
 generation) or a recorded one (what a live server produced). The capture pass runs over the
-sequences in token-budget batches (right padded) and keeps, per sequence, the captured
-points [T, H] and the argmax [T] (argmax[j] = the target's greedy token after index j).
+sequences in token-budget batches (right padded; on a target placed over several devices,
+the microbatches of a pipeline through its layer stages, stages.py) and keeps, per sequence,
+the captured points [T, H] and the argmax [T] (argmax[j] = the target's greedy token after j).
 
 This module knows the target model and token ids; it knows nothing about drafters, files
 or reports (the on-disk cache of a TargetPass lives in pass_cache.py).
@@ -19,6 +20,7 @@ from tqdm.auto import tqdm
 
 from diag.target.capture import capture_pass
 from diag.target.generate import cut_at_eos, greedy_continuations
+from diag.target.stages import Stage, staged_captures, stages_of
 from diag.layouts import CapturePoint
 
 
@@ -59,9 +61,10 @@ class TargetPass:
 
 def build_sequences(model: nn.Module, prompts: list[tuple[str, str, list[int]]], max_new_tokens: int, *,
                     pad_id: int, eos_ids: set[int], recorded: dict[str, list[int]] | None = None,
-                    batch_size: int = 16, progress: bool = True, lookahead: int = 0) -> list[Sequence]:
+                    batch_size: int = 16, progress: bool = True, lookahead: int = 0,
+                    microbatches: int = 1) -> list[Sequence]:
     """prompts: (id, category, token ids). Recorded continuations win over generation (and have
-    no lookahead). lookahead > 0: the target's greedy tokens continue that far past the end (past
+    no lookahead). microbatches: parts of each generation batch (greedy_continuations). lookahead > 0: the target's greedy tokens continue that far past the end (past
     max_new_tokens or past the end-of-sequence token), `end` marks where the emitted part stops.
     Example: max_new_tokens 4, lookahead 2, greedy [5, 1, 7, 8, 9, 3] with eos {1} -> emitted
     [5, 1], ids prompt + [5, 1, 7, 8], end = prompt + 2."""
@@ -70,7 +73,8 @@ def build_sequences(model: nn.Module, prompts: list[tuple[str, str, list[int]]],
         return [Sequence(pid, cat, len(p), torch.tensor(p + c, dtype=torch.long))
                 for (pid, cat, p), c in zip(prompts, conts)]
     longer = greedy_continuations(model, [p for _, _, p in prompts], max_new_tokens + lookahead, pad_id=pad_id,
-                                  eos_ids=set(), batch_size=batch_size, progress=progress)
+                                  eos_ids=set(), batch_size=batch_size, progress=progress,
+                                  microbatches=microbatches)
     out = []
     for (pid, cat, p), c in zip(prompts, longer):
         emitted = len(cut_at_eos(c[:max_new_tokens], eos_ids))
@@ -105,17 +109,37 @@ def pad_right(rows: list[torch.Tensor], value: int | float = 0) -> tuple[torch.T
 
 def run_capture(model: nn.Module, sequences: list[Sequence], points: tuple[CapturePoint, ...], *,
                 regime: str, token_budget: int, progress: bool = True,
-                store: torch.device | str = "cpu") -> TargetPass:
-    """Teacher-forced pass over every sequence in token-budget batches."""
+                store: torch.device | str = "cpu", stages: list[Stage] | None = None) -> TargetPass:
+    """Teacher-forced pass over every sequence in token-budget batches. A target whose layers
+    span several devices (stages: stages_of(model) unless given) runs the batches as the
+    microbatches of a pipeline (stages.py), one stage per device busy at once; the captures
+    and argmax are the same tensors as one batch after another gives."""
     states: dict[str, list] = {p.name: [None] * len(sequences) for p in points}
     argmax: list = [None] * len(sequences)
     groups = budget_batches([len(s.ids) for s in sequences], token_budget)
-    for group in tqdm(groups, desc=f"target pass [{regime}]", disable=not progress, leave=False):
-        ids, valid = pad_right([sequences[i].ids for i in group])
-        got = capture_pass(model, ids, valid.long(), points, to_device=store)
+    stages = stages_of(model) if stages is None else stages
+    desc = f"target pass [{regime}]"
+    for group, got in zip(groups, _captured(model, sequences, groups, points, stages, store, desc, progress)):
         for b, i in enumerate(group):
             n = len(sequences[i].ids)
             for name, t in got.states.items():
                 states[name][i] = t[b, :n].clone()
             argmax[i] = got.argmax[b, :n].clone()
     return TargetPass(regime, sequences, states, argmax)
+
+
+def capture_microbatches(sequences: list[Sequence], token_budget: int) -> int:
+    """How many microbatches the pass over `sequences` streams through a pipeline: its
+    token-budget batches. 48 sequences of at most 1,422 tokens, budget 16384 -> 5."""
+    return len(budget_batches([len(s.ids) for s in sequences], token_budget))
+
+
+def _captured(model, sequences, groups, points, stages, store, desc: str, progress: bool):
+    """One Captured per group, in order: staged when there are several stages, else batch
+    after batch (lazily, so one batch's tensors are alive at a time)."""
+    padded = lambda group: pad_right([sequences[i].ids for i in group])  # noqa: E731
+    if len(stages) > 1:
+        batches = [(ids, valid.long()) for ids, valid in map(padded, groups)]
+        return staged_captures(model, batches, points, stages, store=store, desc=desc, progress=progress)
+    return (capture_pass(model, ids, valid.long(), points, to_device=store)
+            for ids, valid in map(padded, tqdm(groups, desc=desc, disable=not progress, leave=False)))
