@@ -223,3 +223,26 @@ def test_a_tied_head_is_the_embedding_and_a_missing_untied_one_is_an_error(tmp_p
     _, head = target_tables(target, {**config, "tie_word_embeddings": True})
     assert isinstance(head, LazyHead) and torch.equal(head.weight, tensors["model.embed_tokens.weight"])
     assert isinstance(_, RowTable)
+
+
+def test_a_plot_is_copied_from_the_cache_while_the_keys_it_reads_are_unchanged(tmp_path, cache):
+    from diag.report.plot_cache import cached_plot
+    draws = []
+
+    def accept_hist(rep, folder):                        # reads "evaluations" (plots.READS)
+        draws.append(1)
+        (folder / "plots").mkdir(parents=True, exist_ok=True)
+        (folder / "plots" / "accept_hist.png").write_bytes(json.dumps(rep["evaluations"]).encode())
+        return {"file": "plots/accept_hist.png", "title": "hist"}
+    rep = {"evaluations": [{"layout": "a"}], "created": "t0", "timings": {"checks_s": 1.0}}
+    assert cached_plot(accept_hist, rep, tmp_path / "a") == {"file": "plots/accept_hist.png", "title": "hist"}
+    again = {**rep, "created": "t1", "timings": {"checks_s": 0.1}, "notes": ["other"]}
+    assert cached_plot(accept_hist, again, tmp_path / "b")["title"] == "hist" and len(draws) == 1
+    assert (tmp_path / "b/plots/accept_hist.png").read_bytes() == (tmp_path / "a/plots/accept_hist.png").read_bytes()
+    cached_plot(accept_hist, {**rep, "evaluations": [{"layout": "b"}]}, tmp_path / "c")
+    assert len(draws) == 2                               # one more layout: drawn
+    for png in (cache / "plots").glob("*.png"):
+        png.write_bytes(b"damaged")
+    cached_plot(accept_hist, rep, tmp_path / "d")
+    assert len(draws) == 3                               # a PNG that fails its sha256 is drawn again
+    assert (tmp_path / "d/plots/accept_hist.png").read_bytes() == (tmp_path / "a/plots/accept_hist.png").read_bytes()
