@@ -58,7 +58,7 @@ def _summaries(results, inp: Inputs) -> list[Evaluation]:
     return [summarize(r, buckets=ev.position_buckets, seed=ev.seed, n_boot=ev.bootstrap) for r in results]
 
 
-def _replay(cache, ids: dict[str, str], *args, **kw):
+def cached_replay(cache, ids: dict[str, str], *args, **kw):
     """replay(), through the evaluation cache (run/eval_cache.py) when the run has one;
     `ids`: regime -> the digest of the pass the variants read."""
     return cache.replay(ids, *args, **kw) if cache is not None else replay(*args, **kw)
@@ -74,16 +74,16 @@ def evaluate(inp: Inputs, drafter, embed, head, passes, *, progress: bool,
     tables = draft_tables_by_mode(inp)
     acc = accounting_for(round_accounting(inp.case))
     ids = cache.regime_passes if cache is not None else {}
-    evals = _summaries(_replay(cache, ids, drafter, embed, head, passes, variants(inp), layouts, token_budget=budget,
-                               progress=progress, tables=tables, accounting=acc), inp)
+    evals = _summaries(cached_replay(cache, ids, drafter, embed, head, passes, variants(inp), layouts,
+                                     token_budget=budget, progress=progress, tables=tables, accounting=acc), inp)
     top = best(select(evals, reference_axes(inp), decoding="greedy"))
     cross = cross_variants(inp, top.layout if top else None, inp.shapes[0])
     if cross:
-        evals += _summaries(_replay(cache, ids, drafter, embed, head, passes, cross, layouts, token_budget=budget,
-                                    progress=progress, tables=tables, accounting=acc), inp)
+        evals += _summaries(cached_replay(cache, ids, drafter, embed, head, passes, cross, layouts,
+                                          token_budget=budget, progress=progress, tables=tables, accounting=acc), inp)
     for name in (inp.rendered.others() if inp.rendered else ()):
         ref = {inp.regimes[0]: cache.extra_passes[name]} if cache is not None else {}
-        evals += _summaries(_replay(cache, ref, drafter, embed, head, {inp.regimes[0]: extra[name]},
-                                    rendering_variants(inp, name), layouts, token_budget=budget,
-                                    progress=progress, tables=tables, accounting=acc), inp)
+        evals += _summaries(cached_replay(cache, ref, drafter, embed, head, {inp.regimes[0]: extra[name]},
+                                          rendering_variants(inp, name), layouts, token_budget=budget,
+                                          progress=progress, tables=tables, accounting=acc), inp)
     return evals

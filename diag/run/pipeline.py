@@ -225,7 +225,7 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True) -> Ru
         run.server = server_section(server, evals, run.reference, run.best_layout(), seed=ev.seed,
                                     n_boot=ev.bootstrap, served_layout=served)
     side = prompt_sections(inp, greedy, top.layout if top else None, evals, passes, extra, drafter, embed, head,
-                           progress=progress)                # the prompt side is replayed greedily
+                           progress=progress, cache=cache)   # the prompt side is replayed greedily
     run.renderings, run.coverage, run.loops, run.long_context = \
         side.renderings, side.coverage, side.loops, side.long_context
     run.verdicts = verdicts(run, inp.target_config)
