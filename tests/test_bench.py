@@ -572,3 +572,29 @@ def test_first_run_load_goals_show_on_both_machines_and_the_extrapolation_loads_
     assert x["first_run_total_terms"].endswith(f"= {total:.1f} s") and x["first_run_total_terms"].count("+") == 4
     old = {"diag_cold_bytes_per_s": 2e9, "checkpoint_bytes": 15.5e9, "diag_cold_with_digest": {"seconds": 16.5}}
     assert extrapolate(e2e, grown, old, shards)["load_s"] == x["kimi_bytes"] / (15.5e9 / 16.5)
+
+
+@pytest.mark.parametrize("layers,want", [(2, "embed+L2+final"), (4, "embed+L1+L2")])
+def test_one_more_layout_is_new_and_over_the_points_already_captured(layers, want):
+    from diag.bench.e2e import e2e_layouts, one_more_layout
+    from diag.layouts import layout
+    from diag.zoo.kimi_shaped import drafter_layout
+
+    lays = e2e_layouts(drafter_layout(layers)[0], layers)
+    more = one_more_layout(lays)
+    assert more == want and more not in lays
+    assert set(more.split("+")) <= {p for x in lays for p in x.split("+")}
+    layout(more, field="t").check_against(layers, field="t")
+
+
+def test_repeat_goals_are_recorded_and_rendered_on_both_machines():
+    from diag.bench.e2e import goals
+
+    e2e = {"cached": {"checks_s": 0.4}, "one_more_layout": {"wall_s": 7.5}}
+    got = goals(e2e)
+    assert got["cached.checks_s"] == {"value": 0.4, "limit": 2.0, "met": True}
+    assert got["one_more_layout.wall_s"] == {"value": 7.5, "limit": 5.0, "met": False}
+    for kind in ("cpu", "gpu"):
+        lines = "\n".join(goal_lines({"kind": kind, "sections": {"e2e": e2e}}))
+        assert "| repeat run: checks on the cached run (s) | 0.4 | <= 2.0 | met |" in lines
+        assert "| repeat run: one more layout on a cached case, in all (s) | 7.5 | <= 5.0 | NOT met |" in lines
