@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 import diag
-from diag.checkpoint.identity import cache_root, checkpoint_identity
+from diag.checkpoint.identity import cache_root, checkpoint_identity, drain_notes
 from diag.replay.replay import Variant, VariantResult, replay
 from diag.target.pass_cache import content_digest
 
@@ -71,7 +71,8 @@ class EvalCache:
                 ("torch", torch.__version__), ("target", checkpoint_identity(Path(target))),
                 ("drafter", checkpoint_identity(Path(drafter))), ("drafter_dtype", str(drafter_dtype)),
                 ("device", torch.device(device).type))
-        return cls(base, regimes, extra)
+        notes = [f"checkpoint digest: {n}" for n in drain_notes()]   # the drafter's memo, if not believed
+        return cls(base, regimes, extra, notes=notes)
 
     def key(self, v: Variant, passes: dict[str, str], layout, tables, *, max_steps: int, accounting: str,
             token_budget: int) -> tuple[tuple[str, str], ...]:
