@@ -2,9 +2,11 @@
 
     inputs.prepare        configs, tokenizer, candidates, shapes, prompts   (no weights)
     load_drafter          the drafter's weights, checked                    (small)
+    target_tables         the target's embedding / lm_head, read as used    (target/tables.py)
     target_passes         the target, once, or its cached passes            (large)
       + sampled           the decode loop for sampled decodings, on the loaded target (run/sampled.py)
-    evaluate              every variant -> Evaluation records
+    evaluate              every variant -> Evaluation records, each replayed variant cached
+                          (run/eval_cache.py): a repeat run replays none
     sections, verdicts    speedup, regimes, the live server's reconciliation, then the verdicts
 
 The step costs of the speedup model are measured on the target the pass already loaded and
