@@ -598,3 +598,25 @@ def test_repeat_goals_are_recorded_and_rendered_on_both_machines():
         lines = "\n".join(goal_lines({"kind": kind, "sections": {"e2e": e2e}}))
         assert "| repeat run: checks on the cached run (s) | 0.4 | <= 2.0 | met |" in lines
         assert "| repeat run: one more layout on a cached case, in all (s) | 7.5 | <= 5.0 | NOT met |" in lines
+
+
+def test_end_to_end_records_the_cached_run_and_one_more_layout(tmp_path):
+    """bench/e2e.py, which both benches run (gpu.py's _e2e on the GPU, cpu.py's on the CPU), on
+    the demo pair: the cached run replays nothing, one more layout replays only its trees."""
+    from diag.bench.e2e import end_to_end
+    from diag.run.shipped import DEFAULT_PROMPTS, shipped
+    from diag.zoo import zoo_path
+
+    target, drafter = zoo_path("llama-tiny", progress=False), zoo_path("llama-tiny-eagle3-embed", progress=False)
+    trees = ("chain-1", "chain-3")
+    lines = []
+    e2e = end_to_end(target, drafter, "embed+L2+L4", 5, tmp_path, prompts=shipped(DEFAULT_PROMPTS), limit=2,
+                     max_new_tokens=8, gpus=0, dtype="float32", trees=trees, log=lines.append, whole_machine=False)
+    assert e2e["cache_drop"] != "drop_caches"
+    assert e2e["first"]["evaluations_replayed"] == e2e["first"]["evaluations"] > 0
+    assert e2e["cached"]["evaluations_replayed"] == 0 and e2e["cached"]["cached"]
+    more = e2e["one_more_layout"]
+    assert more["layout"] == "embed+L1+L2" and more["layout"] not in e2e["layouts"]
+    assert more["evaluations_replayed"] == len(trees) and more["cached"]
+    assert set(e2e["repeat_goals"]) == {"cached.checks_s", "one_more_layout.wall_s"}
+    assert any("e2e.one_more_layout" in line for line in lines) and any("checks_s" in line for line in lines)

@@ -105,7 +105,7 @@ def _e2e(ks, layers: int, workdir: Path, prompts: int, new_tokens: int) -> dict:
 
     workdir.mkdir(parents=True, exist_ok=True)
     return end_to_end(ks.target, ks.drafter, ks.layout, layers, workdir, prompts=shipped(DEFAULT_PROMPTS),
-                      limit=prompts, max_new_tokens=new_tokens, gpus=0, dtype="float32")
+                      limit=prompts, max_new_tokens=new_tokens, gpus=0, dtype="float32", whole_machine=False)
 
 
 def _load(workdir: Path) -> dict:

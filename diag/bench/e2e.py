@@ -102,7 +102,9 @@ def _one_run(case, out: Path) -> dict:
 def end_to_end(target: Path, drafter: Path, trained_layout: str, layers: int, workdir: Path, *,
                prompts: Path, limit: int | None = None, max_new_tokens: int = 512,
                evaluate: dict | None = None, gpus: int = 1, dtype: str = "bfloat16",
-               trees=TREES, log=print) -> dict:
+               trees=TREES, log=print, whole_machine: bool = True) -> dict:
+    """whole_machine=False drops only the target's pages before the first run (a shared machine
+    keeps its page cache: the CPU bench, tests)."""
     cache = Path(workdir) / "e2e-cache"
     old = os.environ.get("DIAG_CACHE_DIR")
     os.environ["DIAG_CACHE_DIR"] = str(cache)              # a first run: nothing memoised
@@ -110,7 +112,7 @@ def end_to_end(target: Path, drafter: Path, trained_layout: str, layers: int, wo
     case = kimi_case(target, drafter, lays, prompts=prompts, limit=limit, max_new_tokens=max_new_tokens,
                      evaluate=evaluate, gpus=gpus, dtype=dtype, trees=trees)
     try:
-        dropped = drop_page_cache(shard_files(Path(target)))
+        dropped = drop_page_cache(shard_files(Path(target)), whole_machine=whole_machine)
         first = _one_run(case, Path(workdir) / "e2e-first")
         log(f"[bench] e2e first run: {first}")
         again = _one_run(case, Path(workdir) / "e2e-cached")
