@@ -246,3 +246,17 @@ def test_a_plot_is_copied_from_the_cache_while_the_keys_it_reads_are_unchanged(t
     cached_plot(accept_hist, rep, tmp_path / "d")
     assert len(draws) == 3                               # a PNG that fails its sha256 is drawn again
     assert (tmp_path / "d/plots/accept_hist.png").read_bytes() == (tmp_path / "a/plots/accept_hist.png").read_bytes()
+
+
+def test_figures_drawn_in_forked_processes_are_the_same_bytes(tmp_path, pair, cache, monkeypatch):
+    from diag.report.envelope import envelope
+    from diag.report.plot_cache import draw_all
+    from diag.report.plots import PLOTS
+
+    rep = envelope(run(demo_case(tmp_path / "case.toml", ["embed+L2+L4", "L1+L3+L5"], pair)), None)
+    one = draw_all(PLOTS, rep, tmp_path / "one", workers=1)
+    monkeypatch.setenv("DIAG_CACHE_DIR", str(tmp_path / "other-cache"))      # nothing cached: all drawn
+    forked = draw_all(PLOTS, rep, tmp_path / "forked", workers=3)
+    assert one == forked and sum(m is not None for m in one) >= 3
+    for made in filter(None, one):
+        assert (tmp_path / "one" / made["file"]).read_bytes() == (tmp_path / "forked" / made["file"]).read_bytes()

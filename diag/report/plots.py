@@ -236,7 +236,6 @@ def make_plots(rep: dict, folder: str | Path) -> list[dict]:
     """Draw every plot the report has data for into folder/plots/ (or copy it from the plot
     cache, plot_cache.py, when drawn before from the same data); returns
     [{"file": "plots/x.png", "title": ...}] in a fixed order (markdown links them)."""
-    from diag.report.plot_cache import cached_plot
+    from diag.report.plot_cache import draw_all
 
-    folder = Path(folder)
-    return [made for plot in PLOTS if (made := cached_plot(plot, rep, folder)) is not None]
+    return [made for made in draw_all(PLOTS, rep, Path(folder)) if made is not None]
