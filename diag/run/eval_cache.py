@@ -9,13 +9,18 @@ The key hashes everything that decides those numbers:
     target's content, the exact token ids, regime, points, max_new_tokens, dtype, placement,
     torch / transformers), the target's content again (its embedding and lm_head feed the
     drafter), the drafter's content (checkpoint identity: a retrained drafter with the same
-    sizes and timestamps is another key), the drafter's dtype and device type;
+    sizes and timestamps is another key), the drafter's dtype and device (a GPU by its name);
   the variant: the layout's label and its capture points, the mode, the tree (num_steps,
     topk, num_draft_tokens), the rendering, the decoding, the engine's draft tables for the
     mode (whose embedding / lm_head, vocab limit, d2t);
   what sets the rounds and the batches: the run's deepest tree (max_steps), the round
     accounting, the token budget;
   the code: diag's version, REPLAY_VERSION, FORMAT and torch's version.
+Not in it: the seed, the bootstrap and the position buckets (the replay is greedy and seedless;
+they shape only the summary, recomputed from the entry), the other variants of the run (each
+draft group is independent; a chain's first steps do not depend on how deep it runs).
+A new layout over new capture points changes the target pass's key (its points), so that run
+recomputes the pass and every variant; one over points already captured replays only itself.
 Worked example: a cached case with layouts [A, B] x trees [chain-3, s3-k4-d5] gains layout C:
 4 keys hit, 2 miss, and only C's two variants are replayed (one draft group). Adding a deeper
 tree changes max_steps, so every variant is replayed (the rounds scored change with it).
@@ -48,6 +53,11 @@ FORMAT = "diag-evaluation-v1"
 REPLAY_VERSION = 1
 
 
+def _device_name(dev: torch.device) -> str:
+    """"cpu", or "cuda:NVIDIA H200": another GPU model may round a matmul otherwise."""
+    return f"cuda:{torch.cuda.get_device_name(dev)}" if dev.type == "cuda" else dev.type
+
+
 @dataclass
 class EvalCache:
     """The keys' run-wide fields, the pass digest of every pass a variant may read (regime ->
@@ -70,7 +80,7 @@ class EvalCache:
         base = (("format", FORMAT), ("replay_version", str(REPLAY_VERSION)), ("diag", diag.__version__),
                 ("torch", torch.__version__), ("target", checkpoint_identity(Path(target))),
                 ("drafter", checkpoint_identity(Path(drafter))), ("drafter_dtype", str(drafter_dtype)),
-                ("device", torch.device(device).type))
+                ("device", _device_name(torch.device(device))))
         notes = [f"checkpoint digest: {n}" for n in drain_notes()]   # the drafter's memo, if not believed
         return cls(base, regimes, extra, notes=notes)
 
