@@ -595,3 +595,51 @@ def test_first_run_load_goals_show_on_both_machines_and_the_extrapolation_loads_
     assert x["first_run_total_terms"].endswith(f"= {total:.1f} s") and x["first_run_total_terms"].count("+") == 4
     old = {"diag_cold_bytes_per_s": 2e9, "checkpoint_bytes": 15.5e9, "diag_cold_with_digest": {"seconds": 16.5}}
     assert extrapolate(e2e, grown, old, shards)["load_s"] == x["kimi_bytes"] / (15.5e9 / 16.5)
+
+
+@pytest.mark.parametrize("layers,want", [(2, "embed+L2+final"), (4, "embed+L1+L2")])
+def test_one_more_layout_is_new_and_over_the_points_already_captured(layers, want):
+    from diag.bench.e2e import e2e_layouts, one_more_layout
+    from diag.layouts import layout
+    from diag.zoo.kimi_shaped import drafter_layout
+
+    lays = e2e_layouts(drafter_layout(layers)[0], layers)
+    more = one_more_layout(lays)
+    assert more == want and more not in lays
+    assert set(more.split("+")) <= {p for x in lays for p in x.split("+")}
+    layout(more, field="t").check_against(layers, field="t")
+
+
+def test_repeat_goals_are_recorded_and_rendered_on_both_machines():
+    from diag.bench.e2e import goals
+
+    e2e = {"cached": {"checks_s": 0.4}, "one_more_layout": {"wall_s": 7.5}}
+    got = goals(e2e)
+    assert got["cached.checks_s"] == {"value": 0.4, "limit": 2.0, "met": True}
+    assert got["one_more_layout.wall_s"] == {"value": 7.5, "limit": 5.0, "met": False}
+    for kind in ("cpu", "gpu"):
+        lines = "\n".join(goal_lines({"kind": kind, "sections": {"e2e": e2e}}))
+        assert "| repeat run: checks on the cached run (s) | 0.4 | <= 2.0 | met |" in lines
+        assert "| repeat run: one more layout on a cached case, in all (s) | 7.5 | <= 5.0 | NOT met |" in lines
+
+
+def test_end_to_end_records_the_cached_run_and_one_more_layout(tmp_path):
+    """bench/e2e.py, which both benches run (gpu.py's _e2e on the GPU, cpu.py's on the CPU), on
+    the demo pair: the cached run replays nothing, one more layout replays only its trees."""
+    from diag.bench.e2e import end_to_end
+    from diag.run.shipped import DEFAULT_PROMPTS, shipped
+    from diag.zoo import zoo_path
+
+    target, drafter = zoo_path("llama-tiny", progress=False), zoo_path("llama-tiny-eagle3-embed", progress=False)
+    trees = ("chain-1", "chain-3")
+    lines = []
+    e2e = end_to_end(target, drafter, "embed+L2+L4", 5, tmp_path, prompts=shipped(DEFAULT_PROMPTS), limit=2,
+                     max_new_tokens=8, gpus=0, dtype="float32", trees=trees, log=lines.append, whole_machine=False)
+    assert e2e["cache_drop"] != "drop_caches"
+    assert e2e["first"]["evaluations_replayed"] == e2e["first"]["evaluations"] > 0
+    assert e2e["cached"]["evaluations_replayed"] == 0 and e2e["cached"]["cached"]
+    more = e2e["one_more_layout"]
+    assert more["layout"] == "embed+L1+L2" and more["layout"] not in e2e["layouts"]
+    assert more["evaluations_replayed"] == len(trees) and more["cached"]
+    assert set(e2e["repeat_goals"]) == {"cached.checks_s", "one_more_layout.wall_s"}
+    assert any("e2e.one_more_layout" in line for line in lines) and any("checks_s" in line for line in lines)

@@ -113,7 +113,7 @@ def test_drafter_architecture_and_weights_fail_before_any_target_weight(tmp_path
         raise AssertionError("a target weight was read before the drafter was checked")
 
     monkeypatch.setattr(target_passes, "load_target", no_target_weights)
-    monkeypatch.setattr(pipeline, "load_embed_and_head", no_target_weights)
+    monkeypatch.setattr(pipeline, "target_tables", no_target_weights)
     case = tiny.write_case(tmp_path / "case.toml", tiny.make_target(tmp_path / "t"), drafter,
                            tiny.make_prompts(tmp_path / "p.jsonl", n=2))
     with pytest.raises(DiagError, match=message) as err:

@@ -9,6 +9,9 @@ diag's load into CPU memory against the raw read of the same files, and the firs
 load (the content digest in the same read) beside them (bench/load.py; only these files'
 pages are dropped, the shared machine's page cache stays; each cold row best of 5, the
 machine being shared and noisy).
+`e2e`: `diag run` end to end on the small pair (bench/e2e.py, shared with the GPU bench): the
+first run, the cached repeat (checks_s, goal <= 2 s) and the repeat with one more layout
+(e2e.one_more_layout, goal <= 5 s in all), at toy widths.
 `zoo`, only when asked: the whole zoo built into an empty cache, the demo's entries first (bench/zoo.py).
 
 This module is orchestration; the measurements live in target.py, drafter.py, naive.py.
@@ -36,12 +39,12 @@ SMALL_DRAFTER = {"num_attention_heads": 4, "num_key_value_heads": 4, "head_dim":
 LOAD_WIDTHS = {"hidden_size": 2048, "intermediate_size": 8192, "moe_intermediate_size": 512,
                "n_routed_experts": 256, "num_attention_heads": 16, "num_key_value_heads": 16,
                "vocab_size": 32768}     # 256 * 3 * 512 * 2048 * (1/2 + 2/32) = 453 MB per MoE layer
-SECTIONS = ("target", "drafter", "naive", "sampled", "load")   # and "zoo" when asked (bench/zoo.py: ~5 min)
+SECTIONS = ("target", "drafter", "naive", "sampled", "load", "e2e")   # and "zoo" when asked (bench/zoo.py: ~5 min)
 
 
 def run(out: Path, workdir: Path, *, layers: int = 4, num_seqs: int = 8, seq_len: int = 128,
         prompt_len: int = 32, sections=SECTIONS, sampled_prompts: int = 32, sampled_new_tokens: int = 16,
-        sampled_trees=None) -> dict:
+        sampled_trees=None, e2e_prompts: int = 8, e2e_new_tokens: int = 32) -> dict:
     from diag.drafter.checkpoint import load_drafter
     from diag.int4.load import load_packed_target
     from diag.zoo.kimi_shaped import kimi_shaped
@@ -57,9 +60,14 @@ def run(out: Path, workdir: Path, *, layers: int = 4, num_seqs: int = 8, seq_len
         from diag.bench.zoo import zoo_build_bench
         section(res, "zoo", lambda: zoo_build_bench(workdir / "zoo"))
         save(res, out)
-    if not set(sections) & {"target", "drafter", "naive", "sampled"}:
+    if not set(sections) & {"target", "drafter", "naive", "sampled", "e2e"}:
         return save(res, out) and res
     ks = kimi_shaped(workdir, layers=layers, widths=SMALL, drafter_widths=SMALL_DRAFTER)
+    if "e2e" in sections:
+        section(res, "e2e", lambda: _e2e(ks, layers, workdir / "e2e", e2e_prompts, e2e_new_tokens))
+        save(res, out)
+    if not set(sections) & {"target", "drafter", "naive", "sampled"}:
+        return save(res, out) and res
     model = load_packed_target(ks.target, dtype=torch.float32)
     drafter, _ = load_drafter(ks.drafter)
     seqs = synthetic_sequences(num_seqs, seq_len, prompt_len, SMALL["vocab_size"])
@@ -89,6 +97,15 @@ def run(out: Path, workdir: Path, *, layers: int = 4, num_seqs: int = 8, seq_len
         section(res, "sampled", lambda: sampled_bench(model, drafter, embed, head, lays, prompts,
                                                       max_new_tokens=sampled_new_tokens, token_budget=4096, **trees))
     return save(res, out) and res
+
+
+def _e2e(ks, layers: int, workdir: Path, prompts: int, new_tokens: int) -> dict:
+    from diag.bench.e2e import end_to_end
+    from diag.run.shipped import DEFAULT_PROMPTS, shipped
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    return end_to_end(ks.target, ks.drafter, ks.layout, layers, workdir, prompts=shipped(DEFAULT_PROMPTS),
+                      limit=prompts, max_new_tokens=new_tokens, gpus=0, dtype="float32", whole_machine=False)
 
 
 def _load(workdir: Path) -> dict:

@@ -31,6 +31,7 @@ from diag.engines.sglang.draft_tables import DraftTables, draft_tables
 from diag.errors import DiagError
 from diag.layouts import Layout
 from diag.target.passes import TargetPass, budget_batches, pad_right
+from diag.target.tables import RowTable
 from diag.drafter.tree_build import finalize
 from diag.trees import TreeShape
 from diag.replay.evaluation import LEGACY_AXES, Axes
@@ -168,11 +169,13 @@ def replay(drafter: Eagle3Drafter, embed: nn.Module, target_head: nn.Module,
            passes: dict[str, TargetPass], variants: list[Variant], layouts: dict[str, Layout], *,
            token_budget: int = 16384, progress: bool = True,
            tables: dict[str, DraftTables] | None = None,
-           accounting: RoundAccounting = WINDOW) -> list[VariantResult]:
+           accounting: RoundAccounting = WINDOW, max_steps: int | None = None) -> list[VariantResult]:
     """Run every variant. passes: regime -> TargetPass over the same sequences; tables: the
     engine's DraftTables per mode ("eagle3", "eagle"), default from the drafter's config;
-    accounting: which rounds of each request the engine counts (round_accounting.py)."""
-    max_steps = max(v.tree.num_steps for v in variants)
+    accounting: which rounds of each request the engine counts (round_accounting.py);
+    max_steps: the deepest tree of the whole run, which sets the rounds (default: of `variants`;
+    a caller replaying only some of a run's variants passes the run's)."""
+    max_steps = max_steps or max(v.tree.num_steps for v in variants)
     groups = defaultdict(list)          # (regime, layout, mode) -> variants; one draft per group
     for v in variants:
         groups[(v.regime, v.layout, v.mode)].append(v)
@@ -207,6 +210,8 @@ def embedding_near(embed: nn.Module, dev) -> nn.Module:
     would otherwise gather [B, Q, K, H] rows there and copy them over (2.2 GB a step for
     37 rows x 512 roots x top-8 at H 7168). The lm_head is never moved (a matmul's rounding
     differs between devices)."""
+    if isinstance(embed, RowTable):          # holds only the rows this run looked up (Kimi: ~0.5 GB, not 2.3)
+        return embed.near(dev)
     w = getattr(embed, "weight", None)
     if w is None or dev.type != "cuda" or w.device == dev:
         return embed
@@ -218,6 +223,8 @@ def embedding_near(embed: nn.Module, dev) -> nn.Module:
 def _on(module: nn.Module, dev, dtype):
     """Call a target module (embedding or lm_head, wherever placement put it) from the
     drafter's device and dtype."""
+    if isinstance(module, RowTable):         # rows read on first lookup, no whole weight
+        return lambda x: module(x).to(dev, dtype)
     home = module.weight.device
     return lambda x: module(x.to(home) if not x.is_floating_point() else x.to(home, module.weight.dtype)).to(dev, dtype)
 

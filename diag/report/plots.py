@@ -225,10 +225,17 @@ def long_context(rep: dict, folder: Path) -> dict | None:
 
 
 PLOTS = (acceptance_at_depth, accept_hist, by_position, long_context, speedup, drift)   # the order report.md links them
+# The report keys each plot reads, and nothing else: the plot cache (plot_cache.py) keys each
+# PNG on them. A plot that reads another key must name it here.
+READS = {"acceptance_at_depth": ("evaluations",), "accept_hist": ("evaluations",),
+         "by_position": ("evaluations",), "long_context": ("long_context",),
+         "speedup": ("speedup", "evaluations", "reference"), "drift": ("regimes",)}
 
 
 def make_plots(rep: dict, folder: str | Path) -> list[dict]:
-    """Draw every plot the report has data for into folder/plots/; returns
+    """Draw every plot the report has data for into folder/plots/ (or copy it from the plot
+    cache, plot_cache.py, when drawn before from the same data); returns
     [{"file": "plots/x.png", "title": ...}] in a fixed order (markdown links them)."""
-    folder = Path(folder)
-    return [made for plot in PLOTS if (made := plot(rep, folder)) is not None]
+    from diag.report.plot_cache import draw_all
+
+    return [made for made in draw_all(PLOTS, rep, Path(folder)) if made is not None]

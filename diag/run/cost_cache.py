@@ -63,8 +63,12 @@ def save_costs(key: CostKey, measured: MeasuredCosts) -> Path:
              "measured": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     key.file.parent.mkdir(parents=True, exist_ok=True)
     tmp = key.file.with_name(f"{key.file.stem}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(entry, indent=1) + "\n")
-    os.replace(tmp, key.file)
+    try:
+        tmp.write_text(json.dumps(entry, indent=1) + "\n")
+        os.replace(tmp, key.file)
+    except BaseException:                 # an interrupt or a full disk leaves no half-written entry
+        tmp.unlink(missing_ok=True)
+        raise
     return key.file
 
 

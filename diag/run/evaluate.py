@@ -58,23 +58,32 @@ def _summaries(results, inp: Inputs) -> list[Evaluation]:
     return [summarize(r, buckets=ev.position_buckets, seed=ev.seed, n_boot=ev.bootstrap) for r in results]
 
 
+def cached_replay(cache, ids: dict[str, str], *args, **kw):
+    """replay(), through the evaluation cache (run/eval_cache.py) when the run has one;
+    `ids`: regime -> the digest of the pass the variants read."""
+    return cache.replay(ids, *args, **kw) if cache is not None else replay(*args, **kw)
+
+
 def evaluate(inp: Inputs, drafter, embed, head, passes, *, progress: bool,
-             extra: dict | None = None) -> list[Evaluation]:
+             extra: dict | None = None, cache=None) -> list[Evaluation]:
     """Replay every variant, then the cross matrix of the best layout, then the other
-    renderings (`extra`: name -> TargetPass at the reference regime)."""
+    renderings (`extra`: name -> TargetPass at the reference regime). `cache`: an
+    eval_cache.EvalCache, whose entries answer every variant replayed before."""
     layouts = {c.label: c.layout for c in inp.candidates}
     budget = inp.case.evaluate.token_budget
     tables = draft_tables_by_mode(inp)
     acc = accounting_for(round_accounting(inp.case))
-    evals = _summaries(replay(drafter, embed, head, passes, variants(inp), layouts, token_budget=budget,
-                              progress=progress, tables=tables, accounting=acc), inp)
+    ids = cache.regime_passes if cache is not None else {}
+    evals = _summaries(cached_replay(cache, ids, drafter, embed, head, passes, variants(inp), layouts,
+                                     token_budget=budget, progress=progress, tables=tables, accounting=acc), inp)
     top = best(select(evals, reference_axes(inp), decoding="greedy"))
     cross = cross_variants(inp, top.layout if top else None, inp.shapes[0])
     if cross:
-        evals += _summaries(replay(drafter, embed, head, passes, cross, layouts, token_budget=budget,
-                                   progress=progress, tables=tables, accounting=acc), inp)
+        evals += _summaries(cached_replay(cache, ids, drafter, embed, head, passes, cross, layouts,
+                                          token_budget=budget, progress=progress, tables=tables, accounting=acc), inp)
     for name in (inp.rendered.others() if inp.rendered else ()):
-        evals += _summaries(replay(drafter, embed, head, {inp.regimes[0]: extra[name]},
-                                   rendering_variants(inp, name), layouts, token_budget=budget,
-                                   progress=progress, tables=tables, accounting=acc), inp)
+        ref = {inp.regimes[0]: cache.extra_passes[name]} if cache is not None else {}
+        evals += _summaries(cached_replay(cache, ref, drafter, embed, head, {inp.regimes[0]: extra[name]},
+                                          rendering_variants(inp, name), layouts, token_budget=budget,
+                                          progress=progress, tables=tables, accounting=acc), inp)
     return evals

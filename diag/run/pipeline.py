@@ -2,9 +2,11 @@
 
     inputs.prepare        configs, tokenizer, candidates, shapes, prompts   (no weights)
     load_drafter          the drafter's weights, checked                    (small)
+    target_tables         the target's embedding / lm_head, read as used    (target/tables.py)
     target_passes         the target, once, or its cached passes            (large)
       + sampled           the decode loop for sampled decodings, on the loaded target (run/sampled.py)
-    evaluate              every variant -> Evaluation records
+    evaluate              every variant -> Evaluation records, each replayed variant cached
+                          (run/eval_cache.py): a repeat run replays none
     sections, verdicts    speedup, regimes, the live server's reconciliation, then the verdicts
 
 The step costs of the speedup model are measured on the target the pass already loaded and
@@ -32,6 +34,7 @@ from diag.run.case import Case, check_case
 from diag.run.cost_cache import CostKey, load_costs, save_costs
 from diag.run.costs import measure_costs
 from diag.run.engines_section import EnginesSection, engines_section
+from diag.run.eval_cache import EvalCache, cached_output_health
 from diag.run.evaluate import evaluate, reference_axes
 from diag.run.inputs import Inputs, prepare, served_dtypes
 from diag.run.pricing import speedup_section, user_costs
@@ -42,8 +45,8 @@ from diag.run.server_inputs import read_server
 from diag.run.server_section import server_section
 from diag.run.target_passes import target_passes
 from diag.run.verdicts import Verdict, verdicts
-from diag.target.load import TargetInfo, load_embed_and_head
-from diag.target.output_health import output_health
+from diag.target.load import TargetInfo
+from diag.target.tables import target_tables
 
 
 @dataclass
@@ -114,7 +117,7 @@ class _Costs:
             if self.costs is not None:           # and shapes: not needed again
                 return
             t0 = time.perf_counter()
-            self.costs = measure_costs(model, self.drafter, self.embed,
+            self.costs = measure_costs(model, self.drafter, model.get_input_embeddings(),
                                        [s.num_draft_tokens for s in self.inp.shapes],
                                        context=self.inp.case.speedup.context)
             self.seconds = round(time.perf_counter() - t0, 3)
@@ -179,7 +182,7 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True) -> Ru
                                          "to the evaluated trees"])
     drafter, dckpt = load_drafter(inp.drafter_path, dtype=served_dtypes(case, inp.target_config)[1])
     drafter.to(_main_device(case))
-    embed, head = load_embed_and_head(inp.target_path)
+    embed, head = target_tables(inp.target_path, inp.target_config)   # rows read as used, head when needed
     if drafter.cfg.lm_head_from_target:            # no draft_vocab_size: the target's lm_head
         drafter.use_target_head(head)
     t0 = _stopwatch(timings, "checks_s", t0)
@@ -196,11 +199,17 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True) -> Ru
         timings["target_costs_s"] = measured.seconds   # inside target_s, as the phases are
     if sampled.decodings:
         timings["sampled_s"] = sampled.seconds
-    evals = evaluate(inp, drafter, embed, head, passes, progress=progress, extra=extra) + sampled.evaluations
+    cache = EvalCache.for_run(inp.target_path, inp.drafter_path, next(drafter.parameters()).dtype,
+                              _main_device(case), pass_meta) if use_cache else None
+    evals = evaluate(inp, drafter, embed, head, passes, progress=progress, extra=extra,
+                     cache=cache) + sampled.evaluations
+    if cache is not None:
+        timings.update(evaluations_replayed=cache.computed, evaluations_reused=cache.reused)
+        notes += cache.notes
     t0 = _stopwatch(timings, "drafter_s", t0)
     health = health_checks(drafter, _continuations(passes[inp.regimes[0]]))
     ref_pass = passes[inp.regimes[0]]
-    target_output = output_health(ref_pass.sequences, ref_pass.states.get("final"), head, inp.target.vocab_size)
+    target_output = cached_output_health(cache, inp.regimes[0], ref_pass, head, inp.target.vocab_size)
     run = RunResult(case, inp.target, _drafter_info(inp.drafter_path, dckpt, drafter), _prompts_info(inp),
                     pass_meta, inp.candidates, evals, reference_axes(inp), inp.capture_convention,
                     serving_error=inp.serving_error, drafter_health=health,
@@ -218,7 +227,7 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True) -> Ru
         run.server = server_section(server, evals, run.reference, run.best_layout(), seed=ev.seed,
                                     n_boot=ev.bootstrap, served_layout=served)
     side = prompt_sections(inp, greedy, top.layout if top else None, evals, passes, extra, drafter, embed, head,
-                           progress=progress)                # the prompt side is replayed greedily
+                           progress=progress, cache=cache)   # the prompt side is replayed greedily
     run.renderings, run.coverage, run.loops, run.long_context = \
         side.renderings, side.coverage, side.loops, side.long_context
     run.verdicts = verdicts(run, inp.target_config)

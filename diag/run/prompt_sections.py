@@ -16,8 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from diag.replay.evaluation import one, summarize
-from diag.replay.replay import Variant, replay
+from diag.replay.replay import Variant
 from diag.run.coverage import coverage_section
+from diag.run.evaluate import cached_replay
 from diag.run.long_context import long_context_section
 from diag.run.loops import loop_section
 from diag.run.rendering_section import rendering_section
@@ -32,19 +33,21 @@ class PromptSections:
     long_context: dict | None
 
 
-def _long_context(inp, drafter, embed, head, tp, layout: str, *, progress: bool) -> dict:
+def _long_context(inp, drafter, embed, head, tp, layout: str, *, progress: bool, cache=None) -> dict:
     ev, ref, shape = inp.case.evaluate, inp.regimes[0], inp.shapes[0]
     layouts = {c.label: c.layout for c in inp.candidates}
-    res = replay(drafter, embed, head, {ref: tp}, [Variant(layout, "eagle3", shape, ref, ref, "raw")], layouts,
-                 token_budget=ev.token_budget, progress=progress)
+    ids = {ref: cache.extra_passes[LONG_CONTEXT]} if cache is not None else {}
+    res = cached_replay(cache, ids, drafter, embed, head, {ref: tp}, [Variant(layout, "eagle3", shape, ref, ref, "raw")],
+                        layouts, token_budget=ev.token_budget, progress=progress)
     e = summarize(res[0], buckets=(), seed=ev.seed, n_boot=ev.bootstrap)
     return long_context_section(e, length=inp.case.long_context.length, source=inp.long_source,
                                 seed=ev.seed, n_boot=ev.bootstrap)
 
 
 def prompt_sections(inp, reference, layout: str | None, evals, passes, extra, drafter, embed, head, *,
-                    progress: bool) -> PromptSections:
-    """`reference`: the run's reference axes; `layout`: the trained (best) layout."""
+                    progress: bool, cache=None) -> PromptSections:
+    """`reference`: the run's reference axes; `layout`: the trained (best) layout; `cache`: the
+    run's eval_cache.EvalCache (the long-context replay is answered from it too), or None."""
     if layout is None:
         return PromptSections(None, None, None, None)
     ev = inp.case.evaluate
@@ -59,5 +62,6 @@ def prompt_sections(inp, reference, layout: str | None, evals, passes, extra, dr
         loops = loop_section(tp.sequences, served, decode, seed=ev.seed, n_boot=ev.bootstrap)
     long_ctx = None
     if LONG_CONTEXT in extra:
-        long_ctx = _long_context(inp, drafter, embed, head, extra[LONG_CONTEXT], layout, progress=progress)
+        long_ctx = _long_context(inp, drafter, embed, head, extra[LONG_CONTEXT], layout, progress=progress,
+                                 cache=cache)
     return PromptSections(renderings, coverage, loops, long_ctx)

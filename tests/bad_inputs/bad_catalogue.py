@@ -138,7 +138,7 @@ def check(bad: Bad, pair: dict, tmp: Path, monkeypatch, capsys) -> Ctx:
     if isinstance(bad.expect, Error) and bad.expect.before_weights:
         import diag.run.target_passes as tp
         monkeypatch.setattr(tp, "load_target", _no_weights)
-        monkeypatch.setattr("diag.run.pipeline.load_embed_and_head", _no_weights)
+        monkeypatch.setattr("diag.run.pipeline.target_tables", _no_weights)
     code = main([str(a) for a in argv])
     captured = capsys.readouterr()
     ctx.stdout, ctx.stderr = captured.out, captured.err

@@ -1,0 +1,117 @@
+"""Plots cached by content: a repeat run whose report data did not change copies its PNGs
+instead of drawing them (matplotlib took 4.6 s of the H200 bench's cached run, 6-10 s on the
+shared 2-core CPU, for 4 figures of 6 panels).
+
+A plot is a pure function of the report dict (plots.py draws byte-for-byte repeatable PNGs
+from it alone), so its key hashes:
+  the plot's name and the report keys it reads (plots.READS: the evaluation plots read
+    "evaluations" alone; a plot not listed there, the whole report but for "created",
+    "timings" and "target_pass", which no plot reads and every run changes),
+  the source of plots.py (any change to how a plot is drawn is another key), and the
+    matplotlib version.
+Worked example: a cached repeat run -> "evaluations" as before -> its 3 figures copied (the
+speedup plot drawn again the first time, its title naming when the costs were measured); one
+more layout -> "evaluations" changed -> every figure with a panel per tree is drawn again.
+Entry: $DIAG_CACHE_DIR/plots/<digest>.png and <digest>.json {"key", "file", "title",
+"sha256" of the PNG}; the JSON is written last, both through a temporary file renamed into
+place, and an entry is believed only when the PNG's sha256 matches (else drawn again). A
+cache that cannot be written costs the drawing, never the report.
+The figures to draw are drawn in parallel, one forked process each, on a machine with at least
+PARALLEL_CPUS cores (the H200 host's 16: 3 figures in the time of the slowest instead of their
+sum); on fewer cores, one after another. A PNG is the same bytes either way.
+This module knows files, hashes and processes; the drawing is plots.py's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Callable
+
+from diag.checkpoint.identity import cache_root
+
+_UNREAD = ("created", "timings", "target_pass")     # no plot reads these; every run changes them
+PARALLEL_CPUS = 4
+
+
+def _code() -> str:
+    import matplotlib
+
+    from diag.report import plots
+    return hashlib.sha256(Path(plots.__file__).read_bytes()).hexdigest() + matplotlib.__version__
+
+
+def plot_key(name: str, rep: dict) -> str:
+    from diag.report.plots import READS
+
+    reads = READS.get(name)
+    body = {k: v for k, v in rep.items() if (k in reads if reads is not None else k not in _UNREAD)}
+    blob = json.dumps([name, _code(), body], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def _atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _cached(key: str, folder: Path) -> dict | None:
+    base = cache_root() / "plots" / key
+    try:
+        entry = json.loads(base.with_suffix(".json").read_text())
+        png = base.with_suffix(".png").read_bytes()
+    except (OSError, ValueError):
+        return None
+    if entry.get("key") != key or hashlib.sha256(png).hexdigest() != entry.get("sha256"):
+        return None
+    (folder / "plots").mkdir(parents=True, exist_ok=True)
+    (folder / entry["file"]).write_bytes(png)
+    return {"file": entry["file"], "title": entry["title"]}
+
+
+def cached_plot(plot: Callable[[dict, Path], dict | None], rep: dict, folder: Path) -> dict | None:
+    """plot(rep, folder), or its PNG copied from the cache when drawn before from the same data."""
+    key = plot_key(plot.__name__, rep)
+    hit = _cached(key, folder)
+    if hit is not None:
+        return hit
+    made = plot(rep, folder)
+    if made is None:
+        return None
+    png = (folder / made["file"]).read_bytes()
+    base = cache_root() / "plots" / key
+    try:
+        base.parent.mkdir(parents=True, exist_ok=True)
+        _atomic(base.with_suffix(".png"), png)
+        _atomic(base.with_suffix(".json"), json.dumps({"key": key, **made,
+                                                       "sha256": hashlib.sha256(png).hexdigest()}).encode())
+    except OSError:
+        pass                             # an unwritable cache: drawn again next time
+    return made
+
+
+def _draw(job) -> dict | None:
+    plot, rep, folder = job
+    return cached_plot(plot, rep, folder)
+
+
+def draw_all(plots, rep: dict, folder: Path, *, workers: int | None = None) -> list[dict | None]:
+    """cached_plot of every plot, in order; the ones not in the cache drawn by `workers`
+    forked processes (default: one per figure on a machine of PARALLEL_CPUS cores or more)."""
+    todo = [p for p in plots if _cached(plot_key(p.__name__, rep), folder) is None]
+    cpus = os.cpu_count() or 1
+    workers = workers if workers is not None else (len(todo) if cpus >= PARALLEL_CPUS else 1)
+    if min(workers, len(todo)) > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(min(workers, len(todo)), mp_context=multiprocessing.get_context("fork")) as pool:
+            list(pool.map(_draw, [(p, rep, folder) for p in todo]))     # each drawn into the cache
+    return [cached_plot(p, rep, folder) for p in plots]
