@@ -1,0 +1,182 @@
+"""A case's prompts spread over processes and machines (torch.distributed): `diag run CASE
+--nproc N` on one machine, or every rank of a `torchrun` launch.
+
+Every rank runs the same pipeline (run_case) up to the target passes: it prepares the inputs,
+loads the drafter, loads its own copy of the target (placed on its node's GPUs by the case's
+[placement]) and passes its shard of the prompts (shards.py). Rank 0 receives the other ranks'
+passes, puts them back in prompt order and goes on alone: replay, intervals, verdicts, and the
+one report. Sampled decodings run inside the passes, each rank decoding its prompts' rows; the
+rows are shared with every rank (each picks the same best layout from them), so they summarise
+as one process would. The report is the single-process report, timestamps and durations aside.
+
+    rank 0:   prepare, drafter, target(shard 0) --recv 1..N-1--> merge -> replay ... report
+    rank r:   prepare, drafter, target(shard r) --send to 0--> done (writes nothing)
+
+Which world: RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT in the environment (torchrun sets
+them) make this process that rank; else --nproc N > 1 makes this process rank 0 and starts
+ranks 1..N-1 as local child processes. Both at once must agree (--nproc 2 under a torchrun of
+WORLD_SIZE 4 is an error naming both). More ranks than prompts is an error before any target
+weight is read (shards.check_world).
+
+This module knows the world and the pipeline's hook; the store and sockets are ranks.py's,
+the cut and the merge shards.py's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+from dataclasses import asdict, dataclass
+
+from diag.errors import DiagError
+from diag.run.inputs import Inputs
+from diag.run.ranks import Group
+from diag.run.shards import World, check_world, merge_passes, shard_inputs
+from diag.run.target_passes import special_ids, target_passes
+from diag.target.pass_cache import token_digest
+
+ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+DEFAULT_RANK_TIMEOUT_S = 300.0
+LOCAL_HOST = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How this process joins: `spawn` (rank 0 of --nproc, starts the others) or `env` (torchrun)."""
+    world: World
+    how: str                       # "spawn" | "env"
+    host: str = LOCAL_HOST
+    port: int = 0
+    agent_store: bool = False
+
+    @property
+    def flag(self) -> str:
+        return "--nproc" if self.how == "spawn" else "WORLD_SIZE (torchrun --nnodes x --nproc-per-node)"
+
+
+def _int_env(env: dict, name: str) -> int:
+    try:
+        return int(env[name])
+    except ValueError:
+        raise DiagError("a torch.distributed variable is not an integer", field=f"environment {name}",
+                        expected="an integer", found=env[name]) from None
+
+
+def launch_of(nproc: int | None, env: dict) -> Launch | None:
+    """The world this process belongs to, or None for a plain single-process run.
+    Example: nproc 2, no RANK in env -> spawn, rank 0 of 2; env RANK 1 WORLD_SIZE 2 -> env, rank 1."""
+    if nproc is not None and nproc < 1:
+        raise DiagError("--nproc needs at least one process", field="--nproc", expected=">= 1", found=nproc)
+    given = [k for k in ENV if k in env]
+    if not given or given == ["MASTER_ADDR"] or given == ["MASTER_PORT"] or given == ["MASTER_ADDR", "MASTER_PORT"]:
+        return Launch(World(0, nproc), "spawn") if nproc and nproc > 1 else None
+    missing = [k for k in ENV if k not in env]
+    if missing:
+        raise DiagError("a torch.distributed launch sets all four variables; some are missing",
+                        field="environment " + ", ".join(missing), expected=", ".join(ENV),
+                        found=", ".join(f"{k}={env[k]}" for k in given), hint="launch with torchrun")
+    rank, size = _int_env(env, "RANK"), _int_env(env, "WORLD_SIZE")
+    if not 0 <= rank < size:
+        raise DiagError("RANK must be below WORLD_SIZE", field="environment RANK", expected=f"0..{size - 1}",
+                        found=rank)
+    if nproc is not None and nproc != size:
+        raise DiagError("--nproc disagrees with the torch.distributed launch around this process",
+                        field="--nproc", expected=f"{size} (environment WORLD_SIZE) or no --nproc", found=nproc,
+                        hint="under torchrun the world size is torchrun's; leave --nproc out")
+    if size == 1:
+        return None
+    return Launch(World(rank, size), "env", env["MASTER_ADDR"], _int_env(env, "MASTER_PORT"),
+                  env.get("TORCHELASTIC_USE_AGENT_STORE") == "True")
+
+
+def _fingerprint(inp: Inputs, size: int) -> str:
+    """What every rank must agree on: the case (its source path aside: nodes may keep it
+    elsewhere), the token ids of its prompts, and the world size."""
+    spec = {k: v for k, v in asdict(inp.case).items() if k != "source"}
+    eos, pad = special_ids(inp.tokenizer, inp.target_path)
+    case = hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return f"case {case}, prompts {token_digest(inp.prompts, inp.recorded, eos, pad)[:16]}, world size {size}"
+
+
+class Shards:
+    """run_case's hook (pipeline.run_case(shards=...)) for one rank of a distributed run."""
+
+    def __init__(self, launch: Launch, group: Group):
+        self.world, self.group, self.flag = launch.world, group, launch.flag
+
+    def target_passes(self, inp: Inputs, *, progress: bool, use_cache: bool, with_model=None,
+                      needs_model=frozenset()):
+        """target_passes over the whole prompt set on rank 0 (None on the others, after they sent
+        their shard's passes to rank 0)."""
+        check_world(inp, self.world, self.flag)
+        self.group.join("case", _fingerprint(inp, self.world.size))
+        got = target_passes(shard_inputs(inp, self.world), progress=progress and self.world.rank == 0,
+                            use_cache=use_cache, with_model=with_model, needs_model=needs_model)
+        if self.world.rank:
+            self.group.send_to_root(got)
+            return None
+        parts = [got] + [self.group.receive(r) for r in range(1, self.world.size)]
+        return merge_passes(inp, parts, use_cache)
+
+    def own_rows(self, rows: list[tuple[int, int]], n_prompts: int) -> list[tuple[int, int]]:
+        """The sampled loop's (lane, prompt) rows of this rank's prompts."""
+        mine = self.world.shard(n_prompts)
+        return [r for r in rows if r[1] in mine]
+
+    def all_rows(self, rows: list[tuple[int, int]], decoded: list) -> list:
+        """Every rank's decoded rows, in the single-process order ((lane, prompt) ascending)."""
+        pairs = [p for part in self.group.all_objects(list(zip(rows, decoded))) for p in part]
+        return [d for _, d in sorted(pairs, key=lambda p: p[0])]
+
+
+def _rank_main(launch: Launch, case, *, progress: bool, use_cache: bool, stale_s: float, children=None):
+    from diag.run.pipeline import run_case
+    group = Group(launch.world.rank, launch.world.size, launch.host, launch.port, stale_s=stale_s,
+                  agent_store=launch.agent_store, children=children)
+    return group, lambda: run_case(case, progress=progress, use_cache=use_cache, shards=Shards(launch, group))
+
+
+def _guarded(group: Group, body):
+    try:
+        return body()
+    except BaseException as err:
+        group.fail(f"{type(err).__name__}: {err}")
+        raise
+    finally:
+        group.close()
+
+
+def _child(rank: int, size: int, port: int, case, use_cache: bool, stale_s: float) -> None:
+    """A local rank started by --nproc (multiprocessing 'spawn': a fresh interpreter)."""
+    launch = Launch(World(rank, size), "spawn", LOCAL_HOST, port)
+    group, body = _rank_main(launch, case, progress=False, use_cache=use_cache, stale_s=stale_s)
+    try:
+        _guarded(group, body)
+    except DiagError as err:
+        raise SystemExit(f"diag run, rank {rank} of {size}: {err}") from None
+
+
+def run_distributed(launch: Launch, case, *, progress: bool, use_cache: bool,
+                    stale_s: float = DEFAULT_RANK_TIMEOUT_S):
+    """The RunResult on rank 0, None on the other ranks. Under --nproc this process is rank 0
+    and its children are stopped on the way out, whatever happened."""
+    if launch.how == "env":
+        group, body = _rank_main(launch, case, progress=progress and launch.world.rank == 0,
+                                 use_cache=use_cache, stale_s=stale_s)
+        return _guarded(group, body)
+    ctx = multiprocessing.get_context("spawn")
+    children: dict = {}
+    group, body = _rank_main(launch, case, progress=progress, use_cache=use_cache, stale_s=stale_s,
+                             children=children)
+    for r in range(1, launch.world.size):
+        children[r] = ctx.Process(target=_child, args=(r, launch.world.size, group.port, case, use_cache, stale_s),
+                                  name=f"diag-rank-{r}", daemon=True)
+        children[r].start()
+    try:
+        return _guarded(group, body)
+    finally:
+        for proc in children.values():
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.terminate()
