@@ -5,9 +5,9 @@ Every rank runs the same pipeline (run_case) up to the target passes: it prepare
 loads the drafter, loads its own copy of the target (placed on its node's GPUs by the case's
 [placement]) and passes its shard of the prompts (shards.py). Rank 0 receives the other ranks'
 passes, puts them back in prompt order and goes on alone: replay, intervals, verdicts, and the
-one report. Sampled decodings run inside the passes, each rank decoding its prompts' rows; the
-rows are shared with every rank (each picks the same best layout from them), so they summarise
-as one process would. The report is the single-process report, timestamps and durations aside.
+one report. Sampled decodings run inside the passes, each rank decoding its share of the batches one
+process would run; the rows are shared with every rank (each picks the same best layout from
+them), so they summarise as one process would. The report is the single-process report, timestamps and durations aside.
 
     rank 0:   prepare, drafter, target(shard 0) --recv 1..N-1--> merge -> replay ... report
     rank r:   prepare, drafter, target(shard r) --send to 0--> done (writes nothing)
@@ -119,10 +119,11 @@ class Shards:
         parts = [got] + [self.group.receive(r) for r in range(1, self.world.size)]
         return merge_passes(inp, parts, use_cache)
 
-    def own_rows(self, rows: list[tuple[int, int]], n_prompts: int) -> list[tuple[int, int]]:
-        """The sampled loop's (lane, prompt) rows of this rank's prompts."""
-        mine = self.world.shard(n_prompts)
-        return [r for r in rows if r[1] in mine]
+    def own_batches(self, batches: list[list]) -> list[list]:
+        """The sampled loop's batches this rank decodes: a contiguous share of the batches one
+        process would run (the same rows together, so every row decodes bit for bit as there;
+        a row's numbers depend on its batch's padding). Example: 5 batches, 2 ranks -> 0-2, 3-4."""
+        return [batches[i] for i in self.world.shard(len(batches))]
 
     def all_rows(self, rows: list[tuple[int, int]], decoded: list) -> list:
         """Every rank's decoded rows, in the single-process order ((lane, prompt) ascending)."""
