@@ -3,14 +3,17 @@
 
 Every rank runs the same pipeline (run_case) up to the target passes: it prepares the inputs,
 loads the drafter, loads its own copy of the target (placed on its node's GPUs by the case's
-[placement]) and passes its shard of the prompts (shards.py). Rank 0 receives the other ranks'
-passes, puts them back in prompt order and goes on alone: replay, intervals, verdicts, and the
-one report. Sampled decodings run inside the passes, each rank decoding its share of the batches one
+[placement]) and runs its share of each pass's batches (shards.py): the greedy generation's
+chunks (the sequences then go to every rank) and the teacher-forced capture's groups (the
+states go to rank 0 only). Rank 0 assembles each pass in prompt order, keeps the pass cache,
+and goes on alone: replay, intervals, verdicts, and the one report. Sampled decodings run inside the passes, each rank decoding its share of the batches one
 process would run; the rows are shared with every rank (each picks the same best layout from
 them), so they summarise as one process would. The report is the single-process report, timestamps and durations aside.
 
-    rank 0:   prepare, drafter, target(shard 0) --recv 1..N-1--> merge -> replay ... report
-    rank r:   prepare, drafter, target(shard r) --send to 0--> done (writes nothing)
+    rank 0:   prepare, drafter, target: generate(chunks 0) <-all-> capture(groups 0) <-recv 1..N-1
+              -> assemble -> replay ... report
+    rank r:   prepare, drafter, target: generate(chunks r) <-all-> capture(groups r) -send to 0->
+              done (writes nothing)
 
 Which world: RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT in the environment (torchrun sets
 them) make this process that rank; else --nproc N > 1 makes this process rank 0 and starts
@@ -32,9 +35,10 @@ from dataclasses import asdict, dataclass
 from diag.errors import DiagError
 from diag.run.inputs import Inputs
 from diag.run.ranks import Group
-from diag.run.shards import World, check_world, merge_passes, shard_inputs
+from diag.run.shards import World, assemble, capture_share, check_world, generation_share
 from diag.run.target_passes import special_ids, target_passes
-from diag.target.pass_cache import token_digest
+from diag.target.pass_cache import load_pass, save_pass, token_digest
+from diag.target.passes import TargetPass
 
 ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 DEFAULT_RANK_TIMEOUT_S = 300.0
@@ -90,35 +94,61 @@ def launch_of(nproc: int | None, env: dict) -> Launch | None:
                   env.get("TORCHELASTIC_USE_AGENT_STORE") == "True")
 
 
-def _fingerprint(inp: Inputs, size: int) -> str:
+def _fingerprint(inp: Inputs, size: int, use_cache: bool) -> str:
     """What every rank must agree on: the case (its source path aside: nodes may keep it
-    elsewhere), the token ids of its prompts, and the world size."""
+    elsewhere), the token ids of its prompts, the world size and whether the cache is used."""
     spec = {k: v for k, v in asdict(inp.case).items() if k != "source"}
     eos, pad = special_ids(inp.tokenizer, inp.target_path)
     case = hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    return f"case {case}, prompts {token_digest(inp.prompts, inp.recorded, eos, pad)[:16]}, world size {size}"
+    return f"case {case}, prompts {token_digest(inp.prompts, inp.recorded, eos, pad)[:16]}, world size {size}, cache {'on' if use_cache else 'off'}"
 
 
 class Shards:
-    """run_case's hook (pipeline.run_case(shards=...)) for one rank of a distributed run."""
+    """run_case's hook (pipeline.run_case(shards=...)) for one rank of a distributed run, and
+    target_passes' `spread` (target_passes.Local's four steps, over the ranks)."""
 
     def __init__(self, launch: Launch, group: Group):
         self.world, self.group, self.flag = launch.world, group, launch.flag
 
     def target_passes(self, inp: Inputs, *, progress: bool, use_cache: bool, with_model=None,
                       needs_model=frozenset()):
-        """target_passes over the whole prompt set on rank 0 (None on the others, after they sent
-        their shard's passes to rank 0)."""
+        """target_passes over the whole prompt set on rank 0; None on the others."""
         check_world(inp, self.world, self.flag)
-        self.group.join("case", _fingerprint(inp, self.world.size))
-        got = target_passes(shard_inputs(inp, self.world), progress=progress and self.world.rank == 0,
-                            use_cache=use_cache, with_model=with_model, needs_model=needs_model)
-        if self.world.rank:
-            self.group.send_to_root(got)
-            return None
-        parts = [got] + [self.group.receive(r) for r in range(1, self.world.size)]
-        return merge_passes(inp, parts, use_cache)
+        self.group.join("case", _fingerprint(inp, self.world.size, use_cache))
+        got = target_passes(inp, progress=progress and self.world.rank == 0, use_cache=use_cache,
+                            with_model=with_model, needs_model=needs_model, spread=self)
+        return got if self.world.rank == 0 else None
 
+    # ---- target_passes' spread ------------------------------------------------------------
+    def lookup(self, key, regime: str):
+        """Rank 0's cache decides for every rank; on a hit the others get its sequences."""
+        tp, why = load_pass(key) if self.world.rank == 0 else (None, None)
+        hit = self.group.all_objects(None if tp is None else tp.sequences)[0]
+        if self.world.rank == 0 or hit is None:
+            return tp, why
+        return TargetPass(regime, hit, {}, [], cached=True), None
+
+    def sequences(self, build, prompts, batch: int):
+        """Each rank generates its chunks of rank 0's generation batch; every rank gets all."""
+        batch = self.group.all_objects(batch)[0]
+        share = generation_share(len(prompts), batch, self.world)
+        return [s for part in self.group.all_objects(build(prompts[share.start:share.stop], batch)) for s in part]
+
+    def capture(self, run, sequences, token_budget: int):
+        """Each rank captures its groups; rank 0 assembles the pass (the others keep no states)."""
+        idx = capture_share([len(s.ids) for s in sequences], token_budget, self.world)
+        part = run([sequences[i] for i in idx])
+        if self.world.rank:
+            self.group.send_to_root((idx, part.states, part.argmax))
+            return TargetPass(part.regime, sequences, {}, [])
+        shares = [(idx, part.states, part.argmax)] + [self.group.receive(r) for r in range(1, self.world.size)]
+        return assemble(part.regime, sequences, shares)
+
+    def save(self, key, tp) -> None:
+        if self.world.rank == 0:
+            save_pass(key, tp)
+
+    # ---- the sampled loop's spread (run/sampled.py) ---------------------------------------
     def own_batches(self, batches: list[list]) -> list[list]:
         """The sampled loop's batches this rank decodes: a contiguous share of the batches one
         process would run (the same rows together, so every row decodes bit for bit as there;

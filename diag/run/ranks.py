@@ -10,7 +10,7 @@ nodes). A transfer starts only after both ends are ready, so the process group's
 bounds the transfer alone, never a slow rank's pass.
 
 Worked example: 2 ranks, rank 1 killed during its target pass -> rank 0, waiting for
-"ready/1", sees the child's exit code -9 (or, under torchrun, rank 1's heartbeat frozen for
+"ready/1/1", sees the child's exit code -9 (or, under torchrun, rank 1's heartbeat frozen for
 stale_s) and raises "rank 1 of 2 stopped before it sent its results", found "exit code -9".
 
 Under torchrun (TORCHELASTIC_USE_AGENT_STORE=True) the store is the agent's, at
@@ -61,7 +61,7 @@ class Group:
         self._beat_store = _connect(host, self.port, 1, size, stale_s, agent_store)[0] if size > 1 else None
         self._stop = threading.Event()
         self._seen: dict[int, tuple[int, float]] = {}
-        self._calls = 0
+        self._calls, self._sent, self._received = 0, 0, {}
         if self._beat_store is not None:
             threading.Thread(target=self._beat, daemon=True, name=f"diag-heartbeat-{rank}").start()
 
@@ -138,20 +138,25 @@ class Group:
                                 world_size=self.size, timeout=timedelta(seconds=TRANSFER_TIMEOUT_S))
 
     def send_to_root(self, obj) -> None:
-        """Rank > 0: announce, wait for rank 0 to ask, then send torch.save(obj) in chunks."""
+        """Rank > 0: announce, wait for rank 0 to ask, then send torch.save(obj) in chunks. The
+        n-th send of a rank meets rank 0's n-th receive from it (keys ready/n/r, go/n/r)."""
+        self._sent += 1
+        tag = f"{self._sent}/{self.rank}"
         buf = io.BytesIO()
         torch.save(obj, buf)
         data = torch.frombuffer(bytearray(buf.getbuffer()), dtype=torch.uint8)
-        self.store.set(f"ready/{self.rank}", str(data.numel()))
-        self.wait([f"go/{self.rank}"], "it asked for this rank's results")
+        self.store.set(f"ready/{tag}", str(data.numel()))
+        self.wait([f"go/{tag}"], "it asked for this rank's results")
         for i in range(0, data.numel(), CHUNK):
             dist.send(data[i:i + CHUNK], dst=0)
 
     def receive(self, r: int):
-        """Rank 0: rank r's object, once it is ready."""
-        self.wait([f"ready/{r}"], "it sent its results")
-        n = int(self.store.get(f"ready/{r}"))
-        self.store.set(f"go/{r}", "1")
+        """Rank 0: rank r's next object, once it is ready."""
+        self._received[r] = self._received.get(r, 0) + 1
+        tag = f"{self._received[r]}/{r}"
+        self.wait([f"ready/{tag}"], "it sent its results")
+        n = int(self.store.get(f"ready/{tag}"))
+        self.store.set(f"go/{tag}", "1")
         data = torch.empty(n, dtype=torch.uint8)
         try:
             for i in range(0, n, CHUNK):
