@@ -55,7 +55,8 @@ class Group:
 
     def __init__(self, rank: int, size: int, host: str, port: int, *, stale_s: float, agent_store: bool = False,
                  children: dict | None = None):
-        self.rank, self.size, self.stale_s, self.children = rank, size, stale_s, children or {}
+        self.rank, self.size, self.stale_s = rank, size, stale_s
+        self.children = children if children is not None else {}   # filled after the children start
         self.store, base = _connect(host, port, rank, size, stale_s, agent_store)
         self.host, self.port = host, base.port       # the port rank 0 bound when asked for port 0
         self._beat_store = _connect(host, self.port, 1, size, stale_s, agent_store)[0] if size > 1 else None
