@@ -123,16 +123,17 @@ class Shards:
     def lookup(self, key, regime: str):
         """Rank 0's cache decides for every rank; on a hit the others get its sequences."""
         tp, why = load_pass(key) if self.world.rank == 0 else (None, None)
-        hit = self.group.all_objects(None if tp is None else tp.sequences)[0]
+        hit = self.group.all_objects(None if tp is None else tp.sequences, "the pass cache was looked up")[0]
         if self.world.rank == 0 or hit is None:
             return tp, why
         return TargetPass(regime, hit, {}, [], cached=True), None
 
     def sequences(self, build, prompts, batch: int):
         """Each rank generates its chunks of rank 0's generation batch; every rank gets all."""
-        batch = self.group.all_objects(batch)[0]
+        batch = self.group.all_objects(batch, "it loaded the target")[0]
         share = generation_share(len(prompts), batch, self.world)
-        return [s for part in self.group.all_objects(build(prompts[share.start:share.stop], batch)) for s in part]
+        mine = build(prompts[share.start:share.stop], batch)
+        return [s for part in self.group.all_objects(mine, "it generated its continuations") for s in part]
 
     def capture(self, run, sequences, token_budget: int):
         """Each rank captures its groups; rank 0 assembles the pass (the others keep no states)."""
@@ -157,7 +158,8 @@ class Shards:
 
     def all_rows(self, rows: list[tuple[int, int]], decoded: list) -> list:
         """Every rank's decoded rows, in the single-process order ((lane, prompt) ascending)."""
-        pairs = [p for part in self.group.all_objects(list(zip(rows, decoded))) for p in part]
+        pairs = [p for part in self.group.all_objects(list(zip(rows, decoded)), "it decoded its sampled rows")
+                 for p in part]
         return [d for _, d in sorted(pairs, key=lambda p: p[0])]
 
 

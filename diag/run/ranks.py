@@ -116,20 +116,21 @@ class Group:
             time.sleep(POLL_S)
 
     # ---- exchange -------------------------------------------------------------------------
-    def all_objects(self, obj) -> list:
-        """Every rank's obj, in rank order, on every rank (small objects: they go through the store)."""
+    def all_objects(self, obj, what: str = "it shared its results") -> list:
+        """Every rank's obj, in rank order, on every rank (small objects: they go through the store).
+        `what` names the step in the message when a rank stops first."""
         self._calls += 1
         tag = f"all/{self._calls}"
         self.store.set(f"{tag}/{self.rank}", pickle.dumps(obj))
         keys = [f"{tag}/{r}" for r in range(self.size)]
-        self.wait(keys, f"it shared its results ({tag})")
+        self.wait(keys, what)
         return [pickle.loads(self.store.get(k)) for k in keys]
 
     def join(self, what: str, value: str) -> None:
         """Every rank runs the same thing (`value`, e.g. the case's hash, its prompts' digest and
         the world size, must agree with rank 0's), then the gloo group for the large payloads
         is formed (every rank is known alive by then, so forming it cannot hang on a dead one)."""
-        seen = self.all_objects(value)
+        seen = self.all_objects(value, "it joined the run (the case read, the prompts tokenized)")
         for r, v in enumerate(seen):
             if v != seen[0]:
                 raise DiagError(f"rank {r} runs another {what} than rank 0", field="the ranks' commands",
