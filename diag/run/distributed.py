@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 
 from diag.errors import DiagError
 from diag.run.inputs import Inputs
-from diag.run.ranks import Group
+from diag.run.ranks import Group, PeerFailed
 from diag.run.shards import World, assemble, capture_share, check_world, generation_share
 from diag.run.target_passes import special_ids, target_passes
 from diag.target.pass_cache import load_pass, save_pass, token_digest
@@ -113,7 +113,8 @@ class Shards:
     def target_passes(self, inp: Inputs, *, progress: bool, use_cache: bool, with_model=None,
                       needs_model=frozenset()):
         """target_passes over the whole prompt set on rank 0; None on the others."""
-        check_world(inp, self.world, self.flag)
+        if self.world.rank == 0:             # the others hear of it from rank 0 (PeerFailed)
+            check_world(inp, self.world, self.flag)
         self.group.join("case", _fingerprint(inp, self.world.size, use_cache))
         got = target_passes(inp, progress=progress and self.world.rank == 0, use_cache=use_cache,
                             with_model=with_model, needs_model=needs_model, spread=self)
@@ -186,6 +187,8 @@ def _child(rank: int, size: int, port: int, case, use_cache: bool, stale_s: floa
     group, body = _rank_main(launch, case, progress=False, use_cache=use_cache, stale_s=stale_s)
     try:
         _guarded(group, body)
+    except PeerFailed:                       # rank 0 (this process's parent) prints the cause
+        raise SystemExit(1) from None
     except DiagError as err:
         raise SystemExit(f"diag run, rank {rank} of {size}: {err}") from None
 

@@ -38,6 +38,10 @@ TRANSFER_TIMEOUT_S = 3600          # one shard's passes over the network, once b
 CHUNK = 1 << 30                    # bytes per gloo message: a [N] uint8 tensor of at most 1 GiB
 
 
+class PeerFailed(DiagError):
+    """Another rank posted a failure: its message is the news, this rank only stops."""
+
+
 def _connect(host: str, port: int, rank: int, size: int, timeout_s: float, agent_store: bool):
     """(the shared store under diag's prefix, the TCPStore itself): rank 0 hosts it (--nproc; port 0
     picks a free one), or torchrun's agent does."""
@@ -90,7 +94,7 @@ class Group:
         if self.store.add("failures", 0):
             for r in range(self.size):
                 if r != self.rank and self.store.check([f"failed/{r}"]):
-                    raise DiagError(f"rank {r} of {self.size} failed; this rank ({self.rank}) stops too",
+                    raise PeerFailed(f"rank {r} of {self.size} failed; this rank ({self.rank}) stops too",
                                     field=waiting_for, found=self.store.get(f"failed/{r}").decode())
         for r, proc in self.children.items():
             if proc.exitcode is not None and proc.exitcode != 0:
