@@ -23,9 +23,10 @@ from diag.target.passes import budget_batches
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ROOT / "diag" / "cases" / "prompts" / "mixed-48.jsonl"
 
-# 5 prompts over 2 ranks, a token budget that makes several capture groups and sampled batches
-# (uneven shares; the generation is one chunk of 16 on CPU, so rank 1's share of it is empty), two regimes (the regime section's drift reads every state),
-# a sampled decoding (rows decoded on both ranks), the user's step costs (measured ones vary).
+# 5 prompts over 2 ranks; a token budget of 512 makes capture groups of 2 sequences and sampled
+# batches of 2 rows (uneven shares; the generation is one chunk of 16 on CPU, so rank 1's share of
+# it is empty); two regimes (the regime section's drift reads every state); a sampled decoding
+# (rows decoded on both ranks); the user's step costs (measured ones vary from run to run).
 CASE = f"""
 version = 1
 name = "demo-shards"

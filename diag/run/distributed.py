@@ -6,9 +6,11 @@ loads the drafter, loads its own copy of the target (placed on its node's GPUs b
 [placement]) and runs its share of each pass's batches (shards.py): the greedy generation's
 chunks (the sequences then go to every rank) and the teacher-forced capture's groups (the
 states go to rank 0 only). Rank 0 assembles each pass in prompt order, keeps the pass cache,
-and goes on alone: replay, intervals, verdicts, and the one report. Sampled decodings run inside the passes, each rank decoding its share of the batches one
-process would run; the rows are shared with every rank (each picks the same best layout from
-them), so they summarise as one process would. The report is the single-process report, timestamps and durations aside.
+and goes on alone: replay, intervals, verdicts, and the one report. Sampled decodings run
+inside the passes, each rank decoding its share of the batches one process would run; the
+rows are shared with every rank (each picks the same best layout from them), so they
+summarise as one process would. The report is the single-process report, byte for byte,
+times and the command line aside (docs/distributed.md).
 
     rank 0:   prepare, drafter, target: generate(chunks 0) <-all-> capture(groups 0) <-recv 1..N-1
               -> assemble -> replay ... report
@@ -34,6 +36,7 @@ from dataclasses import asdict, dataclass
 
 from diag.errors import DiagError
 from diag.run.inputs import Inputs
+from diag.run.pipeline import run_case
 from diag.run.ranks import Group, PeerFailed
 from diag.run.shards import World, assemble, capture_share, check_world, generation_share
 from diag.run.target_passes import special_ids, target_passes
@@ -100,7 +103,8 @@ def _fingerprint(inp: Inputs, size: int, use_cache: bool) -> str:
     spec = {k: v for k, v in asdict(inp.case).items() if k != "source"}
     eos, pad = special_ids(inp.tokenizer, inp.target_path)
     case = hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    return f"case {case}, prompts {token_digest(inp.prompts, inp.recorded, eos, pad)[:16]}, world size {size}, cache {'on' if use_cache else 'off'}"
+    prompts = token_digest(inp.prompts, inp.recorded, eos, pad)[:16]
+    return f"case {case}, prompts {prompts}, world size {size}, cache {'on' if use_cache else 'off'}"
 
 
 class Shards:
@@ -165,13 +169,13 @@ class Shards:
 
 
 def _rank_main(launch: Launch, case, *, progress: bool, use_cache: bool, stale_s: float, children=None):
-    from diag.run.pipeline import run_case
     group = Group(launch.world.rank, launch.world.size, launch.host, launch.port, stale_s=stale_s,
                   agent_store=launch.agent_store, children=children)
     return group, lambda: run_case(case, progress=progress, use_cache=use_cache, shards=Shards(launch, group))
 
 
 def _guarded(group: Group, body):
+    """body(), telling the other ranks why when it raises; the group closed either way."""
     try:
         return body()
     except BaseException as err:
