@@ -95,6 +95,48 @@ def test_two_ranks_write_the_report_one_process_writes(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "shards.toml", "two"]   # nothing half-written
 
 
+# 17 prompts: two generation chunks on CPU (batch 16 -> chunks of 9 and 8), one to each rank; the
+# pass cache on (each run its own fresh cache), so the report's keys are compared too.
+GREEDY = """
+version = 1
+name = "demo-chunks"
+[target]
+path = "{target}"
+dtype = "float32"
+[drafter]
+path = "{drafter}"
+dtype = "float32"
+[prompts]
+file = "{prompts}"
+max_new_tokens = 8
+limit = 17
+[evaluate]
+layouts = ["embed+L2+L4"]
+trees = ["chain-3"]
+[speedup]
+t_decode_ms = 20.0
+t_draft_ms = 1.5
+t_verify_ms = {{"3" = 21.0}}
+"""
+
+
+def test_two_ranks_generate_a_chunk_each_and_share_the_pass_cache(tmp_path):
+    from diag.zoo import zoo_path
+    case = tmp_path / "chunks.toml"
+    case.write_text(GREEDY.format(target=zoo_path("llama-tiny", progress=False), prompts=PROMPTS,
+                                  drafter=zoo_path("llama-tiny-eagle3-embed-vllm-ids", progress=False)))
+    for name, extra in (("one", ()), ("two", ("--nproc", "2"))):
+        got = _diag(str(case), "--quiet", "--out", str(tmp_path / name), *extra,
+                    env={"DIAG_CACHE_DIR": str(tmp_path / f"cache-{name}")})
+        assert got.returncode == 0, got.stderr[-3000:]
+    rep = json.loads((tmp_path / "two" / "report.json").read_text())
+    assert rep["timings"]["target_generate_batch"] == 9 and rep["prompts"]["count"] == 17
+    assert _normal_json(tmp_path / "two" / "report.json") == _normal_json(tmp_path / "one" / "report.json")
+    assert _normal_md(tmp_path / "two" / "report.md") == _normal_md(tmp_path / "one" / "report.md")
+    key = rep["target_pass"]["regimes"]["as-loaded"]["cache_key"]      # saved by rank 0 under the whole
+    assert (tmp_path / "cache-two" / "passes" / f"{key}.safetensors").is_file()     # set's key
+
+
 # ---- the shares: the single-process batches, cut between ranks -------------------------------
 
 def test_shares_cover_every_item_once_in_the_single_process_batches():
