@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from diag.errors import DiagError
-from diag.run.distributed import launch_of
+from diag.run.distributed import gpu_slice, launch_of
 from diag.run.ranks import Group
 from diag.run.shards import World, assemble, capture_share, check_world, generation_share
 from diag.target.passes import budget_batches
@@ -196,6 +196,11 @@ def test_mismatched_world_sizes_fail_on_the_command_line_before_loading(tmp_path
     got = _diag("--nproc", "3", "--quiet", "--out", str(tmp_path / "out"), env=env, timeout=120)
     assert got.returncode != 0 and "--nproc disagrees" in got.stderr and "WORLD_SIZE" in got.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_local_ranks_take_their_own_gpus():
+    assert [gpu_slice(r, 4, None) for r in range(2)] == ["0,1,2,3", "4,5,6,7"]
+    assert gpu_slice(1, 2, "2,3,5,7") == "5,7" and gpu_slice(0, 1, "6") == "6"
 
 
 def test_more_ranks_than_prompts_names_the_flag_and_the_count():

@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import multiprocessing
+import os
 from dataclasses import asdict, dataclass
 
 from diag.errors import DiagError
@@ -185,8 +186,20 @@ def _guarded(group: Group, body):
         group.close()
 
 
+def gpu_slice(local_rank: int, gpus: int, visible: str | None) -> str:
+    """CUDA_VISIBLE_DEVICES for a local rank whose target spans `gpus` GPUs: its own run of the
+    node's devices, so the ranks of one machine never share a GPU.
+    Example: gpus 4, rank 1, nothing set -> "4,5,6,7"; gpus 2, rank 1, visible "2,3,5,7" -> "5,7"."""
+    ids = visible.split(",") if visible else [str(i) for i in range((local_rank + 1) * gpus)]
+    return ",".join(ids[local_rank * gpus:(local_rank + 1) * gpus])
+
+
 def _child(rank: int, size: int, port: int, case, use_cache: bool, stale_s: float) -> None:
-    """A local rank started by --nproc (multiprocessing 'spawn': a fresh interpreter)."""
+    """A local rank started by --nproc (multiprocessing 'spawn': a fresh interpreter, CUDA not
+    initialised yet, so its slice of the GPUs is set before anything touches them)."""
+    if case.placement.gpus > 0:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu_slice(rank, case.placement.gpus,
+                                                       os.environ.get("CUDA_VISIBLE_DEVICES"))
     launch = Launch(World(rank, size), "spawn", LOCAL_HOST, port)
     group, body = _rank_main(launch, case, progress=False, use_cache=use_cache, stale_s=stale_s)
     try:
@@ -205,6 +218,10 @@ def run_distributed(launch: Launch, case, *, progress: bool, use_cache: bool,
         group, body = _rank_main(launch, case, progress=progress and launch.world.rank == 0,
                                  use_cache=use_cache, stale_s=stale_s)
         return _guarded(group, body)
+    if case.placement.gpus > 0:            # each local rank its own GPUs: rank r takes r*g .. r*g+g-1
+        from diag.target.placement import require_gpus
+        require_gpus(launch.world.size * case.placement.gpus, file=case.source,
+                     field=f"--nproc {launch.world.size} x placement.gpus {case.placement.gpus}")
     ctx = multiprocessing.get_context("spawn")
     children: dict = {}
     group, body = _rank_main(launch, case, progress=progress, use_cache=use_cache, stale_s=stale_s,
