@@ -168,7 +168,7 @@ def _prompts_info(inp: Inputs) -> dict:
 
 def run_case(case: Case, *, progress: bool = True, use_cache: bool = True, shards=None) -> RunResult | None:
     """`shards` (run/distributed.Shards): one rank of a distributed run; None on the ranks
-    other than 0, which pass their shard of the prompts and send it to rank 0."""
+    other than 0, which run their share of the passes' batches and send it to rank 0."""
     timings: dict = {}
     t0 = time.perf_counter()
     inp = prepare(check_case(case))
@@ -191,7 +191,7 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True, shard
         inp, progress=progress, use_cache=use_cache, needs_model=sampled.regimes,
         with_model=lambda reg, model: (measured(reg, model), sampled(reg, model)))
     if got is None:
-        return None                                  # another rank's shard, now rank 0's
+        return None                                  # a rank other than 0: its share is rank 0's now
     passes, pass_meta, extra = got
     measured.remembered()
     notes = inp.notes + pass_meta.pop("cache_notes")

@@ -44,7 +44,7 @@ class SampledEvaluations:
 
     def __init__(self, inp: Inputs, drafter, embed, head, shards=None):
         self.inp, self.drafter, self.embed, self.head = inp, drafter, embed, head
-        self.shards = shards                 # run/distributed.Shards: this rank decodes its prompts' rows
+        self.shards = shards                 # run/distributed.Shards: this rank decodes its share of the batches
         plan = inp.decoding
         self.decodings = list(plan.sampled) if plan is not None else []
         self.regime = inp.regimes[0]
