@@ -59,6 +59,10 @@ def register(sub) -> None:
     p.add_argument("--trust-remote-code", action="store_true",
                    help="run the target tokenizer's own code (Kimi's tiktoken tokenizer); off by default")
     p.add_argument("--no-cache", action="store_true", help="recompute the target pass")
+    p.add_argument("--nproc", type=int, help="spread the prompts over N local processes, each with its own copy "
+                   "of the target (under torchrun the world is torchrun's); one report, from rank 0")
+    p.add_argument("--rank-timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="a rank silent this long (no heartbeat) is taken as dead and the run stops (default 300)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--strict", action="store_true", help="exit 1 when a verdict is an error")
     _server_flags(g := p.add_argument_group("the live server (reconcile with what it emitted; case [server])"))
@@ -201,18 +205,43 @@ def run(a) -> int:
                  memory_field="--gpu-memory (placement.gpu_memory)" if a.gpu_memory else "placement.gpu_memory")
     out = Path(a.out) if a.out else Path("reports") / case.name
     check_out_dir(out)                  # before any weight is loaded
+    _launch(a)                          # a world that cannot be: before the probe, before any load
     if getattr(a, "server", None):
         from diag.cli.probe import probe_for_run
         case = probe_for_run(case, a, out)
     if not a.no_cache:
         check_cache_dir()
-    run_result = run_case(case, progress=not a.quiet, use_cache=not a.no_cache)
+    launch = _launch(a)
+    if launch is None:
+        run_result = run_case(case, progress=not a.quiet, use_cache=not a.no_cache)
+    else:
+        from diag.run.distributed import run_distributed
+        run_result = run_distributed(launch, case, progress=not a.quiet, use_cache=not a.no_cache,
+                                     stale_s=a.rank_timeout)
+    if run_result is None:
+        return 0                        # a rank other than 0: rank 0 writes the one report
     path, rep = write_report(run_result, out, argv=["diag", *sys.argv[1:]])
     print(summary_table(rep))
     print(f"\nreport: {path / 'report.md'}  (json: {path / 'report.json'})")
     if a.strict and any(v["severity"] == "error" for v in rep["verdicts"]):
         return 1
     return 0
+
+
+def _launch(a):
+    """The distributed world of this run (run/distributed.py), or None for one process."""
+    import os
+    from diag.run.distributed import launch_of
+    launch = launch_of(getattr(a, "nproc", None), dict(os.environ))
+    if launch is not None and getattr(a, "server", None):
+        raise DiagError("--server probes the live server from one process; a distributed run reads saved answers",
+                        field="--server", expected="no --server with --nproc or torchrun",
+                        found=a.server, hint="run `diag probe CASE --server URL` first, then the distributed "
+                                             "run with the case's [server] files on every node")
+    if launch is not None and (a.rank_timeout is None or a.rank_timeout <= 0):
+        raise DiagError("--rank-timeout must be positive", field="--rank-timeout", expected="> 0 seconds",
+                        found=a.rank_timeout)
+    return launch
 
 
 def validate(a) -> int:

@@ -169,7 +169,9 @@ def _prompts_info(inp: Inputs) -> dict:
             "categories": sorted({p.category for p in pset.prompts})}
 
 
-def run_case(case: Case, *, progress: bool = True, use_cache: bool = True) -> RunResult:
+def run_case(case: Case, *, progress: bool = True, use_cache: bool = True, shards=None) -> RunResult | None:
+    """`shards` (run/distributed.Shards): one rank of a distributed run; None on the ranks
+    other than 0, which run their share of the passes' batches and send it to rank 0."""
     timings: dict = {}
     t0 = time.perf_counter()
     inp = prepare(check_case(case))
@@ -187,10 +189,13 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True) -> Ru
         drafter.use_target_head(head)
     t0 = _stopwatch(timings, "checks_s", t0)
     measured = _Costs(inp, drafter, embed, use_cache)
-    sampled = SampledEvaluations(inp, drafter, embed, head)
-    passes, pass_meta, extra = target_passes(inp, progress=progress, use_cache=use_cache,
-                                             with_model=lambda reg, model: (measured(reg, model), sampled(reg, model)),
-                                             needs_model=sampled.regimes)
+    sampled = SampledEvaluations(inp, drafter, embed, head, shards=shards)
+    got = (shards.target_passes if shards is not None else target_passes)(
+        inp, progress=progress, use_cache=use_cache, needs_model=sampled.regimes,
+        with_model=lambda reg, model: (measured(reg, model), sampled(reg, model)))
+    if got is None:
+        return None                                  # a rank other than 0: its share is rank 0's now
+    passes, pass_meta, extra = got
     measured.remembered()
     notes = inp.notes + pass_meta.pop("cache_notes")
     t0 = _stopwatch(timings, "target_s", t0)

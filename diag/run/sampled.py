@@ -42,8 +42,9 @@ def _batches(rows: list[tuple[int, int]], lens: list[int], shape: TreeShape, max
 class SampledEvaluations:
     """Callable as target_passes' with_model hook; `evaluations` afterwards."""
 
-    def __init__(self, inp: Inputs, drafter, embed, head):
+    def __init__(self, inp: Inputs, drafter, embed, head, shards=None):
         self.inp, self.drafter, self.embed, self.head = inp, drafter, embed, head
+        self.shards = shards                 # run/distributed.Shards: this rank decodes its share of the batches
         plan = inp.decoding
         self.decodings = list(plan.sampled) if plan is not None else []
         self.regime = inp.regimes[0]
@@ -96,9 +97,14 @@ class SampledEvaluations:
             loop = DecodeLoop(model, self.drafter, self.embed, self.head, lanes, layouts, shape, dec, eos_ids=eos,
                               tables=draft_tables_by_mode(inp), verification=sampled_verification(inp))
             rows = [(li, p) for li in range(len(lanes)) for p in range(len(prompts))]
+            batches = _batches(rows, lens, shape, inp.case.prompts.max_new_tokens, ev.token_budget)
+            if self.shards is not None:          # this rank's share of the same batches, bit for bit
+                batches = self.shards.own_batches(batches)
             decoded = []
-            for batch in _batches(rows, lens, shape, inp.case.prompts.max_new_tokens, ev.token_budget):
+            for batch in batches:
                 decoded += loop.run(prompts, batch, inp.case.prompts.max_new_tokens)
+            if self.shards is not None:
+                decoded = self.shards.all_rows([r for b in batches for r in b], decoded)
             for v in vs:
                 mine = [o for o in decoded if o.lane.variant == v]
                 out.append(summarize_sampled(v, mine, [pid for pid, _, _ in inp.prompts], lens, window_steps=window,

@@ -127,6 +127,27 @@ def _timed(clock: dict, name: str, fn):
     return out
 
 
+class Local:
+    """Where a pass's pieces run: here, the whole prompt set (run/distributed.py's Shards spreads
+    the generation and the capture over ranks, the same batches as here, and keeps the cache on
+    rank 0)."""
+
+    def lookup(self, key: PassKey, regime: str):
+        return load_pass(key)
+
+    def sequences(self, build, prompts, batch: int):
+        return build(prompts, batch)
+
+    def capture(self, run, sequences, token_budget: int):
+        return run(sequences)
+
+    def save(self, key: PassKey, tp: TargetPass) -> None:
+        save_pass(key, tp)
+
+
+LOCAL = Local()
+
+
 class _Target:
     """The target under one regime, loaded on first use (a cached pass needs none); its
     load time goes to `clock`."""
@@ -142,14 +163,14 @@ class _Target:
 
 
 def _one_pass(inp: Inputs, target: _Target, prompts, recorded, sequences, *, use_cache: bool, progress: bool,
-              meta: dict, label: str):
+              meta: dict, label: str, spread: Local = LOCAL):
     """One TargetPass over `prompts` (or the given sequences), from the cache when it can be."""
     t0 = time.perf_counter()
     dtype, case, clock = target.dtype, inp.case, target.clock
     eos, pad = special_ids(inp.tokenizer, inp.target_path)
     key = pass_key(inp, target.regime, token_digest(prompts, recorded, eos, pad), dtype) if use_cache else None
     meta["cache_notes"] += [f"checkpoint digest: {n}" for n in drain_notes()]
-    tp, why = load_pass(key) if use_cache else (None, None)
+    tp, why = spread.lookup(key, target.regime) if use_cache else (None, None)
     if why:
         meta["cache_notes"].append(f"target pass [{label}]: {why}")
     if tp is None:
@@ -160,24 +181,24 @@ def _one_pass(inp: Inputs, target: _Target, prompts, recorded, sequences, *, use
             if recorded is None:
                 clock.setdefault("target_generate_batch", batch)      # rows, not seconds (timings)
                 clock.setdefault("target_generate_longest_prompt", max((len(p) for _, _, p in prompts), default=0))
-            sequences = _timed(clock, "target_generate_s", lambda: build_sequences(
-                model, prompts, case.prompts.max_new_tokens, pad_id=pad, eos_ids=eos, recorded=recorded,
-                batch_size=batch, progress=progress, lookahead=lookahead(inp),
-                microbatches=case.placement.microbatches))
+            sequences = _timed(clock, "target_generate_s", lambda: spread.sequences(lambda part, b: build_sequences(
+                model, part, case.prompts.max_new_tokens, pad_id=pad, eos_ids=eos, recorded=recorded,
+                batch_size=b, progress=progress, lookahead=lookahead(inp),
+                microbatches=case.placement.microbatches), prompts, batch))
         clock.setdefault("target_capture_microbatches",              # a count (timings), as above
                          capture_microbatches(sequences, case.evaluate.token_budget))
-        tp = _timed(clock, "target_capture_s", lambda: run_capture(
-            model, sequences, inp.points, regime=target.regime, token_budget=case.evaluate.token_budget,
-            progress=progress))
+        tp = _timed(clock, "target_capture_s", lambda: spread.capture(lambda seqs: run_capture(
+            model, seqs, inp.points, regime=target.regime, token_budget=case.evaluate.token_budget,
+            progress=progress), sequences, case.evaluate.token_budget))
         if use_cache:
-            save_pass(key, tp)
+            spread.save(key, tp)
     return tp, {"cached": tp.cached, "cache_key": key.digest if key else None,
                 "seconds": round(time.perf_counter() - t0, 3)}
 
 
 def target_passes(inp: Inputs, *, progress: bool, use_cache: bool,
                   with_model: Callable[[str, object], None] | None = None,
-                  needs_model: set[str] = frozenset()
+                  needs_model: set[str] = frozenset(), spread: Local = LOCAL
                   ) -> tuple[dict[str, TargetPass], dict, dict[str, TargetPass]]:
     """regime -> TargetPass over the same sequences (the serving rendering's), the report's
     target_pass section (with "cache_notes": why an entry could not be used, and "phases":
@@ -185,7 +206,8 @@ def target_passes(inp: Inputs, *, progress: bool, use_cache: bool,
     moves to its timings), and name -> TargetPass of every extra prompt set
     (extra_prompt_sets) at the reference regime, each with its own greedy continuations.
     The target loads at most once per regime; a regime in `needs_model` loads its model for
-    `with_model` even when its pass comes from the cache (the sampled decode loop)."""
+    `with_model` even when its pass comes from the cache (the sampled decode loop). `spread`:
+    where the generation and the capture run (Local: here; run/distributed.Shards: over ranks)."""
     dtype = dtype_of(inp.case.target.dtype, "target.dtype", inp.case)
     passes, extra, sequences = {}, {}, None
     meta = {"regimes": {}, "cache_notes": [], "extra_passes": {}, "phases": {}}
@@ -195,7 +217,7 @@ def target_passes(inp: Inputs, *, progress: bool, use_cache: bool,
         if use_cache and _load_primes_digests(_checkpoint(inp, reg)):
             target.get()                  # the load hashes the shards: the key then costs no second read
         tp, info = _one_pass(inp, target, inp.prompts, inp.recorded, sequences, use_cache=use_cache,
-                             progress=progress, meta=meta, label=reg)
+                             progress=progress, meta=meta, label=reg, spread=spread)
         if reg in needs_model:
             target.get()                  # the sampled decode loop needs the model even on a cache hit
         sequences = tp.sequences
@@ -204,7 +226,7 @@ def target_passes(inp: Inputs, *, progress: bool, use_cache: bool,
         if reg == inp.regimes[0]:
             for name, prompts in extra_prompt_sets(inp).items():
                 extra[name], info = _one_pass(inp, target, prompts, None, None, use_cache=use_cache,
-                                              progress=progress, meta=meta, label=f"{reg}, {name}")
+                                              progress=progress, meta=meta, label=f"{reg}, {name}", spread=spread)
                 meta["extra_passes"][name] = {**info, "sequences": len(extra[name].sequences)}
         if target.model is not None and with_model is not None:
             with_model(reg, target.model)
