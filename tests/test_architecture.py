@@ -24,7 +24,9 @@ ORDER = [
     ("diag.drafter",),          # the drafter: model, formats, drafting, trees
     ("diag.zoo",),              # tiny real checkpoints built from the two above
     ("diag.replay",),           # verify, replay, the typed evaluation records
-    ("diag.run",),              # a case end to end: inputs, passes, evaluate, verdicts
+    ("diag.report.sections.cells", "diag.report.views", "diag.report.figure"),   # report.md's cells and
+                                # the plots' figures: formatting the diagnoses share with the report
+    ("diag.run", "diag.diagnoses"),   # a case end to end: inputs, passes, evaluate, verdicts; the diagnoses
     ("diag.report",),           # report.json, report.md, plots, compare
     ("diag.probe",),            # a live server as an input: send the prompts, save its answers
     ("diag.checks",),           # lint, validate

@@ -11,7 +11,6 @@ from diag.replay.evaluation import Axes, Evaluation, PromptRounds
 from diag.metrics import AcceptCounts
 from diag.run.coverage import ceiling, coverage_section, perfect_rounds, rejected_uncovered
 from diag.run.long_context import ladder, long_context_section, rung_lengths
-from diag.run.loops import find_loops, loop_section, repeating_mask, split_rounds
 from diag.target.passes import Sequence, TargetPass
 from diag.trees import tree_shape
 
@@ -84,45 +83,6 @@ def test_rejections_at_uncovered_tokens_and_the_section():
     assert sec["rejected_at_uncovered"]["share"] == pytest.approx(1 / 3)
     assert [c["category"] for c in sec["by_category"]] == ["a", "b"]
     assert sec["by_category"][1]["uncovered"]["share"] == 0.0 and sec["by_category"][1]["ceiling_formula"] == 4.0
-
-
-# ---- loops --------------------------------------------------------------------------------
-
-def test_loop_detector_worked_example():
-    ids = [5, 1, 2, 1, 2, 1, 2, 1, 2, 9]
-    (lp,) = find_loops(ids)
-    assert (lp.period, lp.start, lp.end) == (2, 1, 9)
-    assert [i for i, m in enumerate(repeating_mask(ids)) if m] == [3, 4, 5, 6, 7, 8]
-
-
-@pytest.mark.parametrize("ids, loops", [
-    ([7, 7, 7, 7], 0),                       # period 1 needs a run of MIN_RUN = 4 repeats
-    ([7, 7, 7, 7, 7], 1),
-    ([1, 2, 3, 1, 2, 3], 0),                 # a cycle shown twice is not a loop
-    ([1, 2, 3, 1, 2, 3, 1, 2, 3], 1),        # three times is
-    (list(range(30)), 0),
-])
-def test_loop_thresholds(ids, loops):
-    assert len(find_loops(ids)) == loops
-
-
-def test_rounds_inside_loops_are_split_off():
-    p = PromptRounds("p", (3, 3, 0), (2, 6, 10))
-    mask = [False] * 14
-    mask[8] = True                           # t_8 repeats: the round rooted at 6 drafts it first
-    assert split_rounds([p], [mask]) == ([[3, 0]], [[3]])
-
-
-def test_loop_section_reports_with_and_without():
-    seqs = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [1, 2, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9]]
-    tp = _pass(seqs, prompt_len=2)
-    e = evaluation([PromptRounds("p0", (0, 1, 0), (1, 2, 4)), PromptRounds("p1", (3, 3), (1, 5))])
-    sec = loop_section(tp.sequences, e, lambda ids: "".join(map(chr, [96 + i for i in ids])), seed=0, n_boot=100)
-    assert sec["sequences_with_loops"] == 1 and sec["periods"] == [2]
-    assert sec["examples"][0]["cycle"] == "hi" and sec["examples"][0]["from"] == 2
-    assert sec["in_loops"]["rounds"] == 1 and sec["without_loops"]["rounds"] == 4
-    assert sec["all"]["accept_length"] == pytest.approx(1 + 7 / 5)
-    assert sec["without_loops"]["accept_length"] == pytest.approx(1 + 4 / 4)
 
 
 # ---- long context -------------------------------------------------------------------------

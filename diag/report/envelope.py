@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import diag
+from diag.diagnoses.hooks import sections_json
 from diag.replay.evaluation import ANY
 
 SCHEMA_VERSION = "2.6"
@@ -84,7 +85,7 @@ def envelope(run, argv: list[str] | None = None) -> dict:
         "server": getattr(run, "server", None),
         "renderings": run.renderings,
         "coverage": run.coverage,
-        "loops": run.loops,
+        **sections_json(getattr(run, "diagnoses", {})),
         "long_context": run.long_context,
         "timings": run.timings,
         "notes": run.notes,

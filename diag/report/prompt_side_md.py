@@ -5,22 +5,14 @@ nothing here computes a number.
 
 from __future__ import annotations
 
-import json
-
+from diag.diagnoses.hooks import markdown_all
 from diag.replay.evaluation import Evaluation, reference_axes, select
 from diag.report.sections.cells import ci, difference, f
-from diag.report.views import plot_link
+from diag.report.views import plot_link, quoted as _q
 
 
 def _pct(x) -> str:
     return "–" if x is None else f"{100 * x:.1f}%"
-
-
-def _q(text: str | None) -> str:
-    """A decoded token run as a code span, newlines and tabs visible."""
-    if text is None:
-        return "–"
-    return "`" + json.dumps(text)[1:-1].replace("`", "'").replace("|", "\\|") + "`"
 
 
 def datasets(rep: dict) -> list[str]:
@@ -92,28 +84,6 @@ def coverage(rep: dict) -> list[str]:
     return out + [""]
 
 
-def loops(rep: dict) -> list[str]:
-    sec = rep.get("loops")
-    if not sec:
-        return []
-    a, w, i = sec["all"], sec["without_loops"], sec["in_loops"]
-    d = sec["difference"]
-    out = ["## Loops", "",
-           f"Repeated n-gram cycles in the continuations: {sec['sequences_with_loops']} of {sec['sequences']} "
-           f"continuations, {sec['loop_tokens']} of {sec['continuation_tokens']} tokens"
-           + (f", periods {', '.join(map(str, sec['periods']))}" if sec["periods"] else "") + ".", "",
-           "| rounds | count | accept length | 95% CI |", "|---|---|---|---|",
-           f"| all | {a['rounds']} | {f(a['accept_length'])} | {ci(a['ci95'])} |",
-           f"| outside loops | {w['rounds']} | {f(w['accept_length'])} | {ci(w['ci95'])} |",
-           f"| inside loops | {i['rounds']} | {f(i['accept_length'])} | {ci(i['ci95'])} |"]
-    if d:
-        out += ["", f"All − outside loops: {difference(d)} (paired)."]
-    if sec["examples"]:
-        out += ["", "Examples: " + "; ".join(f"{x['prompt']}: {_q(x['cycle'])} (period {x['period']}, positions "
-                                             f"{x['from']}–{x['to']})" for x in sec["examples"])]
-    return out + [""]
-
-
 def long_context(rep: dict) -> list[str]:
     sec = rep.get("long_context")
     if not sec:
@@ -132,7 +102,7 @@ def long_context(rep: dict) -> list[str]:
     return out + ["", *plot_link(rep, "long_context.png"), ""]
 
 
-SECTIONS = (datasets, renderings, coverage, loops, long_context)
+SECTIONS = (datasets, renderings, coverage, markdown_all, long_context)
 
 
 def prompt_side(rep: dict) -> list[str]:

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from diag.diagnoses.hooks import compute_all
+from diag.diagnoses.protocol import Context
 from diag.drafter.checkpoint import load_drafter
 from diag.drafter.health import HealthCheck, health_checks
 from diag.engines.common import ServingError
@@ -68,8 +70,8 @@ class RunResult:
     engines: EnginesSection | None = None  # the engines compared from this one pass (run/engines_section.py)
     renderings: dict | None = None       # the prompt-side sections (prompt_sections.py)
     coverage: dict | None = None
-    loops: dict | None = None
     long_context: dict | None = None
+    diagnoses: dict = field(default_factory=dict)   # name -> typed section or None (diag/diagnoses/)
     decoding: object = None              # run/decodings.DecodingPlan: served and sampled decodings
     target_output: object = None         # target/output_health.OutputHealth of the reference pass
 
@@ -219,8 +221,9 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True) -> Ru
                                     n_boot=ev.bootstrap, served_layout=served)
     side = prompt_sections(inp, greedy, top.layout if top else None, evals, passes, extra, drafter, embed, head,
                            progress=progress)                # the prompt side is replayed greedily
-    run.renderings, run.coverage, run.loops, run.long_context = \
-        side.renderings, side.coverage, side.loops, side.long_context
+    run.renderings, run.coverage, run.long_context = side.renderings, side.coverage, side.long_context
+    run.diagnoses = compute_all(Context(inp, greedy, top.layout if top else None, evals, passes, extra, drafter,
+                                        embed, head, progress))
     run.verdicts = verdicts(run, inp.target_config)
     _stopwatch(timings, "summary_s", t0)
     return run

@@ -3,7 +3,6 @@ of the prompts rather than the hidden states.
 
     renderings     acceptance per prompt rendering, where the renders part   rendering_section.py
     coverage       continuation tokens outside the drafter's hot vocabulary  coverage.py
-    loops          accept length with and without rounds inside cycles      loops.py
     long_context   acceptance against position, up to the case's length     long_context.py
 
 Each is read at the run's reference axes on the trained layout (the best eagle3 candidate)
@@ -19,7 +18,6 @@ from diag.replay.evaluation import one, summarize
 from diag.replay.replay import Variant, replay
 from diag.run.coverage import coverage_section
 from diag.run.long_context import long_context_section
-from diag.run.loops import loop_section
 from diag.run.rendering_section import rendering_section
 from diag.run.target_passes import LONG_CONTEXT
 
@@ -28,7 +26,6 @@ from diag.run.target_passes import LONG_CONTEXT
 class PromptSections:
     renderings: dict | None
     coverage: dict | None
-    loops: dict | None
     long_context: dict | None
 
 
@@ -46,18 +43,17 @@ def prompt_sections(inp, reference, layout: str | None, evals, passes, extra, dr
                     progress: bool) -> PromptSections:
     """`reference`: the run's reference axes; `layout`: the trained (best) layout."""
     if layout is None:
-        return PromptSections(None, None, None, None)
+        return PromptSections(None, None, None)
     ev = inp.case.evaluate
     decode = inp.tokenizer.decode
     served = one(evals, reference, layout=layout)
     tp = passes[inp.regimes[0]]
     renderings = rendering_section(inp.rendered, evals, reference, layout, decode, seed=ev.seed, n_boot=ev.bootstrap)
-    coverage = loops = None
+    coverage = None
     if served is not None and served.mode == "eagle3":
         coverage = coverage_section(tp, drafter.t2d, served, decode, max_steps=max(s.num_steps for s in inp.shapes),
                                     seed=ev.seed, n_boot=ev.bootstrap)
-        loops = loop_section(tp.sequences, served, decode, seed=ev.seed, n_boot=ev.bootstrap)
     long_ctx = None
     if LONG_CONTEXT in extra:
         long_ctx = _long_context(inp, drafter, embed, head, extra[LONG_CONTEXT], layout, progress=progress)
-    return PromptSections(renderings, coverage, loops, long_ctx)
+    return PromptSections(renderings, coverage, long_ctx)

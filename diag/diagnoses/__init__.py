@@ -1,0 +1,19 @@
+"""The diagnoses: one module each, behind one small interface (protocol.py), listed here in
+the order the pipeline runs them, report.json writes their sections, the verdicts list their
+findings (within a severity) and report.md shows them.
+
+    loops          accept length with and without the rounds inside repeated cycles  loops.py
+
+A new diagnosis is one module beside these (a Diagnosis subclass with its frozen Section) and
+one line here; hooks.py runs them, serialises their sections from their types, generates
+their JSON Schema, gathers their verdicts, Markdown and plots. This module is the list only.
+"""
+
+from __future__ import annotations
+
+from diag.diagnoses.loops import Loops
+from diag.diagnoses.protocol import Diagnosis
+
+DIAGNOSES: tuple[Diagnosis, ...] = (
+    Loops(),
+)
