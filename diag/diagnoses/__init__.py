@@ -3,6 +3,7 @@ the order the pipeline runs them, report.json writes their sections, the verdict
 findings (within a severity) and report.md shows them.
 
     loops          accept length with and without the rounds inside repeated cycles  loops.py
+    near_ties      the target's decisions whose top two tokens are within 0.05       near_ties.py
 
 A new diagnosis is one module beside these (a Diagnosis subclass with its frozen Section) and
 one line here; hooks.py runs them, serialises their sections from their types, generates
@@ -12,8 +13,10 @@ their JSON Schema, gathers their verdicts, Markdown and plots. This module is th
 from __future__ import annotations
 
 from diag.diagnoses.loops import Loops
+from diag.diagnoses.near_ties import NearTies
 from diag.diagnoses.protocol import Diagnosis
 
 DIAGNOSES: tuple[Diagnosis, ...] = (
     Loops(),
+    NearTies(),
 )
