@@ -9,7 +9,6 @@ from diag.errors import DiagError
 from diag.replay.categories import by_category
 from diag.replay.evaluation import Axes, Evaluation, PromptRounds
 from diag.metrics import AcceptCounts
-from diag.run.coverage import ceiling, coverage_section, perfect_rounds, rejected_uncovered
 from diag.run.long_context import ladder, long_context_section, rung_lengths
 from diag.target.passes import Sequence, TargetPass
 from diag.trees import tree_shape
@@ -47,12 +46,7 @@ def test_categories_survive_report_json():
     assert legacy.axes.rendering == "auto" and legacy.key == e.key and legacy.by_category == ()
 
 
-# ---- coverage -----------------------------------------------------------------------------
-
-def test_ceiling_formula_worked_example():
-    assert ceiling(0.1, 3) == pytest.approx(3.439)
-    assert ceiling(0.0, 3) == 4.0
-
+# ---- shared by the diagnoses' tests (tests/diagnoses/) -------------------------------------
 
 def _pass(seqs: list[list[int]], prompt_len: int, cats=None) -> TargetPass:
     """A greedy pass: argmax[j] = t_{j+1} (the sequence's own next token), last one repeated."""
@@ -60,29 +54,6 @@ def _pass(seqs: list[list[int]], prompt_len: int, cats=None) -> TargetPass:
     sequences = [Sequence(f"p{i}", cats[i], prompt_len, torch.tensor(s)) for i, s in enumerate(seqs)]
     argmax = [torch.tensor(s[1:] + s[-1:]) for s in seqs]
     return TargetPass("as-loaded", sequences, {}, argmax)
-
-
-def test_perfect_rounds_stop_at_the_first_uncovered_token():
-    covered = torch.ones(20, dtype=torch.bool)
-    covered[3] = False
-    tp = _pass([[1, 2, 7, 3, 9, 9, 9, 9, 9, 9]], prompt_len=2)
-    # roots j = 1..5 (max_steps 3, T 10); windows t_{j+2..j+4}: j=1 [3,9,9] -> 0, then j=2 [9,9,9] -> 3
-    assert perfect_rounds(tp, 0, covered, 3, 3) == [0, 3]
-
-
-def test_rejections_at_uncovered_tokens_and_the_section():
-    covered = torch.ones(20, dtype=torch.bool)
-    covered[3] = False
-    tp = _pass([[1, 2, 7, 3, 9, 9, 9, 9, 9, 9], [1, 2, 5, 6, 5, 6, 5, 6, 5, 6]], prompt_len=2, cats=["a", "b"])
-    e = evaluation([PromptRounds("p0", (0, 1), (1, 2), "a"), PromptRounds("p1", (3, 2), (1, 5), "b")])
-    # p0: root 1 rejected at argmax[2] = 3 (uncovered); root 2 rejected at argmax[4] = 9 (covered)
-    assert rejected_uncovered(tp, e, covered) == [(1, 2), (0, 1)]
-    sec = coverage_section(tp, covered, e, lambda ids: f"<{ids[0]}>", max_steps=3, seed=0, n_boot=100)
-    assert sec["uncovered"]["count"] == 1 and sec["uncovered"]["of"] == 16
-    assert sec["top_uncovered"] == [{"token": 3, "text": "<3>", "count": 1, "share": 1 / 16}]
-    assert sec["rejected_at_uncovered"]["share"] == pytest.approx(1 / 3)
-    assert [c["category"] for c in sec["by_category"]] == ["a", "b"]
-    assert sec["by_category"][1]["uncovered"]["share"] == 0.0 and sec["by_category"][1]["ceiling_formula"] == 4.0
 
 
 # ---- long context -------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 the order the pipeline runs them, report.json writes their sections, the verdicts list their
 findings (within a severity) and report.md shows them.
 
+    coverage       continuation tokens outside the drafter's hot vocabulary         coverage.py
     loops          accept length with and without the rounds inside repeated cycles  loops.py
     near_ties      the target's decisions whose top two tokens are within 0.05       near_ties.py
 
@@ -12,11 +13,13 @@ their JSON Schema, gathers their verdicts, Markdown and plots. This module is th
 
 from __future__ import annotations
 
+from diag.diagnoses.coverage import Coverage
 from diag.diagnoses.loops import Loops
 from diag.diagnoses.near_ties import NearTies
 from diag.diagnoses.protocol import Diagnosis
 
 DIAGNOSES: tuple[Diagnosis, ...] = (
+    Coverage(),
     Loops(),
     NearTies(),
 )

@@ -132,8 +132,8 @@ class NearTies(Diagnosis):
                         f"NEAR TIES: at {sec.near_ties} of the target's {sec.positions} greedy decisions "
                         f"({100 * sec.share:.1f}%, 95% CI {100 * sec.ci95[0]:.1f}-{100 * sec.ci95[1]:.1f}%) its top two "
                         f"tokens are within {sec.margin:g} in probability, {sec.per_continuation:.1f} per continuation: "
-                        "a server in another dtype (bf16 against fp32) will part from these continuations about "
-                        "that often, so compare its accept length with diag's at the interval, not the digit.",
+                        "a server in another dtype (bf16 against fp32) may part from these continuations at any of "
+                        "them, so compare its accept length with diag's at the interval, not the digit.",
                         to_json(sec))]
 
     def markdown(self, sec: NearTiesSection, rep: dict) -> list[str]:

@@ -84,7 +84,6 @@ def envelope(run, argv: list[str] | None = None) -> dict:
         "regimes": run.regimes,
         "server": getattr(run, "server", None),
         "renderings": run.renderings,
-        "coverage": run.coverage,
         **sections_json(getattr(run, "diagnoses", {})),
         "long_context": run.long_context,
         "timings": run.timings,

@@ -1,5 +1,5 @@
 """report.md sections for the prompt side of a run: acceptance by dataset, by prompt
-rendering, draft-vocabulary coverage, loops, long context. Rendered from report.json only;
+rendering, the registered diagnoses (diag/diagnoses/), long context. Rendered from report.json only;
 nothing here computes a number.
 """
 
@@ -9,10 +9,6 @@ from diag.diagnoses.hooks import markdown_all
 from diag.replay.evaluation import Evaluation, reference_axes, select
 from diag.report.sections.cells import ci, difference, f
 from diag.report.views import plot_link, quoted as _q
-
-
-def _pct(x) -> str:
-    return "–" if x is None else f"{100 * x:.1f}%"
 
 
 def datasets(rep: dict) -> list[str]:
@@ -59,31 +55,6 @@ def renderings(rep: dict) -> list[str]:
     return out + [""]
 
 
-def coverage(rep: dict) -> list[str]:
-    sec = rep.get("coverage")
-    if not sec:
-        return []
-    u, rej = sec["uncovered"], sec["rejected_at_uncovered"]
-    out = ["## Draft-vocabulary coverage", "",
-           f"The drafter can propose {sec['hot_vocabulary']} of {sec['vocabulary']} target tokens (t2d true). "
-           f"{_pct(u['share'])} of the target's continuation tokens [{_pct(u['ci95'][0])}, {_pct(u['ci95'][1])}] "
-           f"lie outside; {_pct(rej['share'])} of the drafter's rejections on `{sec['layout']}`, {sec['tree']} "
-           f"fall on such a token. Ceiling for a perfect drafter (accept length): measured on these continuations "
-           f"{f(sec['ceiling_measured'])}, formula 1 + Σ_(d=1..S) (1−u)^d = {f(sec['ceiling_formula'])}; "
-           f"the drafter reaches {f(sec['accept_length'])}.", "",
-           "| category | prompts | uncovered | 95% CI | ceiling (measured) | ceiling (formula) | "
-           "rejections at uncovered |", "|---|---|---|---|---|---|---|"]
-    for c in sec["by_category"]:
-        cu = c["uncovered"]
-        out.append(f"| {c['category']} | {c['prompts']} | {_pct(cu['share'])} | {_pct(cu['ci95'][0])}–"
-                   f"{_pct(cu['ci95'][1])} | {f(c['ceiling_measured'])} | {f(c['ceiling_formula'])} | "
-                   f"{_pct(c['rejected_at_uncovered']['share'])} |")
-    if sec["top_uncovered"]:
-        out += ["", "Most frequent uncovered tokens: " + ", ".join(
-            f"{_q(t['text'])} (id {t['token']}, {t['count']}×)" for t in sec["top_uncovered"])]
-    return out + [""]
-
-
 def long_context(rep: dict) -> list[str]:
     sec = rep.get("long_context")
     if not sec:
@@ -102,7 +73,7 @@ def long_context(rep: dict) -> list[str]:
     return out + ["", *plot_link(rep, "long_context.png"), ""]
 
 
-SECTIONS = (datasets, renderings, coverage, markdown_all, long_context)
+SECTIONS = (datasets, renderings, markdown_all, long_context)
 
 
 def prompt_side(rep: dict) -> list[str]:

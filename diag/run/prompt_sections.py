@@ -2,7 +2,6 @@
 of the prompts rather than the hidden states.
 
     renderings     acceptance per prompt rendering, where the renders part   rendering_section.py
-    coverage       continuation tokens outside the drafter's hot vocabulary  coverage.py
     long_context   acceptance against position, up to the case's length     long_context.py
 
 Each is read at the run's reference axes on the trained layout (the best eagle3 candidate)
@@ -14,9 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from diag.replay.evaluation import one, summarize
+from diag.replay.evaluation import summarize
 from diag.replay.replay import Variant, replay
-from diag.run.coverage import coverage_section
 from diag.run.long_context import long_context_section
 from diag.run.rendering_section import rendering_section
 from diag.run.target_passes import LONG_CONTEXT
@@ -25,7 +23,6 @@ from diag.run.target_passes import LONG_CONTEXT
 @dataclass(frozen=True)
 class PromptSections:
     renderings: dict | None
-    coverage: dict | None
     long_context: dict | None
 
 
@@ -43,17 +40,11 @@ def prompt_sections(inp, reference, layout: str | None, evals, passes, extra, dr
                     progress: bool) -> PromptSections:
     """`reference`: the run's reference axes; `layout`: the trained (best) layout."""
     if layout is None:
-        return PromptSections(None, None, None)
+        return PromptSections(None, None)
     ev = inp.case.evaluate
     decode = inp.tokenizer.decode
-    served = one(evals, reference, layout=layout)
-    tp = passes[inp.regimes[0]]
     renderings = rendering_section(inp.rendered, evals, reference, layout, decode, seed=ev.seed, n_boot=ev.bootstrap)
-    coverage = None
-    if served is not None and served.mode == "eagle3":
-        coverage = coverage_section(tp, drafter.t2d, served, decode, max_steps=max(s.num_steps for s in inp.shapes),
-                                    seed=ev.seed, n_boot=ev.bootstrap)
     long_ctx = None
     if LONG_CONTEXT in extra:
         long_ctx = _long_context(inp, drafter, embed, head, extra[LONG_CONTEXT], layout, progress=progress)
-    return PromptSections(renderings, coverage, long_ctx)
+    return PromptSections(renderings, long_ctx)
