@@ -1,15 +1,12 @@
 """The prompt-side measurements on hand-made data (issue 14.2-14.5): acceptance per category,
-vocabulary coverage and its ceiling, the loop detector, the long-context ladder and its marks.
-Every worked example of the modules' docstrings is checked here."""
+and the hand-made passes and evaluations the diagnoses' tests share (tests/diagnoses/: coverage,
+loops, long context)."""
 
-import pytest
 import torch
 
-from diag.errors import DiagError
 from diag.replay.categories import by_category
 from diag.replay.evaluation import Axes, Evaluation, PromptRounds
 from diag.metrics import AcceptCounts
-from diag.run.long_context import ladder, long_context_section, rung_lengths
 from diag.target.passes import Sequence, TargetPass
 from diag.trees import tree_shape
 
@@ -54,34 +51,3 @@ def _pass(seqs: list[list[int]], prompt_len: int, cats=None) -> TargetPass:
     sequences = [Sequence(f"p{i}", cats[i], prompt_len, torch.tensor(s)) for i, s in enumerate(seqs)]
     argmax = [torch.tensor(s[1:] + s[-1:]) for s in seqs]
     return TargetPass("as-loaded", sequences, {}, argmax)
-
-
-# ---- long context -------------------------------------------------------------------------
-
-def test_rung_lengths_worked_example():
-    assert rung_lengths(1024, 64, 4) == [16, 320, 640, 960]
-
-
-def test_ladder_cuts_prompts_of_each_length(tmp_path):
-    import tiny
-    from transformers import AutoTokenizer
-    tiny.make_tokenizer(tmp_path)
-    tok = AutoTokenizer.from_pretrained(str(tmp_path))
-    text = " ".join(f"word{i}" for i in range(400))
-    rows = ladder(tok, text, "t.txt", length=200, max_new_tokens=20, rungs=3, per_rung=2)
-    assert [(pid, len(ids)) for pid, _, ids in rows] == \
-        [("long-16-0", 16), ("long-16-1", 16), ("long-90-0", 90), ("long-90-1", 90), ("long-180-0", 180),
-         ("long-180-1", 180)]
-    assert rows[0][2] != rows[1][2]                      # other offsets of the text
-    with pytest.raises(DiagError, match="too short") as err:
-        ladder(tok, "word " * 10, "t.txt", length=200, max_new_tokens=20, rungs=3, per_rung=2)
-    assert err.value.file == "t.txt"
-
-
-def test_long_context_marks_rungs_below_half_of_the_short_one():
-    e = evaluation([PromptRounds("long-16-0", (2, 2, 2)), PromptRounds("long-500-0", (1, 1, 0)),
-                    PromptRounds("long-900-0", (0, 1, 0, 0))])
-    sec = long_context_section(e, length=1000, source="t.txt", seed=0, n_boot=100)
-    assert [r["accepted_drafts"] for r in sec["rungs"]] == pytest.approx([2.0, 2 / 3, 0.25])
-    assert sec["half_of_short"] == 1.0
-    assert [r["below_half"] for r in sec["rungs"]] == [False, True, True] and sec["falls_below_half_at"] == 500

@@ -85,7 +85,6 @@ def envelope(run, argv: list[str] | None = None) -> dict:
         "server": getattr(run, "server", None),
         "renderings": run.renderings,
         **sections_json(getattr(run, "diagnoses", {})),
-        "long_context": run.long_context,
         "timings": run.timings,
         "notes": run.notes,
         **({"engines": run.engines.to_json()} if getattr(run, "engines", None) is not None else {}),

@@ -1,5 +1,5 @@
 """report.md sections for the prompt side of a run: acceptance by dataset, by prompt
-rendering, the registered diagnoses (diag/diagnoses/), long context. Rendered from report.json only;
+rendering, then the registered diagnoses' (diag/diagnoses/). Rendered from report.json only;
 nothing here computes a number.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 from diag.diagnoses.hooks import markdown_all
 from diag.replay.evaluation import Evaluation, reference_axes, select
 from diag.report.sections.cells import ci, difference, f
-from diag.report.views import plot_link, quoted as _q
+from diag.report.views import quoted as _q
 
 
 def datasets(rep: dict) -> list[str]:
@@ -55,25 +55,7 @@ def renderings(rep: dict) -> list[str]:
     return out + [""]
 
 
-def long_context(rep: dict) -> list[str]:
-    sec = rep.get("long_context")
-    if not sec:
-        return []
-    at = sec["falls_below_half_at"]
-    out = ["## Long context", "",
-           f"Prompts of graded length up to {sec['length']} tokens, cut from `{sec['source']}`, continued greedily; "
-           f"`{sec['layout']}` on {sec['tree']}. A rung is marked ▼ when its accepted drafts per round fall below "
-           f"half of the shortest rung's ({f(sec['half_of_short'])})"
-           + (f": first at position {at}." if at is not None else ": none is."), "",
-           "| prompt length | prompts | rounds | accept length | 95% CI | accepted drafts | |",
-           "|---|---|---|---|---|---|---|"]
-    for r in sec["rungs"]:
-        out.append(f"| {r['position']} | {r['prompts']} | {r['rounds']} | {f(r['accept_length'])} | "
-                   f"{ci(r['ci95'])} | {f(r['accepted_drafts'])} | {'▼' if r['below_half'] else ''} |")
-    return out + ["", *plot_link(rep, "long_context.png"), ""]
-
-
-SECTIONS = (datasets, renderings, markdown_all, long_context)
+SECTIONS = (datasets, renderings, markdown_all)
 
 
 def prompt_side(rep: dict) -> list[str]:

@@ -300,7 +300,7 @@ def long_context_prompts(case: Case, tok, pset: PromptSet, tinfo: TargetInfo, tc
     if not lc.length:
         return None, None
     from diag.checkpoint.config import text_config
-    from diag.run.long_context import ladder, source_text
+    from diag.diagnoses.long_context import ladder, source_text
     limit = text_config(tcfg).get("max_position_embeddings")
     if isinstance(limit, int) and lc.length > limit:
         raise DiagError("long-context length exceeds the target's positions", file=case.source,

@@ -1,50 +1,30 @@
-"""The prompt-side sections of a run: what differs between training and serving on the side
-of the prompts rather than the hidden states.
+"""The prompt-side sections of a run that are not yet diagnoses of their own (diag/diagnoses/
+holds coverage, loops, long context and near ties): what differs between training and serving
+on the side of the prompts rather than the hidden states.
 
     renderings     acceptance per prompt rendering, where the renders part   rendering_section.py
-    long_context   acceptance against position, up to the case's length     long_context.py
 
-Each is read at the run's reference axes on the trained layout (the best eagle3 candidate)
-and the primary tree, and is None when it has nothing to say (one rendering; no long-context
-length; no trained layout). This module connects the pieces; it knows nothing about files.
+Read at the run's reference axes on the trained layout (the best eagle3 candidate) and the
+primary tree; None when it has nothing to say (one rendering; no trained layout). This module
+connects the pieces; it knows nothing about files.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from diag.replay.evaluation import summarize
-from diag.replay.replay import Variant, replay
-from diag.run.long_context import long_context_section
 from diag.run.rendering_section import rendering_section
-from diag.run.target_passes import LONG_CONTEXT
 
 
 @dataclass(frozen=True)
 class PromptSections:
     renderings: dict | None
-    long_context: dict | None
 
 
-def _long_context(inp, drafter, embed, head, tp, layout: str, *, progress: bool) -> dict:
-    ev, ref, shape = inp.case.evaluate, inp.regimes[0], inp.shapes[0]
-    layouts = {c.label: c.layout for c in inp.candidates}
-    res = replay(drafter, embed, head, {ref: tp}, [Variant(layout, "eagle3", shape, ref, ref, "raw")], layouts,
-                 token_budget=ev.token_budget, progress=progress)
-    e = summarize(res[0], buckets=(), seed=ev.seed, n_boot=ev.bootstrap)
-    return long_context_section(e, length=inp.case.long_context.length, source=inp.long_source,
-                                seed=ev.seed, n_boot=ev.bootstrap)
-
-
-def prompt_sections(inp, reference, layout: str | None, evals, passes, extra, drafter, embed, head, *,
-                    progress: bool) -> PromptSections:
+def prompt_sections(inp, reference, layout: str | None, evals) -> PromptSections:
     """`reference`: the run's reference axes; `layout`: the trained (best) layout."""
     if layout is None:
-        return PromptSections(None, None)
+        return PromptSections(None)
     ev = inp.case.evaluate
-    decode = inp.tokenizer.decode
-    renderings = rendering_section(inp.rendered, evals, reference, layout, decode, seed=ev.seed, n_boot=ev.bootstrap)
-    long_ctx = None
-    if LONG_CONTEXT in extra:
-        long_ctx = _long_context(inp, drafter, embed, head, extra[LONG_CONTEXT], layout, progress=progress)
-    return PromptSections(renderings, long_ctx)
+    return PromptSections(rendering_section(inp.rendered, evals, reference, layout, inp.tokenizer.decode,
+                                            seed=ev.seed, n_boot=ev.bootstrap))
