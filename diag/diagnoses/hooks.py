@@ -16,6 +16,12 @@ from diag.diagnoses import DIAGNOSES
 from diag.diagnoses.protocol import Context
 
 
+def needed() -> frozenset[str]:
+    """What the registered diagnoses ask of the target pass (protocol.NEEDS_*): run/inputs.py
+    cuts the long-prompt ladder only when one asks for it."""
+    return frozenset().union(*(d.needs for d in DIAGNOSES))
+
+
 def compute_all(ctx: Context) -> dict:
     """{name: Section or None} in registry order."""
     return {d.name: d.compute(ctx) for d in DIAGNOSES}

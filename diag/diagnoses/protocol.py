@@ -5,8 +5,8 @@ finished evaluation and says what the section means (verdicts), shows (Markdown)
     name           its key in report.json, its Markdown section's anchor, its verdicts' subject
     Section        a frozen dataclass (typed.py reads report.json and the schema from it)
     needs          what it asks of the target pass beyond the run's own: NEEDS_LONG_PROMPTS
-                   (a ladder of long prompts: run/inputs.py builds them, run/target_passes.py
-                   passes them), or nothing
+                   (a ladder of long prompts: run/inputs.py cuts them only when a registered
+                   diagnosis needs them, hooks.needed(); run/target_passes.py passes them), or nothing
     compute(ctx)   -> Section, or None when it has nothing to say
     verdicts(sec)  -> [Verdict]; never called with None
     markdown(sec, rep) -> report.md lines; `sec` is read back from report.json (Markdown is a

@@ -296,8 +296,10 @@ def _prompts(case: Case, tok, tpath: Path):
 
 def long_context_prompts(case: Case, tok, pset: PromptSet, tinfo: TargetInfo, tcfg: dict):
     """The long-context ladder (long_context.py), checked against the target's positions."""
+    from diag.diagnoses.hooks import needed
+    from diag.diagnoses.protocol import NEEDS_LONG_PROMPTS
     lc = case.long_context
-    if not lc.length:
+    if not lc.length or NEEDS_LONG_PROMPTS not in needed():
         return None, None
     from diag.checkpoint.config import text_config
     from diag.diagnoses.long_context import ladder, source_text

@@ -50,6 +50,13 @@ def registered(monkeypatch):
     monkeypatch.setattr(hooks, "DIAGNOSES", (*DIAGNOSES, ToyDiagnosis()))
 
 
+def test_needs_are_gathered(monkeypatch):
+    from diag.diagnoses.protocol import NEEDS_LONG_PROMPTS
+    assert NEEDS_LONG_PROMPTS in hooks.needed()
+    monkeypatch.setattr(hooks, "DIAGNOSES", (ToyDiagnosis(),))
+    assert hooks.needed() == frozenset()
+
+
 def test_the_schema_is_read_from_the_types():
     s = json_schema(Toy)
     assert s["required"] == ["count", "share", "spans"] and s["additionalProperties"] is False
