@@ -28,12 +28,21 @@ def _json(path: Path, root: str, drop: list[str]) -> str:
     rep.pop("created", None)
     rep.pop("timings", None)
     rep["provenance"].pop("git", None)
-    for regime in (rep.get("target_pass") or {}).get("regimes", {}).values():
-        regime.pop("seconds", None)          # how long the pass (or its cache read) took
+    _drop_seconds(rep.get("target_pass"))      # how long each pass (or its cache read) took
     for name in drop:
         rep.pop(name, None)
         rep["verdicts"] = [v for v in rep["verdicts"] if v["kind"].replace("-", "_") not in drop]
     return _paths(json.dumps(rep, indent=1, sort_keys=False), root)
+
+
+def _drop_seconds(node) -> None:
+    if isinstance(node, dict):
+        node.pop("seconds", None)
+        for v in node.values():
+            _drop_seconds(v)
+    elif isinstance(node, list):
+        for v in node:
+            _drop_seconds(v)
 
 
 def _paths(text: str, root: str) -> str:
