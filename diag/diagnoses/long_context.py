@@ -23,14 +23,15 @@ them as the extra pass LONG_CONTEXT); this module replays the trained layout on 
 Verdict: a warning at the first rung whose mean accepted drafts are below half of the shortest
 rung's; info with the curve otherwise. Plot long_context.png: accept length against prompt
 length with 95% intervals, the half-of-short-context line (in accept-length units: 1 + half
-the accepted drafts), marked rungs in red. The case section [long_context] and its flags are
-still read in run/case.py and cli/prompt_flags.py (tests/test_architecture.py lists them).
+the accepted drafts), marked rungs in red. Flags: --long-context, --long-context-file,
+--long-context-rungs, --long-context-per-rung (add_flags). The case section [long_context] is
+still read in run/case.py (tests/test_architecture.py lists it).
 This module knows token ids, prompts, rounds and the report's words; no files but the text.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from diag.diagnoses.protocol import NEEDS_LONG_PROMPTS, Context, Diagnosis
@@ -139,6 +140,25 @@ class LongContext(Diagnosis):
     name = "long_context"
     Section = LongContextSection
     needs = frozenset({NEEDS_LONG_PROMPTS})
+    flag_of = {"long_context.length": "--long-context", "long_context.file": "--long-context-file",
+               "long_context.rungs": "--long-context-rungs", "long_context.per_rung": "--long-context-per-rung"}
+
+    def add_flags(self, p) -> None:
+        p.add_argument("--long-context", type=int, metavar="TOKENS",
+                       help="measure acceptance against position up to TOKENS")
+        p.add_argument("--long-context-file", help="text to cut the long-context prompts from (default: the prompt set)")
+        p.add_argument("--long-context-rungs", type=int, metavar="N",
+                       help="long-context prompt lengths between the short prompts and TOKENS (default 8)")
+        p.add_argument("--long-context-per-rung", type=int, metavar="N", help="prompts per length (default 2)")
+
+    def apply_flags(self, case, a):
+        """[long_context] with the flags on top; a file flag is taken from the working directory."""
+        lc = case.long_context
+        pick = lambda flag, have: flag if flag is not None else have  # noqa: E731
+        lc = replace(lc, length=pick(a.long_context, lc.length), rungs=pick(a.long_context_rungs, lc.rungs),
+                     per_rung=pick(a.long_context_per_rung, lc.per_rung),
+                     file=str(Path(a.long_context_file).resolve()) if a.long_context_file else lc.file)
+        return replace(case, long_context=lc)
 
     def compute(self, ctx: Context) -> LongContextSection | None:
         """The trained layout replayed in eagle3 mode on the ladder's pass, primary tree."""

@@ -7,6 +7,9 @@ finished evaluation and says what the section means (verdicts), shows (Markdown)
     needs          what it asks of the target pass beyond the run's own: NEEDS_LONG_PROMPTS
                    (a ladder of long prompts: run/inputs.py cuts them only when a registered
                    diagnosis needs them, hooks.needed(); run/target_passes.py passes them), or nothing
+    add_flags(p), apply_flags(case, args), flag_of
+                   its `diag run` flags, what they set in the case, and the case field each sets
+                   (a check of the case names the flag: cli/run.py); none by default
     compute(ctx)   -> Section, or None when it has nothing to say
     verdicts(sec)  -> [Verdict]; never called with None
     markdown(sec, rep) -> report.md lines; `sec` is read back from report.json (Markdown is a
@@ -67,6 +70,14 @@ class Diagnosis:
     name: ClassVar[str]
     Section: ClassVar[type]
     needs: ClassVar[frozenset[str]] = frozenset()
+    flag_of: ClassVar[dict[str, str]] = {}
+
+    def add_flags(self, parser) -> None:
+        """Its `diag run` flags on an argparse parser."""
+
+    def apply_flags(self, case, args):
+        """The case with what its flags set on top (unchecked), else the case as it is."""
+        return case
 
     def compute(self, ctx: Context):
         raise NotImplementedError
