@@ -25,7 +25,8 @@ rung's; info with the curve otherwise. Plot long_context.png: accept length agai
 length with 95% intervals, the half-of-short-context line (in accept-length units: 1 + half
 the accepted drafts), marked rungs in red. Flags: --long-context, --long-context-file,
 --long-context-rungs, --long-context-per-rung (add_flags). The case section [long_context] is
-still read in run/case.py (tests/test_architecture.py lists it).
+still parsed in run/case.py (its field of Case; tests/test_architecture.py lists it); this
+module checks it (check_case).
 This module knows token ids, prompts, rounds and the report's words; no files but the text.
 """
 
@@ -39,7 +40,6 @@ from diag.diagnoses.typed import CI95, COUNT, TREE, meta, to_json
 from diag.errors import DiagError
 from diag.replay.evaluation import summarize
 from diag.replay.replay import Variant, replay
-from diag.report.figure import WIDE, figure, save
 from diag.report.sections.cells import ci, f
 from diag.report.views import plot_link
 from diag.run.target_passes import LONG_CONTEXT
@@ -143,6 +143,19 @@ class LongContext(Diagnosis):
     flag_of = {"long_context.length": "--long-context", "long_context.file": "--long-context-file",
                "long_context.rungs": "--long-context-rungs", "long_context.per_rung": "--long-context-per-rung"}
 
+    def check_case(self, case) -> None:
+        """[long_context]: a length of at least 2 x max_new_tokens, 2+ rungs, 1+ prompt per rung."""
+        lc, src = case.long_context, case.source
+        if lc.length and lc.length < 2 * case.prompts.max_new_tokens:
+            raise DiagError("long-context length too short", file=src, field="long_context.length",
+                            expected=f">= 2 x max_new_tokens = {2 * case.prompts.max_new_tokens}", found=lc.length)
+        if lc.length and lc.rungs < 2:
+            raise DiagError("long context needs at least 2 rungs", file=src, field="long_context.rungs",
+                            expected=">= 2", found=lc.rungs)
+        if lc.length and lc.per_rung < 1:
+            raise DiagError("long context needs at least 1 prompt per rung", file=src,
+                            field="long_context.per_rung", expected=">= 1", found=lc.per_rung)
+
     def add_flags(self, p) -> None:
         p.add_argument("--long-context", type=int, metavar="TOKENS",
                        help="measure acceptance against position up to TOKENS")
@@ -213,6 +226,7 @@ class LongContext(Diagnosis):
         rows = [r for r in sec.rungs if r.accept_length is not None]
         if not rows:
             return []
+        from diag.report.figure import WIDE, figure, save     # matplotlib: only when a plot is drawn
         fig, (ax,) = figure(1, panel=WIDE)
         xs, ys = [r.position for r in rows], [r.accept_length for r in rows]
         err = [[y - (r.ci95[0] if r.ci95[0] is not None else y) for y, r in zip(ys, rows)],

@@ -7,6 +7,8 @@ finished evaluation and says what the section means (verdicts), shows (Markdown)
     needs          what it asks of the target pass beyond the run's own: NEEDS_LONG_PROMPTS
                    (a ladder of long prompts: run/inputs.py cuts them only when a registered
                    diagnosis needs them, hooks.needed(); run/target_passes.py passes them), or nothing
+    check_case(case)  raises DiagError naming the file and key when its case section is wrong,
+                   before anything loads (run/case.check_case calls it)
     add_flags(p), apply_flags(case, args), flag_of
                    its `diag run` flags, what they set in the case, and the case field each sets
                    (a check of the case names the flag: cli/run.py); none by default
@@ -71,6 +73,9 @@ class Diagnosis:
     Section: ClassVar[type]
     needs: ClassVar[frozenset[str]] = frozenset()
     flag_of: ClassVar[dict[str, str]] = {}
+
+    def check_case(self, case) -> None:
+        """Its case section's values, checked before anything loads; nothing by default."""
 
     def add_flags(self, parser) -> None:
         """Its `diag run` flags on an argparse parser."""
