@@ -24,7 +24,9 @@ ORDER = [
     ("diag.drafter",),          # the drafter: model, formats, drafting, trees
     ("diag.zoo",),              # tiny real checkpoints built from the two above
     ("diag.replay",),           # verify, replay, the typed evaluation records
-    ("diag.run",),              # a case end to end: inputs, passes, evaluate, verdicts
+    ("diag.report.sections.cells", "diag.report.views", "diag.report.figure"),   # report.md's cells and
+                                # the plots' figures: formatting the diagnoses share with the report
+    ("diag.run", "diag.diagnoses"),   # a case end to end: inputs, passes, evaluate, verdicts; the diagnoses
     ("diag.report",),           # report.json, report.md, plots, compare
     ("diag.probe",),            # a live server as an input: send the prompts, save its answers
     ("diag.checks",),           # lint, validate
@@ -252,3 +254,71 @@ def test_the_name_counter_skips_docs_and_sees_code(tmp_path):
     f.write_text('"""SGLang docs."""\n# sglang comment\nfrom diag.engines.sglang import x  # SGLang\n'
                  'def g():\n    """SGLang."""\n    return f"SGLang {x}"\n')
     assert names_in_code(f, "sglang") == 2
+
+
+# ---- diagnoses: one module each, named nowhere else ---------------------------------------
+#
+# A registered diagnosis's name (`loops`, `long_context`, ...) may appear in code only in its own
+# module (diag/diagnoses/<name>.py) or package (diag/diagnoses/<name>/), the registry
+# (diag/diagnoses/__init__.py), the docs and the tests. The rule: the name as a whole word, any
+# case, in identifiers, import paths and non-docstring string literals (names_in_code above), so
+# `case.long_context`, `LONG_CONTEXT` and "long_context.length" count and `long_context_prompts`
+# does not. What a new diagnosis then touches is its module and the registry (and the schema's
+# README, docs). DIAGNOSIS_NAMED_OUTSIDE lists what still names one, with counts that may only
+# shrink (a stale count fails too):
+#   long_context: its case section [long_context] (Case's field and LongContextSpec: run/case.py), the
+#     ladder cut before any weight is loaded (run/inputs.py) and its extra pass's key LONG_CONTEXT
+#     (run/target_passes.py); its flags are its own (Diagnosis.add_flags);
+#   coverage: another quantity of the same name, the drafter-health check "vocab coverage"
+#     (drafter/health.py), not the diagnosis.
+DIAGNOSIS_NAMED_OUTSIDE: dict[str, dict[str, int]] = {
+    "coverage": {"diag/drafter/health.py": 3},
+    "long_context": {
+        "diag/run/case.py": 2,
+        "diag/run/inputs.py": 3,
+        "diag/run/target_passes.py": 2,
+    },
+}
+
+
+def diagnosis_named_outside(name: str) -> dict[str, int]:
+    homes = (f"diag/diagnoses/{name}.py", "diag/diagnoses/__init__.py")
+    out = {}
+    for path in sorted(PKG.rglob("*.py")):
+        rel = path.relative_to(PKG.parent).as_posix()
+        if rel in homes or rel.startswith(f"diag/diagnoses/{name}/"):
+            continue
+        if (n := names_in_code(path, rf"\b{name}\b")):
+            out[rel] = n
+    return out
+
+
+def test_every_registered_diagnosis_is_a_module_of_its_own():
+    from diag.diagnoses import DIAGNOSES
+    names = [d.name for d in DIAGNOSES]
+    assert len(set(names)) == len(names) >= 4, names
+    for d in DIAGNOSES:
+        home = PKG / "diagnoses" / d.name
+        assert home.with_suffix(".py").is_file() or (home / "__init__.py").is_file(), d.name
+        assert type(d).__module__ in (f"diag.diagnoses.{d.name}", f"diag.diagnoses.{d.name}.__init__")
+
+
+def test_a_diagnosis_is_named_only_in_its_module_the_registry_docs_and_tests():
+    from diag.diagnoses import DIAGNOSES
+    grown, stale = [], {}
+    for d in DIAGNOSES:
+        found, allowed = diagnosis_named_outside(d.name), DIAGNOSIS_NAMED_OUTSIDE.get(d.name, {})
+        grown += [f"{rel} names {d.name!r} {n} times (allowed {allowed.get(rel, 0)}): move it into "
+                  f"diag/diagnoses/{d.name}.py" for rel, n in found.items() if n > allowed.get(rel, 0)]
+        stale.update({f"{d.name}: {rel}": (n, found.get(rel, 0)) for rel, n in allowed.items()
+                      if found.get(rel, 0) < n})
+    assert not grown, "\n".join(grown)
+    assert not stale, f"lower these counts in DIAGNOSIS_NAMED_OUTSIDE (listed, found): {stale}"
+    assert set(DIAGNOSIS_NAMED_OUTSIDE) <= {d.name for d in DIAGNOSES}
+
+
+def test_the_diagnosis_name_rule(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text('"""loops docs."""\n# loops comment\nfrom diag.diagnoses.loops import x\n'
+                 'def g(run):\n    return run.loops, find_loops, "loops", LOOPS\n')
+    assert names_in_code(f, r"\bloops\b") == 4

@@ -1,17 +1,12 @@
 """The prompt-side measurements on hand-made data (issue 14.2-14.5): acceptance per category,
-vocabulary coverage and its ceiling, the loop detector, the long-context ladder and its marks.
-Every worked example of the modules' docstrings is checked here."""
+and the hand-made passes and evaluations the diagnoses' tests share (tests/diagnoses/: coverage,
+loops, long context)."""
 
-import pytest
 import torch
 
-from diag.errors import DiagError
 from diag.replay.categories import by_category
 from diag.replay.evaluation import Axes, Evaluation, PromptRounds
 from diag.metrics import AcceptCounts
-from diag.run.coverage import ceiling, coverage_section, perfect_rounds, rejected_uncovered
-from diag.run.long_context import ladder, long_context_section, rung_lengths
-from diag.run.loops import find_loops, loop_section, repeating_mask, split_rounds
 from diag.target.passes import Sequence, TargetPass
 from diag.trees import tree_shape
 
@@ -48,12 +43,7 @@ def test_categories_survive_report_json():
     assert legacy.axes.rendering == "auto" and legacy.key == e.key and legacy.by_category == ()
 
 
-# ---- coverage -----------------------------------------------------------------------------
-
-def test_ceiling_formula_worked_example():
-    assert ceiling(0.1, 3) == pytest.approx(3.439)
-    assert ceiling(0.0, 3) == 4.0
-
+# ---- shared by the diagnoses' tests (tests/diagnoses/) -------------------------------------
 
 def _pass(seqs: list[list[int]], prompt_len: int, cats=None) -> TargetPass:
     """A greedy pass: argmax[j] = t_{j+1} (the sequence's own next token), last one repeated."""
@@ -61,96 +51,3 @@ def _pass(seqs: list[list[int]], prompt_len: int, cats=None) -> TargetPass:
     sequences = [Sequence(f"p{i}", cats[i], prompt_len, torch.tensor(s)) for i, s in enumerate(seqs)]
     argmax = [torch.tensor(s[1:] + s[-1:]) for s in seqs]
     return TargetPass("as-loaded", sequences, {}, argmax)
-
-
-def test_perfect_rounds_stop_at_the_first_uncovered_token():
-    covered = torch.ones(20, dtype=torch.bool)
-    covered[3] = False
-    tp = _pass([[1, 2, 7, 3, 9, 9, 9, 9, 9, 9]], prompt_len=2)
-    # roots j = 1..5 (max_steps 3, T 10); windows t_{j+2..j+4}: j=1 [3,9,9] -> 0, then j=2 [9,9,9] -> 3
-    assert perfect_rounds(tp, 0, covered, 3, 3) == [0, 3]
-
-
-def test_rejections_at_uncovered_tokens_and_the_section():
-    covered = torch.ones(20, dtype=torch.bool)
-    covered[3] = False
-    tp = _pass([[1, 2, 7, 3, 9, 9, 9, 9, 9, 9], [1, 2, 5, 6, 5, 6, 5, 6, 5, 6]], prompt_len=2, cats=["a", "b"])
-    e = evaluation([PromptRounds("p0", (0, 1), (1, 2), "a"), PromptRounds("p1", (3, 2), (1, 5), "b")])
-    # p0: root 1 rejected at argmax[2] = 3 (uncovered); root 2 rejected at argmax[4] = 9 (covered)
-    assert rejected_uncovered(tp, e, covered) == [(1, 2), (0, 1)]
-    sec = coverage_section(tp, covered, e, lambda ids: f"<{ids[0]}>", max_steps=3, seed=0, n_boot=100)
-    assert sec["uncovered"]["count"] == 1 and sec["uncovered"]["of"] == 16
-    assert sec["top_uncovered"] == [{"token": 3, "text": "<3>", "count": 1, "share": 1 / 16}]
-    assert sec["rejected_at_uncovered"]["share"] == pytest.approx(1 / 3)
-    assert [c["category"] for c in sec["by_category"]] == ["a", "b"]
-    assert sec["by_category"][1]["uncovered"]["share"] == 0.0 and sec["by_category"][1]["ceiling_formula"] == 4.0
-
-
-# ---- loops --------------------------------------------------------------------------------
-
-def test_loop_detector_worked_example():
-    ids = [5, 1, 2, 1, 2, 1, 2, 1, 2, 9]
-    (lp,) = find_loops(ids)
-    assert (lp.period, lp.start, lp.end) == (2, 1, 9)
-    assert [i for i, m in enumerate(repeating_mask(ids)) if m] == [3, 4, 5, 6, 7, 8]
-
-
-@pytest.mark.parametrize("ids, loops", [
-    ([7, 7, 7, 7], 0),                       # period 1 needs a run of MIN_RUN = 4 repeats
-    ([7, 7, 7, 7, 7], 1),
-    ([1, 2, 3, 1, 2, 3], 0),                 # a cycle shown twice is not a loop
-    ([1, 2, 3, 1, 2, 3, 1, 2, 3], 1),        # three times is
-    (list(range(30)), 0),
-])
-def test_loop_thresholds(ids, loops):
-    assert len(find_loops(ids)) == loops
-
-
-def test_rounds_inside_loops_are_split_off():
-    p = PromptRounds("p", (3, 3, 0), (2, 6, 10))
-    mask = [False] * 14
-    mask[8] = True                           # t_8 repeats: the round rooted at 6 drafts it first
-    assert split_rounds([p], [mask]) == ([[3, 0]], [[3]])
-
-
-def test_loop_section_reports_with_and_without():
-    seqs = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [1, 2, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9]]
-    tp = _pass(seqs, prompt_len=2)
-    e = evaluation([PromptRounds("p0", (0, 1, 0), (1, 2, 4)), PromptRounds("p1", (3, 3), (1, 5))])
-    sec = loop_section(tp.sequences, e, lambda ids: "".join(map(chr, [96 + i for i in ids])), seed=0, n_boot=100)
-    assert sec["sequences_with_loops"] == 1 and sec["periods"] == [2]
-    assert sec["examples"][0]["cycle"] == "hi" and sec["examples"][0]["from"] == 2
-    assert sec["in_loops"]["rounds"] == 1 and sec["without_loops"]["rounds"] == 4
-    assert sec["all"]["accept_length"] == pytest.approx(1 + 7 / 5)
-    assert sec["without_loops"]["accept_length"] == pytest.approx(1 + 4 / 4)
-
-
-# ---- long context -------------------------------------------------------------------------
-
-def test_rung_lengths_worked_example():
-    assert rung_lengths(1024, 64, 4) == [16, 320, 640, 960]
-
-
-def test_ladder_cuts_prompts_of_each_length(tmp_path):
-    import tiny
-    from transformers import AutoTokenizer
-    tiny.make_tokenizer(tmp_path)
-    tok = AutoTokenizer.from_pretrained(str(tmp_path))
-    text = " ".join(f"word{i}" for i in range(400))
-    rows = ladder(tok, text, "t.txt", length=200, max_new_tokens=20, rungs=3, per_rung=2)
-    assert [(pid, len(ids)) for pid, _, ids in rows] == \
-        [("long-16-0", 16), ("long-16-1", 16), ("long-90-0", 90), ("long-90-1", 90), ("long-180-0", 180),
-         ("long-180-1", 180)]
-    assert rows[0][2] != rows[1][2]                      # other offsets of the text
-    with pytest.raises(DiagError, match="too short") as err:
-        ladder(tok, "word " * 10, "t.txt", length=200, max_new_tokens=20, rungs=3, per_rung=2)
-    assert err.value.file == "t.txt"
-
-
-def test_long_context_marks_rungs_below_half_of_the_short_one():
-    e = evaluation([PromptRounds("long-16-0", (2, 2, 2)), PromptRounds("long-500-0", (1, 1, 0)),
-                    PromptRounds("long-900-0", (0, 1, 0, 0))])
-    sec = long_context_section(e, length=1000, source="t.txt", seed=0, n_boot=100)
-    assert [r["accepted_drafts"] for r in sec["rungs"]] == pytest.approx([2.0, 2 / 3, 0.25])
-    assert sec["half_of_short"] == 1.0
-    assert [r["below_half"] for r in sec["rungs"]] == [False, True, True] and sec["falls_below_half_at"] == 500

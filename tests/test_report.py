@@ -13,13 +13,14 @@ import pytest
 import tiny
 from diag.run.case import read_case
 from diag.run.pipeline import run_case
+from diag.diagnoses.hooks import report_schema
 from diag.report.envelope import SCHEMA_VERSION
 from diag.report.markdown import render
 from diag.report.plots import make_plots
 from diag.report.writer import write_report
 
 SCHEMA_DIR = Path(__file__).resolve().parents[1] / "diag" / "schema"
-SCHEMA = json.loads((SCHEMA_DIR / "report.schema.json").read_text())
+SCHEMA = report_schema(json.loads((SCHEMA_DIR / "report.schema.json").read_text()))   # + the diagnoses
 PNG = b"\x89PNG\r\n\x1a\n"
 
 

@@ -13,6 +13,7 @@ import pytest
 import tiny
 from diag.assertions import (assert_accept_length_at_least, assert_serving_layout_is_trained,
                              find_evaluation)
+from diag.diagnoses.hooks import report_schema
 from diag.errors import DiagError
 from diag.replay.evaluation import Evaluation, select
 from diag.report.markdown import render
@@ -22,7 +23,7 @@ from diag.run.case import read_case
 from diag.run.pipeline import run_case
 from diag.run.verdicts import floor
 
-SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "diag" / "schema" / "report.schema.json").read_text())
+SCHEMA = report_schema(json.loads((Path(__file__).resolve().parents[1] / "diag" / "schema" / "report.schema.json").read_text()))
 SERVED = "t1.0-p0.9-k-1"
 
 

@@ -1,12 +1,14 @@
-"""Command-line flags for the prompt side of a run: renderings and long context. They fill
-the case's [rendering] and [long_context] sections, for a case built from flags and on top of a
-case file alike. Paths given on the command line are taken from the working directory."""
+"""Command-line flags for the prompt side of a run: renderings, and each registered
+diagnosis's own (diag/diagnoses/: Diagnosis.add_flags, apply_flags, flag_of). They fill the
+case's [rendering] section and the diagnoses' sections, for a case built from flags and on top
+of a case file alike. Paths given on the command line are taken from the working directory."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
 
+from diag.diagnoses import DIAGNOSES
 from diag.errors import DiagError
 
 
@@ -18,20 +20,14 @@ def register(p) -> None:
     p.add_argument("--template", action="append", default=[], metavar="NAME=PATH",
                    help="a chat template file usable as rendering NAME, e.g. train=train.jinja (repeat)")
     p.add_argument("--system-prompt", help="system prompt text for +system renderings")
-    p.add_argument("--long-context", type=int, metavar="TOKENS",
-                   help="measure acceptance against position up to TOKENS")
-    p.add_argument("--long-context-file", help="text to cut the long-context prompts from (default: the prompt set)")
-    p.add_argument("--long-context-rungs", type=int, metavar="N",
-                   help="long-context prompt lengths between the short prompts and TOKENS (default 8)")
-    p.add_argument("--long-context-per-rung", type=int, metavar="N", help="prompts per length (default 2)")
+    for d in DIAGNOSES:
+        d.add_flags(p)
 
 
 # The case field each flag sets: a check of the case after all overrides names the flag
 # when one set the value (diag.cli.run.checked).
 FLAG_OF = {"rendering.renderings": "--rendering", "rendering.serving": "--serving-rendering",
-           "rendering.trained": "--trained-rendering", "long_context.length": "--long-context",
-           "long_context.file": "--long-context-file", "long_context.rungs": "--long-context-rungs",
-           "long_context.per_rung": "--long-context-per-rung"}
+           "rendering.trained": "--trained-rendering", **{k: v for d in DIAGNOSES for k, v in d.flag_of.items()}}
 
 
 def _templates(items: list[str]) -> dict[str, str]:
@@ -46,14 +42,13 @@ def _templates(items: list[str]) -> dict[str, str]:
 
 
 def apply(case, a):
-    """The case with the flags' rendering and long-context settings on top (unchecked: the
+    """The case with the flags' rendering and diagnoses' settings on top (unchecked: the
     case's checks run once, after every override)."""
-    r, lc = case.rendering, case.long_context
+    r = case.rendering
     r = replace(r, renderings=tuple(a.rendering) or r.renderings, serving=a.serving_rendering or r.serving,
                 trained=a.trained_rendering or r.trained, system_prompt=a.system_prompt or r.system_prompt,
                 templates={**(r.templates or {}), **_templates(a.template)} or None)
-    pick = lambda flag, have: flag if flag is not None else have  # noqa: E731
-    lc = replace(lc, length=pick(a.long_context, lc.length), rungs=pick(a.long_context_rungs, lc.rungs),
-                 per_rung=pick(a.long_context_per_rung, lc.per_rung),
-                 file=str(Path(a.long_context_file).resolve()) if a.long_context_file else lc.file)
-    return replace(case, rendering=r, long_context=lc)
+    case = replace(case, rendering=r)
+    for d in DIAGNOSES:
+        case = d.apply_flags(case, a)
+    return case

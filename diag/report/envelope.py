@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import diag
+from diag.diagnoses.hooks import sections_json
 from diag.replay.evaluation import ANY
 
 SCHEMA_VERSION = "2.6"
@@ -83,9 +84,7 @@ def envelope(run, argv: list[str] | None = None) -> dict:
         "regimes": run.regimes,
         "server": getattr(run, "server", None),
         "renderings": run.renderings,
-        "coverage": run.coverage,
-        "loops": run.loops,
-        "long_context": run.long_context,
+        **sections_json(getattr(run, "diagnoses", {})),
         "timings": run.timings,
         "notes": run.notes,
         **({"engines": run.engines.to_json()} if getattr(run, "engines", None) is not None else {}),

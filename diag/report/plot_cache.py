@@ -77,7 +77,12 @@ def _cached(key: str, folder: Path) -> dict | None:
 
 
 def cached_plot(plot: Callable[[dict, Path], dict | None], rep: dict, folder: Path) -> dict | None:
-    """plot(rep, folder), or its PNG copied from the cache when drawn before from the same data."""
+    """plot(rep, folder), or its PNG copied from the cache when drawn before from the same data
+    (a plot named in plots.UNCACHED is always drawn)."""
+    from diag.report.plots import UNCACHED
+
+    if plot.__name__ in UNCACHED:
+        return plot(rep, folder)
     key = plot_key(plot.__name__, rep)
     hit = _cached(key, folder)
     if hit is not None:
@@ -105,7 +110,9 @@ def _draw(job) -> dict | None:
 def draw_all(plots, rep: dict, folder: Path, *, workers: int | None = None) -> list[dict | None]:
     """cached_plot of every plot, in order; the ones not in the cache drawn by `workers`
     forked processes (default: one per figure on a machine of PARALLEL_CPUS cores or more)."""
-    todo = [p for p in plots if _cached(plot_key(p.__name__, rep), folder) is None]
+    from diag.report.plots import UNCACHED
+
+    todo = [p for p in plots if p.__name__ not in UNCACHED and _cached(plot_key(p.__name__, rep), folder) is None]
     cpus = os.cpu_count() or 1
     workers = workers if workers is not None else (len(todo) if cpus >= PARALLEL_CPUS else 1)
     if min(workers, len(todo)) > 1:

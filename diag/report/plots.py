@@ -10,8 +10,7 @@
                              the reference: relative L2 and cosine of each capture point, per regime
     speedup.png              only when the report has a `speedup` section: accept length against
                              num_draft_tokens per tree shape, with the break-even accept length
-    long_context.png         only with a `long_context` section: accept length against prompt
-                             length, the half-of-short-context line, rungs below it marked
+    (the registered diagnoses' plots, diag/diagnoses/, between by_position and speedup)
 
 Section shapes read here (report.schema.json has them too):
     regimes  = {"reference", "points": [...], "regimes": [{"regime", "drift": {point: {"cosine",
@@ -29,16 +28,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-
+from diag.diagnoses.hooks import plots_all
 from diag.replay.evaluation import ANY, Evaluation, reference_axes, select
-
-DPI = 100
-PANEL = (4.2, 3.2)          # inches per panel
-WIDE = (7.5, 4.5)           # a figure of one panel
-COLUMNS = 3                 # panels per row
-PNG_META = {"Software": None}
+from diag.report.figure import WIDE, figure as _figure, save as _save
 
 
 def _label(e: dict) -> str:
@@ -57,30 +49,6 @@ def _by_tree(rep: dict) -> dict[str, list[dict]]:
     order = sorted(groups, key=lambda t: (groups[t][0]["num_steps"], groups[t][0]["topk"],
                                           groups[t][0]["num_draft_tokens"]))
     return {t: sorted(groups[t], key=_label) for t in order}
-
-
-def _figure(panels: int, panel: tuple[float, float] = PANEL) -> tuple[Figure, list]:
-    """A figure with `panels` axes laid out COLUMNS to a row. 5 panels -> 2 rows x 3 columns,
-    the sixth axes removed."""
-    cols = min(COLUMNS, panels)
-    rows = -(-panels // cols)
-    fig = Figure(figsize=(panel[0] * cols, panel[1] * rows), dpi=DPI)
-    FigureCanvasAgg(fig)
-    axes = [fig.add_subplot(rows, cols, i + 1) for i in range(rows * cols)]
-    for ax in axes[panels:]:
-        fig.delaxes(ax)
-    return fig, axes[:panels]
-
-
-def _save(fig: Figure, folder: Path, name: str, title: str) -> dict:
-    (folder / "plots").mkdir(parents=True, exist_ok=True)
-    fig.suptitle(title, fontsize=11)
-    import warnings
-    with warnings.catch_warnings():     # a crowded legend may not fit; the PNG is still right
-        warnings.simplefilter("ignore", UserWarning)
-        fig.tight_layout()
-    fig.savefig(folder / "plots" / name, format="png", dpi=DPI, metadata=PNG_META)
-    return {"file": f"plots/{name}", "title": title}
 
 
 def acceptance_at_depth(rep: dict, folder: Path) -> dict | None:
@@ -198,38 +166,15 @@ def speedup(rep: dict, folder: Path) -> dict | None:
     return _save(fig, folder, "speedup.png", "Accept length vs break-even, per tree shape")
 
 
-def long_context(rep: dict, folder: Path) -> dict | None:
-    """Accept length against prompt length (the long-context ladder), 95% intervals as error
-    bars, the half-of-short-context line (in accept-length units: 1 + half the accepted
-    drafts), marked rungs in red."""
-    sec = rep.get("long_context") or {}
-    rows = [r for r in sec.get("rungs", []) if r["accept_length"] is not None]
-    if not rows:
-        return None
-    fig, (ax,) = _figure(1, panel=WIDE)
-    xs, ys = [r["position"] for r in rows], [r["accept_length"] for r in rows]
-    err = [[y - (r["ci95"][0] if r["ci95"][0] is not None else y) for y, r in zip(ys, rows)],
-           [(r["ci95"][1] if r["ci95"][1] is not None else y) - y for y, r in zip(ys, rows)]]
-    ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=f"{sec['layout']} {sec['tree']}")
-    if sec.get("half_of_short") is not None:
-        ax.axhline(1 + sec["half_of_short"], color="k", ls="--", lw=1, label="half of short-context acceptance")
-    low = [r for r in rows if r["below_half"]]
-    if low:
-        ax.scatter([r["position"] for r in low], [r["accept_length"] for r in low], color="red", zorder=3,
-                   s=60, label="below half")
-    ax.set(xlabel="prompt length (tokens): where the continuation starts", ylabel="accept length (bonus included)",
-           title=f"long context up to {sec['length']} tokens")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    return _save(fig, folder, "long_context.png", "Acceptance against position (long-context ladder)")
-
-
-PLOTS = (acceptance_at_depth, accept_hist, by_position, long_context, speedup, drift)   # the order report.md links them
+PLOTS = (acceptance_at_depth, accept_hist, by_position, plots_all, speedup, drift)   # the order report.md links them;
+# plots_all: the registered diagnoses' (diag/diagnoses/), a list each
 # The report keys each plot reads, and nothing else: the plot cache (plot_cache.py) keys each
-# PNG on them. A plot that reads another key must name it here.
+# PNG on them. A plot that reads another key must name it here. The diagnoses' plots are drawn
+# every time (UNCACHED): their code lives outside this file, whose source is in the cache key.
 READS = {"acceptance_at_depth": ("evaluations",), "accept_hist": ("evaluations",),
-         "by_position": ("evaluations",), "long_context": ("long_context",),
+         "by_position": ("evaluations",),
          "speedup": ("speedup", "evaluations", "reference"), "drift": ("regimes",)}
+UNCACHED = ("plots_all",)
 
 
 def make_plots(rep: dict, folder: str | Path) -> list[dict]:
@@ -238,4 +183,5 @@ def make_plots(rep: dict, folder: str | Path) -> list[dict]:
     [{"file": "plots/x.png", "title": ...}] in a fixed order (markdown links them)."""
     from diag.report.plot_cache import draw_all
 
-    return [made for made in draw_all(PLOTS, rep, Path(folder)) if made is not None]
+    made = draw_all(PLOTS, rep, Path(folder))
+    return [p for m in made for p in (m if isinstance(m, list) else [m]) if p is not None]

@@ -1,26 +1,14 @@
 """report.md sections for the prompt side of a run: acceptance by dataset, by prompt
-rendering, draft-vocabulary coverage, loops, long context. Rendered from report.json only;
+rendering, then the registered diagnoses' (diag/diagnoses/). Rendered from report.json only;
 nothing here computes a number.
 """
 
 from __future__ import annotations
 
-import json
-
+from diag.diagnoses.hooks import markdown_all
 from diag.replay.evaluation import Evaluation, reference_axes, select
 from diag.report.sections.cells import ci, difference, f
-from diag.report.views import plot_link
-
-
-def _pct(x) -> str:
-    return "–" if x is None else f"{100 * x:.1f}%"
-
-
-def _q(text: str | None) -> str:
-    """A decoded token run as a code span, newlines and tabs visible."""
-    if text is None:
-        return "–"
-    return "`" + json.dumps(text)[1:-1].replace("`", "'").replace("|", "\\|") + "`"
+from diag.report.views import quoted as _q
 
 
 def datasets(rep: dict) -> list[str]:
@@ -67,72 +55,7 @@ def renderings(rep: dict) -> list[str]:
     return out + [""]
 
 
-def coverage(rep: dict) -> list[str]:
-    sec = rep.get("coverage")
-    if not sec:
-        return []
-    u, rej = sec["uncovered"], sec["rejected_at_uncovered"]
-    out = ["## Draft-vocabulary coverage", "",
-           f"The drafter can propose {sec['hot_vocabulary']} of {sec['vocabulary']} target tokens (t2d true). "
-           f"{_pct(u['share'])} of the target's continuation tokens [{_pct(u['ci95'][0])}, {_pct(u['ci95'][1])}] "
-           f"lie outside; {_pct(rej['share'])} of the drafter's rejections on `{sec['layout']}`, {sec['tree']} "
-           f"fall on such a token. Ceiling for a perfect drafter (accept length): measured on these continuations "
-           f"{f(sec['ceiling_measured'])}, formula 1 + Σ_(d=1..S) (1−u)^d = {f(sec['ceiling_formula'])}; "
-           f"the drafter reaches {f(sec['accept_length'])}.", "",
-           "| category | prompts | uncovered | 95% CI | ceiling (measured) | ceiling (formula) | "
-           "rejections at uncovered |", "|---|---|---|---|---|---|---|"]
-    for c in sec["by_category"]:
-        cu = c["uncovered"]
-        out.append(f"| {c['category']} | {c['prompts']} | {_pct(cu['share'])} | {_pct(cu['ci95'][0])}–"
-                   f"{_pct(cu['ci95'][1])} | {f(c['ceiling_measured'])} | {f(c['ceiling_formula'])} | "
-                   f"{_pct(c['rejected_at_uncovered']['share'])} |")
-    if sec["top_uncovered"]:
-        out += ["", "Most frequent uncovered tokens: " + ", ".join(
-            f"{_q(t['text'])} (id {t['token']}, {t['count']}×)" for t in sec["top_uncovered"])]
-    return out + [""]
-
-
-def loops(rep: dict) -> list[str]:
-    sec = rep.get("loops")
-    if not sec:
-        return []
-    a, w, i = sec["all"], sec["without_loops"], sec["in_loops"]
-    d = sec["difference"]
-    out = ["## Loops", "",
-           f"Repeated n-gram cycles in the continuations: {sec['sequences_with_loops']} of {sec['sequences']} "
-           f"continuations, {sec['loop_tokens']} of {sec['continuation_tokens']} tokens"
-           + (f", periods {', '.join(map(str, sec['periods']))}" if sec["periods"] else "") + ".", "",
-           "| rounds | count | accept length | 95% CI |", "|---|---|---|---|",
-           f"| all | {a['rounds']} | {f(a['accept_length'])} | {ci(a['ci95'])} |",
-           f"| outside loops | {w['rounds']} | {f(w['accept_length'])} | {ci(w['ci95'])} |",
-           f"| inside loops | {i['rounds']} | {f(i['accept_length'])} | {ci(i['ci95'])} |"]
-    if d:
-        out += ["", f"All − outside loops: {difference(d)} (paired)."]
-    if sec["examples"]:
-        out += ["", "Examples: " + "; ".join(f"{x['prompt']}: {_q(x['cycle'])} (period {x['period']}, positions "
-                                             f"{x['from']}–{x['to']})" for x in sec["examples"])]
-    return out + [""]
-
-
-def long_context(rep: dict) -> list[str]:
-    sec = rep.get("long_context")
-    if not sec:
-        return []
-    at = sec["falls_below_half_at"]
-    out = ["## Long context", "",
-           f"Prompts of graded length up to {sec['length']} tokens, cut from `{sec['source']}`, continued greedily; "
-           f"`{sec['layout']}` on {sec['tree']}. A rung is marked ▼ when its accepted drafts per round fall below "
-           f"half of the shortest rung's ({f(sec['half_of_short'])})"
-           + (f": first at position {at}." if at is not None else ": none is."), "",
-           "| prompt length | prompts | rounds | accept length | 95% CI | accepted drafts | |",
-           "|---|---|---|---|---|---|---|"]
-    for r in sec["rungs"]:
-        out.append(f"| {r['position']} | {r['prompts']} | {r['rounds']} | {f(r['accept_length'])} | "
-                   f"{ci(r['ci95'])} | {f(r['accepted_drafts'])} | {'▼' if r['below_half'] else ''} |")
-    return out + ["", *plot_link(rep, "long_context.png"), ""]
-
-
-SECTIONS = (datasets, renderings, coverage, loops, long_context)
+SECTIONS = (datasets, renderings, markdown_all)
 
 
 def prompt_side(rep: dict) -> list[str]:

@@ -9,6 +9,8 @@ served with EAGLE"), best first. This module reads report dicts; it computes no 
 
 from __future__ import annotations
 
+import json
+
 from diag.replay.evaluation import ANY, Evaluation, reference_axes, select
 
 
@@ -67,3 +69,10 @@ def tree_order(rep: dict) -> list[str]:
 def plot_link(rep: dict, name: str) -> list[str]:
     """The Markdown image line of plot `name` (e.g. "by_position.png"), or nothing."""
     return [f"![{p['title']}]({p['file']})" for p in rep.get("plots") or [] if p["file"] == f"plots/{name}"]
+
+
+def quoted(text: str | None) -> str:
+    """A decoded token run as a code span, newlines and tabs visible: "a\\nb" -> `a\\nb`."""
+    if text is None:
+        return "–"
+    return "`" + json.dumps(text)[1:-1].replace("`", "'").replace("|", "\\|") + "`"

@@ -151,8 +151,8 @@ class RenderingSpec:
 
 @dataclass(frozen=True)
 class LongContextSpec:
-    """Acceptance against position (diag/run/long_context.py): prompts of graded lengths up
-    to `length` tokens, built from the prompt set's texts or from a text `file`."""
+    """Acceptance against position (diag/diagnoses/long_context.py, which checks it): prompts of
+    graded lengths up to `length` tokens, built from the prompt set's texts or from a text `file`."""
     length: int = 0                   # 0: off
     file: str | None = None
     rungs: int = 8
@@ -336,7 +336,9 @@ def _check_values(case: Case) -> None:
                         expected="t_decode_ms, t_draft_ms and t_verify_ms together",
                         found={k: v for k, v in zip(("t_decode_ms", "t_draft_ms", "t_verify_ms"), given)})
     check_rendering(case)
-    check_long_context(case)
+    from diag.diagnoses import DIAGNOSES        # each diagnosis checks its own section
+    for d in DIAGNOSES:
+        d.check_case(case)
     _check_decoding(case.decoding, src)
     if ev.token_budget < 64:
         raise DiagError("token budget too small", file=src, field="evaluate.token_budget",
@@ -360,19 +362,6 @@ def check_rendering(case: Case) -> None:
             [("renderings", r) for r in spec.renderings]:
         if text is not None:
             _in_file(lambda t, field: parse(t, tuple(templates), field=field), text, f"rendering.{key}", src)
-
-
-def check_long_context(case: Case) -> None:
-    lc, src = case.long_context, case.source
-    if lc.length and lc.length < 2 * case.prompts.max_new_tokens:
-        raise DiagError("long-context length too short", file=src, field="long_context.length",
-                        expected=f">= 2 x max_new_tokens = {2 * case.prompts.max_new_tokens}", found=lc.length)
-    if lc.length and lc.rungs < 2:
-        raise DiagError("long context needs at least 2 rungs", file=src, field="long_context.rungs",
-                        expected=">= 2", found=lc.rungs)
-    if lc.length and lc.per_rung < 1:
-        raise DiagError("long context needs at least 1 prompt per rung", file=src, field="long_context.per_rung",
-                        expected=">= 1", found=lc.per_rung)
 
 
 def _check_decoding(dec: DecodingSpec, src: str) -> None:

@@ -296,11 +296,13 @@ def _prompts(case: Case, tok, tpath: Path):
 
 def long_context_prompts(case: Case, tok, pset: PromptSet, tinfo: TargetInfo, tcfg: dict):
     """The long-context ladder (long_context.py), checked against the target's positions."""
+    from diag.diagnoses.hooks import needed
+    from diag.diagnoses.protocol import NEEDS_LONG_PROMPTS
     lc = case.long_context
-    if not lc.length:
+    if not lc.length or NEEDS_LONG_PROMPTS not in needed():
         return None, None
     from diag.checkpoint.config import text_config
-    from diag.run.long_context import ladder, source_text
+    from diag.diagnoses.long_context import ladder, source_text
     limit = text_config(tcfg).get("max_position_embeddings")
     if isinstance(limit, int) and lc.length > limit:
         raise DiagError("long-context length exceeds the target's positions", file=case.source,

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from diag.diagnoses.hooks import compute_all
+from diag.diagnoses.protocol import Context
 from diag.drafter.checkpoint import load_drafter
 from diag.drafter.health import HealthCheck, health_checks
 from diag.engines.common import ServingError
@@ -70,9 +72,7 @@ class RunResult:
     server: dict | None = None           # the live server reconciled (run/server_section.py)
     engines: EnginesSection | None = None  # the engines compared from this one pass (run/engines_section.py)
     renderings: dict | None = None       # the prompt-side sections (prompt_sections.py)
-    coverage: dict | None = None
-    loops: dict | None = None
-    long_context: dict | None = None
+    diagnoses: dict = field(default_factory=dict)   # name -> typed section or None (diag/diagnoses/)
     decoding: object = None              # run/decodings.DecodingPlan: served and sampled decodings
     target_output: object = None         # target/output_health.OutputHealth of the reference pass
 
@@ -231,10 +231,9 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True, shard
         served = next((c.label for c in inp.candidates if "serving" in c.roles), None)
         run.server = server_section(server, evals, run.reference, run.best_layout(), seed=ev.seed,
                                     n_boot=ev.bootstrap, served_layout=served)
-    side = prompt_sections(inp, greedy, top.layout if top else None, evals, passes, extra, drafter, embed, head,
-                           progress=progress, cache=cache)   # the prompt side is replayed greedily
-    run.renderings, run.coverage, run.loops, run.long_context = \
-        side.renderings, side.coverage, side.loops, side.long_context
+    run.renderings = prompt_sections(inp, greedy, top.layout if top else None, evals).renderings  # greedily
+    run.diagnoses = compute_all(Context(inp, greedy, top.layout if top else None, evals, passes, extra, drafter,
+                                        embed, head, progress, cache))
     run.verdicts = verdicts(run, inp.target_config)
     _stopwatch(timings, "summary_s", t0)
     return run

@@ -1,6 +1,7 @@
 """Verdicts: sentences a ticket can quote, each with its evidence and interval, one module
 per subject (target_output, floor, layout, serving_error, eagle, engines, regime, server, speedup,
-decoding, rendering, coverage, loops, long_context), the record in record.py.
+decoding, rendering) and the registered diagnoses' own (diag/diagnoses/), the
+record in record.py.
 When the drafter predicts nothing on any layout (floor.py), that verdict replaces the layout
 and EAGLE verdicts: a tie of zeros says nothing about which layout the server should feed.
 When the target's continuations are garbage (target_output.py), its error replaces the floor

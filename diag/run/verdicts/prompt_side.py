@@ -1,13 +1,11 @@
-"""Verdicts on the prompt side of a run, one module per subject: rendering, coverage, loops,
-long_context. Gathered here so the verdict list reads them as one group."""
+"""Verdicts on the prompt side of a run: rendering, then the registered diagnoses'
+(diag/diagnoses/). Gathered here so the verdict list reads them as one group."""
 
 from __future__ import annotations
 
-from diag.run.verdicts.coverage import coverage_verdicts
-from diag.run.verdicts.long_context import long_context_verdicts
-from diag.run.verdicts.loops import loop_verdicts
 from diag.run.verdicts.rendering import rendering_verdicts
 
 
 def prompt_side_verdicts(run) -> list:
-    return rendering_verdicts(run) + coverage_verdicts(run) + loop_verdicts(run) + long_context_verdicts(run)
+    from diag.diagnoses.hooks import verdicts_all      # the registered diagnoses import this package's record
+    return rendering_verdicts(run) + verdicts_all(getattr(run, "diagnoses", {}))

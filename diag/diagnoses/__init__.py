@@ -1,0 +1,28 @@
+"""The diagnoses: one module each, behind one small interface (protocol.py), listed here in
+the order the pipeline runs them, report.json writes their sections, the verdicts list their
+findings (within a severity) and report.md shows them.
+
+    coverage       continuation tokens outside the drafter's hot vocabulary         coverage.py
+    loops          accept length with and without the rounds inside repeated cycles  loops.py
+    long_context   acceptance against position, up to the case's length            long_context.py
+    near_ties      the target's decisions whose top two tokens are within 0.05       near_ties.py
+
+A new diagnosis is one module beside these (a Diagnosis subclass with its frozen Section) and
+one line here; hooks.py runs them, serialises their sections from their types, generates
+their JSON Schema, gathers their verdicts, Markdown and plots. This module is the list only.
+"""
+
+from __future__ import annotations
+
+from diag.diagnoses.coverage import Coverage
+from diag.diagnoses.long_context import LongContext
+from diag.diagnoses.loops import Loops
+from diag.diagnoses.near_ties import NearTies
+from diag.diagnoses.protocol import Diagnosis
+
+DIAGNOSES: tuple[Diagnosis, ...] = (
+    Coverage(),
+    Loops(),
+    LongContext(),
+    NearTies(),
+)

@@ -1,0 +1,109 @@
+"""What a diagnosis is to the rest of diag: one object that computes a typed section from a
+finished evaluation and says what the section means (verdicts), shows (Markdown) and draws
+(plots).
+
+    name           its key in report.json, its Markdown section's anchor, its verdicts' subject
+    Section        a frozen dataclass (typed.py reads report.json and the schema from it)
+    needs          what it asks of the target pass beyond the run's own: NEEDS_LONG_PROMPTS
+                   (a ladder of long prompts: run/inputs.py cuts them only when a registered
+                   diagnosis needs them, hooks.needed(); run/target_passes.py passes them), or nothing
+    check_case(case)  raises DiagError naming the file and key when its case section is wrong,
+                   before anything loads (run/case.check_case calls it)
+    add_flags(p), apply_flags(case, args), flag_of
+                   its `diag run` flags, what they set in the case, and the case field each sets
+                   (a check of the case names the flag: cli/run.py); none by default
+    compute(ctx)   -> Section, or None when it has nothing to say
+    verdicts(sec)  -> [Verdict]; never called with None
+    markdown(sec, rep) -> report.md lines; `sec` is read back from report.json (Markdown is a
+                   rendering of the JSON, never a second computation), `rep` the whole report
+                   (for plot links)
+    plots(sec, rep, folder) -> [{"file", "title"}] of the PNGs drawn
+
+Context is what every diagnosis may read: the run's inputs, the trained layout, the greedy
+reference axes, the evaluations, the target passes (and extra passes), the drafter and the
+target's embedding and head. The prompt side is read greedily on the trained (best eagle3)
+layout and the primary tree. This module knows the shape of a diagnosis; it knows no
+diagnosis and nothing about files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from diag.diagnoses.typed import from_json, json_schema, to_json
+from diag.replay.evaluation import Axes, Evaluation, one
+
+NEEDS_LONG_PROMPTS = "long-prompts"
+
+
+@dataclass(frozen=True)
+class Context:
+    inp: Any                          # run/inputs.Inputs
+    reference: Axes                   # the run's reference axes at greedy decoding
+    layout: str | None                # the trained (best eagle3) layout, None when nothing was evaluated
+    evaluations: list[Evaluation]
+    passes: dict                      # regime -> TargetPass; passes[inp.regimes[0]] is the reference pass
+    extra: dict                       # extra passes by role (run/target_passes.py)
+    drafter: Any
+    embed: Any
+    head: Any
+    progress: bool = False
+    cache: Any = None                 # the run's eval_cache.EvalCache (replays answered from it), or None
+
+    @property
+    def reference_pass(self):
+        return self.passes[self.inp.regimes[0]]
+
+    def served(self) -> Evaluation | None:
+        """The trained layout at the reference axes (primary tree, greedy), or None."""
+        return None if self.layout is None else one(self.evaluations, self.reference, layout=self.layout)
+
+    def served_eagle3(self) -> Evaluation | None:
+        """The same, only when it runs in eagle3 mode (the drafter's own vocabulary and states)."""
+        e = self.served()
+        return e if e is not None and e.mode == "eagle3" else None
+
+
+class Diagnosis:
+    """Subclass per diagnosis (one module each under diag/diagnoses/), registered in
+    diag/diagnoses/__init__.py. Defaults: no needs, no verdicts, no Markdown, no plots."""
+
+    name: ClassVar[str]
+    Section: ClassVar[type]
+    needs: ClassVar[frozenset[str]] = frozenset()
+    flag_of: ClassVar[dict[str, str]] = {}
+
+    def check_case(self, case) -> None:
+        """Its case section's values, checked before anything loads; nothing by default."""
+
+    def add_flags(self, parser) -> None:
+        """Its `diag run` flags on an argparse parser."""
+
+    def apply_flags(self, case, args):
+        """The case with what its flags set on top (unchecked), else the case as it is."""
+        return case
+
+    def compute(self, ctx: Context):
+        raise NotImplementedError
+
+    def verdicts(self, section) -> list:
+        return []
+
+    def markdown(self, section, rep: dict) -> list[str]:
+        return []
+
+    def plots(self, section, rep: dict, folder: Path) -> list[dict]:
+        return []
+
+    # ---- from the Section type -----------------------------------------------------------
+    def to_json(self, section) -> dict | None:
+        return None if section is None else to_json(section)
+
+    def read(self, rep: dict):
+        """This diagnosis's section out of a report dict, typed; None when absent or null."""
+        return from_json(self.Section, rep.get(self.name))
+
+    def schema(self) -> dict:
+        return json_schema(self.Section)

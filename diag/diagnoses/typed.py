@@ -1,0 +1,131 @@
+"""A diagnosis's section as a frozen dataclass, and the three things read from its type:
+its report.json value, the section read back from that value, and its JSON Schema.
+
+    to_json(section)          dataclass -> dict in field order (report.json keeps that order),
+                              tuples -> lists, nested dataclasses -> dicts
+    from_json(Cls, value)     the inverse, driven by the field types
+    json_schema(Cls)          {"type": "object", "additionalProperties": false, "required": [every
+                              field], "properties": {...}}: int -> integer, float -> number,
+                              str -> string, bool -> boolean, X | None -> [X, null],
+                              tuple[X, ...] -> array of X, a dataclass -> a nested object
+
+A field's report key is its name unless `key(...)` renames it (a Python keyword such as
+"from"); `key(..., schema={...})` or `meta(schema={...})` adds constraints (minimum, pattern)
+to what the type gives. Worked example:
+
+    @dataclass(frozen=True)
+    class Span:
+        start: int = key("from", schema={"minimum": 0})
+        period: int
+    to_json(Span(3, 2)) == {"from": 3, "period": 2}
+    json_schema(Span)["properties"]["from"] == {"type": "integer", "minimum": 0}
+
+This module knows dataclasses and JSON Schema; nothing about diagnoses, models or files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import MISSING, field, fields, is_dataclass
+
+CI95 = {"minItems": 2, "maxItems": 2}            # a 95% interval [lo, hi]
+TREE = {"pattern": "^(chain-[0-9]+|s[0-9]+-k[0-9]+-d[0-9]+)$"}
+COUNT = {"minimum": 0}
+RATE = {"minimum": 0, "maximum": 1}
+
+
+def meta(*, schema: dict | None = None, default=MISSING):
+    """A field with schema constraints beside its type."""
+    return field(metadata={"schema": schema or {}}, **({} if default is MISSING else {"default": default}))
+
+
+def key(name: str, *, schema: dict | None = None):
+    """A field written under another report key (e.g. the keyword "from")."""
+    return field(metadata={"key": name, "schema": schema or {}})
+
+
+def _key(f: dataclasses.Field) -> str:
+    return f.metadata.get("key", f.name)
+
+
+def _hints(cls) -> dict:
+    return typing.get_type_hints(cls)
+
+
+def to_json(value):
+    """A section (or any value inside one) as report.json holds it."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return {_key(f): to_json(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, (tuple, list)):
+        return [to_json(v) for v in value]
+    if isinstance(value, dict):
+        return {k: to_json(v) for k, v in value.items()}
+    return value
+
+
+def _args(tp) -> tuple:
+    return typing.get_args(tp)
+
+
+def _is_optional(tp) -> bool:
+    return _origin(tp) in (typing.Union, types.UnionType) and type(None) in _args(tp)
+
+
+def _origin(tp):
+    return typing.get_origin(tp)
+
+
+def _inner(tp):
+    """X of `X | None`."""
+    rest = [a for a in _args(tp) if a is not type(None)]
+    return rest[0] if len(rest) == 1 else typing.Union[tuple(rest)]
+
+
+def from_json(tp, value):
+    """The typed value of `value` (report.json's), read as type `tp`."""
+    if value is None:
+        return None
+    if _is_optional(tp):
+        return from_json(_inner(tp), value)
+    if is_dataclass(tp):
+        hints = _hints(tp)
+        return tp(**{f.name: from_json(hints[f.name], value[_key(f)]) for f in fields(tp)})
+    if _origin(tp) is tuple:
+        a = _args(tp)
+        item = a[0] if len(a) == 2 and a[1] is Ellipsis else None
+        return tuple(from_json(item if item is not None else a[i], v) for i, v in enumerate(value))
+    if tp is float and isinstance(value, int):
+        return float(value)
+    return value
+
+
+SCALARS = {int: "integer", float: "number", str: "string", bool: "boolean"}
+
+
+def json_schema(tp, extra: dict | None = None) -> dict:
+    """The JSON Schema of type `tp` (module docstring), `extra` merged in at this level."""
+    extra = dict(extra or {})
+    if _is_optional(tp):
+        inner = json_schema(_inner(tp), extra)
+        if "type" in inner and not is_dataclass(_inner(tp)):
+            t = inner["type"]
+            return {**inner, "type": [*(t if isinstance(t, list) else [t]), "null"]}
+        return {"oneOf": [{"type": "null"}, inner]}
+    if is_dataclass(tp):
+        hints = _hints(tp)
+        return {"type": "object", "additionalProperties": False, "required": [_key(f) for f in fields(tp)],
+                "properties": {_key(f): json_schema(hints[f.name], f.metadata.get("schema")) for f in fields(tp)},
+                **extra}
+    if _origin(tp) is tuple:
+        a = _args(tp)
+        if len(a) == 2 and a[1] is Ellipsis:
+            item_extra = extra.pop("items", None)
+            return {"type": "array", "items": json_schema(a[0], item_extra), **extra}
+        return {"type": "array", "items": json_schema(a[0]), "minItems": len(a), "maxItems": len(a), **extra}
+    if tp in SCALARS:
+        return {"type": SCALARS[tp], **extra}
+    if _origin(tp) is dict or tp is dict:
+        return {"type": "object", **extra}
+    raise TypeError(f"no JSON Schema for {tp!r}: use int, float, str, bool, tuples, dataclasses and | None")

@@ -1,0 +1,78 @@
+"""The registry's hooks carry any registered diagnosis through every stage with no edit
+outside its module: a throwaway diagnosis, registered for the test only, is computed, written
+to report.json in registry order, given a generated schema, judged, rendered and drawn."""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+import diag.diagnoses.hooks as hooks
+from diag.diagnoses import DIAGNOSES
+from diag.diagnoses.protocol import Context, Diagnosis
+from diag.diagnoses.typed import COUNT, json_schema, key, meta
+from diag.run.verdicts.record import Verdict
+
+SCHEMA_FILE = Path(__file__).resolve().parents[2] / "diag" / "schema" / "report.schema.json"
+
+
+@dataclass(frozen=True)
+class Span:
+    start: int = key("from", schema=COUNT)
+    period: int = meta(schema={"minimum": 1})
+
+
+@dataclass(frozen=True)
+class Toy:
+    count: int = meta(schema=COUNT)
+    share: float | None = meta()
+    spans: tuple[Span, ...] = meta()
+
+
+class ToyDiagnosis(Diagnosis):
+    name = "toy"
+    Section = Toy
+
+    def compute(self, ctx):
+        return Toy(len(ctx.evaluations), 0.5, (Span(3, 2),))
+
+    def verdicts(self, sec):
+        return [Verdict("toy", "info", f"{sec.count} evaluations")]
+
+    def markdown(self, sec, rep):
+        return ["## Toy", f"{sec.spans[0].start}"]
+
+
+@pytest.fixture
+def registered(monkeypatch):
+    monkeypatch.setattr(hooks, "DIAGNOSES", (*DIAGNOSES, ToyDiagnosis()))
+
+
+def test_needs_are_gathered(monkeypatch):
+    from diag.diagnoses.protocol import NEEDS_LONG_PROMPTS
+    assert NEEDS_LONG_PROMPTS in hooks.needed()
+    monkeypatch.setattr(hooks, "DIAGNOSES", (ToyDiagnosis(),))
+    assert hooks.needed() == frozenset()
+
+
+def test_the_schema_is_read_from_the_types():
+    s = json_schema(Toy)
+    assert s["required"] == ["count", "share", "spans"] and s["additionalProperties"] is False
+    assert s["properties"]["share"] == {"type": ["number", "null"]}
+    assert s["properties"]["spans"]["items"]["properties"]["from"] == {"type": "integer", "minimum": 0}
+
+
+def test_a_registered_diagnosis_flows_through_every_stage(registered):
+    ctx = Context(None, None, None, [1, 2], {}, {}, None, None, None)
+    sections = {d.name: (d.compute(ctx) if d.name == "toy" else None) for d in hooks.DIAGNOSES}
+    out = hooks.sections_json(sections)
+    assert list(out)[-1] == "toy" and out["toy"] == {"count": 2, "share": 0.5, "spans": [{"from": 3, "period": 2}]}
+    assert [v.text for v in hooks.verdicts_all(sections)] == ["2 evaluations"]
+    assert hooks.markdown_all({"toy": out["toy"]}) == ["## Toy", "3"]
+    schema = hooks.report_schema(json.loads(SCHEMA_FILE.read_text()))
+    assert "toy" in schema["required"] and schema["$defs"]["toy"] == json_schema(Toy)
+    v = jsonschema.Draft202012Validator({"$defs": schema["$defs"], "$ref": "#/$defs/toy"})
+    assert not list(v.iter_errors(out["toy"]))
+    assert list(v.iter_errors({**out["toy"], "count": -1}))
