@@ -29,9 +29,10 @@ from dataclasses import dataclass
 import torch
 
 from diag.diagnoses.protocol import Context, Diagnosis
-from diag.diagnoses.typed import CI95, COUNT, RATE, meta, to_json
+from diag.diagnoses.typed import CI95, COUNT, RATE, from_json, meta, to_json
 from diag.report.sections.cells import f
 from diag.report.views import quoted
+from diag.run.eval_cache import cached_pass_json
 from diag.run.verdicts.record import Verdict
 from diag.stats import bootstrap_ci
 
@@ -122,8 +123,10 @@ class NearTies(Diagnosis):
         if final is None or ctx.head is None or not tp.sequences:
             return None
         ev = ctx.inp.case.evaluate
-        return near_ties_section(tp.sequences, final, ctx.head, ctx.inp.tokenizer.decode,
-                                 seed=ev.seed, n_boot=ev.bootstrap)
+        params = {"margin": MARGIN, "seed": ev.seed, "n_boot": ev.bootstrap}     # a repeat run reads no lm_head
+        found = cached_pass_json(ctx.cache, ctx.inp.regimes[0], self.name, params, lambda: to_json(near_ties_section(
+            tp.sequences, final, ctx.head, ctx.inp.tokenizer.decode, seed=ev.seed, n_boot=ev.bootstrap)))
+        return from_json(NearTiesSection, found)
 
     def verdicts(self, sec: NearTiesSection) -> list[Verdict]:
         if sec.per_continuation is None or sec.per_continuation < NOTE_PER_CONTINUATION:

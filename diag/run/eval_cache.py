@@ -186,41 +186,48 @@ def load_entry(key, variant: Variant) -> tuple[VariantResult | None, str | None]
                          list(meta["categories"])), None
 
 
-# ---- the target's output health (target/output_health.py) ----------------------------------
+# ---- results computed from one pass alone (output health, the near-ties diagnosis) ---------
 
-HEALTH_FORMAT = "diag-output-health-v1"
+PASS_RESULT_FORMAT = "diag-pass-result-v1"
+
+
+def cached_pass_json(cache: EvalCache | None, regime: str, name: str, params: dict, compute) -> dict:
+    """compute() -> a JSON-able dict computed from the `regime` pass (and the target's lm_head,
+    which a repeat run must not read: Kimi's is 2.3 GB), from its entry when this pass had it
+    computed before with the same params. Key: format, name, params, the pass digest (the
+    target's content is in it), the versions. Entry: $DIAG_CACHE_DIR/evals/<name>-<digest>.json
+    {format, key, result, check}; a damaged entry or one under another key is computed again
+    with a note, never believed."""
+    if cache is None:
+        return compute()
+    key = [["format", PASS_RESULT_FORMAT], ["name", name], ["diag", diag.__version__], ["torch", torch.__version__],
+           ["pass", cache.regime_passes[regime]], ["params", json.dumps(params, sort_keys=True)]]
+    path = cache_root() / "evals" / f"{name}-{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:32]}.json"
+    try:
+        entry = json.loads(path.read_text())
+        if entry["key"] == key and entry["check"] == _check(entry["result"]):
+            return entry["result"]
+        cache.notes.append(f"cache entry {path.name} failed its check or was written under another key; "
+                           f"the {name} of the target pass was computed again")
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError, KeyError, TypeError):
+        cache.notes.append(f"cache entry {path.name} is unreadable; the {name} of the target pass was computed again")
+    result = compute()
+    _write_json(path, {"format": PASS_RESULT_FORMAT, "key": key, "result": result, "check": _check(result)})
+    return result
 
 
 def cached_output_health(cache: EvalCache | None, regime: str, tp, head, vocab_size: int):
-    """output_health of the reference pass, from its entry when this pass had it computed
-    before: its prompt fit reads the whole lm_head (Kimi: 2.3 GB), which a repeat run must
-    not. Key: the pass digest (the target's content is in it), vocab_size, the versions.
-    Entry: $DIAG_CACHE_DIR/evals/health-<digest>.json {format, key, health, check}."""
+    """output_health of the reference pass (target/output_health.py): its prompt fit reads the
+    whole lm_head, so a repeat run takes it from the pass's entry."""
     from dataclasses import asdict
 
     from diag.target.output_health import OutputHealth, output_health
 
-    def compute():
-        return output_health(tp.sequences, tp.states.get("final"), head, vocab_size)
-    if cache is None:
-        return compute()
-    key = [["format", HEALTH_FORMAT], ["diag", diag.__version__], ["torch", torch.__version__],
-           ["pass", cache.regime_passes[regime]], ["vocab_size", str(vocab_size)]]
-    path = cache_root() / "evals" / f"health-{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:32]}.json"
-    try:
-        entry = json.loads(path.read_text())
-        if entry["key"] == key and entry["check"] == _check(entry["health"]):
-            return OutputHealth(**entry["health"])
-        cache.notes.append(f"cache entry {path.name} failed its check or was written under another key; "
-                           "the target's output health was computed again")
-    except FileNotFoundError:
-        pass
-    except (OSError, ValueError, KeyError, TypeError):
-        cache.notes.append(f"cache entry {path.name} is unreadable; the target's output health was computed again")
-    health = compute()
-    _write_json(path, {"format": HEALTH_FORMAT, "key": key, "health": asdict(health),
-                       "check": _check(asdict(health))})
-    return health
+    fields = cached_pass_json(cache, regime, "output-health", {"vocab_size": vocab_size},
+                              lambda: asdict(output_health(tp.sequences, tp.states.get("final"), head, vocab_size)))
+    return OutputHealth(**fields)
 
 
 def _check(fields: dict) -> str:
