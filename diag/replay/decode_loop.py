@@ -278,17 +278,44 @@ class DecodeLoop:
             self._commit(st, tkv, t, res, scored)
 
     def _accept(self, st, t, scored):
-        probs = probabilities(scored.logits.to(self.dev), self.decoding)             # [B, D, V]
-        S, D = self.shape.num_steps, self.shape.num_draft_tokens
+        """The rule's walk and expectation on probabilities computed only where they are read:
+        at every node with a child (the walk and P(a >= d) read nothing else), then at the node
+        each walk ended on when it is a leaf (its bonus), whose rows are walked again (a row's
+        walk depends on its own coins only). Example, chain-3 accepting 1: nodes 0..2 computed,
+        node 3 never; accepting 3: node 3 computed and that row re-walked."""
+        logits = scored.logits.to(self.dev)                                         # [B, D, V]
+        B, D, V = logits.shape
+        S = self.shape.num_steps
         keys = torch.tensor([st.out[i].prompt for i in st.active.tolist()], dtype=torch.long, device=self.dev)
         coins = self._coins(keys, st.lane_of, st.root, D + 1)
         d = self.decoding
         ts, ta = (1.0, 1.0) if d.greedy else (d.threshold_single, d.threshold_acc)
-        res = self.rule.verify(t["tokens"], t["parents"], t["valid"], probs, coins[:, :D], coins[:, D], S,
-                               threshold_single=ts, threshold_acc=ta)
-        exp = self.rule.expected(t["tokens"], t["parents"], t["valid"], probs, t["depths"], S,
+        node = t["valid"] & (t["parents"] >= 0)
+        ids = torch.arange(D, device=self.dev)
+        has_child = ((t["parents"][:, None, :] == ids[None, :, None]) & node[:, None, :]).any(-1)   # [B, D]
+        probs = logits.new_zeros(B * D, V)
+        self._fill(probs, logits, has_child.reshape(-1))
+        res = self.rule.verify(t["tokens"], t["parents"], t["valid"], probs.view(B, D, V), coins[:, :D],
+                               coins[:, D], S, threshold_single=ts, threshold_acc=ta)
+        last = res.path.to(self.dev).gather(1, res.accepted.to(self.dev)[:, None])[:, 0]    # [B]
+        leaf = torch.nonzero(~has_child.gather(1, last[:, None])[:, 0])[:, 0]
+        if leaf.numel():
+            at = torch.zeros(B * D, dtype=torch.bool, device=self.dev)
+            at[leaf * D + last[leaf]] = True
+            self._fill(probs, logits, at)
+            again = self.rule.verify(t["tokens"][leaf], t["parents"][leaf], t["valid"][leaf],
+                                     probs.view(B, D, V)[leaf], coins[leaf, :D], coins[leaf, D], S,
+                                     threshold_single=ts, threshold_acc=ta)
+            res.bonus[leaf.to(res.bonus.device)] = again.bonus
+        exp = self.rule.expected(t["tokens"], t["parents"], t["valid"], probs.view(B, D, V), t["depths"], S,
                                  threshold_single=ts, threshold_acc=ta)
         return res, exp
+
+    def _fill(self, probs: torch.Tensor, logits: torch.Tensor, at: torch.Tensor) -> None:
+        """probs [B*D, V] at the flat node rows `at` [B*D] := the decoding's probabilities there."""
+        rows = torch.nonzero(at)[:, 0]
+        if rows.numel():
+            probs[rows] = probabilities(logits.reshape(-1, logits.shape[-1])[rows], self.decoding)
 
     def _record(self, st, res, exp):
         acc, e, roots = res.accepted.tolist(), exp.tolist(), st.root.tolist()
