@@ -58,3 +58,11 @@ def test_bench_gpu_refuses_an_unknown_section(tmp_path):
     from diag.bench.gpu import run
     with pytest.raises(ValueError, match="unknown bench sections"):
         run(tmp_path / "g.json", tmp_path, sections=("sampling",))
+
+
+def test_the_trained_pairs_goals_are_the_cpus():
+    sec = {"worst_cost_over_draft_tokens": 0.8, "demo_sampled_minus_demo_seconds": 31.5}
+    lines = "\n".join(goal_lines({"kind": "cpu", "sections": {"sampled_trained": sec}}))
+    assert "| demo-sampled minus the cached demo, side by side (s) | 31.5 | <= 30 | NOT met |" in lines
+    assert "worst tree | 0.8 | <= 1.0 | met |" in lines
+    assert "demo-sampled" not in "\n".join(goal_lines({"kind": "gpu", "sections": {"sampled_trained": sec}}))

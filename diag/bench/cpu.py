@@ -3,7 +3,8 @@ same measurements as the GPU run where they make sense on a CPU: capture-pass to
 (diag's eager packed loop), batched drafter replay (3 layouts x 6 trees) against the
 measured fp32 matmul rate, the naive loop's speed ratio, and the sampled decode loop
 (3 layouts x 6 trees over 32 prompts) against the teacher-forced pass on the same tokens. The numbers describe diag's
-overheads at toy widths, not Kimi speed.
+overheads at toy widths, not Kimi speed. `sampled` also runs the loop on the zoo's trained demo
+pair per tree shape, and the demo beside demo-sampled (bench/sampled_zoo.py).
 `load` writes a larger Kimi-shaped target (LOAD_WIDTHS, 3 layers, 1.38 GB) and measures
 diag's load into CPU memory against the raw read of the same files, and the first run's
 load (the content digest in the same read) beside them (bench/load.py; only these files'
@@ -60,6 +61,10 @@ def run(out: Path, workdir: Path, *, layers: int = 4, num_seqs: int = 8, seq_len
         from diag.bench.zoo import zoo_build_bench
         section(res, "zoo", lambda: zoo_build_bench(workdir / "zoo"))
         save(res, out)
+    if "sampled" in sections:                       # the trained zoo pair, and demo beside demo-sampled
+        from diag.bench.sampled_zoo import zoo_sampled_bench
+        section(res, "sampled_trained", zoo_sampled_bench)
+        save(res, out)
     if not set(sections) & {"target", "drafter", "naive", "sampled", "e2e"}:
         return save(res, out) and res
     ks = kimi_shaped(workdir, layers=layers, widths=SMALL, drafter_widths=SMALL_DRAFTER)
@@ -78,10 +83,8 @@ def run(out: Path, workdir: Path, *, layers: int = 4, num_seqs: int = 8, seq_len
     def target():
         row, st["tp"] = capture_throughput(model, seqs, points, 4096)
         return row
-    section(res, "target_pass", target)
     embed, head = model.get_input_embeddings(), model.get_output_embeddings()
-    rp = section(res, "drafter", lambda: replay_bench(drafter, embed, head, st["tp"], lays, peak,
-                                                      token_budget=1024))
+    rp = {}                                                         # the drafter section's row
 
     def naive():
         out = naive_loop(model, drafter, embed, seqs[0].ids, lays[0], prompt_len=prompt_len, positions=8)
@@ -90,7 +93,11 @@ def run(out: Path, workdir: Path, *, layers: int = 4, num_seqs: int = 8, seq_len
         out.update({"batched_seconds_per_position": batched,
                     "speedup_over_naive": out["seconds_per_position"] / batched})
         return out
-    section(res, "naive", naive)
+    if set(sections) & {"target", "drafter", "naive"}:      # naive needs the other two
+        section(res, "target_pass", target)
+        rp = section(res, "drafter", lambda: replay_bench(drafter, embed, head, st["tp"], lays, peak,
+                                                          token_budget=1024))
+        section(res, "naive", naive)
     if "sampled" in sections:
         prompts = bench_prompts(sampled_prompts, prompt_len, SMALL["vocab_size"])
         trees = {"trees": tuple(sampled_trees)} if sampled_trees else {}

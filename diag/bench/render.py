@@ -26,6 +26,10 @@ GOALS = (  # (text, section, key path, comparison, threshold); "rows>=8192": the
     ("resident / checkpoint bytes", "checkpoint_load", ("resident_over_checkpoint",), "<=", 1.15),
     ("sampled loop cost / (num_draft_tokens x greedy pass), worst tree", "sampled",
      ("worst_cost_over_draft_tokens",), "<=", 1.0),
+    ("trained zoo pair: sampled loop cost / (num_draft_tokens x greedy pass), worst tree", "sampled_trained",
+     ("worst_cost_over_draft_tokens",), "<=", 1.0),
+    ("demo-sampled minus the cached demo, side by side (s)", "sampled_trained",
+     ("demo_sampled_minus_demo_seconds",), "<=", 30),
     ("zoo: the demo's checkpoints from an empty cache (s, 2 cores)", "zoo", ("demo_seconds",), "<=", 180),
     ("zoo: the whole zoo from an empty cache (s, 2 cores)", "zoo", ("whole_seconds",), "<=", 300),
 )
@@ -44,7 +48,7 @@ def _value(sec: dict, path: tuple):
     return sec
 
 
-CPU_GOALS = {"zoo"}     # the sections whose goals are the CPU's; every other goal is the GPU's
+CPU_GOALS = {"zoo", "sampled_trained"}     # the sections whose goals are the CPU's; every other goal is the GPU's
 ANY_KIND = {("load", "plain_over_raw"), ("load", "first_run_over_plain"),     # both machines' goals
             ("e2e", "cached"), ("e2e", "one_more_layout")}
 

@@ -7,6 +7,7 @@ Per tree shape it reports
   cost_in_passes         seconds of one sampled evaluation (one layout x tree, all prompts, one
                          seed) / seconds of one teacher-forced pass over its sequences; the goal
                          is <= num_draft_tokens (one verify of D tokens per emitted token at worst)
+  cost_in_passes_cpu     the same ratio of this process's CPU seconds (steadier on a shared machine)
   phases                 where the loop's time goes: prefill, draft, verify_forward, accept
                          (probabilities, the tree walk, the exact expectation), commit, retire
   limit                  the phase that takes the most time
@@ -38,20 +39,20 @@ def _one_tree(model, drafter, embed, head, lays, shape, prompts, max_new, token_
                       eos_ids=set(), profile=True)
     rows = [(li, p) for li in range(len(lanes)) for p in range(len(prompts))]
     sync()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     out = loop.run(prompts, rows, max_new)
     sync()
-    seconds = time.perf_counter() - t0
+    seconds, cpu_s = time.perf_counter() - t0, time.process_time() - c0
     emitted = sum(len(o.ids) - len(prompts[o.prompt]) for o in out)
     seqs = [Sequence(f"r{i}", "bench", len(prompts[o.prompt]), torch.tensor(o.ids)) for i, o in enumerate(out)
             if o.lane is lanes[0]]
     points = tuple(dict.fromkeys(union_points([layout(n) for n in lays]) + (CapturePoint("final"),)))
     run_capture(model, seqs[:2], points, regime="bench", token_budget=token_budget, progress=False)  # warm-up
     sync()
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
     run_capture(model, seqs, points, regime="bench", token_budget=token_budget, progress=False)
     sync()
-    pass_s = time.perf_counter() - t1
+    pass_s, pass_cpu = time.perf_counter() - t1, time.process_time() - c1
     pass_tokens = sum(len(s.ids) for s in seqs)
     rounds = sum(len(o.accepted) for o in out)
     phases = {k: round(v, 4) for k, v in loop.seconds.items()}
@@ -62,6 +63,7 @@ def _one_tree(model, drafter, embed, head, lays, shape, prompts, max_new, token_
             "accept_length": (emitted / rounds) if rounds else None,
             "pass_seconds": pass_s, "pass_tokens": pass_tokens, "pass_tokens_per_second": pass_tokens / pass_s,
             "cost_in_passes": seconds / len(lanes) / pass_s,
+            "cpu_seconds": cpu_s, "pass_cpu_seconds": pass_cpu, "cost_in_passes_cpu": cpu_s / len(lanes) / pass_cpu,
             "goal_met": seconds / len(lanes) / pass_s <= shape.num_draft_tokens,
             "phases": phases, "limit": max(phases, key=phases.get) if phases else None}
 

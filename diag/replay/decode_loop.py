@@ -36,8 +36,8 @@ from diag.drafter.incremental import DraftKV, cache_dims, draft_tree, extend
 from diag.engines.decoding import Decoding
 from diag.layouts import CapturePoint, Layout, union_points
 from diag.replay.replay import Variant, _on, default_tables, draft_head
-from diag.replay.sampling import sample, target_probs, uniforms
-from diag.replay.verifiers import sampled_rule
+from diag.replay.sampling import SampledRound, sample, target_probs, uniforms
+from diag.replay.verifiers import SampledRule, sampled_rule
 from diag.target.passes import pad_right
 from diag.target.tree_forward import commit, prefill, select_rows, verify_forward
 from diag.trees import TreeShape
@@ -105,6 +105,46 @@ def probabilities(logits: torch.Tensor, decoding: Decoding) -> torch.Tensor:
 def _at_nodes(t: torch.Tensor, node: torch.Tensor) -> torch.Tensor:
     """t [B, D, H], node [B, N] -> t at those nodes [B, N, H]."""
     return t.gather(1, node.to(t.device)[..., None].expand(*node.shape, t.shape[-1]))
+
+
+def _fill(probs: torch.Tensor, logits: torch.Tensor, at: torch.Tensor, decoding: Decoding) -> None:
+    """probs [B*D, V] at the flat node rows `at` [B*D] := the decoding's probabilities there."""
+    rows = torch.nonzero(at)[:, 0]
+    if rows.numel():
+        probs[rows] = probabilities(logits.reshape(-1, logits.shape[-1])[rows], decoding)
+
+
+def accept_round(rule: SampledRule, t: dict, logits: torch.Tensor, decoding: Decoding, coins: torch.Tensor,
+                 num_steps: int) -> tuple[SampledRound, torch.Tensor]:
+    """The rule's walk and exact P(a >= d) for one round: t the tree (tokens, parents, valid,
+    depths [B, D]), logits [B, D, V], coins [B, D + 1] (the last one the bonus's). Probabilities
+    are computed only where they are read: at every node with a child (the walk and the
+    expectation read nothing else), then at the node each walk ended on when it is a leaf (its
+    bonus), whose rows are walked again (a row's walk depends on its own coins only). The same
+    result as the rule on every node's probabilities. Example, chain-3 (D 4): nodes 0..2 are
+    computed; a row that accepts 3 ends on leaf 3, which is computed and that row re-walked."""
+    B, D, V = logits.shape
+    ts, ta = (1.0, 1.0) if decoding.greedy else (decoding.threshold_single, decoding.threshold_acc)
+    tokens, parents, valid = t["tokens"], t["parents"], t["valid"]
+    node = valid & (parents >= 0)
+    ids = torch.arange(D, device=logits.device)
+    has_child = ((parents[:, None, :] == ids[None, :, None]) & node[:, None, :]).any(-1)   # [B, D]
+    probs = logits.new_zeros(B * D, V, dtype=torch.float32)
+    _fill(probs, logits, has_child.reshape(-1), decoding)
+    res = rule.verify(tokens, parents, valid, probs.view(B, D, V), coins[:, :D], coins[:, D], num_steps,
+                      threshold_single=ts, threshold_acc=ta)
+    last = res.path.to(logits.device).gather(1, res.accepted.to(logits.device)[:, None])[:, 0]    # [B]
+    leaf = torch.nonzero(~has_child.gather(1, last[:, None])[:, 0])[:, 0]
+    if leaf.numel():
+        at = torch.zeros(B * D, dtype=torch.bool, device=logits.device)
+        at[leaf * D + last[leaf]] = True
+        _fill(probs, logits, at, decoding)
+        again = rule.verify(tokens[leaf], parents[leaf], valid[leaf], probs.view(B, D, V)[leaf], coins[leaf, :D],
+                            coins[leaf, D], num_steps, threshold_single=ts, threshold_acc=ta)
+        res.bonus[leaf.to(res.bonus.device)] = again.bonus
+    exp = rule.expected(tokens, parents, valid, probs.view(B, D, V), t["depths"], num_steps,
+                        threshold_single=ts, threshold_acc=ta)
+    return res, exp
 
 
 class DecodeLoop:
@@ -278,17 +318,10 @@ class DecodeLoop:
             self._commit(st, tkv, t, res, scored)
 
     def _accept(self, st, t, scored):
-        probs = probabilities(scored.logits.to(self.dev), self.decoding)             # [B, D, V]
-        S, D = self.shape.num_steps, self.shape.num_draft_tokens
+        D = self.shape.num_draft_tokens
         keys = torch.tensor([st.out[i].prompt for i in st.active.tolist()], dtype=torch.long, device=self.dev)
         coins = self._coins(keys, st.lane_of, st.root, D + 1)
-        d = self.decoding
-        ts, ta = (1.0, 1.0) if d.greedy else (d.threshold_single, d.threshold_acc)
-        res = self.rule.verify(t["tokens"], t["parents"], t["valid"], probs, coins[:, :D], coins[:, D], S,
-                               threshold_single=ts, threshold_acc=ta)
-        exp = self.rule.expected(t["tokens"], t["parents"], t["valid"], probs, t["depths"], S,
-                                 threshold_single=ts, threshold_acc=ta)
-        return res, exp
+        return accept_round(self.rule, t, scored.logits.to(self.dev), self.decoding, coins, self.shape.num_steps)
 
     def _record(self, st, res, exp):
         acc, e, roots = res.accepted.tolist(), exp.tolist(), st.root.tolist()

@@ -1,0 +1,105 @@
+"""The decode loop's fast paths compute what the plain ones do: the accept step with
+probabilities only where the walk reads them, numpy's sort for the top-p pivot, and the
+shortest-prompt-first batches."""
+
+import pytest
+import torch
+
+from diag.engines.decoding import GREEDY, sampled
+from diag.replay.decode_loop import accept_round, probabilities
+from diag.replay.sampling import _ascending, renorm_top_p
+from diag.replay.verifiers import sampled_rule
+from diag.run.sampled import _batches
+from diag.trees import tree_shape
+
+TREE = ([-1, 0, 0, 1, 1, 2, 3, 3], [0, 1, 1, 2, 2, 2, 3, 3])     # parents, depths: 3 steps, 8 nodes
+CHAIN = ([-1, 0, 1, 2], [0, 1, 2, 3])
+
+
+def _round(parents, depths, B, V, g, invalid_tail=False):
+    D = len(parents)
+    par = torch.tensor(parents).expand(B, D).clone()
+    dep = torch.tensor(depths).expand(B, D).clone()
+    valid = torch.ones(B, D, dtype=torch.bool)
+    if invalid_tail:                                   # some rows lose their last node: padding
+        cut = torch.rand(B, generator=g) < 0.5
+        valid[cut, -1] = False
+        par[cut, -1] = -1
+        dep[cut, -1] = 0
+    logits = torch.randn(B, D, V, generator=g) * 6
+    # drafts the target likes half of the time, so walks go deep and end on leaves too
+    best = logits.argmax(-1)
+    tokens = torch.randint(0, V, (B, D), generator=g)
+    like = torch.rand(B, D, generator=g) < 0.9
+    at_parent = best.gather(1, par.clamp(min=0))
+    tokens = torch.where(like, at_parent, tokens)
+    t = {"tokens": tokens, "parents": par, "valid": valid, "depths": dep}
+    return t, logits, torch.rand(B, D + 1, generator=g)
+
+
+@pytest.mark.parametrize("rule_name,shape", [("tree-target-only", TREE), ("tree-target-only", CHAIN),
+                                             ("chain-rejection", CHAIN)])
+@pytest.mark.parametrize("decoding", [sampled(1.0, 0.95), sampled(0.7, 1.0, top_k=20), GREEDY])
+def test_accept_round_equals_the_rule_on_every_nodes_probabilities(rule_name, shape, decoding):
+    g = torch.Generator().manual_seed(3)
+    rule = sampled_rule(rule_name)
+    t, logits, coins = _round(*shape, B=64, V=50, g=g, invalid_tail=rule_name != "chain-rejection")
+    S = max(shape[1])
+    res, exp = accept_round(rule, t, logits, decoding, coins, S)
+    probs = probabilities(logits, decoding)
+    ts, ta = (1.0, 1.0) if decoding.greedy else (decoding.threshold_single, decoding.threshold_acc)
+    want = rule.verify(t["tokens"], t["parents"], t["valid"], probs, coins[:, :-1], coins[:, -1], S,
+                       threshold_single=ts, threshold_acc=ta)
+    want_exp = rule.expected(t["tokens"], t["parents"], t["valid"], probs, t["depths"], S,
+                             threshold_single=ts, threshold_acc=ta)
+    assert torch.equal(res.accepted, want.accepted) and torch.equal(res.path, want.path)
+    assert torch.equal(res.bonus, want.bonus)
+    assert torch.equal(exp, want_exp)
+    last = want.path.gather(1, want.accepted[:, None])[:, 0]
+    ends_on_leaf = ~(t["parents"] == last[:, None]).any(-1)
+    assert 0 < int(ends_on_leaf.sum()) < len(last)     # both kinds of rows: the re-walk ran
+
+
+def test_accept_round_with_thresholds():
+    g = torch.Generator().manual_seed(5)
+    rule = sampled_rule("tree-target-only")
+    dec = sampled(1.0, 0.95, threshold_single=0.5, threshold_acc=0.6)
+    t, logits, coins = _round(*TREE, B=64, V=40, g=g)
+    res, exp = accept_round(rule, t, logits, dec, coins, 3)
+    probs = probabilities(logits, dec)
+    want = rule.verify(t["tokens"], t["parents"], t["valid"], probs, coins[:, :-1], coins[:, -1], 3,
+                       threshold_single=0.5, threshold_acc=0.6)
+    assert torch.equal(res.bonus, want.bonus) and torch.equal(res.path, want.path)
+    assert torch.equal(exp, rule.expected(t["tokens"], t["parents"], t["valid"], probs, t["depths"], 3,
+                                          threshold_single=0.5, threshold_acc=0.6))
+
+
+def test_numpy_sort_gives_torch_sorts_values_and_the_same_pivot():
+    g = torch.Generator().manual_seed(1)
+    p = torch.softmax(torch.randn(300, 2048, generator=g) * 2, -1)
+    p[0] = 1 / 2048                                      # all tied
+    p[1, :1000] = 0.0                                    # zeros
+    assert torch.equal(_ascending(p), torch.sort(p, dim=-1).values)
+    kept = renorm_top_p(p, 0.95)
+    asc = torch.sort(p, dim=-1).values
+    cut = torch.searchsorted(torch.cumsum(asc, -1).contiguous(), torch.full((300, 1), 1 - 0.95),
+                             right=False).clamp(max=2047)
+    pivot = asc.gather(-1, cut)
+    ref = torch.where(p >= pivot, p, torch.zeros_like(p))
+    assert torch.equal(kept, ref / ref.sum(-1, keepdim=True))
+
+
+def test_batches_go_shortest_prompt_first_with_every_lane_of_a_prompt_together():
+    lens = [300, 40, 40, 300]                            # prompts 1, 2 short; 0, 3 long
+    rows = [(li, p) for li in range(75) for p in range(4)]
+    shape = tree_shape("chain-3")                        # D 4: a row costs len + 64 + 8 tokens
+    out = _batches(rows, lens, shape, 64, 16384)
+    flat = [r for b in out for r in b]
+    assert sorted(flat) == sorted(rows)
+    assert [lens[p] for _, p in flat] == sorted(lens[p] for _, p in flat)
+    for b in out:
+        assert len(b) * (max(lens[p] for _, p in b) + 64 + 8) <= 16384
+    # 150 short rows: 146 fit (16384 // 112); 4 short + 40 long (16384 // 372 = 44), then 44, 44, 22 long
+    assert [len(b) for b in out] == [146, 44, 44, 44, 22]
+    firsts = [flat.index((li, 1)) for li in range(75)]
+    assert firsts == sorted(firsts) and max(firsts) - min(firsts) == 74     # prompt 1's lanes in a run
