@@ -30,7 +30,8 @@ from typing import Callable
 
 import torch
 
-from diag.replay.replay import eval_roots
+from diag.replay.replay import seq_roots
+from diag.replay.round_accounting import ACCOUNTINGS, RoundAccounting
 from diag.replay.verify import target_next_windows, trajectory
 from diag.stats import bootstrap_ci
 
@@ -49,12 +50,15 @@ def continuation_targets(tp, i: int) -> torch.Tensor:
     return tp.argmax[i][s.prompt_len - 1:s.emitted - 1]
 
 
-def perfect_rounds(tp, i: int, covered: torch.Tensor, num_steps: int, max_steps: int) -> list[int]:
+def perfect_rounds(tp, i: int, covered: torch.Tensor, num_steps: int, max_steps: int,
+                   accounting: RoundAccounting = ACCOUNTINGS["window"]) -> list[int]:
     """Trajectory rounds of a perfect-within-vocabulary drafter on sequence i: per root j the
-    leading covered tokens of t_{j+2..j+1+S}. Roots as replay's (eval_roots), so the rounds
-    are the ones the served drafter is scored on. Window [7, 3, 9] with 3 uncovered -> 1."""
+    leading covered tokens of t_{j+2..j+1+S}. Roots as replay's (seq_roots under the engine's
+    round accounting), so the rounds are the ones the served drafter is scored on, the last
+    rounds of a request scored on the target's lookahead past its end under "to-end".
+    Window [7, 3, 9] with 3 uncovered -> 1."""
     s = tp.sequences[i]
-    roots = list(eval_roots(s.prompt_len, len(s.ids), max_steps))
+    roots = list(seq_roots(s, max_steps, accounting))
     if not roots:
         return []
     win = target_next_windows(tp.argmax[i], num_steps)[roots]                   # [R, S]
@@ -89,12 +93,13 @@ def _share(pairs: list[tuple[int, int]], seed: int, n_boot: int) -> dict:
     return {"share": bad / total, "ci95": [lo, hi], "count": bad, "of": total}
 
 
-def _group(tp, covered, num_steps, max_steps, idx: list[int], seed: int, n_boot: int) -> dict:
+def _group(tp, covered, num_steps, max_steps, idx: list[int], seed: int, n_boot: int,
+           accounting: RoundAccounting) -> dict:
     pairs, rounds = [], []
     for i in idx:
         toks = continuation_targets(tp, i)
         pairs.append((int((~covered[toks]).sum()), len(toks)))
-        rounds.extend(perfect_rounds(tp, i, covered, num_steps, max_steps))
+        rounds.extend(perfect_rounds(tp, i, covered, num_steps, max_steps, accounting))
     out = {"uncovered": _share(pairs, seed, n_boot)}
     u = out["uncovered"]["share"]
     out["ceiling_formula"] = None if u is None else ceiling(u, num_steps)
@@ -103,9 +108,11 @@ def _group(tp, covered, num_steps, max_steps, idx: list[int], seed: int, n_boot:
 
 
 def coverage_section(tp, t2d: torch.Tensor, evaluation, decode: Callable[[list[int]], str], *,
-                     max_steps: int, seed: int, n_boot: int) -> dict:
+                     max_steps: int, seed: int, n_boot: int,
+                     accounting: RoundAccounting = ACCOUNTINGS["window"]) -> dict:
     """`tp`: the reference pass; `evaluation`: the served drafter on the trained layout and
-    primary tree (its rejections are classified); `max_steps`: the run's deepest tree."""
+    primary tree (its rejections are classified); `max_steps`: the run's deepest tree;
+    `accounting`: the rounds the served engine counts (replay/round_accounting.py)."""
     covered = t2d.to(torch.bool).cpu()
     S = evaluation.shape.num_steps
     cats: dict[str, list[int]] = {}
@@ -117,12 +124,12 @@ def coverage_section(tp, t2d: torch.Tensor, evaluation, decode: Callable[[list[i
         counts.update(toks[~covered[toks]].tolist())
     total = sum(len(continuation_targets(tp, i)) for i in range(len(tp.sequences)))
     rej = rejected_uncovered(tp, evaluation, covered)
-    by_cat = {c: {"prompts": len(idx), **_group(tp, covered, S, max_steps, idx, seed, n_boot),
+    by_cat = {c: {"prompts": len(idx), **_group(tp, covered, S, max_steps, idx, seed, n_boot, accounting),
                   "rejected_at_uncovered": _share([rej[i] for i in idx], seed, n_boot)}
               for c, idx in sorted(cats.items())}
     return {"layout": evaluation.layout, "tree": evaluation.tree, "num_steps": S,
             "hot_vocabulary": int(covered.sum()), "vocabulary": int(covered.numel()),
-            **_group(tp, covered, S, max_steps, list(range(len(tp.sequences))), seed, n_boot),
+            **_group(tp, covered, S, max_steps, list(range(len(tp.sequences))), seed, n_boot, accounting),
             "rejected_at_uncovered": _share(rej, seed, n_boot),
             "accept_length": evaluation.accept_length,
             "top_uncovered": [{"token": t, "text": decode([t]), "count": n, "share": n / max(total, 1)}

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 
 from diag.replay.evaluation import one, summarize
 from diag.replay.replay import Variant, replay
+from diag.replay.round_accounting import accounting_for
 from diag.run.coverage import coverage_section
+from diag.run.inputs import round_accounting
 from diag.run.long_context import long_context_section
 from diag.run.loops import loop_section
 from diag.run.rendering_section import rendering_section
@@ -55,7 +57,8 @@ def prompt_sections(inp, reference, layout: str | None, evals, passes, extra, dr
     coverage = loops = None
     if served is not None and served.mode == "eagle3":
         coverage = coverage_section(tp, drafter.t2d, served, decode, max_steps=max(s.num_steps for s in inp.shapes),
-                                    seed=ev.seed, n_boot=ev.bootstrap)
+                                    seed=ev.seed, n_boot=ev.bootstrap,
+                                    accounting=accounting_for(round_accounting(inp.case)))
         loops = loop_section(tp.sequences, served, decode, seed=ev.seed, n_boot=ev.bootstrap)
     long_ctx = None
     if LONG_CONTEXT in extra:
