@@ -58,7 +58,7 @@ def test_roots_never_pass_what_the_ids_can_verify():
 
 def test_accounting_is_the_engines_rule():
     from diag.engines import engine, rules
-    for name, want in (("vllm-0.32.0", VLLM), ("vllm-0.8.5", VLLM), ("sglang-0.5.23", WINDOW)):
+    for name, want in (("vllm-0.32.0", VLLM), ("vllm-0.8.5", VLLM), ("sglang-0.5.23", VLLM), ("sglang-0.5.6", VLLM)):
         assert accounting_for(rules(name).round_accounting(engine(name))) is want, name
     with pytest.raises(DiagError, match="no such round accounting"):
         accounting_for("tensorrt-llm")
