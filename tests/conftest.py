@@ -22,3 +22,32 @@ def sigint_delivered():
     """SIGINT raises KeyboardInterrupt in the test, however the suite was started (signals.py)."""
     with signals.delivered():
         yield
+
+
+# ---- vLLM servers started ahead of the tests that name them (tests/vllm_server.py prestart) ----
+def _vllm_cells(item):
+    return [m.args[0] for m in item.iter_markers("vllm") if m.args]
+
+
+def pytest_collection_finish(session):
+    named = [(c.label, c.server_args) for item in session.items for c in _vllm_cells(item)]
+    if named and not session.config.option.collectonly:
+        import vllm_server
+        vllm_server.prestart(named)
+
+
+def pytest_runtest_teardown(item):
+    for c in _vllm_cells(item):
+        import vllm_server
+        vllm_server.release(c.label)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if "vllm_server" in sys.modules:
+        for line in sys.modules["vllm_server"].summary():
+            terminalreporter.write_line(line)
+
+
+def pytest_sessionfinish(session):
+    if "vllm_server" in sys.modules:
+        sys.modules["vllm_server"].shutdown()

