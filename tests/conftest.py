@@ -30,8 +30,15 @@ def _vllm_cells(item):
 
 
 def pytest_collection_finish(session):
+    """Work a test module can start early (a module-level start_in_background, e.g. test_installed's
+    venv) and the vLLM servers the selected tests name start now, in background threads."""
+    if session.config.option.collectonly:
+        return
+    for mod in dict.fromkeys(getattr(item, "module", None) for item in session.items):
+        if hasattr(mod, "start_in_background"):
+            mod.start_in_background()
     named = [(c.label, c.server_args) for item in session.items for c in _vllm_cells(item)]
-    if named and not session.config.option.collectonly:
+    if named:
         import vllm_server
         vllm_server.prestart(named)
 

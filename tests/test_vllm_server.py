@@ -77,13 +77,27 @@ http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
 '''
 
 
+@pytest.fixture
+def own_pool(monkeypatch):
+    """A pool and plan of this test's own (a session's planned servers are left alone); every
+    server started here is stopped after."""
+    pool = {}
+    monkeypatch.setattr(vs, "_POOL", pool)
+    monkeypatch.setattr(vs, "_PLAN", None)
+    yield pool
+    if vs._PLAN is not None:
+        vs._PLAN.shutdown()
+    for server in pool.values():
+        server.stop()
+
+
 def _fake_server_python(tmp_path):
     import sys
     (tmp_path / "fake_server.py").write_text(FAKE_SERVER)
     return _fake_python(tmp_path, f'exec {sys.executable} {tmp_path / "fake_server.py"} "$@"\n')
 
 
-def test_the_plan_starts_servers_ahead_in_order_and_stops_each_after_its_last_test(tmp_path, monkeypatch):
+def test_the_plan_starts_servers_ahead_in_order_and_stops_each_after_its_last_test(tmp_path, monkeypatch, own_pool):
     """Three servers named by tests in the order a, b, a, c with 2 ahead: a and b start in the
     background; the tests get them without starting anything; c starts only once a's last test
     released it; every server is stopped at the end."""
@@ -120,19 +134,17 @@ def test_the_plan_starts_servers_ahead_in_order_and_stops_each_after_its_last_te
         assert c.proc.poll() is None and [p.name for p, _ in started] == ["a", "b", "c"]
         assert vs.summary()[1].startswith("  a: ")
     finally:
-        vs.shutdown()
-        vs._PLAN = None
+        plan.shutdown()
+        for e in plan.entries:
+            if e.server is not None:
+                e.server.stop()
     assert all(e.server is None or e.server.proc.poll() is not None for e in plan.entries)
 
 
-def test_a_planned_server_that_fails_fails_its_test_with_the_cause(tmp_path, monkeypatch):
+def test_a_planned_server_that_fails_fails_its_test_with_the_cause(tmp_path, monkeypatch, own_pool):
     exe = _fake_python(tmp_path, "echo 'ValueError: No common block size'\nexit 3\n")
     monkeypatch.setenv("DIAG_VLLM_PYTHON", str(exe))
     kw = {"num_speculative_tokens": 3, "dtype": "float32", "extra_args": ()}
     vs.prestart([("x", lambda: (tmp_path / "t", tmp_path / "d", kw))], ahead=1)
-    try:
-        with pytest.raises(RuntimeError, match="exited with 3"):
-            vs.get_server(exe, tmp_path / "t", tmp_path / "d", **kw)
-    finally:
-        vs.shutdown()
-        vs._PLAN = None
+    with pytest.raises(RuntimeError, match="exited with 3"):
+        vs.get_server(exe, tmp_path / "t", tmp_path / "d", **kw)
