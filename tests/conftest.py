@@ -36,7 +36,7 @@ def pytest_collection_finish(session):
         return
     for mod in dict.fromkeys(getattr(item, "module", None) for item in session.items):
         if hasattr(mod, "start_in_background"):
-            mod.start_in_background()
+            mod.start_in_background(session)
     named = [(c.label, c.server_args) for item in session.items for c in _vllm_cells(item)]
     if named:
         import vllm_server
