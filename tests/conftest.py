@@ -24,7 +24,7 @@ def sigint_delivered():
         yield
 
 
-# ---- vLLM servers started ahead of the tests that name them (tests/vllm_server.py prestart) ----
+# ---- vLLM servers started ahead of the tests that name them (tests/vllm_prestart.py) ----
 def _vllm_cells(item):
     return [m.args[0] for m in item.iter_markers("vllm") if m.args]
 
@@ -39,19 +39,19 @@ def pytest_collection_finish(session):
             mod.start_in_background(session)
     named = [(c.label, c.server_args) for item in session.items for c in _vllm_cells(item)]
     if named:
-        import vllm_server
-        vllm_server.prestart(named)
+        import vllm_prestart
+        vllm_prestart.prestart(named)
 
 
 def pytest_runtest_teardown(item):
     for c in _vllm_cells(item):
-        import vllm_server
-        vllm_server.release(c.label)
+        import vllm_prestart
+        vllm_prestart.release(c.label)
 
 
 def pytest_terminal_summary(terminalreporter):
-    if "vllm_server" in sys.modules:
-        for line in sys.modules["vllm_server"].summary():
+    if "vllm_prestart" in sys.modules:
+        for line in sys.modules["vllm_prestart"].summary():
             terminalreporter.write_line(line)
 
 

@@ -19,7 +19,7 @@ once, each path once: the vLLM-ids pair at k = 3 (the literal reading; test_prob
 l1 as written at k = 1 (a layout the drafter was not trained on), nows at k = 5 (a draft
 vocabulary without whitespace), the think pair at k = 3 (its end-of-turn id from
 generation_config.json), bf16 at k = 3: 5 servers, started ahead while the rest of the suite
-runs (tests/vllm_server.py prestart). DIAG_VLLM_MATRIX=full runs every pair at every k
+runs (tests/vllm_prestart.py). DIAG_VLLM_MATRIX=full runs every pair at every k
 (short included) and the crash.
 """
 

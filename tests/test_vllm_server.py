@@ -7,6 +7,7 @@ import stat
 
 import pytest
 
+import vllm_prestart as vp
 import vllm_server as vs
 
 
@@ -114,7 +115,7 @@ def test_the_plan_starts_servers_ahead_in_order_and_stops_each_after_its_last_te
     monkeypatch.setattr(vs, "start", counting_start)
     args = {n: (tmp_path / n, None, {"num_speculative_tokens": 3, "dtype": "float32", "extra_args": ()})
             for n in "abc"}
-    plan = vs.prestart([(n, lambda n=n: args[n]) for n in "abac"], ahead=2)
+    plan = vp.prestart([(n, lambda n=n: args[n]) for n in "abac"], ahead=2)
     try:
         plan.resolved.wait(30)
         for _ in range(200):
@@ -124,15 +125,15 @@ def test_the_plan_starts_servers_ahead_in_order_and_stops_each_after_its_last_te
         assert [(str(p.name), t) for p, t in started] == [("a", "vllm-prestart"), ("b", "vllm-prestart")]
         a = vs.get_server(exe, *args["a"][:2], **args["a"][2])
         assert a.proc.poll() is None and len(started) == 2          # waited for, not started again
-        vs.release("a")                                             # a's first test: still in use
+        vp.release("a")                                             # a's first test: still in use
         assert a.proc.poll() is None and plan.by_label["c"].state == "queued"
         assert vs.get_server(exe, *args["b"][:2], **args["b"][2]).proc.poll() is None
-        vs.release("b")
-        vs.release("a")                                             # a's last test: stopped, c may start
+        vp.release("b")
+        vp.release("a")                                             # a's last test: stopped, c may start
         assert a.proc.wait(30) is not None
         c = vs.get_server(exe, *args["c"][:2], **args["c"][2])
         assert c.proc.poll() is None and [p.name for p, _ in started] == ["a", "b", "c"]
-        assert vs.summary()[1].startswith("  a: ")
+        assert vp.summary()[1].startswith("  a: ")
     finally:
         plan.shutdown()
         for e in plan.entries:
@@ -145,6 +146,6 @@ def test_a_planned_server_that_fails_fails_its_test_with_the_cause(tmp_path, mon
     exe = _fake_python(tmp_path, "echo 'ValueError: No common block size'\nexit 3\n")
     monkeypatch.setenv("DIAG_VLLM_PYTHON", str(exe))
     kw = {"num_speculative_tokens": 3, "dtype": "float32", "extra_args": ()}
-    vs.prestart([("x", lambda: (tmp_path / "t", tmp_path / "d", kw))], ahead=1)
+    vp.prestart([("x", lambda: (tmp_path / "t", tmp_path / "d", kw))], ahead=1)
     with pytest.raises(RuntimeError, match="exited with 3"):
         vs.get_server(exe, tmp_path / "t", tmp_path / "d", **kw)

@@ -96,7 +96,7 @@ def pair_label(pair: Pair) -> str:
 
 @dataclass(frozen=True)
 class Cell:
-    """One server a test names (@pytest.mark.vllm(Cell(...)), tests/vllm_server.py prestart):
+    """One server a test names (@pytest.mark.vllm(Cell(...)), tests/vllm_prestart.py):
     a pair served with k drafts in a dtype, --enforce-eager (EXTRA_ARGS)."""
     pair: Pair
     k: int = 3
