@@ -169,6 +169,12 @@ def markdown(data: dict) -> str:
         lines += [f"| {name} | {sec:.1f} |" for name, sec in ci["per_test_s"].items()]
     if "cold_install_s" in t:
         lines += ["", f"Cold venv build (tests/vllm_server.py build_venv, marker file): {t['cold_install_s']} s."]
+    if t.get("ci_budget"):
+        b = t["ci_budget"]
+        lines += ["", f"### What the engine-in-the-loop tests add to CI ({b['where']})", "", b["how"], "",
+                  "| part | before, s | after, s | |", "|---|---|---|---|"]
+        lines += [f"| {r['what']} | {r['before_s']} | {r['after_s']} | {r.get('note', '')} |" for r in b["rows"]]
+        lines += [""] + [f"- {x}" for x in b.get("notes", [])]
     lines += ["", "## Notes", ""] + [f"- {note}" for note in data.get("notes", [])]
     return "\n".join(lines) + "\n"
 
@@ -186,6 +192,7 @@ def main() -> int:
     ap.add_argument("--junit", type=Path, help="pytest junit XML of the CI run of tests/test_vllm_engine.py")
     ap.add_argument("--install-log", type=Path, help="the venv's marker file (its cold install seconds)")
     ap.add_argument("--note", action="append", default=[])
+    ap.add_argument("--ci-budget", type=Path, help="a JSON file: the CI time before / after (where, how, rows, notes)")
     ap.add_argument("--render-only", action="store_true")
     a = ap.parse_args()
     path = OUT_JSON
@@ -213,6 +220,8 @@ def main() -> int:
             vs.stop_all()
     if a.junit:
         data.setdefault("time", {})["ci_tests"] = ci_seconds(a.junit)
+    if a.ci_budget:
+        data.setdefault("time", {})["ci_budget"] = json.loads(a.ci_budget.read_text())
     if a.install_log:
         data.setdefault("time", {})["cold_install_s"] = json.loads(a.install_log.read_text())["seconds"]
     data["notes"] = a.note or data.get("notes", [])           # --note replaces them, in the order given

@@ -22,3 +22,39 @@ def sigint_delivered():
     """SIGINT raises KeyboardInterrupt in the test, however the suite was started (signals.py)."""
     with signals.delivered():
         yield
+
+
+# ---- vLLM servers started ahead of the tests that name them (tests/vllm_prestart.py) ----
+def _vllm_cells(item):
+    return [m.args[0] for m in item.iter_markers("vllm") if m.args]
+
+
+def pytest_collection_finish(session):
+    """Work a test module can start early (a module-level start_in_background, e.g. test_installed's
+    venv) and the vLLM servers the selected tests name start now, in background threads."""
+    if session.config.option.collectonly:
+        return
+    for mod in dict.fromkeys(getattr(item, "module", None) for item in session.items):
+        if hasattr(mod, "start_in_background"):
+            mod.start_in_background(session)
+    named = [(c.label, c.server_args) for item in session.items for c in _vllm_cells(item)]
+    if named:
+        import vllm_prestart
+        vllm_prestart.prestart(named)
+
+
+def pytest_runtest_teardown(item):
+    for c in _vllm_cells(item):
+        import vllm_prestart
+        vllm_prestart.release(c.label)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if "vllm_prestart" in sys.modules:
+        for line in sys.modules["vllm_prestart"].summary():
+            terminalreporter.write_line(line)
+
+
+def pytest_sessionfinish(session):
+    if "vllm_server" in sys.modules:
+        sys.modules["vllm_server"].shutdown()

@@ -92,7 +92,33 @@ def fetch_all(versions) -> dict[str, Path]:
 
 @lru_cache(maxsize=None)
 def path(version: str, rel: str) -> Path:
+    if rel in EXTRA_FILES:
+        return extra_file(version, rel)
     return source_dir(version) / "sglang" / rel
+
+
+# Read by one test each, extracted on first use beside FILES (adding them to FILES would make
+# every version's FILES be unpacked again); a version without one is a fact about that version.
+EXTRA_FILES = ("srt/managers/schedule_batch.py", "srt/managers/scheduler_components/batch_result_processor.py")
+
+
+def extra_file(version: str, rel: str) -> Path:
+    """CACHE/extra/version/sglang/<rel> from the version's wheel (outside CACHE/version, which
+    source_dir replaces whole) (written under a temporary
+    name, then renamed: a concurrent session sees all of it or none); a missing path when the
+    wheel has no such file."""
+    final = cache_root() / "extra" / version / "sglang" / rel
+    if final.is_file():
+        return final
+    with zipfile.ZipFile(_wheel(version)) as zf:
+        if f"sglang/{rel}" not in zf.namelist():
+            return final
+        final.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=final.parent, suffix=".part")
+        with os.fdopen(fd, "wb") as out:
+            out.write(zf.read(f"sglang/{rel}"))
+    os.replace(tmp, final)
+    return final
 
 
 def has(version: str, rel: str) -> bool:

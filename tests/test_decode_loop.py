@@ -110,3 +110,29 @@ def test_monte_carlo_agrees_with_the_exact_expectation_within_its_interval(zoo):
     assert 1.0 < e.expected_accept_length < 4.0
     assert len(e.expected_acceptance_at_depth) == 3
     assert list(e.expected_acceptance_at_depth) == sorted(e.expected_acceptance_at_depth, reverse=True)
+
+
+def test_t_to_zero_under_to_end_accounting_counts_the_rounds_replay_scores_past_the_end(zoo):
+    """vLLM's accounting ("to-end"): every round until the request ends, the one max_tokens cuts
+    included. The loop's counted rounds at T -> 0 equal replay's on sequences with the target's
+    lookahead past the end, and some request's last round crosses max_new_tokens."""
+    from diag.replay.round_accounting import ACCOUNTINGS
+    to_end, shape = ACCOUNTINGS["to-end"], tree_shape("chain-3")
+    _, pad = special_ids(zoo["inp"].tokenizer)
+    seqs = build_sequences(zoo["model"], zoo["inp"].prompts, NEW, pad_id=pad, eos_ids=zoo["eos"], progress=False,
+                           lookahead=shape.num_steps)
+    tp = run_capture(zoo["model"], seqs, zoo["inp"].points, regime="as-loaded", token_budget=16384, progress=False)
+    c = next(c for c in zoo["inp"].candidates if c.mode == "eagle3")
+    v = Variant(c.label, c.mode, shape)
+    res = replay(zoo["drafter"], zoo["embed"], zoo["head"], {"as-loaded": tp}, [v], zoo["layouts"], progress=False,
+                 accounting=to_end)[0]
+    want = trajectory_rounds(res.accepted, res.roots)
+    got_a, got_j, cut = [], [], 0
+    for o in sorted(decode(zoo, [v], shape, sampled(1e-7)), key=lambda o: o.prompt):
+        keep = o.rounds_counted(len(zoo["prompts"][o.prompt]), shape.num_steps, to_end)
+        got_a.append([o.accepted[i] for i in keep])
+        got_j.append([o.roots[i] for i in keep])
+        last = keep[-1]
+        cut += o.roots[last] + 2 + o.accepted[last] > o.length - 1      # emitted past t_{T-1}: cut
+    assert (got_a, got_j) == want
+    assert cut > 0, "no request's last round crossed max_new_tokens: the test shows nothing"

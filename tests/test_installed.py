@@ -7,12 +7,17 @@ directory. Before, the wheel carried no cases/ and no prompt sets: `diag run` st
 The fresh environment installs torch==2.13.0 first (as the README does: the CPU build) and
 then the wheel with its dependencies; pip's cache makes that a copy, not a download, after
 the suite's own install. The zoo cache is the suite's, so no checkpoint is trained here.
+The wheel and the environment are built in a background thread from the end of collection
+(`start_in_background`, called by tests/conftest.py), while the tests before this file run;
+the fixture waits for them (a minute and a half of pip, no longer on the suite's clock).
 """
 
 import json
 import os
 import subprocess
 import sys
+import tempfile
+import threading
 import zipfile
 from pathlib import Path
 
@@ -29,10 +34,8 @@ def _run(argv, cwd, env=None, timeout=900):
     return done
 
 
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory):
-    """(the venv's diag script, a working directory outside the checkout, the environment)."""
-    tmp = tmp_path_factory.mktemp("installed")
+def build(tmp: Path):
+    """(the venv's diag script, a working directory outside the checkout, the environment, the wheel)."""
     _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", tmp / "dist", ROOT], cwd=tmp)
     wheel = next((tmp / "dist").glob("diag-*.whl"))
     venv = tmp / "venv"
@@ -45,6 +48,49 @@ def installed(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["DIAG_CACHE_DIR"] = os.environ.get("DIAG_CACHE_DIR", str(Path.home() / ".cache" / "diag"))
     return venv / "bin" / "diag", work, env, wheel
+
+
+class _Background:
+    """build() in a thread, into `tmp` (pytest's own temporary directory, kept as its tmp_path
+    folders are: removing a 3 GB venv took 56 s of the suite's clock under load)."""
+
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.result, self.error = None, None
+        self.thread = threading.Thread(target=self._run, name="installed-build", daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        try:
+            self.result = build(self.tmp)
+        except BaseException as e:                 # the fixture re-raises it in the test
+            self.error = e
+
+    def get(self):
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+_BACKGROUND: _Background | None = None
+
+
+def start_in_background(session) -> None:
+    """Start the build now (tests/conftest.py calls this once collection has selected a test here)."""
+    global _BACKGROUND
+    if _BACKGROUND is None:
+        factory = getattr(session.config, "_tmp_path_factory", None)    # pytest's tmp_path_factory
+        tmp = factory.mktemp("installed") if factory is not None else Path(tempfile.mkdtemp(prefix="diag-installed-"))
+        _BACKGROUND = _Background(tmp)
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """(the venv's diag script, a working directory outside the checkout, the environment, the wheel)."""
+    if _BACKGROUND is not None:
+        return _BACKGROUND.get()
+    return build(tmp_path_factory.mktemp("installed"))
 
 
 def test_the_wheel_carries_what_the_commands_read(installed):

@@ -391,17 +391,20 @@ def test_completions_request_fits_vllms_schema():
 
 try:
     from vllm_server import vllm_server, vllm_venv  # noqa: F401  (fixtures, tests/vllm_server.py)
+    from vllm_cells import LLAMA_PAIRS, Cell
+    REAL = Cell(LLAMA_PAIRS[0], 3)      # test_vllm_engine's first server: one start serves both files
 except ImportError:
+    REAL = None
+
     @pytest.fixture(scope="session")
     def vllm_server():
         pytest.skip("tests/vllm_server.py (the real vLLM-CPU server fixture) is not in this tree")
 
 
-@pytest.mark.vllm
+@pytest.mark.vllm(REAL) if REAL is not None else pytest.mark.vllm
 def test_real_vllm_probe_then_run(tmp_path, prompts, vllm_server):
-    from diag.zoo import zoo_path
-    target, drafter = zoo_path("llama-tiny"), zoo_path("llama-tiny-eagle3-embed-vllm-ids")
-    url = vllm_server(target, drafter, num_speculative_tokens=3)
+    target, drafter, kw = REAL.server_args()             # llama-tiny, llama-tiny-eagle3-embed-vllm-ids, k 3
+    url = vllm_server(target, drafter, **kw)
     out = tmp_path / "rep"
     rc = main(["run", "--target", str(target), "--drafter", str(drafter), "--server", url,
                "--limit", "6", "--max-new-tokens", "16", "--tree", "chain-3", "--layout", "embed+L2+L4",

@@ -58,7 +58,7 @@ def test_roots_never_pass_what_the_ids_can_verify():
 
 def test_accounting_is_the_engines_rule():
     from diag.engines import engine, rules
-    for name, want in (("vllm-0.32.0", VLLM), ("vllm-0.8.5", VLLM), ("sglang-0.5.23", WINDOW)):
+    for name, want in (("vllm-0.32.0", VLLM), ("vllm-0.8.5", VLLM), ("sglang-0.5.23", VLLM), ("sglang-0.5.6", VLLM)):
         assert accounting_for(rules(name).round_accounting(engine(name))) is want, name
     with pytest.raises(DiagError, match="no such round accounting"):
         accounting_for("tensorrt-llm")
@@ -121,3 +121,55 @@ def test_a_request_ends_at_every_eos_of_the_generation_config(tmp_path):
     assert special_ids(tok, tmp_path) == ({1, 6}, 2)
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 7}))
     assert special_ids(tok, tmp_path) == ({1, 7}, 2)
+
+
+# ---- the engine's accounting in the sampled loop and in coverage ------------------------------
+
+def _decoded(roots, accepted, length):
+    from diag.replay.decode_loop import Decoded, Lane
+    from diag.replay.replay import Variant
+    from diag.trees import tree_shape
+    v = Variant("embed+L2+L4", "eagle3", tree_shape("chain-3"), decoding="t1.0")
+    return Decoded(Lane(v, 0), 0, roots=list(roots), accepted=list(accepted),
+                   expected=[[1.0 if d < a else 0.0 for d in range(3)] for a in accepted], length=length), v
+
+
+def test_the_sampled_loop_counts_the_round_max_tokens_cuts_by_the_engines_rule():
+    """Prompt 5, max_tokens 6 (T 11), a chain of 3: the loop ran rounds rooted at 4 (a = 3: emits
+    t_6..t_9) and 8 (a = 2: emits t_10, t_11, t_12; t_11 and t_12 lie past max_tokens and are cut).
+    vLLM's scheduler counts both rounds and both accepted drafts of the cut one: num_drafts 2,
+    num_accepted 5, accept length 3.5; the old window kept root 4 only (8 > 11 - 2 - 3): 4.0."""
+    from diag.replay.sampled_summary import summarize_sampled
+    o, v = _decoded([4, 8], [3, 2], 11)
+    assert engine_rounds(5, 11, {4: 3, 8: 2}) == [3, 2]                 # the scheduler's model above
+    assert o.rounds_counted(5, 3, VLLM) == [0, 1] and o.rounds_counted(5, 3, WINDOW) == [0]
+    assert o.rounds_in_window(5, 3) == [0]
+    kw = dict(window_steps=3, buckets=(0, 4096), seed=0, n_boot=50)
+    to_end = summarize_sampled(v, [o], ["p0"], [5], accounting=VLLM, **kw)
+    assert (to_end.trajectory.rounds, sum(to_end.per_prompt[0].accepted)) == (2, 5)
+    assert to_end.accept_length == pytest.approx(3.5) and to_end.expected_accept_length == pytest.approx(3.5)
+    window = summarize_sampled(v, [o], ["p0"], [5], accounting=WINDOW, **kw)
+    assert (window.trajectory.rounds, window.accept_length) == (1, pytest.approx(4.0))
+    assert summarize_sampled(v, [o], ["p0"], [5], **kw).accept_length == window.accept_length   # default
+
+
+def test_the_sampled_run_and_coverage_use_the_served_engines_accounting():
+    """diag.run.sampled and the coverage section read the served release's rule, as replay does."""
+    import inspect
+    from diag.run import prompt_sections, sampled
+    for mod in (sampled, prompt_sections):
+        assert "accounting_for(round_accounting(inp.case))" in inspect.getsource(mod), mod.__name__
+
+
+def test_coverage_scores_the_last_rounds_on_the_lookahead():
+    """A perfect drafter with every token covered accepts S at every root; P 5, end 11 with a
+    lookahead of 3 (ids 14): to-end visits roots 4 and 8 (a = 3 each), the window only 4."""
+    from types import SimpleNamespace
+    from diag.diagnoses.coverage import perfect_rounds
+    seq = Sequence("p", "c", 5, torch.arange(14), end=11)
+    tp = SimpleNamespace(sequences=[seq], argmax=[torch.arange(1, 15)])
+    covered = torch.ones(20, dtype=torch.bool)
+    assert perfect_rounds(tp, 0, covered, 3, 3, VLLM) == [3, 3]
+    assert perfect_rounds(tp, 0, covered, 3, 3, WINDOW) == [3]
+    covered[12] = False          # t_12 = argmax[11], the third guess of the root-8 round (t_10..t_12): a = 2
+    assert perfect_rounds(tp, 0, covered, 3, 3, VLLM) == [3, 2]

@@ -13,8 +13,14 @@ tell that reading from SGLang's +1 reading, and ids vLLM cannot capture (-1) cra
 
 The zoo writes ids in the SpecForge convention ([-1, 1, 3]); vLLM cannot serve those, so every
 drafter with a trained layout is also served with its ids rewritten for vLLM (vllm_cells.
-vllm_ids_copy), as a user would. CI runs a lean matrix (the vLLM-ids pair at k = 1, 3, 5, every
-other pair at k = 3, bf16 at k = 3); DIAG_VLLM_MATRIX=full runs every pair at every k and the crash.
+vllm_ids_copy), as a user would. A server start is the cost (3 processes, each importing vLLM:
+20 s on an idle runner), so CI runs a lean matrix of one server per pair, each chain length
+once, each path once: the vLLM-ids pair at k = 3 (the literal reading; test_probe's server too),
+l1 as written at k = 1 (a layout the drafter was not trained on), nows at k = 5 (a draft
+vocabulary without whitespace), the think pair at k = 3 (its end-of-turn id from
+generation_config.json), bf16 at k = 3: 5 servers, started ahead while the rest of the suite
+runs (tests/vllm_prestart.py). DIAG_VLLM_MATRIX=full runs every pair at every k
+(short included) and the crash.
 """
 
 from __future__ import annotations
@@ -34,9 +40,10 @@ FULL = os.environ.get("DIAG_VLLM_MATRIX") == "full"
 MAIN = vc.LLAMA_PAIRS[0]                   # the drafter whose ids are written in vLLM's convention
 CRASHES = vc.LLAMA_PAIRS[1]                # SGLang / SpecForge ids [-1, 1, 3] as written
 SERVABLE = [p for p in vc.LLAMA_PAIRS if p != CRASHES]
-LEAN_ONLY_FULL = {vc.Pair("llama-tiny", "llama-tiny-eagle3-l1")}   # l1 with vLLM ids: the full matrix
-FP32_CELLS = sorted(((p, k) for p in SERVABLE for k in vc.CHAINS
-                     if FULL or (p == MAIN) or (k == 3 and p not in LEAN_ONLY_FULL)),
+LEAN = {(MAIN, 3), (vc.Pair("llama-tiny", "llama-tiny-eagle3-l1", as_written=True), 1),
+        (vc.Pair("llama-tiny", "llama-tiny-eagle3-nows"), 5),
+        (vc.Pair("llama-tiny-think", "llama-tiny-think-eagle3-nothink"), 3)}
+FP32_CELLS = sorted(((p, k) for p in SERVABLE for k in vc.CHAINS if FULL or (p, k) in LEAN),
                     key=lambda c: (c[0] != MAIN, c[1] != 3))      # the literal-reading test's server first
 
 
@@ -44,11 +51,12 @@ def _dirs(pair: vc.Pair):
     return vc.pair_dirs(pair)
 
 
+@pytest.mark.vllm(vc.Cell(MAIN, 3))
 def test_the_counters_tell_vllms_literal_reading_from_sglangs(vllm_server):  # noqa: F811
     """[0, 2, 4] read literally is embed+L2+L4 (what the server feeds); SGLang's +1 reading,
     L1+L3+L5, predicts other counters."""
-    target, drafter = _dirs(MAIN)
-    url = vllm_server(target, drafter, num_speculative_tokens=3, dtype="float32", extra_args=vc.EXTRA_ARGS)
+    target, drafter, kw = vc.Cell(MAIN, 3).server_args()
+    url = vllm_server(target, drafter, **kw)
     pred = vc.prediction(target, "float32")
     engine, _, _ = vc.engine_counts(url, str(target), pred.prompts)
     assert vc.served_layout(target, drafter) == layout("embed+L2+L4")
@@ -57,11 +65,12 @@ def test_the_counters_tell_vllms_literal_reading_from_sglangs(vllm_server):  # n
     assert shifted.accept_length < vc.accept_length(engine) - 0.3, (shifted.counts(), engine)
 
 
-@pytest.mark.parametrize("pair,k", FP32_CELLS, ids=[f"{vc.pair_label(p).replace(' (vLLM ids)', '-vllm-ids-copy')}-k{k}" for p, k in FP32_CELLS])
+@pytest.mark.parametrize("pair,k", [pytest.param(p, k, marks=pytest.mark.vllm(vc.Cell(p, k))) for p, k in FP32_CELLS],
+                         ids=[f"{vc.pair_label(p).replace(' (vLLM ids)', '-vllm-ids-copy')}-k{k}" for p, k in FP32_CELLS])
 def test_fp32_counters_equal_the_engines(vllm_server, pair, k):  # noqa: F811
-    target, drafter = _dirs(pair)
+    target, drafter, kw = vc.Cell(pair, k).server_args()
     lay = vc.served_layout(target, drafter)
-    url = vllm_server(target, drafter, num_speculative_tokens=k, dtype="float32", extra_args=vc.EXTRA_ARGS)
+    url = vllm_server(target, drafter, **kw)
     pred = vc.prediction(target, "float32")
     engine, outs, _ = vc.engine_counts(url, str(target), pred.prompts)
     diag = pred.counters(drafter, lay, k)
@@ -95,10 +104,11 @@ def test_ids_vllm_cannot_capture_crash_the_server(vllm_venv):  # noqa: F811
 BF16_BOUND = 0.035
 
 
+@pytest.mark.vllm(vc.Cell(MAIN, 3, "bfloat16"))
 def test_bf16_against_the_engines_own_runs(vllm_server):  # noqa: F811
-    target, drafter = _dirs(MAIN)
+    target, drafter, kw = vc.Cell(MAIN, 3, "bfloat16").server_args()
     lay = vc.served_layout(target, drafter)
-    url = vllm_server(target, drafter, num_speculative_tokens=3, dtype="bfloat16", extra_args=vc.EXTRA_ARGS)
+    url = vllm_server(target, drafter, **kw)
     pred = vc.prediction(target, "bfloat16")
     batched, _, _ = vc.engine_counts(url, str(target), pred.prompts)
     alone, _, _ = vc.engine_counts(url, str(target), pred.prompts, concurrency=1)

