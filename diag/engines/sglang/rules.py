@@ -105,6 +105,9 @@ class SglangEngine:
     def round_accounting(self, release: Release) -> str:
         return "window"         # SGLang's end-of-request rounds are not modelled yet
 
+    def numerics(self, release: Release) -> str:
+        return "transformers"    # SGLang's kernels (sgl_kernel, flashinfer) are not modelled
+
     def request_defaults(self, generation_config: dict | None, sampling_defaults: str = "model", *,
                          release: Release) -> RequestDefaults:
         return request_defaults(generation_config, sampling_defaults)
