@@ -48,15 +48,16 @@ from diag.drafter.attention import Attention
 from diag.drafter.layers import MLP, RMSNorm
 from diag.drafter.mla import MlaAttention, MlaShape
 from diag.errors import DiagError
-from diag.target.engine_numerics import NUMERICS, REDUCED, fp32_norm
+from diag.target.engine_numerics import LANES, NUMERICS, REDUCED, fp32_norm, kernel_attention
 
 
 def fp32_attention(q, k, v, mask, scale: float) -> torch.Tensor:
-    """vLLM-CPU's attention kernel: q, k, v [B, nh, T, d], mask [B, 1, T, T] (True = attend)
-    -> [B, nh, T, d] in q's dtype: q scaled in float32, softmax and P@V in float32, one rounding."""
-    s = (q.float() * torch.tensor(scale)) @ k.float().transpose(-1, -2)
-    p = torch.nan_to_num(s.masked_fill(~mask, float("-inf")).softmax(-1))   # a pad row: 0
-    return (p @ v.float()).to(q.dtype)
+    """vLLM-CPU's attention kernel (engine_numerics.kernel_attention) over a right-padded prefix:
+    q, k, v [B, nh, T, d], mask [B, 1, T, T] (True = attend) -> [B, nh, T, d] in q's dtype."""
+    T = q.shape[-2]
+    out = kernel_attention(q.float() * torch.tensor(scale), [k.float()], [v.float()],
+                           mask.expand(q.shape[0], q.shape[1], T, T), torch.arange(T) % LANES)
+    return out.to(q.dtype)
 
 
 @dataclass(frozen=True)
@@ -280,11 +281,17 @@ class Eagle3Drafter(nn.Module):
         [B, q, R, nh, T + n]; deep_step passes chunks of indices so they stay under SCORE_ELEMENTS.
         fp32: vLLM-CPU's kernel (q scaled in float32, scores, softmax and P@V in float32, one rounding)."""
         T = cache.k.shape[1]
-        if fp32:
-            dtype, q = q.dtype, q.float() * torch.tensor(scale)
-            return Eagle3Drafter._deep_attention(q, ks.float(), vs.float(), index,
-                                                 PrefixCache(cache.k.float(), cache.v.float(), cache.valid),
-                                                 1.0).to(dtype)
+        if fp32:                     # keys in position order: the prefix 0..T-1, own keys at index+1..
+            n = ks.shape[-2]
+            causal = torch.arange(T, device=q.device)[None, None, :] <= index[:, :, None]
+            keep = torch.cat([(causal & cache.valid[:, None, :])[:, :, None, None, None, :],
+                              torch.ones(*index.shape, 1, 1, 1, n, dtype=torch.bool)], -1)
+            lane = torch.cat([torch.arange(T).expand(*index.shape, T),
+                              index[:, :, None] + 1 + torch.arange(n)], -1)[:, :, None, None, None] % LANES
+            pre = [t.float().transpose(1, 2)[:, None, None] for t in (cache.k, cache.v)]   # [B, 1, 1, nh, T, d]
+            out = kernel_attention((q.float() * torch.tensor(scale))[..., None, :], [pre[0], ks.float()],
+                                   [pre[1], vs.float()], keep.expand(*q.shape[:-1], 1, T + n), lane)
+            return out[..., 0, :].to(q.dtype)
         s_pre = torch.einsum("btrhd,bshd->btrhs", q, cache.k) * scale       # [B, q, R, nh, T]
         causal = torch.arange(T, device=q.device)[None, None, :] <= index[:, :, None]   # [B, q, T]
         keep = (causal & cache.valid[:, None, :])[:, :, None, None, :]

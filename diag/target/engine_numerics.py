@@ -51,7 +51,7 @@ REDUCED = (torch.bfloat16, torch.float16)
 
 def fp32_norm(norm: nn.Module, s: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """vLLM's rms_norm of the float32 sum s: normalise in float32, round to dtype, times w."""
-    eps = getattr(norm, "variance_epsilon", None) or getattr(norm, "eps")
+    eps = norm.variance_epsilon if hasattr(norm, "variance_epsilon") else norm.eps
     y = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps)
     return norm.weight * y.to(dtype)
 
