@@ -67,14 +67,14 @@ def test_float32_models_are_left_as_loaded():
     m = _llama(torch.float32)
     ids = torch.randint(1, 97, (1, 12))
     before = m(input_ids=ids).logits
-    apply_numerics(m, "vllm-cpu")
+    apply_numerics(m, "fp32-kernels")
     assert not hasattr(m, "diag_numerics")
     assert torch.equal(m(input_ids=ids).logits, before)
 
 
 def test_bf16_vllm_numerics_are_batch_invariant_and_close_to_transformers():
     ref, m = _llama(), _llama()
-    apply_numerics(m, "vllm-cpu")
+    apply_numerics(m, "fp32-kernels")
     prompts = [[5, 9, 11, 3, 7, 21, 33, 40, 2, 8], [4, 6, 12], [30, 31, 32, 33, 34, 35]]
     ids = torch.tensor([prompts[0]])
     with torch.no_grad():
@@ -95,11 +95,11 @@ def test_refusals():
             self.model = torch.nn.Module()
             self.w = torch.nn.Parameter(torch.zeros(1, dtype=torch.bfloat16))
     with pytest.raises(DiagError, match="not Llama-shaped"):
-        apply_numerics(NotLlama(), "vllm-cpu")
+        apply_numerics(NotLlama(), "fp32-kernels")
 
 
 def test_which_engine_rounds_how():
-    assert rules("vllm-0.32.0").numerics(engine("vllm-0.32.0")) == "vllm-cpu"
+    assert rules("vllm-0.32.0").numerics(engine("vllm-0.32.0")) == "fp32-kernels"
     assert rules("sglang-0.5.23").numerics(engine("sglang-0.5.23")) == "transformers"
 
 
@@ -113,7 +113,7 @@ def test_a_bf16_drafter_under_vllm_numerics_carries_rounded_states():
     aux, toks = torch.randn(2, 9, 96).bfloat16(), torch.randint(0, 97, (2, 9))
     with torch.no_grad():
         plain = d.unroll(emb, aux, toks, 3)
-        d.set_numerics("vllm-cpu")
+        d.set_numerics("fp32-kernels")
         assert d.fp32_math and d.midlayer.self_attn.fp32_math
         fused = d.unroll(emb, aux, toks, 3)
     assert all(a.shape == b.shape and a.dtype == b.dtype for a, b in zip(plain, fused))

@@ -90,7 +90,7 @@ def test_ids_vllm_cannot_capture_crash_the_server(vllm_venv):  # noqa: F811
 # composition and prefix caching (all prompts at once = one at a time, every counter); its own two
 # configurations, --enforce-eager and the default compiled graph, differ by 0.0043 in accept length
 # (accepted 1076 / 1074 over 469 drafts). diag rounds as vLLM-CPU's kernels round (EngineRules.
-# numerics "vllm-cpu", diag/target/engine_numerics.py): its bf16 target states equal the engine's
+# numerics "fp32-kernels", diag/target/engine_numerics.py): its bf16 target states equal the engine's
 # element for element and its greedy continuations equal the server's on every prompt; the drafter
 # is one accepted token away (469 / 1077), inside the engine's own spread.
 ENGINE_SPREAD = 0.0043
@@ -106,6 +106,6 @@ def test_bf16_against_the_engines_own_runs(vllm_server):  # noqa: F811
     assert batched == alone, "vLLM-CPU's bf16 counters moved with the batch composition"
     diag = pred.counters(drafter, lay, 3).counts()
     emitted = [s.ids[s.prompt_len:s.emitted].tolist() for s in pred._sequences]
-    assert outs == emitted, "the server's bf16 greedy tokens differ from diag's (vllm-cpu numerics)"
+    assert outs == emitted, "the server's bf16 greedy tokens differ from diag's (fp32-kernels numerics)"
     assert abs(vc.accept_length(diag) - vc.accept_length(batched)) <= ENGINE_SPREAD, (diag, batched)
     assert diag["num_drafts"] == batched["num_drafts"], (diag, batched)

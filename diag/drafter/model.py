@@ -28,7 +28,7 @@ history is NOT reordered when the beam is reselected, exactly as SGLang's per-ro
 attention does (DESIGN.md §5); only the carried hidden state follows the parent.
 
 Engine numerics (set_numerics; diag/target/engine_numerics.py says what each name rounds):
-"vllm-cpu" in bf16/fp16 computes RoPE, attention and the fused add + RMSNorm as vLLM-CPU's
+"fp32-kernels" in bf16/fp16 computes RoPE, attention and the fused add + RMSNorm as vLLM-CPU's
 kernels do (float32, one rounding each); finish() then returns the float32 sum s, which
 logits() normalises in float32 and carry() rounds (vLLM's hidden_prenorm).
 
@@ -103,7 +103,7 @@ class MidLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
         self.norm_before_residual = cfg.norm_before_residual
-        self.fp32_sums = False       # set_numerics("vllm-cpu") in reduced precision
+        self.fp32_sums = False       # set_numerics("fp32-kernels") in reduced precision
 
     def attn_input(self, e: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         return torch.cat([self.input_layernorm(e), self.hidden_norm(h)], dim=-1)  # [..., 2H]
@@ -174,7 +174,7 @@ class Eagle3Drafter(nn.Module):
         if numerics not in NUMERICS:
             raise DiagError("unknown engine numerics", field="numerics", expected=" or ".join(NUMERICS),
                             found=numerics)
-        on = numerics == "vllm-cpu" and self.fc.weight.dtype in REDUCED and self.cfg.attention == "llama"
+        on = numerics == "fp32-kernels" and self.fc.weight.dtype in REDUCED and self.cfg.attention == "llama"
         self.fp32_math = self.midlayer.fp32_sums = self.midlayer.self_attn.fp32_math = on
         return self
 

