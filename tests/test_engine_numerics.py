@@ -72,8 +72,18 @@ def test_float32_models_are_left_as_loaded():
     assert torch.equal(m(input_ids=ids).logits, before)
 
 
-def test_bf16_vllm_numerics_are_batch_invariant_and_close_to_transformers():
-    ref, m = _llama(), _llama()
+def _qwen3(dtype=torch.bfloat16, seed=0):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
+                      rms_norm_eps=1e-6, pad_token_id=0)
+    return Qwen3ForCausalLM(cfg).to(dtype).eval()
+
+
+@pytest.mark.parametrize("build", [_llama, _qwen3], ids=["llama", "qwen3"])
+def test_bf16_fp32_kernels_are_batch_invariant_and_close_to_transformers(build):
+    ref, m = build(), build()
     apply_numerics(m, "fp32-kernels")
     prompts = [[5, 9, 11, 3, 7, 21, 33, 40, 2, 8], [4, 6, 12], [30, 31, 32, 33, 34, 35]]
     ids = torch.tensor([prompts[0]])
