@@ -51,6 +51,7 @@ class Attention(nn.Module):
         self.rope = Rope(cfg)
         self.nh, self.nkv, self.hd = nh, nkv, hd
         self.scale = hd ** -0.5
+        self.fp32_math = False       # Eagle3Drafter.set_numerics
 
     def qkv(self, x: torch.Tensor, positions: torch.Tensor):
         """x [B, Q, (R,) 2H], positions [B, Q] -> q [..., nh, hd], k, v [..., nh, hd]
@@ -63,7 +64,10 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = self.rope(x, positions)                            # [B, Q, hd]
         cos, sin = for_heads(cos, q), for_heads(sin, q)
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        if self.fp32_math:           # vLLM-CPU: float32 from the bf16 cos/sin cache, one rounding
+            q, k = (rotate(t.float(), cos.float(), sin.float()).to(t.dtype) for t in (q, k))
+        else:
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         rep = self.nh // self.nkv
         if rep > 1:
             k, v = k.repeat_interleave(rep, dim=-2), v.repeat_interleave(rep, dim=-2)

@@ -27,6 +27,11 @@ keys that row r wrote at steps 2..s at index j. Rows are beam rows (topk K); a r
 history is NOT reordered when the beam is reselected, exactly as SGLang's per-row draft
 attention does (DESIGN.md §5); only the carried hidden state follows the parent.
 
+Engine numerics (set_numerics; diag/target/engine_numerics.py says what each name rounds):
+"fp32-kernels" in bf16/fp16 computes RoPE, attention and the fused add + RMSNorm as vLLM-CPU's
+kernels do (float32, one rounding each); finish() then returns the float32 sum s, which
+logits() normalises in float32 and carry() rounds (vLLM's hidden_prenorm).
+
 This module knows the drafter's arithmetic. It knows nothing about files (checkpoint.py),
 layouts, trees or targets.
 """
@@ -42,6 +47,17 @@ from torch import nn
 from diag.drafter.attention import Attention
 from diag.drafter.layers import MLP, RMSNorm
 from diag.drafter.mla import MlaAttention, MlaShape
+from diag.errors import DiagError
+from diag.target.engine_numerics import LANES, NUMERICS, REDUCED, fp32_norm, kernel_attention
+
+
+def fp32_attention(q, k, v, mask, scale: float) -> torch.Tensor:
+    """vLLM-CPU's attention kernel (engine_numerics.kernel_attention) over a right-padded prefix:
+    q, k, v [B, nh, T, d], mask [B, 1, T, T] (True = attend) -> [B, nh, T, d] in q's dtype."""
+    T = q.shape[-2]
+    out = kernel_attention(q.float() * torch.tensor(scale), [k.float()], [v.float()],
+                           mask.expand(q.shape[0], q.shape[1], T, T), torch.arange(T) % LANES)
+    return out.to(q.dtype)
 
 
 @dataclass(frozen=True)
@@ -87,6 +103,7 @@ class MidLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
         self.norm_before_residual = cfg.norm_before_residual
+        self.fp32_sums = False       # set_numerics("fp32-kernels") in reduced precision
 
     def attn_input(self, e: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         return torch.cat([self.input_layernorm(e), self.hidden_norm(h)], dim=-1)  # [..., 2H]
@@ -95,6 +112,10 @@ class MidLayer(nn.Module):
         """attn_out [..., nh, hv] -> r = o_proj(a) + h (hidden_norm(h) with
         norm_before_residual); r + mlp(post_norm(r))."""
         residual = self.hidden_norm(h) if self.norm_before_residual else h
+        if self.fp32_sums:           # vLLM's fused_add_rms_norm: the norm of the float32 sum
+            s = self.self_attn.o_proj(attn_out.flatten(-2)).float() + residual.float()
+            r = s.to(residual.dtype)
+            return self.mlp(fp32_norm(self.post_attention_layernorm, s, r.dtype)).float() + r.float()
         r = self.self_attn.o_proj(attn_out.flatten(-2)) + residual
         return r + self.mlp(self.post_attention_layernorm(r))
 
@@ -145,6 +166,17 @@ class Eagle3Drafter(nn.Module):
         self.register_buffer("t2d", torch.ones(cfg.vocab_size, dtype=torch.bool))
         self.embed_tokens: nn.Embedding | None = None   # set when the checkpoint carries one;
         # SGLang drafts with it only when target_hidden_size != hidden_size (draft_tables.py)
+        self.fp32_math = False
+
+    def set_numerics(self, numerics: str) -> "Eagle3Drafter":
+        """Round as `numerics` does (engine_numerics.NUMERICS); only a reduced-precision GQA
+        drafter changes (float32 already rounds as the engines do; MLA is not modelled)."""
+        if numerics not in NUMERICS:
+            raise DiagError("unknown engine numerics", field="numerics", expected=" or ".join(NUMERICS),
+                            found=numerics)
+        on = numerics == "fp32-kernels" and self.fc.weight.dtype in REDUCED and self.cfg.attention == "llama"
+        self.fp32_math = self.midlayer.fp32_sums = self.midlayer.self_attn.fp32_math = on
+        return self
 
     # ---- vocabulary -------------------------------------------------------------------
     def set_vocab(self, hot_ids: torch.Tensor) -> None:
@@ -193,10 +225,18 @@ class Eagle3Drafter(nn.Module):
     def logits(self, r: torch.Tensor) -> torch.Tensor:
         if self.lm_head is None:
             raise RuntimeError("the drafter scores with the target's lm_head: call use_target_head first")
-        return self.lm_head(self.norm(r))               # [..., Vd]
+        return self.lm_head(self.normed(r))             # [..., Vd]
+
+    def normed(self, r: torch.Tensor) -> torch.Tensor:
+        """norm(r); r a float32 sum of finish() under fp32 sums: vLLM's fused final norm."""
+        if self.fp32_math and r.dtype == torch.float32:
+            return fp32_norm(self.norm, r, self.fc.weight.dtype)
+        return self.norm(r)
 
     def carry(self, r: torch.Tensor) -> torch.Tensor:
-        return self.norm(r) if self.cfg.norm_output else r
+        if self.cfg.norm_output:
+            return self.normed(r)
+        return r.to(self.fc.weight.dtype) if self.fp32_math else r
 
     def prefix_step(self, e: torch.Tensor, h: torch.Tensor, valid: torch.Tensor):
         """Step 1 over whole sequences: e, h [B, T, H], valid [B, T] (right padding).
@@ -207,8 +247,11 @@ class Eagle3Drafter(nn.Module):
         q, k, v = attn.qkv(self.midlayer.attn_input(e, h), pos)             # [B, T, nh, d]
         causal = torch.ones(T, T, dtype=torch.bool, device=e.device).tril()
         mask = causal[None, None] & valid[:, None, None, :]                  # [B, 1, T, T]
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                             v.transpose(1, 2), attn_mask=mask, scale=attn.scale)
+        if self.fp32_math:
+            out = fp32_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask, attn.scale)
+        else:
+            out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                 v.transpose(1, 2), attn_mask=mask, scale=attn.scale)
         r = self.midlayer.finish(out.transpose(1, 2), h)
         return r, PrefixCache(k, v, valid)
 
@@ -227,16 +270,28 @@ class Eagle3Drafter(nn.Module):
         B, Q, R, nh = q.shape[:4]
         span = max(1, SCORE_ELEMENTS // max(1, B * R * nh * (T + ks.shape[-2])))   # indices per chunk
         out = torch.cat([self._deep_attention(q[:, a:a + span], ks[:, a:a + span], vs[:, a:a + span],
-                                              index[:, a:a + span], cache, attn.scale)
+                                              index[:, a:a + span], cache, attn.scale, self.fp32_math)
                          for a in range(0, Q, span)], dim=1)
         return self.midlayer.finish(out, h), (k, v)
 
     @staticmethod
-    def _deep_attention(q, ks, vs, index, cache: PrefixCache, scale: float) -> torch.Tensor:
+    def _deep_attention(q, ks, vs, index, cache: PrefixCache, scale: float, fp32: bool = False) -> torch.Tensor:
         """Attention of q [B, q, R, nh, d] over the cache (indices <= index [B, q]) and each row's
         own keys ks / vs [B, q, R, nh, n, d] -> [B, q, R, nh, dv]. The scores are
-        [B, q, R, nh, T + n]; deep_step passes chunks of indices so they stay under SCORE_ELEMENTS."""
+        [B, q, R, nh, T + n]; deep_step passes chunks of indices so they stay under SCORE_ELEMENTS.
+        fp32: vLLM-CPU's kernel (q scaled in float32, scores, softmax and P@V in float32, one rounding)."""
         T = cache.k.shape[1]
+        if fp32:                     # keys in position order: the prefix 0..T-1, own keys at index+1..
+            n = ks.shape[-2]
+            causal = torch.arange(T, device=q.device)[None, None, :] <= index[:, :, None]
+            keep = torch.cat([(causal & cache.valid[:, None, :])[:, :, None, None, None, :],
+                              torch.ones(*index.shape, 1, 1, 1, n, dtype=torch.bool)], -1)
+            lane = torch.cat([torch.arange(T).expand(*index.shape, T),
+                              index[:, :, None] + 1 + torch.arange(n)], -1)[:, :, None, None, None] % LANES
+            pre = [t.float().transpose(1, 2)[:, None, None] for t in (cache.k, cache.v)]   # [B, 1, 1, nh, T, d]
+            out = kernel_attention((q.float() * torch.tensor(scale))[..., None, :], [pre[0], ks.float()],
+                                   [pre[1], vs.float()], keep.expand(*q.shape[:-1], 1, T + n), lane)
+            return out[..., 0, :].to(q.dtype)
         s_pre = torch.einsum("btrhd,bshd->btrhs", q, cache.k) * scale       # [B, q, R, nh, T]
         causal = torch.arange(T, device=q.device)[None, None, :] <= index[:, :, None]   # [B, q, T]
         keep = (causal & cache.valid[:, None, :])[:, :, None, None, :]
@@ -249,7 +304,7 @@ class Eagle3Drafter(nn.Module):
     # ---- a whole chain ------------------------------------------------------------------
     def head_logits(self, r: torch.Tensor, head: nn.Module | None) -> torch.Tensor:
         """Draft-vocab logits, or target-vocab logits through `head` (EAGLE mode)."""
-        return self.logits(r) if head is None else head(self.norm(r))
+        return self.logits(r) if head is None else head(self.normed(r))
 
     def ids(self, logits: torch.Tensor, head: nn.Module | None) -> torch.Tensor:
         """Greedy token as a target id (d2t applies only to the drafter's own head)."""

