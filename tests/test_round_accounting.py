@@ -156,8 +156,9 @@ def test_the_sampled_loop_counts_the_round_max_tokens_cuts_by_the_engines_rule()
 def test_the_sampled_run_and_coverage_use_the_served_engines_accounting():
     """diag.run.sampled and the coverage section read the served release's rule, as replay does."""
     import inspect
-    from diag.run import prompt_sections, sampled
-    for mod in (sampled, prompt_sections):
+    from diag.diagnoses import coverage
+    from diag.run import sampled
+    for mod in (sampled, coverage):
         assert "accounting_for(round_accounting(inp.case))" in inspect.getsource(mod), mod.__name__
 
 
