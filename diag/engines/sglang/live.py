@@ -49,7 +49,7 @@ class SglangLive:
     signature = "SGLang (GET /server_info with internal_states)"
     generate_path = "/generate"
     rows_file = "responses.jsonl"
-    run_flags = {"responses": "--server-responses", "server_info": "--server-info"}   # ServerSpec field -> diag run flag
+    run_flags = {"responses": "--server-responses", "server_info": "--server-info"}   # ServerSpec field -> flag
     requests_total = "sglang:num_requests_total"
 
     def detect(self, client: HttpClient) -> Server | None:
