@@ -124,8 +124,8 @@ def test_a_backwards_import_is_caught(tmp_path):
 #   CLI help texts (cli/run.py, effective.py, lint.py) and `diag explain` (SGLang's rate formulas);
 #   notes' wording (drafter/checkpoint.py, run/prompts/read.py, report/decoding_section.py,
 #     zoo/recipes.py) and replay.py's default draft tables when a caller passes none.
-#   the live-server probe (diag/probe, cli/probe.py): its request and response shapes and
-#     the engine detection belong in the engine packages behind the protocol; not moved yet.
+#   the probe's CLI help (cli/probe.py); the probe itself (diag/probe) reaches each engine's
+#     request and response shapes and detection through LiveServer (engines/<family>/live.py).
 NAMED_OUTSIDE: dict[str, dict[str, int]] = {
     "sglang": {
         "diag/checkpoint/drafter_format.py": 4,
@@ -139,11 +139,6 @@ NAMED_OUTSIDE: dict[str, dict[str, int]] = {
         "diag/checks/validate.py": 1,
         "diag/cli/effective.py": 4,
         "diag/cli/probe.py": 3,
-        "diag/probe/client.py": 1,
-        "diag/probe/detect.py": 11,
-        "diag/probe/plan.py": 1,
-        "diag/probe/probe.py": 10,
-        "diag/probe/sglang_shape.py": 1,
         "diag/run/server_text_match.py": 1,
         "diag/cli/explain.py": 5,
         "diag/cli/lint.py": 5,
@@ -172,10 +167,6 @@ NAMED_OUTSIDE: dict[str, dict[str, int]] = {
         "diag/cli/run.py": 3,
         "diag/engines/conventions.py": 4,
         "diag/engines/sglang/simulate.py": 8,
-        "diag/probe/client.py": 1,
-        "diag/probe/detect.py": 11,
-        "diag/probe/probe.py": 18,
-        "diag/probe/vllm_shape.py": 7,
         "diag/replay/sampling.py": 1,
         "diag/replay/verifiers.py": 2,
         "diag/report/server_markdown.py": 3,

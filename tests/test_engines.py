@@ -126,3 +126,19 @@ def test_the_two_sampled_rules_agree_in_law_on_a_chain_and_chain_rejection_refus
     tree_parents = torch.tensor([[-1, 0, 0]]).expand_as(p)
     with pytest.raises(DiagError, match="chains only"):
         SAMPLED["chain-rejection"].verify(t, tree_parents, v, probs, coins, final, 2)
+
+
+def test_every_family_talks_to_a_live_server_through_the_protocol():
+    """diag probe names no engine: each family's LiveServer implements every method, with the
+    protocol's parameters, and says which family it is."""
+    from diag.engines.protocol import LiveServer
+    wanted = {n for n, v in vars(LiveServer).items() if inspect.isfunction(v) and not n.startswith("_")}
+    assert {"detect", "request", "record", "finish", "metrics_fields", "served_model"} <= wanted
+    for family in families():
+        live = family_rules(family).live_server()
+        assert isinstance(live, LiveServer) and live.family == family
+        assert live.requests_total.startswith(f"{family}:") and set(live.run_flags.values()) <= {
+            "--server-responses", "--server-info", "--server-metrics"}
+        for name in wanted:
+            want = list(inspect.signature(getattr(LiveServer, name)).parameters)
+            assert list(inspect.signature(getattr(type(live), name)).parameters) == want, (family, name)

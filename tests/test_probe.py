@@ -19,7 +19,7 @@ from diag.engines.sglang.server_releases import server_release
 from diag.engines.sglang.server_responses import read_generate_responses, read_server_info
 from diag.engines.vllm.metrics import read_vllm_metrics
 from diag.errors import DiagError
-from diag.probe import prometheus
+from diag.engines import prometheus
 from diag.probe.client import Client
 from diag.probe.plan import ProbePrompt, from_prompts
 from diag.probe.probe import probe
@@ -96,11 +96,11 @@ def test_sampled_decoding_is_sent_as_diag_evaluates_it(tmp_path, prompts):
 
 
 def test_token_ids_are_sent_as_input_ids():
-    from diag.probe import sglang_shape, vllm_shape
+    from diag.probe.detect import live
     p = ProbePrompt("x", "hi", (1, 9, 4))
-    assert sglang_shape.request(p, GREEDY, 4)["input_ids"] == [1, 9, 4]
-    assert "text" not in sglang_shape.request(p, GREEDY, 4)
-    assert vllm_shape.request(p, GREEDY, 4, "m") == {"model": "m", "prompt": [1, 9, 4], "max_tokens": 4,
+    assert live("sglang").request(p, GREEDY, 4, None)["input_ids"] == [1, 9, 4]
+    assert "text" not in live("sglang").request(p, GREEDY, 4, None)
+    assert live("vllm").request(p, GREEDY, 4, "m") == {"model": "m", "prompt": [1, 9, 4], "max_tokens": 4,
                                                      "stream": False, "temperature": 0.0}
 
 
@@ -306,12 +306,12 @@ def sglang_0_5_23():
 
 @pytest.mark.wheel
 def test_generate_request_fits_sglang_schemas(sglang_0_5_23):
-    from diag.probe import sglang_shape
+    from diag.engines.sglang.live import LIVE
     api = _classes(sglang_0_5_23["api/v1/api_types.py"])
     dataclass_fields = _classes(sglang_0_5_23["srt/managers/io_struct.py"])["GenerateReqInput"]
     sampled = from_values({"temperature": 0.7, "top_p": 0.9, "top_k": 20})
     for p, dec in ((ProbePrompt("x", "hi", None), GREEDY), (ProbePrompt("x", None, (1, 2)), sampled)):
-        body = sglang_shape.request(p, dec, 16)
+        body = LIVE.request(p, dec, 16, None)
         assert set(body) <= set(api["GenerateRequest"]) and set(body) <= set(dataclass_fields)
         params = api["SamplingParams"]                          # "unknown keys rejected" by the contract gate
         assert set(body["sampling_params"]) <= set(params)
@@ -373,12 +373,12 @@ def _vllm_source(rel: str) -> str:
 
 @pytest.mark.vllm
 def test_completions_request_fits_vllms_schema():
-    from diag.probe import vllm_shape
+    from diag.engines.vllm.live import LIVE
     cls = _classes(_vllm_source("entrypoints/openai/completion/protocol.py"))
     fields = set(cls["CompletionRequest"])
     sampled = from_values({"temperature": 1.0, "top_p": 0.95, "top_k": -1})
     for p, dec in ((ProbePrompt("x", "hi", None), GREEDY), (ProbePrompt("x", None, (1, 2)), sampled)):
-        body = vllm_shape.request(p, dec, 16, "m")
+        body = LIVE.request(p, dec, 16, "m")
         assert set(body) <= fields, set(body) - fields
         assert body.get("top_k", 0) >= 0                                  # vLLM: 0 disables, -1 only tolerated
     assert {"choices", "usage", "id"} <= set(cls["CompletionResponse"])

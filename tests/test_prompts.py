@@ -20,7 +20,7 @@ def test_mt_bench_first_turn_with_question_id_and_category(tmp_path):
             {"question_id": 101, "category": "reasoning", "turns": ["Who is second?"]}]
     pset = read_prompt_set(write(tmp_path / "question.jsonl", rows))
     p = pset.prompts[0]
-    assert (p.id, p.category) == ("mt-bench-81", "mt-bench/writing")           # datasets.py's names
+    assert (p.id, p.category) == ("mt-bench-81", "mt-bench/writing")           # formats.py's dataset names
     assert p.messages == (("user", "Compose a blog post."),) and p.text is None
     assert any("first user turn" in n for n in pset.notes)
 

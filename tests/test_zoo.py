@@ -29,8 +29,8 @@ from diag.zoo.build_drafters import build_drafter, hot_vocab, specforge_ids, vie
 from diag.zoo.build_targets import ExpertBalancer, build_corpus, build_target, load_back
 from diag.zoo.corpus import collect
 from diag.zoo.quality import distinct_2, loop_period
-from diag.zoo.recipes import (CorpusRecipe, DeepseekShape, DrafterRecipe, IdsRecipe, Int4Recipe, LlamaShape,
-                              TargetRecipe, TrainBudget)
+from diag.zoo.recipes import (CorpusRecipe, DeepseekShape, DerivedDrafterRecipe, DrafterRecipe, Int4Recipe,
+                              LlamaShape, TargetRecipe, TrainBudget)
 from diag.zoo.targets import new_model, per_expert_state
 from diag.zoo.train import lr_at
 
@@ -224,7 +224,7 @@ def test_recipes_are_consistent():
         r = e.recipe
         if isinstance(r, DrafterRecipe):
             layout(r.layout).check_against(ZOO[r.target].recipe.shape.num_hidden_layers)
-        if isinstance(r, IdsRecipe):
+        if isinstance(r, DerivedDrafterRecipe):
             assert isinstance(ZOO[r.source].recipe, DrafterRecipe), e.name
         if isinstance(r, Int4Recipe):
             s = ZOO[r.source].recipe.shape
@@ -493,18 +493,20 @@ def test_ids_rewrite_keeps_weights_and_writes_the_other_convention(tiny_corpus, 
     """The derived entry of the seeds' story: same weights, vLLM's L{id} ids (which read back
     as the trained layout under vLLM's rule), no trained layout in the config."""
     from diag.engines.conventions import resolve
-    from diag.zoo.build_drafters import rewrite_ids
+    from diag.zoo.build_derived import build_derived
     deps = {"t": tiny_targets["llama"][0], "c": tiny_corpus}
     build_drafter(TINY_DRAFTER, tmp_path / "src", deps, corpus="c")
     (tmp_path / "out").mkdir()
-    meta = rewrite_ids(IdsRecipe("src", "vllm"), tmp_path / "out", tmp_path / "src", deps["t"], "embed+L1")
+    meta = build_derived(DerivedDrafterRecipe("src", convention="vllm"), tmp_path / "out", tmp_path / "src",
+                         deps["t"], "embed+L1")
     cfg = json.loads((tmp_path / "out" / "config.json").read_text())
     assert meta["eagle_aux_hidden_state_layer_ids"] == cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1]
     assert "diag_trained_layout" not in cfg and cfg["diag_layer_id_convention"] == "vllm"
     assert (tmp_path / "out" / "model.safetensors").read_bytes() == (tmp_path / "src" / "model.safetensors").read_bytes()
     assert str(resolve([0, 1], "vllm", 2).layout) == "embed+L1"
     with pytest.raises(DiagError, match="cannot be written in this convention"):
-        rewrite_ids(IdsRecipe("src", "sglang-default"), tmp_path / "out", tmp_path / "src", deps["t"], "embed+L1")
+        build_derived(DerivedDrafterRecipe("src", convention="sglang-default"), tmp_path / "out", tmp_path / "src",
+                      deps["t"], "embed+L1")
 
 
 def test_deepseek_is_saved_in_the_real_format(tiny_targets):

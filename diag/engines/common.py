@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from diag.engines import DEFAULT_ENGINE
+from diag.errors import DiagError
 from diag.layouts import Layout
 from diag.trees import TreeShape
 
@@ -205,3 +206,16 @@ def find_key(value, key: str):
             if (hit := find_key(v, key)) is not None:
                 return hit
     return None
+
+
+def json_object(reply) -> dict | None:
+    """A live server's reply as a JSON object (a LiveServer's detection reads these); None for no
+    reply (404) or a body that is no JSON object: '{"version": "0.32.0"}' -> {"version": "0.32.0"};
+    '[1]' or 'Not Found' -> None."""
+    if reply is None:
+        return None
+    try:
+        value = reply.json()
+    except DiagError:
+        return None
+    return value if isinstance(value, dict) else None

@@ -40,6 +40,9 @@ What the protocol covers, in the order a run needs it (worked examples are SGLan
   launch lint     launch_argv(command) -> the words the server parses; parse_launch(command) ->
                   LaunchFlags; effective_config -> EffectiveConfig; flag_problems(argv, release)
                   -> what this release's parser refuses
+  live server     live_server() -> LiveServer: how `diag probe` recognises a running server of
+                  this family and what it sends and saves (the engine's request and response
+                  shapes); the probe drives it through HttpClient and names no engine
 
 A family that cannot answer a question (vLLM has no `/server_info` in SGLang's shape) raises a
 DiagError naming the release and the input; it never answers with another family's rules.
@@ -110,6 +113,73 @@ class Verification:
     greedy: str
     sampled: str
     text: str
+
+
+@dataclass(frozen=True)
+class Server:
+    """A live server as detection found it. Server("sglang", "0.5.23", "llama-tiny",
+    "http://h:30000", '{"version": ...}', "/server_info")."""
+
+    engine: str                 # the family
+    version: str | None         # as the server reports it
+    model: str | None           # the served model name (what a request names, where it names one)
+    url: str
+    info_text: str | None = None    # the self-description body as served, where the family has one
+    info_path: str | None = None    # which route answered
+
+
+class HttpClient(Protocol):
+    """What a LiveServer asks of diag.probe's client: `base` URL; get(path, ok_missing=True)
+    -> a reply (.text, .json()) or None on 404; post(path, body) -> a reply. Errors are
+    DiagErrors naming the URL."""
+
+    base: str
+
+    def get(self, path: str, ok_missing: bool = False) -> Any: ...
+
+    def post(self, path: str, body: dict) -> Any: ...
+
+
+@runtime_checkable
+class LiveServer(Protocol):
+    """One family's live-server shapes, driven by diag.probe. A prompt `p` is any object with
+    `id`, `text` (str | None) and `ids` (token ids | None: send the text). `signature` says
+    what detection looks for (the error when no family answers lists them); the probe POSTs to
+    `generate_path` and saves the records, one JSON line each, as `rows_file`; `run_flags` maps
+    each ServerSpec field the saved files feed to its `diag run` flag ({"server_info":
+    "--server-info"}); `requests_total` names the /metrics counter of finished requests
+    ("sglang:num_requests_total")."""
+
+    family: str
+    display: str
+    signature: str
+    generate_path: str
+    rows_file: str
+    run_flags: dict[str, str]
+    requests_total: str
+
+    def detect(self, client: HttpClient) -> Server | None:
+        """The server at client.base when it is this family's, else None (asks only routes the
+        family's http server defines; a 404 is an answer, not an error)."""
+
+    def served_model(self, client: HttpClient, server: Server, given: str | None) -> tuple[str | None, dict[str, str]]:
+        """The model the requests name (`given` checked against what is served) and the files
+        to keep of what was asked ({"models.json": ...})."""
+
+    def request(self, p: Any, decoding: Any, max_new_tokens: int, model: str | None) -> dict:
+        """The JSON body of one prompt's request, every sampling value sent."""
+
+    def record(self, p: Any, answer: Any, url: str) -> dict:
+        """The saved line for one answer (with "id" = the prompt id); a DiagError when it is
+        not an answer to p in this family's shape."""
+
+    def finish(self, client: HttpClient, server: Server, rows: list[dict]) -> tuple[dict, dict, list[str]]:
+        """After every request: checks on the rows, then (other files to write, diag run's
+        ServerSpec field -> file name, notes)."""
+
+    def metrics_fields(self, delta: str | None, source: str) -> tuple[dict[str, str], list[str]]:
+        """What the probe's /metrics difference (None: the server has no /metrics) feeds:
+        (ServerSpec field -> file name, notes); a DiagError when this family needs it."""
 
 
 @runtime_checkable
@@ -235,3 +305,7 @@ class EngineRules(Protocol):
 
     def flag_problems(self, argv: list[str], *, release: Release) -> list[FlagProblem]:
         """Every flag this release's parser refuses or reads differently from how it is written."""
+
+    # ---- live server -------------------------------------------------------------------
+    def live_server(self) -> LiveServer:
+        """How diag.probe talks to a running server of this family (LiveServer)."""

@@ -186,6 +186,38 @@ def _dequant_block(words, scales, PIECE: tl.constexpr, BLOCK_N: tl.constexpr, DE
 
 
 @triton.jit
+def _words_at(w_base, k0, n_ok):
+    """The [BN, P] packed words of the K block starting at column k0 (rows past N read 0)."""
+    return tl.load(w_base + k0 // 8, mask=n_ok[:, None], other=0)
+
+
+@triton.jit
+def _scale_at(s_base, k, n_ok, stride_sg, GROUP: tl.constexpr):
+    """The [BN] bf16 scales of the group holding column k."""
+    return tl.load(s_base + (k // GROUP) * stride_sg, mask=n_ok, other=0.0)
+
+
+@triton.jit
+def _piece_tile(words, s_base, k0, i, n_ok, stride_sg, GROUP: tl.constexpr, PIECE: tl.constexpr,
+                DEQUANT: tl.constexpr, UPCAST: tl.constexpr):
+    """Piece i of the block at column k0: its first column k = k0 + iP and its [BN, P] bf16
+    weights (nibble i of each word, scaled by group k // G). Both kernels' narrow loops."""
+    k = k0 + i * PIECE
+    return k, _dequant(words, 4 * i, _scale_at(s_base, k, n_ok, stride_sg, GROUP), DEQUANT, UPCAST)
+
+
+@triton.jit
+def _pair_tiles(words, s_base, k0, i, n_ok, stride_sg, GROUP: tl.constexpr, PIECE: tl.constexpr):
+    """DEQUANT 3: pieces i and i + 4 (i < 4) of the block at column k0, decoded together
+    (_dequant_pair): their first columns lo = k0 + iP, hi = k0 + (i + 4)P and [BN, P] bf16
+    weights. Both kernels' bf16x2 loops."""
+    lo, hi = k0 + i * PIECE, k0 + (i + 4) * PIECE
+    w_lo, w_hi = _dequant_pair(words, 4 * i, _scale_at(s_base, lo, n_ok, stride_sg, GROUP),
+                               _scale_at(s_base, hi, n_ok, stride_sg, GROUP))
+    return lo, hi, w_lo, w_hi
+
+
+@triton.jit
 def _sub_rows(a_ptr, sorted_ids_ptr, pid_m, s: tl.constexpr, num_pairs, a_div, stride_am,
               offs_k, BLOCK_M: tl.constexpr, SPLIT: tl.constexpr):
     """Sub-block s of CTA row block pid_m (SPLIT sub-blocks of BLOCK_M rows): its pair
@@ -279,7 +311,7 @@ def moe_int4_gemm_grouped(a_ptr, w_ptr, s_ptr, out_ptr, sorted_ids_ptr, block_ex
         a_wide = a_ptr + a_row[None, :].to(tl.int64) * stride_am + offs_kb[:, None]      # [8P, BM]
         piece_group = (tl.arange(0, 8) * PIECE) // GROUP                                  # [8]
         for k0 in range(0, K, 8 * PIECE):
-            words = tl.load(w_base + k0 // 8, mask=n_ok[:, None], other=0)               # [BN, P]
+            words = _words_at(w_base, k0, n_ok)                                          # [BN, P]
             scales = tl.load(s_base[:, None] + (k0 // GROUP + piece_group)[None, :] * stride_sg,
                              mask=n_ok[:, None], other=0.0)                               # [BN, 8]
             a = tl.load(a_wide + k0, mask=row_ok[None, :], other=0.0)                    # [8P, BM]
@@ -287,23 +319,19 @@ def moe_int4_gemm_grouped(a_ptr, w_ptr, s_ptr, out_ptr, sorted_ids_ptr, block_ex
             acc = _dot(w, a, acc, UPCAST)
     elif DEQUANT == 3:  # pieces i and i + 4 dequantized together (bf16x2), dotted in turn
         for k0 in range(0, K, 8 * PIECE):
-            words = tl.load(w_base + k0 // 8, mask=n_ok[:, None], other=0)
-            for i in tl.static_range(4):
-                lo, hi = k0 + i * PIECE, k0 + (i + 4) * PIECE
-                a_lo = tl.load(a_base + lo, mask=row_ok[None, :], other=0.0)                 # [P, BM]
-                a_hi = tl.load(a_base + hi, mask=row_ok[None, :], other=0.0)
-                s_lo = tl.load(s_base + (lo // GROUP) * stride_sg, mask=n_ok, other=0.0)
-                s_hi = tl.load(s_base + (hi // GROUP) * stride_sg, mask=n_ok, other=0.0)
-                w_lo, w_hi = _dequant_pair(words, 4 * i, s_lo, s_hi)                        # [BN, P] each
+            words = _words_at(w_base, k0, n_ok)
+            for i in tl.static_range(4):   # activations loaded first: the schedule measured (NOTES.md)
+                a_lo = tl.load(a_base + (k0 + i * PIECE), mask=row_ok[None, :], other=0.0)    # [P, BM]
+                a_hi = tl.load(a_base + (k0 + (i + 4) * PIECE), mask=row_ok[None, :], other=0.0)
+                _, _, w_lo, w_hi = _pair_tiles(words, s_base, k0, i, n_ok, stride_sg, GROUP, PIECE)
                 acc = tl.dot(w_lo, a_lo, acc)
                 acc = tl.dot(w_hi, a_hi, acc)
     else:
         for k0 in range(0, K, 8 * PIECE):
-            words = tl.load(w_base + k0 // 8, mask=n_ok[:, None], other=0)
+            words = _words_at(w_base, k0, n_ok)
             for i in tl.static_range(8):
-                a = tl.load(a_base + (k0 + i * PIECE), mask=row_ok[None, :], other=0.0)  # [P, BM]
-                scale = tl.load(s_base + ((k0 + i * PIECE) // GROUP) * stride_sg, mask=n_ok, other=0.0)
-                w = _dequant(words, 4 * i, scale, DEQUANT, UPCAST)                        # [BN, P]
+                a = tl.load(a_base + (k0 + i * PIECE), mask=row_ok[None, :], other=0.0)      # [P, BM]
+                _, w = _piece_tile(words, s_base, k0, i, n_ok, stride_sg, GROUP, PIECE, DEQUANT, UPCAST)
                 acc = _dot(w, a, acc, UPCAST)
     _epilogue(acc, out_ptr, route_w_ptr, pair, row_ok, offs_n, n_ok, pid_n, N, stride_om,
               BLOCK_N, BLOCK_M, MUL_ROUTE, GLU, UPCAST)
@@ -354,23 +382,18 @@ def moe_int4_gemm_split(a_ptr, w_ptr, s_ptr, out_ptr, sorted_ids_ptr, block_expe
     acc3 = tl.zeros((BLOCK_N, BLOCK_M) if SPLIT > 3 else (16, 16), dtype=tl.float32)
     if DEQUANT == 3:  # pieces i and i + 4 dequantized together (bf16x2), dotted in turn
         for k0 in range(0, K, 8 * PIECE):
-            words = tl.load(w_base + k0 // 8, mask=n_ok[:, None], other=0)
+            words = _words_at(w_base, k0, n_ok)
             for i in tl.static_range(4):
-                lo, hi = k0 + i * PIECE, k0 + (i + 4) * PIECE
-                s_lo = tl.load(s_base + (lo // GROUP) * stride_sg, mask=n_ok, other=0.0)
-                s_hi = tl.load(s_base + (hi // GROUP) * stride_sg, mask=n_ok, other=0.0)
-                w_lo, w_hi = _dequant_pair(words, 4 * i, s_lo, s_hi)                    # [BN, P] each
+                lo, hi, w_lo, w_hi = _pair_tiles(words, s_base, k0, i, n_ok, stride_sg, GROUP, PIECE)
                 acc0, acc1, acc2, acc3 = _dots(acc0, acc1, acc2, acc3, w_lo, a0, a1, a2, a3,
                                                ok0, ok1, ok2, ok3, lo, SPLIT, UPCAST)
                 acc0, acc1, acc2, acc3 = _dots(acc0, acc1, acc2, acc3, w_hi, a0, a1, a2, a3,
                                                ok0, ok1, ok2, ok3, hi, SPLIT, UPCAST)
     else:
         for k0 in range(0, K, 8 * PIECE):
-            words = tl.load(w_base + k0 // 8, mask=n_ok[:, None], other=0)
+            words = _words_at(w_base, k0, n_ok)
             for i in tl.static_range(8):
-                k = k0 + i * PIECE
-                scale = tl.load(s_base + (k // GROUP) * stride_sg, mask=n_ok, other=0.0)
-                w = _dequant(words, 4 * i, scale, DEQUANT, UPCAST)                        # [BN, P]
+                k, w = _piece_tile(words, s_base, k0, i, n_ok, stride_sg, GROUP, PIECE, DEQUANT, UPCAST)
                 acc0, acc1, acc2, acc3 = _dots(acc0, acc1, acc2, acc3, w, a0, a1, a2, a3,
                                                ok0, ok1, ok2, ok3, k, SPLIT, UPCAST)
     _epilogue(acc0, out_ptr, route_w_ptr, pair0, ok0, offs_n, n_ok, pid_n, N, stride_om,

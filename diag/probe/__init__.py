@@ -3,6 +3,7 @@ case's prompts with the case's decoding, and save its answers, /metrics and /ser
 the shapes `diag run --server-*` reads.
 
 client.py (HTTP, timeout, retries) -> detect.py (which engine, release, model) -> plan.py
-(what to send) -> sglang_shape.py / vllm_shape.py (each engine's JSON) -> prometheus.py
-(counter deltas) -> probe.py (one probe, saved atomically). This package reads no weights.
+(what to send) -> probe.py (one probe, saved atomically). Each engine's routes and JSON are its
+package's LiveServer (diag/engines/<family>/live.py), the counter deltas diag.engines.prometheus;
+this package names no engine and reads no weights.
 """

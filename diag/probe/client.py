@@ -109,5 +109,5 @@ class Client:
                                     hint="raise --timeout, or lower --concurrency") from None
                 last = f"{type(reason).__name__}: {reason}"
         raise DiagError(f"cannot reach {req.full_url}", file=req.full_url, field="--server",
-                        expected="a running SGLang or vLLM server", found=f"{last} ({tries} tries)",
+                        expected="a running inference server", found=f"{last} ({tries} tries)",
                         hint="check the host and port, and that the server has finished starting")

@@ -53,9 +53,8 @@ def _check_max(n: int, field: str) -> int:
 
 def from_case(case: Case) -> ProbePlan:
     """Token ids under the case's serving rendering; the run's served decoding."""
-    from diag.engines.sglang.launch import parse_launch
     from diag.run.decodings import plan as decoding_plan
-    from diag.run.inputs import checkpoint_path, trusts_remote_code
+    from diag.run.inputs import checkpoint_path, served_by, trusts_remote_code
     from diag.run.rendered import render_prompts
     from diag.target.tokenizer import load_tokenizer
     tpath = checkpoint_path(case.target.path, case, "target.path")
@@ -64,7 +63,8 @@ def from_case(case: Case) -> ProbePlan:
                            case.prompts.categories or None)
     rendered = render_prompts(case, tok, pset, str(Path(tpath) / "tokenizer_config.json"))
     ids = {pid: tuple(t) for pid, _, t in rendered.ids[rendered.serving]}
-    launch = parse_launch(case.serving.launch, case.serving.engine) if case.serving.launch else None
+    rel, eng = served_by(case)
+    launch = eng.parse_launch(case.serving.launch, release=rel) if case.serving.launch else None
     dplan = decoding_plan(case, Path(tpath), launch)
     prompts = tuple(ProbePrompt(p.id, p.text, ids[p.id]) for p in pset.prompts)
     return ProbePlan(prompts, dplan.served, _check_max(case.prompts.max_new_tokens, "prompts.max_new_tokens"),

@@ -1,21 +1,18 @@
 """One probe of a live server: detect the engine, scrape /metrics, send every prompt, scrape
 again, and save what `diag run --server-*` reads, atomically, in one folder.
 
-Saved (the ServerSpec field each one feeds, i.e. the `diag run` flag):
-  SGLang  responses.jsonl  -> responses (--server-responses), one /generate answer per prompt
-          server_info.json -> server_info (--server-info), GET /server_info after the probe
-  vLLM    metrics.txt      -> vllm_metrics (--server-metrics), the counters of this probe only
-          completions.jsonl, models.json, version.json (what was answered; not read by run)
-  both    metrics_before.txt, metrics_after.txt (the raw scrapes; metrics.txt is their
-          difference, diag.probe.prometheus), probe.json (what was sent, to whom, and when)
-/server_info's avg_spec_accept_length is the server's lifetime average, not this probe's; the
-per-request counts in responses.jsonl are this probe's.
+What is sent and saved is the engine's (its LiveServer, diag/engines/<family>/live.py, found
+by detect.py): one record per prompt in its rows_file, the files its `finish` keeps, and the
+ServerSpec field each one feeds (the `diag run` flag: --server-responses, --server-info,
+--server-metrics). Every engine: metrics_before.txt, metrics_after.txt (the raw scrapes;
+metrics.txt is their difference, diag.engines.prometheus), probe.json (what was sent, to whom,
+and when).
 
 Requests run `concurrency` at a time (a thread pool); the first failure stops the probe and
-nothing is written. Worked example: 48 prompts, concurrency 8, vLLM -> 48 POSTs, then
-metrics.txt with num_drafts 558 etc. for these 48 requests (plus any other client's
-traffic during the probe, which probe.json's notes count when vLLM reports it).
-This module joins the others; it knows no engine's JSON itself.
+nothing is written. Worked example: 48 prompts, concurrency 8 -> 48 POSTs, then metrics.txt
+with the counters of these 48 requests (plus any other client's traffic during the probe,
+which probe.json's notes count where the engine's requests_total counter reports it).
+This module joins the others; it knows no engine's JSON and names no engine.
 """
 
 from __future__ import annotations
@@ -27,15 +24,13 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
+from diag.engines import prometheus
+from diag.engines.protocol import LiveServer
 from diag.errors import DiagError
-from diag.probe import prometheus, sglang_shape, vllm_shape
 from diag.probe.client import Client
-from diag.probe.detect import Server, check_engine, detect
+from diag.probe.detect import Server, check_engine, detect, live
 from diag.probe.plan import ProbePlan, ProbePrompt
 from diag.report.outdir import check_out_dir, partial_dir, swap_into_place, write_manifest
-
-RUN_FIELDS = {"responses": "--server-responses", "server_info": "--server-info", "vllm_metrics": "--server-metrics"}
-
 
 @dataclass(frozen=True)
 class ProbeResult:
@@ -48,7 +43,8 @@ class ProbeResult:
     notes: tuple[str, ...]
 
     def run_flags(self) -> list[str]:
-        return [x for field, path in self.files.items() for x in (RUN_FIELDS[field], path)]
+        flags = live(self.server.engine).run_flags
+        return [x for field, path in self.files.items() for x in (flags[field], path)]
 
 
 def _send_all(client: Client, plan: ProbePlan, body, record, path: str, concurrency: int,
@@ -86,42 +82,21 @@ def _jsonl(rows: list[dict]) -> str:
     return "".join(json.dumps(r) + "\n" for r in rows)
 
 
-def _sglang(client: Client, server: Server, plan: ProbePlan, concurrency: int,
-            progress: bool) -> tuple[dict[str, str], dict[str, str], list[str]]:
-    """(files to write, ServerSpec field -> file name, notes)."""
-    rows = _send_all(client, plan, lambda p: sglang_shape.request(p, plan.decoding, plan.max_new_tokens),
-                     sglang_shape.record, "/generate", concurrency, progress)
-    sglang_shape.check_speculated(rows, client.base + "/generate")
-    info = client.get(server.info_path or "/server_info")
-    files = {"responses.jsonl": _jsonl(rows), "server_info.json": info.text}
-    notes = ["server_info.json: avg_spec_accept_length is the server's lifetime average; responses.jsonl "
-             "holds this probe's own counts"]
-    return files, {"responses": "responses.jsonl", "server_info": "server_info.json"}, notes
+def check_model_labels(text: str, model: str | None, url: str, prefix: str) -> None:
+    """Every `model_name` label on the engine's samples (names starting with `prefix`, the
+    family and a colon) names the model probed; a scrape from another model (a proxy, a
+    second server on the port) is refused."""
+    if model is None:
+        return
+    others = sorted(prometheus.label_values(text, "model_name", prefix) - {model})
+    if others:
+        raise DiagError("the /metrics scrape is from another model", file=url, field='model_name="..."',
+                        expected=f'model_name="{model}" (the model the probe sent to)', found=others,
+                        hint="scrape the server that answered the requests (one model per server)")
 
 
-def _vllm(client: Client, plan: ProbePlan, model: str, concurrency: int,
-          progress: bool) -> tuple[dict[str, str], dict[str, str], list[str]]:
-    rows = _send_all(client, plan, lambda p: vllm_shape.request(p, plan.decoding, plan.max_new_tokens, model),
-                     vllm_shape.record, "/v1/completions", concurrency, progress)
-    version = client.get("/version")
-    return {"completions.jsonl": _jsonl(rows), "version.json": version.text}, {}, []
-
-
-def _model(client: Client, server: Server, model: str | None) -> tuple[str | None, dict[str, str]]:
-    """The model the requests go to (checked against what the server serves), and files to keep."""
-    if server.engine == "vllm":
-        models = client.get("/v1/models")
-        return vllm_shape.served_model(models.json(), model, client.base + "/v1/models"), \
-            {"models.json": models.text}
-    if model is not None and server.model is not None and model != server.model:
-        raise DiagError("the server does not serve the model named", file=server.url, field="--model",
-                        expected=model, found=server.model)
-    return model or server.model, {}
-
-
-def _other_traffic(delta_text: str, engine: str, sent: int) -> list[str]:
-    name = {"vllm": "vllm:request_success_total", "sglang": "sglang:num_requests_total"}[engine]
-    done = prometheus.total(delta_text, name)
+def _other_traffic(delta_text: str, engine: LiveServer, sent: int) -> list[str]:
+    done = prometheus.total(delta_text, engine.requests_total)
     if done is not None and done > sent:
         return [f"{int(done - sent)} requests of other clients finished during the probe; the /metrics "
                 "counters include them"]
@@ -137,40 +112,36 @@ def probe(plan: ProbePlan, client: Client, out: str | Path, *, engine: str | Non
     out = check_out_dir(out)
     server = server or detect(client)
     check_engine(server, engine)
-    prefix = f"{server.engine}:"
-    probed, kept = _model(client, server, model)
+    engine = live(server.engine)
+    prefix, metrics_url = f"{server.engine}:", client.base + "/metrics"
+    probed, kept = engine.served_model(client, server, model)
     before = _metrics(client)
     if before is not None:
-        vllm_shape.check_model_labels(before, probed, client.base + "/metrics", prefix)
+        check_model_labels(before, probed, metrics_url, prefix)
     start = time.monotonic()
-    if server.engine == "sglang":
-        files, fields, notes = _sglang(client, server, plan, concurrency, progress)
-    else:
-        files, fields, notes = _vllm(client, plan, probed, concurrency, progress)
-    files.update(kept)
+    rows = _send_all(client, plan, lambda p: engine.request(p, plan.decoding, plan.max_new_tokens, probed),
+                     engine.record, engine.generate_path, concurrency, progress)
+    files, fields, notes = engine.finish(client, server, rows)
+    files = {engine.rows_file: _jsonl(rows), **files, **kept}
     wall = time.monotonic() - start
     after = _metrics(client)
+    delta = None
     if before is not None and after is not None:
-        vllm_shape.check_model_labels(after, probed, client.base + "/metrics", prefix)
+        check_model_labels(after, probed, metrics_url, prefix)
         delta = prometheus.delta(before, after)
         files.update({"metrics_before.txt": before, "metrics_after.txt": after, "metrics.txt": delta})
-        notes += _other_traffic(delta, server.engine, len(plan.prompts))
-        if server.engine == "vllm":
-            vllm_shape.check_metrics(delta, f"{client.base}/metrics (after - before this probe)")
-            fields["vllm_metrics"] = "metrics.txt"
-    elif server.engine == "vllm":
-        raise DiagError("the vLLM server has no /metrics", file=client.base + "/metrics",
-                        expected="Prometheus text (vLLM serves it unless --disable-log-stats)", found="HTTP 404")
-    else:
-        notes.append("the SGLang server has no /metrics (launch it with --enable-metrics to save them too)")
-    manifest = _manifest(plan, server, probed, client, concurrency, wall, fields, notes)
+        notes += _other_traffic(delta, engine, len(plan.prompts))
+    more_fields, more_notes = engine.metrics_fields(delta, metrics_url)
+    fields.update(more_fields)
+    notes += more_notes
+    manifest = _manifest(plan, server, probed, client, concurrency, wall, engine.run_flags, fields, notes)
     _write(out, {**files, "probe.json": json.dumps(manifest, indent=2) + "\n"})
     return ProbeResult(out, server, probed, {f: str(out / name) for f, name in fields.items()}, len(plan.prompts),
                        wall, tuple(notes))
 
 
 def _manifest(plan: ProbePlan, server: Server, model, client: Client, concurrency: int, wall: float,
-              fields: dict, notes: list[str]) -> dict:
+              run_flags: dict[str, str], fields: dict, notes: list[str]) -> dict:
     return {"kind": "diag-probe", "version": 1, "server": client.base, "engine": server.engine,
             "engine_version": server.version, "model": model,
             "prompts": {"file": plan.prompt_file, "sha256": plan.prompt_sha256, "count": len(plan.prompts),
@@ -178,7 +149,7 @@ def _manifest(plan: ProbePlan, server: Server, model, client: Client, concurrenc
             "decoding": plan.decoding.to_dict(), "decoding_source": plan.decoding_source,
             "max_new_tokens": plan.max_new_tokens, "concurrency": concurrency, "timeout_s": client.timeout,
             "retries": client.retries, "wall_s": round(wall, 3),
-            "run_inputs": {RUN_FIELDS[f]: name for f, name in fields.items()}, "notes": notes}
+            "run_inputs": {run_flags[f]: name for f, name in fields.items()}, "notes": notes}
 
 
 def _write(out: Path, files: dict[str, str]) -> None:

@@ -32,8 +32,8 @@ from tqdm.auto import tqdm
 from diag.errors import DiagError
 from diag.zoo import cache
 from diag.zoo.allocator import keep_freed_memory
-from diag.zoo.recipes import (BUILDER_VERSION, ZOO, CorpusRecipe, DerivedDrafterRecipe, DrafterRecipe, IdsRecipe,
-                              Int4Recipe, TargetRecipe)
+from diag.zoo.recipes import (BUILDER_VERSION, ZOO, CorpusRecipe, DerivedDrafterRecipe, DrafterRecipe, Int4Recipe,
+                              TargetRecipe)
 from diag.zoo.recipes_prompt_side import PromptDrafterRecipe, ThinkingRecipe
 from diag.zoo.shipped import copy_shipped
 from diag.zoo.train import BUILD_THREADS
@@ -71,24 +71,19 @@ def _run_builder(name: str, out: Path, deps: dict[str, Path]) -> dict:
     if isinstance(recipe, TargetRecipe):
         from diag.zoo.build_targets import build_target
         return build_target(recipe, out, deps)
-    if isinstance(recipe, DrafterRecipe):
+    if isinstance(recipe, (DrafterRecipe, PromptDrafterRecipe)):
         from diag.zoo.build_drafters import build_drafter
-        return build_drafter(recipe, out, deps, corpus=entry(recipe.target).recipe.corpus)
+        target = recipe.target if isinstance(recipe, DrafterRecipe) else recipe.drafter.target
+        return build_drafter(recipe, out, deps, corpus=entry(target).recipe.corpus)
     if isinstance(recipe, ThinkingRecipe):
         from diag.zoo.build_thinking import build_thinking
         return build_thinking(recipe, out, deps)
-    if isinstance(recipe, PromptDrafterRecipe):
-        from diag.zoo.build_prompt_drafters import build_prompt_drafter
-        return build_prompt_drafter(recipe, out, deps, corpus=entry(recipe.drafter.target).recipe.corpus)
     if isinstance(recipe, Int4Recipe):
         return _build_int4(recipe, out, deps)
-    if isinstance(recipe, IdsRecipe):
-        from diag.zoo.build_drafters import rewrite_ids
-        drafter = entry(recipe.source).recipe
-        return rewrite_ids(recipe, out, deps[recipe.source], deps[drafter.target], drafter.layout)
     if isinstance(recipe, DerivedDrafterRecipe):
         from diag.zoo.build_derived import build_derived
-        return build_derived(recipe, out, deps, target=entry(recipe.source).recipe.target)
+        drafter = entry(recipe.source).recipe
+        return build_derived(recipe, out, deps[recipe.source], deps[drafter.target], drafter.layout)
     raise TypeError(f"no builder for {type(recipe).__name__}")
 
 
@@ -105,8 +100,10 @@ def _build_int4(recipe: Int4Recipe, out: Path, deps: dict[str, Path]) -> dict:
 
 
 def _plain(recipe) -> dict:
-    """A recipe as zoo_meta.json holds it (tuples become lists)."""
-    return json.loads(json.dumps(dataclasses.asdict(recipe)))
+    """A recipe as zoo_meta.json holds it (tuples become lists): its fields, or what the recipe
+    says it is itself (recipes.DerivedDrafterRecipe.plain)."""
+    fields = recipe.plain() if callable(getattr(recipe, "plain", None)) else dataclasses.asdict(recipe)
+    return json.loads(json.dumps(fields))
 
 
 def fingerprint(name: str) -> str:
@@ -184,7 +181,7 @@ def outdated(names: list[str]) -> set[str]:
 
 def _meta(name: str, seconds: float, metrics: dict) -> dict:
     return {"name": name, "builder_version": BUILDER_VERSION, "fingerprint": fingerprint(name),
-            "recipe": dataclasses.asdict(entry(name).recipe), "seconds": round(seconds, 2),
+            "recipe": _plain(entry(name).recipe), "seconds": round(seconds, 2),
             "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version(), "threads": BUILD_THREADS, "metrics": metrics}
 

@@ -5,7 +5,9 @@ window (teacher-forced text, where the target's argmax often differs from the ne
 id, so only the target's hidden state tells the drafter what the target will say),
 or a corpus prompt of P ids continued greedily by the target as loaded
 (deepseek-tiny computes in bf16): the text replay drafts on. `corpus_fraction`
-splits the pool. One teacher-forced capture pass then gives the layout's points and
+splits the pool. The prompt-side entries (recipes_prompt_side.PromptDrafterRecipe) train on greedy
+continuations of their own prompts only (prompted_sequences: short raw prompts, or corpus text
+inside the chat template with thinking on / off). One teacher-forced capture pass then gives the layout's points and
 the target's argmax at every index.
 
 Views of one sequence x (length L) for drafter index j in [0, T), T = L - steps:
@@ -37,7 +39,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from pathlib import Path
 
 import torch
@@ -48,18 +49,19 @@ from diag.target.capture import capture_pass, decoder_parts
 from diag.drafter.mla import MlaShape
 from diag.drafter.model import DrafterConfig, Eagle3Drafter
 from diag.drafter.checkpoint import save_drafter
-from diag.engines.conventions import to_ids
 from diag.errors import DiagError
 from diag.layouts import CapturePoint, Layout, layout as parse_layout
 from diag.zoo.build_targets import load_back, load_streams
 from diag.zoo.data import sample_windows, tile_windows, token_counts
-from diag.zoo.recipes import DrafterRecipe, IdsRecipe
+from diag.zoo.recipes import DrafterRecipe
+from diag.zoo.recipes_prompt_side import PromptDrafterRecipe
 from diag.zoo.train import deterministic, optimize
 
 CHUNK = 256          # sequences per generate / capture call (decode cost is per step, not per row)
 DIST_ROWS = 16       # sequences per softmax of target_distribution: 16 x 259 x 1536 fp32 logits are
                      # 25 MB, under glibc's mmap threshold (allocator.py); one of 256 took 0.61 s, 16s 0.31
 LAYER_ID_CONVENTION = "specforge"
+CONTENT = "@@content@@"          # chat_wrapping's stand-in for one user turn's text
 
 
 def hot_vocab(counts: torch.Tensor, size: int) -> torch.Tensor:
@@ -284,23 +286,67 @@ def loss_summary(losses: list[float]) -> dict:
     return {"train_loss_first": losses[0], "train_loss_last": sum(losses[-10:]) / len(losses[-10:])}
 
 
-def build_drafter(recipe: DrafterRecipe, out: Path, deps: dict[str, Path], corpus: str) -> dict:
-    """deps: every entry this one needs, transitively (target and its corpus)."""
-    target_dir = deps[recipe.target]
+def build_drafter(recipe: DrafterRecipe | PromptDrafterRecipe, out: Path, deps: dict[str, Path], corpus: str) -> dict:
+    """deps: every entry this one needs, transitively (target and its corpus). A DrafterRecipe
+    trains on the mixed pool (training_sequences) and is checked by `evaluate`; a
+    PromptDrafterRecipe (the prompt-side entries) on its prompts (prompted_sequences) and is
+    checked on held-out prompts of the same kind."""
+    r = recipe if isinstance(recipe, DrafterRecipe) else recipe.drafter
+    target_dir = deps[r.target]
     target, streams = load_back(target_dir), load_streams(deps[corpus])
-    lay = parse_layout(recipe.layout).check_against(target.config.num_hidden_layers)
-    identity = target_identity(target_dir)
-    with deterministic(recipe.budget.seed) as gen:
-        hot = hot_vocab(token_counts(streams["train"], target.config.vocab_size), recipe.draft_vocab_size)
-        seqs = training_sequences(target, streams["train"], recipe, gen, identity)   # [P, prompt + seq_len + steps]
-        d, embed, losses = train_drafter(target, recipe, lay, hot, seqs, gen, desc=f"drafter {recipe.layout}")
-        meta = evaluate(d, target, embed, streams["heldout"], lay, recipe, identity)
+    lay = parse_layout(r.layout).check_against(target.config.num_hidden_layers)
+    counts = token_counts(streams["train"], target.config.vocab_size)
+    with deterministic(r.budget.seed) as gen:
+        hot = hot_vocab(counts, r.draft_vocab_size)
+        if isinstance(recipe, DrafterRecipe):
+            identity = target_identity(target_dir)
+            seqs = training_sequences(target, streams["train"], recipe, gen, identity)  # [P, prompt + seq_len + steps]
+            d, embed, losses = train_drafter(target, r, lay, hot, seqs, gen, desc=f"drafter {r.layout}")
+            meta = evaluate(d, target, embed, streams["heldout"], lay, recipe, identity)
+        else:
+            seqs, start = prompted_sequences(target, target_dir, streams["train"], recipe, r.pool_sequences, gen)
+            d, embed, losses = train_drafter(target, r, lay, hot, seqs, gen, desc=f"drafter {r.layout} ({out.name})")
+            held, _ = prompted_sequences(target, target_dir, streams["heldout"], recipe, r.eval_sequences, gen)
+            aux, argmax = features(target, held, lay)
+            meta = {"positions": seqs.shape[1],
+                    "greedy_chain": chain_acceptance(d, embed, aux, held, argmax, r.unroll_steps, start - 1)}
     save_zoo_drafter(d, out, lay, target_dir)
-    meta.update({**loss_summary(losses),
-                 "layout": str(lay), "eagle_aux_hidden_state_layer_ids": specforge_ids(lay),
-                 "hot_vocab_coverage": float(token_counts(streams["train"], target.config.vocab_size)[hot].sum()
-                                             / streams["train"].numel())})
-    return meta
+    summary = {**loss_summary(losses), "layout": str(lay)}
+    if isinstance(recipe, PromptDrafterRecipe):
+        return {**summary, **meta}
+    return {**meta, **summary, "eagle_aux_hidden_state_layer_ids": specforge_ids(lay),
+            "hot_vocab_coverage": float(counts[hot].sum() / streams["train"].numel())}
+
+
+def chat_wrapping(target_dir: Path, thinking: bool) -> tuple[list[int], list[int]]:
+    """Token ids the target's chat template puts before and after one user turn's content,
+    thinking switch set:
+        before = <|bos|><|system|>\\nYou are a tiny model.<|end|>\\n<|user|>\\n
+        after  = <|end|>\\n<|assistant|>\\n<think></think>        (thinking off)"""
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(str(target_dir))
+    text = tok.apply_chat_template([{"role": "user", "content": CONTENT}], add_generation_prompt=True,
+                                   tokenize=False, thinking=thinking)
+    before, after = text.split(CONTENT)
+    return [tok(t, add_special_tokens=False)["input_ids"] for t in (before, after)]
+
+
+def prompted_sequences(target, target_dir: Path, stream: torch.Tensor, recipe: PromptDrafterRecipe, n: int,
+                       gen: torch.Generator) -> tuple[torch.Tensor, int]:
+    """n prompts, each continued greedily by the target for seq_len + steps tokens, and the
+    prompts' length p. A prompt is drafter.prompt_tokens raw corpus ids (the short-context drafter:
+    8 + 16 + 3 = 27 positions, against the mixed pool's 32 + 96 + 3), or with chat_thinking set
+    a corpus window of prompt_tokens - 1 ids inside the chat wrapping (p = len(before) +
+    prompt_tokens - 1 + len(after)): the drafter learns the text one side of the thinking
+    switch makes and never sees the other side's."""
+    r = recipe.drafter
+    if recipe.chat_thinking is None:
+        start = sample_windows(stream, n, r.prompt_tokens - 1, gen)                      # [n, PROMPT]
+    else:
+        before, after = chat_wrapping(target_dir, recipe.chat_thinking)
+        windows = sample_windows(stream, n, r.prompt_tokens - 2, gen)                    # [n, PROMPT - 1]
+        start = torch.cat([torch.tensor([before] * n), windows, torch.tensor([after] * n)], dim=1)
+    return greedy_sequences(target, start, r.budget.seq_len + r.unroll_steps), start.shape[1]
 
 
 def evaluate(d, target, embed, heldout: torch.Tensor, lay: Layout, recipe: DrafterRecipe,
@@ -323,20 +369,3 @@ def evaluate(d, target, embed, heldout: torch.Tensor, lay: Layout, recipe: Draft
         meta["greedy_chain_shifted_layout"] = {"layout": str(shifted),
                                                **chain_acceptance(d, embed, aux, seqs, argmax, steps, start)}
     return meta
-
-
-def rewrite_ids(recipe: IdsRecipe, out: Path, source: Path, target: Path, trained: str) -> dict:
-    """The source drafter's files, its config's ids written in recipe.convention for the
-    trained layout and diag_trained_layout removed. embed+L2+L4, vllm -> [0, 2, 4]."""
-    n = json.loads((target / "config.json").read_text())["num_hidden_layers"]
-    ids = to_ids(parse_layout(trained), recipe.convention, n)
-    if ids is None:
-        raise DiagError("the layout cannot be written in this convention", field="convention",
-                        expected=f"a convention that captures {trained} on {n} layers", found=recipe.convention)
-    cfg = json.loads((source / "config.json").read_text())
-    cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = ids
-    cfg.pop("diag_trained_layout", None)
-    cfg["diag_layer_id_convention"] = recipe.convention
-    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    shutil.copyfile(source / "model.safetensors", out / "model.safetensors")
-    return {"eagle_aux_hidden_state_layer_ids": ids, "convention": recipe.convention, "trained_layout": trained}

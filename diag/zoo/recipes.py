@@ -129,17 +129,6 @@ class DrafterRecipe:
 
 
 @dataclass(frozen=True)
-class IdsRecipe:
-    """A drafter entry's weights with its layer ids written in another convention and no
-    diag_trained_layout: what a drafter trained with another trainer ships. The seeds' story
-    (DESIGN.md §1.2) on the zoo: embed+L2+L4 written as vLLM's L{id} -> [0, 2, 4], which
-    SGLang's Llama rule reads as L1+L3+L5. Costs no training."""
-
-    source: str                       # zoo name of the drafter entry
-    convention: str                   # diag.engines.conventions name, e.g. "vllm"
-
-
-@dataclass(frozen=True)
 class Int4Recipe:
     """compressed-tensors pack-quantized INT4 of a bf16 target's routed experts."""
 
@@ -149,17 +138,30 @@ class Int4Recipe:
 
 @dataclass(frozen=True)
 class DerivedDrafterRecipe:
-    """A trained zoo drafter with one documented change and no training: a token class taken
-    out of its hot vocabulary (the rows of lm_head and d2t dropped, as a drafter whose
-    training data lacked the class ends up), and / or config.json keys overridden (what
-    editing a drafter's config after training does)."""
+    """A trained zoo drafter with documented changes and no training (build_derived.py), each
+    optional:
+    - `convention`: its layer ids written in another convention and no diag_trained_layout:
+      what a drafter trained with another trainer ships. The seeds' story (DESIGN.md §1.2) on
+      the zoo: embed+L2+L4 written as vLLM's L{id} -> [0, 2, 4], which SGLang's Llama rule
+      reads as L1+L3+L5;
+    - `hot_vocab_excludes`: a token class taken out of its hot vocabulary (the rows of lm_head
+      and d2t dropped), as a drafter whose training data lacked the class ends up."""
 
     source: str                                   # zoo name of the trained drafter
+    convention: str | None = None                 # a diag.engines.conventions name, e.g. "vllm"
     hot_vocab_excludes: str | None = None         # a name of build_derived.TOKEN_CLASSES
-    config_overrides: tuple[tuple[str, object], ...] = ()
+
+    def needs(self) -> tuple[str, ...]:
+        return (self.source,)
+
+    def plain(self) -> dict:
+        """What the entry is (build.fingerprint hashes it): the source and the changes made,
+        none of those not made. DerivedDrafterRecipe("d", convention="vllm") ->
+        {"source": "d", "convention": "vllm"}."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
 
-Recipe = Union[CorpusRecipe, TargetRecipe, DrafterRecipe, IdsRecipe, Int4Recipe, DerivedDrafterRecipe]
+Recipe = Union[CorpusRecipe, TargetRecipe, DrafterRecipe, Int4Recipe, DerivedDrafterRecipe]
 
 
 @dataclass(frozen=True)
@@ -178,7 +180,7 @@ class ZooEntry:
             return (r.corpus,)
         if isinstance(r, DrafterRecipe):
             return (r.target,)
-        if isinstance(r, (Int4Recipe, IdsRecipe, DerivedDrafterRecipe)):
+        if isinstance(r, Int4Recipe):
             return (r.source,)
         return ()
 
@@ -269,7 +271,7 @@ _ENTRIES = (
                            temperature=0.5)),
     ZooEntry("llama-tiny-eagle3-embed-vllm-ids", "llama-tiny-eagle3-embed, its ids written as vLLM's "
              "L{id} = [0, 2, 4], no diag_trained_layout: SGLang's Llama rule serves it L1+L3+L5",
-             IdsRecipe("llama-tiny-eagle3-embed", "vllm")),
+             DerivedDrafterRecipe("llama-tiny-eagle3-embed", convention="vllm")),
     ZooEntry("llama-tiny-eagle3-l1", "EAGLE-3 drafter for llama-tiny trained on L1+L3+L5 (the control: "
              "no embed in its layout; the embed drafter's pool and recipe, half its steps)",
              DrafterRecipe("llama-tiny", "L1+L3+L5", _CONTROL_BUDGET, draft_vocab_size=1536,

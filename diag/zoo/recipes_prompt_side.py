@@ -1,7 +1,7 @@
 """The zoo's prompt-side entries (issue 14), as data: a target whose chat template's thinking
 switch changes what it writes, a drafter trained on one side of that switch, and a drafter
 trained at short context. Kept apart from recipes.py so its entries and builders
-(build_thinking.py, build_prompt_drafters.py) change without touching the others';
+(build_thinking.py; the drafters train in build_drafters.py) change without touching the others';
 recipes.py appends ENTRIES to ZOO.
 
 Build cost (zoo_meta.json `seconds`) on the idle 2-core machine, seventh session: llama-tiny-think

@@ -181,5 +181,10 @@ class SglangEngine:
                                    regen, parser))
         return out
 
+    # ---- live server -------------------------------------------------------------------
+    def live_server(self):
+        from diag.engines.sglang.live import LIVE
+        return LIVE
+
 
 RULES = SglangEngine()

@@ -270,5 +270,10 @@ class VllmEngine:
                                 f"expected {err.expected}; found {err.found}", release.label)]
         return []
 
+    # ---- live server -------------------------------------------------------------------
+    def live_server(self):
+        from diag.engines.vllm.live import LIVE
+        return LIVE
+
 
 RULES = VllmEngine()

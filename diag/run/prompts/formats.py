@@ -1,4 +1,5 @@
-"""Prompt records as users have them, one reader per format (presets as data).
+"""Prompt records as users have them: the one reader of prompt records, one entry per format
+(presets as data), each with how a line of its public dataset is named.
 
 | format     | record (keys that identify it)                       | becomes                         |
 |------------|------------------------------------------------------|---------------------------------|
@@ -10,14 +11,26 @@
 | prompt     | {"prompt": str} (SGLang / vLLM benchmark files)      | the user message (vLLM's custom dataset applies the chat template by default) |
 | text       | {"text": str}                                        | raw completion text             |
 
+Public datasets kept as local JSONL files (nothing is downloaded): a line that has its
+dataset's keys takes its id and category from the dataset, so acceptance per dataset falls
+out of acceptance per category, and files of different datasets can be concatenated:
+
+| dataset    | keys                        | id                    | category              |
+|------------|-----------------------------|-----------------------|-----------------------|
+| MT-bench   | question_id, turns          | "mt-bench-81"         | "mt-bench/writing"    |
+| GSM8K      | question, answer            | "gsm8k-{line}"        | "gsm8k"               |
+| HumanEval  | task_id, prompt             | "HumanEval/0"         | "humaneval"           |
+| ShareGPT   | conversations               | its `id` ("x1")       | "sharegpt"            |
+
 Multi-turn sets keep only what needs no model answer: MT-bench's second turn and ShareGPT's
 later turns follow an answer the replayed target would write itself, so SGLang's and vLLM's
 serving benchmarks (bench_serving sharegpt / mt-bench) send the first turn, and so does diag.
 ShareGPT speakers: human/user -> user, gpt/chatgpt/assistant/bard/bing -> assistant, system.
-The id is the record's `id`, `question_id` or `task_id`, else the line number ("7");
+Any other record: the id is its `id`, `question_id` or `task_id`, else the line number ("7");
 the category is the record's `category`, else the file's name (gsm8k.jsonl -> "gsm8k").
 Example: {"question_id": 81, "category": "writing", "turns": ["Compose a blog post", "Rewrite it"]}
--> Prompt(id "81", category "writing", messages (("user", "Compose a blog post"),), format "mt-bench").
+-> Prompt(id "mt-bench-81", category "mt-bench/writing", messages (("user", "Compose a blog post"),),
+format "mt-bench"); without its question_id it would be Prompt(id "7", category "writing", ...).
 
 This module knows records and keys; nothing about files or tokenizers.
 """
@@ -41,6 +54,8 @@ class Format:
     name: str
     keys: tuple[str, ...]                  # all present -> this format
     read: Callable[[dict, str, str], tuple[str | None, tuple | None]]   # (record, where, id) -> (text, messages)
+    dataset: tuple[str, ...] = ()          # all present -> a line of this format's public dataset, named by
+    named: Callable[[dict, int, str], tuple[str, str]] | None = None    # (record, line, where) -> (id, category)
 
 
 def _string(obj: dict, key: str, where: str, pid: str) -> str:
@@ -102,10 +117,14 @@ def _mt_bench(obj: dict, where: str, pid: str):
 
 FORMATS: tuple[Format, ...] = (
     Format("messages", ("messages",), _messages),
-    Format("sharegpt", ("conversations",), _sharegpt),
-    Format("mt-bench", ("turns",), _mt_bench),
-    Format("humaneval", ("task_id", "prompt"), lambda o, w, i: (_string(o, "prompt", w, i), None)),
-    Format("gsm8k", ("question",), lambda o, w, i: (None, (("user", _string(o, "question", w, i)),))),
+    Format("sharegpt", ("conversations",), _sharegpt,
+           ("conversations",), lambda o, n, w: (str(o.get("id", w)), "sharegpt")),
+    Format("mt-bench", ("turns",), _mt_bench, ("turns", "question_id"),
+           lambda o, n, w: (f"mt-bench-{o['question_id']}", f"mt-bench/{o.get('category') or 'uncategorised'}")),
+    Format("humaneval", ("task_id", "prompt"), lambda o, w, i: (_string(o, "prompt", w, i), None),
+           ("task_id", "prompt"), lambda o, n, w: (str(o["task_id"]), "humaneval")),
+    Format("gsm8k", ("question",), lambda o, w, i: (None, (("user", _string(o, "question", w, i)),)),
+           ("question", "answer"), lambda o, n, w: (f"gsm8k-{n}", "gsm8k")),
     Format("prompt", ("prompt",), lambda o, w, i: (None, (("user", _string(o, "prompt", w, i)),))),
     Format("text", ("text",), lambda o, w, i: (_string(o, "text", w, i), None)),
 )
@@ -126,14 +145,22 @@ def format_of(obj: dict, where: str) -> Format:
 
 
 def parse_record(obj: dict, where: str, *, line: int, default_category: str) -> Prompt:
+    """One record (line `line` of a file whose name gives `default_category`) as a Prompt."""
     if not isinstance(obj, dict):
         raise DiagError("prompt line is not a JSON object", file=where, expected='{"text": ...} or another '
                         "format (diag/run/prompts/formats.py)", found=str(obj)[:80])
+    dataset = next((f for f in FORMATS if f.dataset and all(k in obj for k in f.dataset)), None)
+    pid, category = dataset.named(obj, line, where) if dataset else _named(obj, line, default_category, where)
+    fmt = format_of(obj, where)
+    text, messages = fmt.read(obj, where, pid)
+    return Prompt(pid, category, text, messages, fmt.name)
+
+
+def _named(obj: dict, line: int, default_category: str, where: str) -> tuple[str, str]:
+    """(id, category) of a record that is no dataset's line: its own id key, else the line number."""
     pid = next((obj[k] for k in _ID_KEYS if obj.get(k) is not None), line)
     if not isinstance(pid, (str, int)) or isinstance(pid, bool):
         key = next(k for k in _ID_KEYS if obj.get(k) is not None)
         raise DiagError(f"prompt {key} must be a string or an integer", file=where, field=key,
                         expected='e.g. "p1" or 1', found=repr(pid))
-    fmt = format_of(obj, where)
-    text, messages = fmt.read(obj, where, str(pid))
-    return Prompt(str(pid), str(obj.get("category") or default_category), text, messages, fmt.name)
+    return str(pid), str(obj.get("category") or default_category)

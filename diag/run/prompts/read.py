@@ -3,7 +3,7 @@
 A prompt set is JSONL (one record per line) or one JSON array of records (ShareGPT dumps are
 shipped that way). Every record is read by formats.py's reader of its format (`text`, `prompt`,
 `messages`, `conversations`, `turns`, `question`, id optional); a line of MT-bench, GSM8K,
-HumanEval or ShareGPT takes its id and category from its dataset (datasets.py).
+HumanEval or ShareGPT takes its id and category from its dataset (formats.py too).
 Chat prompts go through the tokenizer's chat template (generation prompt added); a tokenizer
 without one gets the turns joined as "role: content" lines, and the report says so.
 
@@ -19,7 +19,6 @@ from pathlib import Path
 
 from diag.errors import DiagError
 from diag.checkpoint.readable import require_readable
-from diag.run.prompts.datasets import dataset_prompt
 from diag.run.prompts.formats import parse_record
 from diag.run.prompts.records import Prompt, PromptSet
 
@@ -44,15 +43,6 @@ def _records(path: Path) -> list[tuple[int, str, object]]:
             raise DiagError("prompt line is not JSON", file=f"{path}:{n}", expected="one JSON object per line",
                             found=str(err)) from err
     return out
-
-
-def _record(obj, where: str, line: int, default_category: str) -> Prompt:
-    """A record in its format (formats.py), named after its dataset when it is a dataset line (datasets.py)."""
-    if isinstance(obj, dict) and "text" not in obj and "messages" not in obj:
-        found = dataset_prompt(obj, line, where)
-        if found is not None:
-            return found
-    return parse_record(obj, where, line=line, default_category=default_category)
 
 
 def _notes(prompts: list[Prompt]) -> tuple[str, ...]:
@@ -84,7 +74,8 @@ def read_prompt_set(path: str | Path, limit: int | None = None,
                         found="no such file")
     require_readable(path, "prompt file")
     default_category = path.name.split(".")[0]
-    prompts = [_record(obj, where, n, default_category) for n, where, obj in _records(path)]
+    prompts = [parse_record(obj, where, line=n, default_category=default_category)
+               for n, where, obj in _records(path)]
     if categories:
         prompts = [p for p in prompts if p.category in categories]
     if limit is not None:

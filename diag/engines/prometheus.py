@@ -12,7 +12,8 @@ after `... 598.0` -> the delta scrape says `... 558.0`.
 Traffic from other clients during the probe lands in the same counters; `finished_requests`
 counts the requests that finished meanwhile, so the caller can say so.
 
-This module knows the text format; nothing about HTTP or engines' meanings.
+This module knows the text format; nothing about HTTP or engines' meanings (diag.probe takes the
+scrapes; the engines read them).
 """
 
 from __future__ import annotations
