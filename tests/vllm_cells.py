@@ -161,9 +161,16 @@ def accept_length(c: dict) -> float:
     return 1.0 + c["num_accepted_tokens"] / c["num_drafts"]
 
 
-def engine_counts(url: str, model: str, prompts, *, concurrency: int = PROMPTS, temperature: float = 0.0,
+def engine_counts(url: str, model: str, prompts, *, concurrency: int = 1, temperature: float = 0.0,
                   seed: int | None = None) -> tuple[dict, list[list[int]], float]:
-    """(counter delta, generated ids, seconds) of one pass of the prompt set."""
+    """(counter delta, generated ids, seconds) of one pass of the prompt set, one request at a
+    time by default: the engine's batches are then the same on any machine. Sent all at once,
+    the requests reach the scheduler over several steps when the machine is loaded, prefill
+    steps mix with decode steps, and the kernels round differently: under a load of 11-14 on
+    2 cores (a suite with servers started ahead) the fp32 llama-tiny-eagle3-embed-vllm-ids k=3
+    cell moved by one draft (465 -> 466) and bf16 by one accepted token, while on an idle
+    machine all-at-once and one-at-a-time gave the same counters. One at a time was not
+    slower here (22.5 s against 24.5 s for the bf16 k=3 pass)."""
     t0 = time.perf_counter()
     before = vs.scrape(url)
     outs = vs.complete(url, model, [p for _, _, p in prompts], MAX_TOKENS, temperature=temperature,
