@@ -41,7 +41,7 @@ META = "bench_pair.json"
 
 @dataclass(frozen=True)
 class PairRecipe:
-    steps: int = 300          # AdamW steps (zoo.train.optimize: warmup, cosine decay)
+    steps: int = 200          # AdamW steps (zoo.train.optimize: warmup, cosine decay)
     batch: int = 16           # sequences per step
     lr: float = 3e-3
     unroll_steps: int = 3     # draft steps trained jointly
