@@ -38,6 +38,7 @@ def test_trained_pair_accepts_like_a_trained_one_greedily(pair):
 
     assert meta["tree"] == "chain-3" and set(meta["greedy"]) == set(lays)
     assert all(x >= 2.5 for x in meta["greedy"].values()), meta["greedy"]
+    assert meta["greedy_accept_length_min"] == min(meta["greedy"].values()) >= 2.5
     assert set(meta["t1.0-p0.95-k-1"]) == set(lays) and "greedy continuations" in meta["made"]
     assert meta["continuation_distinct_ids_min"] > meta["continuation_ids"] // 2      # not degenerate
     drafter, ckpt = load_drafter(path)                  # what the bench loads accepts the same

@@ -70,7 +70,7 @@ def trained_pair_drafter(target: Path, model, prompts: list[list[int]], new_toke
     root = Path(cache) if cache is not None else cache_root() / "bench-pairs"
     out = root / pair_key(target, prompts, new_tokens, layouts, drafter_widths, recipe)
     if (out / META).is_file():
-        return out, json.loads((out / META).read_text())
+        return out, _summarised(json.loads((out / META).read_text()))
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
     try:
@@ -80,7 +80,14 @@ def trained_pair_drafter(target: Path, model, prompts: list[list[int]], new_toke
             tmp.rename(out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return out, json.loads((out / META).read_text())
+    return out, _summarised(json.loads((out / META).read_text()))
+
+
+def _summarised(meta: dict) -> dict:
+    """meta plus the worst layout's greedy and T=1.0 accept lengths, flat (one line in summary.md)."""
+    sampled = next(k for k in meta if k.startswith("t1.0"))
+    return {**meta, "greedy_accept_length_min": min(meta["greedy"].values()),
+            "t1_accept_length_min": min(meta[sampled].values())}
 
 
 def _build(out: Path, model, prompts, new_tokens, layouts, drafter_widths, recipe: PairRecipe) -> dict:
