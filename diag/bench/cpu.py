@@ -2,7 +2,9 @@
 same measurements as the GPU run where they make sense on a CPU: capture-pass tokens/s
 (diag's eager packed loop), batched drafter replay (3 layouts x 6 trees) against the
 measured fp32 matmul rate, the naive loop's speed ratio, and the sampled decode loop
-(3 layouts x 6 trees over 32 prompts) against the teacher-forced pass on the same tokens. The numbers describe diag's
+(3 layouts x 6 trees over 32 prompts) against the teacher-forced pass on the same tokens, drafted by the
+bench pair's trained drafter (bench/pair.py; the section's `drafter` says how it was made and what it
+accepts, greedy and at T=1.0; the other sections keep the random one). The numbers describe diag's
 overheads at toy widths, not Kimi speed. `sampled` also runs the loop on the zoo's trained demo
 pair per tree shape, and the demo beside demo-sampled (bench/sampled_zoo.py).
 `load` writes a larger Kimi-shaped target (LOAD_WIDTHS, 3 layers, 1.38 GB) and measures
@@ -101,9 +103,21 @@ def run(out: Path, workdir: Path, *, layers: int = 4, num_seqs: int = 8, seq_len
     if "sampled" in sections:
         prompts = bench_prompts(sampled_prompts, prompt_len, SMALL["vocab_size"])
         trees = {"trees": tuple(sampled_trees)} if sampled_trees else {}
-        section(res, "sampled", lambda: sampled_bench(model, drafter, embed, head, lays, prompts,
-                                                      max_new_tokens=sampled_new_tokens, token_budget=4096, **trees))
+        section(res, "sampled", lambda: _sampled(ks, model, embed, head, lays, prompts, sampled_new_tokens, trees))
     return save(res, out) and res
+
+
+def _sampled(ks, model, embed, head, lays, prompts, new_tokens: int, trees: dict) -> dict:
+    """The loop with the bench pair's trained drafter (bench/pair.py: trained on these prompts'
+    greedy continuations, cached); `drafter` says how it was made and what it accepts."""
+    from diag.bench.pair import trained_pair_drafter
+    from diag.drafter.checkpoint import load_drafter
+
+    path, made = trained_pair_drafter(ks.target, model, prompts, new_tokens, lays, {**SMALL, **SMALL_DRAFTER})
+    drafter, _ = load_drafter(path)
+    out = sampled_bench(model, drafter, embed, head, lays, prompts, max_new_tokens=new_tokens,
+                        token_budget=4096, **trees)
+    return {**out, "drafter": made}
 
 
 def _e2e(ks, layers: int, workdir: Path, prompts: int, new_tokens: int) -> dict:

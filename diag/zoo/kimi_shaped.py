@@ -222,17 +222,10 @@ def write_drafter(out_dir: str | Path, layers: int, *, seed: int = 1, widths: di
                   device: str = "cpu") -> tuple[Path, str]:
     """A random EAGLE-3 drafter with Kimi's drafter widths (fc 3*H -> H, draft vocab 32000),
     its d2t an arbitrary hot vocabulary; widths overrides shrink it for tests."""
-    from diag.drafter.model import DrafterConfig, Eagle3Drafter
+    from diag.drafter.model import Eagle3Drafter
     from diag.drafter.checkpoint import save_drafter
 
-    w = {**KIMI_DRAFTER, **(widths or {})}
-    text = {**KIMI_TEXT, **(widths or {})}
-    cfg = DrafterConfig(hidden_size=w["hidden_size"], num_attention_heads=w["num_attention_heads"],
-                        num_key_value_heads=w["num_key_value_heads"], head_dim=w["head_dim"],
-                        intermediate_size=w["intermediate_size"], vocab_size=text["vocab_size"],
-                        draft_vocab_size=w["draft_vocab_size"], target_hidden_size=text["hidden_size"],
-                        rms_norm_eps=w["rms_norm_eps"], rope_theta=w["rope_theta"],
-                        max_position_embeddings=w["max_position_embeddings"])
+    cfg, w, text = drafter_config(widths), {**KIMI_DRAFTER, **(widths or {})}, {**KIMI_TEXT, **(widths or {})}
     torch.manual_seed(seed)
     with torch.device(device):
         drafter = Eagle3Drafter(cfg)  # initialised where it is fast, written from the CPU
@@ -241,6 +234,20 @@ def write_drafter(out_dir: str | Path, layers: int, *, seed: int = 1, widths: di
     layout, ids = drafter_layout(layers)
     save_drafter(drafter, out_dir, aux_layer_ids=ids, trained_layout=layout)
     return Path(out_dir), layout
+
+
+def drafter_config(widths: dict | None = None):
+    """The Kimi-shaped drafter's DrafterConfig (KIMI_DRAFTER, widths overriding)."""
+    from diag.drafter.model import DrafterConfig
+
+    w = {**KIMI_DRAFTER, **(widths or {})}
+    text = {**KIMI_TEXT, **(widths or {})}
+    return DrafterConfig(hidden_size=w["hidden_size"], num_attention_heads=w["num_attention_heads"],
+                         num_key_value_heads=w["num_key_value_heads"], head_dim=w["head_dim"],
+                         intermediate_size=w["intermediate_size"], vocab_size=text["vocab_size"],
+                         draft_vocab_size=w["draft_vocab_size"], target_hidden_size=text["hidden_size"],
+                         rms_norm_eps=w["rms_norm_eps"], rope_theta=w["rope_theta"],
+                         max_position_embeddings=w["max_position_embeddings"])
 
 
 def _hot_ids(vocab: int, draft_vocab: int, seed: int) -> torch.Tensor:
