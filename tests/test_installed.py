@@ -34,19 +34,22 @@ def _run(argv, cwd, env=None, timeout=900):
     return done
 
 
-def build(tmp: Path):
-    """(the venv's diag script, a working directory outside the checkout, the environment, the wheel)."""
-    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", tmp / "dist", ROOT], cwd=tmp)
+def build(tmp: Path, session_env: dict[str, str]):
+    """(the venv's diag script, a working directory outside the checkout, the environment, the wheel).
+    `session_env`: os.environ as it was when the build was asked for; the background build runs
+    while other tests set DIAG_CACHE_DIR, HOME or HF_* for themselves and must not see them."""
+    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", tmp / "dist", ROOT], cwd=tmp, env=session_env)
     wheel = next((tmp / "dist").glob("diag-*.whl"))
     venv = tmp / "venv"
-    _run([sys.executable, "-m", "venv", venv], cwd=tmp)
+    _run([sys.executable, "-m", "venv", venv], cwd=tmp, env=session_env)
     pip = venv / "bin" / "pip"
-    _run([pip, "install", "-q", "torch==2.13.0"], cwd=tmp)
-    _run([pip, "install", "-q", wheel], cwd=tmp)
+    _run([pip, "install", "-q", "torch==2.13.0"], cwd=tmp, env=session_env)
+    _run([pip, "install", "-q", wheel], cwd=tmp, env=session_env)
     work = tmp / "elsewhere"
     work.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env["DIAG_CACHE_DIR"] = os.environ.get("DIAG_CACHE_DIR", str(Path.home() / ".cache" / "diag"))
+    env = {k: v for k, v in session_env.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["DIAG_CACHE_DIR"] = session_env.get("DIAG_CACHE_DIR",
+                                            str(Path(session_env.get("HOME", str(Path.home()))) / ".cache" / "diag"))
     return venv / "bin" / "diag", work, env, wheel
 
 
@@ -55,14 +58,14 @@ class _Background:
     folders are: removing a 3 GB venv took 56 s of the suite's clock under load)."""
 
     def __init__(self, tmp: Path):
-        self.tmp = tmp
+        self.tmp, self.env = tmp, dict(os.environ)          # read now, in the main thread
         self.result, self.error = None, None
         self.thread = threading.Thread(target=self._run, name="installed-build", daemon=True)
         self.thread.start()
 
     def _run(self):
         try:
-            self.result = build(self.tmp)
+            self.result = build(self.tmp, self.env)
         except BaseException as e:                 # the fixture re-raises it in the test
             self.error = e
 
@@ -90,7 +93,7 @@ def installed(tmp_path_factory):
     """(the venv's diag script, a working directory outside the checkout, the environment, the wheel)."""
     if _BACKGROUND is not None:
         return _BACKGROUND.get()
-    return build(tmp_path_factory.mktemp("installed"))
+    return build(tmp_path_factory.mktemp("installed"), dict(os.environ))
 
 
 def test_the_wheel_carries_what_the_commands_read(installed):

@@ -67,7 +67,16 @@ def test_mismatched_serving_layout_fails_naming_both_layouts_and_the_report(pyte
     assert (out / "report.json").is_file() and (out / "report.md").is_file()
 
 
-def test_matched_layout_passes_and_the_case_runs_once(pytester, pair):
+def test_matched_layout_passes_and_the_case_runs_once(pytester, tmp_path):
+    """The demo pair (llama-tiny and its drafter trained on embed+L2+L4, ids [-1, 1, 3] that SGLang
+    serves as embed+L2+L4), 4 prompts: a working target, so no verdict is an error. (The random
+    pair of the other tests is garbage by design, and diag says so: TARGET OUTPUT IS GARBAGE.)"""
+    from diag.zoo import zoo_path
+    prompts = tiny.make_prompts(tmp_path / "prompts.jsonl", n=4)
+    case = tiny.write_case(tmp_path / "case.toml", zoo_path("llama-tiny", progress=False),
+                           zoo_path("llama-tiny-eagle3-embed", progress=False), prompts,
+                           layouts=["embed+L2+L4", "L1+L3+L5"])
+    case.write_text(case.read_text() + '[serving]\nlayout = "embed+L2+L4"\n')
     pytester.makepyfile(test_deploy="""
         from diag.assertions import assert_serving_layout_is_trained, assert_no_error_verdicts
         SEEN = []
@@ -76,10 +85,10 @@ def test_matched_layout_passes_and_the_case_runs_once(pytester, pair):
             assert_serving_layout_is_trained(diag_run)
         def test_errors(diag_run):
             assert diag_run is SEEN[0]
-            assert diag_run["case"]["spec"]["serving"]["layout"] == "embed+L2+L3"
+            assert diag_run["case"]["spec"]["serving"]["layout"] == "embed+L2+L4"
             assert_no_error_verdicts(diag_run)
     """)
-    res = run(pytester, "--diag-case", str(pair["matched"]), "--diag-report-dir", str(pytester.path / "rep"))
+    res = run(pytester, "--diag-case", str(case), "--diag-report-dir", str(pytester.path / "rep"))
     res.assert_outcomes(passed=2)
     assert res.stdout.str().count("diag report:") == 1
 

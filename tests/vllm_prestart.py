@@ -4,7 +4,8 @@ them; this module decides when).
 A test names its server with a `vllm` marker carrying a cell, e.g.
 @pytest.mark.vllm(vllm_cells.Cell(pair, 3)); once collection is done, tests/conftest.py calls
 `prestart` with (label, resolve) per selected test, and a background thread builds the venv if
-it must, resolves every server's directories (zoo entries, vLLM-ids copies), then starts the
+it must (the servers' directories, zoo entries and vLLM-ids copies, are resolved before it, in
+the main thread, while no test has changed the environment), then starts the
 servers in the order the tests first use them, at most $DIAG_VLLM_AHEAD (default 2, ~2 GB each)
 alive at a time, while the rest of the suite runs. A server stops after the last test that
 names it (`release`, from the teardown hook), which frees a slot for the next. A test whose
@@ -93,17 +94,30 @@ class Plan:
     def _alive(self) -> int:
         return sum(e.state in ("starting", "up") and e.uses > 0 for e in self.entries)
 
-    def _run(self) -> None:
+    def resolve(self) -> None:
+        """Every server's directories, in the calling (main) thread before any test runs: a zoo
+        path reads $DIAG_CACHE_DIR, which tests set for themselves while the thread would run
+        (the bad-input catalogue's "/proc/diag-cache-test" made every planned server fail)."""
         try:
-            self.python = vs.vllm_python()
             for e in self.entries:
                 target, drafter, kw = e.resolve()
                 e.key, e.args = vs.server_key(target, drafter, **kw), (target, drafter, kw)
                 self.by_key[e.key] = e
-        except Exception as err:                          # every planned test fails with the cause
-            for e in self.entries:
-                e.error, e.state = f"the vLLM prestart failed: {err}", "failed"
-                e.done.set()
+        except Exception as err:
+            self._fail(err)
+
+    def _fail(self, err) -> None:                          # every planned test fails with the cause
+        for e in self.entries:
+            e.error, e.state = f"the vLLM prestart failed: {err}", "failed"
+            e.done.set()
+
+    def _run(self) -> None:
+        try:
+            if any(e.state == "failed" for e in self.entries):
+                return
+            self.python = vs.vllm_python()                # vllm_server reads the session's environment
+        except Exception as err:
+            self._fail(err)
             return
         finally:
             self.resolved.set()
@@ -163,6 +177,7 @@ def prestart(named: list[tuple[str, object]], ahead: int = AHEAD) -> Plan | None
         uses[label] = uses.get(label, 0) + 1
         first.setdefault(label, resolve)
     vs._PLAN = Plan([_Planned(label, first[label], uses[label]) for label in first], ahead)
+    vs._PLAN.resolve()
     vs._PLAN.thread.start()
     return vs._PLAN
 

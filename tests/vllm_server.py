@@ -52,8 +52,14 @@ LOG_TAIL = 4000                       # characters of the server's log quoted in
 LOG_PREFIX = re.compile(r"^\(\w+ pid=\d+\) [A-Z]+ [\d-]+ [\d:]+ \[[^\]]+\] ")   # "(Worker pid=7) ERROR 12-04 20:15:04 [f.py:1] "
 
 
+# The environment when the suite started: the prestart thread (vllm_prestart.py) builds the venv
+# and starts servers while other tests run, and those set DIAG_CACHE_DIR, HOME and HF_* for
+# themselves (monkeypatch); the thread must not read their values.
+SESSION_ENV = dict(os.environ)
+
+
 def _cache_root() -> Path:
-    base = os.environ.get("DIAG_CACHE_DIR")
+    base = SESSION_ENV.get("DIAG_CACHE_DIR")
     return Path(base).expanduser() if base else Path.home() / ".cache" / "diag"
 
 
@@ -62,7 +68,7 @@ def venv_dir() -> Path:
 
 
 def _pip(python: Path, *args: str) -> None:
-    extra = shlex.split(os.environ.get("DIAG_VLLM_PIP_ARGS", ""))
+    extra = shlex.split(SESSION_ENV.get("DIAG_VLLM_PIP_ARGS", ""))
     cmd = [str(python), "-m", "pip", *args, *(extra if args[0] == "install" else [])]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
@@ -91,7 +97,7 @@ _BUILD = threading.Lock()             # the prestart thread and a test never bui
 
 def vllm_python() -> Path:
     """$DIAG_VLLM_PYTHON, else the cached venv (built on first use)."""
-    given = os.environ.get("DIAG_VLLM_PYTHON")
+    given = SESSION_ENV.get("DIAG_VLLM_PYTHON")
     if given:
         path = Path(given)
         if not path.is_file():
@@ -177,7 +183,7 @@ def start(python: Path, target_dir, drafter_dir=None, *, num_speculative_tokens:
     port = free_port()
     key = server_key(target_dir, drafter_dir, num_speculative_tokens, dtype, extra_args)
     log = Path(tempfile.mkstemp(prefix=f"vllm-{port}-", suffix=".log")[1])
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": os.environ.get(
+    env = {**SESSION_ENV, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": SESSION_ENV.get(
         "VLLM_LOGGING_LEVEL", "INFO"), "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
     env.pop("PYTHONPATH", None)       # diag's tree must not shadow the venv's packages
     # the engine runs its own default threads, as a user's server does: an OMP_NUM_THREADS=1

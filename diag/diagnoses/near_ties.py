@@ -90,6 +90,15 @@ class NearTiesSection:
     examples: tuple[Example, ...] = meta()
 
 
+def _text(decode, token: int) -> str:
+    """The token's text, or "<id N>" for an id the tokenizer does not have: the runner-up may be
+    a row of the target's padded vocabulary (a tokenizer of 279 ids, an lm_head of 300 rows)."""
+    try:
+        return decode([token])
+    except (KeyError, IndexError, ValueError, TypeError, OverflowError):
+        return f"<id {token}>"
+
+
 def near_ties_section(sequences, final_states, head, decode, *, margin: float = MARGIN, seed: int,
                       n_boot: int) -> NearTiesSection:
     """`sequences`, `final_states`: the reference pass's records and its "final" point [T_i, H]."""
@@ -106,7 +115,7 @@ def near_ties_section(sequences, final_states, head, decode, *, margin: float = 
         keep = [(t, n) for t, n in pairs if n]
         share = ties / total
         lo, hi = bootstrap_ci([t / n for t, n in keep], seed=seed, n=n_boot, weights=[n for _, n in keep])
-    examples = tuple(Example(p, j, g, decode([a]), decode([b])) for p, j, g, (a, b) in found[:EXAMPLES])
+    examples = tuple(Example(p, j, g, _text(decode, a), _text(decode, b)) for p, j, g, (a, b) in found[:EXAMPLES])
     per = ties / len(sequences) if sequences else None
     return NearTiesSection(margin, total, ties, share, (lo, hi), len(sequences), per, examples)
 

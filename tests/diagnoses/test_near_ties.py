@@ -60,6 +60,14 @@ def test_section_counts_continuation_decisions_only():
     assert NearTies().markdown(loud, {})[0] == "## Near ties"
 
 
+def test_an_id_the_tokenizer_lacks_is_named_by_its_number():
+    """The runner-up can be a padded row of the lm_head (a tokenizer of 2 ids, 3 rows)."""
+    tie = [math.log(p) for p in (0.04, 0.50, 0.46)]                     # top-2: ids 1 and 2
+    seqs = [_seq("a", [0, 1, 1], 1)]
+    sec = near_ties_section(seqs, [torch.tensor([tie] * 3)], Head(3), lambda ids: "ab"[ids[0]], seed=0, n_boot=10)
+    assert (sec.examples[0].first, sec.examples[0].second) == ("b", "<id 2>")
+
+
 def _seq(pid, ids, prompt_len):
     return Sequence(pid, "chat", prompt_len, torch.tensor(ids))
 
