@@ -58,11 +58,12 @@ def test_a_venv_without_its_marker_is_rebuilt_and_a_missing_python_is_named(tmp_
     calls.clear()
     vs.build_venv(root)                       # complete: used as it is
     assert calls == []
-    monkeypatch.setenv("DIAG_VLLM_PYTHON", str(tmp_path / "nope"))
+    # vllm_server reads the session's environment (SESSION_ENV), not os.environ as a test sets it
+    monkeypatch.setitem(vs.SESSION_ENV, "DIAG_VLLM_PYTHON", str(tmp_path / "nope"))
     with pytest.raises(RuntimeError, match="DIAG_VLLM_PYTHON"):
         vs.vllm_python()
-    monkeypatch.delenv("DIAG_VLLM_PYTHON")
-    monkeypatch.setenv("DIAG_CACHE_DIR", str(tmp_path))
+    monkeypatch.delitem(vs.SESSION_ENV, "DIAG_VLLM_PYTHON")
+    monkeypatch.setitem(vs.SESSION_ENV, "DIAG_CACHE_DIR", str(tmp_path))
     assert vs.vllm_python() == root / "bin" / "python" and os.path.isfile(vs.vllm_python())
 
 
@@ -104,7 +105,7 @@ def test_the_plan_starts_servers_ahead_in_order_and_stops_each_after_its_last_te
     released it; every server is stopped at the end."""
     import threading
     exe = _fake_server_python(tmp_path)
-    monkeypatch.setenv("DIAG_VLLM_PYTHON", str(exe))
+    monkeypatch.setitem(vs.SESSION_ENV, "DIAG_VLLM_PYTHON", str(exe))
     started = []
     real_start = vs.start
 
@@ -144,7 +145,7 @@ def test_the_plan_starts_servers_ahead_in_order_and_stops_each_after_its_last_te
 
 def test_a_planned_server_that_fails_fails_its_test_with_the_cause(tmp_path, monkeypatch, own_pool):
     exe = _fake_python(tmp_path, "echo 'ValueError: No common block size'\nexit 3\n")
-    monkeypatch.setenv("DIAG_VLLM_PYTHON", str(exe))
+    monkeypatch.setitem(vs.SESSION_ENV, "DIAG_VLLM_PYTHON", str(exe))
     kw = {"num_speculative_tokens": 3, "dtype": "float32", "extra_args": ()}
     vp.prestart([("x", lambda: (tmp_path / "t", tmp_path / "d", kw))], ahead=1)
     with pytest.raises(RuntimeError, match="exited with 3"):
