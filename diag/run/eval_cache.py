@@ -47,7 +47,7 @@ import torch
 import diag
 from diag.checkpoint.identity import cache_root, checkpoint_identity, drain_notes
 from diag.replay.replay import Variant, VariantResult, replay
-from diag.target.pass_cache import content_digest
+from diag.target.pass_cache import content_digest, read_checked
 
 FORMAT = "diag-evaluation-v1"
 REPLAY_VERSION = 1
@@ -162,19 +162,9 @@ def load_entry(key, variant: Variant) -> tuple[VariantResult | None, str | None]
     """(the cached result, None); (None, why) for an entry that cannot be believed; (None, None)
     when there is none."""
     path = entry_file(key)
-    if not path.is_file():
-        return None, None
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(path), framework="pt") as fh:
-            header = fh.metadata() or {}
-            tensors = {k: fh.get_tensor(k) for k in fh.keys()}
-        meta = json.loads(header["diag"])
-    except Exception as err:  # a torn or foreign file is a miss with a reason, never an answer
-        return None, f"cache entry {path.name} is unreadable ({type(err).__name__}); replayed again"
-    if content_digest(tensors, header["diag"]) != header.get("sha256"):
-        return None, f"cache entry {path.name} failed its integrity check (sha256 mismatch); replayed again"
+    meta, tensors, why = read_checked(path, "replayed again")
+    if meta is None:
+        return None, why
     if meta.get("format") != FORMAT:
         return None, (f"cache entry {path.name} was written by another diag version (format "
                       f"{meta.get('format')!r}, this one reads {FORMAT!r}); replayed again")

@@ -109,22 +109,33 @@ def save_pass(key: PassKey, tp: TargetPass) -> Path:
     return key.file
 
 
-def load_pass(key: PassKey) -> tuple[TargetPass | None, str | None]:
-    """(the cached pass, None), or (None, why it is not usable) when the entry fails its
-    integrity check or was written under another key; (None, None) when there is none."""
-    if not key.file.is_file():
-        return None, None
+def read_checked(path: Path, redo: str) -> tuple[dict | None, dict | None, str | None]:
+    """(meta, tensors, None) of a cache entry written with content_digest in its header (this
+    module's passes, run/eval_cache.py's evaluations); (None, None, why) when it is torn,
+    unreadable or its bytes disagree with its digest, `redo` naming what happens instead
+    ("recomputed"); (None, None, None) when there is none."""
+    if not path.is_file():
+        return None, None, None
     from safetensors import safe_open
 
     try:
-        with safe_open(str(key.file), framework="pt") as fh:
+        with safe_open(str(path), framework="pt") as fh:
             header = fh.metadata() or {}
             tensors = {k: fh.get_tensor(k) for k in fh.keys()}
         meta = json.loads(header["diag"])
     except Exception as err:  # a torn or foreign file is a miss with a reason, never an answer
-        return None, f"cache entry {key.file.name} is unreadable ({type(err).__name__}); recomputed"
+        return None, None, f"cache entry {path.name} is unreadable ({type(err).__name__}); {redo}"
     if content_digest(tensors, header["diag"]) != header.get("sha256"):
-        return None, f"cache entry {key.file.name} failed its integrity check (sha256 mismatch); recomputed"
+        return None, None, f"cache entry {path.name} failed its integrity check (sha256 mismatch); {redo}"
+    return meta, tensors, None
+
+
+def load_pass(key: PassKey) -> tuple[TargetPass | None, str | None]:
+    """(the cached pass, None), or (None, why it is not usable) when the entry fails its
+    integrity check or was written under another key; (None, None) when there is none."""
+    meta, tensors, why = read_checked(key.file, "recomputed")
+    if meta is None:
+        return None, why
     if meta.get("format") != FORMAT or tuple(tuple(f) for f in meta.get("key", ())) != key.fields:
         return None, f"cache entry {key.file.name} was written under another key; recomputed"
     return _from_tensors(meta, tensors), None
