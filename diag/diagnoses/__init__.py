@@ -9,7 +9,10 @@ findings (within a severity) and report.md shows them.
 
 A new diagnosis is one module beside these (a Diagnosis subclass with its frozen Section) and
 one line here; hooks.py runs them, serialises their sections from their types, generates
-their JSON Schema, gathers their verdicts, Markdown and plots. This module is the list only.
+their JSON Schema, gathers their verdicts, Markdown and plots, each at the diagnosis's place
+(protocol.PLACES). ORDER: an output that shows the diagnoses of one place in another order
+than the registry's (hooks._at); a new diagnosis need not appear in it.
+This module is the list only.
 """
 
 from __future__ import annotations
@@ -19,6 +22,11 @@ from diag.diagnoses.long_context import LongContext
 from diag.diagnoses.loops import Loops
 from diag.diagnoses.near_ties import NearTies
 from diag.diagnoses.protocol import Diagnosis
+
+ORDER: dict[str, tuple[str, ...]] = {          # the serving side's order before it moved here
+    "markdown": ("speedup", "server", "regimes"),
+    "verdicts": ("regimes", "server", "speedup"),
+}
 
 DIAGNOSES: tuple[Diagnosis, ...] = (
     Coverage(),

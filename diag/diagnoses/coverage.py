@@ -210,7 +210,7 @@ class Coverage(Diagnosis):
                                 max_steps=max(s.num_steps for s in ctx.inp.shapes), seed=ev.seed, n_boot=ev.bootstrap,
                                 accounting=accounting_for(round_accounting(ctx.inp.case)))
 
-    def verdicts(self, sec: CoverageSection) -> list[Verdict]:
+    def verdicts(self, sec: CoverageSection, others=None) -> list[Verdict]:
         if sec.uncovered.share is None:
             return []
         u, rej = sec.uncovered, sec.rejected_at_uncovered

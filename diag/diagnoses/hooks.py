@@ -4,7 +4,17 @@ report renders their Markdown and plots, and the report's JSON Schema gains a de
 section generated from its dataclass.
 
 Sections travel as {name: Section or None}; a name the run did not compute (a RunResult built
-by hand) reads as None. This module knows the registry and the protocol; it knows no diagnosis.
+by hand) reads as None. report.json writes them in registry order; report.md, the plots and the
+verdict list show each at its `place` (protocol.PLACES) among the core's sections, in registry
+order within a place unless the registry's ORDER lists another for that output (those listed
+first, in its order), e.g. with registry (A: serving, B: prompt side, C: serving) and
+ORDER = {"verdicts": ("C", "A")}:
+
+    report.json  ..., "A", "B", "C", ...
+    report.md    ... acceptance by dataset, B, A, C, candidates ...
+    verdicts     ... engines', C's, A's, decoding's, B's (then sorted by severity, stably)
+
+This module knows the registry and the protocol; it knows no diagnosis.
 """
 
 from __future__ import annotations
@@ -12,14 +22,40 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-from diag.diagnoses import DIAGNOSES
-from diag.diagnoses.protocol import Context
+from diag.diagnoses import DIAGNOSES, ORDER
+from diag.diagnoses.protocol import PLACES, PROMPT_SIDE, Context, Loaded, Offered
 
 
 def needed() -> frozenset[str]:
     """What the registered diagnoses ask of the target pass (protocol.NEEDS_*): run/inputs.py
     cuts the long-prompt ladder only when one asks for it."""
     return frozenset().union(*(d.needs for d in DIAGNOSES))
+
+
+OUTPUTS = ("markdown", "plots", "verdicts")
+
+
+def _at(place: str, output: str) -> list:
+    """The diagnoses at `place`, in the order `output` shows them."""
+    if place not in PLACES or output not in OUTPUTS:
+        raise ValueError(f"unknown place {place!r} or output {output!r}; one of {PLACES}, {OUTPUTS}")
+    listed = ORDER.get(output, ())
+    here = [d for d in DIAGNOSES if d.place == place]
+    return sorted(here, key=lambda d: listed.index(d.name) if d.name in listed else len(listed))
+
+
+def prepare_all(inp) -> tuple:
+    """(inputs, {name: state}): every diagnosis's prepare() in registry order, before any weight
+    is loaded; each sees the inputs the one before it returned."""
+    states = {}
+    for d in DIAGNOSES:
+        inp, states[d.name] = d.prepare(inp)
+    return inp, states
+
+
+def with_model_all(states: dict, regime: str, model, loaded: Loaded) -> None:
+    for d in DIAGNOSES:
+        d.with_model(states.get(d.name), regime, model, loaded)
 
 
 def compute_all(ctx: Context) -> dict:
@@ -32,17 +68,27 @@ def sections_json(sections: dict) -> dict:
     return {d.name: d.to_json(sections.get(d.name)) for d in DIAGNOSES}
 
 
-def verdicts_all(sections: dict) -> list:
-    return [v for d in DIAGNOSES if (sec := sections.get(d.name)) is not None for v in d.verdicts(sec)]
+def verdicts_all(sections: dict, place: str = PROMPT_SIDE) -> list:
+    """The verdicts of the diagnoses at `place`; each may read what the others' sections offer."""
+    others = Offered(sections)
+    return [v for d in _at(place, "verdicts")
+            if (sec := sections.get(d.name)) is not None for v in d.verdicts(sec, others)]
 
 
-def markdown_all(rep: dict) -> list[str]:
-    """report.md lines of every diagnosis whose section the report holds, read back typed."""
-    return [line for d in DIAGNOSES if (sec := d.read(rep)) is not None for line in d.markdown(sec, rep)]
+def leading_all(sections: dict) -> list:
+    """The verdicts that lead their severity in the whole list, wherever their diagnosis sits."""
+    return [v for d in DIAGNOSES if (sec := sections.get(d.name)) is not None for v in d.leading(sec)]
 
 
-def plots_all(rep: dict, folder: Path) -> list[dict]:
-    return [p for d in DIAGNOSES if (sec := d.read(rep)) is not None for p in d.plots(sec, rep, Path(folder))]
+def markdown_all(rep: dict, place: str = PROMPT_SIDE) -> list[str]:
+    """report.md lines of every diagnosis at `place` whose section the report holds, read back typed."""
+    return [line for d in _at(place, "markdown")
+            if (sec := d.read(rep)) is not None for line in d.markdown(sec, rep)]
+
+
+def plots_all(rep: dict, folder: Path, place: str = PROMPT_SIDE) -> list[dict]:
+    return [p for d in _at(place, "plots")
+            if (sec := d.read(rep)) is not None for p in d.plots(sec, rep, Path(folder))]
 
 
 def report_schema(base: dict) -> dict:

@@ -189,7 +189,7 @@ class LongContext(Diagnosis):
         return long_context_section(e, length=inp.case.long_context.length, source=inp.long_source,
                                     seed=ev.seed, n_boot=ev.bootstrap)
 
-    def verdicts(self, sec: LongContextSection) -> list[Verdict]:
+    def verdicts(self, sec: LongContextSection, others=None) -> list[Verdict]:
         if not sec.rungs:
             return []
         short = sec.short_context

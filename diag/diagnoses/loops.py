@@ -179,7 +179,7 @@ class Loops(Diagnosis):
         return loop_section(ctx.reference_pass.sequences, served, ctx.inp.tokenizer.decode,
                             seed=ev.seed, n_boot=ev.bootstrap)
 
-    def verdicts(self, sec: LoopsSection) -> list[Verdict]:
+    def verdicts(self, sec: LoopsSection, others=None) -> list[Verdict]:
         if not sec.in_loops.rounds:
             return []
         share = sec.in_loops.rounds / max(sec.all.rounds, 1)

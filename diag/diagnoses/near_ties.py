@@ -137,7 +137,7 @@ class NearTies(Diagnosis):
             tp.sequences, final, ctx.head, ctx.inp.tokenizer.decode, seed=ev.seed, n_boot=ev.bootstrap)))
         return from_json(NearTiesSection, found)
 
-    def verdicts(self, sec: NearTiesSection) -> list[Verdict]:
+    def verdicts(self, sec: NearTiesSection, others=None) -> list[Verdict]:
         if sec.per_continuation is None or sec.per_continuation < NOTE_PER_CONTINUATION:
             return []
         return [Verdict("near-ties", "info",

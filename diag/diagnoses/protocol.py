@@ -7,13 +7,26 @@ finished evaluation and says what the section means (verdicts), shows (Markdown)
     needs          what it asks of the target pass beyond the run's own: NEEDS_LONG_PROMPTS
                    (a ladder of long prompts: run/inputs.py cuts them only when a registered
                    diagnosis needs them, hooks.needed(); run/target_passes.py passes them), or nothing
+    place          where report.md and the verdict list show it among the core's sections:
+                   PROMPT_SIDE (after acceptance by dataset; its verdicts after the decoding
+                   verdicts) or SERVING (after the prompt side; its verdicts after the engines');
+                   the order within a place is the registry's (diag/diagnoses/__init__.py)
+    prepare(inp)   -> (inp, state): before any weight is loaded, after the case is checked; may
+                   add to the inputs (a tree the server runs); `state` reaches the later steps
+                   as ctx.prepared[name] (None by default)
+    with_model(state, regime, model, loaded)
+                   while a regime's target model is loaded (step costs measured on it); `loaded`
+                   is a Loaded (drafter, embedding, head, use_cache); nothing by default
     check_case(case)  raises DiagError naming the file and key when its case section is wrong,
                    before anything loads (run/case.check_case calls it)
     add_flags(p), apply_flags(case, args), flag_of
                    its `diag run` flags, what they set in the case, and the case field each sets
                    (a check of the case names the flag: cli/run.py); none by default
     compute(ctx)   -> Section, or None when it has nothing to say
-    verdicts(sec)  -> [Verdict]; never called with None
+    verdicts(sec, others)  -> [Verdict]; never called with None. `others` (Offered) answers what
+                   the other sections offer by attribute name (a section offering a server-
+                   calibrated speedup), never by diagnosis name
+    leading(sec)   -> [Verdict] that lead their severity in the whole list (an engine defect)
     markdown(sec, rep) -> report.md lines; `sec` is read back from report.json (Markdown is a
                    rendering of the JSON, never a second computation), `rep` the whole report
                    (for plot links)
@@ -28,7 +41,7 @@ diagnosis and nothing about files.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -36,6 +49,31 @@ from diag.diagnoses.typed import from_json, json_schema, to_json
 from diag.replay.evaluation import Axes, Evaluation, one
 
 NEEDS_LONG_PROMPTS = "long-prompts"
+PROMPT_SIDE = "prompt-side"
+SERVING = "serving"
+PLACES = (SERVING, PROMPT_SIDE)
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What is in memory while the target pass runs: the drafter, the target's embedding and
+    head (target/tables.py), and whether the run may read and write diag's caches."""
+    drafter: Any
+    embed: Any
+    head: Any
+    use_cache: bool = True
+
+
+class Offered:
+    """The computed sections seen from another diagnosis: `get(attr)` is the first non-None
+    value of that attribute on any section (registry order), None when none offers it. A
+    diagnosis reads another's result through what that section offers, never its name."""
+
+    def __init__(self, sections: dict):
+        self._sections = [s for s in sections.values() if s is not None]
+
+    def get(self, attr: str):
+        return next((v for s in self._sections if (v := getattr(s, attr, None)) is not None), None)
 
 
 @dataclass(frozen=True)
@@ -51,6 +89,9 @@ class Context:
     head: Any
     progress: bool = False
     cache: Any = None                 # the run's eval_cache.EvalCache (replays answered from it), or None
+    prepared: dict = field(default_factory=dict)   # name -> what its prepare() returned
+    notes: list = field(default_factory=list)      # the run's notes: compute may add a sentence
+    timings: dict = field(default_factory=dict)    # the run's timings: compute may add its seconds
 
     @property
     def reference_pass(self):
@@ -73,6 +114,7 @@ class Diagnosis:
     name: ClassVar[str]
     Section: ClassVar[type]
     needs: ClassVar[frozenset[str]] = frozenset()
+    place: ClassVar[str] = PROMPT_SIDE
     flag_of: ClassVar[dict[str, str]] = {}
 
     def check_case(self, case) -> None:
@@ -85,10 +127,20 @@ class Diagnosis:
         """The case with what its flags set on top (unchecked), else the case as it is."""
         return case
 
+    def prepare(self, inp):
+        """Before any weight is loaded: (the inputs, possibly with more to evaluate, its state)."""
+        return inp, None
+
+    def with_model(self, state, regime: str, model, loaded: Loaded) -> None:
+        """While `regime`'s target model is loaded."""
+
     def compute(self, ctx: Context):
         raise NotImplementedError
 
-    def verdicts(self, section) -> list:
+    def verdicts(self, section, others: Offered | None = None) -> list:
+        return []
+
+    def leading(self, section) -> list:
         return []
 
     def markdown(self, section, rep: dict) -> list[str]:

@@ -11,12 +11,20 @@ from __future__ import annotations
 
 from typing import Callable
 
+from diag.diagnoses.hooks import markdown_all
+from diag.diagnoses.protocol import SERVING
 from diag.report.decoding_section import decoding_lines
 from diag.report.prompt_side_md import prompt_side
 from diag.report.sections import acceptance, engines, head, provenance, regimes, speedup
 from diag.report.server_markdown import server_markdown
 
 Section = Callable[[dict], list[str]]
+
+
+def serving_diagnoses(rep: dict) -> list[str]:
+    """The registered diagnoses placed on the serving side (diag/diagnoses/, protocol.SERVING)."""
+    return markdown_all(rep, SERVING)
+
 
 SECTIONS: tuple[Section, ...] = (
     head.title,
@@ -29,6 +37,7 @@ SECTIONS: tuple[Section, ...] = (
     acceptance.by_position,
     prompt_side,
     speedup.speedup,
+    serving_diagnoses,
     server_markdown,
     regimes.regimes,
     provenance.candidates,

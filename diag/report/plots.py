@@ -29,6 +29,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from diag.diagnoses.hooks import plots_all
+from diag.diagnoses.protocol import SERVING
 from diag.replay.evaluation import ANY, Evaluation, reference_axes, select
 from diag.report.figure import WIDE, figure as _figure, save as _save
 
@@ -166,15 +167,23 @@ def speedup(rep: dict, folder: Path) -> dict | None:
     return _save(fig, folder, "speedup.png", "Accept length vs break-even, per tree shape")
 
 
-PLOTS = (acceptance_at_depth, accept_hist, by_position, plots_all, speedup, drift)   # the order report.md links them;
-# plots_all: the registered diagnoses' (diag/diagnoses/), a list each
+
+
+def serving_plots(rep: dict, folder: Path) -> list[dict]:
+    """The plots of the registered diagnoses placed on the serving side (protocol.SERVING)."""
+    return plots_all(rep, folder, SERVING)
+
+
+PLOTS = (acceptance_at_depth, accept_hist, by_position, plots_all, speedup, serving_plots, drift)
+# the order report.md links them; plots_all and serving_plots: the registered diagnoses' (diag/diagnoses/)
+# of each place, a list each
 # The report keys each plot reads, and nothing else: the plot cache (plot_cache.py) keys each
 # PNG on them. A plot that reads another key must name it here. The diagnoses' plots are drawn
 # every time (UNCACHED): their code lives outside this file, whose source is in the cache key.
 READS = {"acceptance_at_depth": ("evaluations",), "accept_hist": ("evaluations",),
          "by_position": ("evaluations",),
          "speedup": ("speedup", "evaluations", "reference"), "drift": ("regimes",)}
-UNCACHED = ("plots_all",)
+UNCACHED = ("plots_all", "serving_plots")
 
 
 def make_plots(rep: dict, folder: str | Path) -> list[dict]:

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from diag.diagnoses.hooks import compute_all
-from diag.diagnoses.protocol import Context
+from diag.diagnoses.hooks import compute_all, prepare_all, with_model_all
+from diag.diagnoses.protocol import Context, Loaded
 from diag.drafter.checkpoint import load_drafter
 from diag.drafter.health import HealthCheck, health_checks
 from diag.engines.common import ServingError
@@ -175,6 +175,7 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True, shard
     timings: dict = {}
     t0 = time.perf_counter()
     inp = prepare(check_case(case))
+    inp, prepared = prepare_all(inp)                                # the diagnoses' own, before any weight
     case = inp.case
     server = read_server(case, [p[0] for p in inp.prompts], inp.target_config, seed=case.evaluate.seed,
                          n_boot=case.evaluate.bootstrap)             # before any weight is loaded
@@ -189,10 +190,12 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True, shard
         drafter.use_target_head(head)
     t0 = _stopwatch(timings, "checks_s", t0)
     measured = _Costs(inp, drafter, embed, use_cache)
+    loaded = Loaded(drafter, embed, head, use_cache)
     sampled = SampledEvaluations(inp, drafter, embed, head, shards=shards)
     got = (shards.target_passes if shards is not None else target_passes)(
         inp, progress=progress, use_cache=use_cache, needs_model=sampled.regimes,
-        with_model=lambda reg, model: (measured(reg, model), sampled(reg, model)))
+        with_model=lambda reg, model: (measured(reg, model), sampled(reg, model),
+                                       with_model_all(prepared, reg, model, loaded)))
     if got is None:
         return None                                  # a rank other than 0: its share is rank 0's now
     passes, pass_meta, extra = got
@@ -233,7 +236,7 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True, shard
                                     n_boot=ev.bootstrap, served_layout=served)
     run.renderings = prompt_sections(inp, greedy, top.layout if top else None, evals).renderings  # greedily
     run.diagnoses = compute_all(Context(inp, greedy, top.layout if top else None, evals, passes, extra, drafter,
-                                        embed, head, progress, cache))
+                                        embed, head, progress, cache, prepared, notes, timings))
     run.verdicts = verdicts(run, inp.target_config)
     _stopwatch(timings, "summary_s", t0)
     return run

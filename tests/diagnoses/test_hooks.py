@@ -38,7 +38,7 @@ class ToyDiagnosis(Diagnosis):
     def compute(self, ctx):
         return Toy(len(ctx.evaluations), 0.5, (Span(3, 2),))
 
-    def verdicts(self, sec):
+    def verdicts(self, sec, others=None):
         return [Verdict("toy", "info", f"{sec.count} evaluations")]
 
     def markdown(self, sec, rep):
@@ -76,3 +76,60 @@ def test_a_registered_diagnosis_flows_through_every_stage(registered):
     v = jsonschema.Draft202012Validator({"$defs": schema["$defs"], "$ref": "#/$defs/toy"})
     assert not list(v.iter_errors(out["toy"]))
     assert list(v.iter_errors({**out["toy"], "count": -1}))
+
+
+class Served(Diagnosis):
+    """A throwaway serving-side diagnosis: adds a tree before the load, counts the models it saw,
+    offers a number to the others, and leads with an error."""
+    name = "served_toy"
+    Section = Toy
+    place = "serving"
+
+    def prepare(self, inp):
+        return [*inp, "s1-k1-d1"], {"models": []}
+
+    def with_model(self, state, regime, model, loaded):
+        state["models"].append((regime, model, loaded.use_cache))
+
+    def compute(self, ctx):
+        return Toy(len(ctx.prepared[self.name]["models"]), 0.25, ())
+
+    def verdicts(self, sec, others=None):
+        return [Verdict("served", "info", f"saw {sec.count}")]
+
+    def leading(self, sec):
+        return [Verdict("served-defect", "error", "defect")]
+
+    def markdown(self, sec, rep):
+        return ["## Served"]
+
+
+class Reader(ToyDiagnosis):
+    name = "reader"
+
+    def verdicts(self, sec, others=None):
+        return [Verdict("reader", "info", f"share offered: {others.get('share')}")]
+
+
+def test_places_orders_preparation_and_what_others_offer(monkeypatch):
+    from diag.diagnoses.protocol import Loaded
+    toy, served, reader = ToyDiagnosis(), Served(), Reader()
+    monkeypatch.setattr(hooks, "DIAGNOSES", (toy, served, reader))
+    monkeypatch.setattr(hooks, "ORDER", {"verdicts": ("reader", "toy")})
+    inp, states = hooks.prepare_all(["chain-3"])
+    assert inp == ["chain-3", "s1-k1-d1"] and states["toy"] is None
+    hooks.with_model_all(states, "bf16", "M", Loaded(None, None, None, use_cache=False))
+    assert states["served_toy"] == {"models": [("bf16", "M", False)]}
+    ctx = Context(None, None, None, [1], {}, {}, None, None, None, prepared=states)
+    sections = hooks.compute_all(ctx)
+    assert list(hooks.sections_json(sections)) == ["toy", "served_toy", "reader"]      # registry order
+    # the prompt side in ORDER's order; the serving side alone; the first section offering `share`
+    # is toy's (0.5), registry order
+    assert [v.text for v in hooks.verdicts_all(sections)] == ["share offered: 0.5", "1 evaluations"]
+    assert [v.text for v in hooks.verdicts_all(sections, "serving")] == ["saw 1"]
+    assert [v.kind for v in hooks.leading_all(sections)] == ["served-defect"]
+    rep = hooks.sections_json(sections)
+    assert hooks.markdown_all(rep, "serving") == ["## Served"]
+    assert hooks.markdown_all(rep) == ["## Toy", "3", "## Toy", "3"]
+    with pytest.raises(ValueError, match="unknown place"):
+        hooks.markdown_all(rep, "elsewhere")

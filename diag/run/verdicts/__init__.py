@@ -31,15 +31,20 @@ __all__ = ["Verdict", "verdicts"]
 
 
 def verdicts(run, target_config: dict) -> list[Verdict]:
-    """All verdicts, most severe first (stable within a severity; an engine defect leads its severity)."""
+    """All verdicts, most severe first (stable within a severity; an engine defect leads its severity).
+    The registered diagnoses' (diag/diagnoses/) come at their places: those that lead first, the
+    serving side's after the speedup's, the prompt side's last."""
+    from diag.diagnoses.hooks import leading_all, verdicts_all   # the diagnoses import this package's record
+    from diag.diagnoses.protocol import SERVING
+    sections = getattr(run, "diagnoses", {})
     floor = floor_verdicts(run)
     target = target_output_verdicts(run, bool(floor))
     if any(v.severity == "error" for v in target):
         floor = []                       # garbage continuations: the target's fault, not the drafter's
     silent = bool(floor) or any(v.severity == "error" for v in target)
     layout = [] if silent else layout_verdicts(run, target_config)
-    found = (sanity_verdicts(run) + target + floor + serving_error_verdicts(run, floor + layout, target_config)
+    found = (leading_all(sections) + sanity_verdicts(run) + target + floor + serving_error_verdicts(run, floor + layout, target_config)
              + layout + ([] if silent else eagle_verdicts(run)) + engines_verdicts(run) + regime_verdicts(run)
              + server_verdicts(run)
-             + speedup_verdicts(run) + decoding_verdicts(run) + prompt_side_verdicts(run))
+             + speedup_verdicts(run) + verdicts_all(sections, SERVING) + decoding_verdicts(run) + prompt_side_verdicts(run))
     return sorted(found, key=lambda v: SEVERITIES.index(v.severity))
