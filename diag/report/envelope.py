@@ -81,7 +81,6 @@ def envelope(run, argv: list[str] | None = None) -> dict:
         "verdicts": [v.to_json() for v in run.verdicts],
         "evaluations": [e.to_json() for e in run.evaluations],
         "speedup": run.speedup,
-        "regimes": run.regimes,
         "server": getattr(run, "server", None),
         "renderings": run.renderings,
         **sections_json(getattr(run, "diagnoses", {})),

@@ -7,7 +7,7 @@
       + sampled           the decode loop for sampled decodings, on the loaded target (run/sampled.py)
     evaluate              every variant -> Evaluation records, each replayed variant cached
                           (run/eval_cache.py): a repeat run replays none
-    sections, verdicts    speedup, regimes, the live server's reconciliation, then the verdicts
+    sections, verdicts    speedup, the live server's reconciliation, the diagnoses, then the verdicts
 
 The step costs of the speedup model are measured on the target the pass already loaded and
 remembered (cost_cache.py); when every pass came from the cache no target is loaded, and the
@@ -41,7 +41,6 @@ from diag.run.evaluate import evaluate, reference_axes
 from diag.run.inputs import Inputs, prepare, served_dtypes
 from diag.run.pricing import speedup_section, user_costs
 from diag.run.prompt_sections import prompt_sections
-from diag.run.regime_section import regime_section
 from diag.run.sampled import SampledEvaluations
 from diag.run.server_inputs import read_server
 from diag.run.server_section import server_section
@@ -68,7 +67,6 @@ class RunResult:
     timings: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     speedup: dict | None = None
-    regimes: dict | None = None
     server: dict | None = None           # the live server reconciled (run/server_section.py)
     engines: EnginesSection | None = None  # the engines compared from this one pass (run/engines_section.py)
     renderings: dict | None = None       # the prompt-side sections (prompt_sections.py)
@@ -226,8 +224,6 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True, shard
     ev = case.evaluate
     greedy = run.reference.but(decoding="greedy")           # regimes are compared under greedy decoding
     top = best(select(evals, greedy))
-    run.regimes = regime_section(passes, pass_meta["reference_regime"], evals, greedy,
-                                 top.layout if top else None, seed=ev.seed, n_boot=ev.bootstrap)
     run.engines = engines_section(case, inp.drafter_config, inp.target_config, evals, run.reference,
                                   run.best_layout())
     if server is not None:
