@@ -82,7 +82,6 @@ def envelope(run, argv: list[str] | None = None) -> dict:
         "evaluations": [e.to_json() for e in run.evaluations],
         "speedup": run.speedup,
         "server": getattr(run, "server", None),
-        "renderings": run.renderings,
         **sections_json(getattr(run, "diagnoses", {})),
         "timings": run.timings,
         "notes": run.notes,

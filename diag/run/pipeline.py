@@ -40,7 +40,6 @@ from diag.run.eval_cache import EvalCache, cached_output_health
 from diag.run.evaluate import evaluate, reference_axes
 from diag.run.inputs import Inputs, prepare, served_dtypes
 from diag.run.pricing import speedup_section, user_costs
-from diag.run.prompt_sections import prompt_sections
 from diag.run.sampled import SampledEvaluations
 from diag.run.server_inputs import read_server
 from diag.run.server_section import server_section
@@ -69,7 +68,6 @@ class RunResult:
     speedup: dict | None = None
     server: dict | None = None           # the live server reconciled (run/server_section.py)
     engines: EnginesSection | None = None  # the engines compared from this one pass (run/engines_section.py)
-    renderings: dict | None = None       # the prompt-side sections (prompt_sections.py)
     diagnoses: dict = field(default_factory=dict)   # name -> typed section or None (diag/diagnoses/)
     decoding: object = None              # run/decodings.DecodingPlan: served and sampled decodings
     target_output: object = None         # target/output_health.OutputHealth of the reference pass
@@ -230,7 +228,6 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True, shard
         served = next((c.label for c in inp.candidates if "serving" in c.roles), None)
         run.server = server_section(server, evals, run.reference, run.best_layout(), seed=ev.seed,
                                     n_boot=ev.bootstrap, served_layout=served)
-    run.renderings = prompt_sections(inp, greedy, top.layout if top else None, evals).renderings  # greedily
     run.diagnoses = compute_all(Context(inp, greedy, top.layout if top else None, evals, passes, extra, drafter,
                                         embed, head, progress, cache, prepared, notes, timings))
     run.verdicts = verdicts(run, inp.target_config)
