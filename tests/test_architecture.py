@@ -308,6 +308,33 @@ def test_a_diagnosis_is_named_only_in_its_module_the_registry_docs_and_tests():
     assert set(DIAGNOSIS_NAMED_OUTSIDE) <= {d.name for d in DIAGNOSES}
 
 
+def section_read_by_key(key: str, path: Path) -> int:
+    """`run.<key>`, `rep["<key>"]` and `rep.get("<key>")` in code: a section read by its report key."""
+    q = "[\"']"
+    pattern = rf"\brun\.{key}\b|\brep\[{q}{key}{q}\]|\brep\.get\({q}{key}{q}"
+    return len(re.findall(pattern, path.read_text()))
+
+
+def test_a_section_is_read_by_its_report_key_only_in_its_diagnosis():
+    """A diagnosis whose report key is a common word (`regimes`) has another name; its section is
+    still read back by key (run.regimes, rep["regimes"]) nowhere but in its own module."""
+    from diag.diagnoses import DIAGNOSES
+    found = []
+    for d in DIAGNOSES:
+        for path in sorted(PKG.rglob("*.py")):
+            rel = path.relative_to(PKG.parent).as_posix()
+            if rel != f"diag/diagnoses/{d.name}.py" and not rel.startswith(f"diag/diagnoses/{d.name}/") \
+                    and section_read_by_key(d.key, path):
+                found.append(f"{rel} reads the section {d.key!r}: read it through diag/diagnoses/{d.name}.py")
+    assert not found, "\n".join(found)
+
+
+def test_the_section_key_rule(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text('def g(run, rep):\n    return run.regimes, rep["regimes"], rep.get(\'regimes\'), inp.regimes, run.regimes_x\n')
+    assert section_read_by_key("regimes", f) == 3
+
+
 def test_the_diagnosis_name_rule(tmp_path):
     f = tmp_path / "m.py"
     f.write_text('"""loops docs."""\n# loops comment\nfrom diag.diagnoses.loops import x\n'

@@ -1,16 +1,17 @@
 """Prompt renderings (issue 14.1): the name grammar, what each rendering turns a prompt into,
 the thinking switch read from a template's Jinja source (Kimi-K2.5's `thinking`, Qwen3's
-`enable_thinking`), system prompts on and off, and where two renders part."""
+`enable_thinking`), system prompts on and off, and where two renders part (the first difference:
+diag/diagnoses/prompt_renderings.py, tests/diagnoses/test_prompt_renderings.py)."""
 
 import json
 
 import pytest
 
 import tiny
+from diag.diagnoses.prompt_renderings import first_difference
 from diag.errors import DiagError
 from diag.run.prompts import Prompt, tokenize
 from diag.run.render import Renderer, load_template, thinking_switch
-from diag.run.render_diff import difference, differences, first_difference
 from diag.run.rendering import parse
 from diag.zoo.tokenizer import THINKING_CHAT_TEMPLATE
 
@@ -115,14 +116,3 @@ def test_template_files(tmp_path):
         load_template(tmp_path / "bad.json", field_name="t")
     with pytest.raises(DiagError, match="not found"):
         load_template(tmp_path / "missing.jinja", field_name="rendering.templates.train")
-
-
-def test_first_difference_worked_examples():
-    assert first_difference([0, 4, 9, 17, 5, 30], [0, 4, 9, 17, 5, 12, 41]) == 5
-    assert first_difference([0, 4], [0, 4, 7]) == 2
-    assert first_difference([1, 2], [1, 2]) is None
-    dec = lambda ids: " ".join(map(str, ids))
-    d = difference("p", [0, 4, 9, 17, 5, 30], [0, 4, 9, 17, 5, 12, 41], dec)
-    assert (d["index"], d["context"], d["serving"], d["other"]) == (5, "4 9 17 5", "30", "12 41")
-    summary = differences([("a", "c", [1, 2]), ("b", "c", [1, 3])], [("a", "c", [1, 2]), ("b", "c", [1, 4])], dec)
-    assert summary["identical"] == 1 and summary["most_common"] == {"serving": "3", "other": "4", "prompts": 1}

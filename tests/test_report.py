@@ -40,7 +40,7 @@ def validator():
 
 
 def regimes_section() -> dict:
-    """By hand, in diag/run/regime_section.py's shape: one regime besides the reference."""
+    """By hand, in diag/diagnoses/quantization_regimes.py's shape: one regime besides the reference."""
     points = ["embed", "L2", "L3", "final"]
     moved = {"embed": (1.0, 0.0), "L2": (0.97, 0.2), "L3": (0.95, 0.3), "final": (0.9, 0.4)}
     return {"reference": "as-loaded", "layout": "embed+L2+L3", "tree": "chain-2", "points": points,

@@ -64,8 +64,8 @@ def compute_all(ctx: Context) -> dict:
 
 
 def sections_json(sections: dict) -> dict:
-    """{name: report.json value} in registry order (null for a section not computed)."""
-    return {d.name: d.to_json(sections.get(d.name)) for d in DIAGNOSES}
+    """{key: report.json value} in registry order (null for a section not computed)."""
+    return {d.key: d.to_json(sections.get(d.name)) for d in DIAGNOSES}
 
 
 def verdicts_all(sections: dict, place: str = PROMPT_SIDE) -> list:
@@ -93,11 +93,11 @@ def plots_all(rep: dict, folder: Path, place: str = PROMPT_SIDE) -> list[dict]:
 
 def report_schema(base: dict) -> dict:
     """diag/schema/report.schema.json (`base`) with every registered section added: a
-    `$defs/<name>` generated from its dataclass, a top-level property (null or that), required."""
+    `$defs/<key>` generated from its dataclass, a top-level property (null or that), required."""
     schema = copy.deepcopy(base)
     for d in DIAGNOSES:
-        schema["$defs"][d.name] = d.schema()
-        schema["properties"][d.name] = {"oneOf": [{"type": "null"}, {"$ref": f"#/$defs/{d.name}"}]}
-        if d.name not in schema["required"]:
-            schema["required"].append(d.name)
+        schema["$defs"][d.key] = d.schema()
+        schema["properties"][d.key] = {"oneOf": [{"type": "null"}, {"$ref": f"#/$defs/{d.key}"}]}
+        if d.key not in schema["required"]:
+            schema["required"].append(d.key)
     return schema

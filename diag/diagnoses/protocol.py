@@ -2,7 +2,9 @@
 finished evaluation and says what the section means (verdicts), shows (Markdown) and draws
 (plots).
 
-    name           its key in report.json, its Markdown section's anchor, its verdicts' subject
+    name           its module's name, its Markdown section's anchor, its verdicts' subject
+    key            its key in report.json: the name unless the diagnosis sets another (a report
+                   key that is a common word elsewhere in diag: "regimes" is also the case's axis)
     Section        a frozen dataclass (typed.py reads report.json and the schema from it)
     needs          what it asks of the target pass beyond the run's own: NEEDS_LONG_PROMPTS
                    (a ladder of long prompts: run/inputs.py cuts them only when a registered
@@ -112,10 +114,16 @@ class Diagnosis:
     diag/diagnoses/__init__.py. Defaults: no needs, no verdicts, no Markdown, no plots."""
 
     name: ClassVar[str]
+    key: ClassVar[str]
     Section: ClassVar[type]
     needs: ClassVar[frozenset[str]] = frozenset()
     place: ClassVar[str] = PROMPT_SIDE
     flag_of: ClassVar[dict[str, str]] = {}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "key" not in cls.__dict__ and "name" in cls.__dict__:
+            cls.key = cls.name
 
     def check_case(self, case) -> None:
         """Its case section's values, checked before anything loads; nothing by default."""
@@ -155,7 +163,7 @@ class Diagnosis:
 
     def read(self, rep: dict):
         """This diagnosis's section out of a report dict, typed; None when absent or null."""
-        return from_json(self.Section, rep.get(self.name))
+        return from_json(self.Section, rep.get(self.key))
 
     def schema(self) -> dict:
         return json_schema(self.Section)

@@ -7,11 +7,20 @@ its report.json value, the section read back from that value, and its JSON Schem
     json_schema(Cls)          {"type": "object", "additionalProperties": false, "required": [every
                               field], "properties": {...}}: int -> integer, float -> number,
                               str -> string, bool -> boolean, X | None -> [X, null],
-                              tuple[X, ...] -> array of X, a dataclass -> a nested object
+                              tuple[X, ...] -> array of X, dict[str, X] -> object of X values,
+                              a dataclass -> a nested object
 
 A field's report key is its name unless `key(...)` renames it (a Python keyword such as
 "from"); `key(..., schema={...})` or `meta(schema={...})` adds constraints (minimum, pattern)
-to what the type gives. Worked example:
+to what the type gives. Two kinds of field whose key may be absent (the schema requires
+neither):
+
+    optional()   an `X | None` written only when set: None leaves its key out
+    inline()     a `Group | None` (a dataclass) whose keys sit in the parent's object, all of
+                 them there or none: {"a": 1} + Group(b=2, c=None) -> {"a": 1, "b": 2, "c": null};
+                 read back as present when the group's first key is
+
+Worked example:
 
     @dataclass(frozen=True)
     class Span:
@@ -46,6 +55,16 @@ def key(name: str, *, schema: dict | None = None):
     return field(metadata={"key": name, "schema": schema or {}})
 
 
+def optional(*, schema: dict | None = None):
+    """A field (default None) whose key report.json holds only when it is set."""
+    return field(default=None, metadata={"optional": True, "schema": schema or {}})
+
+
+def inline():
+    """A dataclass field (default None) written as its own keys in the parent's object, or not at all."""
+    return field(default=None, metadata={"inline": True, "schema": {}})
+
+
 def _key(f: dataclasses.Field) -> str:
     return f.metadata.get("key", f.name)
 
@@ -57,7 +76,13 @@ def _hints(cls) -> dict:
 def to_json(value):
     """A section (or any value inside one) as report.json holds it."""
     if is_dataclass(value) and not isinstance(value, type):
-        return {_key(f): to_json(getattr(value, f.name)) for f in fields(value)}
+        out = {}
+        for f in fields(value):
+            v = getattr(value, f.name)
+            if v is None and (f.metadata.get("optional") or f.metadata.get("inline")):
+                continue
+            out.update(to_json(v) if f.metadata.get("inline") else {_key(f): to_json(v)})
+        return out
     if isinstance(value, (tuple, list)):
         return [to_json(v) for v in value]
     if isinstance(value, dict):
@@ -91,7 +116,9 @@ def from_json(tp, value):
         return from_json(_inner(tp), value)
     if is_dataclass(tp):
         hints = _hints(tp)
-        return tp(**{f.name: from_json(hints[f.name], value[_key(f)]) for f in fields(tp)})
+        return tp(**{f.name: _field(f, hints[f.name], value) for f in fields(tp)})
+    if _origin(tp) is dict and _args(tp):
+        return {k: from_json(_args(tp)[1], v) for k, v in value.items()}
     if _origin(tp) is tuple:
         a = _args(tp)
         item = a[0] if len(a) == 2 and a[1] is Ellipsis else None
@@ -99,6 +126,16 @@ def from_json(tp, value):
     if tp is float and isinstance(value, int):
         return float(value)
     return value
+
+
+def _field(f: dataclasses.Field, tp, parent: dict):
+    """One field's value read out of its parent object (an inline group from the parent itself)."""
+    if f.metadata.get("inline"):
+        group = _inner(tp)
+        return from_json(group, parent) if _key(fields(group)[0]) in parent else None
+    if f.metadata.get("optional"):
+        return from_json(tp, parent.get(_key(f)))
+    return from_json(tp, parent[_key(f)])
 
 
 SCALARS = {int: "integer", float: "number", str: "string", bool: "boolean"}
@@ -114,10 +151,16 @@ def json_schema(tp, extra: dict | None = None) -> dict:
             return {**inner, "type": [*(t if isinstance(t, list) else [t]), "null"]}
         return {"oneOf": [{"type": "null"}, inner]}
     if is_dataclass(tp):
-        hints = _hints(tp)
-        return {"type": "object", "additionalProperties": False, "required": [_key(f) for f in fields(tp)],
-                "properties": {_key(f): json_schema(hints[f.name], f.metadata.get("schema")) for f in fields(tp)},
-                **extra}
+        hints, props, required = _hints(tp), {}, []
+        for f in fields(tp):
+            if f.metadata.get("inline"):
+                props.update(json_schema(_inner(hints[f.name]))["properties"])
+            elif f.metadata.get("optional"):
+                props[_key(f)] = json_schema(_inner(hints[f.name]), f.metadata.get("schema"))
+            else:
+                props[_key(f)] = json_schema(hints[f.name], f.metadata.get("schema"))
+                required.append(_key(f))
+        return {"type": "object", "additionalProperties": False, "required": required, "properties": props, **extra}
     if _origin(tp) is tuple:
         a = _args(tp)
         if len(a) == 2 and a[1] is Ellipsis:
@@ -126,6 +169,8 @@ def json_schema(tp, extra: dict | None = None) -> dict:
         return {"type": "array", "items": json_schema(a[0]), "minItems": len(a), "maxItems": len(a), **extra}
     if tp in SCALARS:
         return {"type": SCALARS[tp], **extra}
-    if _origin(tp) is dict or tp is dict:
+    if _origin(tp) is dict and _args(tp):
+        return {"type": "object", "additionalProperties": json_schema(_args(tp)[1]), **extra}
+    if tp is dict:
         return {"type": "object", **extra}
     raise TypeError(f"no JSON Schema for {tp!r}: use int, float, str, bool, tuples, dataclasses and | None")

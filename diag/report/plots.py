@@ -6,15 +6,12 @@
                              one panel per tree shape
     by_position.png          accept length over the rounds rooted in each position range, one
                              panel per tree shape, one line per variant
-    drift.png                only when the report has a `regimes` section with a regime besides
-                             the reference: relative L2 and cosine of each capture point, per regime
     speedup.png              only when the report has a `speedup` section: accept length against
                              num_draft_tokens per tree shape, with the break-even accept length
-    (the registered diagnoses' plots, diag/diagnoses/, between by_position and speedup)
+    (the registered diagnoses' plots, diag/diagnoses/: the prompt side's between by_position
+    and speedup, the serving side's after speedup)
 
 Section shapes read here (report.schema.json has them too):
-    regimes  = {"reference", "points": [...], "regimes": [{"regime", "drift": {point: {"cosine",
-                "relative_l2"}}, ...}], ...}                        (diag/run/regime_section.py)
     speedup  = {"source": "...", "costs": {...}, "rows": [{"tree": "chain-3", "layout", "mode",
                 "regime", "tokens_regime", "topk", "num_draft_tokens", "accept_length",
                 "break_even_accept_length", ...}, ...]}      (diag/run/pricing.py)
@@ -105,26 +102,6 @@ def by_position(rep: dict, folder: Path) -> dict | None:
     return _save(fig, folder, "by_position.png", "Accept length by position in the sequence (every round)")
 
 
-def drift(rep: dict, folder: Path) -> dict | None:
-    sec = rep.get("regimes") or {}
-    rows = [r for r in sec.get("regimes", []) if r["regime"] != sec.get("reference") and r.get("drift")]
-    if not rows:
-        return None
-    points = sec["points"]                                   # residual-stream order: embed, L1, ..., final
-    fig, (ax_l2, ax_cos) = _figure(2)
-    for r in sorted(rows, key=lambda r: r["regime"]):
-        xs = [i for i, p in enumerate(points) if p in r["drift"]]
-        label = f"{r['regime']} vs {sec['reference']}"
-        ax_l2.plot(xs, [r["drift"][points[i]]["relative_l2"] for i in xs], marker="o", label=label)
-        ax_cos.plot(xs, [r["drift"][points[i]]["cosine"] for i in xs], marker="o", label=label)
-    for ax, name in ((ax_l2, "relative L2"), (ax_cos, "mean cosine")):
-        ax.set_xticks(range(len(points)), points, rotation=45, fontsize=8)
-        ax.set(xlabel="capture point", ylabel=name, title=name)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    return _save(fig, folder, "drift.png", "Hidden-state drift per capture point vs the reference regime")
-
-
 def _reference_rows(rep: dict) -> list[dict]:
     """Speedup rows of the variants at the report's reference axes (every layout and tree)
     that have a break-even number."""
@@ -174,7 +151,7 @@ def serving_plots(rep: dict, folder: Path) -> list[dict]:
     return plots_all(rep, folder, SERVING)
 
 
-PLOTS = (acceptance_at_depth, accept_hist, by_position, plots_all, speedup, serving_plots, drift)
+PLOTS = (acceptance_at_depth, accept_hist, by_position, plots_all, speedup, serving_plots)
 # the order report.md links them; plots_all and serving_plots: the registered diagnoses' (diag/diagnoses/)
 # of each place, a list each
 # The report keys each plot reads, and nothing else: the plot cache (plot_cache.py) keys each
@@ -182,7 +159,7 @@ PLOTS = (acceptance_at_depth, accept_hist, by_position, plots_all, speedup, serv
 # every time (UNCACHED): their code lives outside this file, whose source is in the cache key.
 READS = {"acceptance_at_depth": ("evaluations",), "accept_hist": ("evaluations",),
          "by_position": ("evaluations",),
-         "speedup": ("speedup", "evaluations", "reference"), "drift": ("regimes",)}
+         "speedup": ("speedup", "evaluations", "reference")}
 UNCACHED = ("plots_all", "serving_plots")
 
 

@@ -7,7 +7,7 @@
       + sampled           the decode loop for sampled decodings, on the loaded target (run/sampled.py)
     evaluate              every variant -> Evaluation records, each replayed variant cached
                           (run/eval_cache.py): a repeat run replays none
-    sections, verdicts    speedup, regimes, the live server's reconciliation, then the verdicts
+    sections, verdicts    speedup, the live server's reconciliation, the diagnoses, then the verdicts
 
 The step costs of the speedup model are measured on the target the pass already loaded and
 remembered (cost_cache.py); when every pass came from the cache no target is loaded, and the
@@ -40,8 +40,6 @@ from diag.run.eval_cache import EvalCache, cached_output_health
 from diag.run.evaluate import evaluate, reference_axes
 from diag.run.inputs import Inputs, prepare, served_dtypes
 from diag.run.pricing import speedup_section, user_costs
-from diag.run.prompt_sections import prompt_sections
-from diag.run.regime_section import regime_section
 from diag.run.sampled import SampledEvaluations
 from diag.run.server_inputs import read_server
 from diag.run.server_section import server_section
@@ -68,10 +66,8 @@ class RunResult:
     timings: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     speedup: dict | None = None
-    regimes: dict | None = None
     server: dict | None = None           # the live server reconciled (run/server_section.py)
     engines: EnginesSection | None = None  # the engines compared from this one pass (run/engines_section.py)
-    renderings: dict | None = None       # the prompt-side sections (prompt_sections.py)
     diagnoses: dict = field(default_factory=dict)   # name -> typed section or None (diag/diagnoses/)
     decoding: object = None              # run/decodings.DecodingPlan: served and sampled decodings
     target_output: object = None         # target/output_health.OutputHealth of the reference pass
@@ -226,15 +222,12 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True, shard
     ev = case.evaluate
     greedy = run.reference.but(decoding="greedy")           # regimes are compared under greedy decoding
     top = best(select(evals, greedy))
-    run.regimes = regime_section(passes, pass_meta["reference_regime"], evals, greedy,
-                                 top.layout if top else None, seed=ev.seed, n_boot=ev.bootstrap)
     run.engines = engines_section(case, inp.drafter_config, inp.target_config, evals, run.reference,
                                   run.best_layout())
     if server is not None:
         served = next((c.label for c in inp.candidates if "serving" in c.roles), None)
         run.server = server_section(server, evals, run.reference, run.best_layout(), seed=ev.seed,
                                     n_boot=ev.bootstrap, served_layout=served)
-    run.renderings = prompt_sections(inp, greedy, top.layout if top else None, evals).renderings  # greedily
     run.diagnoses = compute_all(Context(inp, greedy, top.layout if top else None, evals, passes, extra, drafter,
                                         embed, head, progress, cache, prepared, notes, timings))
     run.verdicts = verdicts(run, inp.target_config)

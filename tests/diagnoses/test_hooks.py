@@ -133,3 +133,26 @@ def test_places_orders_preparation_and_what_others_offer(monkeypatch):
     assert hooks.markdown_all(rep) == ["## Toy", "3", "## Toy", "3"]
     with pytest.raises(ValueError, match="unknown place"):
         hooks.markdown_all(rep, "elsewhere")
+
+
+class Keyed(ToyDiagnosis):
+    """A diagnosis whose report key is not its name (a common word elsewhere in diag)."""
+    name = "keyed_toy"
+    key = "toys"
+
+
+class Renamed(Keyed):
+    name = "renamed_toy"            # sets no key of its own: its key is its name, not Keyed's
+
+
+def test_a_report_key_other_than_the_name(monkeypatch):
+    keyed = Keyed()
+    monkeypatch.setattr(hooks, "DIAGNOSES", (ToyDiagnosis(), keyed))
+    assert (ToyDiagnosis.key, Keyed.key, Renamed.key) == ("toy", "toys", "renamed_toy")
+    sections = hooks.compute_all(Context(None, None, None, [1], {}, {}, None, None, None))
+    out = hooks.sections_json(sections)
+    assert list(out) == ["toy", "toys"] and "keyed_toy" in sections          # computed by name, written by key
+    assert keyed.read({"toys": out["toys"]}) == sections["keyed_toy"] and keyed.read({"keyed_toy": out["toys"]}) is None
+    assert hooks.markdown_all({"toys": out["toys"]}) == ["## Toy", "3"]
+    schema = hooks.report_schema(json.loads(SCHEMA_FILE.read_text()))
+    assert "toys" in schema["required"] and "keyed_toy" not in schema["$defs"]

@@ -1,6 +1,6 @@
 """Verdicts: sentences a ticket can quote, each with its evidence and interval, one module
-per subject (target_output, floor, layout, serving_error, eagle, engines, regime, server, speedup,
-decoding, rendering) and the registered diagnoses' own (diag/diagnoses/), the
+per subject (target_output, floor, layout, serving_error, eagle, engines, server, speedup,
+decoding) and the registered diagnoses' own (diag/diagnoses/), the
 record in record.py.
 When the drafter predicts nothing on any layout (floor.py), that verdict replaces the layout
 and EAGLE verdicts: a tie of zeros says nothing about which layout the server should feed.
@@ -20,12 +20,10 @@ from diag.run.verdicts.engines import engines_verdicts
 from diag.run.verdicts.floor import floor_verdicts
 from diag.run.verdicts.layout import layout_verdicts
 from diag.run.verdicts.record import SEVERITIES, Verdict
-from diag.run.verdicts.regime import regime_verdicts
 from diag.run.verdicts.server import sanity_verdicts, server_verdicts
 from diag.run.verdicts.serving_error import serving_error_verdicts
 from diag.run.verdicts.speedup import speedup_verdicts
 from diag.run.verdicts.target_output import target_output_verdicts
-from diag.run.verdicts.prompt_side import prompt_side_verdicts
 
 __all__ = ["Verdict", "verdicts"]
 
@@ -44,7 +42,7 @@ def verdicts(run, target_config: dict) -> list[Verdict]:
     silent = bool(floor) or any(v.severity == "error" for v in target)
     layout = [] if silent else layout_verdicts(run, target_config)
     found = (leading_all(sections) + sanity_verdicts(run) + target + floor + serving_error_verdicts(run, floor + layout, target_config)
-             + layout + ([] if silent else eagle_verdicts(run)) + engines_verdicts(run) + regime_verdicts(run)
+             + layout + ([] if silent else eagle_verdicts(run)) + engines_verdicts(run)
              + server_verdicts(run)
-             + speedup_verdicts(run) + verdicts_all(sections, SERVING) + decoding_verdicts(run) + prompt_side_verdicts(run))
+             + speedup_verdicts(run) + verdicts_all(sections, SERVING) + decoding_verdicts(run) + verdicts_all(sections))
     return sorted(found, key=lambda v: SEVERITIES.index(v.severity))
