@@ -248,6 +248,47 @@ def test_a_plot_is_copied_from_the_cache_while_the_keys_it_reads_are_unchanged(t
     assert (tmp_path / "d/plots/accept_hist.png").read_bytes() == (tmp_path / "a/plots/accept_hist.png").read_bytes()
 
 
+def test_a_diagnosis_plots_are_copied_while_its_section_and_declared_keys_are_unchanged(tmp_path, cache):
+    """One key per diagnosis: its section and plot_reads, not the rest of the report; two PNGs
+    in one entry; a damaged PNG is drawn again."""
+    from dataclasses import dataclass
+
+    from diag.diagnoses.protocol import Diagnosis
+    from diag.report.plot_cache import cached_diagnosis_plots
+
+    @dataclass(frozen=True)
+    class Sec:
+        n: int
+
+    draws = []
+
+    class Two(Diagnosis):
+        name, key, Section, plot_reads = "two_plots", "two", Sec, ("reference",)
+
+        def plots(self, sec, rep, folder):
+            draws.append(1)
+            (folder / "plots").mkdir(parents=True, exist_ok=True)
+            out = []
+            for i in range(2):
+                (folder / f"plots/two-{i}.png").write_bytes(f"{sec.n} {rep['reference']} {i}".encode())
+                out.append({"file": f"plots/two-{i}.png", "title": f"t{i}"})
+            return out
+
+    d = Two()
+    rep = {"two": {"n": 1}, "reference": "r", "evaluations": [1]}
+    first = cached_diagnosis_plots(d, Sec(1), rep, tmp_path / "a")
+    again = cached_diagnosis_plots(d, Sec(1), {**rep, "evaluations": [1, 2], "notes": ["x"]}, tmp_path / "b")
+    assert first == again == [{"file": "plots/two-0.png", "title": "t0"}, {"file": "plots/two-1.png", "title": "t1"}]
+    assert len(draws) == 1 and (tmp_path / "b/plots/two-1.png").read_bytes() == b"1 r 1"
+    cached_diagnosis_plots(d, Sec(1), {**rep, "reference": "s"}, tmp_path / "c")      # a declared key changed
+    cached_diagnosis_plots(d, Sec(2), {**rep, "two": {"n": 2}}, tmp_path / "d")       # its section changed
+    assert len(draws) == 3
+    for png in (cache / "plots").glob("*-1.png"):
+        png.write_bytes(b"damaged")
+    cached_diagnosis_plots(d, Sec(1), rep, tmp_path / "e")
+    assert len(draws) == 4 and (tmp_path / "e/plots/two-1.png").read_bytes() == b"1 r 1"
+
+
 def test_figures_drawn_in_forked_processes_are_the_same_bytes(tmp_path, pair, cache, monkeypatch):
     from diag.report.envelope import envelope
     from diag.report.plot_cache import draw_all

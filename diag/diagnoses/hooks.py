@@ -35,7 +35,7 @@ def needed() -> frozenset[str]:
 OUTPUTS = ("markdown", "plots", "verdicts")
 
 
-def _at(place: str, output: str) -> list:
+def placed(place: str, output: str) -> list:
     """The diagnoses at `place`, in the order `output` shows them."""
     if place not in PLACES or output not in OUTPUTS:
         raise ValueError(f"unknown place {place!r} or output {output!r}; one of {PLACES}, {OUTPUTS}")
@@ -71,7 +71,7 @@ def sections_json(sections: dict) -> dict:
 def verdicts_all(sections: dict, place: str = PROMPT_SIDE) -> list:
     """The verdicts of the diagnoses at `place`; each may read what the others' sections offer."""
     others = Offered(sections)
-    return [v for d in _at(place, "verdicts")
+    return [v for d in placed(place, "verdicts")
             if (sec := sections.get(d.name)) is not None for v in d.verdicts(sec, others)]
 
 
@@ -82,13 +82,16 @@ def leading_all(sections: dict) -> list:
 
 def markdown_all(rep: dict, place: str = PROMPT_SIDE) -> list[str]:
     """report.md lines of every diagnosis at `place` whose section the report holds, read back typed."""
-    return [line for d in _at(place, "markdown")
+    return [line for d in placed(place, "markdown")
             if (sec := d.read(rep)) is not None for line in d.markdown(sec, rep)]
 
 
-def plots_all(rep: dict, folder: Path, place: str = PROMPT_SIDE) -> list[dict]:
-    return [p for d in _at(place, "plots")
-            if (sec := d.read(rep)) is not None for p in d.plots(sec, rep, Path(folder))]
+def plots_all(rep: dict, folder: Path, place: str = PROMPT_SIDE, draw=None) -> list[dict]:
+    """The PNGs of the diagnoses at `place` whose section the report holds; `draw(d, sec, rep,
+    folder)` draws one diagnosis's (report/plot_cache.py passes its cached drawing)."""
+    draw = draw or (lambda d, sec, rep, folder: d.plots(sec, rep, folder))
+    return [p for d in placed(place, "plots")
+            if (sec := d.read(rep)) is not None for p in draw(d, sec, rep, Path(folder))]
 
 
 def report_schema(base: dict) -> dict:

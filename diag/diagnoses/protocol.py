@@ -32,7 +32,9 @@ finished evaluation and says what the section means (verdicts), shows (Markdown)
     markdown(sec, rep) -> report.md lines; `sec` is read back from report.json (Markdown is a
                    rendering of the JSON, never a second computation), `rep` the whole report
                    (for plot links)
-    plots(sec, rep, folder) -> [{"file", "title"}] of the PNGs drawn
+    plots(sec, rep, folder) -> [{"file", "title"}] of the PNGs drawn; a pure function of its
+                   section and the report keys in `plot_reads` (report/plot_cache.py keys the PNGs
+                   on them and on the module's source, so a repeat run copies them)
 
 Context is what every diagnosis may read: the run's inputs, the trained layout, the greedy
 reference axes, the evaluations, the target passes (and extra passes), the drafter and the
@@ -118,6 +120,7 @@ class Diagnosis:
     Section: ClassVar[type]
     needs: ClassVar[frozenset[str]] = frozenset()
     place: ClassVar[str] = PROMPT_SIDE
+    plot_reads: ClassVar[tuple[str, ...]] = ()    # report keys its plots read besides its own section
     flag_of: ClassVar[dict[str, str]] = {}
 
     def __init_subclass__(cls, **kwargs):

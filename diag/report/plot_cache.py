@@ -16,6 +16,10 @@ Entry: $DIAG_CACHE_DIR/plots/<digest>.png and <digest>.json {"key", "file", "tit
 "sha256" of the PNG}; the JSON is written last, both through a temporary file renamed into
 place, and an entry is believed only when the PNG's sha256 matches (else drawn again). A
 cache that cannot be written costs the drawing, never the report.
+A registered diagnosis's plots (diag/diagnoses/) are cached the same way, all of one diagnosis
+under one key: its name, its section and the report keys it declares (Diagnosis.plot_reads),
+the source of its module (or package) and of report/figure.py, and the matplotlib version; the
+entry lists its PNGs (<digest>-<i>.png), each checked by sha256.
 The figures to draw are drawn in parallel, one forked process each, on a machine with at least
 PARALLEL_CPUS cores (the H200 host's 16: 3 figures in the time of the slowest instead of their
 sum); on fewer cores, one after another. A PNG is the same bytes either way.
@@ -122,3 +126,54 @@ def draw_all(plots, rep: dict, folder: Path, *, workers: int | None = None) -> l
         with ProcessPoolExecutor(min(workers, len(todo)), mp_context=multiprocessing.get_context("fork")) as pool:
             list(pool.map(_draw, [(p, rep, folder) for p in todo]))     # each drawn into the cache
     return [cached_plot(p, rep, folder) for p in plots]
+
+
+def _diagnosis_code(d) -> str:
+    import inspect
+
+    import matplotlib
+
+    from diag.report import figure
+    src = Path(inspect.getfile(type(d)))
+    files = sorted(src.parent.glob("*.py")) if src.name == "__init__.py" else [src]
+    digest = hashlib.sha256()
+    for f in [*files, Path(figure.__file__)]:
+        digest.update(f.read_bytes())
+    return digest.hexdigest() + matplotlib.__version__
+
+
+def diagnosis_plot_key(d, rep: dict) -> str:
+    body = {k: rep.get(k) for k in (d.key, *d.plot_reads)}
+    blob = json.dumps(["diagnosis", d.name, _diagnosis_code(d), body], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def cached_diagnosis_plots(d, sec, rep: dict, folder: Path) -> list[dict]:
+    """d.plots(sec, rep, folder), or its PNGs copied from the cache when drawn before from the
+    same section (module docstring)."""
+    key = diagnosis_plot_key(d, rep)
+    base = cache_root() / "plots" / key
+    try:
+        entry = json.loads(base.with_suffix(".json").read_text())
+        pngs = [(base.parent / f"{key}-{i}.png").read_bytes() for i in range(len(entry["plots"]))]
+        if entry.get("key") == key and all(hashlib.sha256(png).hexdigest() == p["sha256"]
+                                           for png, p in zip(pngs, entry["plots"])):
+            if pngs:
+                (folder / "plots").mkdir(parents=True, exist_ok=True)
+            for png, p in zip(pngs, entry["plots"]):
+                (folder / p["file"]).write_bytes(png)
+            return [{"file": p["file"], "title": p["title"]} for p in entry["plots"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    made = d.plots(sec, rep, folder)
+    try:
+        base.parent.mkdir(parents=True, exist_ok=True)
+        listed = []
+        for i, m in enumerate(made):
+            png = (folder / m["file"]).read_bytes()
+            _atomic(base.parent / f"{key}-{i}.png", png)
+            listed.append({**m, "sha256": hashlib.sha256(png).hexdigest()})
+        _atomic(base.with_suffix(".json"), json.dumps({"key": key, "plots": listed}).encode())
+    except OSError:
+        pass                             # an unwritable cache: drawn again next time
+    return made

@@ -26,7 +26,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from diag.diagnoses.hooks import plots_all
-from diag.diagnoses.protocol import SERVING
+from diag.diagnoses.protocol import PROMPT_SIDE, SERVING
 from diag.replay.evaluation import ANY, Evaluation, reference_axes, select
 from diag.report.figure import WIDE, figure as _figure, save as _save
 
@@ -146,21 +146,30 @@ def speedup(rep: dict, folder: Path) -> dict | None:
 
 
 
+def prompt_side_plots(rep: dict, folder: Path) -> list[dict]:
+    """The plots of the registered diagnoses on the prompt side (diag/diagnoses/), each
+    diagnosis's cached by its section (plot_cache.cached_diagnosis_plots)."""
+    from diag.report.plot_cache import cached_diagnosis_plots
+    return plots_all(rep, folder, PROMPT_SIDE, draw=cached_diagnosis_plots)
+
+
 def serving_plots(rep: dict, folder: Path) -> list[dict]:
-    """The plots of the registered diagnoses placed on the serving side (protocol.SERVING)."""
-    return plots_all(rep, folder, SERVING)
+    """The same for the diagnoses placed on the serving side (protocol.SERVING)."""
+    from diag.report.plot_cache import cached_diagnosis_plots
+    return plots_all(rep, folder, SERVING, draw=cached_diagnosis_plots)
 
 
-PLOTS = (acceptance_at_depth, accept_hist, by_position, plots_all, speedup, serving_plots)
-# the order report.md links them; plots_all and serving_plots: the registered diagnoses' (diag/diagnoses/)
-# of each place, a list each
+PLOTS = (acceptance_at_depth, accept_hist, by_position, prompt_side_plots, speedup, serving_plots)
+# the order report.md links them; prompt_side_plots and serving_plots: the registered diagnoses'
+# (diag/diagnoses/) of each place, a list each
 # The report keys each plot reads, and nothing else: the plot cache (plot_cache.py) keys each
-# PNG on them. A plot that reads another key must name it here. The diagnoses' plots are drawn
-# every time (UNCACHED): their code lives outside this file, whose source is in the cache key.
+# PNG on them. A plot that reads another key must name it here. The diagnoses' plots are keyed
+# on their own sections, plot_reads and module sources (plot_cache.cached_diagnosis_plots), so
+# the per-plot cache here leaves them alone (UNCACHED).
 READS = {"acceptance_at_depth": ("evaluations",), "accept_hist": ("evaluations",),
          "by_position": ("evaluations",),
          "speedup": ("speedup", "evaluations", "reference")}
-UNCACHED = ("plots_all", "serving_plots")
+UNCACHED = ("prompt_side_plots", "serving_plots")   # cached per diagnosis, by its own key
 
 
 def make_plots(rep: dict, folder: str | Path) -> list[dict]:
