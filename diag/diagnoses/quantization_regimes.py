@@ -31,7 +31,6 @@ import torch
 from diag.diagnoses.protocol import SERVING, Context, Diagnosis
 from diag.diagnoses.typed import CI95, TREE, inline, meta, optional, to_json
 from diag.replay.evaluation import Axes, one
-from diag.report.figure import figure, save
 from diag.report.sections.cells import difference, f
 from diag.report.views import plot_link
 from diag.run.verdicts.record import Verdict, fmt
@@ -209,6 +208,7 @@ class QuantizationRegimes(Diagnosis):
         rows = [r for r in sec.regimes if r.regime != sec.reference and r.drift]
         if not rows:
             return []
+        from diag.report.figure import figure, save           # matplotlib: only when a plot is drawn
         points = sec.points                                   # residual-stream order: embed, L1, ..., final
         fig, (ax_l2, ax_cos) = figure(2)
         for r in sorted(rows, key=lambda r: r.regime):
