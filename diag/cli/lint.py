@@ -43,7 +43,7 @@ def render(f: Finding) -> str:
     if where:
         lines.append(f"  where:  {where}")
     family, version = split(f.engine) if f.engine else (families()[0], None)
-    lines += [f"  {family}{f' {version}' if version else ''}: {f.sglang_behaviour}", f"  fix:    {f.fix}"]
+    lines += [f"  {family}{f' {version}' if version else ''}: {f.behaviour}", f"  fix:    {f.fix}"]
     return "\n".join(lines)
 
 

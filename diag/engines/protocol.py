@@ -39,7 +39,8 @@ What the protocol covers, in the order a run needs it (worked examples are SGLan
                   T -> 0 check worded in the engine's terms (diag/engines/sanity.py)
   launch lint     launch_argv(command) -> the words the server parses; parse_launch(command) ->
                   LaunchFlags; effective_config -> EffectiveConfig; flag_problems(argv, release)
-                  -> what this release's parser refuses
+                  -> what this release's parser refuses; cross_check(effective, argv) -> where
+                  the engine's own installed parser disagrees with diag's mirror
   live server     live_server() -> LiveServer: how `diag probe` recognises a running server of
                   this family and what it sends and saves (the engine's request and response
                   shapes); the probe drives it through HttpClient and names no engine
@@ -305,6 +306,11 @@ class EngineRules(Protocol):
 
     def flag_problems(self, argv: list[str], *, release: Release) -> list[FlagProblem]:
         """Every flag this release's parser refuses or reads differently from how it is written."""
+
+    def cross_check(self, effective: EffectiveConfig, argv: list[str]) -> list[FlagProblem]:
+        """What the engine's own installed launch parser resolves where it differs from
+        `effective` (diag's mirror of its rules), or one "info" problem saying why it could not
+        be asked; [] for an engine diag does not cross-check."""
 
     # ---- live server -------------------------------------------------------------------
     def live_server(self) -> LiveServer:

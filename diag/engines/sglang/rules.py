@@ -181,6 +181,11 @@ class SglangEngine:
                                    regen, parser))
         return out
 
+    def cross_check(self, effective: EffectiveConfig, argv: list[str]) -> list[FlagProblem]:
+        """sglang's own ServerArgs, when sglang is importable (cross_check.py)."""
+        from diag.engines.sglang.cross_check import ask_server_args
+        return ask_server_args(effective, argv)
+
     # ---- live server -------------------------------------------------------------------
     def live_server(self):
         from diag.engines.sglang.live import LIVE

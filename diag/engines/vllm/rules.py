@@ -270,6 +270,10 @@ class VllmEngine:
                                 f"expected {err.expected}; found {err.found}", release.label)]
         return []
 
+    def cross_check(self, effective: EffectiveConfig, argv: list[str]) -> list[FlagProblem]:
+        """None: diag does not import vllm to resolve a launch line (its EngineArgs need the model)."""
+        return []
+
     # ---- live server -------------------------------------------------------------------
     def live_server(self):
         from diag.engines.vllm.live import LIVE
