@@ -1,7 +1,8 @@
 """The engine-neutral records the EngineRules protocol (protocol.py) speaks in.
 
 ServingPlan / ServingError / Fix (what a release feeds a drafter and how to change it),
-ResolvedShape (the tree a release runs for its launch flags), LaunchFlags / EffectiveConfig /
+ResolvedShape (the tree a release runs for its launch flags), ReportRate (an accept rate the
+engine logs, as diag reports it), LaunchFlags / EffectiveConfig /
 FlagProblem (a launch line read and linted), DraftTables (whose embedding and lm_head the draft
 uses), RequestDefaults (what a request that sets no sampling parameter runs). Every family
 fills these; none of them names a family. This module holds types; it computes nothing but
@@ -10,15 +11,29 @@ fills these; none of them names a family. This module holds types; it computes n
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from diag.engines import DEFAULT_ENGINE
 from diag.errors import DiagError
 from diag.layouts import Layout
+from diag.metrics import AcceptCounts
 from diag.trees import TreeShape
 
 __all__ = ["DeclaredLayout", "DraftTables", "DrafterSupport", "EffectiveConfig", "FlagProblem", "Fix", "LaunchFlags",
-           "RequestDefaults", "ResolvedShape", "ServingError", "ServingPlan", "refused"]
+           "ReportRate", "RequestDefaults", "ResolvedShape", "ServingError", "ServingPlan", "refused"]
+
+
+@dataclass(frozen=True)
+class ReportRate:
+    """One accept rate an engine logs, as diag reports it beside the accept length: its
+    report.json field, the diag.metrics function that computes it and its report.md column.
+    Example (SGLang 0.5.11+): ReportRate("sglang_accept_rate", draft_accept_rate, "sglang rate"):
+    a = [0, 2, 2, 1], D = 4 -> 5 / 12 = 0.4167 under "sglang rate"."""
+
+    field: str
+    rate: Callable[[AcceptCounts], float | None]
+    column: str
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,8 @@ What the protocol covers, in the order a run needs it (worked examples are SGLan
                   by name (Verification: "tree-argmax", "tree-target-only")
   metrics         accept_rate_formula(release) -> the diag.metrics function name the engine's
                   log calls "accept rate" ("sglang_accept_rate": Σa / (rounds·(D-1)));
-                  formula_label(name) -> its text
+                  formula_label(name) -> its text; report_rates -> the rates reports carry
+                  beside the accept length (ReportRate: field, diag.metrics function, column)
   readers         read_log / read_responses / read_server_info / read_metrics: the engine's saved
                   output parsed into its own frozen records (see each method)
   sanity          read_sampled(text, temperature=0.01) -> Sampled (a saved run at that temperature, in
@@ -60,7 +61,7 @@ from diag.errors import DiagError
 
 if TYPE_CHECKING:
     from diag.engines.common import (DrafterSupport, DraftTables, EffectiveConfig, FlagProblem, Fix, LaunchFlags,
-                                     RequestDefaults, ResolvedShape, ServingError, ServingPlan)
+                                     ReportRate, RequestDefaults, ResolvedShape, ServingError, ServingPlan)
     from diag.engines.sanity import EngineSanity, Sampled
     from diag.layouts import Layout
 
@@ -192,6 +193,12 @@ class EngineRules(Protocol):
     family: str
     display: str
     ids_field: str
+    # the accept rates the engine's logs print, each reported beside diag's accept length
+    # (report.json's trajectory."sglang_accept_rate", report.md's "sglang rate" column), and the
+    # sentence report.md says of them ("SGLang's accept rate as 0.5.11+ and as ≤ 0.5.10 log it");
+    # () and "" when the engine logs no rate diag reports
+    report_rates: tuple[ReportRate, ...]
+    report_rates_text: str
 
     # ---- releases and algorithms -------------------------------------------------------
     def releases(self) -> tuple[str, ...]:

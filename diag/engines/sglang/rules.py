@@ -47,6 +47,8 @@ class SglangEngine:
     family = "sglang"
     display = "SGLang"
     ids_field = IDS_FIELD
+    report_rates = accept_rate.REPORT_RATES
+    report_rates_text = "SGLang's accept rate as 0.5.11+ and as ≤ 0.5.10 log it"
 
     def releases(self) -> tuple[str, ...]:
         return RELEASES

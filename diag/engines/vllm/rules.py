@@ -69,6 +69,8 @@ class VllmEngine:
     family = "vllm"
     display = "vLLM"
     ids_field = IDS_FIELD
+    report_rates = ()       # its draft acceptance rate is diag.metrics.draft_accept_rate, not reported apart
+    report_rates_text = ""
 
     def releases(self) -> tuple[str, ...]:
         return RELEASES
