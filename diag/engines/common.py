@@ -20,8 +20,19 @@ from diag.layouts import Layout
 from diag.metrics import AcceptCounts
 from diag.trees import TreeShape
 
-__all__ = ["DeclaredLayout", "DraftTables", "DrafterSupport", "EffectiveConfig", "FlagProblem", "Fix", "LaunchFlags",
+__all__ = ["BenchmarkSettings", "DeclaredLayout", "DraftTables", "DrafterSupport", "EffectiveConfig", "FlagProblem", "Fix", "LaunchFlags",
            "ReportRate", "RequestDefaults", "ResolvedShape", "ServingError", "ServingPlan", "refused"]
+
+
+@dataclass(frozen=True)
+class BenchmarkSettings:
+    """What makes one engine's server benchmark run at a chosen acceptance (diag/engines/simulate.py):
+    the report fields, in order (the environment, config keys and the flag or command prefix that
+    carries them), and notes. Example (SGLang, L = 2.47): fields {"sglang_env": {...},
+    "sglang_command_prefix": "SGLANG_SIMULATE_ACC_LEN=2.47 SGLANG_SIMULATE_ACC_METHOD=match-expected"}."""
+
+    fields: dict
+    notes: tuple[str, ...]
 
 
 @dataclass(frozen=True)

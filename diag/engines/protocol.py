@@ -31,7 +31,8 @@ What the protocol covers, in the order a run needs it (worked examples are SGLan
                   by name (Verification: "tree-argmax", "tree-target-only")
   metrics         accept_rate_formula(release) -> the diag.metrics function name the engine's
                   log calls "accept rate" ("sglang_accept_rate": Σa / (rounds·(D-1)));
-                  formula_label(name) -> its text; report_rates -> the rates reports carry
+                  formula_label(name) -> its text; simulated_acceptance(L, P(a>=i), tree) -> the
+                  settings that make a benchmark of its server run at that acceptance; report_rates -> the rates reports carry
                   beside the accept length (ReportRate: field, diag.metrics function, column)
   readers         read_log / read_responses / read_server_info / read_metrics: the engine's saved
                   output parsed into its own frozen records (see each method)
@@ -60,10 +61,11 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from diag.errors import DiagError
 
 if TYPE_CHECKING:
-    from diag.engines.common import (DrafterSupport, DraftTables, EffectiveConfig, FlagProblem, Fix, LaunchFlags,
+    from diag.engines.common import (BenchmarkSettings, DrafterSupport, DraftTables, EffectiveConfig, FlagProblem, Fix, LaunchFlags,
                                      ReportRate, RequestDefaults, ResolvedShape, ServingError, ServingPlan)
     from diag.engines.sanity import EngineSanity, Sampled
     from diag.layouts import Layout
+    from diag.trees import TreeShape
 
 _VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:\.post(\d+)|\.(\d+))?$")
 
@@ -288,6 +290,13 @@ class EngineRules(Protocol):
 
     def read_metrics(self, text: str, *, source: str) -> Any:
         """The speculative counters of a saved GET /metrics (Prometheus text)."""
+
+    def simulated_acceptance(self, accept_length: float, acceptance_at_depth: tuple[float, ...], shape: TreeShape,
+                             *, release: Release | None) -> BenchmarkSettings:
+        """What makes this engine's server benchmark run at this accept length (clamped to
+        [1, S + 1]) and per-depth acceptance P(a >= i) on this tree (diag/engines/simulate.py
+        merges every engine's); `release`: the observed server's when it is this family's, else
+        None."""
 
     # ---- engine sanity -------------------------------------------------------------------
     def read_sampled(self, text: str, *, source: str, temperature: float, release: Release) -> Sampled:

@@ -14,12 +14,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from diag.checkpoint.config import num_layers
-from diag.engines.common import (DrafterSupport, DraftTables, EffectiveConfig, FlagProblem, Fix, LaunchFlags,
-                                 RequestDefaults, ResolvedShape, ServingError, ServingPlan)
+from diag.engines.common import (BenchmarkSettings, DrafterSupport, DraftTables, EffectiveConfig, FlagProblem, Fix,
+                                 LaunchFlags, RequestDefaults, ResolvedShape, ServingError, ServingPlan)
 from diag.engines.protocol import Release, Verification
 from diag.engines import conventions
 from diag.engines.sanity import EngineSanity, Sampled, limit_check
-from diag.engines.sglang import accept_rate, flag_parser, launch, round_accounting, server_log, server_responses, serving
+from diag.engines.sglang import (accept_rate, flag_parser, launch, round_accounting, server_log, server_responses,
+                                 serving, simulate)
 from diag.engines.sglang import conventions as _sglang_conventions  # noqa: F401  (registers them)
 from diag.engines.sglang.algorithms import ALIASES, MODES, mode_of
 from diag.engines.sglang.architectures import auto_defaults_key, capture_model
@@ -33,6 +34,7 @@ from diag.engines.sglang.tree_rules import resolve_sglang_shape
 from diag.engines.sglang.versions import RELEASES, engine
 from diag.errors import DiagError
 from diag.layouts import Layout
+from diag.trees import TreeShape
 
 VERIFICATION = Verification(
     "tree-argmax", "tree-target-only",
@@ -121,6 +123,10 @@ class SglangEngine:
 
     def formula_label(self, formula: str) -> str:
         return accept_rate.label(formula)
+
+    def simulated_acceptance(self, accept_length: float, acceptance_at_depth: tuple[float, ...], shape: TreeShape,
+                             *, release: Release | None) -> BenchmarkSettings:
+        return simulate.simulated_acceptance_env(accept_length, shape, release)
 
     def read_log(self, text: str, *, source: str, release: Release) -> server_log.ServerLog:
         return server_log.read_server_log(text, source=source, release=release.release)

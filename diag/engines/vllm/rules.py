@@ -14,11 +14,11 @@ from __future__ import annotations
 import shlex
 
 from diag.checkpoint.config import architecture, num_layers
-from diag.engines.common import (DrafterSupport, DraftTables, EffectiveConfig, FlagProblem, Fix, LaunchFlags,
-                                 RequestDefaults, ResolvedShape, ServingError, ServingPlan)
+from diag.engines.common import (BenchmarkSettings, DrafterSupport, DraftTables, EffectiveConfig, FlagProblem, Fix,
+                                 LaunchFlags, RequestDefaults, ResolvedShape, ServingError, ServingPlan)
 from diag.engines.protocol import Release, Verification
 from diag.engines.sanity import EngineSanity, Sampled
-from diag.engines.vllm import capture, decoding, detect, draft_tables, explain, sanity, spec_config
+from diag.engines.vllm import capture, decoding, detect, draft_tables, explain, sanity, simulate, spec_config
 from diag.engines.vllm.releases import RELEASES, rule, rule_row, span, vllm_release
 from diag.errors import DiagError
 from diag.layouts import Layout, layout as parse_layout
@@ -204,6 +204,11 @@ class VllmEngine:
                             found=formula)
         return f"vLLM {RELEASES[0]}–{RELEASES[-1]}: Σa / (rounds·k), 'Draft acceptance rate' " \
                "(num_accepted_tokens / num_draft_tokens)"
+
+    def simulated_acceptance(self, accept_length: float, acceptance_at_depth: tuple[float, ...], shape: TreeShape,
+                             *, release: Release | None) -> BenchmarkSettings:
+        """The synthetic rejection sampler's per-position rates (simulate.py); no release rule."""
+        return simulate.simulated_acceptance(acceptance_at_depth, shape)
 
     def read_log(self, text: str, *, source: str, release: Release) -> list[detect.LogInterval]:
         named = detect.release_from_log(text, source=source)
