@@ -161,7 +161,6 @@ NAMED_OUTSIDE: dict[str, dict[str, int]] = {
         "diag/cli/probe.py": 4,
         "diag/cli/run.py": 3,
         "diag/engines/conventions.py": 4,
-        "diag/engines/sglang/simulate.py": 8,
         "diag/replay/sampling.py": 1,
         "diag/replay/verifiers.py": 2,
         "diag/report/server_markdown.py": 3,
