@@ -19,6 +19,7 @@ from diag.engines.common import (BenchmarkSettings, DrafterSupport, DraftTables,
 from diag.engines.protocol import Release, Verification
 from diag.engines.sanity import EngineSanity, Sampled
 from diag.engines.vllm import capture, decoding, detect, draft_tables, explain, sanity, simulate, spec_config
+from diag.engines.vllm import conventions as _vllm_conventions  # noqa: F401  (registers it)
 from diag.engines.vllm.releases import RELEASES, rule, rule_row, span, vllm_release
 from diag.errors import DiagError
 from diag.layouts import Layout, layout as parse_layout
