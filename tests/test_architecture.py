@@ -160,7 +160,6 @@ NAMED_OUTSIDE: dict[str, dict[str, int]] = {
         "diag/cli/paths.py": 1,             # the --server-vllm-metrics flag's dest, a path flag
         "diag/cli/probe.py": 4,
         "diag/cli/run.py": 3,
-        "diag/engines/conventions.py": 4,
         "diag/replay/sampling.py": 1,
         "diag/replay/verifiers.py": 2,
         "diag/report/server_markdown.py": 3,
