@@ -31,7 +31,8 @@ What the protocol covers, in the order a run needs it (worked examples are SGLan
                   by name (Verification: "tree-argmax", "tree-target-only")
   metrics         accept_rate_formula(release) -> the diag.metrics function name the engine's
                   log calls "accept rate" ("sglang_accept_rate": Σa / (rounds·(D-1)));
-                  formula_label(name) -> its text; simulated_acceptance(L, P(a>=i), tree) -> the
+                  formula_label(name) -> its text; explain_logged(L, R, ...) -> which D and formula
+                  fit a logged pair (`diag explain`); simulated_acceptance(L, P(a>=i), tree) -> the
                   settings that make a benchmark of its server run at that acceptance; report_rates -> the rates reports carry
                   beside the accept length (ReportRate: field, diag.metrics function, column)
   readers         read_log / read_responses / read_server_info / read_metrics: the engine's saved
@@ -277,6 +278,14 @@ class EngineRules(Protocol):
 
     def formula_label(self, formula: str) -> str:
         """"SGLang 0.5.11–0.5.23: Σa / (rounds·(D-1)), draft slots only"."""
+
+    def explain_logged(self, accept_len: float, accept_rate: float, *, num_steps: int | None, topk: int | None,
+                       num_draft_tokens: int | None, architecture: str, decimals: int,
+                       release: Release | None) -> Any:
+        """`diag explain`: which num_draft_tokens and rate formula make a logged (accept len,
+        accept rate) pair consistent, what the launch flags ran, whether `release` (None: not
+        named) logs a formula that fits. The record has `sentences`, `consistent`, `engine_fits`
+        and to_json(); a DiagError for an engine that logs no such pair."""
 
     # ---- readers (each returns the engine's own frozen record; DiagError when unsupported) --
     def read_log(self, text: str, *, source: str, release: Release) -> Any:

@@ -19,8 +19,8 @@ from diag.engines.common import (BenchmarkSettings, DrafterSupport, DraftTables,
 from diag.engines.protocol import Release, Verification
 from diag.engines import conventions
 from diag.engines.sanity import EngineSanity, Sampled, limit_check
-from diag.engines.sglang import (accept_rate, flag_parser, launch, round_accounting, server_log, server_responses,
-                                 serving, simulate)
+from diag.engines.sglang import (accept_rate, explain, flag_parser, launch, round_accounting, server_log,
+                                 server_responses, serving, simulate)
 from diag.engines.sglang import conventions as _sglang_conventions  # noqa: F401  (registers them)
 from diag.engines.sglang.algorithms import ALIASES, MODES, mode_of
 from diag.engines.sglang.architectures import auto_defaults_key, capture_model
@@ -123,6 +123,13 @@ class SglangEngine:
 
     def formula_label(self, formula: str) -> str:
         return accept_rate.label(formula)
+
+    def explain_logged(self, accept_len: float, accept_rate: float, *, num_steps: int | None, topk: int | None,
+                       num_draft_tokens: int | None, architecture: str, decimals: int,
+                       release: Release | None) -> explain.Explanation:
+        return explain.explain(accept_len, accept_rate, num_steps=num_steps, topk=topk,
+                               num_draft_tokens=num_draft_tokens, architecture=architecture, decimals=decimals,
+                               engine_name=release.name if release is not None else None)
 
     def simulated_acceptance(self, accept_length: float, acceptance_at_depth: tuple[float, ...], shape: TreeShape,
                              *, release: Release | None) -> BenchmarkSettings:

@@ -206,6 +206,13 @@ class VllmEngine:
         return f"vLLM {RELEASES[0]}–{RELEASES[-1]}: Σa / (rounds·k), 'Draft acceptance rate' " \
                "(num_accepted_tokens / num_draft_tokens)"
 
+    def explain_logged(self, accept_len: float, accept_rate: float, *, num_steps: int | None, topk: int | None,
+                       num_draft_tokens: int | None, architecture: str, decimals: int, release: Release | None):
+        raise DiagError("vLLM logs counters, not an accept len / accept rate pair to reconcile", field="--engine",
+                        expected="an engine whose log prints 'accept len' and 'accept rate'",
+                        found=release.label if release is not None else "vLLM",
+                        hint="give the scrape or log itself: diag explain --engine NAME --metrics FILE | --server-log FILE")
+
     def simulated_acceptance(self, accept_length: float, acceptance_at_depth: tuple[float, ...], shape: TreeShape,
                              *, release: Release | None) -> BenchmarkSettings:
         """The synthetic rejection sampler's per-position rates (simulate.py); no release rule."""
