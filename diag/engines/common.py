@@ -128,13 +128,14 @@ class DrafterSupport:
     so it is not checked), why building it fails on a missing draft_vocab_size (`head_crash`),
     whether it captures auxiliary states and a note when eagle_config.use_aux_hidden_state
     matters. Example (SGLang 0.5.11, Eagle3DeepseekV2ForCausalLM): builds False, classes
-    ("LlamaForCausalLMEagle3",)."""
+    ("LlamaForCausalLMEagle3",), class_fix "upgrade to SGLang 0.5.12 or newer (...)"."""
 
     builds: bool | None
     classes: tuple[str, ...]
     head_crash: str | None
     aux: bool
     aux_note: str | None
+    class_fix: str = ""          # how to serve it when `builds` is False, in the engine's terms
 
 
 @dataclass(frozen=True)

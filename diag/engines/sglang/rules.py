@@ -28,7 +28,7 @@ from diag.engines.sglang.capture import NoCapture, capture_rule
 from diag.engines.sglang.decoding import request_defaults
 from diag.engines.sglang import drafter_keys
 from diag.engines.sglang.draft_tables import SOURCE as TABLES_SOURCE, draft_tables_for
-from diag.engines.sglang.drafter_models import builds_drafter, drafter_classes
+from diag.engines.sglang.drafter_models import builds_drafter, class_fix, drafter_classes
 from diag.engines.sglang.serving import IDS_FIELD
 from diag.engines.sglang.tree_rules import resolve_sglang_shape
 from diag.engines.sglang.versions import RELEASES, engine
@@ -93,9 +93,10 @@ class SglangEngine:
     def drafter_support(self, drafter_config: dict, *, release: Release) -> DrafterSupport:
         arch = drafter_keys.drafter_class(drafter_config)
         aux, note = drafter_keys.uses_aux_hidden_state(drafter_config, release.name)
-        return DrafterSupport(builds_drafter(arch, engine_name=release.name),
-                              tuple(sorted(drafter_classes(engine_name=release.name))),
-                              drafter_keys.draft_vocab_crash(drafter_config, release.name), aux, note)
+        classes = drafter_classes(engine_name=release.name)
+        return DrafterSupport(builds_drafter(arch, engine_name=release.name), tuple(sorted(classes)),
+                              drafter_keys.draft_vocab_crash(drafter_config, release.name), aux, note,
+                              class_fix(arch, classes))
 
     def resolve_tree(self, num_steps: int | None, topk: int | None, num_draft_tokens: int | None,
                      target_config: dict | None, *, release: Release,
