@@ -128,14 +128,9 @@ def test_a_backwards_import_is_caught(tmp_path):
 #     request and response shapes and detection through LiveServer (engines/<family>/live.py).
 NAMED_OUTSIDE: dict[str, dict[str, int]] = {
     "sglang": {
-        "diag/checkpoint/drafter_format.py": 4,
-        "diag/checks/validate.py": 1,
+        "diag/checkpoint/drafter_format.py": 1,
         "diag/run/server_text_match.py": 1,
-        "diag/drafter/checkpoint.py": 1,
-        "diag/replay/replay.py": 1,
-        "diag/report/decoding_section.py": 1,
         "diag/report/server_markdown.py": 3,
-        "diag/run/prompts/read.py": 1,
         "diag/run/server_inputs.py": 7,
         "diag/run/server_observation.py": 4,
         "diag/run/server_section.py": 2,
@@ -149,11 +144,8 @@ NAMED_OUTSIDE: dict[str, dict[str, int]] = {
         "diag/bench/zoo.py": 1,
         "diag/cli/paths.py": 1,             # the --server-vllm-metrics flag's dest, a path flag
         "diag/cli/run.py": 1,
-        "diag/replay/sampling.py": 1,
-        "diag/replay/verifiers.py": 2,
         "diag/report/server_markdown.py": 3,
         "diag/run/case.py": 1,
-        "diag/run/prompts/read.py": 1,
         "diag/run/server_inputs.py": 9,
         "diag/zoo/recipes.py": 3,
         "diag/zoo/shipped.py": 1,           # the zoo entry's name, llama-tiny-eagle3-embed-vllm-ids
