@@ -27,8 +27,8 @@ def register(subparsers) -> None:
     p.add_argument("--target", default=None,
                    help="target checkpoint directory (config.json) or hub id; default: the launch "
                         "line's --model-path when it is a local directory or a hub id")
-    p.add_argument("--engine", default=None, help=f"the engine release the server runs, <family>-<version> (families: {', '.join(families())}; "
-                   f"default: {DEFAULT_ENGINE})")
+    p.add_argument("--engine", default=None, help="the engine release the server runs, <family>-<version> "
+                   f"(families: {', '.join(families())}; default: {DEFAULT_ENGINE})")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("launch", nargs=argparse.REMAINDER, help="the launch command, after --")
     p.set_defaults(func=run)

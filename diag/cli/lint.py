@@ -30,8 +30,8 @@ def register(subparsers) -> None:
     p.add_argument("--target", help="target checkpoint directory (config.json) or hub id org/name[@revision] "
                    "(default: the one the launch line names)")
     p.add_argument("--launch", default=None, help="the server's launch command, quoted")
-    p.add_argument("--engine", default=None, help=f"the engine release the server runs, <family>-<version> (families: {', '.join(families())}; "
-                   f"default: {DEFAULT_ENGINE})")
+    p.add_argument("--engine", default=None, help="the engine release the server runs, <family>-<version> "
+                   f"(families: {', '.join(families())}; default: {DEFAULT_ENGINE})")
     p.add_argument("--json", action="store_true", help="print findings as JSON")
     p.set_defaults(func=run)
 

@@ -21,7 +21,8 @@ DEFAULT_TIMEOUT, DEFAULT_RETRIES, DEFAULT_CONCURRENCY = 300.0, 3, 8
 
 def register(sub) -> None:
     p = sub.add_parser("probe", help=f"send the case's prompts to a live server ({', '.join(families())}) and "
-                                     "save what it answers (responses, /metrics, /server_info) for `diag run --server-*`")
+                                     "save what it answers (responses, /metrics, /server_info) for "
+                                     "`diag run --server-*`")
     p.add_argument("case", nargs="?", help="case file (its prompts, decoding and target tokenizer)")
     p.add_argument("--server", required=True, help="the server's URL, e.g. http://127.0.0.1:30000")
     p.add_argument("--engine", help=f"the engine the server must be: a family ({', '.join(families())}) or a "

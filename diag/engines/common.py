@@ -20,8 +20,9 @@ from diag.layouts import Layout
 from diag.metrics import AcceptCounts
 from diag.trees import TreeShape
 
-__all__ = ["BenchmarkSettings", "DeclaredLayout", "DraftTables", "DrafterSupport", "EffectiveConfig", "FlagProblem", "Fix", "LaunchFlags",
-           "ReportRate", "RequestDefaults", "ResolvedShape", "ServingError", "ServingPlan", "refused"]
+__all__ = ["BenchmarkSettings", "DeclaredLayout", "DraftTables", "DrafterSupport", "EffectiveConfig", "FlagProblem",
+           "Fix", "LaunchFlags", "ReportRate", "RequestDefaults", "ResolvedShape", "ServingError", "ServingPlan",
+           "refused"]
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,10 @@ Worked examples (Kimi-K2.5, N = 61 layers):
 This module holds the machinery (resolve, to_ids, readings) and the conventions of trainers and
 of engines without a package here (eagle-reference, specforge, speculators); an engine
 package registers its own (the SGLang ones, one per version range in which the rule held, are
-diag/engines/sglang/conventions.py, vLLM's diag/engines/vllm/conventions.py; which one a release applies to which target is its
-capture.py). This module knows ids, shifts and ranges; it knows nothing about config files,
-drafter weights, launch flags or which convention a given deployment uses.
+diag/engines/sglang/conventions.py, vLLM's diag/engines/vllm/conventions.py; which one a
+release applies to which target is its capture.py). This module knows ids, shifts and ranges;
+it knows nothing about config files, drafter weights, launch flags or which convention a given
+deployment uses.
 """
 
 from __future__ import annotations

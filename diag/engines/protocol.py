@@ -33,8 +33,9 @@ What the protocol covers, in the order a run needs it (worked examples are SGLan
                   log calls "accept rate" ("sglang_accept_rate": Σa / (rounds·(D-1)));
                   formula_label(name) -> its text; explain_logged(L, R, ...) -> which D and formula
                   fit a logged pair (`diag explain`); simulated_acceptance(L, P(a>=i), tree) -> the
-                  settings that make a benchmark of its server run at that acceptance; report_rates -> the rates reports carry
-                  beside the accept length (ReportRate: field, diag.metrics function, column)
+                  settings that make a benchmark of its server run at that acceptance;
+                  report_rates -> the rates reports carry beside the accept length (ReportRate:
+                  report.json field, diag.metrics function, report.md column)
   readers         read_log / read_responses / read_server_info / read_metrics: the engine's saved
                   output parsed into its own frozen records (see each method)
   sanity          read_sampled(text, temperature=0.01) -> Sampled (a saved run at that temperature, in
@@ -62,8 +63,9 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from diag.errors import DiagError
 
 if TYPE_CHECKING:
-    from diag.engines.common import (BenchmarkSettings, DrafterSupport, DraftTables, EffectiveConfig, FlagProblem, Fix, LaunchFlags,
-                                     ReportRate, RequestDefaults, ResolvedShape, ServingError, ServingPlan)
+    from diag.engines.common import (BenchmarkSettings, DrafterSupport, DraftTables, EffectiveConfig, FlagProblem, Fix,
+                                     LaunchFlags, ReportRate, RequestDefaults, ResolvedShape, ServingError,
+                                     ServingPlan)
     from diag.engines.sanity import EngineSanity, Sampled
     from diag.layouts import Layout
     from diag.trees import TreeShape

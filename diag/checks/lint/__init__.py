@@ -1,14 +1,14 @@
-"""`diag lint`: static checks of a drafter/target pair and an SGLang launch line.
+"""`diag lint`: static checks of a drafter/target pair and a server's launch line.
 
 Reads only config.json files and safetensors *headers* (names, shapes, dtypes); never a
-weight value. Each Finding says what is wrong, what the selected SGLang version will do
+weight value. Each Finding says what is wrong, what the selected engine release will do
 about it (usually: nothing, silently) and how to fix it. The rules come from diag.engines;
 the checks live beside this module by subject: drafter.py (format, architecture, weights,
 what a config-only directory leaves unchecked), layout.py (ids, fc, algorithm), vocab.py
 (vocabularies, widths), tables.py (embedding / lm_head swaps, use_aux_hidden_state), rope.py
 (positions), launch.py (tree flags, request cap), flags.py (every word against the release's own
-argparse), then the engine's own cross-check (EngineRules.cross_check: SGLang's asks an installed sglang). Every finding names the engine
-version whose rules it applies (`--engine`).
+argparse), then the engine's own cross-check (EngineRules.cross_check: SGLang's asks an
+installed sglang). Every finding names the engine version whose rules it applies (`--engine`).
 
 This package knows files and findings; it knows nothing about running models.
 """

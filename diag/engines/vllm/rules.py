@@ -211,7 +211,8 @@ class VllmEngine:
         raise DiagError("vLLM logs counters, not an accept len / accept rate pair to reconcile", field="--engine",
                         expected="an engine whose log prints 'accept len' and 'accept rate'",
                         found=release.label if release is not None else "vLLM",
-                        hint="give the scrape or log itself: diag explain --engine NAME --metrics FILE | --server-log FILE")
+                        hint="give the scrape or log itself: "
+                             "diag explain --engine NAME --metrics FILE | --server-log FILE")
 
     def simulated_acceptance(self, accept_length: float, acceptance_at_depth: tuple[float, ...], shape: TreeShape,
                              *, release: Release | None) -> BenchmarkSettings:
