@@ -21,7 +21,8 @@ def test_reported_rates_are_the_engines_in_registry_order():
     sm = summary(c, tuple((r.field, r.rate) for r in rates))
     keys = list(sm)
     # the rates sit after the accept lengths and before the per-depth acceptance, as report.json has them
-    assert keys[keys.index("accept_length_no_bonus") + 1: keys.index("acceptance_at_depth")] == [r.field for r in rates]
+    between = keys[keys.index("accept_length_no_bonus") + 1: keys.index("acceptance_at_depth")]
+    assert between == [r.field for r in rates]
     assert sm["sglang_accept_rate"] == pytest.approx(5 / 12) and sm["sglang_accept_rate_legacy"] == pytest.approx(9 / 16)
     assert "sglang_accept_rate" not in summary(c)          # no engine asked: no engine's rate
     assert report_rates_texts() == ("SGLang's accept rate as 0.5.11+ and as ≤ 0.5.10 log it",)
