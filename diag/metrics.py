@@ -14,6 +14,7 @@ trajectories or files.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -102,25 +103,19 @@ def accept_length_no_bonus(c: AcceptCounts) -> float | None:
     return None if c.rounds == 0 else _sum_accepted(c) / c.rounds
 
 
-def sglang_accept_rate(c: AcceptCounts) -> float | None:
-    """Σa / (rounds · (D-1)): the "accept rate" SGLang 0.5.11–0.5.23 logs (draft slots only,
-    bonus excluded; diag.engines.sglang.accept_rate says which version logs which).
-    Example: a = [0, 2, 2, 1], D = 4 -> 5 / 12 = 0.4167.
-    None with 0 rounds or D = 1 (no draft slot)."""
-    return draft_accept_rate(c)
-
-
 def draft_accept_rate(c: AcceptCounts) -> float | None:
-    """Σa / (rounds · (D-1)), drafted slots only. vLLM logs it as "Draft acceptance rate"
-    (num_accepted_tokens / num_draft_tokens: a chain of k drafts has D - 1 = k slots).
+    """Σa / (rounds · (D-1)), drafted slots only, bonus excluded: the "accept rate" SGLang
+    0.5.11–0.5.23 logs; vLLM logs it as "Draft acceptance rate" (num_accepted_tokens /
+    num_draft_tokens: a chain of k drafts has D - 1 = k slots). Which engine release logs which
+    rate is the engine's (EngineRules.report_rates, accept_rate_formula).
     Example: a = [0, 2, 2, 1], D = 4 -> 5 / 12 = 0.4167. None with 0 rounds or D = 1."""
     slots = c.rounds * (c.num_draft_tokens - 1)
     return None if slots <= 0 else _sum_accepted(c) / slots
 
 
-def sglang_accept_rate_legacy(c: AcceptCounts) -> float | None:
-    """Σ(a+1) / (rounds · D): the "accept rate" SGLang 0.5.6–0.5.10.post1 logs (bonus counted
-    in both numerator and denominator). Example: a = [0, 2, 2, 1], D = 4 ->
+def bonus_accept_rate(c: AcceptCounts) -> float | None:
+    """Σ(a+1) / (rounds · D), the bonus token counted in both numerator and denominator: the
+    "accept rate" SGLang 0.5.6–0.5.10.post1 logs. Example: a = [0, 2, 2, 1], D = 4 ->
     9 / 16 = 0.5625. None with 0 rounds."""
     slots = c.rounds * c.num_draft_tokens
     return None if slots <= 0 else (_sum_accepted(c) + c.rounds) / slots
@@ -151,8 +146,10 @@ def conditional_acceptance(c: AcceptCounts) -> list[float | None]:
     return [None if ge[i - 1] == 0 else ge[i] / ge[i - 1] for i in range(1, c.num_steps + 1)]
 
 
-def summary(c: AcceptCounts) -> dict:
-    """Every metric by its DESIGN §6 name, plus the counts they came from."""
+def summary(c: AcceptCounts, rates: tuple[tuple[str, Callable[[AcceptCounts], float | None]], ...] = ()) -> dict:
+    """Every metric by its DESIGN §6 name, plus the counts they came from; `rates` adds the
+    engines' own accept rates, (report field, rate function) each, after the accept lengths
+    (diag.engines.report_rates() gives them: "sglang_accept_rate" -> draft_accept_rate, ...)."""
     return {
         "rounds": c.rounds,
         "num_steps": c.num_steps,
@@ -160,8 +157,7 @@ def summary(c: AcceptCounts) -> dict:
         "accepted_hist": list(c.accepted_hist),
         "accept_length": accept_length(c),
         "accept_length_no_bonus": accept_length_no_bonus(c),
-        "sglang_accept_rate": sglang_accept_rate(c),
-        "sglang_accept_rate_legacy": sglang_accept_rate_legacy(c),
+        **{field: rate(c) for field, rate in rates},
         "acceptance_at_depth": acceptance_at_depth(c),
         "conditional_acceptance": conditional_acceptance(c),
     }

@@ -113,67 +113,34 @@ def test_a_backwards_import_is_caught(tmp_path):
 # NAMED_OUTSIDE lists the modules that still name a family, with how many times: the count may
 # only shrink (lower it when you route a use through diag.engines.rules(); a stale count fails
 # too); a new module naming an engine fails. What remains, by kind:
-#   report fields and values: metrics.py (sglang_accept_rate*), report/sections/head.py, the
-#     drafter format "sglang-eagle3" (checkpoint/drafter_format.py), the tree preset
-#     "sglang-llama-default" (trees.py);
+#   values users type or read, named once each: the drafter format "sglang-eagle3" (a report.json
+#     enum, checkpoint/drafter_format.py EAGLE3_FORMAT), the tree presets "sglang-llama-default" /
+#     "sglang-deepseek-default" (trees.py), the case key [server] vllm_metrics (run/case.py, its
+#     flag's dest in cli/paths.py and cli/run.py), the zoo entry llama-tiny-eagle3-embed-vllm-ids
+#     (its recipe, summary and "vllm" convention in zoo/recipes.py; shipped in zoo/shipped.py);
 #   the live-server readers, still SGLang-shaped: run/server_inputs.py, server_observation.py,
-#     server_section.py, checks/validate.py, report/server_markdown.py;
-#   lint checks written in SGLang's terms (drafter classes, drafter keys, draft tables, vocab,
-#     rope, fc width), the Finding field `sglang_behaviour`, and the cross-check that imports
-#     sglang itself (checks/lint/sglang.py);
-#   CLI help texts (cli/run.py, effective.py, lint.py) and `diag explain` (SGLang's rate formulas);
-#   notes' wording (drafter/checkpoint.py, run/prompts/read.py, report/decoding_section.py,
-#     zoo/recipes.py) and replay.py's default draft tables when a caller passes none.
-#   the probe's CLI help (cli/probe.py); the probe itself (diag/probe) reaches each engine's
-#     request and response shapes and detection through LiveServer (engines/<family>/live.py).
+#     server_section.py, server_text_match.py, report/server_markdown.py.
+# The rest goes through the protocol: lint's cross-check (EngineRules.cross_check), the reported
+# accept rates (report_rates), benchmark settings (simulated_acceptance, diag/engines/simulate.py),
+# `diag explain` (explain_logged), help texts (the registry's families and DEFAULT_ENGINE).
 NAMED_OUTSIDE: dict[str, dict[str, int]] = {
     "sglang": {
-        "diag/checkpoint/drafter_format.py": 4,
-        "diag/checks/lint/__init__.py": 5,
-        "diag/checks/lint/drafter.py": 2,
-        "diag/checks/lint/layout.py": 5,
-        "diag/checks/lint/pair.py": 1,
-        "diag/checks/lint/rope.py": 1,
-        "diag/checks/lint/sglang.py": 15,
-        "diag/checks/lint/vocab.py": 4,
-        "diag/checks/validate.py": 1,
-        "diag/cli/effective.py": 4,
-        "diag/cli/probe.py": 3,
+        "diag/checkpoint/drafter_format.py": 1,   # the format's name, a report.json enum value
         "diag/run/server_text_match.py": 1,
-        "diag/cli/explain.py": 5,
-        "diag/cli/lint.py": 5,
-        "diag/cli/run.py": 3,
-        "diag/drafter/checkpoint.py": 1,
-        "diag/metrics.py": 6,
-        "diag/replay/replay.py": 1,
-        "diag/report/decoding_section.py": 1,
-        "diag/report/sections/head.py": 4,
         "diag/report/server_markdown.py": 3,
-        "diag/run/prompts/read.py": 1,
         "diag/run/server_inputs.py": 7,
         "diag/run/server_observation.py": 4,
         "diag/run/server_section.py": 2,
-        "diag/trees.py": 2,
-        "diag/zoo/recipes.py": 1,
+        "diag/trees.py": 2,                       # tree presets users name in cases and flags
+        "diag/zoo/recipes.py": 1,                 # the vllm-ids entry's summary
     },
-    # registered with vLLM (diag/engines/vllm): what already named it then, by kind: the "vllm"
-    # layer-id convention and the zoo's vLLM-convention drafters, the saved vLLM /metrics input of
-    # `run --server-metrics` (server_inputs, report), help texts.
     "vllm": {
-        "diag/bench/zoo.py": 1,
-        "diag/checks/lint/drafter.py": 3,
-        "diag/cli/paths.py": 1,             # the --server-vllm-metrics flag's dest, a path flag
-        "diag/cli/probe.py": 4,
-        "diag/cli/run.py": 3,
-        "diag/engines/conventions.py": 4,
-        "diag/engines/sglang/simulate.py": 8,
-        "diag/replay/sampling.py": 1,
-        "diag/replay/verifiers.py": 2,
+        "diag/cli/paths.py": 1,             # --server-metrics's dest server_vllm_metrics (a path)
+        "diag/cli/run.py": 1,               # --server-metrics sets the case key vllm_metrics
         "diag/report/server_markdown.py": 3,
-        "diag/run/case.py": 1,
-        "diag/run/prompts/read.py": 1,
+        "diag/run/case.py": 1,              # the case key [server] vllm_metrics
         "diag/run/server_inputs.py": 9,
-        "diag/zoo/recipes.py": 3,
+        "diag/zoo/recipes.py": 3,           # the entry llama-tiny-eagle3-embed-vllm-ids: name, summary, convention
         "diag/zoo/shipped.py": 1,           # the zoo entry's name, llama-tiny-eagle3-embed-vllm-ids
     },
 }

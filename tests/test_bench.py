@@ -435,7 +435,7 @@ def test_zoo_bench_builds_into_its_own_empty_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(build, "read_meta", lambda n: {"seconds": 1.5})
     out = bench_zoo.zoo_build_bench(tmp_path)
     assert [c[0] for c in calls] == [str(tmp_path / "cache")] * 2
-    assert calls[0][1] == list(bench_zoo.DEMO_ENTRIES) and "deepseek-tiny-eagle3-mla" in calls[1][1]
+    assert calls[0][1] == list(bench_zoo.demo_entries()) and "deepseek-tiny-eagle3-mla" in calls[1][1]
     assert out["demo_entries"] == ["stdlib-corpus", "llama-tiny", "llama-tiny-eagle3-embed",
                                    "llama-tiny-eagle3-embed-vllm-ids"]
     assert set(out["entry_seconds"].values()) == {1.5} and out["whole_seconds"] >= out["demo_seconds"]

@@ -242,7 +242,7 @@ def test_kimi_k25_wrapper_gets_auto_tree_3_1_4(tmp_path):
     found = _lint(tmp_path, "specforge-kimi-k25-eagle3", "kimi-k2.5",
                   launch="python -m sglang.launch_server --model-path k --speculative-algorithm EAGLE3 "
                          "--max-running-requests 32")
-    assert any("S=3, K=1, D=4" in f.sglang_behaviour for f in _say(found, "TREE_AUTO"))
+    assert any("S=3, K=1, D=4" in f.behaviour for f in _say(found, "TREE_AUTO"))
 
 
 def test_qwen3_and_llama_targets_use_the_llama_capture_rule(tmp_path):

@@ -9,7 +9,7 @@ from hypothesis import given, strategies as st
 from diag.cli import explain as cmd
 from diag.errors import DiagError
 from diag.engines.sglang.explain import consistent_pairs, explain, predicted_rate
-from diag.metrics import AcceptCounts, accept_length, sglang_accept_rate, sglang_accept_rate_legacy
+from diag.metrics import AcceptCounts, accept_length, draft_accept_rate, bonus_accept_rate
 from diag.trees import TreeShape
 
 
@@ -55,8 +55,8 @@ def test_true_counts_are_always_explained(s, extra, data):
     a = data.draw(st.lists(st.integers(0, s), min_size=1, max_size=50))
     c = AcceptCounts.from_accepted(a, s, d)
     L = round(accept_length(c), 2)
-    for f, rate in [("sglang_accept_rate", sglang_accept_rate(c)),
-                    ("sglang_accept_rate_legacy", sglang_accept_rate_legacy(c))]:
+    for f, rate in [("sglang_accept_rate", draft_accept_rate(c)),
+                    ("sglang_accept_rate_legacy", bonus_accept_rate(c))]:
         assert (d, f) in consistent_pairs(L, round(rate, 2))
 
 

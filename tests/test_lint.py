@@ -9,7 +9,8 @@ from safetensors.torch import save_file
 
 from diag.cli import lint as lint_cmd
 from diag.engines.sglang.launch import effective_config, parse_launch
-from diag.checks.lint import compare_with_sglang, lint, read_tensor_headers
+from diag.checks.lint import lint, read_tensor_headers
+from diag.engines.sglang.cross_check import compare_with_sglang
 
 N, H_T, H, VOCAB, DRAFT_VOCAB = 8, 32, 32, 100, 40
 
@@ -81,7 +82,7 @@ def test_headers_only(pair):
 def test_seed1_eagle_algorithm(pair):
     found = [f for f in lint(*pair, launch(algo="EAGLE")) if f.code == "EAGLE_ALGORITHM"]
     assert len(found) == 1 and found[0].severity == "error"
-    assert "32 wide instead of 3x32 = 96" in found[0].sglang_behaviour
+    assert "32 wide instead of 3x32 = 96" in found[0].behaviour
     assert "EAGLE3" in found[0].fix
     assert "EAGLE_ALGORITHM" in codes(lint(*pair, launch(algo="NEXTN")))
 
@@ -100,7 +101,7 @@ def test_seed2_layout_mismatch(tmp_path):
 def test_seed3_topk1_rewrite(pair):
     found = [f for f in lint(*pair, launch(steps=1, topk=1, tokens=16)) if f.code == "TREE_REWRITE"]
     assert len(found) == 1 and found[0].severity == "warning"
-    assert "16" in found[0].message and "chain-1" in found[0].sglang_behaviour
+    assert "16" in found[0].message and "chain-1" in found[0].behaviour
 
 
 def test_tree_crash_and_max_running(pair):
@@ -117,7 +118,7 @@ def test_top_level_ids_ignored(tmp_path):
     d = write_drafter(tmp_path / "d", eagle_config={}, eagle_aux_hidden_state_layer_ids=[1, 3, 5])
     found = [f for f in lint(d, write_target(tmp_path / "t"), None) if f.code == "TOP_LEVEL_IDS"]
     # defaults for N=8: L2+L4+L5; top-level ids would give L2+L4+L6
-    assert found[0].severity == "error" and "L2+L4+L5" in found[0].sglang_behaviour
+    assert found[0].severity == "error" and "L2+L4+L5" in found[0].behaviour
 
 
 def test_deepseek_first_id(tmp_path):
@@ -170,7 +171,7 @@ def test_compare_with_sglang():
             "max_running_requests": 64}
     assert compare_with_sglang(eff, same) == []
     diff = compare_with_sglang(eff, {**same, "speculative_num_draft_tokens": 16})
-    assert [f.field for f in diff] == ["speculative_num_draft_tokens"]
+    assert [f.flag for f in diff] == ["speculative_num_draft_tokens"]
 
 
 def _cli(words):

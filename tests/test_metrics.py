@@ -8,8 +8,8 @@ from hypothesis import given, strategies as st
 
 from diag.errors import DiagError
 from diag.metrics import (AcceptCounts, accept_length, accept_length_no_bonus, acceptance_at_depth,
-                          bucketed, conditional_acceptance, merge, sglang_accept_rate,
-                          sglang_accept_rate_legacy, summary)
+                          bucketed, conditional_acceptance, merge, draft_accept_rate,
+                          bonus_accept_rate, summary)
 
 
 def test_golden_values_s3_d4():
@@ -17,8 +17,8 @@ def test_golden_values_s3_d4():
     assert c.accepted_hist == (1, 1, 2, 0) and c.rounds == 4
     assert accept_length(c) == pytest.approx(2.25)          # bonus included
     assert accept_length_no_bonus(c) == pytest.approx(1.25)  # SpecForge simulated_acc_len
-    assert sglang_accept_rate(c) == pytest.approx(5 / 12)
-    assert sglang_accept_rate_legacy(c) == pytest.approx(9 / 16)
+    assert draft_accept_rate(c) == pytest.approx(5 / 12)
+    assert bonus_accept_rate(c) == pytest.approx(9 / 16)
     assert acceptance_at_depth(c) == pytest.approx([0.75, 0.5, 0.0])
     assert conditional_acceptance(c) == pytest.approx([0.75, 2 / 3, 0.0])
 
@@ -27,18 +27,18 @@ def test_seed_example_reconciles_only_with_two_slots():
     # 68 of 100 rounds accept the one draft token: accept len 1.68.
     c = AcceptCounts.from_accepted([1] * 68 + [0] * 32, num_steps=1, num_draft_tokens=2)
     assert accept_length(c) == pytest.approx(1.68)
-    assert sglang_accept_rate_legacy(c) == pytest.approx(0.84)
-    assert sglang_accept_rate(c) == pytest.approx(0.68)
+    assert bonus_accept_rate(c) == pytest.approx(0.84)
+    assert draft_accept_rate(c) == pytest.approx(0.68)
 
 
 def test_undefined_metrics_are_none():
     c = AcceptCounts.empty(num_steps=2, num_draft_tokens=3)
-    assert accept_length(c) is None and sglang_accept_rate(c) is None
+    assert accept_length(c) is None and draft_accept_rate(c) is None
     assert acceptance_at_depth(c) == [None, None]
     d = AcceptCounts.from_accepted([0, 0], num_steps=2, num_draft_tokens=3)
     assert conditional_acceptance(d) == [0.0, None]  # nobody reached depth 1
     one = AcceptCounts.from_accepted([0], num_steps=0, num_draft_tokens=1)
-    assert sglang_accept_rate(one) is None and accept_length(one) == 1.0
+    assert draft_accept_rate(one) is None and accept_length(one) == 1.0
 
 
 def test_out_of_range_and_bad_dict_raise():
@@ -69,11 +69,11 @@ def test_round_trip_and_summary_consistency(sa, extra_d):
     d = s + 1 + extra_d
     c = AcceptCounts.from_accepted(a, s, d)
     assert AcceptCounts.from_dict(c.to_dict()) == c
-    sm = summary(c)
+    sm = summary(c, (("bonus", bonus_accept_rate),))
     if a:
         assert sm["accept_length"] == pytest.approx(1 + sum(a) / len(a))
         assert sm["accept_length"] - sm["accept_length_no_bonus"] == pytest.approx(1.0)
-        assert sm["sglang_accept_rate_legacy"] == pytest.approx((sum(a) + len(a)) / (len(a) * d))
+        assert sm["bonus"] == pytest.approx((sum(a) + len(a)) / (len(a) * d))
         # Σ_i P(a >= i) = mean(a)
         assert sum(sm["acceptance_at_depth"]) == pytest.approx(sm["accept_length_no_bonus"])
         prod = 1.0

@@ -5,6 +5,7 @@ a matching pair as the control."""
 from types import SimpleNamespace
 
 from diag.checks.lint.rope import DEFAULT_THETA, check_rope, rope_spec
+from diag.engines import DEFAULT_ENGINE
 
 # The RoPE keys of published config.json files, verbatim (the rest left out); drafters under
 # their SpecForge / TorchSpec names, targets under the model's.
@@ -65,7 +66,8 @@ def cfg(name: str) -> dict:
 
 
 def findings(drafter: str, target: str) -> dict[str, str]:
-    pair = SimpleNamespace(drafter=cfg(drafter), target=cfg(target), drafter_file=f"{drafter}/config.json")
+    pair = SimpleNamespace(drafter=cfg(drafter), target=cfg(target), drafter_file=f"{drafter}/config.json",
+                           engine=DEFAULT_ENGINE)
     return {f.code: f.message for f in check_rope(pair)}
 
 

@@ -8,7 +8,7 @@ import torch
 
 from diag.engines.decoding import sampled
 from diag.replay.sampling import (accept_probs, expected_at_depth, reach_probs, renorm_top_k, renorm_top_p,
-                                  sample, target_probs, uniforms, verify_chain_vllm, verify_tree)
+                                  sample, target_probs, uniforms, verify_chain_rejection, verify_tree)
 from diag.trees import depths
 
 P_ROOT = [0.10, 0.40, 0.30, 0.15, 0.05]
@@ -134,7 +134,7 @@ def test_vllm_chain_rule_has_sglangs_law():
     B = 200_000
     t, p, v, probs = tree(*CHAIN, B=B)
     g = torch.Generator().manual_seed(6)
-    r = verify_chain_vllm(t, probs, torch.rand(B, 3, generator=g), torch.rand(B, generator=g))
+    r = verify_chain_rejection(t, probs, torch.rand(B, 3, generator=g), torch.rand(B, generator=g))
     for d, w in zip((1, 2), exact(CHAIN, 2)):
         assert abs((r.accepted >= d).float().mean().item() - w) < 5 * (w * (1 - w) / B) ** 0.5
     x1, _ = emitted(t, r)

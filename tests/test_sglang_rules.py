@@ -29,7 +29,7 @@ from diag.engines.sglang.drafter_keys import draft_vocab_crash, fc_inputs, uses_
 from diag.engines.sglang.serving import ServingError, try_serving_plan
 from diag.engines.sglang.tree_rules import auto_defaults, topk1_draft_tokens
 from diag.engines.sglang.versions import RELEASES
-from diag.metrics import AcceptCounts, accept_length, sglang_accept_rate, sglang_accept_rate_legacy
+from diag.metrics import AcceptCounts, accept_length, bonus_accept_rate, draft_accept_rate
 
 pytestmark = pytest.mark.sglang
 
@@ -260,7 +260,7 @@ def sglang_accept_numbers(version: str, counts: AcceptCounts) -> tuple[float, fl
 
 @pytest.mark.parametrize("version", RELEASES)
 def test_logged_accept_rate_formula_matches_sglang(version):
-    pick = {"sglang_accept_rate": sglang_accept_rate, "sglang_accept_rate_legacy": sglang_accept_rate_legacy}
+    pick = {"sglang_accept_rate": draft_accept_rate, "sglang_accept_rate_legacy": bonus_accept_rate}
     for a, s, d in [([1, 0, 2, 1], 3, 4), ([1] * 84 + [0] * 16, 1, 2), ([3, 3, 0, 2, 5], 5, 8)]:
         c = AcceptCounts.from_accepted(a, s, d)
         length, rate = sglang_accept_numbers(version, c)

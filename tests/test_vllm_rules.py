@@ -18,7 +18,7 @@ from diag.engines.vllm.releases import (NEWEST, RELEASES, rule, rule_change_rele
 from diag.engines.vllm.table import ROWS
 from diag.engines.vllm.spec_config import parse_launch, parse_spec_config
 from diag.errors import DiagError
-from diag.replay.sampling import verify_chain_vllm
+from diag.replay.sampling import verify_chain_rejection
 
 EXECUTED = rule_change_releases(executed=True)
 V1_SAMPLER = "vllm/v1/sample/rejection_sampler.py"
@@ -203,10 +203,10 @@ def test_rejection_kernels_equal_the_port(version):
         assert tuple(row["greedy"]) == rejection.greedy(draft, probs.argmax(-1), bonus).tokens, (version, trial)
         got = tuple(row["sampled"])
         assert got == rejection.sampled(draft, probs, bonus, u, 1.0 / e).tokens, (version, trial)
-        # the decode loop's vLLM rule (diag.replay.sampling.verify_chain_vllm, "chain-rejection") accepts
+        # the decode loop's vLLM rule (diag.replay.sampling.verify_chain_rejection, "chain-rejection") accepts
         # the same drafts for the same coins
         tokens = torch.cat([torch.tensor([0]), draft])[None]
-        loop = verify_chain_vllm(tokens, torch.cat([probs, probs[:1]])[None], u[None], torch.zeros(1))
+        loop = verify_chain_rejection(tokens, torch.cat([probs, probs[:1]])[None], u[None], torch.zeros(1))
         accepted = len(got) - 1 if len(got) <= k else k
         assert int(loop.accepted[0]) == accepted, (version, trial)
 

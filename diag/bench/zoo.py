@@ -16,7 +16,15 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-DEMO_ENTRIES = ("llama-tiny", "llama-tiny-eagle3-embed-vllm-ids")     # cases/demo.toml's target and drafter
+
+
+def demo_entries() -> tuple[str, ...]:
+    """The zoo entries cases/demo.toml names as its target and drafter ("zoo:NAME" paths):
+    ("llama-tiny", "llama-tiny-eagle3-embed-vllm-ids")."""
+    from diag.run.case import read_case
+    from diag.run.shipped import DEMO, shipped
+    case = read_case(shipped(DEMO))
+    return tuple(m.path.removeprefix("zoo:") for m in (case.target, case.drafter) if m.path.startswith("zoo:"))
 
 
 @contextmanager
@@ -41,15 +49,16 @@ def zoo_build_bench(workdir: Path) -> dict:
     root = workdir / "cache"
     if (root / "zoo").exists():
         raise FileExistsError(f"{root / 'zoo'} holds a zoo already: the benchmark builds into an empty cache")
+    first = list(demo_entries())
     load_before = os.getloadavg()
     with _cache_at(root):
         t0 = time.perf_counter()
-        ensure(list(DEMO_ENTRIES))
+        ensure(first)
         demo = time.perf_counter() - t0
         ensure(list(ZOO))
         whole = time.perf_counter() - t0
         entries = {n: (read_meta(n) or {}).get("seconds") for n in closure(list(ZOO))}
-    return {"demo_entries": closure(list(DEMO_ENTRIES)), "demo_seconds": round(demo, 1),
+    return {"demo_entries": closure(first), "demo_seconds": round(demo, 1),
             "whole_seconds": round(whole, 1), "rest_seconds": round(whole - demo, 1),
             "entry_seconds": entries, "build_threads": BUILD_THREADS, "cpu_count": os.cpu_count(),
             "loadavg_before": [round(x, 2) for x in load_before],

@@ -43,11 +43,15 @@ from dataclasses import asdict, dataclass
 
 from diag.errors import DiagError
 
+# The name of the EAGLE-3 checkpoint format most trainers write (ids in eagle_config, keys midlayer.*),
+# as report.json's drafter.format enum spells it (schema/report.schema.json): a value users read in
+# reports, not an engine rule; checkpoint/ comes before engines/ and asks none of them.
+EAGLE3_FORMAT = "sglang-eagle3"
 LLAMA_ARCH = "LlamaForCausalLMEagle3"
 MLA_ARCH = "Eagle3DeepseekV2ForCausalLM"
 SPECULATORS_ARCHS = ("Eagle3Speculator", "Eagle3DraftModel")
-_MTP_HINT = ("an MTP (NextN) head, not an EAGLE-3 drafter: SGLang serves it with "
-             "--speculative-algorithm NEXTN from the target's own checkpoint; diag does not replay it")
+_MTP_HINT = ("an MTP (NextN) head, not an EAGLE-3 drafter: a server runs it with its NEXTN / MTP "
+             "speculative algorithm from the target's own checkpoint; diag does not replay it")
 _TORCHSPEC_KEYS = ("use_input_layernorm_in_first_layer", "use_last_layernorm", "use_mtp_layernorm")
 _LEGACY_FC_NORM = {"aux_norm_low": "fc_norm.0", "aux_norm_mid": "fc_norm.1", "aux_norm_high": "fc_norm.2"}
 
@@ -65,7 +69,7 @@ class DrafterOptions:
 
 @dataclass(frozen=True)
 class DrafterFormat:
-    format: str            # "sglang-eagle3" | "speculators"
+    format: str            # EAGLE3_FORMAT | "speculators"
     architecture: str      # architectures[0] as written
     attention: str         # "llama" (GQA) | "mla" (DeepSeek-V2 multi-latent)
     trainer: str           # "speculators" | "torchspec" | "diag" | "unknown"
@@ -124,9 +128,9 @@ def _architecture(config: dict, file: str | None) -> tuple[str, str, str]:
     if is_speculators(config):
         return "speculators", arch or SPECULATORS_ARCHS[0], "llama"
     if arch == LLAMA_ARCH:
-        return "sglang-eagle3", arch, "llama"
+        return EAGLE3_FORMAT, arch, "llama"
     if arch == MLA_ARCH:
-        return "sglang-eagle3", arch, "mla"
+        return EAGLE3_FORMAT, arch, "mla"
     hint = _MTP_HINT if arch and "NextN" in arch else None
     raise DiagError("not an EAGLE-3 drafter diag can load", file=file, field="architectures",
                     expected=f"[{LLAMA_ARCH!r}], [{MLA_ARCH!r}] or a speculators eagle3 config",
@@ -178,7 +182,7 @@ def canonical_name(name: str, attention: str, *, file: str | None = None) -> str
     "aux_norm_mid.weight" -> "fc_norm.1.weight"."""
     if name.startswith("model."):
         if attention == "mla":
-            raise DiagError("SGLang's MLA drafter loader skips model.-prefixed weights", file=file,
+            raise DiagError("the MLA drafter loader skips model.-prefixed weights", file=file,
                             field=name, expected="layers.0.* / midlayer.*, fc.*, norm.*, lm_head.* "
                             "(kimi_k25_eagle3.py load_weights; the skipped weights would stay random)",
                             found="a model. prefix")

@@ -99,7 +99,7 @@ def _server(case: Case, prompt_ids: list[str], target_config: dict | None = None
     files = ", ".join(f"{k} {p}" for k, p in obs.files) or "no file"
     al = f"accept length {obs.accept_length.value:.2f}" if obs.accept_length else "no accept length"
     tree = obs.shape.name if obs.shape else "tree not named"
-    return [f"server: SGLang {obs.release}; {files}; {al}; {tree}"]
+    return [f"server: {obs.engine_label}; {files}; {al}; {tree}"]
 
 
 def _regimes(case: Case) -> None:

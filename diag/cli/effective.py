@@ -15,20 +15,20 @@ import sys
 from pathlib import Path
 
 from diag.errors import DiagError
-from diag.engines import engine, rules
+from diag.engines import DEFAULT_ENGINE, engine, families, rules
 from diag.engines.common import EffectiveConfig
 from diag.checkpoint.config import read_config_json
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "effective", help="print the speculative configuration an SGLang launch line runs",
-        description="Usage: diag effective [--target DIR] -- python -m sglang.launch_server ...")
+        "effective", help="print the speculative configuration a server's launch line runs",
+        description="Usage: diag effective [--target DIR] [--engine RELEASE] -- <the server's launch command>")
     p.add_argument("--target", default=None,
                    help="target checkpoint directory (config.json) or hub id; default: the launch "
                         "line's --model-path when it is a local directory or a hub id")
-    p.add_argument("--engine", default=None, help="the SGLang version the server runs, e.g. "
-                   "sglang-0.5.10 (default: the newest known)")
+    p.add_argument("--engine", default=None, help="the engine release the server runs, <family>-<version> "
+                   f"(families: {', '.join(families())}; default: {DEFAULT_ENGINE})")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("launch", nargs=argparse.REMAINDER, help="the launch command, after --")
     p.set_defaults(func=run)

@@ -18,16 +18,15 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from diag.engines import engine, rules as engine_rules
-from diag.engines.sglang.explain import Explanation, explain
+from diag.engines import DEFAULT_ENGINE, engine, rules as engine_rules
 from diag.errors import DiagError
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "explain", help="reconcile a server log's accept len and accept rate",
-        description="Find the num_draft_tokens and rate formula that make SGLang's logged "
-                    "'accept len' and 'accept rate' consistent.")
+        description="Find the num_draft_tokens and rate formula that make a server's logged "
+                    "'accept len' and 'accept rate' consistent, by the rules of --engine's family.")
     p.add_argument("--accept-len", type=float, default=None, help="logged accept len, e.g. 1.68")
     p.add_argument("--accept-rate", type=float, default=None, help="logged accept rate, e.g. 0.84")
     p.add_argument("--metrics", default=None, help="a saved GET /metrics of the server: reconcile its "
@@ -39,31 +38,16 @@ def register(subparsers) -> None:
     p.add_argument("--num-draft-tokens", type=int, default=None,
                    help="--speculative-num-draft-tokens as launched")
     p.add_argument("--architecture", default=None,
-                   help="the target's architectures[0], for SGLang's auto tree defaults when no flag "
+                   help="the target's architectures[0], for the engine's auto tree defaults when no flag "
                         "was given (default LlamaForCausalLM)")
     p.add_argument("--arch-family", choices=["llama", "deepseek"], default=None,
                    help="shorthand: llama = LlamaForCausalLM, deepseek = DeepseekV3ForCausalLM")
-    p.add_argument("--engine", default=None, help="the SGLang version you believe the server runs, "
-                   "e.g. sglang-0.5.23; diag says whether the logged numbers fit it")
+    p.add_argument("--engine", default=None, help="the engine release you believe the server runs, "
+                   f"<family>-<version>, e.g. {DEFAULT_ENGINE}; diag says whether the logged numbers fit it "
+                   "(default: its family's rules, no release checked)")
     p.add_argument("--decimals", type=int, default=2, help="decimals the log printed (default 2)")
     p.add_argument("--json", action="store_true", help="print JSON instead of sentences")
     p.set_defaults(func=run)
-
-
-def as_dict(e: Explanation) -> dict:
-    shape = e.resolved.shape if e.resolved is not None else None
-    return {
-        "accept_len": e.accept_len, "accept_rate": e.accept_rate,
-        "consistent": [{"num_draft_tokens": d, "formula": f} for d, f in e.consistent],
-        "flags": None if e.flags is None else dict(zip(
-            ("num_steps", "topk", "num_draft_tokens"), e.flags)),
-        "runs": None if shape is None else {"num_steps": shape.num_steps, "topk": shape.topk,
-                                            "num_draft_tokens": shape.num_draft_tokens},
-        "crash": None if e.resolved is None else e.resolved.crash,
-        "implied": [{"num_draft_tokens": d, "formula": f} for d, f in e.implied],
-        "versions": list(e.versions), "engine": e.engine, "engine_fits": e.engine_fits,
-        "sentences": list(e.sentences),
-    }
 
 
 _FAMILY_ARCH = {"llama": "LlamaForCausalLM", "deepseek": "DeepseekV3ForCausalLM"}
@@ -98,11 +82,12 @@ def run(args) -> int:
     if args.accept_len is None or args.accept_rate is None:
         print("diag explain: give --accept-len and --accept-rate (or --metrics / --server-log)", file=sys.stderr)
         return 2
-    e = explain(args.accept_len, args.accept_rate, num_steps=args.num_steps, topk=args.topk,
-                num_draft_tokens=args.num_draft_tokens, architecture=_architecture(args),
-                decimals=args.decimals, engine_name=args.engine)
+    e = engine_rules(args.engine).explain_logged(
+        args.accept_len, args.accept_rate, num_steps=args.num_steps, topk=args.topk,
+        num_draft_tokens=args.num_draft_tokens, architecture=_architecture(args), decimals=args.decimals,
+        release=engine(args.engine) if args.engine is not None else None)
     if args.json:
-        print(json.dumps(as_dict(e), indent=2, ensure_ascii=False))
+        print(json.dumps(e.to_json(), indent=2, ensure_ascii=False))
     else:
         print("\n".join(e.sentences))
     return 0 if e.consistent and e.engine_fits is not False else 1

@@ -17,21 +17,21 @@ from dataclasses import asdict
 
 from diag.errors import DiagError
 from diag.checks.lint import Finding, lint
-from diag.engines import engine as engine_of, families, rules as engine_rules, split
+from diag.engines import DEFAULT_ENGINE, engine as engine_of, families, rules as engine_rules, split
 
 _ORDER = {"error": 0, "warning": 1, "info": 2}
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("lint", help="check a drafter/target pair and an SGLang launch "
+    p = subparsers.add_parser("lint", help="check a drafter/target pair and a server's launch "
                               "line without loading weights")
     p.add_argument("--drafter", help="drafter checkpoint directory or hub id org/name[@revision] "
                    "(default: the one the launch line names)")
     p.add_argument("--target", help="target checkpoint directory (config.json) or hub id org/name[@revision] "
                    "(default: the one the launch line names)")
-    p.add_argument("--launch", default=None, help="the SGLang launch command, quoted")
-    p.add_argument("--engine", default=None, help="the SGLang version the server runs, e.g. "
-                   "sglang-0.5.10 (default: the newest known)")
+    p.add_argument("--launch", default=None, help="the server's launch command, quoted")
+    p.add_argument("--engine", default=None, help="the engine release the server runs, <family>-<version> "
+                   f"(families: {', '.join(families())}; default: {DEFAULT_ENGINE})")
     p.add_argument("--json", action="store_true", help="print findings as JSON")
     p.set_defaults(func=run)
 
@@ -43,7 +43,7 @@ def render(f: Finding) -> str:
     if where:
         lines.append(f"  where:  {where}")
     family, version = split(f.engine) if f.engine else (families()[0], None)
-    lines += [f"  {family}{f' {version}' if version else ''}: {f.sglang_behaviour}", f"  fix:    {f.fix}"]
+    lines += [f"  {family}{f' {version}' if version else ''}: {f.behaviour}", f"  fix:    {f.fix}"]
     return "\n".join(lines)
 
 

@@ -13,17 +13,20 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from diag.engines import DEFAULT_ENGINE, families
 from diag.errors import DiagError
 
 DEFAULT_TIMEOUT, DEFAULT_RETRIES, DEFAULT_CONCURRENCY = 300.0, 3, 8
 
 
 def register(sub) -> None:
-    p = sub.add_parser("probe", help="send the case's prompts to a live SGLang or vLLM server and save what it "
-                                     "answers (responses, /metrics, /server_info) for `diag run --server-*`")
+    p = sub.add_parser("probe", help=f"send the case's prompts to a live server ({', '.join(families())}) and "
+                                     "save what it answers (responses, /metrics, /server_info) for "
+                                     "`diag run --server-*`")
     p.add_argument("case", nargs="?", help="case file (its prompts, decoding and target tokenizer)")
     p.add_argument("--server", required=True, help="the server's URL, e.g. http://127.0.0.1:30000")
-    p.add_argument("--engine", help="the engine the server must be: sglang, vllm, sglang-0.5.23, vllm-0.32.0")
+    p.add_argument("--engine", help=f"the engine the server must be: a family ({', '.join(families())}) or a "
+                   f"release <family>-<version>, e.g. {DEFAULT_ENGINE}")
     p.add_argument("--model", help="the served model name to send to (default: the one the server serves)")
     p.add_argument("--target", help="target checkpoint (or zoo:NAME): prompts go as its token ids")
     p.add_argument("--prompts", help="JSONL prompt set (replaces the case's)")
@@ -120,8 +123,11 @@ def probe_case(case, url: str, out: Path, *, engine: str | None = None, progress
 
 def probe_for_run(case, a, out: Path):
     """`diag run CASE --server URL`: probe into OUT-server/, then the case reads those files."""
-    saved = {"--server-responses": "server_responses", "--server-info": "server_server_info",
-             "--server-metrics": "server_vllm_metrics"}      # run's dest names (cli/run.py SERVER_FLAGS)
+    from diag.engines import family_rules
+    # the files a probe saves, by the `diag run` flag that reads each (every family's LiveServer.run_flags;
+    # a flag's dest is server_<ServerSpec field>, cli/run.py SERVER_FLAGS)
+    saved = {flag: f"server_{field}" for family in families()
+             for field, flag in family_rules(family).live_server().run_flags.items()}
     given = [flag for flag, dest in saved.items() if getattr(a, dest, None)]
     if given:
         raise DiagError("--server probes the live server; saved server files cannot be given with it",

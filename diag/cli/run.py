@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from diag.cli import prompt_flags
+from diag.cli.paths import PATH_DESTS
 from diag.errors import DiagError
 from diag.engines import DEFAULT_ENGINE, families
 from diag.run.case import (Case, DecodingSpec, EvaluateSpec, ModelSpec, PromptSpec, ServingSpec, check_case,
@@ -36,7 +37,7 @@ def register(sub) -> None:
     p.add_argument("--scan", action="store_true", help="also evaluate every neighbouring layout")
     p.add_argument("--algorithm", help="--speculative-algorithm the server runs (EAGLE3, EAGLE, NEXTN)")
     p.add_argument("--serving-layout", help="the layout the server feeds, if known")
-    p.add_argument("--launch", help="the SGLang launch command line, to report what it really runs")
+    p.add_argument("--launch", help="the server's launch command line, to report what it really runs")
     p.add_argument("--engine", action="append", default=None,
                    help=f"the engine release the server runs, <family>-<version> (families: {', '.join(families())}; "
                         f"e.g. {DEFAULT_ENGINE}); repeat it to compare engines from one target pass, the first the "
@@ -80,21 +81,22 @@ SERVER_FLAGS = {   # flag -> (ServerSpec field, type, help)
     "--server-baseline-log": ("baseline_log", str, "the log of the same server without speculation"),
     "--server-responses": ("responses", str, "saved /generate responses (JSON Lines, rid = prompt id)"),
     "--server-info": ("server_info", str, "saved GET /server_info body"),
-    "--server-metrics": ("vllm_metrics", str, "saved vLLM GET /metrics (spec-decode counters)"),
-    "--server-engine": ("engine", str, "SGLang release that wrote the files, e.g. sglang-0.5.8"),
+    # the case key [server] vllm_metrics, which users write: a field name, kept
+    "--server-metrics": ("vllm_metrics", str, "saved GET /metrics (spec-decode counters), of an engine "
+                         "that exports them"),
+    "--server-engine": ("engine", str, f"the engine release that wrote the files, e.g. {DEFAULT_ENGINE}"),
     "--server-baseline-tps": ("baseline_tokens_per_second", float, "plain decoding tok/s"),
     "--server-tps": ("tokens_per_second", float, "speculative tok/s (default: the log's gen throughput)"),
     "--server-accept-length": ("accept_length", float, "accept length of that speculative run"),
     "--server-tree": ("tree", str, "the tree that run used, e.g. s3-k4-d5 (default: from the files)"),
     "--server-concurrency": ("concurrency", int, "concurrent requests the users send"),
 }
-_PATHS = {"log", "baseline_log", "responses", "server_info", "vllm_metrics"}
 
 
 def _server_flags(g) -> None:
     for flag, (name, typ, text) in SERVER_FLAGS.items():
         g.add_argument(flag, dest=f"server_{name}", type=typ, help=text,
-                       metavar="FILE" if name in _PATHS else typ.__name__.upper())
+                       metavar="FILE" if f"server_{name}" in PATH_DESTS else typ.__name__.upper())
 
 
 def _server_overrides(server, a):
@@ -104,7 +106,7 @@ def _server_overrides(server, a):
     for name, _, _ in SERVER_FLAGS.values():
         v = getattr(a, f"server_{name}", None)
         if v is not None:
-            changes[name] = str(Path(v).resolve()) if name in _PATHS else v
+            changes[name] = str(Path(v).resolve()) if f"server_{name}" in PATH_DESTS else v
     return replace(server, **changes)
 
 

@@ -117,8 +117,8 @@ def check_tensors(found: dict[str, TensorInfo], cfg: DrafterConfig, where: str) 
             raise DiagError("drafter weight has the wrong shape for its config" + hint, file=where, field=key,
                             expected=list(allowed[key]), found=list(info.shape))
     _check_vocab_tensors(found, cfg, where)
-    return (["lm_head.weight in the checkpoint is replaced by the target's lm_head (no draft_vocab_size: "
-             "SGLang's set_embed_and_head)"] if cfg.lm_head_from_target and "lm_head.weight" in found else [])
+    return (["lm_head.weight in the checkpoint is replaced by the target's lm_head (no draft_vocab_size: the "
+             "engine loads the head from the target)"] if cfg.lm_head_from_target and "lm_head.weight" in found else [])
 
 
 def _vocab_shapes(cfg: DrafterConfig) -> dict[str, tuple[int, ...]]:

@@ -68,5 +68,16 @@ def rules(name: str | Release | None = None) -> EngineRules:
     return family_rules(split(name)[0])
 
 
-__all__ = ["DEFAULT_ENGINE", "EngineRules", "Release", "engine", "families", "family_rules", "rules",
-           "split"]
+def report_rates() -> tuple:
+    """Every family's ReportRates, in registry order: the accept rates reports carry beside the
+    accept length (("sglang_accept_rate", draft_accept_rate, "sglang rate"), ...)."""
+    return tuple(r for family in FAMILIES for r in family_rules(family).report_rates)
+
+
+def report_rates_texts() -> tuple[str, ...]:
+    """What report.md says of those rates, one sentence a family that has some."""
+    return tuple(t for family in FAMILIES if (t := family_rules(family).report_rates_text))
+
+
+__all__ = ["DEFAULT_ENGINE", "EngineRules", "Release", "engine", "families", "family_rules", "report_rates",
+           "report_rates_texts", "rules", "split"]

@@ -1,7 +1,8 @@
 """The engine-neutral records the EngineRules protocol (protocol.py) speaks in.
 
 ServingPlan / ServingError / Fix (what a release feeds a drafter and how to change it),
-ResolvedShape (the tree a release runs for its launch flags), LaunchFlags / EffectiveConfig /
+ResolvedShape (the tree a release runs for its launch flags), ReportRate (an accept rate the
+engine logs, as diag reports it), LaunchFlags / EffectiveConfig /
 FlagProblem (a launch line read and linted), DraftTables (whose embedding and lm_head the draft
 uses), RequestDefaults (what a request that sets no sampling parameter runs). Every family
 fills these; none of them names a family. This module holds types; it computes nothing but
@@ -10,15 +11,41 @@ fills these; none of them names a family. This module holds types; it computes n
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from diag.engines import DEFAULT_ENGINE
 from diag.errors import DiagError
 from diag.layouts import Layout
+from diag.metrics import AcceptCounts
 from diag.trees import TreeShape
 
-__all__ = ["DeclaredLayout", "DraftTables", "DrafterSupport", "EffectiveConfig", "FlagProblem", "Fix", "LaunchFlags",
-           "RequestDefaults", "ResolvedShape", "ServingError", "ServingPlan", "refused"]
+__all__ = ["BenchmarkSettings", "DeclaredLayout", "DraftTables", "DrafterSupport", "EffectiveConfig", "FlagProblem",
+           "Fix", "LaunchFlags", "ReportRate", "RequestDefaults", "ResolvedShape", "ServingError", "ServingPlan",
+           "refused"]
+
+
+@dataclass(frozen=True)
+class BenchmarkSettings:
+    """What makes one engine's server benchmark run at a chosen acceptance (diag/engines/simulate.py):
+    the report fields, in order (the environment, config keys and the flag or command prefix that
+    carries them), and notes. Example (SGLang, L = 2.47): fields {"sglang_env": {...},
+    "sglang_command_prefix": "SGLANG_SIMULATE_ACC_LEN=2.47 SGLANG_SIMULATE_ACC_METHOD=match-expected"}."""
+
+    fields: dict
+    notes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ReportRate:
+    """One accept rate an engine logs, as diag reports it beside the accept length: its
+    report.json field, the diag.metrics function that computes it and its report.md column.
+    Example (SGLang 0.5.11+): ReportRate("sglang_accept_rate", draft_accept_rate, "sglang rate"):
+    a = [0, 2, 2, 1], D = 4 -> 5 / 12 = 0.4167 under "sglang rate"."""
+
+    field: str
+    rate: Callable[[AcceptCounts], float | None]
+    column: str
 
 
 @dataclass(frozen=True)
@@ -102,13 +129,14 @@ class DrafterSupport:
     so it is not checked), why building it fails on a missing draft_vocab_size (`head_crash`),
     whether it captures auxiliary states and a note when eagle_config.use_aux_hidden_state
     matters. Example (SGLang 0.5.11, Eagle3DeepseekV2ForCausalLM): builds False, classes
-    ("LlamaForCausalLMEagle3",)."""
+    ("LlamaForCausalLMEagle3",), class_fix "upgrade to SGLang 0.5.12 or newer (...)"."""
 
     builds: bool | None
     classes: tuple[str, ...]
     head_crash: str | None
     aux: bool
     aux_note: str | None
+    class_fix: str = ""          # how to serve it when `builds` is False, in the engine's terms
 
 
 @dataclass(frozen=True)

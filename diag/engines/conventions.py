@@ -20,11 +20,12 @@ Worked examples (Kimi-K2.5, N = 61 layers):
   speculators     default ids [2, 30, 58, 61] -> L2+L30+L58+L61
 
 This module holds the machinery (resolve, to_ids, readings) and the conventions of trainers and
-of engines without a package here (vllm, eagle-reference, specforge, speculators); an engine
+of engines without a package here (eagle-reference, specforge, speculators); an engine
 package registers its own (the SGLang ones, one per version range in which the rule held, are
-diag/engines/sglang/conventions.py; which one a release applies to which target is its
-capture.py). This module knows ids, shifts and ranges; it knows nothing about config files,
-drafter weights, launch flags or which convention a given deployment uses.
+diag/engines/sglang/conventions.py, vLLM's diag/engines/vllm/conventions.py; which one a
+release applies to which target is its capture.py). This module knows ids, shifts and ranges;
+it knows nothing about config files, drafter weights, launch flags or which convention a given
+deployment uses.
 """
 
 from __future__ import annotations
@@ -79,15 +80,9 @@ class Convention:
 DEFAULT_TERMS = (_TWO, _HALF, _N_MINUS_3)    # [2, N//2, N-3]: SGLang's, vLLM's and EAGLE's default
 
 # Conventions of trainers and of engines without a package here; an engine package adds its own
-# with register() (diag/engines/sglang/conventions.py), and those come first in every listing.
+# with register() (diag/engines/<family>/conventions.py), and those come first in every listing,
+# in registry order.
 OTHERS: dict[str, Convention] = {
-    # vllm/model_executor/models/llama.py: aux_hidden_state_layers = ids; the
-    # forward appends the residual stream before layer idx -> L{id};
-    # default (2, N//2, N-3) from get_eagle3_aux_hidden_state_layers.
-    "vllm": Convention(
-        "vllm", "vLLM v1", "vllm/model_executor/models/llama.py",
-        "id i captures the input of layer i, L{i}", 0, False, False,
-        0, -1, DEFAULT_TERMS, True),
     # SafeAILab/EAGLE eagle/model/modeling_llama_kv.py: appends hidden_states
     # entering layer idx for idx in {2, N//2, N-3} -> L{id}.
     "eagle-reference": Convention(
@@ -125,12 +120,12 @@ class Resolution:
     conventions: tuple[str, ...] = ()
 
 
-_REGISTERED: dict[str, Convention] = {}
+_REGISTERED: dict[str, dict[str, Convention]] = {}     # family -> its conventions by name
 
 
-def register(conventions: dict[str, Convention]) -> None:
+def register(family: str, conventions: dict[str, Convention]) -> None:
     """An engine package's own conventions (called when its conventions module is imported)."""
-    _REGISTERED.update(conventions)
+    _REGISTERED.setdefault(family, {}).update(conventions)
 
 
 def all_conventions() -> dict[str, Convention]:
@@ -138,7 +133,7 @@ def all_conventions() -> dict[str, Convention]:
     registered family's rules module imports its conventions, which registers them."""
     for module in FAMILIES.values():
         import_module(module)
-    return {**_REGISTERED, **OTHERS}
+    return {**{name: c for family in FAMILIES for name, c in _REGISTERED.get(family, {}).items()}, **OTHERS}
 
 
 def get(name: str) -> Convention:

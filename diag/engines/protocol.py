@@ -31,7 +31,11 @@ What the protocol covers, in the order a run needs it (worked examples are SGLan
                   by name (Verification: "tree-argmax", "tree-target-only")
   metrics         accept_rate_formula(release) -> the diag.metrics function name the engine's
                   log calls "accept rate" ("sglang_accept_rate": Σa / (rounds·(D-1)));
-                  formula_label(name) -> its text
+                  formula_label(name) -> its text; explain_logged(L, R, ...) -> which D and formula
+                  fit a logged pair (`diag explain`); simulated_acceptance(L, P(a>=i), tree) -> the
+                  settings that make a benchmark of its server run at that acceptance;
+                  report_rates -> the rates reports carry beside the accept length (ReportRate:
+                  report.json field, diag.metrics function, report.md column)
   readers         read_log / read_responses / read_server_info / read_metrics: the engine's saved
                   output parsed into its own frozen records (see each method)
   sanity          read_sampled(text, temperature=0.01) -> Sampled (a saved run at that temperature, in
@@ -39,7 +43,8 @@ What the protocol covers, in the order a run needs it (worked examples are SGLan
                   T -> 0 check worded in the engine's terms (diag/engines/sanity.py)
   launch lint     launch_argv(command) -> the words the server parses; parse_launch(command) ->
                   LaunchFlags; effective_config -> EffectiveConfig; flag_problems(argv, release)
-                  -> what this release's parser refuses
+                  -> what this release's parser refuses; cross_check(effective, argv) -> where
+                  the engine's own installed parser disagrees with diag's mirror
   live server     live_server() -> LiveServer: how `diag probe` recognises a running server of
                   this family and what it sends and saves (the engine's request and response
                   shapes); the probe drives it through HttpClient and names no engine
@@ -58,10 +63,12 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from diag.errors import DiagError
 
 if TYPE_CHECKING:
-    from diag.engines.common import (DrafterSupport, DraftTables, EffectiveConfig, FlagProblem, Fix, LaunchFlags,
-                                     RequestDefaults, ResolvedShape, ServingError, ServingPlan)
+    from diag.engines.common import (BenchmarkSettings, DrafterSupport, DraftTables, EffectiveConfig, FlagProblem, Fix,
+                                     LaunchFlags, ReportRate, RequestDefaults, ResolvedShape, ServingError,
+                                     ServingPlan)
     from diag.engines.sanity import EngineSanity, Sampled
     from diag.layouts import Layout
+    from diag.trees import TreeShape
 
 _VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:\.post(\d+)|\.(\d+))?$")
 
@@ -191,6 +198,12 @@ class EngineRules(Protocol):
     family: str
     display: str
     ids_field: str
+    # the accept rates the engine's logs print, each reported beside diag's accept length
+    # (report.json's trajectory."sglang_accept_rate", report.md's "sglang rate" column), and the
+    # sentence report.md says of them ("SGLang's accept rate as 0.5.11+ and as ≤ 0.5.10 log it");
+    # () and "" when the engine logs no rate diag reports
+    report_rates: tuple[ReportRate, ...]
+    report_rates_text: str
 
     # ---- releases and algorithms -------------------------------------------------------
     def releases(self) -> tuple[str, ...]:
@@ -268,6 +281,14 @@ class EngineRules(Protocol):
     def formula_label(self, formula: str) -> str:
         """"SGLang 0.5.11–0.5.23: Σa / (rounds·(D-1)), draft slots only"."""
 
+    def explain_logged(self, accept_len: float, accept_rate: float, *, num_steps: int | None, topk: int | None,
+                       num_draft_tokens: int | None, architecture: str, decimals: int,
+                       release: Release | None) -> Any:
+        """`diag explain`: which num_draft_tokens and rate formula make a logged (accept len,
+        accept rate) pair consistent, what the launch flags ran, whether `release` (None: not
+        named) logs a formula that fits. The record has `sentences`, `consistent`, `engine_fits`
+        and to_json(); a DiagError for an engine that logs no such pair."""
+
     # ---- readers (each returns the engine's own frozen record; DiagError when unsupported) --
     def read_log(self, text: str, *, source: str, release: Release) -> Any:
         """The server log's speculative decode lines and its printed server arguments."""
@@ -280,6 +301,13 @@ class EngineRules(Protocol):
 
     def read_metrics(self, text: str, *, source: str) -> Any:
         """The speculative counters of a saved GET /metrics (Prometheus text)."""
+
+    def simulated_acceptance(self, accept_length: float, acceptance_at_depth: tuple[float, ...], shape: TreeShape,
+                             *, release: Release | None) -> BenchmarkSettings:
+        """What makes this engine's server benchmark run at this accept length (clamped to
+        [1, S + 1]) and per-depth acceptance P(a >= i) on this tree (diag/engines/simulate.py
+        merges every engine's); `release`: the observed server's when it is this family's, else
+        None."""
 
     # ---- engine sanity -------------------------------------------------------------------
     def read_sampled(self, text: str, *, source: str, temperature: float, release: Release) -> Sampled:
@@ -305,6 +333,11 @@ class EngineRules(Protocol):
 
     def flag_problems(self, argv: list[str], *, release: Release) -> list[FlagProblem]:
         """Every flag this release's parser refuses or reads differently from how it is written."""
+
+    def cross_check(self, effective: EffectiveConfig, argv: list[str]) -> list[FlagProblem]:
+        """What the engine's own installed launch parser resolves where it differs from
+        `effective` (diag's mirror of its rules), or one "info" problem saying why it could not
+        be asked; [] for an engine diag does not cross-check."""
 
     # ---- live server -------------------------------------------------------------------
     def live_server(self) -> LiveServer:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
+from diag.engines import report_rates
 from diag.metrics import AcceptCounts, bucketed, summary
 from diag.replay.categories import CategoryAcceptance, by_category
 from diag.replay.verify import trajectory
@@ -41,6 +42,12 @@ class _Any:
 
 ANY = _Any()   # an axis value that matches every value
 
+
+
+def _summary(c: AcceptCounts) -> dict:
+    """diag.metrics.summary with the accept rates the engines log (EngineRules.report_rates):
+    {"rounds": 4, ..., "accept_length_no_bonus": 1.25, "sglang_accept_rate": 0.4167, ...}."""
+    return summary(c, tuple((r.field, r.rate) for r in report_rates()))
 
 @dataclass(frozen=True)
 class Axes:
@@ -175,9 +182,9 @@ class Evaluation:
         return {"key": self.key, **self.axes.as_dict(), "axes": self.axes.as_dict(),
                 "num_steps": self.shape.num_steps, "topk": self.shape.topk,
                 "num_draft_tokens": self.shape.num_draft_tokens,
-                "all_positions": summary(self.all_positions), "trajectory": summary(self.trajectory),
+                "all_positions": _summary(self.all_positions), "trajectory": _summary(self.trajectory),
                 "accept_length_ci95": [lo, hi], "accept_length": self.accept_length,
-                "by_position": [{"from": b.start, "to": b.end, **summary(b.counts)} for b in self.by_position],
+                "by_position": [{"from": b.start, "to": b.end, **_summary(b.counts)} for b in self.by_position],
                 "by_category": [c.to_json() for c in self.by_category],
                 "per_prompt": [{"id": p.id, "category": p.category, "rounds": p.rounds,
                                 "accepted_sum": p.accepted_sum, "expected_sum": p.expected_sum}

@@ -11,7 +11,7 @@ round_accounting.py) scores roots up to T - 3 against the target's lookahead pas
 The verifying tokens are the target's argmax along the sequence (= the greedy continuation
 when the target generated it). Chains of every depth share one draft; trees that share
 (num_steps, topk) share one beam. Whose embedding and lm_head each serving mode drafts with,
-and how many of its logits count, is the engine's rule (diag.engines.sglang.draft_tables), applied
+and how many of its logits count, is the engine's rule (EngineRules.draft_tables), applied
 in `draft_head`. This module knows tensors and dataclasses; it knows nothing about TOML,
 files or reports.
 """
@@ -27,7 +27,8 @@ from tqdm.auto import tqdm
 
 from diag.drafter.model import Eagle3Drafter
 from diag.drafter.drafting import DraftHead, DraftInputs, draft_beam, draft_chain, prefix
-from diag.engines.sglang.draft_tables import DraftTables, draft_tables
+from diag.engines import engine, rules
+from diag.engines.common import DraftTables
 from diag.errors import DiagError
 from diag.layouts import Layout
 from diag.target.passes import TargetPass, budget_batches, pad_right
@@ -135,11 +136,13 @@ def _select(beam, flat):
 
 
 def default_tables(drafter: Eagle3Drafter, mode: str) -> DraftTables:
-    """The engine's tables for a drafter known only by its loaded config (draft_vocab_size
-    present; a config without it should pass its own tables, draft_tables_for)."""
+    """The default engine's tables (EngineRules.draft_tables) for a drafter known only by its
+    loaded config (draft_vocab_size present; a config without it should pass its own tables,
+    read off its config.json by the engine the case serves)."""
     c = drafter.cfg
-    return draft_tables(mode, hidden_size=c.hidden_size, target_hidden_size=c.target_hidden_size,
-                        draft_vocab_size=c.draft_vocab_size, vocab_size=c.vocab_size)
+    keys = {"hidden_size": c.hidden_size, "target_hidden_size": c.target_hidden_size,
+            "draft_vocab_size": c.draft_vocab_size, "vocab_size": c.vocab_size}
+    return rules().draft_tables(keys, mode, release=engine())
 
 
 def draft_head(drafter: Eagle3Drafter, embed: nn.Module, target_head: nn.Module, t: DraftTables,

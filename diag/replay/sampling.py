@@ -21,7 +21,7 @@ Worked example, thresholds 1: root children a (p .5), b (p .3); coin .6 -> a rej
 So P(accept a) = .5, P(accept b) = .3: each child is accepted with its own target probability,
 and E[accepted] = sum over nodes of the product of p along the path (`expected_accepted`).
 
-vLLM's chain rule (`verify_chain_vllm`): accept depth d iff u_d < p(x_d), else emit a token from
+vLLM's chain rule (`verify_chain_rejection`): accept depth d iff u_d < p(x_d), else emit a token from
 p with x_d removed; the same law as SGLang's for chains, other coins.
 
 Coins (`uniforms`) come from a counter-based hash of (seed, row key, round, column), so a
@@ -206,8 +206,8 @@ def verify_tree(tokens: torch.Tensor, parents: torch.Tensor, valid: torch.Tensor
     return SampledRound(accepted, path, bonus)
 
 
-def verify_chain_vllm(tokens: torch.Tensor, probs: torch.Tensor, coins: torch.Tensor,
-                      final_coin: torch.Tensor) -> SampledRound:
+def verify_chain_rejection(tokens: torch.Tensor, probs: torch.Tensor, coins: torch.Tensor,
+                           final_coin: torch.Tensor) -> SampledRound:
     """vLLM's rule for a chain of greedy drafts: tokens [B, S+1] (column 0 the root), probs
     [B, S+1, V]; accept depth d iff coins[:, d-1] < p(x_d) under node d-1; on the first
     rejection emit from p(d-1) with x_d removed; all accepted: the bonus from p(S)."""

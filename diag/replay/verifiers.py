@@ -7,7 +7,7 @@ Greedy:  "tree-argmax"       accepted_tree: the deepest path whose tokens equal 
 Sampled: "tree-target-only"  verify_tree: each node's children walked with one coin, a child
                              accepted with its target probability, the draft distribution never
                              read; expected_at_depth its exact P(a >= d) (sampling.py).
-         "chain-rejection"   verify_chain_vllm on a chain: accept depth d iff u_d < p(x_d), else
+         "chain-rejection"   verify_chain_rejection on a chain: accept depth d iff u_d < p(x_d), else
                              resample from p without x_d; for chains the same law as
                              tree-target-only, so expected_at_depth is its expectation too.
 Worked example: rules("sglang-0.5.23").verification(rel).sampled -> "tree-target-only" ->
@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 
 from diag.errors import DiagError
-from diag.replay.sampling import SampledRound, expected_at_depth, verify_chain_vllm, verify_tree
+from diag.replay.sampling import SampledRound, expected_at_depth, verify_chain_rejection, verify_tree
 from diag.replay.verify import accepted_tree
 
 
@@ -38,7 +38,7 @@ class SampledRule:
 
 def _chain_rejection(tokens, parents, valid, probs, coins, final_coin, num_steps, *,
                      threshold_single: float = 1.0, threshold_acc: float = 1.0) -> SampledRound:
-    """verify_chain_vllm behind verify_tree's signature: node i's parent must be i - 1, and the
+    """verify_chain_rejection behind verify_tree's signature: node i's parent must be i - 1, and the
     rule has no thresholds."""
     chain = torch.arange(-1, tokens.shape[1] - 1, device=parents.device)
     if not bool((parents == chain).all()) or tokens.shape[1] != num_steps + 1:
@@ -48,7 +48,7 @@ def _chain_rejection(tokens, parents, valid, probs, coins, final_coin, num_steps
         raise DiagError("chain-rejection has no accept thresholds", field="decoding",
                         expected="threshold_single = threshold_acc = 1.0",
                         found=f"{threshold_single}, {threshold_acc}")
-    return verify_chain_vllm(tokens, probs, coins, final_coin)
+    return verify_chain_rejection(tokens, probs, coins, final_coin)
 
 
 GREEDY: dict[str, Callable[..., torch.Tensor]] = {"tree-argmax": accepted_tree}

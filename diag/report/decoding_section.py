@@ -9,6 +9,8 @@ This module reads the report dict; it computes nothing new.
 
 from __future__ import annotations
 
+from diag.engines import engine, rules
+
 
 def _f(x, nd: int = 2) -> str:
     return "–" if x is None else f"{x:.{nd}f}"
@@ -27,12 +29,19 @@ def _greedy_twin(rep: dict, e: dict) -> dict | None:
                  and all(g[k] == e[k] for k in ("layout", "mode", "tree", "regime", "tokens_regime"))), None)
 
 
+def _sampled_rule(rep: dict) -> str:
+    """The served engine's sampled verification, as the header names it: "SGLang's target-only rule"
+    (EngineRules.verification: "tree-target-only"), "vLLM's chain-rejection rule"."""
+    rel = engine((rep.get("serving") or {}).get("engine"))
+    return f"{rel.display}'s {rules(rel).verification(rel).sampled.removeprefix('tree-')} rule"
+
+
 def _header(rep: dict) -> list[str]:
     dec = rep["decoding"]
     served = dec["served"]
     out = [f"The server decodes with **{served['name']}** ({dec['source']}); verdicts use it. Sampled "
-           f"decodings ran the speculative decode loop (one tree-attention verify forward per round, SGLang's "
-           f"target-only rule) once per seed ({', '.join(map(str, dec['seeds']))}) over every prompt; "
+           f"decodings ran the speculative decode loop (one tree-attention verify forward per round, "
+           f"{_sampled_rule(rep)}) once per seed ({', '.join(map(str, dec['seeds']))}) over every prompt; "
            "Monte-Carlo = 1 + mean accepted drafts, exact = 1 + mean over the same rounds of E[accepted | round] "
            "(the verdicts rank by it); 95% intervals over prompts, seeds pooled."]
     for d in dec["sampled"]:

@@ -1,14 +1,14 @@
-"""`diag lint`: static checks of a drafter/target pair and an SGLang launch line.
+"""`diag lint`: static checks of a drafter/target pair and a server's launch line.
 
 Reads only config.json files and safetensors *headers* (names, shapes, dtypes); never a
-weight value. Each Finding says what is wrong, what the selected SGLang version will do
+weight value. Each Finding says what is wrong, what the selected engine release will do
 about it (usually: nothing, silently) and how to fix it. The rules come from diag.engines;
 the checks live beside this module by subject: drafter.py (format, architecture, weights,
 what a config-only directory leaves unchecked), layout.py (ids, fc, algorithm), vocab.py
 (vocabularies, widths), tables.py (embedding / lm_head swaps, use_aux_hidden_state), rope.py
 (positions), launch.py (tree flags, request cap), flags.py (every word against the release's own
-argparse), sglang.py (the cross-check against an installed sglang). Every finding names the engine
-version whose rules it applies (`--engine`).
+argparse), then the engine's own cross-check (EngineRules.cross_check: SGLang's asks an
+installed sglang). Every finding names the engine version whose rules it applies (`--engine`).
 
 This package knows files and findings; it knows nothing about running models.
 """
@@ -28,14 +28,13 @@ from diag.checks.lint.layout import (check_algorithm, check_deepseek_first_id, c
                                      check_layout, check_serving, check_top_level_ids)
 from diag.checks.lint.pair import Finding, Pair, read_tensor_headers
 from diag.checks.lint.rope import check_rope
-from diag.checks.lint.sglang import compare_with_sglang, sglang_cross_check
 from diag.checks.lint.tables import check_tables
 from diag.checks.lint.vocab import check_hidden, check_vocab
 from diag.engines import DEFAULT_ENGINE, engine as engine_of, rules
 from diag.engines.common import refused
 from diag.errors import DiagError
 
-__all__ = ["Finding", "lint", "read_tensor_headers", "compare_with_sglang", "CHECKS"]
+__all__ = ["Finding", "lint", "read_tensor_headers", "CHECKS"]
 
 CHECKS = (check_format, check_engine_class, check_weights, config_only, check_serving, check_algorithm,
           check_fc_width, check_top_level_ids, check_deepseek_first_id, check_torchspec_ids, check_layout,
@@ -103,5 +102,6 @@ def lint(drafter_dir: str | Path, target_dir: str | Path, launch: str | None, *,
                 raw_drafter=raw)
     out = _dedupe(unreadable + [f for check in CHECKS for f in _run_check(check, pair)])
     if eff is not None:
-        out += sglang_cross_check(eff, eng.launch_argv(launch))
+        out += [Finding(x.severity, x.code, x.message, x.behaviour, x.fix, None, x.flag or None)
+                for x in eng.cross_check(eff, eng.launch_argv(launch))]
     return [f if f.engine else replace(f, engine=engine) for f in out]

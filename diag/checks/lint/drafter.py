@@ -46,15 +46,8 @@ def check_engine_class(p: Pair) -> list[Finding]:
         return []
     return [Finding("error", "UNSERVABLE_DRAFTER", f"{rel.label} has no model class for {fmt.architecture}",
                     f"the server refuses the draft model at startup (its EAGLE-3 classes are "
-                    f"{' and '.join(support.classes)})", _class_fix(fmt, support.classes),
+                    f"{' and '.join(support.classes)})", support.class_fix,
                     p.drafter_file, "architectures")]
-
-
-def _class_fix(fmt, classes: tuple[str, ...]) -> str:
-    if fmt.architecture == "Eagle3DeepseekV2ForCausalLM":
-        return "upgrade to SGLang 0.5.12 or newer (srt/models/kimi_k25_eagle3.py serves MLA drafters)"
-    return ("serve it with vLLM (which reads speculators configs), or convert it to "
-            f"{classes[0]} (keys midlayer.*, ids in eagle_config)")
 
 
 def check_weights(p: Pair) -> list[Finding]:
@@ -81,9 +74,10 @@ def check_torchspec_ids(p: Pair) -> list[Finding]:
         return []
     return [Finding("info", "TORCHSPEC_IDS", "TorchSpec config: its layer ids are the serving engine's "
                     "own, so diag takes the layout the engine serves as the trained one",
-                    "TorchSpec trains on states an engine captured; its vLLM export (tools/convert_to_hf.py, "
-                    "kimi_k2 targets) shifts every id by +1", "if this config was exported for vLLM, give "
-                    "SGLang the ids TorchSpec trained with; `diag run` scans the neighbours to tell",
+                    "TorchSpec trains on states an engine captured; its export for engines that read ids as "
+                    "layer inputs (tools/convert_to_hf.py, kimi_k2 targets) shifts every id by +1",
+                    f"if this config was exported that way, give {rules(p.engine).display} the ids TorchSpec "
+                    "trained with; `diag run` scans the neighbours to tell",
                     p.drafter_file, "eagle_config.eagle_aux_hidden_state_layer_ids")]
 
 

@@ -11,7 +11,6 @@ from diag.checkpoint.drafter_format import is_speculators, trainer_marks
 from diag.checks.lint.pair import Finding, Pair, find, is_eagle3_drafter, algorithm, under_eagle3
 from diag.engines import conventions
 from diag.engines import drafter_ids
-from diag.engines.sglang.architectures import is_deepseek_family
 from diag.engines import engine, rules
 from diag.engines.common import ServingError
 from diag.errors import DiagError
@@ -82,14 +81,14 @@ def check_fc_width(p: Pair) -> list[Finding]:
         out.append(Finding(
             "error", "FC_WIDTH", f"fc input width {cols} != the {built} x target hidden {h_t} = "
             f"{built * h_t} columns {p.engine} builds fc for (serving {plan.layout}){under_eagle3(p)}",
-            f"SGLang concatenates {k} states ({plan.rule}); llama_eagle3.py sizes fc from "
+            f"{rules(p.engine).display} concatenates {k} states ({plan.rule}); llama_eagle3.py sizes fc from "
             "num_aux_hidden_states, else the nested ids, else 3 (always 3 up to 0.5.11): loading "
             "or the first draft forward fails on the fc shape",
             f"give eagle_config.eagle_aux_hidden_state_layer_ids with {cols // h_t if h_t else '?'} "
             "ids matching training, or retrain fc", info.file, name))
     if rows != h:
         out.append(Finding("error", "FC_ROWS", f"fc output {rows} != drafter hidden_size {h}",
-                           "SGLang builds fc with hidden_size outputs; weight loading fails",
+                           f"{rules(p.engine).display} builds fc with hidden_size outputs; weight loading fails",
                            "fix hidden_size in the drafter config.json", info.file, name))
     return out
 
@@ -104,7 +103,7 @@ def check_top_level_ids(p: Pair) -> list[Finding]:
     meant = conventions.resolve(top, plan.convention, num_layers(p.target)).layout
     sev = "error" if meant != plan.layout else "warning"
     return [Finding(sev, "TOP_LEVEL_IDS", f"eagle_aux_hidden_state_layer_ids={top} is at the top "
-                    "level of the drafter config", f"SGLang reads only eagle_config."
+                    "level of the drafter config", f"{rules(p.engine).display} reads only eagle_config."
                     f"eagle_aux_hidden_state_layer_ids and falls back to its defaults: serves "
                     f"{plan.layout} (the top-level ids would give {meant})",
                     f'move them: "eagle_config": {{"eagle_aux_hidden_state_layer_ids": {top}}}',
@@ -120,13 +119,14 @@ def _reading(ids: list[int], convention: str, n: int):
 
 
 def check_deepseek_first_id(p: Pair) -> list[Finding]:
-    """The first-id rule of SGLang >= 0.5.13 on DeepSeek-family targets (capture.py)."""
+    """The first-id rule (a convention with first_one_shift: SGLang >= 0.5.13 on DeepSeek-family
+    targets, its capture.py): which layout the ids mean depends on whether the first is 1."""
     ids = drafter_ids.nested_ids(p.drafter)
-    if ids is None or not is_deepseek_family(p.target) or eagle3_plan(p) is None \
+    if ids is None or eagle3_plan(p) is None \
             or trainer_marks(p.drafter) == "torchspec":    # TorchSpec ids: drafter.check_torchspec_ids
         return []
     name = rules(p.engine).capture_convention(p.target, release=engine(p.engine))
-    if not conventions.get(name).first_one_shift:
+    if name not in conventions.all_conventions() or not conventions.get(name).first_one_shift:
         return []
     n = num_layers(p.target)
     served = conventions.resolve(ids, name, n).layout
@@ -139,7 +139,7 @@ def check_deepseek_first_id(p: Pair) -> list[Finding]:
                     f"{ids} as {served}; SpecForge-style output-of-layer ids mean {trained}",
                     f"deepseek_v2.py set_eagle3_layers_to_capture: {rule}",
                     "check which layout the drafter was trained on (diag scan) and write ids "
-                    "that SGLang reads as that layout", p.drafter_file, drafter_ids.IDS_FIELD)]
+                    f"that {rules(p.engine).display} reads as that layout", p.drafter_file, drafter_ids.IDS_FIELD)]
 
 
 def check_layout(p: Pair) -> list[Finding]:

@@ -17,7 +17,7 @@ class Finding:
     severity: str          # "error" | "warning" | "info"
     code: str
     message: str
-    sglang_behaviour: str
+    behaviour: str         # what the engine (`engine`) does about it
     fix: str
     file: str | None = None
     field: str | None = None

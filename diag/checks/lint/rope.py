@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from diag.checkpoint.config import text_config
 from diag.checks.lint.pair import Finding, Pair
+from diag.engines import rules
 
 DEFAULT_THETA = 10000.0
 _TYPE_KEYS = ("rope_type", "type")
@@ -72,7 +73,7 @@ def scaling_differences(d: RopeSpec, t: RopeSpec) -> list[str]:
 
 def check_rope(p: Pair) -> list[Finding]:
     d, t = rope_spec(p.drafter), rope_spec(p.target)
-    own = "SGLang applies the drafter's own RoPE settings to draft positions"
+    own = f"{rules(p.engine).display} applies the drafter's own RoPE settings to draft positions"
     out = []
     if d.theta != t.theta:
         unset = "" if d.theta_given else f" (not set: the default {DEFAULT_THETA:g} applies)"

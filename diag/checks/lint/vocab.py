@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from diag.checkpoint.config import hidden_size, text_config
 from diag.checks.lint.pair import Finding, Pair, find
+from diag.engines import rules
 
 
 def _vocab_findings(p: Pair, draft_vocab: int, vocab: int) -> list[Finding]:
@@ -22,7 +23,7 @@ def _vocab_findings(p: Pair, draft_vocab: int, vocab: int) -> list[Finding]:
                                hit[1].file, hit[0]))
     if draft_vocab < vocab and p.tensors and find(p.tensors, "d2t") is None:
         out.append(Finding("error", "D2T_MISSING", f"draft_vocab_size {draft_vocab} < vocab_size "
-                           f"{vocab} but the checkpoint has no d2t", "SGLang has no hot-token map: "
+                           f"{vocab} but the checkpoint has no d2t", f"{rules(p.engine).display} has no hot-token map: "
                            "draft ids are taken as target ids and almost never accepted",
                            "save the d2t tensor from training", p.drafter_file, "d2t"))
     return out
@@ -43,7 +44,7 @@ def check_vocab(p: Pair) -> list[Finding]:
         hit = find(p.tensors, key)
         if hit is not None and hit[1].dtype != dtype:
             out.append(Finding("warning", "VOCAB_DTYPE", f"{key} is {hit[1].dtype}, expected "
-                               f"{dtype}", "SGLang uses d2t as integer offsets",
+                               f"{dtype}", f"{rules(p.engine).display} uses d2t as integer offsets",
                                f"save {key} as {dtype}", hit[1].file, hit[0]))
     if isinstance(vocab, int) and isinstance(draft_vocab, int):
         out += _vocab_findings(p, draft_vocab, vocab)
@@ -62,13 +63,13 @@ def check_hidden(p: Pair) -> list[Finding]:
         return []
     if declared is None:
         return [Finding("error", "HIDDEN_SIZE", f"drafter hidden {h} != target hidden {h_t} and "
-                        "no target_hidden_size", "SGLang assumes target width = drafter width: fc "
+                        "no target_hidden_size", f"{rules(p.engine).display} assumes target width = drafter width: fc "
                         "is built for the wrong input and the target's embeddings replace the "
                         "drafter's", f"add \"target_hidden_size\": {h_t}", p.drafter_file,
                         "hidden_size")]
     if p.tensors and find(p.tensors, "embed_tokens.weight") is None:
         return [Finding("error", "EMBED_MISSING", f"drafter hidden {h} != target hidden {h_t} "
-                        "but the checkpoint has no embed_tokens", "SGLang keeps the drafter's own "
+                        "but the checkpoint has no embed_tokens", f"{rules(p.engine).display} keeps the drafter's own "
                         "embedding when widths differ; it stays uninitialised",
                         "save embed_tokens.weight with the drafter", p.drafter_file,
                         "embed_tokens.weight")]

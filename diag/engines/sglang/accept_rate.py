@@ -18,7 +18,9 @@ This module knows formula names and versions; nothing about logs or models.
 
 from __future__ import annotations
 
+from diag.engines.common import ReportRate
 from diag.engines.sglang.versions import Engine, Since, engine, since, span
+from diag.metrics import bonus_accept_rate, draft_accept_rate
 
 FORMULA: Since = (("0.5.6", "sglang_accept_rate_legacy"), ("0.5.11", "sglang_accept_rate"))
 _TEXT = {"sglang_accept_rate_legacy": "Σ(a+1) / (rounds·D), bonus counted",
@@ -42,3 +44,8 @@ def label(formula: str) -> str:
 
 
 FORMULAS: dict[str, str] = {name: label(name) for _, name in FORMULA}
+
+# both rates beside every accept length diag reports (report.json trajectory / all_positions /
+# by_position fields, report.md columns), the current one first
+REPORT_RATES = (ReportRate("sglang_accept_rate", draft_accept_rate, "sglang rate"),
+                ReportRate("sglang_accept_rate_legacy", bonus_accept_rate, "legacy rate"))

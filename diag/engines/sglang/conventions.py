@@ -72,4 +72,4 @@ CONVENTIONS: dict[str, Convention] = {
         True, 0, -1, _SGL_DEFAULT, False, reads_ids=False),
 }
 
-register(CONVENTIONS)
+register("sglang", CONVENTIONS)

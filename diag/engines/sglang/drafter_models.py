@@ -29,6 +29,15 @@ def drafter_classes(*, engine_name: str = DEFAULT_ENGINE) -> frozenset[str]:
     return since(DRAFTER_CLASSES, engine_name)
 
 
+def class_fix(architecture: str, classes: frozenset[str]) -> str:
+    """How to serve a drafter whose class the release lacks, in SGLang's terms.
+    Example: Eagle3DeepseekV2ForCausalLM on 0.5.11 -> "upgrade to SGLang 0.5.12 or newer (...)"."""
+    if architecture == "Eagle3DeepseekV2ForCausalLM":
+        return "upgrade to SGLang 0.5.12 or newer (srt/models/kimi_k25_eagle3.py serves MLA drafters)"
+    return (f"convert it to {sorted(classes)[0]} (keys midlayer.*, ids in eagle_config), or serve it with an "
+            "engine that reads speculators configs")
+
+
 def builds_drafter(architecture: str, *, engine_name: str = DEFAULT_ENGINE) -> bool:
     """Whether the engine has a model class for this drafter architecture.
     Example: sglang-0.5.23, "Eagle3Speculator" -> False."""

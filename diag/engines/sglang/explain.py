@@ -42,6 +42,22 @@ class Explanation:
     engine: str | None = None                 # the version the user named, if any
     engine_fits: bool | None = None           # whether that version's formula fits
 
+    def to_json(self) -> dict:
+        """What `diag explain --json` prints."""
+        shape = self.resolved.shape if self.resolved is not None else None
+        return {
+            "accept_len": self.accept_len, "accept_rate": self.accept_rate,
+            "consistent": [{"num_draft_tokens": d, "formula": f} for d, f in self.consistent],
+            "flags": None if self.flags is None else dict(zip(
+                ("num_steps", "topk", "num_draft_tokens"), self.flags)),
+            "runs": None if shape is None else {"num_steps": shape.num_steps, "topk": shape.topk,
+                                                "num_draft_tokens": shape.num_draft_tokens},
+            "crash": None if self.resolved is None else self.resolved.crash,
+            "implied": [{"num_draft_tokens": d, "formula": f} for d, f in self.implied],
+            "versions": list(self.versions), "engine": self.engine, "engine_fits": self.engine_fits,
+            "sentences": list(self.sentences),
+        }
+
 
 def predicted_rate(accept_len: float, num_draft_tokens: int, formula: str) -> float:
     """R that a formula gives for accept length L and D. L 1.68, D 2 -> legacy 0.84."""

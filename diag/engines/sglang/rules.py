@@ -14,12 +14,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from diag.checkpoint.config import num_layers
-from diag.engines.common import (DrafterSupport, DraftTables, EffectiveConfig, FlagProblem, Fix, LaunchFlags,
-                                 RequestDefaults, ResolvedShape, ServingError, ServingPlan)
+from diag.engines.common import (BenchmarkSettings, DrafterSupport, DraftTables, EffectiveConfig, FlagProblem, Fix,
+                                 LaunchFlags, RequestDefaults, ResolvedShape, ServingError, ServingPlan)
 from diag.engines.protocol import Release, Verification
 from diag.engines import conventions
 from diag.engines.sanity import EngineSanity, Sampled, limit_check
-from diag.engines.sglang import accept_rate, flag_parser, launch, round_accounting, server_log, server_responses, serving
+from diag.engines.sglang import (accept_rate, explain, flag_parser, launch, round_accounting, server_log,
+                                 server_responses, serving, simulate)
 from diag.engines.sglang import conventions as _sglang_conventions  # noqa: F401  (registers them)
 from diag.engines.sglang.algorithms import ALIASES, MODES, mode_of
 from diag.engines.sglang.architectures import auto_defaults_key, capture_model
@@ -27,12 +28,13 @@ from diag.engines.sglang.capture import NoCapture, capture_rule
 from diag.engines.sglang.decoding import request_defaults
 from diag.engines.sglang import drafter_keys
 from diag.engines.sglang.draft_tables import SOURCE as TABLES_SOURCE, draft_tables_for
-from diag.engines.sglang.drafter_models import builds_drafter, drafter_classes
+from diag.engines.sglang.drafter_models import builds_drafter, class_fix, drafter_classes
 from diag.engines.sglang.serving import IDS_FIELD
 from diag.engines.sglang.tree_rules import resolve_sglang_shape
 from diag.engines.sglang.versions import RELEASES, engine
 from diag.errors import DiagError
 from diag.layouts import Layout
+from diag.trees import TreeShape
 
 VERIFICATION = Verification(
     "tree-argmax", "tree-target-only",
@@ -47,6 +49,8 @@ class SglangEngine:
     family = "sglang"
     display = "SGLang"
     ids_field = IDS_FIELD
+    report_rates = accept_rate.REPORT_RATES
+    report_rates_text = "SGLang's accept rate as 0.5.11+ and as ≤ 0.5.10 log it"
 
     def releases(self) -> tuple[str, ...]:
         return RELEASES
@@ -89,9 +93,10 @@ class SglangEngine:
     def drafter_support(self, drafter_config: dict, *, release: Release) -> DrafterSupport:
         arch = drafter_keys.drafter_class(drafter_config)
         aux, note = drafter_keys.uses_aux_hidden_state(drafter_config, release.name)
-        return DrafterSupport(builds_drafter(arch, engine_name=release.name),
-                              tuple(sorted(drafter_classes(engine_name=release.name))),
-                              drafter_keys.draft_vocab_crash(drafter_config, release.name), aux, note)
+        classes = drafter_classes(engine_name=release.name)
+        return DrafterSupport(builds_drafter(arch, engine_name=release.name), tuple(sorted(classes)),
+                              drafter_keys.draft_vocab_crash(drafter_config, release.name), aux, note,
+                              class_fix(arch, classes))
 
     def resolve_tree(self, num_steps: int | None, topk: int | None, num_draft_tokens: int | None,
                      target_config: dict | None, *, release: Release,
@@ -119,6 +124,17 @@ class SglangEngine:
 
     def formula_label(self, formula: str) -> str:
         return accept_rate.label(formula)
+
+    def explain_logged(self, accept_len: float, accept_rate: float, *, num_steps: int | None, topk: int | None,
+                       num_draft_tokens: int | None, architecture: str, decimals: int,
+                       release: Release | None) -> explain.Explanation:
+        return explain.explain(accept_len, accept_rate, num_steps=num_steps, topk=topk,
+                               num_draft_tokens=num_draft_tokens, architecture=architecture, decimals=decimals,
+                               engine_name=release.name if release is not None else None)
+
+    def simulated_acceptance(self, accept_length: float, acceptance_at_depth: tuple[float, ...], shape: TreeShape,
+                             *, release: Release | None) -> BenchmarkSettings:
+        return simulate.simulated_acceptance_env(accept_length, shape, release)
 
     def read_log(self, text: str, *, source: str, release: Release) -> server_log.ServerLog:
         return server_log.read_server_log(text, source=source, release=release.release)
@@ -180,6 +196,11 @@ class SglangEngine:
                                    "flags added after that release are reported as warnings, not errors",
                                    regen, parser))
         return out
+
+    def cross_check(self, effective: EffectiveConfig, argv: list[str]) -> list[FlagProblem]:
+        """sglang's own ServerArgs, when sglang is importable (cross_check.py)."""
+        from diag.engines.sglang.cross_check import ask_server_args
+        return ask_server_args(effective, argv)
 
     # ---- live server -------------------------------------------------------------------
     def live_server(self):

@@ -7,9 +7,9 @@ Covered: every release from 0.5.6 to 0.5.23, each read from its wheel
 
 The accept-rate formula of the decode log line (where the metrics code divides):
   0.5.6 - 0.5.10.post1   spec_num_accepted_tokens / (rounds · D), bonus counted
-                         -> metrics.sglang_accept_rate_legacy = Σ(a+1) / (rounds·D)
+                         -> sglang_accept_rate_legacy = metrics.bonus_accept_rate = Σ(a+1) / (rounds·D)
   0.5.11 - 0.5.23        (accept tokens - rounds) / (rounds · (D-1)), drafts only
-                         -> metrics.sglang_accept_rate = Σa / (rounds·(D-1))
+                         -> sglang_accept_rate = metrics.draft_accept_rate = Σa / (rounds·(D-1))
 Worked example: a depth-1 chain (D = 2) accepting its one draft 68% of the time logs
 "accept len: 1.68, accept rate: 0.84" on 0.5.10 and "accept len: 1.68, accept rate: 0.68"
 on 0.5.11.

@@ -1,5 +1,5 @@
-"""Settings that make a server benchmark run at a chosen acceptance, so its tokens/s can be
-measured at diag's predicted accept length before the drafter is fixed or retrained.
+"""SGLang's settings for a server benchmark at a chosen acceptance (diag/engines/simulate.py
+merges every engine's).
 
 SGLang (speculative/spec_utils.py, `generate_simulated_accept_index`; every covered release):
   SGLANG_SIMULATE_ACC_LEN=L    accept length INCLUDING the bonus token (the log's "accept len"),
@@ -14,66 +14,41 @@ SGLang (speculative/spec_utils.py, `generate_simulated_accept_index`; every cove
   SGLANG_SIMULATE_ACC_TOKEN_MODE (0.5.15+) "fixed" (default) emits a placeholder token id; the
                                throughput is what matters, the text is garbage either way.
   Worked example: L = 2.47 on s3-k4-d8 -> 47% of verify steps emit 3 tokens, 53% emit 2.
-vLLM (vllm/config/speculative.py, v1 rejection sampler): in --speculative-config,
-  "rejection_sample_method": "synthetic" with "synthetic_acceptance_rates": [p1..pK], the
-  per-position UNCONDITIONAL rates p_i = P(a >= i) (non-increasing, K = num_speculative_tokens),
-  or "synthetic_acceptance_length": L in [1, K+1] (vLLM then uses the minimum-variance schedule
-  [1, .., 1, frac, 0, ..]). diag gives the rates: they keep the per-depth profile, not only its mean.
 
-This module knows environment variables and config keys; it reads nothing.
+This module knows environment variables; it reads nothing.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-
-from diag.engines.sglang.server_releases import Release
+from diag.engines.common import BenchmarkSettings
+from diag.engines.protocol import Release
+from diag.engines.sglang.server_releases import show
 from diag.trees import TreeShape
 
-MATCH_EXPECTED_DEFAULT_SINCE: Release = (0, 5, 11, 0)
-TOKEN_MODE_SINCE: Release = (0, 5, 15, 0)
+MATCH_EXPECTED_DEFAULT_SINCE = (0, 5, 11, 0)
+TOKEN_MODE_SINCE = (0, 5, 15, 0)
 
 
-@dataclass(frozen=True)
-class SimulatedAcceptance:
-    accept_length: float                 # the value exported, clamped to [1, S+1]
-    sglang_env: tuple[tuple[str, str], ...]
-    vllm_speculative_config: dict
-    notes: tuple[str, ...]
-
-    @property
-    def sglang_command_prefix(self) -> str:
-        """"SGLANG_SIMULATE_ACC_LEN=2.47 SGLANG_SIMULATE_ACC_METHOD=match-expected" (before the launch)."""
-        return " ".join(f"{k}={v}" for k, v in self.sglang_env)
-
-    def to_json(self) -> dict:
-        return {"accept_length": self.accept_length, "sglang_env": dict(self.sglang_env),
-                "sglang_command_prefix": self.sglang_command_prefix,
-                "vllm_speculative_config": self.vllm_speculative_config,
-                "vllm_flag": "--speculative-config '" + json.dumps(self.vllm_speculative_config) + "'",
-                "notes": list(self.notes)}
-
-
-def simulated_acceptance(accept_length: float, acceptance_at_depth: tuple[float, ...], shape: TreeShape,
-                         release: Release) -> SimulatedAcceptance:
-    """The SGLang environment and the vLLM speculative-config keys for a benchmark at this
-    acceptance on this shape. acceptance_at_depth: P(a >= i), i = 1..S (diag's trajectory counts)."""
-    top = shape.num_steps + 1.0
-    value = round(min(max(accept_length, 1.0), top), 2)
-    env = [("SGLANG_SIMULATE_ACC_LEN", f"{value:.2f}"), ("SGLANG_SIMULATE_ACC_METHOD", "match-expected")]
+def simulated_acceptance_env(accept_length: float, shape: TreeShape, release: Release | None) -> BenchmarkSettings:
+    """The environment for a benchmark at this (clamped) accept length on this shape; the notes
+    name what `release` (the observed server's, None: another family's) would do otherwise."""
+    env = {"SGLANG_SIMULATE_ACC_LEN": f"{accept_length:.2f}", "SGLANG_SIMULATE_ACC_METHOD": "match-expected"}
     notes = []
-    if release < MATCH_EXPECTED_DEFAULT_SINCE:
+    if release is not None and release.release < MATCH_EXPECTED_DEFAULT_SINCE:
         notes.append("this release defaults to SGLANG_SIMULATE_ACC_METHOD=multinomial, whose mean is not the "
                      "value given: keep match-expected")
     if shape.topk > 1:
         notes.append(f"SGLang forces the simulated length on one path of the {shape.name} tree: the verify cost "
                      f"is the tree's (D = {shape.num_draft_tokens}), the accepted path a chain")
-    rates = [round(min(1.0, max(0.0, p)), 4) for p in acceptance_at_depth]
-    rates = [min(rates[: i + 1]) for i in range(len(rates))]          # non-increasing, as vLLM requires
-    vllm = {"num_speculative_tokens": shape.num_steps, "rejection_sample_method": "synthetic",
-            "synthetic_acceptance_rates": rates}
-    if shape.topk > 1:
-        notes.append(f"vLLM drafts chains: num_speculative_tokens = num_steps = {shape.num_steps} at the tree's "
-                     "per-depth acceptance")
-    return SimulatedAcceptance(value, tuple(env), vllm, tuple(notes))
+    # "SGLANG_SIMULATE_ACC_LEN=2.47 SGLANG_SIMULATE_ACC_METHOD=match-expected" (before the launch)
+    prefix = " ".join(f"{k}={v}" for k, v in env.items())
+    return BenchmarkSettings({"sglang_env": env, "sglang_command_prefix": prefix}, tuple(notes))
+
+
+def simulated_acceptance(accept_length: float, acceptance_at_depth: tuple[float, ...], shape: TreeShape,
+                         release: tuple[int, int, int, int]):
+    """Every engine's settings (diag.engines.simulate) for an observed SGLang server given as its
+    release tuple (server_releases.server_release): (0, 5, 8, 0) -> SGLang 0.5.8. Kept for callers
+    that hold the tuple; diag.engines.simulate.simulated_acceptance takes the Release."""
+    from diag.engines.simulate import simulated_acceptance as every_engine
+    return every_engine(accept_length, acceptance_at_depth, shape, Release("sglang", show(release), "SGLang"))

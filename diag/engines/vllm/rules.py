@@ -14,11 +14,12 @@ from __future__ import annotations
 import shlex
 
 from diag.checkpoint.config import architecture, num_layers
-from diag.engines.common import (DrafterSupport, DraftTables, EffectiveConfig, FlagProblem, Fix, LaunchFlags,
-                                 RequestDefaults, ResolvedShape, ServingError, ServingPlan)
+from diag.engines.common import (BenchmarkSettings, DrafterSupport, DraftTables, EffectiveConfig, FlagProblem, Fix,
+                                 LaunchFlags, RequestDefaults, ResolvedShape, ServingError, ServingPlan)
 from diag.engines.protocol import Release, Verification
 from diag.engines.sanity import EngineSanity, Sampled
-from diag.engines.vllm import capture, decoding, detect, draft_tables, explain, sanity, spec_config
+from diag.engines.vllm import capture, decoding, detect, draft_tables, explain, sanity, simulate, spec_config
+from diag.engines.vllm import conventions as _vllm_conventions  # noqa: F401  (registers it)
 from diag.engines.vllm.releases import RELEASES, rule, rule_row, span, vllm_release
 from diag.errors import DiagError
 from diag.layouts import Layout, layout as parse_layout
@@ -69,6 +70,8 @@ class VllmEngine:
     family = "vllm"
     display = "vLLM"
     ids_field = IDS_FIELD
+    report_rates = ()       # its draft acceptance rate is diag.metrics.draft_accept_rate, not reported apart
+    report_rates_text = ""
 
     def releases(self) -> tuple[str, ...]:
         return RELEASES
@@ -203,6 +206,19 @@ class VllmEngine:
         return f"vLLM {RELEASES[0]}–{RELEASES[-1]}: Σa / (rounds·k), 'Draft acceptance rate' " \
                "(num_accepted_tokens / num_draft_tokens)"
 
+    def explain_logged(self, accept_len: float, accept_rate: float, *, num_steps: int | None, topk: int | None,
+                       num_draft_tokens: int | None, architecture: str, decimals: int, release: Release | None):
+        raise DiagError("vLLM logs counters, not an accept len / accept rate pair to reconcile", field="--engine",
+                        expected="an engine whose log prints 'accept len' and 'accept rate'",
+                        found=release.label if release is not None else "vLLM",
+                        hint="give the scrape or log itself: "
+                             "diag explain --engine NAME --metrics FILE | --server-log FILE")
+
+    def simulated_acceptance(self, accept_length: float, acceptance_at_depth: tuple[float, ...], shape: TreeShape,
+                             *, release: Release | None) -> BenchmarkSettings:
+        """The synthetic rejection sampler's per-position rates (simulate.py); no release rule."""
+        return simulate.simulated_acceptance(acceptance_at_depth, shape)
+
     def read_log(self, text: str, *, source: str, release: Release) -> list[detect.LogInterval]:
         named = detect.release_from_log(text, source=source)
         if named is not None and named.version != release.version:
@@ -268,6 +284,10 @@ class VllmEngine:
         except DiagError as err:
             return [FlagProblem("SPEC_CONFIG", "error", spec_config.FLAG, err.message, "vLLM refuses to start",
                                 f"expected {err.expected}; found {err.found}", release.label)]
+        return []
+
+    def cross_check(self, effective: EffectiveConfig, argv: list[str]) -> list[FlagProblem]:
+        """None: diag does not import vllm to resolve a launch line (its EngineArgs need the model)."""
         return []
 
     # ---- live server -------------------------------------------------------------------

@@ -49,8 +49,8 @@ def _notes(prompts: list[Prompt]) -> tuple[str, ...]:
     kinds = sorted({p.format for p in prompts})
     notes = [f"prompt formats read: {', '.join(kinds)}"] if set(kinds) - {"text", "messages"} else []
     if {"mt-bench", "sharegpt"} & set(kinds):
-        notes.append("multi-turn prompts (mt-bench, sharegpt): the first user turn only, as SGLang's and "
-                     "vLLM's serving benchmarks send it (later turns follow the model's own answer)")
+        notes.append("multi-turn prompts (mt-bench, sharegpt): the first user turn only, as the engines' "
+                     "serving benchmarks send it (later turns follow the model's own answer)")
     return tuple(notes)
 
 
