@@ -261,9 +261,11 @@ def test_the_name_counter_skips_docs_and_sees_code(tmp_path):
 #     ladder cut before any weight is loaded (run/inputs.py) and its extra pass's key LONG_CONTEXT
 #     (run/target_passes.py); its flags are its own (Diagnosis.add_flags);
 #   coverage: another quantity of the same name, the drafter-health check "vocab coverage"
-#     (drafter/health.py), not the diagnosis.
+#     (drafter/health.py), not the diagnosis;
+#   pricing: the GPU bench times the pipeline's step-cost measurement itself (bench/gpu.py).
 DIAGNOSIS_NAMED_OUTSIDE: dict[str, dict[str, int]] = {
     "coverage": {"diag/drafter/health.py": 3},
+    "pricing": {"diag/bench/gpu.py": 1},
     "long_context": {
         "diag/run/case.py": 2,
         "diag/run/inputs.py": 3,

@@ -2,6 +2,7 @@
 the order the pipeline runs them, report.json writes their sections, the verdicts list their
 findings (within a severity) and report.md shows them.
 
+    pricing        will speculation pay: every tree priced (report key `speedup`)    pricing/
     coverage       continuation tokens outside the drafter's hot vocabulary         coverage.py
     loops          accept length with and without the rounds inside repeated cycles  loops.py
     long_context   acceptance against position, up to the case's length            long_context.py
@@ -21,14 +22,16 @@ from diag.diagnoses.coverage import Coverage
 from diag.diagnoses.long_context import LongContext
 from diag.diagnoses.loops import Loops
 from diag.diagnoses.near_ties import NearTies
+from diag.diagnoses.pricing import Pricing
 from diag.diagnoses.protocol import Diagnosis
 
-ORDER: dict[str, tuple[str, ...]] = {          # the serving side's order before it moved here
+ORDER: dict[str, tuple[str, ...]] = {          # the serving side's order before it moved here (report keys)
     "markdown": ("speedup", "server", "regimes"),
     "verdicts": ("regimes", "server", "speedup"),
 }
 
 DIAGNOSES: tuple[Diagnosis, ...] = (
+    Pricing(),
     Coverage(),
     Loops(),
     LongContext(),

@@ -7,7 +7,7 @@ Sections travel as {name: Section or None}; a name the run did not compute (a Ru
 by hand) reads as None. report.json writes them in registry order; report.md, the plots and the
 verdict list show each at its `place` (protocol.PLACES) among the core's sections, in registry
 order within a place unless the registry's ORDER lists another for that output (those listed
-first, in its order), e.g. with registry (A: serving, B: prompt side, C: serving) and
+first, in its order; ORDER lists report keys), e.g. with registry (A: serving, B: prompt side, C: serving) and
 ORDER = {"verdicts": ("C", "A")}:
 
     report.json  ..., "A", "B", "C", ...
@@ -41,7 +41,7 @@ def _at(place: str, output: str) -> list:
         raise ValueError(f"unknown place {place!r} or output {output!r}; one of {PLACES}, {OUTPUTS}")
     listed = ORDER.get(output, ())
     here = [d for d in DIAGNOSES if d.place == place]
-    return sorted(here, key=lambda d: listed.index(d.name) if d.name in listed else len(listed))
+    return sorted(here, key=lambda d: listed.index(d.key) if d.key in listed else len(listed))
 
 
 def prepare_all(inp) -> tuple:
@@ -64,8 +64,8 @@ def compute_all(ctx: Context) -> dict:
 
 
 def sections_json(sections: dict) -> dict:
-    """{name: report.json value} in registry order (null for a section not computed)."""
-    return {d.name: d.to_json(sections.get(d.name)) for d in DIAGNOSES}
+    """{key: report.json value} in registry order (null for a section not computed)."""
+    return {d.key: d.to_json(sections.get(d.name)) for d in DIAGNOSES}
 
 
 def verdicts_all(sections: dict, place: str = PROMPT_SIDE) -> list:
@@ -93,11 +93,11 @@ def plots_all(rep: dict, folder: Path, place: str = PROMPT_SIDE) -> list[dict]:
 
 def report_schema(base: dict) -> dict:
     """diag/schema/report.schema.json (`base`) with every registered section added: a
-    `$defs/<name>` generated from its dataclass, a top-level property (null or that), required."""
+    `$defs/<key>` generated from its dataclass, a top-level property (null or that), required."""
     schema = copy.deepcopy(base)
     for d in DIAGNOSES:
-        schema["$defs"][d.name] = d.schema()
-        schema["properties"][d.name] = {"oneOf": [{"type": "null"}, {"$ref": f"#/$defs/{d.name}"}]}
-        if d.name not in schema["required"]:
-            schema["required"].append(d.name)
+        schema["$defs"][d.key] = d.schema()
+        schema["properties"][d.key] = {"oneOf": [{"type": "null"}, {"$ref": f"#/$defs/{d.key}"}]}
+        if d.key not in schema["required"]:
+            schema["required"].append(d.key)
     return schema

@@ -2,7 +2,10 @@
 finished evaluation and says what the section means (verdicts), shows (Markdown) and draws
 (plots).
 
-    name           its key in report.json, its Markdown section's anchor, its verdicts' subject
+    name           its module's name, its verdicts' subject, its key in the registry's ORDER
+    key            its key in report.json (its name unless the class sets another: a common word
+                   such as "speedup" or "server", which the core also uses for a case section,
+                   a flag or an axis, keeps its report key under a distinctive name)
     Section        a frozen dataclass (typed.py reads report.json and the schema from it)
     needs          what it asks of the target pass beyond the run's own: NEEDS_LONG_PROMPTS
                    (a ladder of long prompts: run/inputs.py cuts them only when a registered
@@ -57,11 +60,14 @@ PLACES = (SERVING, PROMPT_SIDE)
 @dataclass(frozen=True)
 class Loaded:
     """What is in memory while the target pass runs: the drafter, the target's embedding and
-    head (target/tables.py), and whether the run may read and write diag's caches."""
+    head (target/tables.py), and whether the run may read and write diag's caches. `timings`:
+    seconds a diagnosis spent while a target was loaded (e.g. {"target_costs_s": 1.2}); the
+    pipeline adds them to the run's timings after the pass's phases (inside target_s)."""
     drafter: Any
     embed: Any
     head: Any
     use_cache: bool = True
+    timings: dict = field(default_factory=dict)
 
 
 class Offered:
@@ -112,10 +118,16 @@ class Diagnosis:
     diag/diagnoses/__init__.py. Defaults: no needs, no verdicts, no Markdown, no plots."""
 
     name: ClassVar[str]
+    key: ClassVar[str]
     Section: ClassVar[type]
     needs: ClassVar[frozenset[str]] = frozenset()
     place: ClassVar[str] = PROMPT_SIDE
     flag_of: ClassVar[dict[str, str]] = {}
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        if "name" in cls.__dict__ and "key" not in cls.__dict__:
+            cls.key = cls.name
 
     def check_case(self, case) -> None:
         """Its case section's values, checked before anything loads; nothing by default."""
@@ -155,7 +167,7 @@ class Diagnosis:
 
     def read(self, rep: dict):
         """This diagnosis's section out of a report dict, typed; None when absent or null."""
-        return from_json(self.Section, rep.get(self.name))
+        return from_json(self.Section, rep.get(self.key))
 
     def schema(self) -> dict:
         return json_schema(self.Section)

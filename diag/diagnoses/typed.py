@@ -11,7 +11,9 @@ its report.json value, the section read back from that value, and its JSON Schem
 
 A field's report key is its name unless `key(...)` renames it (a Python keyword such as
 "from"); `key(..., schema={...})` or `meta(schema={...})` adds constraints (minimum, pattern)
-to what the type gives. Worked example:
+to what the type gives. `internal(default)` marks a field the run fills for the verdicts
+(the trained layout's keys) that report.json does not hold: skipped by all three, read back
+as its default. Worked example:
 
     @dataclass(frozen=True)
     class Span:
@@ -46,6 +48,16 @@ def key(name: str, *, schema: dict | None = None):
     return field(metadata={"key": name, "schema": schema or {}})
 
 
+def internal(default):
+    """A field kept in memory for the verdicts, not written to report.json (read back as `default`)."""
+    return field(default=default, compare=False, metadata={"internal": True})
+
+
+def _fields(value) -> list[dataclasses.Field]:
+    """The fields report.json holds: every field but the internal ones."""
+    return [f for f in fields(value) if not f.metadata.get("internal")]
+
+
 def _key(f: dataclasses.Field) -> str:
     return f.metadata.get("key", f.name)
 
@@ -57,7 +69,7 @@ def _hints(cls) -> dict:
 def to_json(value):
     """A section (or any value inside one) as report.json holds it."""
     if is_dataclass(value) and not isinstance(value, type):
-        return {_key(f): to_json(getattr(value, f.name)) for f in fields(value)}
+        return {_key(f): to_json(getattr(value, f.name)) for f in _fields(value)}
     if isinstance(value, (tuple, list)):
         return [to_json(v) for v in value]
     if isinstance(value, dict):
@@ -91,7 +103,7 @@ def from_json(tp, value):
         return from_json(_inner(tp), value)
     if is_dataclass(tp):
         hints = _hints(tp)
-        return tp(**{f.name: from_json(hints[f.name], value[_key(f)]) for f in fields(tp)})
+        return tp(**{f.name: from_json(hints[f.name], value[_key(f)]) for f in _fields(tp)})
     if _origin(tp) is tuple:
         a = _args(tp)
         item = a[0] if len(a) == 2 and a[1] is Ellipsis else None
@@ -115,8 +127,8 @@ def json_schema(tp, extra: dict | None = None) -> dict:
         return {"oneOf": [{"type": "null"}, inner]}
     if is_dataclass(tp):
         hints = _hints(tp)
-        return {"type": "object", "additionalProperties": False, "required": [_key(f) for f in fields(tp)],
-                "properties": {_key(f): json_schema(hints[f.name], f.metadata.get("schema")) for f in fields(tp)},
+        return {"type": "object", "additionalProperties": False, "required": [_key(f) for f in _fields(tp)],
+                "properties": {_key(f): json_schema(hints[f.name], f.metadata.get("schema")) for f in _fields(tp)},
                 **extra}
     if _origin(tp) is tuple:
         a = _args(tp)

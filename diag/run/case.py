@@ -345,7 +345,7 @@ def _check_values(case: Case) -> None:
                         expected=">= 64", found=ev.token_budget)
     check_case_values(case)          # ranges, trees SGLang refuses, regime names
     if all(g is not None for g in given):
-        from diag.run.pricing import check_user_costs
+        from diag.run.case_checks import check_user_costs
         check_user_costs(sp, src)    # across values: after each value's own range check
 
 

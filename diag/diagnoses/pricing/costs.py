@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from diag.drafter.model import Eagle3Drafter
-from diag.run.speedup import StepCosts
+from diag.diagnoses.pricing.model import StepCosts
 from diag.target.tree_forward import cache_kwarg
 
 
