@@ -136,10 +136,9 @@ NAMED_OUTSIDE: dict[str, dict[str, int]] = {
         "diag/checks/lint/rope.py": 1,
         "diag/checks/lint/sglang.py": 15,
         "diag/checks/lint/vocab.py": 4,
-        "diag/checks/validate.py": 1,
         "diag/cli/effective.py": 4,
         "diag/cli/probe.py": 3,
-        "diag/run/server_text_match.py": 1,
+        "diag/diagnoses/live_serving/text_match.py": 1,
         "diag/cli/explain.py": 5,
         "diag/cli/lint.py": 5,
         "diag/cli/run.py": 3,
@@ -148,11 +147,11 @@ NAMED_OUTSIDE: dict[str, dict[str, int]] = {
         "diag/replay/replay.py": 1,
         "diag/report/decoding_section.py": 1,
         "diag/report/sections/head.py": 4,
-        "diag/report/server_markdown.py": 3,
+        "diag/diagnoses/live_serving/markdown.py": 3,
         "diag/run/prompts/read.py": 1,
-        "diag/run/server_inputs.py": 7,
-        "diag/run/server_observation.py": 4,
-        "diag/run/server_section.py": 2,
+        "diag/diagnoses/live_serving/inputs.py": 7,
+        "diag/diagnoses/live_serving/observation.py": 4,
+        "diag/diagnoses/live_serving/section.py": 2,
         "diag/trees.py": 2,
         "diag/zoo/recipes.py": 1,
     },
@@ -169,10 +168,10 @@ NAMED_OUTSIDE: dict[str, dict[str, int]] = {
         "diag/engines/sglang/simulate.py": 8,
         "diag/replay/sampling.py": 1,
         "diag/replay/verifiers.py": 2,
-        "diag/report/server_markdown.py": 3,
+        "diag/diagnoses/live_serving/markdown.py": 3,
         "diag/run/case.py": 1,
         "diag/run/prompts/read.py": 1,
-        "diag/run/server_inputs.py": 9,
+        "diag/diagnoses/live_serving/inputs.py": 9,
         "diag/zoo/recipes.py": 3,
         "diag/zoo/shipped.py": 1,           # the zoo entry's name, llama-tiny-eagle3-embed-vllm-ids
     },
@@ -262,10 +261,13 @@ def test_the_name_counter_skips_docs_and_sees_code(tmp_path):
 #     (run/target_passes.py); its flags are its own (Diagnosis.add_flags);
 #   coverage: another quantity of the same name, the drafter-health check "vocab coverage"
 #     (drafter/health.py), not the diagnosis;
-#   pricing: the GPU bench times the pipeline's step-cost measurement itself (bench/gpu.py).
+#   pricing: the GPU bench times the pipeline's step-cost measurement itself (bench/gpu.py);
+#   live_serving: `diag validate` reads and checks the [server] files as `diag run` does, before
+#     any weight (checks/validate.py).
 DIAGNOSIS_NAMED_OUTSIDE: dict[str, dict[str, int]] = {
     "coverage": {"diag/drafter/health.py": 3},
     "pricing": {"diag/bench/gpu.py": 1},
+    "live_serving": {"diag/checks/validate.py": 1},
     "long_context": {
         "diag/run/case.py": 2,
         "diag/run/inputs.py": 3,

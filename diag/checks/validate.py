@@ -92,14 +92,14 @@ def _not_here(case: Case) -> str | None:
 
 def _server(case: Case, prompt_ids: list[str], target_config: dict | None = None) -> list[str]:
     """The [server] files read and checked exactly as `diag run` reads them (no weights)."""
-    from diag.run.server_inputs import read_server
+    from diag.diagnoses.live_serving.inputs import read_server
     obs = read_server(case, prompt_ids, target_config)
     if obs is None:
         return []
     files = ", ".join(f"{k} {p}" for k, p in obs.files) or "no file"
     al = f"accept length {obs.accept_length.value:.2f}" if obs.accept_length else "no accept length"
     tree = obs.shape.name if obs.shape else "tree not named"
-    return [f"server: SGLang {obs.release}; {files}; {al}; {tree}"]
+    return [f"server: {obs.engine_label}; {files}; {al}; {tree}"]
 
 
 def _regimes(case: Case) -> None:

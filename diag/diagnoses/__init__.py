@@ -3,6 +3,7 @@ the order the pipeline runs them, report.json writes their sections, the verdict
 findings (within a severity) and report.md shows them.
 
     pricing        will speculation pay: every tree priced (report key `speedup`)    pricing/
+    live_serving   the live server reconciled with the candidates (report key `server`) live_serving/
     coverage       continuation tokens outside the drafter's hot vocabulary         coverage.py
     loops          accept length with and without the rounds inside repeated cycles  loops.py
     long_context   acceptance against position, up to the case's length            long_context.py
@@ -19,6 +20,7 @@ This module is the list only.
 from __future__ import annotations
 
 from diag.diagnoses.coverage import Coverage
+from diag.diagnoses.live_serving import LiveServing
 from diag.diagnoses.long_context import LongContext
 from diag.diagnoses.loops import Loops
 from diag.diagnoses.near_ties import NearTies
@@ -32,6 +34,7 @@ ORDER: dict[str, tuple[str, ...]] = {          # the serving side's order before
 
 DIAGNOSES: tuple[Diagnosis, ...] = (
     Pricing(),
+    LiveServing(),
     Coverage(),
     Loops(),
     LongContext(),

@@ -60,13 +60,15 @@ PLACES = (SERVING, PROMPT_SIDE)
 @dataclass(frozen=True)
 class Loaded:
     """What is in memory while the target pass runs: the drafter, the target's embedding and
-    head (target/tables.py), and whether the run may read and write diag's caches. `timings`:
+    head (target/tables.py), whether the run may read and write diag's caches, and the run's
+    inputs as every prepare() left them (a tree a later diagnosis added is among its shapes). `timings`:
     seconds a diagnosis spent while a target was loaded (e.g. {"target_costs_s": 1.2}); the
     pipeline adds them to the run's timings after the pass's phases (inside target_s)."""
     drafter: Any
     embed: Any
     head: Any
     use_cache: bool = True
+    inp: Any = None
     timings: dict = field(default_factory=dict)
 
 
@@ -106,6 +108,15 @@ class Context:
     def served(self) -> Evaluation | None:
         """The trained layout at the reference axes (primary tree, greedy), or None."""
         return None if self.layout is None else one(self.evaluations, self.reference, layout=self.layout)
+
+    def trained(self) -> tuple[str | None, list[Evaluation]]:
+        """The trained (best eagle3) layout at the run's own reference axes (decoding included:
+        RunResult.best_layout) and its evaluations there on every tree; (None, []) when none."""
+        from diag.replay.evaluation import ANY, best, select
+        from diag.run.evaluate import reference_axes
+        ref = reference_axes(self.inp)
+        top = best(select(self.evaluations, ref))
+        return (None, []) if top is None else (top.layout, select(self.evaluations, ref, layout=top.layout, tree=ANY))
 
     def served_eagle3(self) -> Evaluation | None:
         """The same, only when it runs in eagle3 mode (the drafter's own vocabulary and states)."""

@@ -82,7 +82,7 @@ def envelope(run, argv: list[str] | None = None) -> dict:
         "evaluations": [e.to_json() for e in run.evaluations],
         "speedup": None,                 # a registered diagnosis's key holds its place here; sections_json
         "regimes": run.regimes,          # below gives its value (until regimes and renderings move too)
-        "server": getattr(run, "server", None),
+        "server": None,
         "renderings": run.renderings,
         **sections_json(getattr(run, "diagnoses", {})),
         "timings": run.timings,

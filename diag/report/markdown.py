@@ -16,7 +16,6 @@ from diag.diagnoses.protocol import SERVING
 from diag.report.decoding_section import decoding_lines
 from diag.report.prompt_side_md import prompt_side
 from diag.report.sections import acceptance, engines, head, provenance, regimes
-from diag.report.server_markdown import server_markdown
 
 Section = Callable[[dict], list[str]]
 
@@ -37,7 +36,6 @@ SECTIONS: tuple[Section, ...] = (
     acceptance.by_position,
     prompt_side,
     serving_diagnoses,
-    server_markdown,
     regimes.regimes,
     provenance.candidates,
     provenance.notes,

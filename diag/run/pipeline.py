@@ -7,7 +7,8 @@
       + sampled           the decode loop for sampled decodings, on the loaded target (run/sampled.py)
     evaluate              every variant -> Evaluation records, each replayed variant cached
                           (run/eval_cache.py): a repeat run replays none
-    sections, verdicts    speedup, regimes, the live server's reconciliation, then the verdicts
+    sections, verdicts    regimes, engines, the prompt side, the diagnoses' sections (diag/diagnoses/:
+                          the speedup, the live server, ...), then the verdicts
 
 The registered diagnoses (diag/diagnoses/) prepare before any weight is loaded, work while each
 target is loaded (e.g. the step costs measured on it; the seconds they spend there join the
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -39,8 +40,6 @@ from diag.run.inputs import Inputs, prepare, served_dtypes
 from diag.run.prompt_sections import prompt_sections
 from diag.run.regime_section import regime_section
 from diag.run.sampled import SampledEvaluations
-from diag.run.server_inputs import read_server
-from diag.run.server_section import server_section
 from diag.run.target_passes import target_passes
 from diag.run.verdicts import Verdict, verdicts
 from diag.target.load import TargetInfo
@@ -64,7 +63,6 @@ class RunResult:
     timings: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     regimes: dict | None = None
-    server: dict | None = None           # the live server reconciled (run/server_section.py)
     engines: EnginesSection | None = None  # the engines compared from this one pass (run/engines_section.py)
     renderings: dict | None = None       # the prompt-side sections (prompt_sections.py)
     diagnoses: dict = field(default_factory=dict)   # name -> typed section or None (diag/diagnoses/)
@@ -114,19 +112,13 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True, shard
     inp = prepare(check_case(case))
     inp, prepared = prepare_all(inp)                                # the diagnoses' own, before any weight
     case = inp.case
-    server = read_server(case, [p[0] for p in inp.prompts], inp.target_config, seed=case.evaluate.seed,
-                         n_boot=case.evaluate.bootstrap)             # before any weight is loaded
-    if server is not None and server.shape is not None and server.shape not in inp.shapes:
-        inp = replace(inp, shapes=[*inp.shapes, server.shape],
-                      notes=[*inp.notes, f"the server's tree {server.shape.name} ({server.shape_source}) was added "
-                                         "to the evaluated trees"])
     drafter, dckpt = load_drafter(inp.drafter_path, dtype=served_dtypes(case, inp.target_config)[1])
     drafter.to(_main_device(case))
     embed, head = target_tables(inp.target_path, inp.target_config)   # rows read as used, head when needed
     if drafter.cfg.lm_head_from_target:            # no draft_vocab_size: the target's lm_head
         drafter.use_target_head(head)
     t0 = _stopwatch(timings, "checks_s", t0)
-    loaded = Loaded(drafter, embed, head, use_cache)
+    loaded = Loaded(drafter, embed, head, use_cache, inp)
     sampled = SampledEvaluations(inp, drafter, embed, head, shards=shards)
     got = (shards.target_passes if shards is not None else target_passes)(
         inp, progress=progress, use_cache=use_cache, needs_model=sampled.regimes,
@@ -162,10 +154,6 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True, shard
                                  top.layout if top else None, seed=ev.seed, n_boot=ev.bootstrap)
     run.engines = engines_section(case, inp.drafter_config, inp.target_config, evals, run.reference,
                                   run.best_layout())
-    if server is not None:
-        served = next((c.label for c in inp.candidates if "serving" in c.roles), None)
-        run.server = server_section(server, evals, run.reference, run.best_layout(), seed=ev.seed,
-                                    n_boot=ev.bootstrap, served_layout=served)
     run.renderings = prompt_sections(inp, greedy, top.layout if top else None, evals).renderings  # greedily
     run.diagnoses = compute_all(Context(inp, greedy, top.layout if top else None, evals, passes, extra, drafter,
                                         embed, head, progress, cache, prepared, notes, timings))

@@ -27,8 +27,6 @@ from diag.diagnoses.pricing.markdown import markdown, plot
 from diag.diagnoses.pricing.section import SpeedupSection, speedup_section, user_costs
 from diag.diagnoses.pricing.verdicts import speedup_verdicts
 from diag.diagnoses.protocol import SERVING, Context, Diagnosis, Loaded
-from diag.replay.evaluation import ANY, best, select
-from diag.run.evaluate import reference_axes
 
 NOT_MEASURED = ("step costs not measured: every target pass came from the cache, so no target was loaded; "
                 "give your server's costs in [speedup] or run with --no-cache")
@@ -38,50 +36,41 @@ class Measurement:
     """The step costs measured on the reference regime's model while the pass has it loaded
     (remembered for the runs whose passes all come from the cache), or an earlier run's."""
 
-    def __init__(self, inp):
-        self.inp, self.costs, self.cached_at = inp, None, None
+    def __init__(self, case):
+        self.costs, self.cached_at = None, None
         self.use_cache = True                # a run that loads no target read its passes from the cache
-        sp = inp.case.speedup
-        self.wanted = user_costs(sp) is None and sp.measure
+        self.wanted = user_costs(case.speedup) is None and case.speedup.measure
 
-    def key(self) -> CostKey:
-        inp, case = self.inp, self.inp.case
+    @staticmethod
+    def key(inp) -> CostKey:
+        """The cache key of the run's final inputs (a tree the live server added is measured too)."""
+        case = inp.case
         return CostKey.make(inp.target_path, inp.drafter_path, inp.regimes[0],
                             f"{case.target.dtype},{case.drafter.dtype}",
                             f"gpus={case.placement.gpus}" if case.placement.gpus else "cpu",
                             case.speedup.context, [s.num_draft_tokens for s in inp.shapes])
 
     def measure(self, regime: str, model, loaded: Loaded) -> None:
+        inp = loaded.inp
         self.use_cache = loaded.use_cache
-        if not (self.wanted and regime == self.inp.regimes[0] and self.costs is None):
+        if not (self.wanted and regime == inp.regimes[0] and self.costs is None):
             return
-        self.remembered(loaded.use_cache)    # measured before for the same checkpoints, machine
-        if self.costs is not None:           # and shapes: not needed again
+        self.remembered(inp, loaded.use_cache)   # measured before for the same checkpoints, machine
+        if self.costs is not None:               # and shapes: not needed again
             return
         t0 = time.perf_counter()
         self.costs = measure_costs(model, loaded.drafter, model.get_input_embeddings(),
-                                   [s.num_draft_tokens for s in self.inp.shapes],
-                                   context=self.inp.case.speedup.context)
+                                   [s.num_draft_tokens for s in inp.shapes], context=inp.case.speedup.context)
         loaded.timings["target_costs_s"] = round(time.perf_counter() - t0, 3)   # inside target_s
         if loaded.use_cache:
-            save_costs(self.key(), self.costs)
+            save_costs(self.key(inp), self.costs)
 
-    def remembered(self, use_cache: bool) -> None:
+    def remembered(self, inp, use_cache: bool) -> None:
         """An earlier run's costs when none were measured now."""
         if self.wanted and self.costs is None and use_cache:
-            hit = load_costs(self.key())
+            hit = load_costs(self.key(inp))
             if hit is not None:
                 self.costs, self.cached_at = hit
-
-
-def _trained(ctx: Context) -> tuple[str | None, tuple[str, ...]]:
-    """The run's trained layout at its reference axes (RunResult.best_layout) and the keys of its
-    evaluations on every tree there."""
-    ref = reference_axes(ctx.inp)
-    top = best(select(ctx.evaluations, ref))
-    if top is None:
-        return None, ()
-    return top.layout, tuple(e.key for e in select(ctx.evaluations, ref, layout=top.layout, tree=ANY))
 
 
 class Pricing(Diagnosis):
@@ -91,7 +80,7 @@ class Pricing(Diagnosis):
     place = SERVING
 
     def prepare(self, inp):
-        return inp, Measurement(inp)
+        return inp, Measurement(inp.case)
 
     def with_model(self, state: Measurement, regime: str, model, loaded: Loaded) -> None:
         state.measure(regime, model, loaded)
@@ -100,12 +89,13 @@ class Pricing(Diagnosis):
         """The user's costs when given, else those measured here (now, or by an earlier run on this
         machine with the same checkpoints), else nothing and a note."""
         sp, evals = ctx.inp.case.speedup, ctx.evaluations
-        trained = dict(zip(("trained_layout", "trained_keys"), _trained(ctx)))
+        layout, evals_of_it = ctx.trained()
+        trained = {"trained_layout": layout, "trained_keys": tuple(e.key for e in evals_of_it)}
         costs = user_costs(sp)
         if costs is not None:
             return speedup_section(evals, costs, "user (case [speedup])", basis="user", **trained)
-        measured: Measurement = ctx.prepared.get(self.name) or Measurement(ctx.inp)
-        measured.remembered(measured.use_cache)
+        measured: Measurement = ctx.prepared.get(self.name) or Measurement(ctx.inp.case)
+        measured.remembered(ctx.inp, measured.use_cache)
         if measured.costs is None:
             if measured.wanted:
                 ctx.notes.append(NOT_MEASURED)

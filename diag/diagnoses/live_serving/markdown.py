@@ -6,6 +6,9 @@ that reproduce diag's predicted acceptance on the server. Computes nothing new.
 
 from __future__ import annotations
 
+from diag.diagnoses.live_serving.section import ServerSection
+from diag.diagnoses.typed import to_json
+
 SHOWN = 12      # candidate rows in the table; the rest are counted
 
 
@@ -114,9 +117,7 @@ def _simulate(sec: dict) -> list[str]:
     return out + [""]
 
 
-def server_markdown(rep: dict) -> list[str]:
-    sec = rep.get("server")
-    if not sec:
-        return []
+def markdown(section: ServerSection) -> list[str]:
+    sec = to_json(section)
     return (["## The live server", ""] + _observed(sec) + _matches(sec) + _speedup(sec) + _concurrency(sec)
             + _simulate(sec))

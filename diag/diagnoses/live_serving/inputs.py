@@ -32,9 +32,9 @@ from diag.errors import DiagError
 from diag.checkpoint.readable import require_readable
 from diag.run.case import Case, resolve_path
 from diag.run.prompts import read_prompt_set
-from diag.run.server_sampled import read_sampled
-from diag.run.server_text_match import match_by_text
-from diag.run.server_observation import (LogLoad, Observed, ServerObservation, agree_on_shape, log_draft_tokens,
+from diag.diagnoses.live_serving.sampled import read_sampled
+from diag.diagnoses.live_serving.text_match import match_by_text
+from diag.diagnoses.live_serving.observation import (LogLoad, Observed, ServerObservation, agree_on_shape, log_draft_tokens,
                                          pooled_log, pooled_requests)
 from diag.trees import TreeShape, tree_shape
 
