@@ -317,3 +317,42 @@ def test_the_diagnosis_name_rule(tmp_path):
     f.write_text('"""loops docs."""\n# loops comment\nfrom diag.diagnoses.loops import x\n'
                  'def g(run):\n    return run.loops, find_loops, "loops", LOOPS\n')
     assert names_in_code(f, r"\bloops\b") == 4
+
+
+# ---- a diagnosis's section is read by key only in its own package ---------------------------
+#
+# Its report key (Diagnosis.key: "speedup" for pricing, "server" for live_serving) may be read
+# (`run.<key>`, `rep["<key>"]`, `rep.get("<key>")`, also on `report`) only in its own module or
+# package; KEY_READ_OUTSIDE lists the leftovers, with counts that may only shrink:
+#   speedup: the pytest plugin's assert_speculation_pays reads the report a user's test holds
+#     (assertions.py).
+KEY_READ_OUTSIDE: dict[str, dict[str, int]] = {
+    "speedup": {"diag/assertions.py": 1},
+}
+
+
+def key_reads(path: Path, key: str) -> int:
+    k = re.escape(key)
+    pattern = rf"\brun\.{k}\b|\b(?:rep|report)\s*(?:\[\s*[\"']{k}[\"']\s*\]|\.get\(\s*[\"']{k}[\"'])"
+    return len(re.findall(pattern, path.read_text()))
+
+
+def test_a_section_is_read_by_its_key_only_in_its_diagnosis():
+    from diag.diagnoses import DIAGNOSES
+    found = {}
+    for d in DIAGNOSES:
+        for path in sorted(PKG.rglob("*.py")):
+            rel = path.relative_to(PKG.parent).as_posix()
+            if rel in (f"diag/diagnoses/{d.name}.py", "diag/diagnoses/__init__.py") \
+                    or rel.startswith(f"diag/diagnoses/{d.name}/"):
+                continue
+            if (n := key_reads(path, d.key)):
+                found.setdefault(d.key, {})[rel] = n
+    assert found == KEY_READ_OUTSIDE, f"read these sections through their diagnosis (found, allowed): " \
+                                      f"{found} {KEY_READ_OUTSIDE}"
+
+
+def test_the_key_read_rule(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text('x = run.speedup\ny = rep["speedup"]\nz = report.get("speedup")\nw = run.case.speedup\n')
+    assert key_reads(f, "speedup") == 3

@@ -1,0 +1,58 @@
+"""The live_serving diagnosis (diag/diagnoses/live_serving/, report key `server`): the seed's
+numbers through prepare-free pieces, the typed section through report.json and its schema, the
+verdicts (the calibrated speedup last, offered to the pricing diagnosis), ENGINE DEFECT leading,
+and the Markdown of the read-back section."""
+
+import json
+from dataclasses import replace
+
+import jsonschema
+
+from diag.diagnoses.live_serving import LiveServing
+from diag.diagnoses.live_serving.inputs import read_server
+from diag.diagnoses.live_serving.section import ServerSection, server_section
+from diag.diagnoses.pricing.verdicts import speedup_verdicts
+from diag.diagnoses.protocol import Offered
+from diag.diagnoses.typed import from_json, to_json
+from test_reconcile import IDS, KIMI, REF, candidates, case
+from test_speedup_verdicts import StepCosts, _priced
+
+
+def _seed(tmp_path):
+    obs = read_server(case(tmp_path, baseline_tokens_per_second=90.0, tokens_per_second=82.3, accept_length=2.2,
+                           tree="s3-k4-d5"), IDS, KIMI)
+    return server_section(obs, candidates(), REF, "embed+L3+L31", seed=0, n_boot=200, served_layout="embed+L3+L31")
+
+
+def test_the_section_round_trips_through_report_json(tmp_path):
+    sec = _seed(tmp_path)
+    back = json.loads(json.dumps(to_json(sec)))
+    assert list(back) == ["observed", "reconciliation", "trained_layout", "trained", "speedup", "concurrency",
+                          "simulate", "sanity"]
+    assert back["trained"][0] == {"key": "embed+L3+L31|eagle3|chain-1|as-loaded", "tree": "chain-1",
+                                  "accept_length": sec.trained[0].accept_length,
+                                  "accept_length_ci95": list(sec.trained[0].accept_length_ci95)}
+    assert not list(jsonschema.Draft202012Validator(LiveServing().schema()).iter_errors(back))
+    read = LiveServing().read({"server": back})
+    assert read == from_json(ServerSection, back) and to_json(read) == back and read.trained_keys == ()
+    md = LiveServing().markdown(read, {})
+    assert md[:2] == ["## The live server", ""]
+    assert any(line.startswith("Speedup calibrated from the server: plain 90.0 tok/s, speculative 82.3 tok/s")
+               for line in md)
+
+
+def test_the_calibrated_speedup_comes_last_and_silences_the_user_costs(tmp_path):
+    sec = _seed(tmp_path)
+    verdicts = LiveServing().verdicts(sec)
+    assert "82.3 tok/s at accept length 2.20 on s3-k4-d5 against 90.0 tok/s plain (0.91x)" in verdicts[-1].text
+    assert sec.calibrated_speedup is sec.speedup and sec.speedup["basis"] == "server"
+    user = replace(_priced(StepCosts(10e-3, 1e-3, {2: 40e-3})), basis="user")
+    assert speedup_verdicts(user, Offered({"live_serving": sec, "pricing": user})) == []
+    assert speedup_verdicts(user, Offered({"pricing": user}))
+
+
+def test_an_engine_defect_leads(tmp_path):
+    sec = replace(_seed(tmp_path), sanity={"verdict": "ENGINE DEFECT", "engine": "E 1", "greedy": 2.7,
+                                           "greedy_source": "g", "lowest": None, "tolerance": 0.4, "message": "m"})
+    (v,) = LiveServing().leading(sec)
+    assert (v.kind, v.severity, v.text) == ("engine-defect", "error", "m")
