@@ -6,7 +6,12 @@ and the Markdown of the read-back section."""
 import json
 from dataclasses import replace
 
+from pathlib import Path
+
 import jsonschema
+
+import diag
+from diag.diagnoses.hooks import report_schema
 
 from diag.diagnoses.live_serving import LiveServing
 from diag.diagnoses.live_serving.inputs import read_server
@@ -19,9 +24,13 @@ from test_speedup_verdicts import StepCosts, _priced
 
 
 def _seed(tmp_path):
+    """The seed's rates on the hand-made candidates, every axis concrete (as a run's records are)."""
     obs = read_server(case(tmp_path, baseline_tokens_per_second=90.0, tokens_per_second=82.3, accept_length=2.2,
                            tree="s3-k4-d5"), IDS, KIMI)
-    return server_section(obs, candidates(), REF, "embed+L3+L31", seed=0, n_boot=200, served_layout="embed+L3+L31")
+    concrete = {"rendering": "auto", "decoding": "greedy"}
+    evals = [replace(e, axes=e.axes.but(**concrete)) for e in candidates()]
+    return server_section(obs, evals, REF.but(**concrete), "embed+L3+L31", seed=0, n_boot=200,
+                          served_layout="embed+L3+L31")
 
 
 def test_the_section_round_trips_through_report_json(tmp_path):
@@ -32,7 +41,12 @@ def test_the_section_round_trips_through_report_json(tmp_path):
     assert back["trained"][0] == {"key": "embed+L3+L31|eagle3|chain-1|as-loaded", "tree": "chain-1",
                                   "accept_length": sec.trained[0].accept_length,
                                   "accept_length_ci95": list(sec.trained[0].accept_length_ci95)}
-    assert not list(jsonschema.Draft202012Validator(LiveServing().schema()).iter_errors(back))
+    full = report_schema(json.loads((Path(diag.__file__).parent / "schema" / "report.schema.json").read_text()))
+    # the section's parts name the report's shared definitions (axes): validated inside the whole schema
+    schema = {"$defs": full["$defs"], "$ref": "#/$defs/server"}
+    assert full["$defs"]["server"] == LiveServing().schema()
+    assert not list(jsonschema.Draft202012Validator(schema).iter_errors(back))
+    assert list(jsonschema.Draft202012Validator(schema).iter_errors({**back, "trained_keys": []}))
     read = LiveServing().read({"server": back})
     assert read == from_json(ServerSection, back) and to_json(read) == back and read.trained_keys == ()
     md = LiveServing().markdown(read, {})
