@@ -109,7 +109,7 @@ def test_drafter_architecture_and_weights_fail_before_any_target_weight(tmp_path
     import json
 
     from diag.errors import DiagError
-    from diag.diagnoses import pricing
+    from diag.run import pipeline
     monkeypatch.setenv("DIAG_CACHE_DIR", str(tmp_path / "cache"))
     drafter = tiny.make_drafter(tmp_path / "d")
     cfg = json.loads((drafter / "config.json").read_text())
