@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from diag.engines.sglang.server_responses import RequestCounts
 from diag.errors import DiagError
 
 
@@ -31,8 +30,7 @@ def _index(texts: dict[str, str], source: str, key) -> dict[str, str]:
     return out
 
 
-def match_by_text(requests: tuple[RequestCounts, ...], texts: dict[str, str | None],
-                  source: str) -> tuple[tuple[RequestCounts, ...], int]:
+def match_by_text(requests: tuple, texts: dict[str, str | None], source: str) -> tuple[tuple, int]:
     """The requests with prompt ids where their text names a prompt (those whose own id is a
     prompt id keep it), and how many were paired by text."""
     given = {pid: t for pid, t in texts.items() if t is not None}
