@@ -290,6 +290,16 @@ class EngineRules(Protocol):
         """Whether the sampled runs approach `greedy` as T -> 0 (diag/engines/sanity.py), worded
         in this engine's terms."""
 
+    # ---- a benchmark at a chosen acceptance -----------------------------------------------
+    def simulated_acceptance(self, accept_length: float, acceptance_at_depth: tuple[float, ...], shape: Any, *,
+                             release: Release) -> dict | None:
+        """The settings that make a benchmark of this release's server run at this acceptance on
+        this shape (TreeShape), as a report's live-server `simulate` row holds them beside "key" and
+        "tree"; None when the engine has none."""
+
+    def simulation_markdown(self, layout: str, rows: list[dict]) -> list[str]:
+        """report.md's lines for those rows, `layout` the trained layout they were predicted for."""
+
     # ---- launch-flag lint ----------------------------------------------------------------
     def launch_argv(self, command: str | list[str]) -> list[str]:
         """The words after the program, as the server's parser gets them ('python -m

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from diag.diagnoses.live_serving.section import ServerSection
 from diag.diagnoses.typed import to_json
+from diag.engines import families, family_rules
 
 SHOWN = 12      # candidate rows in the table; the rest are counted
 
@@ -105,16 +106,19 @@ def _concurrency(sec: dict) -> list[str]:
     return [line + ".", ""]
 
 
+def _family(label: str):
+    """The EngineRules of the family whose releases reports write as `label` ("SGLang 0.5.23")."""
+    for name in families():
+        fam = family_rules(name)
+        if label.startswith(fam.release(fam.releases()[-1]).display + " "):
+            return fam
+    return None
+
+
 def _simulate(sec: dict) -> list[str]:
-    if not sec["simulate"]:
-        return []
-    out = [f"Benchmark the server at diag's predicted acceptance of `{sec['trained_layout']}` "
-           "(SGLang: environment of the launch; vLLM: the speculative config):", ""]
-    for s in sec["simulate"]:
-        out.append(f"- {s['tree']} (accept length {_f(s['accept_length'])}): `{s['sglang_command_prefix']} "
-                   f"python -m sglang.launch_server ...`; vLLM `{s['vllm_flag']}`"
-                   + (f" ({'; '.join(s['notes'])})" if s["notes"] else ""))
-    return out + [""]
+    """The benchmark settings, worded by the engine that wrote them (EngineRules.simulation_markdown)."""
+    fam = _family(sec["observed"]["engine"]) if sec["simulate"] else None
+    return [] if fam is None else fam.simulation_markdown(sec["trained_layout"], sec["simulate"])
 
 
 def markdown(section: ServerSection) -> list[str]:

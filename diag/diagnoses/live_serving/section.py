@@ -24,9 +24,7 @@ from diag.diagnoses.live_serving.observation import ServerObservation
 from diag.diagnoses.live_serving.reconcile import reconcile
 from diag.diagnoses.live_serving.sampled import sanity
 from diag.diagnoses.typed import internal, meta
-from diag.engines import DEFAULT_FAMILY, engine
-from diag.engines.sglang.server_releases import server_release
-from diag.engines.sglang.simulate import simulated_acceptance
+from diag.engines import engine, rules
 from diag.metrics import summary
 from diag.replay.evaluation import ANY, Axes, select
 
@@ -72,18 +70,20 @@ def _trained(evaluations, reference: Axes, layout: str | None) -> tuple[Trained,
 
 
 def _exports(evaluations, reference: Axes, layout: str | None, obs: ServerObservation) -> tuple[dict, ...]:
-    """SGLang / vLLM simulated-acceptance settings for the trained layout on every evaluated tree
-    (written for the default family's releases: none for another family's server)."""
-    if layout is None or engine(obs.engine).family != DEFAULT_FAMILY:
+    """The server's engine's settings for a benchmark at the trained layout's predicted acceptance
+    on every evaluated tree (EngineRules.simulated_acceptance); none when the engine has none."""
+    if layout is None:
         return ()
-    rel = server_release(obs.release)
+    eng = engine(obs.engine or obs.release)        # a bare release names the default family
     out = []
     for e in select(evaluations, reference, layout=layout, tree=ANY):
         if e.accept_length is None:
             continue
         depth = tuple(summary(e.trajectory)["acceptance_at_depth"])
-        out.append({"key": e.key, "tree": e.tree,
-                    **simulated_acceptance(e.accept_length, depth, e.shape, rel).to_json()})
+        row = rules(eng).simulated_acceptance(e.accept_length, depth, e.shape, release=eng)
+        if row is None:
+            return ()
+        out.append({"key": e.key, "tree": e.tree, **row})
     return tuple(out)
 
 

@@ -19,7 +19,8 @@ from diag.engines.common import (DrafterSupport, DraftTables, EffectiveConfig, F
 from diag.engines.protocol import Release, Verification
 from diag.engines import conventions
 from diag.engines.sanity import EngineSanity, Sampled, limit_check
-from diag.engines.sglang import accept_rate, flag_parser, launch, round_accounting, server_log, server_responses, serving
+from diag.engines.sglang import (accept_rate, flag_parser, launch, round_accounting, server_log, server_responses,
+                                 serving, simulate)
 from diag.engines.sglang import conventions as _sglang_conventions  # noqa: F401  (registers them)
 from diag.engines.sglang.algorithms import ALIASES, MODES, mode_of
 from diag.engines.sglang.architectures import auto_defaults_key, capture_model
@@ -153,6 +154,13 @@ class SglangEngine:
                "a discontinuity, so diag fits none to these sampled numbers. Check the server's sampling path "
                "(the release, its sampling and attention backends) against the same engine at T=0.")
         return limit_check(sampled, greedy, k, release.label, greedy_source=greedy_source, why=why)
+
+    def simulated_acceptance(self, accept_length: float, acceptance_at_depth: tuple[float, ...], shape, *,
+                             release: Release) -> dict:
+        return simulate.simulated_acceptance(accept_length, acceptance_at_depth, shape, release.release).to_json()
+
+    def simulation_markdown(self, layout: str, rows: list[dict]) -> list[str]:
+        return simulate.markdown(layout, rows)
 
     def launch_argv(self, command: str | list[str]) -> list[str]:
         return launch.server_argv(command)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from diag.engines.sglang.server_releases import Release
 from diag.trees import TreeShape
 
+FLAG = "vllm_flag"                       # the row's key for the other engine's launch flag
 MATCH_EXPECTED_DEFAULT_SINCE: Release = (0, 5, 11, 0)
 TOKEN_MODE_SINCE: Release = (0, 5, 15, 0)
 
@@ -51,8 +52,21 @@ class SimulatedAcceptance:
         return {"accept_length": self.accept_length, "sglang_env": dict(self.sglang_env),
                 "sglang_command_prefix": self.sglang_command_prefix,
                 "vllm_speculative_config": self.vllm_speculative_config,
-                "vllm_flag": "--speculative-config '" + json.dumps(self.vllm_speculative_config) + "'",
+                FLAG: "--speculative-config '" + json.dumps(self.vllm_speculative_config) + "'",
                 "notes": list(self.notes)}
+
+
+def markdown(layout: str, rows: list[dict]) -> list[str]:
+    """report.md's lines for the live server's `simulate` rows (SimulatedAcceptance.to_json beside
+    "key" and "tree"), e.g. "- chain-3 (accept length 3.09): `SGLANG_SIMULATE_ACC_LEN=3.09 ...`"."""
+    out = [f"Benchmark the server at diag's predicted acceptance of `{layout}` "
+           "(SGLang: environment of the launch; vLLM: the speculative config):", ""]
+    for s in rows:
+        al = "–" if s["accept_length"] is None else f"{s['accept_length']:.2f}"
+        out.append(f"- {s['tree']} (accept length {al}): `{s['sglang_command_prefix']} "
+                   f"python -m sglang.launch_server ...`; vLLM `{s[FLAG]}`"
+                   + (f" ({'; '.join(s['notes'])})" if s["notes"] else ""))
+    return out + [""]
 
 
 def simulated_acceptance(accept_length: float, acceptance_at_depth: tuple[float, ...], shape: TreeShape,
@@ -71,9 +85,9 @@ def simulated_acceptance(accept_length: float, acceptance_at_depth: tuple[float,
                      f"is the tree's (D = {shape.num_draft_tokens}), the accepted path a chain")
     rates = [round(min(1.0, max(0.0, p)), 4) for p in acceptance_at_depth]
     rates = [min(rates[: i + 1]) for i in range(len(rates))]          # non-increasing, as vLLM requires
-    vllm = {"num_speculative_tokens": shape.num_steps, "rejection_sample_method": "synthetic",
-            "synthetic_acceptance_rates": rates}
+    synthetic = {"num_speculative_tokens": shape.num_steps, "rejection_sample_method": "synthetic",
+                 "synthetic_acceptance_rates": rates}
     if shape.topk > 1:
         notes.append(f"vLLM drafts chains: num_speculative_tokens = num_steps = {shape.num_steps} at the tree's "
                      "per-depth acceptance")
-    return SimulatedAcceptance(value, tuple(env), vllm, tuple(notes))
+    return SimulatedAcceptance(value, tuple(env), synthetic, tuple(notes))

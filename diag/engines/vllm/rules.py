@@ -229,6 +229,15 @@ class VllmEngine:
                        greedy_source: str, platform: str | None = None) -> EngineSanity:
         return sanity.check(sampled, greedy, k, release.name, greedy_source=greedy_source, platform=platform)
 
+    def simulated_acceptance(self, accept_length: float, acceptance_at_depth: tuple[float, ...], shape, *,
+                             release: Release) -> None:
+        """None: diag writes a vLLM benchmark's settings (the synthetic rejection sampler) into the
+        default family's rows, not for a vLLM server."""
+        return None
+
+    def simulation_markdown(self, layout: str, rows: list[dict]) -> list[str]:
+        return []
+
     def explain_counters(self, text: str, *, source: str, release: Release, kind: str) -> explain.CounterExplanation:
         """Reconcile a saved /metrics scrape (kind "metrics") or log (kind "log") in this release's terms
         (not in the protocol yet: `diag explain --metrics/--log` looks it up by name)."""
