@@ -116,8 +116,9 @@ def test_a_backwards_import_is_caught(tmp_path):
 #   report fields and values: metrics.py (sglang_accept_rate*), report/sections/head.py, the
 #     drafter format "sglang-eagle3" (checkpoint/drafter_format.py), the tree preset
 #     "sglang-llama-default" (trees.py);
-#   the live-server readers, still SGLang-shaped: run/server_inputs.py, server_observation.py,
-#     server_section.py, checks/validate.py, report/server_markdown.py;
+#   the live-server readers, still SGLang-shaped in part (diagnoses/live_serving/): inputs.py (the
+#     release check, the baseline log, the launch command's defaults; the /metrics scrape's case key),
+#     observation.py (the log's (accept len, accept rate) pairs);
 #   lint checks written in SGLang's terms (drafter classes, drafter keys, draft tables, vocab,
 #     rope, fc width), the Finding field `sglang_behaviour`, and the cross-check that imports
 #     sglang itself (checks/lint/sglang.py);
@@ -146,17 +147,15 @@ NAMED_OUTSIDE: dict[str, dict[str, int]] = {
         "diag/replay/replay.py": 1,
         "diag/report/decoding_section.py": 1,
         "diag/report/sections/head.py": 4,
-        "diag/diagnoses/live_serving/markdown.py": 3,
         "diag/run/prompts/read.py": 1,
         "diag/diagnoses/live_serving/inputs.py": 3,
         "diag/diagnoses/live_serving/observation.py": 1,
-        "diag/diagnoses/live_serving/section.py": 2,
         "diag/trees.py": 2,
         "diag/zoo/recipes.py": 1,
     },
     # registered with vLLM (diag/engines/vllm): what already named it then, by kind: the "vllm"
     # layer-id convention and the zoo's vLLM-convention drafters, the saved vLLM /metrics input of
-    # `run --server-metrics` (server_inputs, report), help texts.
+    # `run --server-metrics` (diagnoses/live_serving/inputs.py), help texts.
     "vllm": {
         "diag/bench/zoo.py": 1,
         "diag/checks/lint/drafter.py": 3,
@@ -167,7 +166,6 @@ NAMED_OUTSIDE: dict[str, dict[str, int]] = {
         "diag/engines/sglang/simulate.py": 8,
         "diag/replay/sampling.py": 1,
         "diag/replay/verifiers.py": 2,
-        "diag/diagnoses/live_serving/markdown.py": 3,
         "diag/run/case.py": 1,
         "diag/run/prompts/read.py": 1,
         "diag/diagnoses/live_serving/inputs.py": 1,
