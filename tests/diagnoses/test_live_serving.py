@@ -53,6 +53,14 @@ def test_the_section_round_trips_through_report_json(tmp_path):
     assert md[:2] == ["## The live server", ""]
     assert any(line.startswith("Speedup calibrated from the server: plain 90.0 tok/s, speculative 82.3 tok/s")
                for line in md)
+    # the benchmark settings come from the server's engine (EngineRules.simulated_acceptance) and are
+    # worded by it (simulation_markdown); a vLLM server has none
+    assert [r["tree"] for r in back["simulate"]] == [t["tree"] for t in back["trained"]]
+    assert any(line.startswith("Benchmark the server at diag's predicted acceptance of `embed+L3+L31` ") for line in md)
+    assert any(line.startswith("- chain-3 (accept length 2.50): `SGLANG_SIMULATE_ACC_LEN=2.50") for line in md)
+    from diag.engines import engine, rules
+    vllm = engine("vllm-0.32.0")
+    assert rules(vllm).simulated_acceptance(2.5, (0.8, 0.5, 0.2), read.reference, release=vllm) is None
 
 
 def test_the_calibrated_speedup_comes_last_and_silences_the_user_costs(tmp_path):
