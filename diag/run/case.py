@@ -89,7 +89,7 @@ class SpeedupSpec:
 
 @dataclass(frozen=True)
 class ServerSpec:
-    """What the live server emitted, to reconcile diag's candidates with (diag/run/reconcile.py):
+    """What the live server emitted, to reconcile diag's candidates with (diag/diagnoses/live_serving/reconcile.py):
     its files (log, /generate responses, /server_info, vLLM /metrics), the release that wrote
     them (default: [serving] engine), and the rates the user measured at the same concurrency:
     baseline_tokens_per_second (no speculation) and tokens_per_second (speculative; default: the

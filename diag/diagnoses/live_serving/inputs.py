@@ -15,7 +15,7 @@ Worked example: completions 512 x 6, max_new_tokens 16 -> DiagError prompts.max_
 expected ">= 512", found 16.
 
 This module reads the server's files (the I/O edge of the reconciliation); the combination
-rules live in server_observation.py, the parsers in diag/engines.
+rules live in observation.py, the parsers in diag/engines.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def _check_numbers(case: Case) -> None:
 def pair(requests: tuple, prompt_ids: list[str], *, narrowed: bool,
          source: str, texts: dict[str, str | None] | None = None) -> tuple[tuple, list[str]]:
     """The responses in the case's prompt order, and notes (see the module docstring); with
-    a request id that is no prompt id, by the prompt text saved with it (server_text_match.py)."""
+    a request id that is no prompt id, by the prompt text saved with it (text_match.py)."""
     by_id, wanted, paired = {r.id: r for r in requests}, set(prompt_ids), []
     if texts and any(r.prompt is not None and r.id not in wanted for r in requests):
         requests, n = match_by_text(requests, texts, source)

@@ -14,7 +14,7 @@ Sources (diag/engines readers): the scheduler log, /generate responses, /server_
   weighted by #running-req, bootstrap over lines, widened by the printed rounding ±0.005),
   vLLM counters, /server_info; the others are kept as `also`.
 
-This module knows records and arithmetic; reading files is server_inputs.py's job.
+This module knows records and arithmetic; reading files is inputs.py's job.
 """
 
 from __future__ import annotations
