@@ -19,7 +19,8 @@ finished evaluation and says what the section means (verdicts), shows (Markdown)
                    as ctx.prepared[name] (None by default)
     with_model(state, regime, model, loaded)
                    while a regime's target model is loaded (step costs measured on it); `loaded`
-                   is a Loaded (drafter, embedding, head, use_cache); nothing by default
+                   is a Loaded (drafter, embedding, head, use_cache, the final inputs, and a
+                   timings dict for the seconds it spends there); nothing by default
     check_case(case)  raises DiagError naming the file and key when its case section is wrong,
                    before anything loads (run/case.check_case calls it)
     add_flags(p), apply_flags(case, args), flag_of
