@@ -92,12 +92,14 @@ def test_seed_pair_cannot_come_from_0_5_23():
     """The same printed pair under 0.5.11+'s (L-1)/(D-1) fits no D: an error naming the release."""
     from diag.engines.sglang.server_log import read_server_log
     from diag.diagnoses.live_serving.observation import log_draft_tokens
+    from diag.engines import rules
     from diag.engines.sglang.server_releases import server_release
     log = read_server_log(PREFIX + msg_0_5_11(8, 10, 0.01, 1.68, 0.84, 56.8, 0), source="s.log",
                           release=server_release("0.5.23"))
     with pytest.raises(DiagError, match="fit no tree") as e:
-        log_draft_tokens(log.speculative, log.rate_formula, "0.5.23", "s.log")
+        log_draft_tokens(log.speculative, log.rate_formula, "SGLang 0.5.23", "s.log", rules().log_draft_tokens)
     assert "other formula fits D = [2]" in str(e.value) and "line 1" in str(e.value)
+    assert "(SGLang 0.5.23)" in str(e.value)
 
 
 def test_seed_90_vs_82_3_tok_s_at_2_2_on_s3_k4_d5(tmp_path):

@@ -281,6 +281,20 @@ class EngineRules(Protocol):
     def read_metrics(self, text: str, *, source: str) -> Any:
         """The speculative counters of a saved GET /metrics (Prometheus text)."""
 
+    def read_baseline_log(self, text: str, *, source: str) -> Any:
+        """The decode lines of a plain (non-speculative) run's log; their tokens/s are the baseline."""
+
+    def output_release(self, version: str, *, field: str, file: str | None) -> Release:
+        """The release whose saved server output diag is given ("0.5.8", "sglang-0.5.8"), checked
+        against the releases whose output diag reads; a DiagError naming `field` and `file`."""
+
+    def spec_max_running_requests(self, release: Release) -> int | None:
+        """How many requests the speculative server runs at once when nothing says (SGLang: 48)."""
+
+    def log_draft_tokens(self, accept_len: float, accept_rate: float) -> tuple[tuple[int, str], ...]:
+        """Every (num_draft_tokens, accept-rate formula) that fits a log line's printed accept
+        length and accept rate (SGLang 0.5.8: "accept len: 1.68, accept rate: 0.84" -> (2, legacy))."""
+
     # ---- engine sanity -------------------------------------------------------------------
     def read_sampled(self, text: str, *, source: str, temperature: float, release: Release) -> Sampled:
         """One saved sampled run (the format this engine's counters come in) as its accept length."""

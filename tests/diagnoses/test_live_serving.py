@@ -78,3 +78,22 @@ def test_an_engine_defect_leads(tmp_path):
                                            "greedy_source": "g", "lowest": None, "tolerance": 0.4, "message": "m"})
     (v,) = LiveServing().leading(sec)
     assert (v.kind, v.severity, v.text) == ("engine-defect", "error", "m")
+
+
+def test_the_engine_answers_what_the_live_server_reads():
+    """The live server's files are read through the engine protocol (EngineRules): the release
+    that wrote them, the baseline log, the running-request default, the log line's fits."""
+    import pytest
+    from diag.engines import engine, rules
+    from diag.errors import DiagError
+    sglang, vllm = rules("sglang-0.5.23"), engine("vllm-0.32.0")
+    assert sglang.output_release("sglang-0.5.8", field="server.engine", file="c.toml").label == "SGLang 0.5.8"
+    with pytest.raises(DiagError, match="cannot read server output") as e:
+        sglang.output_release("0.5.1", field="server.engine", file="c.toml")
+    assert e.value.field == "server.engine" and e.value.file == "c.toml"
+    assert sglang.spec_max_running_requests(engine("sglang-0.5.23")) == 48
+    assert (2, "sglang_accept_rate_legacy") in sglang.log_draft_tokens(1.68, 0.84)     # the seed's 0.5.8 line
+    assert rules(vllm).output_release("vllm-0.32.0", field="server.engine", file=None) == vllm
+    assert rules(vllm).spec_max_running_requests(vllm) is None
+    with pytest.raises(DiagError, match="no vLLM baseline log"):
+        rules(vllm).read_baseline_log("", source="b.log")

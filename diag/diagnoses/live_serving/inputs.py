@@ -22,9 +22,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from diag.engines.sglang.launch import SPEC_MAX_RUNNING_REQUESTS, effective_config, parse_launch
-from diag.engines.sglang.server_log import read_baseline_log
-from diag.engines.sglang.server_releases import server_release, show
 from diag.engines import DEFAULT_FAMILY, engine, family_rules, rules
 from diag.errors import DiagError
 from diag.checkpoint.readable import require_readable
@@ -129,14 +126,16 @@ class _Sources:
             self.shapes.append((src, TreeShape(*tree)))
 
 
-def _release(case: Case, info_version: str | None, info_file: str | None, display: str):
+def _release(case: Case, info_version: str | None, info_file: str | None, fam):
+    """The release that wrote the files (EngineRules.output_release): [server] engine, else the
+    server_info's version, else the case's serving engine; the two named must agree."""
     declared = case.server.engine
     if declared is None and info_version is not None:
-        return server_release(info_version, field="version", file=info_file)
-    rel = server_release(declared or case.serving.engine, file=case.source)
-    if info_version is not None and server_release(info_version, field="version", file=info_file) != rel:
-        raise DiagError(f"the server files come from different {display} releases", file=info_file, field="version",
-                        expected=f"{show(rel)} (server.engine)", found=info_version)
+        return fam.output_release(info_version, field="version", file=info_file)
+    rel = fam.output_release(declared or case.serving.engine, field="server.engine", file=case.source)
+    if info_version is not None and fam.output_release(info_version, field="version", file=info_file) != rel:
+        raise DiagError(f"the server files come from different {rel.display} releases", file=info_file,
+                        field="version", expected=f"{rel.version} (server.engine)", found=info_version)
     return rel
 
 
@@ -152,7 +151,7 @@ def read_server(case: Case, prompt_ids: list[str], target_config: dict | None, *
         return _other_family(s, eng)
     info_text = _text(case, "server_info")
     info = rules(eng).read_server_info(info_text[1], source=info_text[0]) if info_text else None
-    rel = _release(case, info.version if info else None, info_text[0] if info_text else None, eng.display)
+    rel = _release(case, info.version if info else None, info_text[0] if info_text else None, rules(eng))
     if info is not None:
         s.files.append(("server_info", info.source))
         s.aggregates.append(Observed(info.accept_length, info.accept_length, info.accept_length,
@@ -173,7 +172,7 @@ def _read_log(s: _Sources, rel, seed: int, n_boot: int) -> None:
     got = _text(s.case, "log")
     if got is None:
         return
-    eng = engine(f"{DEFAULT_FAMILY}-{show(rel)}")
+    eng = engine(rel.name)
     s.log = rules(eng).read_log(got[1], source=got[0], release=eng)
     s.files.append(("log", got[0]))
     if s.log.server_args is not None:
@@ -181,7 +180,8 @@ def _read_log(s: _Sources, rel, seed: int, n_boot: int) -> None:
         if s.log.server_args.max_running_requests is not None:
             s.mrr.append((f"{got[0]} (server_args)", s.log.server_args.max_running_requests))
     s.draft_sets.append((f"{got[0]} (accept len / accept rate)",
-                         log_draft_tokens(s.log.speculative, s.log.rate_formula, eng.label, got[0])))
+                         log_draft_tokens(s.log.speculative, s.log.rate_formula, eng.label, got[0],
+                                          rules(eng).log_draft_tokens)))
     s.aggregates.append(pooled_log(s.log.speculative, seed=seed, n_boot=n_boot))
 
 
@@ -189,7 +189,7 @@ def _read_responses(s: _Sources, rel, prompt_ids: list[str], seed: int, n_boot: 
     got = _text(s.case, "responses")
     if got is None:
         return
-    eng = engine(f"{DEFAULT_FAMILY}-{show(rel)}")
+    eng = engine(rel.name)
     resp = rules(eng).read_responses(got[1], source=got[0], release=eng)
     p = s.case.prompts
     texts = {q.id: q.text for q in read_prompt_set(resolve_path(p.file, s.case, "prompts.file")).prompts} \
@@ -251,10 +251,12 @@ def _read_counters(s: _Sources) -> None:
 
 
 def _launch(s: _Sources, display: str) -> None:
-    """The case's launch command, read with the default family's rules: its tree, its max_running_requests."""
+    """The case's launch command, read with the default release's rules (as `diag lint` reads it): its
+    tree, its max_running_requests."""
     if not s.case.serving.launch:
         return
-    eff = effective_config(parse_launch(s.case.serving.launch), s.tcfg)
+    d = engine()
+    eff = rules(d).effective_config(rules(d).parse_launch(s.case.serving.launch, release=d), s.tcfg, release=d)
     explicit = eff.flags.num_steps is not None and eff.flags.topk is not None   # auto defaults vary by release
     if explicit and eff.tree is not None and eff.tree.shape is not None and not eff.crash:
         s.shapes.append((f"serving.launch ({display}'s rules)", eff.tree.shape))
@@ -301,7 +303,7 @@ def _other_family(s: _Sources, eng) -> ServerObservation:
 
 
 def _observation(s: _Sources, rel, seed: int, n_boot: int) -> ServerObservation:
-    sv, eng = s.case.server, engine(f"{DEFAULT_FAMILY}-{show(rel)}")
+    sv, eng = s.case.server, engine(rel.name)
     shape, where, ds = agree_on_shape(s.shapes, s.draft_sets)
     user = [Observed(sv.accept_length, sv.accept_length - 0.005, sv.accept_length + 0.005, "server.accept_length")] \
         if sv.accept_length is not None else []
@@ -316,9 +318,9 @@ def _observation(s: _Sources, rel, seed: int, n_boot: int) -> ServerObservation:
     base, base_src = _baseline(s)
     mrr_src, mrr = (("server.max_running_requests", sv.max_running_requests) if sv.max_running_requests else
                     (s.mrr[0] if s.mrr else (f"{eng.display}'s speculative-mode default",
-                                             SPEC_MAX_RUNNING_REQUESTS)))
+                                             rules(eng).spec_max_running_requests(eng))))
     return ServerObservation(
-        show(rel), tuple(s.files), aggregates[0] if aggregates else None, tuple(aggregates[1:]), s.requests,
+        rel.version, tuple(s.files), aggregates[0] if aggregates else None, tuple(aggregates[1:]), s.requests,
         shape, where, ds, rules(eng).accept_rate_formula(eng) if s.log is not None else None,
         s.counters.acceptance_at_depth if s.counters is not None else None,
         tps, tps_src if tps is not None else None, run_al, base, base_src, sv.concurrency, mrr, mrr_src,
@@ -332,7 +334,7 @@ def _baseline(s: _Sources) -> tuple[float | None, str | None]:
     got = _text(s.case, "baseline_log")
     if got is None:
         return None, None
-    lines = read_baseline_log(got[1], source=got[0])
+    lines = rules(s.case.server.engine or s.case.serving.engine).read_baseline_log(got[1], source=got[0])
     s.files.append(("baseline_log", got[0]))
     return _mean(d.gen_throughput for d in lines), f"baseline log, mean gen throughput of {len(lines)} lines"
 

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from diag.engines.sanity import Sampled
-from diag.engines.sglang.explain import consistent_pairs
 from diag.errors import DiagError
 from diag.stats import accept_length_ci, bootstrap_ci
 from diag.trees import TreeShape
@@ -131,15 +130,16 @@ def pooled_requests(requests: tuple, *, seed: int, n_boot: int) -> Observed:
 
 # ---- the tree ----------------------------------------------------------------------------
 
-def log_draft_tokens(lines: tuple, formula: str, release: str, source: str) -> tuple[int, ...]:
+def log_draft_tokens(lines: tuple, formula: str, release: str, source: str, pairs) -> tuple[int, ...]:
     """The D values for which every line's printed (accept len, accept rate) is consistent
     under `formula` (rounding included, 1 <= L <= D). None fits: an error naming the line and
-    the release (`release`: as reports write it, e.g. "SGLang 0.5.23")."""
+    the release (`release`: as reports write it, e.g. "SGLang 0.5.23"). `pairs(accept_len,
+    accept_rate)`: the (D, formula) that fit one line (EngineRules.log_draft_tokens)."""
     common: set[int] | None = None
     for d in lines:
-        fits = {k for k, f in consistent_pairs(d.accept_len, d.accept_rate) if f == formula}
+        fits = {k for k, f in pairs(d.accept_len, d.accept_rate) if f == formula}
         if not fits:
-            other = sorted({k for k, f in consistent_pairs(d.accept_len, d.accept_rate) if f != formula})
+            other = sorted({k for k, f in pairs(d.accept_len, d.accept_rate) if f != formula})
             raise DiagError("a log line's accept len and accept rate fit no tree under its release's formula",
                             file=source, field=f"line {d.line_no}",
                             expected=f"rate = {formula} for some D ({release})",

@@ -19,8 +19,9 @@ from diag.engines.common import (DrafterSupport, DraftTables, EffectiveConfig, F
 from diag.engines.protocol import Release, Verification
 from diag.engines import conventions
 from diag.engines.sanity import EngineSanity, Sampled, limit_check
-from diag.engines.sglang import (accept_rate, flag_parser, launch, round_accounting, server_log, server_responses,
-                                 serving, simulate)
+from diag.engines.sglang import (accept_rate, flag_parser, launch, round_accounting, server_log, server_releases,
+                                 server_responses, serving, simulate)
+from diag.engines.sglang.explain import consistent_pairs
 from diag.engines.sglang import conventions as _sglang_conventions  # noqa: F401  (registers them)
 from diag.engines.sglang.algorithms import ALIASES, MODES, mode_of
 from diag.engines.sglang.architectures import auto_defaults_key, capture_model
@@ -135,6 +136,19 @@ class SglangEngine:
         raise DiagError("diag reads no SGLang /metrics scrape", file=source, field="metrics",
                         expected="the server log, /generate responses or /server_info",
                         found="a metrics scrape named for SGLang")
+
+    def read_baseline_log(self, text: str, *, source: str) -> tuple[server_log.DecodeLine, ...]:
+        return server_log.read_baseline_log(text, source=source)
+
+    def output_release(self, version: str, *, field: str, file: str | None) -> Release:
+        rel = server_releases.server_release(version, field=field, file=file)
+        return Release("sglang", server_releases.show(rel), "SGLang")
+
+    def spec_max_running_requests(self, release: Release) -> int:
+        return launch.SPEC_MAX_RUNNING_REQUESTS
+
+    def log_draft_tokens(self, accept_len: float, accept_rate: float) -> tuple[tuple[int, str], ...]:
+        return consistent_pairs(accept_len, accept_rate)
 
     def read_sampled(self, text: str, *, source: str, temperature: float, release: Release) -> Sampled:
         """Saved /generate responses at that temperature, pooled: 1 + Σa / Σrounds over requests."""

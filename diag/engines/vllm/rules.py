@@ -229,6 +229,21 @@ class VllmEngine:
                        greedy_source: str, platform: str | None = None) -> EngineSanity:
         return sanity.check(sampled, greedy, k, release.name, greedy_source=greedy_source, platform=platform)
 
+    def read_baseline_log(self, text: str, *, source: str):
+        raise DiagError("diag reads no vLLM baseline log", file=source, field="server.baseline_log",
+                        expected="server.baseline_tokens_per_second", found="a baseline log")
+
+    def output_release(self, version: str, *, field: str, file: str | None) -> Release:
+        return self.release(version.removeprefix("vllm-"))
+
+    def spec_max_running_requests(self, release: Release) -> None:
+        """None: not known for vLLM (the case gives [server] max_running_requests)."""
+        return None
+
+    def log_draft_tokens(self, accept_len: float, accept_rate: float):
+        raise DiagError("vLLM's log prints no per-line accept length and accept rate", field="server.log",
+                        expected="a /metrics scrape", found="a decode line")
+
     def simulated_acceptance(self, accept_length: float, acceptance_at_depth: tuple[float, ...], shape, *,
                              release: Release) -> None:
         """None: diag writes a vLLM benchmark's settings (the synthetic rejection sampler) into the
