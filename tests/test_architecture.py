@@ -116,9 +116,8 @@ def test_a_backwards_import_is_caught(tmp_path):
 #   report fields and values: metrics.py (sglang_accept_rate*), report/sections/head.py, the
 #     drafter format "sglang-eagle3" (checkpoint/drafter_format.py), the tree preset
 #     "sglang-llama-default" (trees.py);
-#   the live-server readers, still SGLang-shaped in part (diagnoses/live_serving/): inputs.py (the
-#     release check, the baseline log, the launch command's defaults; the /metrics scrape's case key),
-#     observation.py (the log's (accept len, accept rate) pairs);
+#   (the live server, diagnoses/live_serving/, reads every engine's files through the protocol; its
+#     one leftover is the [server] vllm_metrics case key, under "vllm" below);
 #   lint checks written in SGLang's terms (drafter classes, drafter keys, draft tables, vocab,
 #     rope, fc width), the Finding field `sglang_behaviour`, and the cross-check that imports
 #     sglang itself (checks/lint/sglang.py);
@@ -148,8 +147,6 @@ NAMED_OUTSIDE: dict[str, dict[str, int]] = {
         "diag/report/decoding_section.py": 1,
         "diag/report/sections/head.py": 4,
         "diag/run/prompts/read.py": 1,
-        "diag/diagnoses/live_serving/inputs.py": 3,
-        "diag/diagnoses/live_serving/observation.py": 1,
         "diag/trees.py": 2,
         "diag/zoo/recipes.py": 1,
     },
