@@ -118,28 +118,22 @@ def test_a_backwards_import_is_caught(tmp_path):
 #     "sglang-deepseek-default" (trees.py), the case key [server] vllm_metrics (run/case.py, its
 #     flag's dest in cli/paths.py and cli/run.py), the zoo entry llama-tiny-eagle3-embed-vllm-ids
 #     (its recipe, summary and "vllm" convention in zoo/recipes.py; shipped in zoo/shipped.py);
-#   the live-server readers, still SGLang-shaped: run/server_inputs.py, server_observation.py,
-#     server_section.py, server_text_match.py, report/server_markdown.py.
+#   the live server (diag/diagnoses/live_serving/) reads every engine's files through the protocol;
+#     its one leftover is that case key's field, [server] vllm_metrics (live_serving/inputs.py).
 # The rest goes through the protocol: lint's cross-check (EngineRules.cross_check), the reported
 # accept rates (report_rates), benchmark settings (simulated_acceptance, diag/engines/simulate.py),
 # `diag explain` (explain_logged), help texts (the registry's families and DEFAULT_ENGINE).
 NAMED_OUTSIDE: dict[str, dict[str, int]] = {
     "sglang": {
         "diag/checkpoint/drafter_format.py": 1,   # the format's name, a report.json enum value
-        "diag/run/server_text_match.py": 1,
-        "diag/report/server_markdown.py": 3,
-        "diag/run/server_inputs.py": 7,
-        "diag/run/server_observation.py": 4,
-        "diag/run/server_section.py": 2,
         "diag/trees.py": 2,                       # tree presets users name in cases and flags
         "diag/zoo/recipes.py": 1,                 # the vllm-ids entry's summary
     },
     "vllm": {
         "diag/cli/paths.py": 1,             # --server-metrics's dest server_vllm_metrics (a path)
         "diag/cli/run.py": 1,               # --server-metrics sets the case key vllm_metrics
-        "diag/report/server_markdown.py": 3,
+        "diag/diagnoses/live_serving/inputs.py": 1,   # reads the case key [server] vllm_metrics
         "diag/run/case.py": 1,              # the case key [server] vllm_metrics
-        "diag/run/server_inputs.py": 9,
         "diag/zoo/recipes.py": 3,           # the entry llama-tiny-eagle3-embed-vllm-ids: name, summary, convention
         "diag/zoo/shipped.py": 1,           # the zoo entry's name, llama-tiny-eagle3-embed-vllm-ids
     },
@@ -228,9 +222,14 @@ def test_the_name_counter_skips_docs_and_sees_code(tmp_path):
 #     ladder cut before any weight is loaded (run/inputs.py) and its extra pass's key LONG_CONTEXT
 #     (run/target_passes.py); its flags are its own (Diagnosis.add_flags);
 #   coverage: another quantity of the same name, the drafter-health check "vocab coverage"
-#     (drafter/health.py), not the diagnosis.
+#     (drafter/health.py), not the diagnosis;
+#   pricing: the GPU bench times the pipeline's step-cost measurement itself (bench/gpu.py);
+#   live_serving: `diag validate` reads and checks the [server] files as `diag run` does, before
+#     any weight (checks/validate.py).
 DIAGNOSIS_NAMED_OUTSIDE: dict[str, dict[str, int]] = {
     "coverage": {"diag/drafter/health.py": 3},
+    "pricing": {"diag/bench/gpu.py": 1},
+    "live_serving": {"diag/checks/validate.py": 1},
     "long_context": {
         "diag/run/case.py": 2,
         "diag/run/inputs.py": 3,
@@ -307,3 +306,42 @@ def test_the_diagnosis_name_rule(tmp_path):
     f.write_text('"""loops docs."""\n# loops comment\nfrom diag.diagnoses.loops import x\n'
                  'def g(run):\n    return run.loops, find_loops, "loops", LOOPS\n')
     assert names_in_code(f, r"\bloops\b") == 4
+
+
+# ---- a diagnosis's section is read by key only in its own package ---------------------------
+#
+# Its report key (Diagnosis.key: "speedup" for pricing, "server" for live_serving) may be read
+# (`run.<key>`, `rep["<key>"]`, `rep.get("<key>")`, also on `report`) only in its own module or
+# package; KEY_READ_OUTSIDE lists the leftovers, with counts that may only shrink:
+#   speedup: the pytest plugin's assert_speculation_pays reads the report a user's test holds
+#     (assertions.py).
+KEY_READ_OUTSIDE: dict[str, dict[str, int]] = {
+    "speedup": {"diag/assertions.py": 1},
+}
+
+
+def key_reads(path: Path, key: str) -> int:
+    k = re.escape(key)
+    pattern = rf"\brun\.{k}\b|\b(?:rep|report)\s*(?:\[\s*[\"']{k}[\"']\s*\]|\.get\(\s*[\"']{k}[\"'])"
+    return len(re.findall(pattern, path.read_text()))
+
+
+def test_a_section_is_read_by_its_key_only_in_its_diagnosis():
+    from diag.diagnoses import DIAGNOSES
+    found = {}
+    for d in DIAGNOSES:
+        for path in sorted(PKG.rglob("*.py")):
+            rel = path.relative_to(PKG.parent).as_posix()
+            if rel in (f"diag/diagnoses/{d.name}.py", "diag/diagnoses/__init__.py") \
+                    or rel.startswith(f"diag/diagnoses/{d.name}/"):
+                continue
+            if (n := key_reads(path, d.key)):
+                found.setdefault(d.key, {})[rel] = n
+    assert found == KEY_READ_OUTSIDE, f"read these sections through their diagnosis (found, allowed): " \
+                                      f"{found} {KEY_READ_OUTSIDE}"
+
+
+def test_the_key_read_rule(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text('x = run.speedup\ny = rep["speedup"]\nz = report.get("speedup")\nw = run.case.speedup\n')
+    assert key_reads(f, "speedup") == 3

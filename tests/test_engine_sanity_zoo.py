@@ -22,6 +22,12 @@ from diag.run.pipeline import run_case
 from diag.run.shipped import shipped
 from test_report import SCHEMA
 
+
+def _server(run):
+    """The run's live-server section as report.json holds it (diag/diagnoses/live_serving/)."""
+    from diag.diagnoses.typed import to_json
+    return to_json(run.diagnoses["live_serving"])
+
 pytestmark = pytest.mark.slow
 
 
@@ -67,7 +73,7 @@ def test_a_discontinuity_at_t_to_0_is_an_engine_defect_not_a_layout(tmp_path):
                                  "1.01 at T=0.01 does not approach the engine's greedy run")
     assert "rejection_sampler.py" in first.text
     assert not [v for v in run.verdicts if v.kind == "server-unexplained"]      # no closest layout fitted
-    sec = run.server
+    sec = _server(run)
     assert sec["observed"]["engine"] == "vLLM 0.32.0" and sec["observed"]["release"] == "0.32.0"
     assert [s["temperature"] for s in sec["observed"]["sampled"]] == [0.01, 0.3, 1.0]
     assert sec["sanity"]["greedy"] == pytest.approx(1 + 981 / 558) and sec["sanity"]["lowest"]["rounds"] == 558
@@ -84,7 +90,7 @@ def test_sampled_runs_that_approach_greedy_pass_and_diag_predicts_greedy_when_no
     run = run_case(_case(tmp_path, None, SANE), progress=False)
     v = next(v for v in run.verdicts if v.kind.startswith("engine-"))
     assert v.kind == "engine-sanity" and v.severity == "ok"
-    sec = run.server["sanity"]
+    sec = _server(run)["sanity"]
     assert sec["greedy_source"] == "diag's greedy prediction for the served `embed+L2+L4` on chain-3"
     assert abs(sec["greedy"] - 2.74) <= sec["tolerance"]
 

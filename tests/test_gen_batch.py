@@ -1,5 +1,5 @@
 """The greedy-generation batch (diag/target/gen_batch.py): from the KV room, evened out,
-DEFAULT on CPU; and the step-cost measurement's single prefill per job (run/costs.py)."""
+DEFAULT on CPU; and the step-cost measurement's single prefill per job (diag/diagnoses/pricing/costs.py)."""
 
 import functools
 from types import SimpleNamespace
@@ -76,7 +76,7 @@ def test_step_costs_build_each_prefix_once():
     """One prefill per timed job (the cache is cropped back after each call), not one per call."""
     import tiny
     from diag.drafter.checkpoint import load_drafter
-    from diag.run.costs import measure_costs
+    from diag.diagnoses.pricing.costs import measure_costs
     from diag.target.load import load_embed_and_head, load_target
     import tempfile
     from pathlib import Path
@@ -102,13 +102,13 @@ def test_step_costs_build_each_prefix_once():
 
 
 def test_cut_crops_or_says_it_cannot():
-    """run/costs._cut: a cache cut back to n tokens, or False (the caller rebuilds it) for a
+    """pricing/costs._cut: a cache cut back to n tokens, or False (the caller rebuilds it) for a
     cache without crop or one that refuses it; any other error is a bug and propagates."""
     from types import SimpleNamespace as NS
 
     from transformers import DynamicCache
 
-    from diag.run.costs import _cut
+    from diag.diagnoses.pricing.costs import _cut
 
     cache = DynamicCache()
     cache.update(torch.zeros(1, 2, 5, 4), torch.zeros(1, 2, 5, 4), 0)

@@ -11,6 +11,13 @@ from diag.run.case import read_case
 from diag.run.pipeline import run_case
 
 
+def _priced(run):
+    """The run's speedup section as report.json holds it (diag/diagnoses/pricing/), or None."""
+    from diag.diagnoses.typed import to_json
+    sec = run.diagnoses.get("pricing")
+    return None if sec is None else to_json(sec)
+
+
 @pytest.fixture()
 def counted(tmp_path, monkeypatch):
     monkeypatch.setenv("DIAG_CACHE_DIR", str(tmp_path / "cache"))
@@ -32,8 +39,8 @@ def test_one_target_load_measures_the_costs(counted):
     case, loads = counted
     run = run_case(case, progress=False)
     assert len(loads) == 1
-    assert run.speedup is not None and run.speedup["source"].startswith("measured by diag")
-    assert {r["key"] for r in run.speedup["rows"]} == {e.key for e in run.evaluations}
+    assert _priced(run) is not None and _priced(run)["source"].startswith("measured by diag")
+    assert {r["key"] for r in _priced(run)["rows"]} == {e.key for e in run.evaluations}
 
 
 def test_cached_passes_load_no_target_and_reuse_the_costs_measured_before(counted, tmp_path):
@@ -43,13 +50,13 @@ def test_cached_passes_load_no_target_and_reuse_the_costs_measured_before(counte
     first = run_case(case, progress=False)
     again = run_case(case, progress=False)
     assert len(loads) == 1
-    assert first.speedup is not None and "earlier run" not in first.speedup["source"]
-    assert again.speedup is not None and "by an earlier run" in again.speedup["source"]
-    assert [r["key"] for r in again.speedup["rows"]] == [r["key"] for r in first.speedup["rows"]]
+    assert _priced(first) is not None and "earlier run" not in _priced(first)["source"]
+    assert _priced(again) is not None and "by an earlier run" in _priced(again)["source"]
+    assert [r["key"] for r in _priced(again)["rows"]] == [r["key"] for r in _priced(first)["rows"]]
     for f in (tmp_path / "cache" / "costs").glob("*.json"):
         f.unlink()
     bare = run_case(case, progress=False)
-    assert len(loads) == 1 and bare.speedup is None
+    assert len(loads) == 1 and _priced(bare) is None
     assert any("step costs not measured" in n for n in bare.notes)
 
 
@@ -58,7 +65,7 @@ def test_costs_are_timed_and_not_measured_twice(counted, tmp_path, monkeypatch):
     most 16: every prompt of this case); a later run that must load the target again (its passes
     are gone) reuses the costs remembered for the same checkpoints instead of measuring."""
     import shutil
-    from diag.run import pipeline
+    from diag.diagnoses import pricing
 
     case, loads = counted
     first = run_case(case, progress=False)
@@ -68,10 +75,10 @@ def test_costs_are_timed_and_not_measured_twice(counted, tmp_path, monkeypatch):
     for d in (tmp_path / "cache").iterdir():
         if d.name != "costs":
             shutil.rmtree(d) if d.is_dir() else d.unlink()
-    monkeypatch.setattr(pipeline, "measure_costs", lambda *a, **k: pytest.fail("measured again"))
+    monkeypatch.setattr(pricing, "measure_costs", lambda *a, **k: pytest.fail("measured again"))
     again = run_case(case, progress=False)
     assert len(loads) == 2 and "target_costs_s" not in again.timings
-    assert again.speedup is not None and "by an earlier run" in again.speedup["source"]
+    assert _priced(again) is not None and "by an earlier run" in _priced(again)["source"]
 
 
 def test_results_are_typed_and_selected_at_the_reference(counted):

@@ -23,7 +23,7 @@ from diag.engines import prometheus
 from diag.probe.client import Client
 from diag.probe.plan import ProbePrompt, from_prompts
 from diag.probe.probe import probe
-from diag.run.server_inputs import pair
+from diag.diagnoses.live_serving.inputs import pair
 from fake_servers import Fake
 
 PROMPTS = [{"id": "p1", "text": "def add(a, b):"}, {"id": "p2", "text": "The quick brown fox"},

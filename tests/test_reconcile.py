@@ -6,19 +6,18 @@ and bad server input, each a clear error."""
 import json
 from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from diag.errors import DiagError
 from diag.metrics import AcceptCounts
 from diag.replay.evaluation import ANY, Axes, Evaluation, PromptRounds
-from diag.run.calibrate import server_costs
+from diag.diagnoses.live_serving.calibrate import server_costs
 from diag.run.case import Case, ModelSpec, PromptSpec, ServerSpec, ServingSpec
-from diag.run.server_inputs import read_server
-from diag.run.server_section import server_section
-from diag.run.verdicts.server import server_verdicts
-from diag.run.verdicts.speedup import speedup_verdicts
+from diag.diagnoses.live_serving.inputs import read_server
+from diag.diagnoses.live_serving.section import server_section
+from diag.diagnoses.live_serving.verdicts import calibrated_verdicts, server_verdicts
+from diag.diagnoses.typed import to_json as J
 from diag.stats import accept_length_ci
 from diag.trees import TreeShape, tree_shape
 from test_server_log import PREFIX, msg_0_5_6, msg_0_5_11
@@ -64,11 +63,6 @@ def write(tmp_path: Path, name: str, text: str) -> str:
     return name
 
 
-def run_like(evals, sec, tree="chain-3"):
-    return SimpleNamespace(evaluations=evals, reference=REF.but(tree=tree), server=sec, speedup=None,
-                           best_layout=lambda: "embed+L3+L31")
-
-
 IDS = [f"p{i:02d}" for i in range(24)]
 
 
@@ -84,10 +78,10 @@ def test_seed_accept_len_1_68_rate_0_84_is_a_depth_1_chain(tmp_path):
     assert obs.rate_formula == "sglang_accept_rate_legacy" and obs.accept_length.value == pytest.approx(1.68, abs=1e-9)
     evals = candidates()
     sec = server_section(obs, evals, REF, "embed+L3+L31", seed=0, n_boot=400)
-    rec = sec["reconciliation"]
+    rec = J(sec)["reconciliation"]
     assert rec["mode"] == "aggregate" and rec["explaining"] == ["L3+L31+L59|eagle3|chain-1|as-loaded"]
     assert all(not m["shape_ok"] for m in rec["matches"] if m["axes"]["tree"] != "chain-1")
-    (v,) = server_verdicts(run_like(evals, sec))
+    (v,) = server_verdicts(sec)
     assert v.kind == "server-match" and v.severity == "warning"
     assert "`L3+L31+L59` (eagle3) on chain-1 (S=1, K=1, D=2)" in v.text
     assert "the requested 16 is ignored" in v.text and "Not the trained `embed+L3+L31`" in v.text
@@ -97,13 +91,15 @@ def test_seed_accept_len_1_68_rate_0_84_is_a_depth_1_chain(tmp_path):
 def test_seed_pair_cannot_come_from_0_5_23():
     """The same printed pair under 0.5.11+'s (L-1)/(D-1) fits no D: an error naming the release."""
     from diag.engines.sglang.server_log import read_server_log
-    from diag.run.server_observation import log_draft_tokens
+    from diag.diagnoses.live_serving.observation import log_draft_tokens
+    from diag.engines import rules
     from diag.engines.sglang.server_releases import server_release
     log = read_server_log(PREFIX + msg_0_5_11(8, 10, 0.01, 1.68, 0.84, 56.8, 0), source="s.log",
                           release=server_release("0.5.23"))
     with pytest.raises(DiagError, match="fit no tree") as e:
-        log_draft_tokens(log.speculative, log.rate_formula, "0.5.23", "s.log")
+        log_draft_tokens(log.speculative, log.rate_formula, "SGLang 0.5.23", "s.log", rules().log_draft_tokens)
     assert "other formula fits D = [2]" in str(e.value) and "line 1" in str(e.value)
+    assert "(SGLang 0.5.23)" in str(e.value)
 
 
 def test_seed_90_vs_82_3_tok_s_at_2_2_on_s3_k4_d5(tmp_path):
@@ -119,12 +115,12 @@ def test_seed_90_vs_82_3_tok_s_at_2_2_on_s3_k4_d5(tmp_path):
                            tree="s3-k4-d5"), IDS, KIMI)
     evals = candidates()
     sec = server_section(obs, evals, REF, "embed+L3+L31", seed=0, n_boot=400)
-    row = next(r for r in sec["speedup"]["rows"] if r["key"] == evals[-1].key)
+    row = next(r for r in J(sec)["speedup"]["rows"] if r["key"] == evals[-1].key)
     assert row["exact"] and row["tokens_per_second"][0] == pytest.approx(evals[-1].accept_length / c.round)
-    (v,) = speedup_verdicts(run_like(evals, sec))
+    (v,) = calibrated_verdicts(sec)
     assert "82.3 tok/s at accept length 2.20 on s3-k4-d5 against 90.0 tok/s plain (0.91x)" in v.text
     assert "= 2.41 plain steps" in v.text
-    speeds = {r["tree"]: r["speedup"] for r in sec["speedup"]["rows"] if r["axes"]["layout"] == "embed+L3+L31"}
+    speeds = {r["tree"]: r["speedup"] for r in J(sec)["speedup"]["rows"] if r["axes"]["layout"] == "embed+L3+L31"}
     best = max(speeds, key=lambda t: speeds[t][1])
     assert v.kind == ("tree-choice" if speeds[best][0] > 1 else "speedup") and best in v.text
 
@@ -136,8 +132,8 @@ def test_seed_56_8_tok_s_at_1_68_on_chain_1_never_pays(tmp_path):
                            tree="chain-1"), IDS, KIMI)
     evals = [e for e in candidates() if e.tree == "chain-1"]
     sec = server_section(obs, evals, REF.but(tree="chain-1"), "embed+L3+L31", seed=0, n_boot=400)
-    assert sec["speedup"]["costs"]["break_even_accept_length"] == pytest.approx(90 * 1.68 / 56.8)
-    (v,) = speedup_verdicts(run_like(evals, sec, tree="chain-1"))
+    assert J(sec)["speedup"]["costs"]["break_even_accept_length"] == pytest.approx(90 * 1.68 / 56.8)
+    (v,) = calibrated_verdicts(sec)
     assert v.kind == "speedup" and v.severity == "warning" and v.text.startswith("SPECULATION DOES NOT PAY")
 
 
@@ -153,8 +149,8 @@ def test_concurrency_above_the_cap(tmp_path):
     obs = read_server(case(tmp_path, log=log, concurrency=64, tree="s3-k4-d5"), IDS, KIMI)
     assert obs.load.lines_capped_with_queue == 2 and obs.max_running_requests == 48
     sec = server_section(obs, candidates(), REF, "embed+L3+L31", seed=0, n_boot=200)
-    assert sec["concurrency"]["served_fraction"] == 0.75
-    v = next(v for v in server_verdicts(run_like(candidates(), sec)) if v.kind == "server-concurrency")
+    assert J(sec)["concurrency"]["served_fraction"] == 0.75
+    v = next(v for v in server_verdicts(sec) if v.kind == "server-concurrency")
     assert "queues 16" in v.text and "75%" in v.text and "2 of 3 decode lines" in v.text
 
 
@@ -163,7 +159,7 @@ def test_no_candidate_explains_the_server(tmp_path):
     obs = read_server(case(tmp_path, log=log), IDS, KIMI)
     assert obs.draft_tokens == (2,)
     sec = server_section(obs, candidates(), REF, "embed+L3+L31", seed=0, n_boot=200)
-    (v,) = server_verdicts(run_like(candidates(), sec))
+    (v,) = server_verdicts(sec)
     assert v.kind == "server-unexplained" and "lies in the engine" in v.text
 
 

@@ -160,7 +160,8 @@ def _speedup_section(rep: dict) -> dict:
                      "max_speedup": 2.0, "plain_tokens_per_second": 90.0, "accept_length": e["accept_length"],
                      "speedup": 0.9, "tokens_per_second": 80.0, "key": e["key"], "layout": e["layout"],
                      "mode": e["mode"], "tree": e["tree"], "regime": e["regime"],
-                     "tokens_regime": e["tokens_regime"], "decoding": e["decoding"], "num_steps": e["num_steps"],
+                     "tokens_regime": e["tokens_regime"], "rendering": e["rendering"], "decoding": e["decoding"],
+                     "num_steps": e["num_steps"],
                      "topk": e["topk"], "num_draft_tokens": e["num_draft_tokens"], "measurement_error": False})
     return {"source": "user (case [speedup])", "basis": "user", "spread": None, "repeats": None, "rows": rows,
             "costs": {"t_decode": 0.011, "t_draft": 0.003, "t_verify": {"3": 0.012}, "t_draft_extend": 0.0}}

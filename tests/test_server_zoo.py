@@ -13,6 +13,12 @@ from diag.run.case import Case, EvaluateSpec, ModelSpec, PromptSpec, ServerSpec,
 from diag.run.pipeline import run_case
 from test_server_responses import spec_meta
 
+
+def _server(run):
+    """The run's live-server section as report.json holds it (diag/diagnoses/live_serving/)."""
+    from diag.diagnoses.typed import to_json
+    return to_json(run.diagnoses["live_serving"])
+
 pytestmark = pytest.mark.slow
 
 
@@ -45,7 +51,7 @@ def test_per_request_accept_lengths_are_attributed_to_their_candidate(tmp_path):
     assert trained == "embed+L2+L4" and producer.tree == "chain-3"
     run = run_case(replace(_case(), server=ServerSpec(responses=str(_responses(producer, tmp_path / "r.jsonl")))),
                    progress=False)
-    sec = run.server
+    sec = _server(run)
     assert sec["observed"]["draft_tokens"] == [4] and len(sec["observed"]["requests"]) == 16
     rec = sec["reconciliation"]
     assert rec["mode"] == "per-request" and rec["closest"] == producer.key

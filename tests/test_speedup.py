@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from diag.errors import DiagError
-from diag.run.speedup import (StepCosts, break_even_accept_length, round_cost, speedup, summary,
+from diag.diagnoses.pricing.model import (StepCosts, break_even_accept_length, round_cost, speedup, summary,
                           tokens_per_second, verify_cost)
 from diag.trees import TreeShape
 

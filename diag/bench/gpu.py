@@ -227,11 +227,11 @@ def _generation_probe(model, vocab: int, *, prompts: int = 16, prompt_len: int =
 
 
 def _costs_probe(model, st, dev) -> dict:
-    """Wall seconds of the pipeline's step-cost measurement (run/costs.py) on `model` with the
+    """Wall seconds of the pipeline's step-cost measurement (diagnoses/pricing/costs.py) on `model` with the
     e2e trees' num_draft_tokens: at two depths, the per-layer slope of timings.target_costs_s."""
     from diag.bench.e2e import TREES
     from diag.drafter.checkpoint import load_drafter
-    from diag.run.costs import measure_costs
+    from diag.diagnoses.pricing.costs import measure_costs
     from diag.trees import tree_shape
 
     try:

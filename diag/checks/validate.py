@@ -92,7 +92,7 @@ def _not_here(case: Case) -> str | None:
 
 def _server(case: Case, prompt_ids: list[str], target_config: dict | None = None) -> list[str]:
     """The [server] files read and checked exactly as `diag run` reads them (no weights)."""
-    from diag.run.server_inputs import read_server
+    from diag.diagnoses.live_serving.inputs import read_server
     obs = read_server(case, prompt_ids, target_config)
     if obs is None:
         return []

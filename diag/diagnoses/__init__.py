@@ -2,8 +2,10 @@
 the order the pipeline runs them, report.json writes their sections, the verdicts list their
 findings (within a severity) and report.md shows them.
 
-    quantization_regimes  drift, agreement and acceptance per regime (key regimes)  quantization_regimes.py
-    prompt_renderings  acceptance per prompt rendering (key renderings)         prompt_renderings.py
+    pricing        will speculation pay: every tree priced (report key `speedup`)    pricing/
+    quantization_regimes  drift, agreement and acceptance per regime (key `regimes`) quantization_regimes.py
+    live_serving   the live server reconciled with the candidates (report key `server`) live_serving/
+    prompt_renderings  acceptance per prompt rendering (key `renderings`)       prompt_renderings.py
     coverage       continuation tokens outside the drafter's hot vocabulary         coverage.py
     loops          accept length with and without the rounds inside repeated cycles  loops.py
     long_context   acceptance against position, up to the case's length            long_context.py
@@ -20,20 +22,24 @@ This module is the list only.
 from __future__ import annotations
 
 from diag.diagnoses.coverage import Coverage
+from diag.diagnoses.live_serving import LiveServing
 from diag.diagnoses.long_context import LongContext
 from diag.diagnoses.loops import Loops
 from diag.diagnoses.near_ties import NearTies
+from diag.diagnoses.pricing import Pricing
 from diag.diagnoses.prompt_renderings import PromptRenderings
 from diag.diagnoses.protocol import Diagnosis
 from diag.diagnoses.quantization_regimes import QuantizationRegimes
 
 ORDER: dict[str, tuple[str, ...]] = {          # the serving side's order before it moved here
-    "markdown": ("speedup", "server", "quantization_regimes"),
-    "verdicts": ("quantization_regimes", "server", "speedup"),
+    "markdown": ("pricing", "live_serving", "quantization_regimes"),
+    "verdicts": ("quantization_regimes", "live_serving", "pricing"),
 }
 
 DIAGNOSES: tuple[Diagnosis, ...] = (
+    Pricing(),
     QuantizationRegimes(),
+    LiveServing(),
     PromptRenderings(),
     Coverage(),
     Loops(),

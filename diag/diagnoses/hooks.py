@@ -7,7 +7,7 @@ Sections travel as {name: Section or None}; a name the run did not compute (a Ru
 by hand) reads as None. report.json writes them in registry order; report.md, the plots and the
 verdict list show each at its `place` (protocol.PLACES) among the core's sections, in registry
 order within a place unless the registry's ORDER lists another for that output (those listed
-first, in its order), e.g. with registry (A: serving, B: prompt side, C: serving) and
+first, in its order; ORDER lists report keys), e.g. with registry (A: serving, B: prompt side, C: serving) and
 ORDER = {"verdicts": ("C", "A")}:
 
     report.json  ..., "A", "B", "C", ...

@@ -2,9 +2,10 @@
 finished evaluation and says what the section means (verdicts), shows (Markdown) and draws
 (plots).
 
-    name           its module's name, its Markdown section's anchor, its verdicts' subject
-    key            its key in report.json: the name unless the diagnosis sets another (a report
-                   key that is a common word elsewhere in diag: "regimes" is also the case's axis)
+    name           its module's name, its verdicts' subject, its key in the registry's ORDER
+    key            its key in report.json (its name unless the class sets another: a common word
+                   such as "speedup" or "server", which the core also uses for a case section,
+                   a flag or an axis, keeps its report key under a distinctive name)
     Section        a frozen dataclass (typed.py reads report.json and the schema from it)
     needs          what it asks of the target pass beyond the run's own: NEEDS_LONG_PROMPTS
                    (a ladder of long prompts: run/inputs.py cuts them only when a registered
@@ -18,7 +19,8 @@ finished evaluation and says what the section means (verdicts), shows (Markdown)
                    as ctx.prepared[name] (None by default)
     with_model(state, regime, model, loaded)
                    while a regime's target model is loaded (step costs measured on it); `loaded`
-                   is a Loaded (drafter, embedding, head, use_cache); nothing by default
+                   is a Loaded (drafter, embedding, head, use_cache, the final inputs, and a
+                   timings dict for the seconds it spends there); nothing by default
     check_case(case)  raises DiagError naming the file and key when its case section is wrong,
                    before anything loads (run/case.check_case calls it)
     add_flags(p), apply_flags(case, args), flag_of
@@ -61,11 +63,16 @@ PLACES = (SERVING, PROMPT_SIDE)
 @dataclass(frozen=True)
 class Loaded:
     """What is in memory while the target pass runs: the drafter, the target's embedding and
-    head (target/tables.py), and whether the run may read and write diag's caches."""
+    head (target/tables.py), whether the run may read and write diag's caches, and the run's
+    inputs as every prepare() left them (a tree a later diagnosis added is among its shapes). `timings`:
+    seconds a diagnosis spent while a target was loaded (e.g. {"target_costs_s": 1.2}); the
+    pipeline adds them to the run's timings after the pass's phases (inside target_s)."""
     drafter: Any
     embed: Any
     head: Any
     use_cache: bool = True
+    inp: Any = None
+    timings: dict = field(default_factory=dict)
 
 
 class Offered:
@@ -104,6 +111,15 @@ class Context:
     def served(self) -> Evaluation | None:
         """The trained layout at the reference axes (primary tree, greedy), or None."""
         return None if self.layout is None else one(self.evaluations, self.reference, layout=self.layout)
+
+    def trained(self) -> tuple[str | None, list[Evaluation]]:
+        """The trained (best eagle3) layout at the run's own reference axes (decoding included:
+        RunResult.best_layout) and its evaluations there on every tree; (None, []) when none."""
+        from diag.replay.evaluation import ANY, best, select
+        from diag.run.evaluate import reference_axes
+        ref = reference_axes(self.inp)
+        top = best(select(self.evaluations, ref))
+        return (None, []) if top is None else (top.layout, select(self.evaluations, ref, layout=top.layout, tree=ANY))
 
     def served_eagle3(self) -> Evaluation | None:
         """The same, only when it runs in eagle3 mode (the drafter's own vocabulary and states)."""

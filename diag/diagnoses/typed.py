@@ -20,6 +20,9 @@ neither):
                  them there or none: {"a": 1} + Group(b=2, c=None) -> {"a": 1, "b": 2, "c": null};
                  read back as present when the group's first key is
 
+`internal(default)` marks a field the run fills for the verdicts (the trained layout's keys)
+that report.json does not hold: skipped by all three, read back as its default.
+
 Worked example:
 
     @dataclass(frozen=True)
@@ -63,6 +66,14 @@ def optional(*, schema: dict | None = None):
 def inline():
     """A dataclass field (default None) written as its own keys in the parent's object, or not at all."""
     return field(default=None, metadata={"inline": True, "schema": {}})
+def internal(default):
+    """A field kept in memory for the verdicts, not written to report.json (read back as `default`)."""
+    return field(default=default, compare=False, metadata={"internal": True})
+
+
+def _fields(value) -> list[dataclasses.Field]:
+    """The fields report.json holds: every field but the internal ones."""
+    return [f for f in fields(value) if not f.metadata.get("internal")]
 
 
 def _key(f: dataclasses.Field) -> str:
@@ -77,7 +88,7 @@ def to_json(value):
     """A section (or any value inside one) as report.json holds it."""
     if is_dataclass(value) and not isinstance(value, type):
         out = {}
-        for f in fields(value):
+        for f in _fields(value):
             v = getattr(value, f.name)
             if v is None and (f.metadata.get("optional") or f.metadata.get("inline")):
                 continue
@@ -116,7 +127,7 @@ def from_json(tp, value):
         return from_json(_inner(tp), value)
     if is_dataclass(tp):
         hints = _hints(tp)
-        return tp(**{f.name: _field(f, hints[f.name], value) for f in fields(tp)})
+        return tp(**{f.name: _field(f, hints[f.name], value) for f in _fields(tp)})
     if _origin(tp) is dict and _args(tp):
         return {k: from_json(_args(tp)[1], v) for k, v in value.items()}
     if _origin(tp) is tuple:
@@ -152,7 +163,7 @@ def json_schema(tp, extra: dict | None = None) -> dict:
         return {"oneOf": [{"type": "null"}, inner]}
     if is_dataclass(tp):
         hints, props, required = _hints(tp), {}, []
-        for f in fields(tp):
+        for f in _fields(tp):
             if f.metadata.get("inline"):
                 props.update(json_schema(_inner(hints[f.name]))["properties"])
             elif f.metadata.get("optional"):

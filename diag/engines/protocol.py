@@ -308,6 +308,19 @@ class EngineRules(Protocol):
         [1, S + 1]) and per-depth acceptance P(a >= i) on this tree (diag/engines/simulate.py
         merges every engine's); `release`: the observed server's when it is this family's, else
         None."""
+    def read_baseline_log(self, text: str, *, source: str) -> Any:
+        """The decode lines of a plain (non-speculative) run's log; their tokens/s are the baseline."""
+
+    def output_release(self, version: str, *, field: str, file: str | None) -> Release:
+        """The release whose saved server output diag is given ("0.5.8", "sglang-0.5.8"), checked
+        against the releases whose output diag reads; a DiagError naming `field` and `file`."""
+
+    def spec_max_running_requests(self, release: Release) -> int | None:
+        """How many requests the speculative server runs at once when nothing says (SGLang: 48)."""
+
+    def log_draft_tokens(self, accept_len: float, accept_rate: float) -> tuple[tuple[int, str], ...]:
+        """Every (num_draft_tokens, accept-rate formula) that fits a log line's printed accept
+        length and accept rate (SGLang 0.5.8: "accept len: 1.68, accept rate: 0.84" -> (2, legacy))."""
 
     # ---- engine sanity -------------------------------------------------------------------
     def read_sampled(self, text: str, *, source: str, temperature: float, release: Release) -> Sampled:
@@ -317,6 +330,13 @@ class EngineRules(Protocol):
                        greedy_source: str, platform: str | None = None) -> EngineSanity:
         """Whether the sampled runs approach `greedy` as T -> 0 (diag/engines/sanity.py), worded
         in this engine's terms."""
+
+    # ---- a benchmark at a chosen acceptance (diag/engines/simulate.py merges every engine's) ----
+    def simulation_legend(self) -> str:
+        """How report.md introduces this engine's benchmark settings ("SGLang: environment of the launch")."""
+
+    def simulation_cell(self, row: dict) -> str:
+        """This engine's settings in a report's `simulate` row, as report.md shows them."""
 
     # ---- launch-flag lint ----------------------------------------------------------------
     def launch_argv(self, command: str | list[str]) -> list[str]:

@@ -80,8 +80,6 @@ def envelope(run, argv: list[str] | None = None) -> dict:
         "decoding": _decoding(run),
         "verdicts": [v.to_json() for v in run.verdicts],
         "evaluations": [e.to_json() for e in run.evaluations],
-        "speedup": run.speedup,
-        "server": getattr(run, "server", None),
         **sections_json(getattr(run, "diagnoses", {})),
         "timings": run.timings,
         "notes": run.notes,

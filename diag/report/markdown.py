@@ -15,8 +15,7 @@ from diag.diagnoses.hooks import markdown_all
 from diag.diagnoses.protocol import SERVING
 from diag.report.decoding_section import decoding_lines
 from diag.report.prompt_side_md import prompt_side
-from diag.report.sections import acceptance, engines, head, provenance, speedup
-from diag.report.server_markdown import server_markdown
+from diag.report.sections import acceptance, engines, head, provenance
 
 Section = Callable[[dict], list[str]]
 
@@ -36,9 +35,7 @@ SECTIONS: tuple[Section, ...] = (
     decoding_lines,
     acceptance.by_position,
     prompt_side,
-    speedup.speedup,
     serving_diagnoses,
-    server_markdown,
     provenance.candidates,
     provenance.notes,
 )

@@ -10,7 +10,7 @@ from it alone), so its key hashes:
   the source of plots.py (any change to how a plot is drawn is another key), and the
     matplotlib version.
 Worked example: a cached repeat run -> "evaluations" as before -> its 3 figures copied (the
-speedup plot drawn again the first time, its title naming when the costs were measured); one
+diagnoses' plots, the speedup plot among them, drawn every time); one
 more layout -> "evaluations" changed -> every figure with a panel per tree is drawn again.
 Entry: $DIAG_CACHE_DIR/plots/<digest>.png and <digest>.json {"key", "file", "title",
 "sha256" of the PNG}; the JSON is written last, both through a temporary file renamed into

@@ -6,15 +6,8 @@
                              one panel per tree shape
     by_position.png          accept length over the rounds rooted in each position range, one
                              panel per tree shape, one line per variant
-    speedup.png              only when the report has a `speedup` section: accept length against
-                             num_draft_tokens per tree shape, with the break-even accept length
-    (the registered diagnoses' plots, diag/diagnoses/: the prompt side's between by_position
-    and speedup, the serving side's after speedup)
-
-Section shapes read here (report.schema.json has them too):
-    speedup  = {"source": "...", "costs": {...}, "rows": [{"tree": "chain-3", "layout", "mode",
-                "regime", "tokens_regime", "topk", "num_draft_tokens", "accept_length",
-                "break_even_accept_length", ...}, ...]}      (diag/run/pricing.py)
+    (then the registered diagnoses' plots, diag/diagnoses/: the prompt side's, then the serving
+    side's, e.g. speedup.png and drift.png)
 
 Repeatable: no pyplot state, fixed figure sizes and DPI, PNG metadata without the matplotlib
 version, variants drawn in sorted order. This module knows matplotlib and the report's keys;
@@ -27,8 +20,7 @@ from pathlib import Path
 
 from diag.diagnoses.hooks import plots_all
 from diag.diagnoses.protocol import PROMPT_SIDE, SERVING
-from diag.replay.evaluation import ANY, Evaluation, reference_axes, select
-from diag.report.figure import WIDE, figure as _figure, save as _save
+from diag.report.figure import figure as _figure, save as _save
 
 
 def _label(e: dict) -> str:
@@ -102,50 +94,6 @@ def by_position(rep: dict, folder: Path) -> dict | None:
     return _save(fig, folder, "by_position.png", "Accept length by position in the sequence (every round)")
 
 
-def _reference_rows(rep: dict) -> list[dict]:
-    """Speedup rows of the variants at the report's reference axes (every layout and tree)
-    that have a break-even number."""
-    rows = (rep.get("speedup") or {}).get("rows", [])
-    if not rows:
-        return []
-    where = reference_axes(rep).but(layout=ANY, tree=ANY)
-    keys = {e.key for e in select([Evaluation.from_json(e) for e in rep.get("evaluations", [])], where)}
-    return [r for r in rows if r.get("break_even_accept_length") is not None and r["key"] in keys]
-
-
-def _break_even_curves(ax, rows: list[dict]) -> None:
-    """One dashed line per topk through (D, break-even accept length) of each tree shape.
-    The break-even depends on the shape and the costs only, not on the layout."""
-    shapes = {r["tree"]: (r["topk"], r["num_draft_tokens"], r["break_even_accept_length"]) for r in rows}
-    for k in sorted({v[0] for v in shapes.values()}):
-        pts = sorted((d, be, tree) for tree, (kk, d, be) in shapes.items() if kk == k)
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "k--" if k == 1 else "k:", marker="x",
-                label=f"break-even, topk={k}")
-        for d, be, tree in pts:
-            ax.annotate(tree, (d, be), fontsize=7, textcoords="offset points", xytext=(4, -10))
-
-
-def speedup(rep: dict, folder: Path) -> dict | None:
-    rows = _reference_rows(rep)
-    if not rows:
-        return None
-    fig, (ax,) = _figure(1, panel=WIDE)
-    _break_even_curves(ax, rows)
-    for lay in sorted({r["layout"] for r in rows}):
-        pts = sorted((r["num_draft_tokens"], r["accept_length"]) for r in rows
-                     if r["layout"] == lay and r.get("accept_length") is not None)
-        ax.scatter([p[0] for p in pts], [p[1] for p in pts], label=f"{lay} (measured)", zorder=3)
-    ax.set(xlabel="num_draft_tokens D (root included)", ylabel="accept length (bonus included)",
-           title=f"speculation pays above its break-even (costs {rep['speedup']['source']})")
-    ax.title.set_fontsize(9)
-    ax.xaxis.get_major_locator().set_params(integer=True)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    return _save(fig, folder, "speedup.png", "Accept length vs break-even, per tree shape")
-
-
-
-
 def prompt_side_plots(rep: dict, folder: Path) -> list[dict]:
     """The plots of the registered diagnoses on the prompt side (diag/diagnoses/), each
     diagnosis's cached by its section (plot_cache.cached_diagnosis_plots)."""
@@ -159,7 +107,7 @@ def serving_plots(rep: dict, folder: Path) -> list[dict]:
     return plots_all(rep, folder, SERVING, draw=cached_diagnosis_plots)
 
 
-PLOTS = (acceptance_at_depth, accept_hist, by_position, prompt_side_plots, speedup, serving_plots)
+PLOTS = (acceptance_at_depth, accept_hist, by_position, prompt_side_plots, serving_plots)
 # the order report.md links them; prompt_side_plots and serving_plots: the registered diagnoses'
 # (diag/diagnoses/) of each place, a list each
 # The report keys each plot reads, and nothing else: the plot cache (plot_cache.py) keys each
@@ -167,8 +115,7 @@ PLOTS = (acceptance_at_depth, accept_hist, by_position, prompt_side_plots, speed
 # on their own sections, plot_reads and module sources (plot_cache.cached_diagnosis_plots), so
 # the per-plot cache here leaves them alone (UNCACHED).
 READS = {"acceptance_at_depth": ("evaluations",), "accept_hist": ("evaluations",),
-         "by_position": ("evaluations",),
-         "speedup": ("speedup", "evaluations", "reference")}
+         "by_position": ("evaluations",)}
 UNCACHED = ("prompt_side_plots", "serving_plots")   # cached per diagnosis, by its own key
 
 

@@ -1,2 +1,2 @@
-"""Running a case end to end: the case file, prompts, candidate layouts, step costs, the speedup
-model, verdicts and the pipeline that connects them."""
+"""Running a case end to end: the case file, prompts, candidate layouts, the target passes, the
+evaluations, verdicts and the pipeline that connects them (and runs the diagnoses, diag/diagnoses/)."""

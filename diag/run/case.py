@@ -89,7 +89,7 @@ class SpeedupSpec:
 
 @dataclass(frozen=True)
 class ServerSpec:
-    """What the live server emitted, to reconcile diag's candidates with (diag/run/reconcile.py):
+    """What the live server emitted, to reconcile diag's candidates with (diag/diagnoses/live_serving/reconcile.py):
     its files (log, /generate responses, /server_info, vLLM /metrics), the release that wrote
     them (default: [serving] engine), and the rates the user measured at the same concurrency:
     baseline_tokens_per_second (no speculation) and tokens_per_second (speculative; default: the
@@ -345,7 +345,7 @@ def _check_values(case: Case) -> None:
                         expected=">= 64", found=ev.token_budget)
     check_case_values(case)          # ranges, trees SGLang refuses, regime names
     if all(g is not None for g in given):
-        from diag.run.pricing import check_user_costs
+        from diag.run.case_checks import check_user_costs
         check_user_costs(sp, src)    # across values: after each value's own range check
 
 

@@ -126,6 +126,19 @@ def check_placement(case) -> None:
     check_values(case.placement.gpu_memory, case.placement.activation_budget, file=case.source)
 
 
+def check_user_costs(spec, source: str) -> None:
+    """[speedup]: verifying D >= 2 tokens costs at least one decode step: t_verify_ms[D] < t_decode_ms
+    would put the break-even accept length below 1, a measurement error (seconds, as the speedup
+    model holds them: 9.0 ms against 11.0 ms -> speedup.t_verify_ms.4, found 9.0)."""
+    t_decode = spec.t_decode_ms / 1e3
+    low = {d: t for d, t in ((int(k), float(v) / 1e3) for k, v in spec.t_verify_ms.items()) if t < t_decode}
+    if low:
+        d = min(low)
+        raise DiagError("a verify of D tokens cannot cost less than one plain decode step", file=source,
+                        field=f"speedup.t_verify_ms.{d}", expected=f">= t_decode_ms = {spec.t_decode_ms}",
+                        found=low[d] * 1e3, hint="the two were measured under different conditions")
+
+
 def check_case_values(case) -> None:
     check_ranges(case)
     check_placement(case)

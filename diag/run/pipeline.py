@@ -7,20 +7,20 @@
       + sampled           the decode loop for sampled decodings, on the loaded target (run/sampled.py)
     evaluate              every variant -> Evaluation records, each replayed variant cached
                           (run/eval_cache.py): a repeat run replays none
-    sections, verdicts    speedup, the live server's reconciliation, the diagnoses, then the verdicts
+    sections, verdicts    the engines compared, the diagnoses' sections (diag/diagnoses/: the
+                          speedup, the regimes, the live server, the renderings, ...), then the verdicts
 
-The step costs of the speedup model are measured on the target the pass already loaded and
-remembered (cost_cache.py); when every pass came from the cache no target is loaded, and the
-costs an earlier run measured on this machine for the same checkpoints are used, else the
-report says the costs were not measured. This module knows how the pieces connect; it knows
-nothing about TOML syntax, Markdown or the terminal.
+The registered diagnoses (diag/diagnoses/) prepare before any weight is loaded, work while each
+target is loaded (e.g. the step costs measured on it; the seconds they spend there join the
+timings after the pass's phases) and compute their sections after the evaluations. This module
+knows how the pieces connect; it knows nothing about TOML syntax, Markdown or the terminal.
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -33,16 +33,11 @@ from diag.engines.common import ServingError
 from diag.replay.evaluation import Axes, Evaluation, best, select
 from diag.run.candidates import Candidate
 from diag.run.case import Case, check_case
-from diag.run.cost_cache import CostKey, load_costs, save_costs
-from diag.run.costs import measure_costs
 from diag.run.engines_section import EnginesSection, engines_section
 from diag.run.eval_cache import EvalCache, cached_output_health
 from diag.run.evaluate import evaluate, reference_axes
 from diag.run.inputs import Inputs, prepare, served_dtypes
-from diag.run.pricing import speedup_section, user_costs
 from diag.run.sampled import SampledEvaluations
-from diag.run.server_inputs import read_server
-from diag.run.server_section import server_section
 from diag.run.target_passes import target_passes
 from diag.run.verdicts import Verdict, verdicts
 from diag.target.load import TargetInfo
@@ -65,8 +60,6 @@ class RunResult:
     serving_error: ServingError | None = None
     timings: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    speedup: dict | None = None
-    server: dict | None = None           # the live server reconciled (run/server_section.py)
     engines: EnginesSection | None = None  # the engines compared from this one pass (run/engines_section.py)
     diagnoses: dict = field(default_factory=dict)   # name -> typed section or None (diag/diagnoses/)
     decoding: object = None              # run/decodings.DecodingPlan: served and sampled decodings
@@ -87,64 +80,6 @@ def _stopwatch(timings: dict, name: str, start: float) -> float:
 def _main_device(case: Case) -> torch.device:
     """Where the drafter runs: the first GPU when the case places the target on GPUs."""
     return torch.device("cuda:0" if case.placement.gpus > 0 else "cpu")
-
-
-class _Costs:
-    """Measures the step costs on the reference regime's model while the pass has it loaded,
-    and remembers them for the runs whose passes all come from the cache."""
-
-    def __init__(self, inp: Inputs, drafter, embed, use_cache: bool):
-        self.inp, self.drafter, self.embed, self.costs, self.cached_at = inp, drafter, embed, None, None
-        self.seconds = None                      # wall seconds of the measurement, when one ran
-        sp = inp.case.speedup
-        self.wanted = user_costs(sp) is None and sp.measure
-        self.use_cache = use_cache
-
-    def key(self) -> CostKey:
-        case = self.inp.case
-        return CostKey.make(self.inp.target_path, self.inp.drafter_path, self.inp.regimes[0],
-                            f"{case.target.dtype},{case.drafter.dtype}",
-                            f"gpus={case.placement.gpus}" if case.placement.gpus else "cpu",
-                            case.speedup.context, [s.num_draft_tokens for s in self.inp.shapes])
-
-    def __call__(self, regime: str, model) -> None:
-        if self.wanted and regime == self.inp.regimes[0] and self.costs is None:
-            self.remembered()                    # measured before for the same checkpoints, machine
-            if self.costs is not None:           # and shapes: not needed again
-                return
-            t0 = time.perf_counter()
-            self.costs = measure_costs(model, self.drafter, model.get_input_embeddings(),
-                                       [s.num_draft_tokens for s in self.inp.shapes],
-                                       context=self.inp.case.speedup.context)
-            self.seconds = round(time.perf_counter() - t0, 3)
-            if self.use_cache:
-                save_costs(self.key(), self.costs)
-
-    def remembered(self) -> None:
-        """After the passes: an earlier run's costs when none were measured now."""
-        if self.wanted and self.costs is None and self.use_cache:
-            hit = load_costs(self.key())
-            if hit is not None:
-                self.costs, self.cached_at = hit
-
-
-def _speedup(inp: Inputs, measured: _Costs, evals: list[Evaluation], notes: list[str]) -> dict | None:
-    """Price every evaluated shape: the user's costs when given, else those measured here
-    (now, or by an earlier run on this machine with the same checkpoints)."""
-    sp = inp.case.speedup
-    costs = user_costs(sp)
-    if costs is not None:
-        return speedup_section(evals, costs, "user (case [speedup])", basis="user")
-    if measured.costs is None:
-        if measured.wanted:
-            notes.append("step costs not measured: every target pass came from the cache, so no target "
-                         "was loaded; give your server's costs in [speedup] or run with --no-cache")
-        return None
-    m = measured.costs
-    when = f"; measured at {measured.cached_at} by an earlier run" if measured.cached_at else ""
-    return speedup_section(evals, m.costs,
-                           f"measured by diag on the loaded models (batch 1, context {sp.context}{when})",
-                           basis="measured", spread=m.spread, repeats=m.repeats)
 
 
 def _continuations(tp) -> torch.Tensor:
@@ -173,34 +108,24 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True, shard
     inp = prepare(check_case(case))
     inp, prepared = prepare_all(inp)                                # the diagnoses' own, before any weight
     case = inp.case
-    server = read_server(case, [p[0] for p in inp.prompts], inp.target_config, seed=case.evaluate.seed,
-                         n_boot=case.evaluate.bootstrap)             # before any weight is loaded
-    if server is not None and server.shape is not None and server.shape not in inp.shapes:
-        inp = replace(inp, shapes=[*inp.shapes, server.shape],
-                      notes=[*inp.notes, f"the server's tree {server.shape.name} ({server.shape_source}) was added "
-                                         "to the evaluated trees"])
     drafter, dckpt = load_drafter(inp.drafter_path, dtype=served_dtypes(case, inp.target_config)[1])
     drafter.to(_main_device(case))
     embed, head = target_tables(inp.target_path, inp.target_config)   # rows read as used, head when needed
     if drafter.cfg.lm_head_from_target:            # no draft_vocab_size: the target's lm_head
         drafter.use_target_head(head)
     t0 = _stopwatch(timings, "checks_s", t0)
-    measured = _Costs(inp, drafter, embed, use_cache)
-    loaded = Loaded(drafter, embed, head, use_cache)
+    loaded = Loaded(drafter, embed, head, use_cache, inp)
     sampled = SampledEvaluations(inp, drafter, embed, head, shards=shards)
     got = (shards.target_passes if shards is not None else target_passes)(
         inp, progress=progress, use_cache=use_cache, needs_model=sampled.regimes,
-        with_model=lambda reg, model: (measured(reg, model), sampled(reg, model),
-                                       with_model_all(prepared, reg, model, loaded)))
+        with_model=lambda reg, model: (with_model_all(prepared, reg, model, loaded), sampled(reg, model)))
     if got is None:
         return None                                  # a rank other than 0: its share is rank 0's now
     passes, pass_meta, extra = got
-    measured.remembered()
     notes = inp.notes + pass_meta.pop("cache_notes")
     t0 = _stopwatch(timings, "target_s", t0)
     timings.update(pass_meta.pop("phases"))          # target_load_s, _generate_s, _capture_s
-    if measured.seconds is not None:
-        timings["target_costs_s"] = measured.seconds   # inside target_s, as the phases are
+    timings.update(loaded.timings)                   # the diagnoses' while a target was loaded (target_costs_s)
     if sampled.decodings:
         timings["sampled_s"] = sampled.seconds
     cache = EvalCache.for_run(inp.target_path, inp.drafter_path, next(drafter.parameters()).dtype,
@@ -218,16 +143,10 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True, shard
                     pass_meta, inp.candidates, evals, reference_axes(inp), inp.capture_convention,
                     serving_error=inp.serving_error, drafter_health=health,
                     timings=timings, notes=notes, decoding=inp.decoding, target_output=target_output)
-    run.speedup = _speedup(inp, measured, evals, notes)
-    ev = case.evaluate
-    greedy = run.reference.but(decoding="greedy")           # regimes are compared under greedy decoding
+    greedy = run.reference.but(decoding="greedy")           # the diagnoses read the greedy reference
     top = best(select(evals, greedy))
     run.engines = engines_section(case, inp.drafter_config, inp.target_config, evals, run.reference,
                                   run.best_layout())
-    if server is not None:
-        served = next((c.label for c in inp.candidates if "serving" in c.roles), None)
-        run.server = server_section(server, evals, run.reference, run.best_layout(), seed=ev.seed,
-                                    n_boot=ev.bootstrap, served_layout=served)
     run.diagnoses = compute_all(Context(inp, greedy, top.layout if top else None, evals, passes, extra, drafter,
                                         embed, head, progress, cache, prepared, notes, timings))
     run.verdicts = verdicts(run, inp.target_config)

@@ -20,7 +20,8 @@ from diag.engines.protocol import Release, Verification
 from diag.engines import conventions
 from diag.engines.sanity import EngineSanity, Sampled, limit_check
 from diag.engines.sglang import (accept_rate, explain, flag_parser, launch, round_accounting, server_log,
-                                 server_responses, serving, simulate)
+                                 server_releases, server_responses, serving, simulate)
+from diag.engines.sglang.explain import consistent_pairs
 from diag.engines.sglang import conventions as _sglang_conventions  # noqa: F401  (registers them)
 from diag.engines.sglang.algorithms import ALIASES, MODES, mode_of
 from diag.engines.sglang.architectures import auto_defaults_key, capture_model
@@ -151,6 +152,19 @@ class SglangEngine:
                         expected="the server log, /generate responses or /server_info",
                         found="a metrics scrape named for SGLang")
 
+    def read_baseline_log(self, text: str, *, source: str) -> tuple[server_log.DecodeLine, ...]:
+        return server_log.read_baseline_log(text, source=source)
+
+    def output_release(self, version: str, *, field: str, file: str | None) -> Release:
+        rel = server_releases.server_release(version, field=field, file=file)
+        return Release("sglang", server_releases.show(rel), "SGLang")
+
+    def spec_max_running_requests(self, release: Release) -> int:
+        return launch.SPEC_MAX_RUNNING_REQUESTS
+
+    def log_draft_tokens(self, accept_len: float, accept_rate: float) -> tuple[tuple[int, str], ...]:
+        return consistent_pairs(accept_len, accept_rate)
+
     def read_sampled(self, text: str, *, source: str, temperature: float, release: Release) -> Sampled:
         """Saved /generate responses at that temperature, pooled: 1 + Σa / Σrounds over requests."""
         reqs = [r for r in self.read_responses(text, source=source, release=release).requests if r.rounds]
@@ -169,6 +183,12 @@ class SglangEngine:
                "a discontinuity, so diag fits none to these sampled numbers. Check the server's sampling path "
                "(the release, its sampling and attention backends) against the same engine at T=0.")
         return limit_check(sampled, greedy, k, release.label, greedy_source=greedy_source, why=why)
+
+    def simulation_legend(self) -> str:
+        return "SGLang: environment of the launch"
+
+    def simulation_cell(self, row: dict) -> str:
+        return f"`{row['sglang_command_prefix']} python -m sglang.launch_server ...`"
 
     def launch_argv(self, command: str | list[str]) -> list[str]:
         return launch.server_argv(command)

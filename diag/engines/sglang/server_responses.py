@@ -22,7 +22,7 @@ counts the prefill token).
 A request is identified by a top-level "id" when the file has one (what diag's prompt ids
 are), else by `meta_info.id` (SGLang's rid: send `"rid": "<prompt id>"` with each request);
 its prompt text, when saved beside it ("prompt", "input_text", or "request": {"text": ...}),
-lets diag.run.server_inputs pair it with a prompt when no id matches.
+lets diag.diagnoses.live_serving.inputs pair it with a prompt when no id matches.
 A response with only completion_tokens and spec_verify_ct (no accepted/proposed counts) is
 read by SGLang's own rule, spec_accept_length = completion_tokens / spec_verify_ct
 (tokenizer_manager.py): Σa = completion_tokens - 1 - spec_verify_ct, e.g. 64 and 38 -> Σa 25,

@@ -245,6 +245,27 @@ class VllmEngine:
                        greedy_source: str, platform: str | None = None) -> EngineSanity:
         return sanity.check(sampled, greedy, k, release.name, greedy_source=greedy_source, platform=platform)
 
+    def read_baseline_log(self, text: str, *, source: str):
+        raise DiagError("diag reads no vLLM baseline log", file=source, field="server.baseline_log",
+                        expected="server.baseline_tokens_per_second", found="a baseline log")
+
+    def output_release(self, version: str, *, field: str, file: str | None) -> Release:
+        return self.release(version.removeprefix("vllm-"))
+
+    def spec_max_running_requests(self, release: Release) -> None:
+        """None: not known for vLLM (the case gives [server] max_running_requests)."""
+        return None
+
+    def log_draft_tokens(self, accept_len: float, accept_rate: float):
+        raise DiagError("vLLM's log prints no per-line accept length and accept rate", field="server.log",
+                        expected="a /metrics scrape", found="a decode line")
+
+    def simulation_legend(self) -> str:
+        return "vLLM: the speculative config"
+
+    def simulation_cell(self, row: dict) -> str:
+        return f"vLLM `{row['vllm_flag']}`"
+
     def explain_counters(self, text: str, *, source: str, release: Release, kind: str) -> explain.CounterExplanation:
         """Reconcile a saved /metrics scrape (kind "metrics") or log (kind "log") in this release's terms
         (not in the protocol yet: `diag explain --metrics/--log` looks it up by name)."""

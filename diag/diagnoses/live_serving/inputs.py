@@ -15,30 +15,26 @@ Worked example: completions 512 x 6, max_new_tokens 16 -> DiagError prompts.max_
 expected ">= 512", found 16.
 
 This module reads the server's files (the I/O edge of the reconciliation); the combination
-rules live in server_observation.py, the parsers in diag/engines.
+rules live in observation.py, the parsers in diag/engines.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from diag.engines.sglang.launch import SPEC_MAX_RUNNING_REQUESTS, effective_config, parse_launch
-from diag.engines.sglang.server_log import read_baseline_log, read_server_log
-from diag.engines.sglang.server_releases import rate_formula, server_release, show
-from diag.engines.sglang.server_responses import RequestCounts, read_generate_responses, read_server_info
-from diag.engines import DEFAULT_FAMILY, engine, rules
-from diag.engines.vllm.metrics import read_vllm_metrics
+from diag.engines import DEFAULT_FAMILY, engine, family_rules, rules
 from diag.errors import DiagError
 from diag.checkpoint.readable import require_readable
 from diag.run.case import Case, resolve_path
 from diag.run.prompts import read_prompt_set
-from diag.run.server_sampled import read_sampled
-from diag.run.server_text_match import match_by_text
-from diag.run.server_observation import (LogLoad, Observed, ServerObservation, agree_on_shape, log_draft_tokens,
+from diag.diagnoses.live_serving.sampled import read_sampled
+from diag.diagnoses.live_serving.text_match import match_by_text
+from diag.diagnoses.live_serving.observation import (LogLoad, Observed, ServerObservation, agree_on_shape, log_draft_tokens,
                                          pooled_log, pooled_requests)
 from diag.trees import TreeShape, tree_shape
 
-FILES = ("log", "baseline_log", "responses", "server_info", "vllm_metrics")
+METRICS = "vllm_metrics"        # [server]'s /metrics scrape, in the format of the family it is named for
+FILES = ("log", "baseline_log", "responses", "server_info", METRICS)
 COUNTERS_ONLY = ("log", "baseline_log", "responses", "server_info")   # files of the default family's shape
 
 
@@ -76,10 +72,10 @@ def _check_numbers(case: Case) -> None:
                         field="server.accept_length", expected=">= 1.00", found=sv.accept_length)
 
 
-def pair(requests: tuple[RequestCounts, ...], prompt_ids: list[str], *, narrowed: bool,
-         source: str, texts: dict[str, str | None] | None = None) -> tuple[tuple[RequestCounts, ...], list[str]]:
+def pair(requests: tuple, prompt_ids: list[str], *, narrowed: bool,
+         source: str, texts: dict[str, str | None] | None = None) -> tuple[tuple, list[str]]:
     """The responses in the case's prompt order, and notes (see the module docstring); with
-    a request id that is no prompt id, by the prompt text saved with it (server_text_match.py)."""
+    a request id that is no prompt id, by the prompt text saved with it (text_match.py)."""
     by_id, wanted, paired = {r.id: r for r in requests}, set(prompt_ids), []
     if texts and any(r.prompt is not None and r.id not in wanted for r in requests):
         requests, n = match_by_text(requests, texts, source)
@@ -121,7 +117,7 @@ class _Sources:
         self.draft_sets: list[tuple[str, tuple[int, ...]]] = []
         self.mrr: list[tuple[str, int]] = []
         self.notes: list[str] = []
-        self.requests: tuple[RequestCounts, ...] = ()
+        self.requests: tuple = ()              # the engine's per-request counts (EngineRules.read_responses)
         self.log = self.counters = None
         self.info_version: str | None = None
 
@@ -130,14 +126,16 @@ class _Sources:
             self.shapes.append((src, TreeShape(*tree)))
 
 
-def _release(case: Case, info_version: str | None, info_file: str | None):
+def _release(case: Case, info_version: str | None, info_file: str | None, fam):
+    """The release that wrote the files (EngineRules.output_release): [server] engine, else the
+    server_info's version, else the case's serving engine; the two named must agree."""
     declared = case.server.engine
     if declared is None and info_version is not None:
-        return server_release(info_version, field="version", file=info_file)
-    rel = server_release(declared or case.serving.engine, file=case.source)
-    if info_version is not None and server_release(info_version, field="version", file=info_file) != rel:
-        raise DiagError("the server files come from different SGLang releases", file=info_file, field="version",
-                        expected=f"{show(rel)} (server.engine)", found=info_version)
+        return fam.output_release(info_version, field="version", file=info_file)
+    rel = fam.output_release(declared or case.serving.engine, field="server.engine", file=case.source)
+    if info_version is not None and fam.output_release(info_version, field="version", file=info_file) != rel:
+        raise DiagError(f"the server files come from different {rel.display} releases", file=info_file,
+                        field="version", expected=f"{rel.version} (server.engine)", found=info_version)
     return rel
 
 
@@ -152,8 +150,8 @@ def read_server(case: Case, prompt_ids: list[str], target_config: dict | None, *
     if eng.family != DEFAULT_FAMILY:
         return _other_family(s, eng)
     info_text = _text(case, "server_info")
-    info = read_server_info(info_text[1], source=info_text[0]) if info_text else None
-    rel = _release(case, info.version if info else None, info_text[0] if info_text else None)
+    info = rules(eng).read_server_info(info_text[1], source=info_text[0]) if info_text else None
+    rel = _release(case, info.version if info else None, info_text[0] if info_text else None, rules(eng))
     if info is not None:
         s.files.append(("server_info", info.source))
         s.aggregates.append(Observed(info.accept_length, info.accept_length, info.accept_length,
@@ -166,7 +164,7 @@ def read_server(case: Case, prompt_ids: list[str], target_config: dict | None, *
     _read_counters(s)
     if sv.tree is not None:
         s.shapes.insert(0, ("server.tree", tree_shape(sv.tree, field="server.tree")))
-    _launch(s)
+    _launch(s, eng.display)
     return _observation(s, rel, seed, n_boot)
 
 
@@ -174,14 +172,16 @@ def _read_log(s: _Sources, rel, seed: int, n_boot: int) -> None:
     got = _text(s.case, "log")
     if got is None:
         return
-    s.log = read_server_log(got[1], source=got[0], release=rel)
+    eng = engine(rel.name)
+    s.log = rules(eng).read_log(got[1], source=got[0], release=eng)
     s.files.append(("log", got[0]))
     if s.log.server_args is not None:
         s.shape(f"{got[0]} line {s.log.server_args.line_no} (server_args)", s.log.server_args.tree)
         if s.log.server_args.max_running_requests is not None:
             s.mrr.append((f"{got[0]} (server_args)", s.log.server_args.max_running_requests))
     s.draft_sets.append((f"{got[0]} (accept len / accept rate)",
-                         log_draft_tokens(s.log.speculative, s.log.rate_formula, show(rel), got[0])))
+                         log_draft_tokens(s.log.speculative, s.log.rate_formula, eng.label, got[0],
+                                          rules(eng).log_draft_tokens)))
     s.aggregates.append(pooled_log(s.log.speculative, seed=seed, n_boot=n_boot))
 
 
@@ -189,7 +189,8 @@ def _read_responses(s: _Sources, rel, prompt_ids: list[str], seed: int, n_boot: 
     got = _text(s.case, "responses")
     if got is None:
         return
-    resp = read_generate_responses(got[1], source=got[0], release=rel)
+    eng = engine(rel.name)
+    resp = rules(eng).read_responses(got[1], source=got[0], release=eng)
     p = s.case.prompts
     texts = {q.id: q.text for q in read_prompt_set(resolve_path(p.file, s.case, "prompts.file")).prompts} \
         if any(r.prompt is not None for r in resp.requests) else None
@@ -230,26 +231,35 @@ def check_spans(completions: list[int], max_new_tokens: int, recorded: str | Non
     return notes
 
 
-def _read_counters(s: _Sources, reader=read_vllm_metrics) -> None:
-    got = _text(s.case, "vllm_metrics")
+def _metrics_family():
+    """(the EngineRules, the display name) of the family whose /metrics format [server] METRICS holds."""
+    fam = family_rules(METRICS.removesuffix("_metrics"))
+    return fam, fam.release(fam.releases()[-1]).display
+
+
+def _read_counters(s: _Sources) -> None:
+    got = _text(s.case, METRICS)
     if got is None:
         return
-    s.counters = reader(got[1], source=got[0])
+    fam, display = _metrics_family()
+    s.counters = fam.read_metrics(got[1], source=got[0])
     k = s.counters.num_speculative_tokens
-    s.files.append(("vllm_metrics", got[0]))
-    s.shapes.append((f"{got[0]} (vLLM drafts {k} tokens per round, a chain)", TreeShape(k, 1, k + 1)))
+    s.files.append((METRICS, got[0]))
+    s.shapes.append((f"{got[0]} ({display} drafts {k} tokens per round, a chain)", TreeShape(k, 1, k + 1)))
     al = s.counters.accept_length
-    s.aggregates.insert(1 if s.requests else 0, Observed(al, al, al, f"vLLM counters, {s.counters.num_drafts} drafts"))
+    s.aggregates.insert(1 if s.requests else 0, Observed(al, al, al, f"{display} counters, {s.counters.num_drafts} drafts"))
 
 
-def _launch(s: _Sources) -> None:
-    """The case's launch command, read with SGLang's rules: its tree, its max_running_requests."""
+def _launch(s: _Sources, display: str) -> None:
+    """The case's launch command, read with the default release's rules (as `diag lint` reads it): its
+    tree, its max_running_requests."""
     if not s.case.serving.launch:
         return
-    eff = effective_config(parse_launch(s.case.serving.launch), s.tcfg)
+    d = engine()
+    eff = rules(d).effective_config(rules(d).parse_launch(s.case.serving.launch, release=d), s.tcfg, release=d)
     explicit = eff.flags.num_steps is not None and eff.flags.topk is not None   # auto defaults vary by release
     if explicit and eff.tree is not None and eff.tree.shape is not None and not eff.crash:
-        s.shapes.append(("serving.launch (SGLang's rules)", eff.tree.shape))
+        s.shapes.append((f"serving.launch ({display}'s rules)", eff.tree.shape))
         s.notes += [f"launch command: {n}" for n in eff.tree.notes]
     if eff.max_running_requests is not None:
         s.mrr.append(("serving.launch", eff.max_running_requests))
@@ -262,14 +272,14 @@ def _other_family(s: _Sources, eng) -> ServerObservation:
     for name in COUNTERS_ONLY:
         if getattr(sv, name) is not None:
             raise DiagError(f"diag reconciles a {eng.label} server from its /metrics scrape", file=s.case.source,
-                            field=f"server.{name}", expected="server.vllm_metrics (GET /metrics), server.sampled",
+                            field=f"server.{name}", expected=f"server.{METRICS} (GET /metrics), server.sampled",
                             found=f"a {name} file", hint="`diag explain` reads the server's log")
     if sv.concurrency is not None and sv.max_running_requests is None:
         raise DiagError(f"diag does not know how many requests {eng.label} runs at once", file=s.case.source,
                         field="server.max_running_requests", expected="the server's limit on running requests",
                         found="missing (server.concurrency is set)")
     eng_rules = rules(eng)
-    _read_counters(s, eng_rules.read_metrics)
+    _read_counters(s)
     if sv.tree is not None:
         s.shapes.insert(0, ("server.tree", tree_shape(sv.tree, field="server.tree")))
     if s.case.serving.launch:
@@ -293,7 +303,7 @@ def _other_family(s: _Sources, eng) -> ServerObservation:
 
 
 def _observation(s: _Sources, rel, seed: int, n_boot: int) -> ServerObservation:
-    sv = s.case.server
+    sv, eng = s.case.server, engine(rel.name)
     shape, where, ds = agree_on_shape(s.shapes, s.draft_sets)
     user = [Observed(sv.accept_length, sv.accept_length - 0.005, sv.accept_length + 0.005, "server.accept_length")] \
         if sv.accept_length is not None else []
@@ -307,15 +317,15 @@ def _observation(s: _Sources, rel, seed: int, n_boot: int) -> ServerObservation:
          (aggregates[0].value if aggregates else None))
     base, base_src = _baseline(s)
     mrr_src, mrr = (("server.max_running_requests", sv.max_running_requests) if sv.max_running_requests else
-                    (s.mrr[0] if s.mrr else ("SGLang's speculative-mode default",
-                                             SPEC_MAX_RUNNING_REQUESTS)))
+                    (s.mrr[0] if s.mrr else (f"{eng.display}'s speculative-mode default",
+                                             rules(eng).spec_max_running_requests(eng))))
     return ServerObservation(
-        show(rel), tuple(s.files), aggregates[0] if aggregates else None, tuple(aggregates[1:]), s.requests,
-        shape, where, ds, rate_formula(rel) if s.log is not None else None,
+        rel.version, tuple(s.files), aggregates[0] if aggregates else None, tuple(aggregates[1:]), s.requests,
+        shape, where, ds, rules(eng).accept_rate_formula(eng) if s.log is not None else None,
         s.counters.acceptance_at_depth if s.counters is not None else None,
         tps, tps_src if tps is not None else None, run_al, base, base_src, sv.concurrency, mrr, mrr_src,
         _load(s.log, mrr) if s.log is not None else None, tuple(s.notes),
-        engine(show(rel)).name, engine(show(rel)).label, read_sampled(s.case, engine(show(rel))))
+        eng.name, eng.label, read_sampled(s.case, eng))
 
 
 def _baseline(s: _Sources) -> tuple[float | None, str | None]:
@@ -324,7 +334,7 @@ def _baseline(s: _Sources) -> tuple[float | None, str | None]:
     got = _text(s.case, "baseline_log")
     if got is None:
         return None, None
-    lines = read_baseline_log(got[1], source=got[0])
+    lines = rules(s.case.server.engine or s.case.serving.engine).read_baseline_log(got[1], source=got[0])
     s.files.append(("baseline_log", got[0]))
     return _mean(d.gen_throughput for d in lines), f"baseline log, mean gen throughput of {len(lines)} lines"
 

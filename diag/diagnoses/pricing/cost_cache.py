@@ -27,8 +27,8 @@ import torch
 
 from diag.checkpoint.identity import cache_root, checkpoint_identity
 from diag.errors import DiagError
-from diag.run.costs import MeasuredCosts
-from diag.run.speedup import StepCosts
+from diag.diagnoses.pricing.costs import MeasuredCosts
+from diag.diagnoses.pricing.model import StepCosts
 
 FORMAT = "diag-step-costs-v2"
 

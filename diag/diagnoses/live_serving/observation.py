@@ -14,7 +14,7 @@ Sources (diag/engines readers): the scheduler log, /generate responses, /server_
   weighted by #running-req, bootstrap over lines, widened by the printed rounding ±0.005),
   vLLM counters, /server_info; the others are kept as `also`.
 
-This module knows records and arithmetic; reading files is server_inputs.py's job.
+This module knows records and arithmetic; reading files is inputs.py's job.
 """
 
 from __future__ import annotations
@@ -24,9 +24,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from diag.engines.sanity import Sampled
-from diag.engines.sglang.explain import consistent_pairs
-from diag.engines.sglang.server_log import DecodeLine
-from diag.engines.sglang.server_responses import RequestCounts
 from diag.errors import DiagError
 from diag.stats import accept_length_ci, bootstrap_ci
 from diag.trees import TreeShape
@@ -67,7 +64,7 @@ class ServerObservation:
     files: tuple[tuple[str, str], ...]            # (kind, path)
     accept_length: Observed | None                # the aggregate the candidates are matched on
     also: tuple[Observed, ...]                    # other aggregates, reported only
-    requests: tuple[RequestCounts, ...]           # paired with the case's prompts, in prompt order
+    requests: tuple                               # the engine's per-request counts, in prompt order
     shape: TreeShape | None                       # the tree the server ran, when a source says
     shape_source: str | None
     draft_tokens: tuple[int, ...] | None          # D values consistent with every source (None: any)
@@ -110,7 +107,7 @@ class ServerObservation:
 
 # ---- accept lengths ---------------------------------------------------------------------
 
-def pooled_log(lines: tuple[DecodeLine, ...], *, seed: int, n_boot: int) -> Observed:
+def pooled_log(lines: tuple, *, seed: int, n_boot: int) -> Observed:
     """Accept length over the log's speculative lines, weighted by #running-req (each interval
     adds one round per running request and forward pass). Example: lines (8 req, 1.60) and
     (24 req, 1.70) -> (8·1.60 + 24·1.70) / 32 = 1.675."""
@@ -121,7 +118,7 @@ def pooled_log(lines: tuple[DecodeLine, ...], *, seed: int, n_boot: int) -> Obse
     return Observed(point, lo - ROUNDING, hi + ROUNDING, f"scheduler log, {len(lines)} decode lines")
 
 
-def pooled_requests(requests: tuple[RequestCounts, ...], *, seed: int, n_boot: int) -> Observed:
+def pooled_requests(requests: tuple, *, seed: int, n_boot: int) -> Observed:
     """1 + ΣΣa / ΣR over the requests, interval by bootstrap over requests."""
     rounds = [[r.accepted_sum] + [0] * (r.rounds - 1) for r in requests if r.rounds]
     if not rounds:
@@ -133,17 +130,19 @@ def pooled_requests(requests: tuple[RequestCounts, ...], *, seed: int, n_boot: i
 
 # ---- the tree ----------------------------------------------------------------------------
 
-def log_draft_tokens(lines: tuple[DecodeLine, ...], formula: str, release: str, source: str) -> tuple[int, ...]:
+def log_draft_tokens(lines: tuple, formula: str, release: str, source: str, pairs) -> tuple[int, ...]:
     """The D values for which every line's printed (accept len, accept rate) is consistent
-    under `formula` (rounding included, 1 <= L <= D). None fits: an error naming the line."""
+    under `formula` (rounding included, 1 <= L <= D). None fits: an error naming the line and
+    the release (`release`: as reports write it, e.g. "SGLang 0.5.23"). `pairs(accept_len,
+    accept_rate)`: the (D, formula) that fit one line (EngineRules.log_draft_tokens)."""
     common: set[int] | None = None
     for d in lines:
-        fits = {k for k, f in consistent_pairs(d.accept_len, d.accept_rate) if f == formula}
+        fits = {k for k, f in pairs(d.accept_len, d.accept_rate) if f == formula}
         if not fits:
-            other = sorted({k for k, f in consistent_pairs(d.accept_len, d.accept_rate) if f != formula})
+            other = sorted({k for k, f in pairs(d.accept_len, d.accept_rate) if f != formula})
             raise DiagError("a log line's accept len and accept rate fit no tree under its release's formula",
                             file=source, field=f"line {d.line_no}",
-                            expected=f"rate = {formula} for some D (SGLang {release})",
+                            expected=f"rate = {formula} for some D ({release})",
                             found=f"accept len {d.accept_len:.2f}, accept rate {d.accept_rate:.2f}"
                                   + (f"; the other formula fits D = {other[:4]}" if other else ""),
                             hint="set [server] engine to the release that wrote the log")

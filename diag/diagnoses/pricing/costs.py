@@ -8,7 +8,7 @@ Each is the minimum of `repeats` interleaved timed calls after a warm-up, synchr
 CUDA, reported with its spread (min / median / max of the calls). These are batch-size-1
 costs of *these* models on *this* machine: a measurement, never a verdict. A server's costs
 differ (batching, CUDA graphs, tensor parallelism); they come from the server's own rates
-(run/calibrate.py) or the user (case `[speedup]`).
+(diagnoses/live_serving/calibrate.py) or the user (case `[speedup]`).
 
 This module knows models and clocks; it knows nothing about files or reports.
 """
@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from diag.drafter.model import Eagle3Drafter
-from diag.run.speedup import StepCosts
+from diag.diagnoses.pricing.model import StepCosts
 from diag.target.tree_forward import cache_kwarg
 
 

@@ -6,6 +6,10 @@ that reproduce diag's predicted acceptance on the server. Computes nothing new.
 
 from __future__ import annotations
 
+from diag.diagnoses.live_serving.section import ServerSection
+from diag.diagnoses.typed import to_json
+from diag.engines import families, family_rules
+
 SHOWN = 12      # candidate rows in the table; the rest are counted
 
 
@@ -103,20 +107,20 @@ def _concurrency(sec: dict) -> list[str]:
 
 
 def _simulate(sec: dict) -> list[str]:
+    """The benchmark settings, each engine's part worded by that engine (EngineRules.simulation_cell)."""
     if not sec["simulate"]:
         return []
+    fams = [family_rules(f) for f in families()]
     out = [f"Benchmark the server at diag's predicted acceptance of `{sec['trained_layout']}` "
-           "(SGLang: environment of the launch; vLLM: the speculative config):", ""]
+           f"({'; '.join(f.simulation_legend() for f in fams)}):", ""]
     for s in sec["simulate"]:
-        out.append(f"- {s['tree']} (accept length {_f(s['accept_length'])}): `{s['sglang_command_prefix']} "
-                   f"python -m sglang.launch_server ...`; vLLM `{s['vllm_flag']}`"
+        al = "–" if s["accept_length"] is None else f"{s['accept_length']:.2f}"
+        out.append(f"- {s['tree']} (accept length {al}): " + "; ".join(f.simulation_cell(s) for f in fams)
                    + (f" ({'; '.join(s['notes'])})" if s["notes"] else ""))
     return out + [""]
 
 
-def server_markdown(rep: dict) -> list[str]:
-    sec = rep.get("server")
-    if not sec:
-        return []
+def markdown(section: ServerSection) -> list[str]:
+    sec = to_json(section)
     return (["## The live server", ""] + _observed(sec) + _matches(sec) + _speedup(sec) + _concurrency(sec)
             + _simulate(sec))

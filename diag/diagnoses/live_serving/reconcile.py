@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from diag.replay.evaluation import Evaluation
-from diag.run.server_observation import Observed, ServerObservation
+from diag.diagnoses.live_serving.observation import Observed, ServerObservation
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,20 @@
 """The live-server verdicts: whether the engine's sampled runs are sane (their T -> 0 limit is its
-greedy number: else ENGINE DEFECT, and no layout is fitted to them), which evaluated candidate
-explains what the server reported (or that none does, so the gap lies in the engine), and what
-the max_running_requests cap costs.
+greedy number: else ENGINE DEFECT, and no layout is fitted to them; these lead their severity),
+which evaluated candidate explains what the server reported (or that none does, so the gap lies
+in the engine), what the max_running_requests cap costs, and, last, whether speculation pays at
+the costs calibrated from the server's own rates (calibrate.py).
 
-Reads the run's `server` section (run/server_section.py), which holds the reconciliation's
-matches keyed like the evaluations; knows nothing about files.
+Reads the section as report.json holds it (section.ServerSection, the reconciliation's matches
+keyed like the evaluations) and the run's reference axes kept beside it; knows nothing about files.
+Worked example of the calibrated verdict (the seed): 82.3 tok/s at accept length 2.20 on s3-k4-d5
+against 90.0 plain (0.91x); a round costs 26.73 ms = 2.41 plain steps -> SPECULATION DOES NOT PAY
+at your server's costs when no evaluated tree of the trained layout reaches 1x.
 """
 
 from __future__ import annotations
 
+from diag.diagnoses.live_serving.section import ServerSection
+from diag.diagnoses.typed import to_json
 from diag.run.verdicts.record import Verdict, fmt
 
 
@@ -53,16 +59,15 @@ def _trained_sentence(sec: dict, explaining: list[dict], server_tree: str | None
     return out
 
 
-def _config_sentence(run, best: dict) -> str:
+def _config_sentence(served: tuple[str, ...], best: dict) -> str:
     """When the server runs another layout than the one its configuration resolves to."""
-    served = [c.label for c in getattr(run, "candidates", []) if "serving" in c.roles]
     if not served or best["axes"]["layout"] in served:
         return ""
     return (f" The configuration diag was given resolves to `{served[0]}`: the server is not running what its "
             "configuration says (check the drafter config it loaded, the launch command and the engine release).")
 
 
-def _match_verdict(run, sec: dict) -> list[Verdict]:
+def _match_verdict(ref, served: tuple[str, ...], sec: dict) -> list[Verdict]:
     rec = sec["reconciliation"]
     if rec is None:
         return []
@@ -75,10 +80,10 @@ def _match_verdict(run, sec: dict) -> list[Verdict]:
     if explaining:
         best = explaining[0]
         others = [m["key"] for m in explaining[1:]]
-        text = (f"{said} matches {_candidate(best, run.reference.regime)}{_rewrites(sec)}: {_how(best, mode)}."
+        text = (f"{said} matches {_candidate(best, ref.regime)}{_rewrites(sec)}: {_how(best, mode)}."
                 + (f" Also consistent: {len(others)} other candidate(s) ({', '.join(others[:3])})." if others else "")
-                + _trained_sentence(sec, explaining, best["axes"]["tree"], run.reference.tree)
-                + _config_sentence(run, best))
+                + _trained_sentence(sec, explaining, best["axes"]["tree"], ref.tree)
+                + _config_sentence(served, best))
         trained_ok = sec["trained_layout"] == best["axes"]["layout"] and best["axes"]["mode"] == "eagle3"
         return [Verdict("server-match", "ok" if trained_ok else "warning", text, {**ev, "best": best})]
     closest = next((m for m in rec["matches"] if m["shape_ok"]), None)
@@ -87,7 +92,7 @@ def _match_verdict(run, sec: dict) -> list[Verdict]:
                 f"matches ({rec['matches'][0]['shape_reason']}). Evaluate it too (--tree {tree}).")
         return [Verdict("server-unexplained", "warning", text, ev)]
     text = (f"No evaluated candidate explains the server's accept length {fmt(srv['value'])} {_iv(*srv['ci95'])} "
-            f"({srv['source']}): the closest, {_candidate(closest, run.reference.regime)}, "
+            f"({srv['source']}): the closest, {_candidate(closest, ref.regime)}, "
             f"gives {_how(closest, mode)}. The drafter configurations diag varied do not account for the gap; it "
             "lies in the engine (prefix cache, kernels, tensor-parallel numerics), in sampling (temperature > 0), "
             "or in the continuation (replay the server's own outputs with --recorded).")
@@ -116,11 +121,10 @@ def _concurrency_verdict(sec: dict) -> list[Verdict]:
     return [Verdict("server-concurrency", "warning", text, c)]
 
 
-def sanity_verdicts(run) -> list[Verdict]:
+def sanity_verdicts(sec: ServerSection) -> list[Verdict]:
     """ENGINE DEFECT when the server's sampled runs do not approach its greedy number as T -> 0
     (diag/engines/sanity.py); the check's sentence when it passes or cannot be made."""
-    sec = getattr(run, "server", None)
-    check = (sec or {}).get("sanity")
+    check = to_json(sec.sanity)
     if check is None:
         return []
     if check["verdict"] == "ENGINE DEFECT":
@@ -128,16 +132,51 @@ def sanity_verdicts(run) -> list[Verdict]:
     return [Verdict("engine-sanity", "ok" if check["verdict"] == "OK" else "info", check["message"], check)]
 
 
-def _fits_sampled(run, v: Verdict) -> bool:
+def _fits_sampled(ref, v: Verdict) -> bool:
     """A match verdict that fits a layout to numbers the server produced by sampling."""
-    return v.kind == "server-unexplained" or run.reference.decoding != "greedy"
+    return v.kind == "server-unexplained" or ref.decoding != "greedy"
 
 
-def server_verdicts(run) -> list[Verdict]:
-    sec = getattr(run, "server", None)
-    if not sec:
+def _range(pair, nd: int, unit: str) -> str:
+    """[116.41, 126.5] -> "116.4-126.5 tok/s"; one number when both cost splits agree."""
+    lo, hi = (f"{x:.{nd}f}" for x in pair)
+    return f"{lo}{unit}" if lo == hi else f"{lo}-{hi}{unit}"
+
+
+def calibrated_verdicts(sec: ServerSection) -> list[Verdict]:
+    """Will speculation pay at the server's own costs, for the trained layout and on which tree."""
+    cal = to_json(sec.speedup)
+    if not cal:
         return []
-    match = _match_verdict(run, sec)
+    c = cal["costs"]
+    said = (f"Your server: {cal['tokens_per_second']:.1f} tok/s at accept length {fmt(cal['accept_length'])} on "
+            f"{c['shape']} against {cal['baseline_tokens_per_second']:.1f} tok/s plain ({cal['measured_speedup']:.2f}x); "
+            f"a round costs {c['round_s'] * 1e3:.2f} ms = {c['break_even_accept_length']:.2f} plain steps, the "
+            f"break-even accept length on {c['shape']}.")
+    by_key = {r["key"]: r for r in cal["rows"]}
+    rows = [by_key[k] for k in sec.trained_keys if k in by_key]
+    if not rows:
+        return [Verdict("speedup", "info", said, {"calibration": c})]
+    top = max(rows, key=lambda r: r["speedup"][1])
+    lo, hi = top["speedup"]
+    shape = (f"{top['tree']} on {sec.trained_layout}: accept length {fmt(top['accept_length'])}, "
+             f"{_range(top['tokens_per_second'], 1, ' tok/s')}, {_range(top['speedup'], 2, 'x')}")
+    ev = {"calibration": c, "best": top, "rows": rows}
+    if hi < 1.0:
+        return [Verdict("speedup", "warning", f"SPECULATION DOES NOT PAY at your server's costs: {said} Even the best "
+                        f"of {len(rows)} evaluated trees, {shape}, stays below plain decoding.", ev)]
+    if lo > 1.0:
+        return [Verdict("tree-choice", "info", f"{said} At these costs the best of {len(rows)} evaluated trees is "
+                        f"{shape} plain decoding.", ev)]
+    return [Verdict("speedup", "info", f"{said} The best of {len(rows)} evaluated trees, {shape}, may or may not "
+                    "pay: one measured tree cannot split the round cost between drafting and verifying; measure a "
+                    "second tree to decide.", ev)]
+
+
+def server_verdicts(section: ServerSection) -> list[Verdict]:
+    """The match and concurrency verdicts, then the calibrated speedup's."""
+    sec, ref = to_json(section), section.reference
+    match = _match_verdict(ref, section.served, sec)
     if (sec.get("sanity") or {}).get("verdict") == "ENGINE DEFECT":
-        match = [v for v in match if not _fits_sampled(run, v)]     # no layout explains a defect
-    return match + _concurrency_verdict(sec)
+        match = [v for v in match if not _fits_sampled(ref, v)]     # no layout explains a defect
+    return match + _concurrency_verdict(sec) + calibrated_verdicts(section)

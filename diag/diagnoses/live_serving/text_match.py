@@ -4,18 +4,17 @@ responses whose request id is no prompt id (SGLang names a request without rid b
 Rule: a response's text pairs with the prompt whose text is the same, exactly, else after
 stripping surrounding whitespace on both sides; a text two prompts share, or one two
 responses share, cannot say which is which and is an error. Responses whose text matches no
-prompt keep their own id (so server_inputs reports them as prompts outside the case).
+prompt keep their own id (so inputs.py reports them as prompts outside the case).
 Worked example: prompts {"code-01": "def f(x):", "prose-01": "Once upon"}, responses with
 ids "9f1c..." / "a77e..." and prompts "Once upon" / "def f(x):\n" -> ids prose-01, code-01.
 
-This module knows records and strings; server_inputs.py decides when to use it.
+This module knows records and strings; inputs.py decides when to use it.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from diag.engines.sglang.server_responses import RequestCounts
 from diag.errors import DiagError
 
 
@@ -31,8 +30,7 @@ def _index(texts: dict[str, str], source: str, key) -> dict[str, str]:
     return out
 
 
-def match_by_text(requests: tuple[RequestCounts, ...], texts: dict[str, str | None],
-                  source: str) -> tuple[tuple[RequestCounts, ...], int]:
+def match_by_text(requests: tuple, texts: dict[str, str | None], source: str) -> tuple[tuple, int]:
     """The requests with prompt ids where their text names a prompt (those whose own id is a
     prompt id keep it), and how many were paired by text."""
     given = {pid: t for pid, t in texts.items() if t is not None}
