@@ -24,6 +24,7 @@ This module knows files, hashes and processes; the drawing is plots.py's.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -36,11 +37,14 @@ _UNREAD = ("created", "timings", "target_pass")     # no plot reads these; every
 PARALLEL_CPUS = 4
 
 
+@functools.cache
 def _code() -> str:
-    import matplotlib
+    """The drawing code's identity: plots.py's source and matplotlib's version, read from its
+    metadata (importing matplotlib costs 0.3-1.5 s, and a run whose plots are all cached draws none)."""
+    from importlib.metadata import version
 
     from diag.report import plots
-    return hashlib.sha256(Path(plots.__file__).read_bytes()).hexdigest() + matplotlib.__version__
+    return hashlib.sha256(Path(plots.__file__).read_bytes()).hexdigest() + version("matplotlib")
 
 
 def plot_key(name: str, rep: dict) -> str:

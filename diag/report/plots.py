@@ -30,7 +30,16 @@ from pathlib import Path
 
 from diag.diagnoses.hooks import plots_all
 from diag.replay.evaluation import ANY, Evaluation, reference_axes, select
-from diag.report.figure import WIDE, figure as _figure, save as _save
+
+
+def _figure(panels: int, wide: bool = False):
+    from diag.report.figure import PANEL, WIDE, figure    # matplotlib: imported only when a plot is drawn
+    return figure(panels, WIDE if wide else PANEL)
+
+
+def _save(fig, folder: Path, name: str, title: str) -> dict:
+    from diag.report.figure import save
+    return save(fig, folder, name, title)
 
 
 def _label(e: dict) -> str:
@@ -151,7 +160,7 @@ def speedup(rep: dict, folder: Path) -> dict | None:
     rows = _reference_rows(rep)
     if not rows:
         return None
-    fig, (ax,) = _figure(1, panel=WIDE)
+    fig, (ax,) = _figure(1, wide=True)
     _break_even_curves(ax, rows)
     for lay in sorted({r["layout"] for r in rows}):
         pts = sorted((r["num_draft_tokens"], r["accept_length"]) for r in rows
