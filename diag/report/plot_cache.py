@@ -123,6 +123,8 @@ def draw_all(plots, rep: dict, folder: Path, *, workers: int | None = None) -> l
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
+        import diag.report.figure  # noqa: F401  (matplotlib loaded once, before the fork: no worker imports it)
+
         with ProcessPoolExecutor(min(workers, len(todo)), mp_context=multiprocessing.get_context("fork")) as pool:
             list(pool.map(_draw, [(p, rep, folder) for p in todo]))     # each drawn into the cache
     return [cached_plot(p, rep, folder) for p in plots]
