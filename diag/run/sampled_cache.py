@@ -16,7 +16,8 @@ The key hashes everything that decides those rounds:
     points, seed: the seeds drive the coins), the engine's draft tables of each mode, the
     sampled verification rule, the token budget (it sets the batches, and a row's floats may
     depend on its batch's width);
-  the code: diag's version, FORMAT.
+  the code: diag's version, FORMAT and LOOP_VERSION (raise it with any change to the loop that
+    changes a number it records: the key does not hash the loop's source).
 The lanes are the whole loop's, not one variant's: rows of every lane share each forward, so a
 variant is answered only beside the lanes it was decoded with (a run that adds a layout decodes
 that tree shape's loop again; the other shapes' loops are answered).
@@ -42,6 +43,7 @@ from diag.checkpoint.identity import cache_root
 from diag.replay.decode_loop import Decoded, Lane
 
 FORMAT = "diag-sampled-v1"
+LOOP_VERSION = 1
 
 
 def loop_key(base: list[list[str]], decoding, shape, lanes: list[Lane], layouts: dict, tables: dict,
@@ -50,7 +52,7 @@ def loop_key(base: list[list[str]], decoding, shape, lanes: list[Lane], layouts:
     def table(t) -> str:
         return "default" if t is None else f"{t.embed},{t.lm_head},{t.vocab_limit},{t.uses_d2t}"
     lane_rows = [[ln.variant.key, str(layouts.get(ln.variant.layout)), str(ln.seed)] for ln in lanes]
-    return [["format", FORMAT], ["diag", diag.__version__], *base,
+    return [["format", FORMAT], ["loop_version", str(LOOP_VERSION)], ["diag", diag.__version__], *base,
             ["decoding", repr(decoding)],
             ["tree", f"{shape.num_steps},{shape.topk},{shape.num_draft_tokens}"],
             ["lanes", json.dumps(lane_rows)],
