@@ -58,7 +58,7 @@ def sampled_run(tmp_path_factory):
 
 def test_one_target_load_and_a_cached_pass_loads_it_only_for_the_loop(sampled_run):
     assert sampled_run["first_loads"] == 1
-    assert sampled_run["loads"] == 2
+    assert sampled_run["loads"] == 1          # the repeat run: passes and sampled loops from the caches
     again = sampled_run["again"]
     assert all(r["cached"] for r in again.target_pass["regimes"].values())
     assert [e.key for e in again.evaluations] == [e.key for e in sampled_run["run"].evaluations]

@@ -28,6 +28,7 @@ This module knows files, hashes and processes; the drawing is plots.py's.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -40,11 +41,14 @@ _UNREAD = ("created", "timings", "target_pass")     # no plot reads these; every
 PARALLEL_CPUS = 4
 
 
+@functools.cache
 def _code() -> str:
-    import matplotlib
+    """The drawing code's identity: plots.py's source and matplotlib's version, read from its
+    metadata (importing matplotlib costs 0.3-1.5 s, and a run whose plots are all cached draws none)."""
+    from importlib.metadata import version
 
     from diag.report import plots
-    return hashlib.sha256(Path(plots.__file__).read_bytes()).hexdigest() + matplotlib.__version__
+    return hashlib.sha256(Path(plots.__file__).read_bytes()).hexdigest() + version("matplotlib")
 
 
 def plot_key(name: str, rep: dict) -> str:
@@ -123,23 +127,25 @@ def draw_all(plots, rep: dict, folder: Path, *, workers: int | None = None) -> l
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
+        import diag.report.figure  # noqa: F401  (matplotlib loaded once, before the fork: no worker imports it)
+
         with ProcessPoolExecutor(min(workers, len(todo)), mp_context=multiprocessing.get_context("fork")) as pool:
             list(pool.map(_draw, [(p, rep, folder) for p in todo]))     # each drawn into the cache
     return [cached_plot(p, rep, folder) for p in plots]
 
 
 def _diagnosis_code(d) -> str:
+    """A diagnosis's drawing code: its module (every module of its package), report/figure.py
+    (read as a file: importing it imports matplotlib) and matplotlib's version."""
     import inspect
+    from importlib.metadata import version
 
-    import matplotlib
-
-    from diag.report import figure
     src = Path(inspect.getfile(type(d)))
     files = sorted(src.parent.glob("*.py")) if src.name == "__init__.py" else [src]
     digest = hashlib.sha256()
-    for f in [*files, Path(figure.__file__)]:
+    for f in [*files, Path(__file__).with_name("figure.py")]:
         digest.update(f.read_bytes())
-    return digest.hexdigest() + matplotlib.__version__
+    return digest.hexdigest() + version("matplotlib")
 
 
 def diagnosis_plot_key(d, rep: dict) -> str:

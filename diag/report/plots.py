@@ -20,7 +20,16 @@ from pathlib import Path
 
 from diag.diagnoses.hooks import plots_all
 from diag.diagnoses.protocol import PROMPT_SIDE, SERVING
-from diag.report.figure import figure as _figure, save as _save
+
+
+def _figure(panels: int, wide: bool = False):
+    from diag.report.figure import PANEL, WIDE, figure    # matplotlib: imported only when a plot is drawn
+    return figure(panels, WIDE if wide else PANEL)
+
+
+def _save(fig, folder: Path, name: str, title: str) -> dict:
+    from diag.report.figure import save
+    return save(fig, folder, name, title)
 
 
 def _label(e: dict) -> str:

@@ -115,14 +115,14 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True, shard
         drafter.use_target_head(head)
     t0 = _stopwatch(timings, "checks_s", t0)
     loaded = Loaded(drafter, embed, head, use_cache, inp)
-    sampled = SampledEvaluations(inp, drafter, embed, head, shards=shards)
+    sampled = SampledEvaluations(inp, drafter, embed, head, shards=shards, use_cache=use_cache)
     got = (shards.target_passes if shards is not None else target_passes)(
         inp, progress=progress, use_cache=use_cache, needs_model=sampled.regimes,
         with_model=lambda reg, model: (with_model_all(prepared, reg, model, loaded), sampled(reg, model)))
     if got is None:
         return None                                  # a rank other than 0: its share is rank 0's now
     passes, pass_meta, extra = got
-    notes = inp.notes + pass_meta.pop("cache_notes")
+    notes = inp.notes + pass_meta.pop("cache_notes") + list(dict.fromkeys(sampled.notes))
     t0 = _stopwatch(timings, "target_s", t0)
     timings.update(pass_meta.pop("phases"))          # target_load_s, _generate_s, _capture_s
     timings.update(loaded.timings)                   # the diagnoses' while a target was loaded (target_costs_s)

@@ -9,22 +9,28 @@ Which variants (the case's decoding.scope):
 Each variant runs once per seed over every prompt. Lanes of one tree shape share each
 verify forward (rows = lanes x prompts, in batches of at most `token_budget` verified tokens);
 the prompts' prefill is shared by every lane. Nothing is loaded and nothing runs when the run
-has no sampled decoding. This module connects the loop with a case; it knows nothing about
-files or reports.
+has no sampled decoding. Each loop is answered from the sampled cache when it ran before with the
+same content (run/sampled_cache.py); when every loop is, the target is not loaded for them.
+This module connects the loop with a case; it knows nothing about files or reports.
 """
 
 from __future__ import annotations
 
+import json
 import time
 
+from diag.checkpoint.identity import checkpoint_identity, is_memoised
 from diag.replay.decode_loop import DecodeLoop, Lane
 from diag.replay.evaluation import Evaluation, best
 from diag.replay.replay import Variant
 from diag.replay.round_accounting import accounting_for
 from diag.replay.sampled_summary import summarize_sampled
+from diag.run import sampled_cache
+from diag.run.eval_cache import _device_name
 from diag.run.evaluate import serving_rendering
-from diag.run.inputs import Inputs, draft_tables_by_mode, round_accounting, sampled_verification
-from diag.run.target_passes import special_ids
+from diag.run.inputs import Inputs, draft_tables_by_mode, dtype_of, round_accounting, sampled_verification
+from diag.run.target_passes import _checkpoint, pass_key, special_ids
+from diag.target.pass_cache import token_digest
 from diag.trees import TreeShape
 
 
@@ -53,9 +59,12 @@ def _batches(rows: list[tuple[int, int]], lens: list[int], shape: TreeShape, max
 class SampledEvaluations:
     """Callable as target_passes' with_model hook; `evaluations` afterwards."""
 
-    def __init__(self, inp: Inputs, drafter, embed, head, shards=None):
+    def __init__(self, inp: Inputs, drafter, embed, head, shards=None, use_cache: bool = False):
         self.inp, self.drafter, self.embed, self.head = inp, drafter, embed, head
         self.shards = shards                 # run/distributed.Shards: this rank decodes its share of the batches
+        self.use_cache = use_cache and shards is None
+        self.notes: list[str] = []           # why a cache entry was not believed
+        self._base: list[list[str]] | None = None
         plan = inp.decoding
         self.decodings = list(plan.sampled) if plan is not None else []
         self.regime = inp.regimes[0]
@@ -65,17 +74,43 @@ class SampledEvaluations:
 
     @property
     def regimes(self) -> set[str]:
-        """Regimes whose model must be loaded even when their pass is cached."""
-        return {self.regime} if self.decodings else set()
+        """Regimes whose model must be loaded even when their pass is cached: none when every
+        loop is answered from the cache (asked only when the target's digest is memoised, so
+        the key costs no read of its weights)."""
+        if not self.decodings:
+            return set()
+        if self.use_cache and is_memoised(_checkpoint(self.inp, self.regime)) and self._resolve(None):
+            return set()
+        return {self.regime}
 
     def __call__(self, regime: str, model) -> None:
-        if regime != self.regime or not self.decodings or self.ran:
-            return
+        if regime == self.regime and self.decodings and not self.ran:
+            self._resolve(model)
+
+    def _resolve(self, model) -> bool:
+        """Every decoding's evaluations; model None: from the cache only (False on a miss)."""
         t0 = time.perf_counter()
-        for dec in self.decodings:
-            self.evaluations += self._one(model, dec)
-        self.ran = True
+        try:
+            evals = [e for dec in self.decodings for e in self._one(model, dec)]
+        except _Miss:
+            return False
+        self.evaluations, self.ran = evals, True
         self.seconds = round(time.perf_counter() - t0, 3)
+        return True
+
+    def _key(self, dec, shape, lanes: list[Lane]) -> list[list[str]]:
+        inp = self.inp
+        if self._base is None:
+            eos, pad = special_ids(inp.tokenizer, inp.target_path)
+            dtype = dtype_of(inp.case.target.dtype, "target.dtype", inp.case)
+            p = next(self.drafter.parameters())
+            self._base = [["target_pass", pass_key(inp, self.regime, token_digest(inp.prompts, inp.recorded, eos, pad),
+                                                   dtype).digest],
+                          ["drafter", checkpoint_identity(inp.drafter_path)], ["drafter_dtype", str(p.dtype)],
+                          ["device", _device_name(p.device)], ["eos", json.dumps(sorted(eos))]]
+        return sampled_cache.loop_key(self._base, dec, shape, lanes, {c.label: c.layout for c in inp.candidates},
+                                      draft_tables_by_mode(inp), sampled_verification(inp),
+                                      inp.case.evaluate.token_budget)
 
     def _variants(self, dec, shapes, candidates) -> list[Variant]:
         rendering = serving_rendering(self.inp)
@@ -106,20 +141,42 @@ class SampledEvaluations:
         for shape in dict.fromkeys(v.tree for v in variants):
             vs = [v for v in variants if v.tree == shape]
             lanes = [Lane(v, s) for v in vs for s in inp.decoding.seeds]
-            loop = DecodeLoop(model, self.drafter, self.embed, self.head, lanes, layouts, shape, dec, eos_ids=eos,
-                              tables=draft_tables_by_mode(inp), verification=sampled_verification(inp))
-            rows = [(li, p) for li in range(len(lanes)) for p in range(len(prompts))]
-            batches = _batches(rows, lens, shape, inp.case.prompts.max_new_tokens, ev.token_budget)
-            if self.shards is not None:          # this rank's share of the same batches, bit for bit
-                batches = self.shards.own_batches(batches)
-            decoded = []
-            for batch in batches:
-                decoded += loop.run(prompts, batch, inp.case.prompts.max_new_tokens)
-            if self.shards is not None:
-                decoded = self.shards.all_rows([r for b in batches for r in b], decoded)
+            decoded = self._decode(model, dec, shape, lanes, prompts, lens, eos, layouts)
             for v in vs:
                 mine = [o for o in decoded if o.lane.variant == v]
                 out.append(summarize_sampled(v, mine, [pid for pid, _, _ in inp.prompts], lens, window_steps=window,
                                              buckets=ev.position_buckets, seed=ev.seed, n_boot=ev.bootstrap,
                                              accounting=accounting))
         return out
+
+    def _decode(self, model, dec, shape, lanes, prompts, lens, eos, layouts):
+        """Every row of one loop (lanes x prompts), from the cache or decoded (and then cached);
+        model None and no entry: _Miss."""
+        inp, ev = self.inp, self.inp.case.evaluate
+        key = self._key(dec, shape, lanes) if self.use_cache else None
+        if key is not None:
+            hit, why = sampled_cache.load(key, lanes)
+            if why:
+                self.notes.append(f"sampled decode {dec.name} {shape.name}: {why}")
+            if hit is not None:
+                return hit
+        if model is None:
+            raise _Miss
+        loop = DecodeLoop(model, self.drafter, self.embed, self.head, lanes, layouts, shape, dec, eos_ids=eos,
+                          tables=draft_tables_by_mode(inp), verification=sampled_verification(inp))
+        rows = [(li, p) for li in range(len(lanes)) for p in range(len(prompts))]
+        batches = _batches(rows, lens, shape, inp.case.prompts.max_new_tokens, ev.token_budget)
+        if self.shards is not None:          # this rank's share of the same batches, bit for bit
+            batches = self.shards.own_batches(batches)
+        decoded = []
+        for batch in batches:
+            decoded += loop.run(prompts, batch, inp.case.prompts.max_new_tokens)
+        if self.shards is not None:
+            decoded = self.shards.all_rows([r for b in batches for r in b], decoded)
+        if key is not None:
+            sampled_cache.save(key, lanes, decoded)
+        return decoded
+
+
+class _Miss(Exception):
+    """A loop the cache cannot answer while no model is loaded."""

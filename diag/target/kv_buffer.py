@@ -46,8 +46,15 @@ class BufferLayer(DynamicLayer):
         self.keys, self.values = self.buf_k[:, :, :length], self.buf_v[:, :, :length]
 
     def take_rows(self, rows: torch.Tensor, length: int) -> None:
+        """Keep `rows` and their first `length` slots; only those are copied (the slots past
+        `length` are written by the next update before anything reads them), into buffers of
+        the same capacity. Example: capacity 600, length 380 -> 380 slots per row moved, not 600."""
         r = rows.to(self.buf_k.device)
-        self.buf_k, self.buf_v = self.buf_k[r], self.buf_v[r]
+        buf_k = self.buf_k.new_empty(len(r), *self.buf_k.shape[1:])
+        buf_v = self.buf_v.new_empty(len(r), *self.buf_v.shape[1:])
+        torch.index_select(self.buf_k[:, :, :length], 0, r, out=buf_k[:, :, :length])
+        torch.index_select(self.buf_v[:, :, :length], 0, r, out=buf_v[:, :, :length])
+        self.buf_k, self.buf_v = buf_k, buf_v
         self.crop_to(length)
 
 
