@@ -38,7 +38,7 @@ from diag.run.costs import measure_costs
 from diag.run.engines_section import EnginesSection, engines_section
 from diag.run.eval_cache import EvalCache, cached_output_health
 from diag.run.evaluate import evaluate, reference_axes
-from diag.run.inputs import Inputs, prepare, served_dtypes
+from diag.run.inputs import Inputs, engine_numerics, prepare, served_dtypes
 from diag.run.pricing import speedup_section, user_costs
 from diag.run.prompt_sections import prompt_sections
 from diag.run.regime_section import regime_section
@@ -183,6 +183,7 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True, shard
                       notes=[*inp.notes, f"the server's tree {server.shape.name} ({server.shape_source}) was added "
                                          "to the evaluated trees"])
     drafter, dckpt = load_drafter(inp.drafter_path, dtype=served_dtypes(case, inp.target_config)[1])
+    drafter.set_numerics(engine_numerics(inp))          # the served engine's rounding (bf16/fp16 only)
     drafter.to(_main_device(case))
     embed, head = target_tables(inp.target_path, inp.target_config)   # rows read as used, head when needed
     if drafter.cfg.lm_head_from_target:            # no draft_vocab_size: the target's lm_head

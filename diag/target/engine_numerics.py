@@ -45,6 +45,8 @@ from torch import nn
 from diag.errors import DiagError
 
 NUMERICS = ("transformers", "fp32-kernels")
+FOLLOWED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")   # config
+# architectures whose decoder apply_numerics follows (a caller decides before loading weights)
 IMPLEMENTATION = "diag_fp32_kernels"        # transformers attention-interface name registered here
 REDUCED = (torch.bfloat16, torch.float16)
 
