@@ -131,3 +131,33 @@ def test_a_bf16_drafter_under_vllm_numerics_carries_rounded_states():
     assert any(not torch.equal(a, b) for a, b in zip(plain, fused))
     with pytest.raises(DiagError):
         d.set_numerics("fast")
+
+
+def test_costs_are_timed_as_loaded_and_the_numerics_come_back():
+    """as_loaded: inside, the model computes as transformers loaded it (equal to an unpatched
+    copy, bit for bit); after, the engine's rounding again (equal to before)."""
+    from diag.target.engine_numerics import as_loaded
+    plain, m = _llama(), _llama()
+    apply_numerics(m, "fp32-kernels")
+    ids = torch.tensor([[5, 9, 3, 17, 2, 40, 11]])
+    with torch.no_grad():
+        want_plain, want_engine = plain(ids).logits, m(ids).logits
+        assert not torch.equal(want_plain, want_engine)
+        with as_loaded(m):
+            assert torch.equal(m(ids).logits, want_plain)
+        assert torch.equal(m(ids).logits, want_engine)
+        with as_loaded(plain):                        # no numerics: passes through
+            assert torch.equal(plain(ids).logits, want_plain)
+
+
+def test_measure_costs_leaves_the_drafters_numerics_as_set():
+    from diag.drafter.model import DrafterConfig, Eagle3Drafter
+    from diag.run.costs import measure_costs
+    cfg = DrafterConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                        vocab_size=97, draft_vocab_size=97, target_hidden_size=64)
+    d = Eagle3Drafter(cfg).to(torch.bfloat16).eval().set_numerics("fp32-kernels")
+    m = apply_numerics(_llama(), "fp32-kernels")
+    costs = measure_costs(m, d, m.get_input_embeddings(), [1, 4], context=16, repeats=1)
+    assert costs.costs.t_decode > 0
+    assert d.numerics == "fp32-kernels" and d.fp32_math and m.diag_numerics == "fp32-kernels"
+    assert m.config._attn_implementation == "diag_fp32_kernels"
