@@ -207,7 +207,7 @@ def main() -> int:
     if not a.render_only:
         python = vs.vllm_python()
         wanted = set(filter(None, a.pairs.split(",")))
-        pairs = [p for p in (*vc.LLAMA_PAIRS, *vc.DEEPSEEK_PAIRS)
+        pairs = [p for p in (*vc.LLAMA_PAIRS, *vc.QWEN3_PAIRS, *vc.DEEPSEEK_PAIRS)
                  if (not wanted or p.drafter in wanted or vc.pair_label(p) in wanted)
                  and a.written in ("both", "yes" if p.as_written else "no")]
         pairs += [vc.Pair(*spec.split(":"), as_written=True) for spec in a.extra_pair]

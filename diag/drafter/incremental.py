@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from diag.drafter.drafting import DraftHead, _token_map
 from diag.drafter.model import Eagle3Drafter
+from diag.target.engine_numerics import LANES, kernel_attention
 from diag.drafter.tree_build import DraftTree, expand_step, finalize, first_step
 from diag.trees import TreeShape
 
@@ -93,7 +94,12 @@ def extend(drafter: Eagle3Drafter, dh: DraftHead, kv: DraftKV, tokens: torch.Ten
     kv.k[rows, :, slot], kv.v[rows, :, slot] = k[on], v[on]
     last = kv.length[:, None] + step + 1                                        # pair k sees slots < length + k + 1
     see = torch.arange(kv.k.shape[2], device=e.device)[None, None] < last[..., None]     # [B, N, cap]
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), kv.k, kv.v, attn_mask=see[:, None], scale=attn.scale)
+    if drafter.fp32_math:            # vLLM-CPU's kernel (model.fp32_attention); slot = position: lane slot % LANES
+        cap = kv.k.shape[2]
+        out = kernel_attention(q.transpose(1, 2).float() * torch.tensor(attn.scale), [kv.k.float()], [kv.v.float()],
+                               see[:, None].expand(B, kv.k.shape[1], N, cap), torch.arange(cap) % LANES).to(q.dtype)
+    else:
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), kv.k, kv.v, attn_mask=see[:, None], scale=attn.scale)
     kv.length = kv.length + count
     return drafter.midlayer.finish(out.transpose(1, 2), h)
 
@@ -111,6 +117,15 @@ def _deep(drafter: Eagle3Drafter, e, h, step: int, kv: DraftKV, history: list, r
     s_pre = s_pre.masked_fill(~kv.valid[:, None, None, :], float("-inf"))
     ks = torch.stack([hk for hk, _ in history] + [k], dim=-2)                  # [B, R, nh, n, hd]
     vs = torch.stack([hv for _, hv in history] + [v], dim=-2)
+    if drafter.fp32_math:            # the kernel over the cache (slots 0..) then the row's own keys at root + 1..
+        L, n = kv.k.shape[2], ks.shape[-2]
+        keep = torch.cat([kv.valid[:, None, None, :].expand(B, R, 1, L), torch.ones(B, R, 1, n, dtype=torch.bool)], -1)
+        lane = torch.cat([torch.arange(L).expand(B, L), root[:, None] + 1 + torch.arange(n)], -1) % LANES
+        pre = [t.float()[:, None] for t in (kv.k, kv.v)]                       # [B, 1, nh, L, hd]
+        out = kernel_attention((q.float() * torch.tensor(scale))[..., None, :], [pre[0], ks.float()],
+                               [pre[1], vs.float()], keep[:, :, None].expand(B, R, q.shape[2], 1, L + n),
+                               lane[:, None, None, None])
+        return drafter.midlayer.finish(out[..., 0, :].to(q.dtype), h), (k, v)
     s_own = torch.einsum("brhd,brhnd->bhrn", q, ks) * scale                     # [B, nh, R, n]
     w = torch.softmax(torch.cat([s_pre, s_own], dim=-1).float(), dim=-1).to(q.dtype)
     L = kv.k.shape[2]

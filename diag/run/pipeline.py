@@ -36,7 +36,7 @@ from diag.run.case import Case, check_case
 from diag.run.engines_section import EnginesSection, engines_section
 from diag.run.eval_cache import EvalCache, cached_output_health
 from diag.run.evaluate import evaluate, reference_axes
-from diag.run.inputs import Inputs, prepare, served_dtypes
+from diag.run.inputs import Inputs, engine_numerics, prepare, served_dtypes
 from diag.run.sampled import SampledEvaluations
 from diag.run.target_passes import target_passes
 from diag.run.verdicts import Verdict, verdicts
@@ -109,6 +109,7 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True, shard
     inp, prepared = prepare_all(inp)                                # the diagnoses' own, before any weight
     case = inp.case
     drafter, dckpt = load_drafter(inp.drafter_path, dtype=served_dtypes(case, inp.target_config)[1])
+    drafter.set_numerics(engine_numerics(inp))          # the served engine's rounding (bf16/fp16 only)
     drafter.to(_main_device(case))
     embed, head = target_tables(inp.target_path, inp.target_config)   # rows read as used, head when needed
     if drafter.cfg.lm_head_from_target:            # no draft_vocab_size: the target's lm_head

@@ -21,11 +21,14 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import torch
+
 from diag.checkpoint.identity import drain_notes, is_memoised
 from diag.errors import DiagError
 from diag.replay.round_accounting import accounting_for
 from diag.run.checkpoints import locate
-from diag.run.inputs import Inputs, dtype_of, round_accounting
+from diag.run.inputs import Inputs, dtype_of, engine_numerics, numerics_notes, round_accounting
+from diag.target.engine_numerics import apply_numerics
 from diag.target.gen_batch import generation_batch
 from diag.target.load import load_target, target_info
 from diag.target.pass_cache import PassKey, load_pass, save_pass, token_digest
@@ -104,6 +107,8 @@ def pass_key(inp: Inputs, regime: str, tokens_sha: str, dtype) -> PassKey:
     placement = f"gpus={case.placement.gpus}" if case.placement.gpus else "cpu"
     if case.placement.microbatches > 1:          # other generation batches: other rounding
         placement += f",microbatches={case.placement.microbatches}"
+    if engine_numerics(inp) != "transformers" and dtype != torch.float32:   # the served engine's rounding
+        placement += f",numerics={engine_numerics(inp)}"
     extra = lookahead(inp)
     new_tokens = f"{case.prompts.max_new_tokens}+{extra}" if extra else case.prompts.max_new_tokens
     return PassKey.make(ckpt, tokens_sha, regime, inp.points, new_tokens, str(dtype), placement)
@@ -156,9 +161,10 @@ class _Target:
         self.inp, self.regime, self.dtype, self.model, self.clock = inp, regime, dtype, None, clock
 
     def get(self):
+        """The model, rounding as the served engine's kernels do (inputs.engine_numerics)."""
         if self.model is None:
-            self.model = _timed(self.clock, "target_load_s",
-                                lambda: model_for(self.inp.target_path, self.dtype, self.regime, self.inp.case))
+            self.model = _timed(self.clock, "target_load_s", lambda: apply_numerics(
+                model_for(self.inp.target_path, self.dtype, self.regime, self.inp.case), engine_numerics(self.inp)))
         return self.model
 
 
@@ -210,7 +216,7 @@ def target_passes(inp: Inputs, *, progress: bool, use_cache: bool,
     where the generation and the capture run (Local: here; run/distributed.Shards: over ranks)."""
     dtype = dtype_of(inp.case.target.dtype, "target.dtype", inp.case)
     passes, extra, sequences = {}, {}, None
-    meta = {"regimes": {}, "cache_notes": [], "extra_passes": {}, "phases": {}}
+    meta = {"regimes": {}, "cache_notes": numerics_notes(inp), "extra_passes": {}, "phases": {}}
     drain_notes()                         # an earlier run's notes in this process are not this run's
     for reg in inp.regimes:
         target = _Target(inp, reg, dtype, meta["phases"])

