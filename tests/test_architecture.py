@@ -224,12 +224,9 @@ def test_the_name_counter_skips_docs_and_sees_code(tmp_path):
 #   coverage: another quantity of the same name, the drafter-health check "vocab coverage"
 #     (drafter/health.py), not the diagnosis;
 #   pricing: the GPU bench times the pipeline's step-cost measurement itself (bench/gpu.py);
-#   live_serving: `diag validate` reads and checks the [server] files as `diag run` does, before
-#     any weight (checks/validate.py).
 DIAGNOSIS_NAMED_OUTSIDE: dict[str, dict[str, int]] = {
     "coverage": {"diag/drafter/health.py": 3},
     "pricing": {"diag/bench/gpu.py": 1},
-    "live_serving": {"diag/checks/validate.py": 1},
     "long_context": {
         "diag/run/case.py": 2,
         "diag/run/inputs.py": 3,

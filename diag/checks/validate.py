@@ -63,12 +63,12 @@ def validate_case(case: Case) -> list[str]:
                  f"trees: {', '.join(case.evaluate.trees)}; regimes: {', '.join(case.evaluate.regimes)}")
     why_not = _not_here(case)
     if why_not is not None:
-        return lines + [f"checks before loading: not run ({why_not})"] + _server(case, [p.id for p in pset.prompts])
+        return lines + [f"checks before loading: not run ({why_not})"] + _diagnoses(case, [p.id for p in pset.prompts])
     from diag.run.inputs import prepare
     inp = prepare(case)
     lines.append(f"checks before loading: passed ({len(inp.prompts)} prompts rendered, {len(inp.candidates)} "
                  f"candidate layout(s), placement {'cpu' if not case.placement.gpus else f'{case.placement.gpus} GPU(s)'})")
-    return lines + _server(inp.case, [p[0] for p in inp.prompts], inp.target_config)
+    return lines + _diagnoses(inp.case, [p[0] for p in inp.prompts], inp.target_config)
 
 
 def _not_here(case: Case) -> str | None:
@@ -90,16 +90,10 @@ def _not_here(case: Case) -> str | None:
     return None
 
 
-def _server(case: Case, prompt_ids: list[str], target_config: dict | None = None) -> list[str]:
-    """The [server] files read and checked exactly as `diag run` reads them (no weights)."""
-    from diag.diagnoses.live_serving.inputs import read_server
-    obs = read_server(case, prompt_ids, target_config)
-    if obs is None:
-        return []
-    files = ", ".join(f"{k} {p}" for k, p in obs.files) or "no file"
-    al = f"accept length {obs.accept_length.value:.2f}" if obs.accept_length else "no accept length"
-    tree = obs.shape.name if obs.shape else "tree not named"
-    return [f"server: {obs.engine_label}; {files}; {al}; {tree}"]
+def _diagnoses(case: Case, prompt_ids: list[str], target_config: dict | None = None) -> list[str]:
+    """Each registered diagnosis's own input files (the live server's), read as `diag run` reads them."""
+    from diag.diagnoses.hooks import validate_lines_all
+    return validate_lines_all(case, prompt_ids, target_config)
 
 
 def _regimes(case: Case) -> None:

@@ -53,6 +53,11 @@ def prepare_all(inp) -> tuple:
     return inp, states
 
 
+def validate_lines_all(case, prompt_ids: list[str], target_config: dict | None = None) -> list[str]:
+    """`diag validate`'s lines of every diagnosis's own inputs, in registry order."""
+    return [line for d in DIAGNOSES for line in d.validate_lines(case, prompt_ids, target_config)]
+
+
 def with_model_all(states: dict, regime: str, model, loaded: Loaded) -> None:
     for d in DIAGNOSES:
         d.with_model(states.get(d.name), regime, model, loaded)

@@ -21,6 +21,8 @@ finished evaluation and says what the section means (verdicts), shows (Markdown)
                    while a regime's target model is loaded (step costs measured on it); `loaded`
                    is a Loaded (drafter, embedding, head, use_cache, the final inputs, and a
                    timings dict for the seconds it spends there); nothing by default
+    validate_lines(case, prompt_ids, target_config)
+                   what `diag validate` prints of its own input files, read as run reads them
     check_case(case)  raises DiagError naming the file and key when its case section is wrong,
                    before anything loads (run/case.check_case calls it)
     add_flags(p), apply_flags(case, args), flag_of
@@ -160,6 +162,11 @@ class Diagnosis:
 
     def with_model(self, state, regime: str, model, loaded: Loaded) -> None:
         """While `regime`'s target model is loaded."""
+
+    def validate_lines(self, case, prompt_ids: list[str], target_config: dict | None) -> list[str]:
+        """What `diag validate` prints of this diagnosis's own inputs (its files), read and checked
+        as `diag run` reads them, no weight loaded; a DiagError as run would raise it. None by default."""
+        return []
 
     def compute(self, ctx: Context):
         raise NotImplementedError

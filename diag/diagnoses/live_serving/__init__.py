@@ -48,6 +48,16 @@ class LiveServing(Diagnosis):
                                              "to the evaluated trees"])
         return inp, obs
 
+    def validate_lines(self, case, prompt_ids: list[str], target_config: dict | None) -> list[str]:
+        """The [server] files read and checked exactly as `diag run` reads them (no weights)."""
+        obs = read_server(case, prompt_ids, target_config)
+        if obs is None:
+            return []
+        files = ", ".join(f"{k} {p}" for k, p in obs.files) or "no file"
+        al = f"accept length {obs.accept_length.value:.2f}" if obs.accept_length else "no accept length"
+        tree = obs.shape.name if obs.shape else "tree not named"
+        return [f"server: {obs.engine_label}; {files}; {al}; {tree}"]
+
     def compute(self, ctx: Context) -> ServerSection | None:
         obs = ctx.prepared.get(self.name)
         if obs is None:
