@@ -77,7 +77,8 @@ def test_a_discontinuity_at_t_to_0_is_an_engine_defect_not_a_layout(tmp_path):
     assert sec["observed"]["engine"] == "vLLM 0.32.0" and sec["observed"]["release"] == "0.32.0"
     assert [s["temperature"] for s in sec["observed"]["sampled"]] == [0.01, 0.3, 1.0]
     assert sec["sanity"]["greedy"] == pytest.approx(1 + 981 / 558) and sec["sanity"]["lowest"]["rounds"] == 558
-    assert sec["simulate"] == []                      # SGLang's simulated-acceptance settings are not vLLM's
+    # every registered engine's benchmark settings, side by side (diag/engines/simulate.py)
+    assert sec["simulate"] and all({"sglang_env", "vllm_speculative_config"} <= set(r) for r in sec["simulate"])
     rep = {**envelope(run), "plots": []}             # the writer adds the plots it draws
     jsonschema.validate(rep, SCHEMA)
     md = render(rep)
