@@ -91,6 +91,14 @@ def test_every_part_is_typed_and_the_schema_comes_from_the_types(tmp_path):
     bad = json.loads(json.dumps(back))
     del bad["simulate"][0]["notes"]
     assert list(check.iter_errors(bad))
+    # the engines' fields are checked by each engine's schema (EngineRules.simulation_schema)
+    for change in ({"unknown": 1}, {"sglang_env": {"OTHER": "1"}}, {"vllm_flag": 3}):
+        bad = json.loads(json.dumps(back))
+        bad["simulate"][0].update(change)
+        assert list(check.iter_errors(bad)), change
+    bad = json.loads(json.dumps(back))
+    del bad["simulate"][0]["vllm_speculative_config"]
+    assert list(check.iter_errors(bad))
 
 
 def test_the_calibrated_speedup_comes_last_and_silences_the_user_costs(tmp_path):

@@ -16,8 +16,8 @@ Two parts stay maps on purpose:
   (BenchmarkSettings.fields, e.g. an environment map and a command prefix); naming them here
   would name an engine outside its package (tests/test_architecture.py), so the row keeps them
   as one spread `dict` in its place: {"key", "tree", "accept_length", <each engine's fields>,
-  "notes"}, worded back by each engine (EngineRules.simulation_cell). Their schema is the
-  engines' own business: the row's object admits them as any value.
+  "notes"}, worded back by each engine (EngineRules.simulation_cell) and checked by each
+  engine's schema (EngineRules.simulation_schema, added to the row's by LiveServing.schema).
 Worked example of a reported accept length (the seed's log):
     Reported(1.675, (1.66, 1.69), "scheduler log, 2 decode lines")
     -> {"value": 1.675, "ci95": [1.66, 1.69], "source": "scheduler log, 2 decode lines"}
