@@ -19,6 +19,10 @@ neither):
     inline()     a `Group | None` (a dataclass) whose keys sit in the parent's object, all of
                  them there or none: {"a": 1} + Group(b=2, c=None) -> {"a": 1, "b": 2, "c": null};
                  read back as present when the group's first key is
+    spread()     a `dict[str, X]` (or bare `dict`) whose entries sit in the parent's object at the
+                 field's place: {"a": 1} + {"x": 2, "y": 3} + {"z": 4} -> {"a": 1, "x": 2, "y": 3, "z": 4};
+                 read back as every parent key no other field claims; the schema admits those keys
+                 as X (bare dict: any value), so the parent's object accepts keys beyond its fields
 
 `internal(default)` marks a field the run fills for the verdicts (the trained layout's keys)
 that report.json does not hold: skipped by all three, read back as its default.
@@ -66,6 +70,11 @@ def optional(*, schema: dict | None = None):
 def inline():
     """A dataclass field (default None) written as its own keys in the parent's object, or not at all."""
     return field(default=None, metadata={"inline": True, "schema": {}})
+def spread():
+    """A dict field whose entries are written as keys of the parent's object, at the field's place."""
+    return field(metadata={"spread": True, "schema": {}})
+
+
 def internal(default):
     """A field kept in memory for the verdicts, not written to report.json (read back as `default`)."""
     return field(default=default, compare=False, metadata={"internal": True})
@@ -92,7 +101,8 @@ def to_json(value):
             v = getattr(value, f.name)
             if v is None and (f.metadata.get("optional") or f.metadata.get("inline")):
                 continue
-            out.update(to_json(v) if f.metadata.get("inline") else {_key(f): to_json(v)})
+            grouped = f.metadata.get("inline") or f.metadata.get("spread")
+            out.update(to_json(v) if grouped else {_key(f): to_json(v)})
         return out
     if isinstance(value, (tuple, list)):
         return [to_json(v) for v in value]
@@ -127,7 +137,8 @@ def from_json(tp, value):
         return from_json(_inner(tp), value)
     if is_dataclass(tp):
         hints = _hints(tp)
-        return tp(**{f.name: _field(f, hints[f.name], value) for f in _fields(tp)})
+        return tp(**{f.name: _spread(tp, hints[f.name], value) if f.metadata.get("spread")
+                     else _field(f, hints[f.name], value) for f in _fields(tp)})
     if _origin(tp) is dict and _args(tp):
         return {k: from_json(_args(tp)[1], v) for k, v in value.items()}
     if _origin(tp) is tuple:
@@ -137,6 +148,23 @@ def from_json(tp, value):
     if tp is float and isinstance(value, int):
         return float(value)
     return value
+
+
+def _claimed(cls) -> set[str]:
+    """The report keys the fields of `cls` (inline groups' included) write, spread fields aside."""
+    hints, out = _hints(cls), set()
+    for f in _fields(cls):
+        if f.metadata.get("inline"):
+            out |= _claimed(_inner(hints[f.name]))
+        elif not f.metadata.get("spread"):
+            out.add(_key(f))
+    return out
+
+
+def _spread(cls, tp, parent: dict) -> dict:
+    """A spread field read back: the parent's keys that no other field of `cls` claims, in order."""
+    claimed = _claimed(cls)
+    return from_json(tp, {k: v for k, v in parent.items() if k not in claimed})
 
 
 def _field(f: dataclasses.Field, tp, parent: dict):
@@ -162,16 +190,18 @@ def json_schema(tp, extra: dict | None = None) -> dict:
             return {**inner, "type": [*(t if isinstance(t, list) else [t]), "null"]}
         return {"oneOf": [{"type": "null"}, inner]}
     if is_dataclass(tp):
-        hints, props, required = _hints(tp), {}, []
+        hints, props, required, more = _hints(tp), {}, [], False
         for f in _fields(tp):
-            if f.metadata.get("inline"):
+            if f.metadata.get("spread"):
+                more = json_schema(hints[f.name]).get("additionalProperties", True)
+            elif f.metadata.get("inline"):
                 props.update(json_schema(_inner(hints[f.name]))["properties"])
             elif f.metadata.get("optional"):
                 props[_key(f)] = json_schema(_inner(hints[f.name]), f.metadata.get("schema"))
             else:
                 props[_key(f)] = json_schema(hints[f.name], f.metadata.get("schema"))
                 required.append(_key(f))
-        return {"type": "object", "additionalProperties": False, "required": required, "properties": props, **extra}
+        return {"type": "object", "additionalProperties": more, "required": required, "properties": props, **extra}
     if _origin(tp) is tuple:
         a = _args(tp)
         if len(a) == 2 and a[1] is Ellipsis:

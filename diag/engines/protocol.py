@@ -338,6 +338,10 @@ class EngineRules(Protocol):
     def simulation_cell(self, row: dict) -> str:
         """This engine's settings in a report's `simulate` row, as report.md shows them."""
 
+    def simulation_schema(self) -> dict:
+        """The JSON Schema of each field this engine writes into a `simulate` row (BenchmarkSettings.fields),
+        keyed by field in their order: the row's schema requires them and admits no other key."""
+
     # ---- launch-flag lint ----------------------------------------------------------------
     def launch_argv(self, command: str | list[str]) -> list[str]:
         """The words after the program, as the server's parser gets them ('python -m

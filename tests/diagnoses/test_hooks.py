@@ -156,3 +156,26 @@ def test_a_report_key_other_than_the_name(monkeypatch):
     assert hooks.markdown_all({"toys": out["toys"]}) == ["## Toy", "3"]
     schema = hooks.report_schema(json.loads(SCHEMA_FILE.read_text()))
     assert "toys" in schema["required"] and "keyed_toy" not in schema["$defs"]
+
+
+def test_a_spread_field_writes_its_entries_in_the_parents_object():
+    """typed.spread(): a dict whose keys sit in the parent at the field's place, read back as the keys
+    no other field claims; the schema then admits keys beyond the fields (as the dict's values)."""
+    from diag.diagnoses.typed import from_json, spread, to_json
+
+    @dataclass(frozen=True)
+    class Row:
+        key: str
+        extra: dict[str, int] = spread()
+        notes: tuple[str, ...] = meta()
+
+    row = Row("a", {"x": 2, "y": 3}, ("n",))
+    assert to_json(row) == {"key": "a", "x": 2, "y": 3, "notes": ["n"]}
+    assert list(to_json(row)) == ["key", "x", "y", "notes"]
+    assert from_json(Row, to_json(row)) == row
+    assert to_json(Row("b", {}, ())) == {"key": "b", "notes": []}
+    schema = json_schema(Row)
+    assert schema["required"] == ["key", "notes"] and schema["additionalProperties"] == {"type": "integer"}
+    assert not list(jsonschema.Draft202012Validator(schema).iter_errors(to_json(row)))
+    assert list(jsonschema.Draft202012Validator(schema).iter_errors({"key": "a", "x": "two", "notes": []}))
+    assert list(jsonschema.Draft202012Validator(schema).iter_errors({"key": "a", "x": 2}))

@@ -15,6 +15,8 @@ from diag.diagnoses.hooks import report_schema
 
 from diag.diagnoses.live_serving import LiveServing
 from diag.diagnoses.live_serving.inputs import read_server
+from diag.diagnoses.live_serving import parts
+from diag.diagnoses.live_serving.parts import Sanity
 from diag.diagnoses.live_serving.section import ServerSection, server_section
 from diag.diagnoses.pricing.verdicts import speedup_verdicts
 from diag.diagnoses.protocol import Offered
@@ -64,19 +66,53 @@ def test_the_section_round_trips_through_report_json(tmp_path):
                              "`--speculative-config '{\"num_speculative_tokens\": 3, ")
 
 
+def test_every_part_is_typed_and_the_schema_comes_from_the_types(tmp_path):
+    """The seed's section read back from report.json: each part a dataclass of parts.py, read by
+    attribute; the engines' simulation fields kept as one spread map in the row's place."""
+    back = json.loads(json.dumps(to_json(_seed(tmp_path))))
+    read = LiveServing().read({"server": back})
+    assert isinstance(read.observed, parts.Observed) and isinstance(read.speedup, parts.Calibration)
+    assert read.observed.tree == parts.ServerTree("s3-k4-d5", 3, 4, 5, "server.tree")
+    c = read.speedup.costs
+    assert (c.shape, round(c.round_s * 1e3, 2), round(c.break_even_accept_length, 2)) == ("s3-k4-d5", 26.73, 2.41)
+    assert isinstance(read.speedup.rows[0], parts.PricedRow) and isinstance(read.reconciliation.matches[0], parts.Match)
+    row = read.simulate[0]
+    assert isinstance(row, parts.SimulateRow) and list(to_json(row)) == list(back["simulate"][0])
+    assert list(back["simulate"][0])[:3] == ["key", "tree", "accept_length"] and list(back["simulate"][0])[-1] == "notes"
+    assert set(row.engines) == set(back["simulate"][0]) - {"key", "tree", "accept_length", "notes"} != set()
+    schema = LiveServing().schema()
+    assert "schema.json" not in {p.name for p in (Path(diag.__file__).parent / "diagnoses" / "live_serving").iterdir()}
+    assert schema["properties"]["speedup"]["oneOf"][1]["properties"]["costs"]["properties"]["shape"]["pattern"]
+    full = report_schema(json.loads((Path(diag.__file__).parent / "schema" / "report.schema.json").read_text()))
+    check = jsonschema.Draft202012Validator({"$defs": full["$defs"], "$ref": "#/$defs/server"})
+    bad = json.loads(json.dumps(back))
+    bad["speedup"]["costs"]["round_s"] = -1.0
+    assert list(check.iter_errors(bad))
+    bad = json.loads(json.dumps(back))
+    del bad["simulate"][0]["notes"]
+    assert list(check.iter_errors(bad))
+    # the engines' fields are checked by each engine's schema (EngineRules.simulation_schema)
+    for change in ({"unknown": 1}, {"sglang_env": {"OTHER": "1"}}, {"vllm_flag": 3}):
+        bad = json.loads(json.dumps(back))
+        bad["simulate"][0].update(change)
+        assert list(check.iter_errors(bad)), change
+    bad = json.loads(json.dumps(back))
+    del bad["simulate"][0]["vllm_speculative_config"]
+    assert list(check.iter_errors(bad))
+
+
 def test_the_calibrated_speedup_comes_last_and_silences_the_user_costs(tmp_path):
     sec = _seed(tmp_path)
     verdicts = LiveServing().verdicts(sec)
     assert "82.3 tok/s at accept length 2.20 on s3-k4-d5 against 90.0 tok/s plain (0.91x)" in verdicts[-1].text
-    assert sec.calibrated_speedup is sec.speedup and sec.speedup["basis"] == "server"
+    assert sec.calibrated_speedup is sec.speedup and sec.speedup.basis == "server"
     user = replace(_priced(StepCosts(10e-3, 1e-3, {2: 40e-3})), basis="user")
     assert speedup_verdicts(user, Offered({"live_serving": sec, "pricing": user})) == []
     assert speedup_verdicts(user, Offered({"pricing": user}))
 
 
 def test_an_engine_defect_leads(tmp_path):
-    sec = replace(_seed(tmp_path), sanity={"verdict": "ENGINE DEFECT", "engine": "E 1", "greedy": 2.7,
-                                           "greedy_source": "g", "lowest": None, "tolerance": 0.4, "message": "m"})
+    sec = replace(_seed(tmp_path), sanity=Sanity("ENGINE DEFECT", "E 1", 2.7, "g", None, 0.4, "m"))
     (v,) = LiveServing().leading(sec)
     assert (v.kind, v.severity, v.text) == ("engine-defect", "error", "m")
 

@@ -11,7 +11,7 @@ import pytest
 from diag.diagnoses import DIAGNOSES
 from diag.diagnoses.pricing import Pricing
 from diag.diagnoses.pricing.model import StepCosts
-from diag.diagnoses.pricing.section import SpeedupSection, speedup_section
+from diag.diagnoses.pricing.section import CostSpread, Spread, SpeedupSection, speedup_section
 from diag.diagnoses.typed import from_json, to_json
 from test_reconcile import candidates
 
@@ -40,6 +40,27 @@ def test_the_section_round_trips_through_report_json_without_its_internal_fields
     again = from_json(SpeedupSection, back)
     assert again.rows == sec.rows and again.trained_keys == () and again.trained_layout is None
     assert Pricing().read({"speedup": back}) == again
+
+
+def test_measured_costs_keep_their_spread_typed():
+    """costs.py's spread (seconds, each cost's min / median / max) as CostSpread, written back unchanged."""
+    evals, _ = _section()
+    spread = {"t_decode": {"min": 0.0029, "median": 0.0034, "max": 0.0073},
+              "t_draft": {"min": 0.0006, "median": 0.0007, "max": 0.0050},
+              "t_verify": {"2": {"min": 0.0035, "median": 0.0074, "max": 0.0086}},
+              "t_draft_extend": {"min": 0.0005, "median": 0.0006, "max": 0.0009}}
+    sec = speedup_section(evals, StepCosts(2.9 * MS, 0.6 * MS, {2: 3.5 * MS}), "measured", basis="measured",
+                          spread=spread, repeats=5)
+    assert isinstance(sec.spread, CostSpread) and sec.spread.t_verify["2"] == Spread(0.0035, 0.0074, 0.0086)
+    back = json.loads(json.dumps(to_json(sec)))
+    assert back["spread"] == spread and list(back["spread"]) == list(spread)
+    assert Pricing().read({"speedup": back}) == sec
+    check = jsonschema.Draft202012Validator(Pricing().schema())
+    assert not list(check.iter_errors(back))
+    back["spread"]["t_verify"]["x"] = back["spread"]["t_verify"]["2"]
+    assert list(check.iter_errors(back))
+    assert any("Measured on this machine, 5 calls each (decode 2.90 / 3.40 / 7.30 ms" in line
+               for line in Pricing().markdown(sec, {"evaluations": [], "reference": {}}))
 
 
 def test_user_costs_give_a_tree_choice_or_speculation_does_not_pay():

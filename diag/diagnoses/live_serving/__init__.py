@@ -27,6 +27,7 @@ from diag.diagnoses.live_serving.markdown import markdown
 from diag.diagnoses.live_serving.section import ServerSection, server_section
 from diag.diagnoses.live_serving.verdicts import sanity_verdicts, server_verdicts
 from diag.diagnoses.protocol import SERVING, Context, Diagnosis
+from diag.engines import families, family_rules
 from diag.run.evaluate import reference_axes
 
 
@@ -75,3 +76,14 @@ class LiveServing(Diagnosis):
 
     def markdown(self, sec: ServerSection, rep: dict) -> list[str]:
         return markdown(sec)
+
+    def schema(self) -> dict:
+        """The section's schema from its types, a `simulate` row's engine fields checked by each
+        registered engine's own schema (EngineRules.simulation_schema; parts.SimulateRow)."""
+        out = super().schema()
+        row = out["properties"]["simulate"]["items"]
+        engines = {k: v for f in families() for k, v in family_rules(f).simulation_schema().items()}
+        row["properties"].update(engines)
+        row["required"] = [*row["required"], *engines]
+        row["additionalProperties"] = False
+        return out

@@ -24,13 +24,15 @@ Concurrency: in speculative mode SGLang caps running requests at max_running_req
 set); with C > cap concurrent requests, cap run and C - cap queue, so the aggregate throughput is
 at most cap / C of what C slots would give at the same per-request speed.
 
-This module is pure arithmetic over Evaluation records and the server's numbers.
+This module is pure arithmetic over Evaluation records and the server's numbers; what it returns
+is typed as report.json holds it (parts.Calibration, parts.Concurrency).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from diag.diagnoses.live_serving import parts
 from diag.errors import DiagError
 from diag.trees import TreeShape
 
@@ -52,11 +54,10 @@ class ServerCosts:
     def break_even(self) -> float:
         return self.round / self.t_decode
 
-    def to_json(self) -> dict:
-        return {"t_decode_s": self.t_decode, "round_s": self.round, "overhead_s": self.overhead,
-                "t_draft_s_if_draft_bound": self.overhead / self.shape.num_steps,
-                "t_token_s_if_verify_bound": self.overhead / (self.shape.num_draft_tokens - 1),
-                "shape": self.shape.name, "break_even_accept_length": self.break_even}
+    def report(self) -> parts.CalibratedCosts:
+        return parts.CalibratedCosts(self.t_decode, self.round, self.overhead, self.overhead / self.shape.num_steps,
+                                     self.overhead / (self.shape.num_draft_tokens - 1), self.shape.name,
+                                     self.break_even)
 
 
 def server_costs(baseline_tps: float, spec_tps: float, accept_length: float, shape: TreeShape) -> ServerCosts:
@@ -73,7 +74,7 @@ def server_costs(baseline_tps: float, spec_tps: float, accept_length: float, sha
     return ServerCosts(t_decode, rnd, rnd - t_decode, shape)
 
 
-def price(evaluations, costs: ServerCosts, baseline_tps: float) -> list[dict]:
+def price(evaluations, costs: ServerCosts, baseline_tps: float) -> tuple[parts.PricedRow, ...]:
     """Every evaluation with rounds, priced: tok/s and speedup as (low, high) over the cost split."""
     rows = []
     for e in evaluations:
@@ -81,33 +82,27 @@ def price(evaluations, costs: ServerCosts, baseline_tps: float) -> list[dict]:
             continue
         cheap, dear = costs.round_bounds(e.shape)
         lo, hi = e.accept_length / dear, e.accept_length / cheap
-        rows.append({"key": e.key, "axes": e.axes.as_dict(), "tree": e.shape.name, "accept_length": e.accept_length,
-                     "round_s": [cheap, dear], "tokens_per_second": [lo, hi],
-                     "speedup": [lo / baseline_tps, hi / baseline_tps],
-                     "break_even_accept_length": [cheap / costs.t_decode, dear / costs.t_decode],
-                     "exact": abs(dear - cheap) < 1e-12})
-    return rows
+        rows.append(parts.PricedRow(e.key, e.axes.as_dict(), e.shape.name, e.accept_length, (cheap, dear), (lo, hi),
+                                    (lo / baseline_tps, hi / baseline_tps),
+                                    (cheap / costs.t_decode, dear / costs.t_decode), abs(dear - cheap) < 1e-12))
+    return tuple(rows)
 
 
-def concurrency(users: int | None, cap: int, cap_source: str, load) -> dict | None:
+def concurrency(users: int | None, cap: int, cap_source: str, load) -> parts.Concurrency | None:
     """What the max_running_requests cap costs at the user's concurrency (module docstring)."""
     if users is None and load is None:
         return None
-    out = {"concurrency": users, "max_running_requests": cap, "source": cap_source,
-           "capped": users is not None and users > cap,
-           "served_fraction": None if users is None else min(1.0, cap / users),
-           "log": None if load is None else load.to_json()}
-    out["throughput_cost"] = None if users is None else 1.0 - out["served_fraction"]
-    return out
+    served = None if users is None else min(1.0, cap / users)
+    return parts.Concurrency(users, cap, cap_source, users is not None and users > cap, served, load,
+                             None if users is None else 1.0 - served)
 
 
-def calibration(obs, evaluations) -> dict | None:
+def calibration(obs, evaluations) -> parts.Calibration | None:
     """The server-calibrated speedup section, or None when a rate, the accept length or the tree is unknown."""
     if None in (obs.baseline_tokens_per_second, obs.tokens_per_second, obs.run_accept_length) or obs.shape is None:
         return None
     costs = server_costs(obs.baseline_tokens_per_second, obs.tokens_per_second, obs.run_accept_length, obs.shape)
-    return {"basis": "server", "baseline_tokens_per_second": obs.baseline_tokens_per_second,
-            "baseline_source": obs.baseline_source, "tokens_per_second": obs.tokens_per_second,
-            "tokens_per_second_source": obs.tokens_per_second_source, "accept_length": obs.run_accept_length,
-            "measured_speedup": obs.tokens_per_second / obs.baseline_tokens_per_second,
-            "costs": costs.to_json(), "rows": price(evaluations, costs, obs.baseline_tokens_per_second)}
+    return parts.Calibration("server", obs.baseline_tokens_per_second, obs.baseline_source, obs.tokens_per_second,
+                             obs.tokens_per_second_source, obs.run_accept_length,
+                             obs.tokens_per_second / obs.baseline_tokens_per_second, costs.report(),
+                             price(evaluations, costs, obs.baseline_tokens_per_second))

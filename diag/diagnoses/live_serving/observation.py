@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from diag.diagnoses.live_serving import parts
+from diag.diagnoses.live_serving.parts import Load as LogLoad
 from diag.engines.sanity import Sampled
 from diag.errors import DiagError
 from diag.stats import accept_length_ci, bootstrap_ci
@@ -40,22 +42,8 @@ class Observed:
     hi: float
     source: str
 
-    def to_json(self) -> dict:
-        return {"value": self.value, "ci95": [self.lo, self.hi], "source": self.source}
-
-
-@dataclass(frozen=True)
-class LogLoad:
-    """How full the server ran: decode lines at the max_running_requests cap with requests queued."""
-
-    lines: int
-    max_running_req: int
-    max_queue_req: int
-    lines_capped_with_queue: int
-
-    def to_json(self) -> dict:
-        return {"lines": self.lines, "max_running_req": self.max_running_req, "max_queue_req": self.max_queue_req,
-                "lines_capped_with_queue": self.lines_capped_with_queue}
+    def reported(self) -> parts.Reported:
+        return parts.Reported(self.value, (self.lo, self.hi), self.source)
 
 
 @dataclass(frozen=True)
@@ -84,25 +72,20 @@ class ServerObservation:
     engine_label: str = ""                        # how reports write it: "SGLang 0.5.8"
     sampled: tuple[Sampled, ...] = ()             # runs at T > 0 ([server] sampled), lowest T first
 
-    def to_json(self) -> dict:
+    def report(self) -> parts.Observed:
+        """The section's `observed` part (parts.Observed): what the server reported, as report.json holds it."""
         s = self.shape
-        return {"release": self.release, "engine": self.engine_label,
-                "sampled": [x.to_json() for x in self.sampled], "files": [{"kind": k, "path": p} for k, p in self.files],
-                "accept_length": self.accept_length.to_json() if self.accept_length else None,
-                "also": [o.to_json() for o in self.also],
-                "requests": [{"id": r.id, "rounds": r.rounds, "accepted_sum": r.accepted_sum,
-                              "completion_tokens": r.completion_tokens} for r in self.requests],
-                "tree": None if s is None else {"name": s.name, "num_steps": s.num_steps, "topk": s.topk,
-                                                "num_draft_tokens": s.num_draft_tokens, "source": self.shape_source},
-                "draft_tokens": None if self.draft_tokens is None else list(self.draft_tokens),
-                "rate_formula": self.rate_formula,
-                "acceptance_at_depth": None if self.acceptance_at_depth is None else list(self.acceptance_at_depth),
-                "tokens_per_second": self.tokens_per_second, "tokens_per_second_source": self.tokens_per_second_source,
-                "run_accept_length": self.run_accept_length,
-                "baseline_tokens_per_second": self.baseline_tokens_per_second, "baseline_source": self.baseline_source,
-                "concurrency": self.concurrency, "max_running_requests": self.max_running_requests,
-                "max_running_requests_source": self.max_running_requests_source,
-                "load": self.load.to_json() if self.load else None, "notes": list(self.notes)}
+        return parts.Observed(
+            self.release, self.engine_label,
+            tuple(parts.SampledRun(x.temperature, x.accept_length, x.rounds, x.depth, x.source) for x in self.sampled),
+            tuple(parts.ServerFile(k, p) for k, p in self.files),
+            self.accept_length.reported() if self.accept_length else None, tuple(o.reported() for o in self.also),
+            tuple(parts.Request(r.id, r.rounds, r.accepted_sum, r.completion_tokens) for r in self.requests),
+            None if s is None else parts.ServerTree(s.name, s.num_steps, s.topk, s.num_draft_tokens, self.shape_source),
+            self.draft_tokens, self.rate_formula, self.acceptance_at_depth, self.tokens_per_second,
+            self.tokens_per_second_source, self.run_accept_length, self.baseline_tokens_per_second,
+            self.baseline_source, self.concurrency, self.max_running_requests, self.max_running_requests_source,
+            self.load, self.notes)
 
 
 # ---- accept lengths ---------------------------------------------------------------------

@@ -20,7 +20,8 @@ pins D = 2: ruled out.
 When no candidate explains the server, the gap lies outside what diag varied: in the engine
 (prefix cache, kernels, tensor-parallel numerics), in sampling, or in the continuation.
 
-This module is pure: Evaluation records and a ServerObservation in, a Reconciliation out.
+This module is pure: Evaluation records and a ServerObservation in, a Reconciliation out (its
+report.json form: parts.Reconciliation, by `report()`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from diag.diagnoses.live_serving import parts
 from diag.replay.evaluation import Evaluation
 from diag.diagnoses.live_serving.observation import Observed, ServerObservation
 
@@ -46,15 +48,13 @@ class Match:
     rms_ci95: tuple[float, float] | None
     explains: bool
 
-    def to_json(self) -> dict:
+    def row(self) -> parts.Match:
+        """This match as report.json holds it (parts.Match), keyed and labelled like its evaluation."""
         e = self.evaluation
-        return {"key": e.key, "axes": e.axes.as_dict(), "num_steps": e.shape.num_steps, "topk": e.shape.topk,
-                "num_draft_tokens": e.shape.num_draft_tokens, "accept_length": e.accept_length,
-                "accept_length_ci95": list(e.accept_length_ci95), "shape_ok": self.shape_ok,
-                "shape_reason": self.shape_reason, "diag_value": self.diag_value, "server_value": self.server_value,
-                "difference": self.difference, "difference_ci95": list(self.difference_ci95),
-                "per_request_rms": self.rms, "per_request_rms_ci95": None if self.rms_ci95 is None else list(self.rms_ci95),
-                "explains": self.explains}
+        return parts.Match(e.key, e.axes.as_dict(), e.shape.num_steps, e.shape.topk, e.shape.num_draft_tokens,
+                           e.accept_length, tuple(e.accept_length_ci95), self.shape_ok, self.shape_reason,
+                           self.diag_value, self.server_value, self.difference, tuple(self.difference_ci95),
+                           self.rms, None if self.rms_ci95 is None else tuple(self.rms_ci95), self.explains)
 
 
 @dataclass(frozen=True)
@@ -71,10 +71,11 @@ class Reconciliation:
     def closest(self) -> Match | None:
         return next((m for m in self.matches if m.shape_ok), None)
 
-    def to_json(self) -> dict:
-        return {"mode": self.mode, "server": self.server.to_json(), "matches": [m.to_json() for m in self.matches],
-                "explaining": [m.evaluation.key for m in self.explaining],
-                "closest": self.closest.evaluation.key if self.closest else None}
+    def report(self) -> parts.Reconciliation:
+        """The section's `reconciliation` part (parts.Reconciliation)."""
+        return parts.Reconciliation(self.mode, self.server.reported(), tuple(m.row() for m in self.matches),
+                                    tuple(m.evaluation.key for m in self.explaining),
+                                    self.closest.evaluation.key if self.closest else None)
 
 
 def servable(e: Evaluation) -> bool:

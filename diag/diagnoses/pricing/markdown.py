@@ -48,9 +48,9 @@ def _spread(sec: SpeedupSection) -> str:
     """Measured costs: a measurement with its spread, never a verdict."""
     if sec.basis != "measured" or not sec.spread:
         return ""
-    d = sec.spread["t_decode"]
-    return (f" Measured on this machine, {sec.repeats} calls each (decode {d['min'] * 1e3:.2f} / "
-            f"{d['median'] * 1e3:.2f} / {d['max'] * 1e3:.2f} ms min / median / max): a measurement, not a verdict "
+    d = sec.spread.t_decode
+    return (f" Measured on this machine, {sec.repeats} calls each (decode {d.min * 1e3:.2f} / "
+            f"{d.median * 1e3:.2f} / {d.max * 1e3:.2f} ms min / median / max): a measurement, not a verdict "
             "on your server. A break-even below 1 (a round cheaper than a plain step) is a measurement error.")
 
 

@@ -23,11 +23,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from diag.diagnoses.pricing.model import StepCosts, summary
-from diag.diagnoses.typed import COUNT, TREE, internal, meta
+from diag.diagnoses.typed import COUNT, TREE, from_json, internal, meta
 from diag.errors import DiagError
 
 POSITIVE = {"exclusiveMinimum": 0}
 NON_NEGATIVE = {"minimum": 0}
+
+
+D_KEYS = {"minProperties": 1, "propertyNames": {"pattern": "^[1-9][0-9]*$"}}    # num_draft_tokens as a string
 
 
 @dataclass(frozen=True)
@@ -35,9 +38,26 @@ class Costs:
     """StepCosts.to_dict(): seconds; t_verify keyed by num_draft_tokens as a string, e.g. {"4": 0.013}."""
     t_decode: float = meta(schema=POSITIVE)
     t_draft: float = meta(schema=NON_NEGATIVE)
-    t_verify: dict = meta(schema={"minProperties": 1, "propertyNames": {"pattern": "^[1-9][0-9]*$"},
-                                  "additionalProperties": {"type": "number", "exclusiveMinimum": 0}})
+    t_verify: dict[str, float] = meta(schema={**D_KEYS, "additionalProperties": {"type": "number",
+                                                                                 "exclusiveMinimum": 0}})
     t_draft_extend: float = meta(schema=NON_NEGATIVE)
+
+
+@dataclass(frozen=True)
+class Spread:
+    """The timed calls of one cost, seconds: {"min": 0.00294, "median": 0.00339, "max": 0.00731}."""
+    min: float = meta(schema=POSITIVE)
+    median: float = meta(schema=POSITIVE)
+    max: float = meta(schema=POSITIVE)
+
+
+@dataclass(frozen=True)
+class CostSpread:
+    """costs.MeasuredCosts.spread, each cost's calls (t_verify keyed like Costs.t_verify)."""
+    t_decode: Spread
+    t_draft: Spread
+    t_verify: dict[str, Spread] = meta(schema=D_KEYS)
+    t_draft_extend: Spread = meta()
 
 
 @dataclass(frozen=True)
@@ -73,7 +93,7 @@ class SpeedupSection:
     source: str = meta(schema={"minLength": 1})
     basis: str = meta(schema={"enum": ["measured", "user"]})
     costs: Costs = meta()
-    spread: dict | None = meta()           # {"t_decode": {"min", "median", "max"}, "t_verify": {"4": {...}}, ...}
+    spread: CostSpread | None = meta()     # measured costs only
     repeats: int | None = meta(schema=COUNT)
     rows: tuple[Row, ...] = meta()
     # for the verdicts (not in report.json): the run's trained layout at its reference axes
@@ -81,9 +101,9 @@ class SpeedupSection:
     trained_layout: str | None = internal(None)
     trained_keys: tuple[str, ...] = internal(())
 
-    def trained_rows(self, rows=None) -> list:
-        """The rows (these, or another section's keyed like them) of the trained layout, in its order."""
-        by_key = {(r.key if isinstance(r, Row) else r["key"]): r for r in (self.rows if rows is None else rows)}
+    def trained_rows(self) -> list[Row]:
+        """The rows of the trained layout, in its order."""
+        by_key = {r.key: r for r in self.rows}
         return [by_key[k] for k in self.trained_keys if k in by_key]
 
 
@@ -113,5 +133,5 @@ def speedup_section(evaluations, costs: StepCosts, source: str, *, basis: str, s
                         num_draft_tokens=e.shape.num_draft_tokens,
                         measurement_error=s["break_even_accept_length"] < 1.0))
     c = costs.to_dict()
-    return SpeedupSection(source, basis, Costs(**c), spread, repeats, tuple(rows), trained_layout,
+    return SpeedupSection(source, basis, Costs(**c), None if spread is None else from_json(CostSpread, spread), repeats, tuple(rows), trained_layout,
                           tuple(trained_keys))

@@ -25,17 +25,17 @@ MEASURED = ("Speedup not judged: the step costs in the speedup section were meas
 
 def _user_verdicts(sec: SpeedupSection) -> list[Verdict]:
     lay = sec.trained_layout
-    rows = [to_json(r) for r in sec.trained_rows()]
+    rows = sec.trained_rows()
     if not rows:
         return []
-    top = max(rows, key=lambda r: r["speedup"])
-    ev = {"layout": lay, "best": top, "costs": to_json(sec.costs), "costs_source": sec.source,
-          "shapes": [(r["tree"], r["accept_length"], r["speedup"], r["break_even_accept_length"]) for r in rows]}
-    core = (f"{top['tree']} (S={top['num_steps']}, K={top['topk']}, D={top['num_draft_tokens']}) on "
-            f"{lay}: accept length {fmt(top['accept_length'])}, break-even "
-            f"{fmt(top['break_even_accept_length'])}, predicted {top['speedup']:.2f}x plain decoding "
+    top = max(rows, key=lambda r: r.speedup)
+    ev = {"layout": lay, "best": to_json(top), "costs": to_json(sec.costs), "costs_source": sec.source,
+          "shapes": [(r.tree, r.accept_length, r.speedup, r.break_even_accept_length) for r in rows]}
+    core = (f"{top.tree} (S={top.num_steps}, K={top.topk}, D={top.num_draft_tokens}) on "
+            f"{lay}: accept length {fmt(top.accept_length)}, break-even "
+            f"{fmt(top.break_even_accept_length)}, predicted {top.speedup:.2f}x plain decoding "
             f"(costs {sec.source}).")
-    if top["speedup"] < 1.0:
+    if top.speedup < 1.0:
         text = (f"SPECULATION DOES NOT PAY at these step costs: even the best of {len(rows)} shapes, {core} "
                 f"Every shape needs a higher accept length than the drafter reaches.")
         return [Verdict("speedup", "warning", text, ev)]

@@ -190,6 +190,12 @@ class SglangEngine:
     def simulation_cell(self, row: dict) -> str:
         return f"`{row['sglang_command_prefix']} python -m sglang.launch_server ...`"
 
+    def simulation_schema(self) -> dict:
+        return {"sglang_env": {"type": "object", "required": ["SGLANG_SIMULATE_ACC_LEN", "SGLANG_SIMULATE_ACC_METHOD"],
+                               "propertyNames": {"pattern": "^SGLANG_SIMULATE_ACC_[A-Z_]+$"},
+                               "additionalProperties": {"type": "string"}},
+                "sglang_command_prefix": {"type": "string"}}
+
     def launch_argv(self, command: str | list[str]) -> list[str]:
         return launch.server_argv(command)
 

@@ -266,6 +266,16 @@ class VllmEngine:
     def simulation_cell(self, row: dict) -> str:
         return f"vLLM `{row['vllm_flag']}`"
 
+    def simulation_schema(self) -> dict:
+        return {"vllm_speculative_config": {
+                    "type": "object", "additionalProperties": False,
+                    "required": ["num_speculative_tokens", "rejection_sample_method", "synthetic_acceptance_rates"],
+                    "properties": {"num_speculative_tokens": {"type": "integer", "minimum": 1},
+                                   "rejection_sample_method": {"const": "synthetic"},
+                                   "synthetic_acceptance_rates": {"type": "array",
+                                                                  "items": {"type": "number", "minimum": 0, "maximum": 1}}}},
+                "vllm_flag": {"type": "string"}}
+
     def explain_counters(self, text: str, *, source: str, release: Release, kind: str) -> explain.CounterExplanation:
         """Reconcile a saved /metrics scrape (kind "metrics") or log (kind "log") in this release's terms
         (not in the protocol yet: `diag explain --metrics/--log` looks it up by name)."""
