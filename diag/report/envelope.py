@@ -21,7 +21,7 @@ import diag
 from diag.diagnoses.hooks import sections_json
 from diag.replay.evaluation import ANY
 
-SCHEMA_VERSION = "2.6"
+SCHEMA_VERSION = "2.7"
 
 
 def git_hash() -> str | None:
