@@ -7,7 +7,8 @@ import pytest
 
 from diag.engines.sglang.server_releases import server_release
 from diag.engines.sglang.server_responses import read_generate_responses, read_server_info
-from diag.engines.sglang.simulate import simulated_acceptance
+from diag.engines import engine
+from diag.engines.simulate import simulated_acceptance
 from diag.engines.vllm.metrics import read_vllm_metrics
 from diag.errors import DiagError
 from diag.trees import TreeShape
@@ -124,9 +125,9 @@ def test_vllm_counters_sum_over_engines():
 
 
 def test_simulated_acceptance_settings():
-    sim = simulated_acceptance(2.4712, (0.8, 0.45, 0.5), TreeShape(3, 4, 8), server_release("0.5.8")).to_json()
+    sim = simulated_acceptance(2.4712, (0.8, 0.45, 0.5), TreeShape(3, 4, 8), engine("sglang-0.5.8")).to_json()
     assert sim["sglang_command_prefix"] == "SGLANG_SIMULATE_ACC_LEN=2.47 SGLANG_SIMULATE_ACC_METHOD=match-expected"
     assert sim["vllm_speculative_config"]["synthetic_acceptance_rates"] == [0.8, 0.45, 0.45]
     assert sim["vllm_speculative_config"]["num_speculative_tokens"] == 3
     assert any("multinomial" in n for n in sim["notes"])
-    assert simulated_acceptance(9.0, (1.0,), TreeShape(1, 1, 2), server_release("0.5.23")).accept_length == 2.0
+    assert simulated_acceptance(9.0, (1.0,), TreeShape(1, 1, 2), engine("sglang-0.5.23")).accept_length == 2.0

@@ -50,6 +50,8 @@ CI95 = {"minItems": 2, "maxItems": 2}            # a 95% interval [lo, hi]
 TREE = {"pattern": "^(chain-[0-9]+|s[0-9]+-k[0-9]+-d[0-9]+)$"}
 COUNT = {"minimum": 0}
 RATE = {"minimum": 0, "maximum": 1}
+AT_LEAST_ONE = {"minimum": 1}
+POSITIVE = {"exclusiveMinimum": 0}
 
 
 def meta(*, schema: dict | None = None, default=MISSING):

@@ -28,10 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from diag.diagnoses.typed import COUNT, RATE, TREE, meta, spread
+from diag.diagnoses.typed import AT_LEAST_ONE, COUNT, POSITIVE, RATE, TREE, meta, spread
 
-AT_LEAST_ONE = {"minimum": 1}
-POSITIVE = {"exclusiveMinimum": 0}
 AXES = {"$ref": "#/$defs/axes"}                  # the report schema's shared candidate axes
 RELEASE = {"pattern": r"^[0-9]+\.[0-9]+\.[0-9]+(\.post[0-9]+|\.[0-9]+)?$"}
 

@@ -23,10 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from diag.diagnoses.pricing.model import StepCosts, summary
-from diag.diagnoses.typed import COUNT, TREE, from_json, internal, meta
+from diag.diagnoses.typed import COUNT, POSITIVE, TREE, from_json, internal, meta
 from diag.errors import DiagError
 
-POSITIVE = {"exclusiveMinimum": 0}
 NON_NEGATIVE = {"minimum": 0}
 
 

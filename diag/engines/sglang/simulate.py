@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from diag.engines.common import BenchmarkSettings
 from diag.engines.protocol import Release
-from diag.engines.sglang.server_releases import show
 from diag.trees import TreeShape
 
 MATCH_EXPECTED_DEFAULT_SINCE = (0, 5, 11, 0)
@@ -44,11 +43,3 @@ def simulated_acceptance_env(accept_length: float, shape: TreeShape, release: Re
     prefix = " ".join(f"{k}={v}" for k, v in env.items())
     return BenchmarkSettings({"sglang_env": env, "sglang_command_prefix": prefix}, tuple(notes))
 
-
-def simulated_acceptance(accept_length: float, acceptance_at_depth: tuple[float, ...], shape: TreeShape,
-                         release: tuple[int, int, int, int]):
-    """Every engine's settings (diag.engines.simulate) for an observed SGLang server given as its
-    release tuple (server_releases.server_release): (0, 5, 8, 0) -> SGLang 0.5.8. Kept for callers
-    that hold the tuple; diag.engines.simulate.simulated_acceptance takes the Release."""
-    from diag.engines.simulate import simulated_acceptance as every_engine
-    return every_engine(accept_length, acceptance_at_depth, shape, Release("sglang", show(release), "SGLang"))
