@@ -77,7 +77,7 @@ class ServerObservation:
         s = self.shape
         return parts.Observed(
             self.release, self.engine_label,
-            tuple(parts.SampledRun(x.temperature, x.accept_length, x.rounds, x.depth, x.source) for x in self.sampled),
+            tuple(parts.SampledRun.of(x) for x in self.sampled),
             tuple(parts.ServerFile(k, p) for k, p in self.files),
             self.accept_length.reported() if self.accept_length else None, tuple(o.reported() for o in self.also),
             tuple(parts.Request(r.id, r.rounds, r.accepted_sum, r.completion_tokens) for r in self.requests),

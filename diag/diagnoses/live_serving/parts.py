@@ -75,6 +75,11 @@ class SampledRun:
     depth: int | None = meta(schema=AT_LEAST_ONE)
     source: str = meta()
 
+    @classmethod
+    def of(cls, run) -> "SampledRun":
+        """From a diag/engines/sanity.Sampled."""
+        return cls(run.temperature, run.accept_length, run.rounds, run.depth, run.source)
+
 
 @dataclass(frozen=True)
 class Load:

@@ -91,8 +91,7 @@ def _sanity(check) -> parts.Sanity | None:
         return None
     low = check.lowest
     return parts.Sanity(check.verdict, check.engine, check.greedy, check.greedy_source,
-                        None if low is None else parts.SampledRun(low.temperature, low.accept_length, low.rounds,
-                                                                  low.depth, low.source),
+                        None if low is None else parts.SampledRun.of(low),
                         check.tolerance, check.message)
 
 
