@@ -47,11 +47,35 @@ def test_the_gpu_benchs_sampled_section_runs_its_code_path_on_cpu(kimi):
     """diag bench gpu --sections sampled calls bench.gpu._sampled: the same code on the CPU model,
     drafter loaded from the checkpoint in the target's dtype, one tree."""
     from diag.bench.gpu import _sampled
+    from diag.bench.pair import PairRecipe
     ks, model, _ = kimi
-    res = _sampled({"ks": ks}, model, [ks.layout, "L1+L2+final", "embed+L1+final"], 32, 8, 3, device="cpu",
-                   dtype=torch.float32, trees=("chain-3",))
+    st = {"ks": ks, "drafter_widths": {**SMALL, **SMALL_DRAFTER}}
+    res = _sampled(st, model, [ks.layout, "L1+L2+final", "embed+L1+final"], 32, 8, 3, device="cpu",
+                   dtype=torch.float32, trees=("chain-3",), recipe=PairRecipe(steps=30, batch=8),
+                   copy_bytes_per_s=1e10)
     assert res["device"] == "cpu" and res["prompts"] == 32 and [r["tree"] for r in res["rows"]] == ["chain-3"]
     assert res["rows"][0]["emitted_tokens"] == 3 * 32 * 3 and res["tokens_per_second"] > 0
+    assert set(res["drafter"]["greedy"]) == {ks.layout, "L1+L2+final", "embed+L1+final"}
+    row = res["rows"][0]
+    embed = model.get_input_embeddings().weight
+    assert row["weight_bytes_per_round"] == sum(p.numel() * p.element_size() for p in model.parameters()) \
+        + sum(b.numel() * b.element_size() for b in model.buffers()) - embed.numel() * embed.element_size()
+    assert row["kv_bytes_per_round"] > 0 and row["logit_bytes_per_round"] == 3 * 32 * 4 * SMALL["vocab_size"] * 4
+    assert row["verify_fraction_of_copy_bandwidth"] == row["verify_bytes_per_second"] / 1e10
+    assert res["verify_fraction_of_copy_bandwidth_min"] == row["verify_fraction_of_copy_bandwidth"]
+    assert res["round_profile"] is None                                    # CUDA only
+
+
+def test_cache_bytes_count_every_row_over_the_caches_width_dead_slots_included(kimi):
+    """One row of one slot costs c bytes (whatever the cache's layout: transformers 5.25 keeps
+    MLA's latent, earlier releases each head's keys); rows of 5 and 3 ids -> width 5, 2 x 5 x c."""
+    from diag.target.tree_forward import cache_bytes, prefill
+    _, model, _ = kimi
+    one, _ = prefill(model, torch.tensor([[7]]), torch.tensor([[True]]), (), capacity=4)
+    ids = torch.tensor([[1, 2, 3, 4, 5], [6, 7, 8, 0, 0]])
+    valid = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], dtype=torch.bool)
+    kv, _ = prefill(model, ids, valid, (), capacity=16)
+    assert cache_bytes(one) > 0 and cache_bytes(kv) == 2 * 5 * cache_bytes(one)
 
 
 def test_bench_gpu_refuses_an_unknown_section(tmp_path):

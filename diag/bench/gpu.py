@@ -10,8 +10,10 @@ written to disk first (K: --layers, else as many as the free disk holds),
                  copies of the last one), capture passes and a generation probe before and
                  after: the per-layer slopes the 61-layer extrapolation uses
   sampled        the sampled decode loop (T 1.0, top-p 0.95), 3 layouts x 6 tree shapes over 32
-                 prompts: tokens/s and its cost in teacher-forced passes over the same tokens
-                 (goal: <= num_draft_tokens), by phase
+                 prompts, drafted by the bench pair's trained drafter (bench/pair.py): tokens/s,
+                 its cost in teacher-forced passes over the same tokens (goal: <= num_draft_tokens),
+                 by phase; the verify forward's bytes per second against the copy bandwidth (goal
+                 >= 0.5), and a profile of one tree's rounds (device busy vs wall, top ops)
   drafter        batched replay, 3 layouts x 6 tree shapes, Kimi drafter widths
   naive          the step-by-step loop as before and as a competent user writes it, profiled
 `sections` picks which run (ceilings and the checkpoint always do). Every section is
@@ -104,6 +106,7 @@ def run(out: Path, workdir: Path, *, layers: int | None = None, max_layers: int 
         t0 = time.perf_counter()
         st["ks"] = kimi_shaped(workdir / "kimi", layers=layers, seed=0, device=dev, widths=widths,
                                drafter_widths=drafter_widths)
+        st["drafter_widths"] = {**(widths or {}), **(drafter_widths or {})}
         shards = sorted(st["ks"].target.glob("*.safetensors"))
         return {"layers": layers, "write_seconds": time.perf_counter() - t0,
                 "checkpoint_bytes": st["ks"].bytes_on_disk, "shard_bytes": [f.stat().st_size for f in shards]}
@@ -144,7 +147,8 @@ def run(out: Path, workdir: Path, *, layers: int | None = None, max_layers: int 
         save(res, out)
     if "sampled" in sections:
         section(res, "sampled", lambda: _sampled(st, model, lays, num_seqs, prompt_len, device=dev,
-                                                 dtype=torch.float32 if dev == "cpu" else torch.bfloat16))
+                                                 dtype=torch.float32 if dev == "cpu" else torch.bfloat16,
+                                                 copy_bytes_per_s=(ceil or {}).get("copy_bytes_per_s")))
         save(res, out)
     e2e_first = res["sections"].get("e2e", {}).get("first") or {}
     batch = int(e2e_first.get("target_generate_batch", 48))
@@ -303,18 +307,32 @@ def sampled_layouts(claimed: str) -> list[str]:
     return list(dict.fromkeys([claimed, "L1+L2+final", "embed+L1+final"]))
 
 
+GPU_PAIR = {"steps": 200, "batch": 16, "lr": 1e-3}    # bench/pair.py's recipe at Kimi's widths
+
+
 def _sampled(st, model, lays, num_prompts, prompt_len, max_new_tokens: int = 64, *, device: str = "cuda",
-             dtype=torch.bfloat16, trees=None) -> dict:
-    """The sampled section on `model` (on `device`); device/dtype/trees let a CPU test run it."""
-    from diag.bench.sampled import TREES, bench_prompts, sampled_bench
+             dtype=torch.bfloat16, trees=None, recipe=None, copy_bytes_per_s: float | None = None) -> dict:
+    """The sampled section on `model` (on `device`) with the bench pair's trained drafter
+    (bench/pair.py, trained here on these prompts' greedy continuations, cached; `drafter` says how
+    it was made and what it accepts); device/dtype/trees/recipe let a CPU test run it. With the
+    copy bandwidth, each tree's verify forward against it, and a profile of the widest tree."""
+    from diag.bench.pair import PairRecipe, trained_pair_drafter
+    from diag.bench.sampled import TREES, bench_prompts, round_profile, sampled_bench, verify_bandwidth
     from diag.drafter.checkpoint import load_drafter
 
-    drafter, _ = load_drafter(st["ks"].drafter, dtype=dtype)
-    drafter = drafter.to(device)
     prompts = bench_prompts(num_prompts, prompt_len, model.config.vocab_size)
-    out = sampled_bench(model, drafter, model.get_input_embeddings(), model.get_output_embeddings(), lays, prompts,
-                        max_new_tokens=max_new_tokens, token_budget=16384, trees=trees or TREES)
+    path, made = trained_pair_drafter(st["ks"].target, model, prompts, max_new_tokens, lays,
+                                      st.get("drafter_widths") or {}, recipe=recipe or PairRecipe(**GPU_PAIR))
+    drafter, _ = load_drafter(path, dtype=dtype)
+    drafter = drafter.to(device)
+    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+    out = sampled_bench(model, drafter, embed, head, lays, prompts, max_new_tokens=max_new_tokens,
+                        token_budget=16384, trees=trees or TREES)
     out["device"] = str(next(drafter.parameters()).device)
+    out["drafter"] = made
+    if copy_bytes_per_s:
+        verify_bandwidth(out, copy_bytes_per_s)
+    out["round_profile"] = round_profile(model, drafter, embed, head, lays, prompts, out["rows"][-1]["tree"])
     del drafter
     if device == "cuda":
         torch.cuda.empty_cache()

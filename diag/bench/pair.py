@@ -104,30 +104,36 @@ def _build(out: Path, model, prompts, new_tokens, layouts, drafter_widths, recip
     steps = recipe.unroll_steps
     lays = [parse_layout(x) for x in layouts]
     cfg = drafter_config(drafter_widths)
+    dev = model.get_input_embeddings().weight.device
     ids = torch.tensor(prompts)                                                   # [P, p]
     with deterministic(recipe.seed) as gen:
-        seqs = greedy_sequences(model, ids, new_tokens + steps)                   # [P, p + new + steps]
+        seqs = greedy_sequences(model, ids.to(dev), new_tokens + steps).cpu()     # [P, p + new + steps]
         pools = []
         for lay in lays:
             aux, argmax, _ = capture(model, seqs, lay.points)
-            pools.append(views(seqs, aux, argmax, steps))
+            argmax = argmax.cpu()
+            pools.append([t.to(dev) for t in views(seqs, aux, argmax, steps)])
         generated = argmax[:, ids.shape[1] - 1:]
         hot = hot_vocab(torch.bincount(generated.flatten(), minlength=cfg.vocab_size), cfg.draft_vocab_size)
         d = Eagle3Drafter(cfg)
         d.set_vocab(hot)
+        d = d.to(dev)
         embed = frozen_embedding(model)
         budget = TrainBudget(steps=recipe.steps, batch=recipe.batch, seq_len=seqs.shape[1], lr=recipe.lr,
                              seed=recipe.seed)
 
         def loss(step: int) -> torch.Tensor:
-            pick = torch.randint(0, seqs.shape[0], (recipe.batch,), generator=gen)
-            return unroll_loss(d, embed, [t[pick] for t in pools[step % len(pools)]], steps)
+            pick = torch.randint(0, seqs.shape[0], (recipe.batch,), generator=gen).to(dev)
+            with _cuda_bf16(dev):
+                return unroll_loss(d, embed, [t[pick] for t in pools[step % len(pools)]], steps)
         d.train()
         losses = optimize(d.parameters(), budget, loss, desc="bench pair drafter")
         d.eval()
     distinct = [len(set(r)) for r in seqs[:, ids.shape[1]:].tolist()]
-    save_drafter(d, out, aux_layer_ids=None, trained_layout=layouts[0])
-    drafter, _ = load_drafter(out)
+    save_drafter(d.cpu(), out, aux_layer_ids=None, trained_layout=layouts[0])
+    del d, embed, pools
+    drafter, _ = load_drafter(out, dtype=model.get_output_embeddings().weight.dtype)
+    drafter = drafter.to(dev)
     return {"made": f"trained on the target's greedy continuations of the bench's {len(prompts)} prompts "
                     f"({new_tokens}+{steps} new ids each), {recipe.steps} steps, layouts {layouts}; "
                     "accepts on these prompts only (a random target generalises nothing)",
@@ -135,6 +141,14 @@ def _build(out: Path, model, prompts, new_tokens, layouts, drafter_widths, recip
             "train_loss_first": losses[0], "train_loss_last": sum(losses[-10:]) / len(losses[-10:]),
             "continuation_distinct_ids_min": min(distinct), "continuation_ids": seqs.shape[1] - ids.shape[1],
             **accept_lengths(model, drafter, prompts, new_tokens, layouts)}
+
+
+def _cuda_bf16(dev: torch.device):
+    """On CUDA the forward runs under bf16 autocast (a Kimi-width drafter's float32 step costs ~1 s
+    there; weights, gradients and the optimiser stay float32); elsewhere as zoo.train computes."""
+    from contextlib import nullcontext
+
+    return torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else nullcontext()
 
 
 @torch.no_grad()

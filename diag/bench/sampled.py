@@ -11,6 +11,12 @@ Per tree shape it reports
   phases                 where the loop's time goes: prefill, draft, verify_forward, accept
                          (probabilities, the tree walk, the exact expectation), commit, retire
   limit                  the phase that takes the most time
+  verify_*               the verify forward against the bytes it must move per round: the target's
+                         weights read once (all but the input embedding, of which it gathers rows),
+                         the KV cache its attention reads (B rows x the cache's width), the float32
+                         logits it writes [B, D, V]; verify_bytes_per_second = those bytes over the
+                         phase's seconds. verify_bandwidth() sets them against a measured copy
+                         bandwidth: the fraction and the shape's physical limit per round.
 A random-weight target accepts little, so the loop runs close to one round per token: the
 worst case for the loop's cost. This module knows the loop and timing; nothing about files.
 """
@@ -23,6 +29,7 @@ import torch
 
 from diag.bench.common import sync
 from diag.engines.decoding import sampled
+from diag.int4.packed import resident_bytes
 from diag.layouts import CapturePoint, layout, union_points
 from diag.replay.decode_loop import DecodeLoop, Lane
 from diag.replay.replay import Variant
@@ -56,6 +63,7 @@ def _one_tree(model, drafter, embed, head, lays, shape, prompts, max_new, token_
     pass_tokens = sum(len(s.ids) for s in seqs)
     rounds = sum(len(o.accepted) for o in out)
     phases = {k: round(v, 4) for k, v in loop.seconds.items()}
+    verify = _verify_bytes(model, head, loop, phases.get("verify_forward"))
     return {"tree": shape.name, "num_draft_tokens": shape.num_draft_tokens, "lanes": len(lanes),
             "rows": len(rows), "seconds": seconds, "emitted_tokens": emitted,
             "tokens_per_second": emitted / seconds, "loop_rounds": loop.counts["rounds"],
@@ -65,7 +73,40 @@ def _one_tree(model, drafter, embed, head, lays, shape, prompts, max_new, token_
             "cost_in_passes": seconds / len(lanes) / pass_s,
             "cpu_seconds": cpu_s, "pass_cpu_seconds": pass_cpu, "cost_in_passes_cpu": cpu_s / len(lanes) / pass_cpu,
             "goal_met": seconds / len(lanes) / pass_s <= shape.num_draft_tokens,
-            "phases": phases, "limit": max(phases, key=phases.get) if phases else None}
+            "phases": phases, "limit": max(phases, key=phases.get) if phases else None, **verify}
+
+
+def _verify_bytes(model, head, loop: DecodeLoop, verify_s: float | None) -> dict:
+    """Bytes per verify round (weights, KV read, logits written) and their rate over the phase.
+    Example: 13.1e9 B of weights + 1.6e9 B of KV + 0.1e9 B of logits in 60 ms -> 2.5e11 B/s."""
+    rounds = loop.counts["rounds"]
+    if not rounds:
+        return {}
+    embed = model.get_input_embeddings().weight
+    weights = resident_bytes(model) - embed.numel() * embed.element_size()
+    kv = loop.counts["kv_bytes"] / rounds
+    logits = loop.counts["verified_tokens"] / rounds * head.weight.shape[0] * 4
+    out = {"verify_seconds_per_round": verify_s / rounds if verify_s else None,
+           "weight_bytes_per_round": weights, "kv_bytes_per_round": kv, "logit_bytes_per_round": logits,
+           "verify_bytes_per_round": weights + kv + logits}
+    if verify_s:
+        out["verify_bytes_per_second"] = (weights + kv + logits) * rounds / verify_s
+    return out
+
+
+def verify_bandwidth(section: dict, copy_bytes_per_s: float) -> dict:
+    """Each row's verify rate as a fraction of the device's measured copy bandwidth (goal >= 0.5)
+    and the shape's physical limit, bytes per round / bandwidth; the section's worst fraction."""
+    fractions = []
+    for row in section["rows"]:
+        if row.get("verify_bytes_per_second"):
+            row["verify_fraction_of_copy_bandwidth"] = row["verify_bytes_per_second"] / copy_bytes_per_s
+            row["verify_limit_seconds_per_round"] = row["verify_bytes_per_round"] / copy_bytes_per_s
+            fractions.append(row["verify_fraction_of_copy_bandwidth"])
+    if fractions:
+        section["verify_fraction_of_copy_bandwidth_min"] = min(fractions)
+        section["copy_bytes_per_s"] = copy_bytes_per_s
+    return section
 
 
 @torch.no_grad()
@@ -80,6 +121,40 @@ def sampled_bench(model, drafter, embed, head, layouts: list[str], prompts: list
             "worst_cost_over_draft_tokens": worst["cost_in_passes"] / worst["num_draft_tokens"],
             "all_goals_met": all(r["goal_met"] for r in rows),
             "tokens_per_second": sum(r["emitted_tokens"] for r in rows) / sum(r["seconds"] for r in rows)}
+
+
+def round_profile(model, drafter, embed, head, layouts: list[str], prompts: list[list[int]], tree: str,
+                  max_new_tokens: int = 8, top: int = 15) -> dict | None:
+    """Where a round's time goes on CUDA (None elsewhere): the loop over a few tokens under
+    torch.profiler; the device's busy seconds (kernels) against the wall, the kernel launches,
+    and the `top` ops by their own device time. Busy / wall far below 1 is a loop bound by the
+    host (launches, syncs), not by the device."""
+    if next(drafter.parameters()).device.type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    shape = tree_shape(tree)
+    lanes = [Lane(Variant(name, "eagle3", shape, decoding=DECODING.name), 0) for name in layouts]
+    loop = DecodeLoop(model, drafter, embed, head, lanes, {n: layout(n) for n in layouts}, shape, DECODING,
+                      eos_ids=set())
+    rows = [(li, p) for li in range(len(lanes)) for p in range(len(prompts))]
+    loop.run(prompts, rows, 2)                                              # warm-up
+    sync()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        loop.run(prompts, rows, max_new_tokens)
+        sync()
+        wall = time.perf_counter() - t0
+
+    def dev_us(e) -> float:
+        return float(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0) or 0)
+    ops = [e for e in prof.key_averages() if dev_us(e) > 0]          # kernels, copies, sets: device work
+    busy = sum(dev_us(e) for e in ops) / 1e6
+    return {"tree": tree, "max_new_tokens": max_new_tokens, "rounds": loop.counts["rounds"], "wall_s": wall,
+            "device_busy_s": busy, "device_busy_fraction": busy / wall if wall else None,
+            "device_launches": sum(e.count for e in ops),
+            "top_ops": [{"op": e.key[:80], "device_ms": round(dev_us(e) / 1e3, 3), "calls": e.count}
+                        for e in sorted(ops, key=dev_us, reverse=True)[:top]]}
 
 
 def bench_prompts(n: int, prompt_len: int, vocab: int, seed: int = 0) -> list[list[int]]:

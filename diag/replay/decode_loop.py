@@ -46,7 +46,7 @@ from diag.replay.round_accounting import ACCOUNTINGS, RoundAccounting
 from diag.replay.sampling import SampledRound, sample, target_probs, uniforms
 from diag.replay.verifiers import SampledRule, sampled_rule
 from diag.target.passes import pad_right
-from diag.target.tree_forward import commit, prefill, select_rows, verify_forward
+from diag.target.tree_forward import cache_bytes, commit, prefill, select_rows, verify_forward
 from diag.trees import TreeShape
 
 FIRST_TOKEN_STREAM = 0x5BD1E995      # the prefill's sample draws from its own coin stream
@@ -168,7 +168,7 @@ class DecodeLoop:
         self.model, self.drafter, self.lanes, self.layouts = model, drafter, lanes, layouts
         self.rule = sampled_rule(verification)     # the engine's sampled rule (replay/verifiers.py)
         self.profile, self.seconds = profile, defaultdict(float)     # phase -> seconds (profile only)
-        self.counts = defaultdict(int)                              # rounds, verified tokens, rows
+        self.counts = defaultdict(int)                      # rounds, verified tokens, rows, kv bytes read
         self.shape, self.decoding, self.eos = shape, decoding, sorted(eos_ids)
         p = next(drafter.parameters())
         self.dev, self.dtype = p.device, p.dtype
@@ -320,6 +320,7 @@ class DecodeLoop:
     def _round(self, st, tkv):
         with self._phase("draft"):
             t = self._draft(st)
+        self.counts["kv_bytes"] += cache_bytes(tkv)          # what the verify's attention reads
         with self._phase("verify_forward"):
             scored = verify_forward(self.model, tkv, t["tokens"], t["parents"], t["valid"], st.root + 1,
                                     self.points)

@@ -136,6 +136,15 @@ def _width(kv: TargetKV) -> int:
     return int(_layers(kv.cache)[0].keys.shape[-2])
 
 
+def cache_bytes(kv: TargetKV) -> int:
+    """Bytes of keys and values a forward's attention reads: every layer's live views, all B rows
+    over the cache's width (a row behind the longest reads its dead slots too, masked), in the
+    cache's own layout. Example, transformers 5.25's MLA cache (keys [B, 1, L, kv_lora_rank],
+    values [B, 1, L, qk_rope_head_dim]) at Kimi's widths: 2 layers, B 96, width 200, bf16:
+    2 * 96 * 200 * (512 + 64) * 2 = 44.2e6."""
+    return sum(t.numel() * t.element_size() for layer in _layers(kv.cache) for t in (layer.keys, layer.values))
+
+
 def commit(kv: TargetKV, path: torch.Tensor) -> None:
     """Keep each row's root and accepted nodes: path [B, S+1] node indices (-1 past the accepted
     depth, path[:, 0] = 0). Node k of the path moves from slot block + path[k] to
