@@ -113,3 +113,45 @@ def test_same_seed_same_bytes_and_wrapper_loads(tmp_path, pair):
     assert all(k.startswith("language_model.") for k in t)
     model = load_packed_target(wrapped.target)
     assert any("wrapper" in n for n in model.diag_load_notes)
+
+
+def test_the_successor_map_is_one_cycle_over_the_ordinary_ids():
+    """V 1024: specials 768, 769, 1023 (special_ids) are nobody's successor and lead into the cycle;
+    following succ from any ordinary id visits all 1021 ordinary ids before it returns."""
+    from diag.zoo.kimi_shaped import special_ids, successor_map
+    succ = successor_map(1024, seed=3)
+    special = set(special_ids(1024).values())
+    assert special == {768, 769, 1023} and not special & set(succ.tolist())
+    seen, t = [], 5
+    for _ in range(1021):
+        seen.append(t)
+        t = int(succ[t])
+    assert t == 5 and len(set(seen)) == 1021 and all(int(succ[s]) not in special for s in special)
+    assert torch.equal(succ, successor_map(1024, seed=3)) and not torch.equal(succ, successor_map(1024, seed=4))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_successor_head_makes_greedy_follow_the_map_and_t1_peaked(tmp_path, dtype):
+    """The GPU bench's kind of target (successor_margin; hidden 1024 here, so the other logits'
+    std is 26 / 32, as at Kimi's 7168 it is 26 / 85): greedy continuations are succ(succ(...)) in
+    float32 and bf16 alike, and the successor holds most of the T = 1 mass; without the margin the
+    head is the random one (its greedy continuation leaves the map at once)."""
+    wide = {**SMALL, "hidden_size": 1024}
+    from diag.int4.load import load_packed_target
+    from diag.zoo.kimi_shaped import successor_map
+    ks = kimi_shaped(tmp_path / "s", layers=2, seed=2, widths=wide, drafter=False, successor_margin=26.0)
+    model = load_packed_target(ks.target, dtype=dtype)
+    succ = successor_map(SMALL["vocab_size"], seed=2)
+    prompts = torch.randint(0, 700, (4, 6), generator=torch.Generator().manual_seed(0))
+    out = model.generate(input_ids=prompts, attention_mask=torch.ones_like(prompts), do_sample=False,
+                         max_new_tokens=12, min_new_tokens=12)
+    for row in out.tolist():
+        assert all(row[i + 1] == int(succ[row[i]]) for i in range(5, len(row) - 1))
+    probs = torch.softmax(model(input_ids=out).logits.float(), -1)[:, 5:-1]        # [4, 12, V]
+    at_succ = probs.gather(-1, succ[out[:, 5:-1]][..., None])[..., 0]
+    assert at_succ.mean() > 0.5
+    plain = kimi_shaped(tmp_path / "p", layers=2, seed=2, widths=wide, drafter=False)
+    rand = load_packed_target(plain.target, dtype=dtype)
+    again = rand.generate(input_ids=prompts, attention_mask=torch.ones_like(prompts), do_sample=False,
+                          max_new_tokens=12, min_new_tokens=12)
+    assert sum(r[i + 1] == int(succ[r[i]]) for r in again.tolist() for i in range(5, 17)) < 4

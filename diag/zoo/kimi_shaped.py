@@ -13,6 +13,17 @@ Random weights are generated directly in their stored form: packed int32 words (
 nibbles, q in [-8, 7]) and bf16 scales; no bf16 expert is ever quantized. Scales make each
 weight's std about 1/sqrt(in), so activations stay O(1) through K layers.
 
+`successor_margin` (the GPU bench's target) replaces the random head by a successor map: each id
+t has one successor succ(t) (a random cycle over the ordinary ids; the special ids lead into it and
+are nobody's successor), and lm_head row succ(t) is margin / hidden * embed[t]. Where the last state
+is t's own embedding the successor's logit is `margin` and every other one ~N(0, margin^2 / hidden);
+the layers' outputs dilute it (at 2 layers the residual carries about as much again: measured at
+shrunk widths, margin 22 gave the successor a logit of 11.0). So at Kimi's hidden 7168 (the others'
+std margin / 85) greedy continuations follow succ whatever the rounding (a random head's argmax is
+a near tie: bf16 noise flips it), and at T = 1 the successor keeps most of the mass (margin 26,
+diluted to ~13: e^13 / (e^13 + 163840) ~ 0.7). The weights' bytes, shapes and kernels are the
+random target's.
+
 `widths` overrides any config key (a test shrinks hidden to 64); the config with real
 widths is `kimi_config(layers)`. This module knows config keys and file layout; it knows
 nothing about loading, placement or benchmarks.
@@ -171,10 +182,35 @@ def _shard_of(name: str, prefix: str, layers: int) -> int:
 
 # ---- writing ---------------------------------------------------------------------------
 
+def successor_map(vocab: int, seed: int) -> torch.Tensor:
+    """succ [V] int64 (module docstring): a random cycle over the ordinary ids; special id s leads
+    to the cycle's (s mod n)-th id. Example, V 8 with specials 0, 1, 7 (a shrunk vocabulary's
+    offsets): ordinary ids 2..6 in one random cycle, succ(0), succ(1), succ(7) among them."""
+    special = set(special_ids(vocab).values())
+    ordinary = torch.tensor([i for i in range(vocab) if i not in special], dtype=torch.long)
+    order = ordinary[torch.randperm(len(ordinary), generator=torch.Generator().manual_seed(seed))]
+    succ = torch.empty(vocab, dtype=torch.long)
+    succ[order] = order.roll(-1)
+    for s in sorted(special):
+        succ[s] = order[s % len(order)]
+    return succ
+
+
+def _successor_head(tensors: dict, margin: float, seed: int) -> None:
+    """lm_head := the successor head of embed_tokens (module docstring), in place, bf16."""
+    embed = next(n for n in tensors if n.endswith("embed_tokens.weight"))
+    head = next(n for n in tensors if n.endswith("lm_head.weight"))
+    e = tensors[embed].float()                                                   # [V, H]
+    w = torch.zeros_like(e).index_add_(0, successor_map(e.shape[0], seed), e * (margin / e.shape[1]))
+    tensors[head] = w.to(torch.bfloat16)
+
+
 def write_target(out_dir: str | Path, layers: int, *, seed: int = 0, widths: dict | None = None,
-                 wrapper: bool = False, device: str = "cpu", group_size: int = GROUP_SIZE) -> Path:
+                 wrapper: bool = False, device: str = "cpu", group_size: int = GROUP_SIZE,
+                 successor_margin: float | None = None) -> Path:
     """Write config.json, one safetensors shard per layer (+ one for embed/norm/head) and
-    model.safetensors.index.json. Peak host memory: one layer's tensors."""
+    model.safetensors.index.json. Peak host memory: one layer's tensors (the last shard's embed
+    and head twice over in float32 with `successor_margin`)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     config = kimi_config(layers, widths=widths, wrapper=wrapper, group_size=group_size)
@@ -188,6 +224,8 @@ def write_target(out_dir: str | Path, layers: int, *, seed: int = 0, widths: dic
         for n, (o, i) in packed.items():
             if _shard_of(n, prefix, layers) == shard:
                 tensors.update({f"{n}.{k}": v for k, v in rng.packed(o, i, group_size).items()})
+        if shard == layers and successor_margin is not None:
+            _successor_head(tensors, successor_margin, seed)
         save_file(tensors, str(out / names[shard]), metadata={"format": "pt"})
         weight_map.update(dict.fromkeys(tensors, names[shard]))
         del tensors
@@ -258,12 +296,12 @@ def _hot_ids(vocab: int, draft_vocab: int, seed: int) -> torch.Tensor:
 
 def kimi_shaped(out_dir: str | Path, layers: int = 2, seed: int = 0, *, widths: dict | None = None,
                 drafter_widths: dict | None = None, wrapper: bool = False, drafter: bool = True,
-                device: str = "cpu") -> KimiShaped:
+                device: str = "cpu", successor_margin: float | None = None) -> KimiShaped:
     """A K-layer Kimi-shaped INT4 target under out_dir/target and a matching EAGLE-3
     drafter under out_dir/drafter."""
     root = Path(out_dir)
     target = write_target(root / "target", layers, seed=seed, widths=widths, wrapper=wrapper,
-                          device=device)
+                          device=device, successor_margin=successor_margin)
     dpath, layout = (None, drafter_layout(layers)[0])
     if drafter:
         dw = {**(widths or {}), **(drafter_widths or {})}
