@@ -50,19 +50,28 @@ def test_the_gpu_benchs_sampled_section_runs_its_code_path_on_cpu(kimi):
     from diag.bench.pair import PairRecipe
     ks, model, _ = kimi
     st = {"ks": ks, "drafter_widths": {**SMALL, **SMALL_DRAFTER}}
-    res = _sampled(st, model, [ks.layout, "L1+L2+final", "embed+L1+final"], 32, 8, 3, device="cpu",
-                   dtype=torch.float32, trees=("chain-3",), recipe=PairRecipe(steps=30, batch=8),
-                   copy_bytes_per_s=1e10)
-    assert res["device"] == "cpu" and res["prompts"] == 32 and [r["tree"] for r in res["rows"]] == ["chain-3"]
-    assert res["rows"][0]["emitted_tokens"] == 3 * 32 * 3 and res["tokens_per_second"] > 0
+    res = _sampled(st, model, [ks.layout, "L1+L2+final", "embed+L1+final"], 8, 8, 3, device="cpu",
+                   dtype=torch.float32, trees=("chain-3",), recipe=PairRecipe(steps=10, batch=4),
+                   copy_bytes_per_s=1e10, flops_per_s=1e11)
+    assert res["device"] == "cpu" and res["prompts"] == 8 and [r["tree"] for r in res["rows"]] == ["chain-3"]
+    assert res["rows"][0]["emitted_tokens"] == 3 * 8 * 3 and res["tokens_per_second"] > 0
     assert set(res["drafter"]["greedy"]) == {ks.layout, "L1+L2+final", "embed+L1+final"}
     row = res["rows"][0]
     embed = model.get_input_embeddings().weight
     assert row["weight_bytes_per_round"] == sum(p.numel() * p.element_size() for p in model.parameters()) \
         + sum(b.numel() * b.element_size() for b in model.buffers()) - embed.numel() * embed.element_size()
-    assert row["kv_bytes_per_round"] > 0 and row["logit_bytes_per_round"] == 3 * 32 * 4 * SMALL["vocab_size"] * 4
+    assert row["kv_bytes_per_round"] > 0 and row["logit_bytes_per_round"] == row["verified_tokens"] / row["loop_rounds"] * SMALL["vocab_size"] * 4
     assert row["verify_fraction_of_copy_bandwidth"] == row["verify_bytes_per_second"] / 1e10
     assert res["verify_fraction_of_copy_bandwidth_min"] == row["verify_fraction_of_copy_bandwidth"]
+    c = model.config                              # SMALL: layer 0 dense, layer 1 MoE (16 experts, top 4)
+    from diag.bench.sampled import active_params
+    routed = c.num_experts_per_tok * 3 * c.moe_intermediate_size * c.hidden_size
+    assert active_params(model) == routed + sum(m.weight.numel() for m in model.modules()
+                                                if isinstance(m, torch.nn.Linear))
+    assert row["verify_flops_per_round"] == 2 * active_params(model) * row["verified_tokens"] / row["loop_rounds"]
+    assert row["verify_limit_seconds_per_round"] == max(row["verify_bytes_per_round"] / 1e10,
+                                                        row["verify_flops_per_round"] / 1e11)
+    assert res["drafter"]["target_head"] == "random"
     assert res["round_profile"] is None                                    # CUDA only
 
 

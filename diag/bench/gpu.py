@@ -111,6 +111,7 @@ def run(out: Path, workdir: Path, *, layers: int | None = None, max_layers: int 
         st["ks"] = kimi_shaped(workdir / "kimi", layers=layers, seed=0, device=dev, widths=widths,
                                drafter_widths=drafter_widths, successor_margin=SUCCESSOR_MARGIN)
         st["drafter_widths"] = {**(widths or {}), **(drafter_widths or {})}
+        st["successor_margin"] = SUCCESSOR_MARGIN
         shards = sorted(st["ks"].target.glob("*.safetensors"))
         return {"layers": layers, "write_seconds": time.perf_counter() - t0, "successor_margin": SUCCESSOR_MARGIN,
                 "checkpoint_bytes": st["ks"].bytes_on_disk, "shard_bytes": [f.stat().st_size for f in shards]}
@@ -152,7 +153,8 @@ def run(out: Path, workdir: Path, *, layers: int | None = None, max_layers: int 
     if "sampled" in sections:
         section(res, "sampled", lambda: _sampled(st, model, lays, num_seqs, prompt_len, device=dev,
                                                  dtype=torch.float32 if dev == "cpu" else torch.bfloat16,
-                                                 copy_bytes_per_s=(ceil or {}).get("copy_bytes_per_s")))
+                                                 copy_bytes_per_s=(ceil or {}).get("copy_bytes_per_s"),
+                                                 flops_per_s=(ceil or {}).get("bf16_matmul_flops")))
         save(res, out)
     e2e_first = res["sections"].get("e2e", {}).get("first") or {}
     batch = int(e2e_first.get("target_generate_batch", 48))
@@ -315,7 +317,8 @@ GPU_PAIR = {"steps": 300, "batch": 16, "lr": 1.5e-4}   # bench/pair.py's recipe 
 
 
 def _sampled(st, model, lays, num_prompts, prompt_len, max_new_tokens: int = 64, *, device: str = "cuda",
-             dtype=torch.bfloat16, trees=None, recipe=None, copy_bytes_per_s: float | None = None) -> dict:
+             dtype=torch.bfloat16, trees=None, recipe=None, copy_bytes_per_s: float | None = None,
+             flops_per_s: float | None = None) -> dict:
     """The sampled section on `model` (on `device`) with the bench pair's trained drafter
     (bench/pair.py, trained here on these prompts' greedy continuations, cached; `drafter` says how
     it was made and what it accepts); device/dtype/trees/recipe let a CPU test run it. With the
@@ -333,9 +336,10 @@ def _sampled(st, model, lays, num_prompts, prompt_len, max_new_tokens: int = 64,
     out = sampled_bench(model, drafter, embed, head, lays, prompts, max_new_tokens=max_new_tokens,
                         token_budget=16384, trees=trees or TREES)
     out["device"] = str(next(drafter.parameters()).device)
-    out["drafter"] = made
+    out["drafter"] = {**made, "target_head": f"zoo.kimi_shaped successor head, margin {SUCCESSOR_MARGIN}"
+                      if st.get("successor_margin") else "random"}
     if copy_bytes_per_s:
-        verify_bandwidth(out, copy_bytes_per_s)
+        verify_bandwidth(out, copy_bytes_per_s, flops_per_s)
     out["round_profile"] = round_profile(model, drafter, embed, head, lays, prompts, out["rows"][-1]["tree"])
     del drafter
     if device == "cuda":

@@ -64,6 +64,7 @@ def _one_tree(model, drafter, embed, head, lays, shape, prompts, max_new, token_
     rounds = sum(len(o.accepted) for o in out)
     phases = {k: round(v, 4) for k, v in loop.seconds.items()}
     verify = _verify_bytes(model, head, loop, phases.get("verify_forward"))
+    verify["verify_flops_per_round"] = 2 * active_params(model) * loop.counts["verified_tokens"] / max(1, loop.counts["rounds"])
     return {"tree": shape.name, "num_draft_tokens": shape.num_draft_tokens, "lanes": len(lanes),
             "rows": len(rows), "seconds": seconds, "emitted_tokens": emitted,
             "tokens_per_second": emitted / seconds, "loop_rounds": loop.counts["rounds"],
@@ -94,18 +95,47 @@ def _verify_bytes(model, head, loop: DecodeLoop, verify_s: float | None) -> dict
     return out
 
 
-def verify_bandwidth(section: dict, copy_bytes_per_s: float) -> dict:
+def active_params(model) -> int:
+    """Weights one token multiplies: every Linear and PackedLinear (the head included, the input
+    embedding not: it is gathered), and of each PackedExperts its top-k experts' three matrices.
+    Kimi's MoE layer: 8 x 3 x 2048 x 7168 = 352e6 routed, of 8.5e9 stored."""
+    from torch import nn
+
+    from diag.int4.packed import PackedExperts, PackedLinear
+
+    top_k = int(getattr(model.config, "num_experts_per_tok", 1) or 1)
+    total = 0
+    for m in model.modules():
+        if isinstance(m, nn.Linear):
+            total += m.weight.numel()
+        elif isinstance(m, PackedLinear):
+            total += m.in_features * m.out_features
+        elif isinstance(m, PackedExperts):
+            total += top_k * 3 * m.intermediate_dim * m.hidden_dim
+    return total
+
+
+def verify_bandwidth(section: dict, copy_bytes_per_s: float, flops_per_s: float | None = None) -> dict:
     """Each row's verify rate as a fraction of the device's measured copy bandwidth (goal >= 0.5)
-    and the shape's physical limit, bytes per round / bandwidth; the section's worst fraction."""
+    and the shape's physical limit per round: its bytes over the bandwidth or, where larger, its
+    multiplies over the measured bf16 matmul peak (a wide tree at 96 rows multiplies more than it
+    reads: s3-k8-d16 at Kimi's widths, 1536 tokens x 2 x 2.1e9 weights = 6.4e12 FLOP, ~9 ms,
+    against 13 GB read, ~3 ms); the section's worst fraction."""
     fractions = []
     for row in section["rows"]:
         if row.get("verify_bytes_per_second"):
             row["verify_fraction_of_copy_bandwidth"] = row["verify_bytes_per_second"] / copy_bytes_per_s
-            row["verify_limit_seconds_per_round"] = row["verify_bytes_per_round"] / copy_bytes_per_s
+            row["verify_bytes_limit_seconds_per_round"] = row["verify_bytes_per_round"] / copy_bytes_per_s
+            flops_s = row["verify_flops_per_round"] / flops_per_s if flops_per_s else 0.0
+            row["verify_flops_limit_seconds_per_round"] = flops_s or None
+            row["verify_limit_seconds_per_round"] = max(row["verify_bytes_limit_seconds_per_round"], flops_s)
+            row["verify_bound_by"] = "flops" if flops_s > row["verify_bytes_limit_seconds_per_round"] else "bytes"
+            row["verify_fraction_of_limit"] = row["verify_limit_seconds_per_round"] / row["verify_seconds_per_round"]
             fractions.append(row["verify_fraction_of_copy_bandwidth"])
     if fractions:
         section["verify_fraction_of_copy_bandwidth_min"] = min(fractions)
         section["copy_bytes_per_s"] = copy_bytes_per_s
+        section["bf16_matmul_flops"] = flops_per_s
     return section
 
 
