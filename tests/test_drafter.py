@@ -182,3 +182,20 @@ def test_deep_step_in_chunks_of_one_index_equals_the_reference(monkeypatch):
         ref = chain_ref(d, emb.weight, aux[b], tokens[b], 3)
         for s in range(3):
             torch.testing.assert_close(out[s][b], ref[s], rtol=1e-4, atol=1e-4)
+
+
+def test_loading_fills_no_parameter_at_random_and_restores_torchs_initialisers(tmp_path):
+    """load_drafter builds the module without the random fill (the strict load overwrites every
+    parameter): the global RNG is untouched, the weights are the file's, and torch.nn.init is
+    itself again afterwards (a module built next is filled as usual)."""
+    d = make_drafter(2)
+    save_drafter(d, tmp_path / "d", aux_layer_ids=[0, 2, 4], trained_layout="embed+L2+L4", dtype=torch.float32)
+    init_before = torch.nn.init.kaiming_uniform_
+    torch.manual_seed(7)
+    state = torch.random.get_rng_state()
+    back, _ = load_drafter(tmp_path / "d")
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert all(torch.equal(a, b) for a, b in zip(d.state_dict().values(), back.state_dict().values()))
+    assert torch.nn.init.kaiming_uniform_ is init_before
+    fresh = torch.nn.Linear(8, 8)
+    assert not torch.equal(torch.random.get_rng_state(), state) and fresh.weight.abs().sum() > 0
