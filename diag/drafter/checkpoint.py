@@ -206,17 +206,22 @@ _RANDOM_INITS = ("uniform_", "normal_", "trunc_normal_", "kaiming_uniform_", "ka
 
 
 @contextmanager
-def _unfilled():
-    """Modules built inside allocate their parameters without the random fill (torch.nn.init's
-    random initialisers return their tensor untouched), as transformers' no_init_weights does: a
-    Kimi-width drafter's 1e9 weights took 8.5 s of kaiming_uniform_ on 2 cores before the load
-    overwrote them all. Deterministic buffers (RoPE frequencies, d2t) are computed as before."""
+def _unfilled(dtype: torch.dtype):
+    """Modules built inside allocate their parameters in `dtype` (the default dtype while inside)
+    without the random fill (torch.nn.init's random initialisers return their tensor untouched),
+    as transformers' no_init_weights does: a Kimi-width drafter's 1e9 weights took 8.5 s of
+    kaiming_uniform_ and 2.7-5 s of float32 -> bf16 conversion on 2 cores, all overwritten by the
+    load. Deterministic buffers are computed as before: RoPE's frequencies in float32 (transformers
+    asks for float32 explicitly), d2t / t2d as integers."""
     saved = {name: getattr(torch.nn.init, name) for name in _RANDOM_INITS}
+    default = torch.get_default_dtype()
     for name in _RANDOM_INITS:
         setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
+    torch.set_default_dtype(dtype)
     try:
         yield
     finally:
+        torch.set_default_dtype(default)
         for name, fn in saved.items():
             setattr(torch.nn.init, name, fn)
 
@@ -227,7 +232,7 @@ def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32, *,
     lm_head (no draft_vocab_size) gets `target_head` bound; without it, logits() refuses."""
     ckpt = inspect_drafter(path)
     cfg, tensors = ckpt.cfg, _read(ckpt)
-    with _unfilled():                          # every parameter is overwritten by the strict load below
+    with _unfilled(dtype):                     # every parameter is overwritten by the strict load below
         model = Eagle3Drafter(cfg)
     emb = tensors.pop("embed_tokens.weight", None)
     if cfg.lm_head_from_target:
@@ -237,7 +242,9 @@ def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32, *,
         tensors["t2d"] = torch.ones(cfg.vocab_size, dtype=torch.bool)
     tensors.setdefault("t2d", _t2d_of(tensors["d2t"], cfg.vocab_size))
     _check_map(tensors["d2t"], tensors["t2d"], _where(ckpt.path, ckpt.weight_files))
-    model.load_state_dict({k: v.long() if k == "d2t" else v for k, v in tensors.items()}, strict=True)
+    # assign: the module takes the file's tensors as they are (no 2 GB copy at Kimi's widths); the
+    # .to(dtype) below converts those stored in another dtype
+    model.load_state_dict({k: v.long() if k == "d2t" else v for k, v in tensors.items()}, strict=True, assign=True)
     if emb is not None:
         model.embed_tokens = torch.nn.Embedding.from_pretrained(emb.float(), freeze=True)
     if cfg.lm_head_from_target and target_head is not None:
