@@ -322,7 +322,7 @@ def _sampled(st, model, lays, num_prompts, prompt_len, max_new_tokens: int = 64,
     """The sampled section on `model` (on `device`) with the bench pair's trained drafter
     (bench/pair.py, trained here on these prompts' greedy continuations, cached; `drafter` says how
     it was made and what it accepts); device/dtype/trees/recipe let a CPU test run it. With the
-    copy bandwidth, each tree's verify forward against it, and a profile of the widest tree."""
+    copy bandwidth, each tree's verify forward against it, and a profile of each tree's rounds (CUDA)."""
     from diag.bench.pair import PairRecipe, trained_pair_drafter
     from diag.bench.sampled import TREES, bench_prompts, round_profile, sampled_bench, verify_bandwidth
     from diag.drafter.checkpoint import load_drafter
@@ -340,7 +340,8 @@ def _sampled(st, model, lays, num_prompts, prompt_len, max_new_tokens: int = 64,
                       if st.get("successor_margin") else "random"}
     if copy_bytes_per_s:
         verify_bandwidth(out, copy_bytes_per_s, flops_per_s)
-    out["round_profile"] = round_profile(model, drafter, embed, head, lays, prompts, out["rows"][-1]["tree"])
+    out["round_profiles"] = [p for r in out["rows"]
+                             if (p := round_profile(model, drafter, embed, head, lays, prompts, r["tree"])) is not None]
     del drafter
     if device == "cuda":
         torch.cuda.empty_cache()

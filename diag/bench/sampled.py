@@ -154,7 +154,7 @@ def sampled_bench(model, drafter, embed, head, layouts: list[str], prompts: list
 
 
 def round_profile(model, drafter, embed, head, layouts: list[str], prompts: list[list[int]], tree: str,
-                  max_new_tokens: int = 8, top: int = 15) -> dict | None:
+                  max_new_tokens: int = 8, top: int = 10) -> dict | None:
     """Where a round's time goes on CUDA (None elsewhere): the loop over a few tokens under
     torch.profiler; the device's busy seconds (kernels) against the wall, the kernel launches,
     and the `top` ops by their own device time. Busy / wall far below 1 is a loop bound by the
@@ -183,6 +183,8 @@ def round_profile(model, drafter, embed, head, layouts: list[str], prompts: list
     return {"tree": tree, "max_new_tokens": max_new_tokens, "rounds": loop.counts["rounds"], "wall_s": wall,
             "device_busy_s": busy, "device_busy_fraction": busy / wall if wall else None,
             "device_launches": sum(e.count for e in ops),
+            "launches_per_round": sum(e.count for e in ops) / max(1, loop.counts["rounds"]),
+            "wall_s_per_round": wall / max(1, loop.counts["rounds"]),
             "top_ops": [{"op": e.key[:80], "device_ms": round(dev_us(e) / 1e3, 3), "calls": e.count}
                         for e in sorted(ops, key=dev_us, reverse=True)[:top]]}
 
