@@ -50,11 +50,6 @@ class DraftKV:
     def valid(self) -> torch.Tensor:
         return torch.arange(self.k.shape[2], device=self.k.device)[None] < self.length[:, None]
 
-    def upto(self, slots: int) -> "DraftKV":
-        """A view of the first `slots` slots (attention then reads no slot past the longest row:
-        capacity 300, rows of 140..160 pairs -> 160 slots read, not 300)."""
-        return DraftKV(self.k[:, :, :slots], self.v[:, :, :slots], self.length)
-
     def select(self, rows) -> "DraftKV":
         """Rows by index tensor (a copy) or by slice (a view whose writes reach this cache; its
         `length` must be written back with `put`)."""
@@ -103,10 +98,8 @@ def extend(drafter: Eagle3Drafter, dh: DraftHead, kv: DraftKV, tokens: torch.Ten
         cap = kv.k.shape[2]
         out = kernel_attention(q.transpose(1, 2).float() * torch.tensor(attn.scale), [kv.k.float()], [kv.v.float()],
                                see[:, None].expand(B, kv.k.shape[1], N, cap), torch.arange(cap) % LANES).to(q.dtype)
-    else:                            # slots past the longest row after this extend are masked for every pair: not read
-        top = int(last.max()) if last.numel() else 0
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), kv.k[:, :, :top], kv.v[:, :, :top],
-                                             attn_mask=see[:, None, :, :top], scale=attn.scale)
+    else:
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), kv.k, kv.v, attn_mask=see[:, None], scale=attn.scale)
     kv.length = kv.length + count
     return drafter.midlayer.finish(out.transpose(1, 2), h)
 
@@ -184,8 +177,6 @@ def draft_tree(drafter: Eagle3Drafter, dh: DraftHead, kv: DraftKV, r_root: torch
                root: torch.Tensor, root_tokens: torch.Tensor, shape: TreeShape) -> DraftTree:
     """One tree per row from its root: r_root [B, H] (step-1 output of the root pair), root [B]
     its position, root_tokens [B] the token the tree is rooted at (node 0)."""
-    if not drafter.fp32_math and kv.length.numel():
-        kv = kv.upto(int(kv.length.max()))              # the slots past the longest row are masked: not read
     if shape.topk == 1:
         return chain_tree(_chain(drafter, dh, kv, r_root, root, shape.num_steps), root_tokens)
     tree = _beam(drafter, dh, kv, r_root, root, shape)
