@@ -136,3 +136,55 @@ def test_t_to_zero_under_to_end_accounting_counts_the_rounds_replay_scores_past_
         cut += o.roots[last] + 2 + o.accepted[last] > o.length - 1      # emitted past t_{T-1}: cut
     assert (got_a, got_j) == want
     assert cut > 0, "no request's last round crossed max_new_tokens: the test shows nothing"
+
+
+def _dense_verify(monkeypatch):
+    """The loop as it was before issue 36's cuts: the head over every tree node, then read."""
+    import diag.replay.decode_loop as dl
+    from diag.target import tree_forward as tf
+
+    def dense(*args, **kwargs):
+        s = tf.verify_forward(*args, **kwargs)
+        return tf.Scored(s.logits.rows(torch.arange(s.logits.shape[0] * s.logits.shape[1])).view(s.logits.shape),
+                         s.states)
+    monkeypatch.setattr(dl, "verify_forward", dense)
+
+
+@pytest.mark.parametrize("tree", ["chain-3", "s3-k4-d8"])
+def test_head_at_read_nodes_and_one_thread_decode_what_the_dense_head_and_two_threads_did(zoo, monkeypatch, tree):
+    """Issue 36's CPU cuts change no number: the verify's head run only at the nodes the accept
+    step reads, with one intra-op thread, gives the rows (drafts accepted, ids, P(a >= d)) the head
+    over every node gave with the caller's 2 threads, for demo-sampled's lanes (every candidate,
+    2 seeds) at its decoding; so its accept lengths are today's, within any Monte-Carlo interval."""
+    from diag.replay import decode_loop as dl
+    shape = tree_shape(tree)
+    variants = [Variant(c.label, c.mode, shape) for c in zoo["inp"].candidates]
+    d = sampled(1.0, 0.95)
+    seen = []
+    real = dl.verify_forward
+    monkeypatch.setattr(dl, "verify_forward", lambda *a, **k: seen.append(torch.get_num_threads()) or real(*a, **k))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        new = decode(zoo, variants, shape, d, seeds=(0, 1))
+        assert set(seen) == {dl.CPU_THREADS} and torch.get_num_threads() == 2      # one thread inside, restored
+        monkeypatch.setattr(dl, "CPU_THREADS", 2)
+        _dense_verify(monkeypatch)
+        old = decode(zoo, variants, shape, d, seeds=(0, 1))
+    finally:
+        torch.set_num_threads(before)
+    key = lambda o: (o.lane.variant.key, o.lane.seed, o.prompt)                    # noqa: E731
+    rows = lambda out: [(o.accepted, o.ids, o.expected) for o in sorted(out, key=key)]   # noqa: E731
+    assert rows(new) == rows(old)
+    assert sum(sum(o.accepted) for o in new) > 0
+
+
+def test_node_logits_are_the_head_at_those_nodes(zoo):
+    from diag.target.tree_forward import NodeLogits
+    model = zoo["model"]
+    final = torch.randn(3, 5, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    lg = NodeLogits(model, final)
+    assert lg.shape == (3, 5, model.config.vocab_size)
+    at = torch.tensor([0, 7, 14])
+    want = model.get_output_embeddings()(final).float().reshape(15, -1)[at]
+    assert torch.allclose(lg.rows(at), want, atol=1e-5) and lg.rows(at).dtype == torch.float32

@@ -51,6 +51,7 @@ from diag.trees import TreeShape
 
 FIRST_TOKEN_STREAM = 0x5BD1E995      # the prefill's sample draws from its own coin stream
 RETIRE_FRACTION = 0.1                # finished rows leave the batch once they are a tenth of it
+CPU_THREADS = 1                      # torch's intra-op threads while the loop runs on the CPU (`cpu_threads`)
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,25 @@ class _Rows:
                      self.lane_of[rows], self.active[rows], self.out, self.done[rows])
 
 
+@contextmanager
+def cpu_threads(dev: torch.device):
+    """On the CPU the loop runs with CPU_THREADS intra-op threads, then the caller's count is
+    restored. A round is thousands of small ops (rows x D tokens at the pair's widths: a
+    [1152, 128] x [128, 384] matmul on the demo pair), too small to gain from a second thread,
+    and OpenMP's waiting threads spin: on 2 shared cores demo-sampled's loop took 173 s with 2
+    threads against 28 s with 1 (load 3, issue 36's 8.1 min with CI beside it). One thread also
+    makes a row's floats independent of the machine's core count."""
+    if dev.type != "cpu" or torch.get_num_threads() <= CPU_THREADS:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(CPU_THREADS)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def probabilities(logits: torch.Tensor, decoding: Decoding) -> torch.Tensor:
     """Greedy: one-hot argmax (the walk then accepts iff the token is the argmax and the bonus is
     the argmax: SGLang's verify_tree_greedy). Sampled: SGLang's target probabilities."""
@@ -119,36 +139,55 @@ def _at_nodes(t: torch.Tensor, node: torch.Tensor) -> torch.Tensor:
     return t.gather(1, node.to(t.device)[..., None].expand(*node.shape, t.shape[-1]))
 
 
-def _fill(probs: torch.Tensor, logits: torch.Tensor, at: torch.Tensor, decoding: Decoding) -> None:
+@dataclass(frozen=True)
+class _Dense:
+    """Logits given at every node, [B, D, V], read as target/tree_forward.NodeLogits is."""
+    logits: torch.Tensor
+
+    @property
+    def shape(self):
+        return self.logits.shape
+
+    @property
+    def device(self):
+        return self.logits.device
+
+    def rows(self, flat: torch.Tensor) -> torch.Tensor:
+        return self.logits.reshape(-1, self.logits.shape[-1])[flat]
+
+
+def _fill(probs: torch.Tensor, logits, at: torch.Tensor, decoding: Decoding) -> None:
     """probs [B*D, V] at the flat node rows `at` [B*D] := the decoding's probabilities there."""
     rows = torch.nonzero(at)[:, 0]
     if rows.numel():
-        probs[rows] = probabilities(logits.reshape(-1, logits.shape[-1])[rows], decoding)
+        probs[rows] = probabilities(logits.rows(rows).to(probs.device), decoding)
 
 
-def accept_round(rule: SampledRule, t: dict, logits: torch.Tensor, decoding: Decoding, coins: torch.Tensor,
+def accept_round(rule: SampledRule, t: dict, logits, decoding: Decoding, coins: torch.Tensor,
                  num_steps: int) -> tuple[SampledRound, torch.Tensor]:
     """The rule's walk and exact P(a >= d) for one round: t the tree (tokens, parents, valid,
-    depths [B, D]), logits [B, D, V], coins [B, D + 1] (the last one the bonus's). Probabilities
+    depths [B, D]), logits [B, D, V] (a tensor, or NodeLogits: the head then runs only at the
+    nodes read, on coins' device), coins [B, D + 1] (the last one the bonus's). Probabilities
     are computed only where they are read: at every node with a child (the walk and the
     expectation read nothing else), then at the node each walk ended on when it is a leaf (its
     bonus), whose rows are walked again (a row's walk depends on its own coins only). The same
     result as the rule on every node's probabilities. Example, chain-3 (D 4): nodes 0..2 are
     computed; a row that accepts 3 ends on leaf 3, which is computed and that row re-walked."""
+    logits = _Dense(logits) if isinstance(logits, torch.Tensor) else logits
     B, D, V = logits.shape
     ts, ta = (1.0, 1.0) if decoding.greedy else (decoding.threshold_single, decoding.threshold_acc)
     tokens, parents, valid = t["tokens"], t["parents"], t["valid"]
     node = valid & (parents >= 0)
-    ids = torch.arange(D, device=logits.device)
+    ids = torch.arange(D, device=coins.device)
     has_child = ((parents[:, None, :] == ids[None, :, None]) & node[:, None, :]).any(-1)   # [B, D]
-    probs = logits.new_zeros(B * D, V, dtype=torch.float32)
+    probs = coins.new_zeros(B * D, V, dtype=torch.float32)
     _fill(probs, logits, has_child.reshape(-1), decoding)
     res = rule.verify(tokens, parents, valid, probs.view(B, D, V), coins[:, :D], coins[:, D], num_steps,
                       threshold_single=ts, threshold_acc=ta)
-    last = res.path.to(logits.device).gather(1, res.accepted.to(logits.device)[:, None])[:, 0]    # [B]
+    last = res.path.to(coins.device).gather(1, res.accepted.to(coins.device)[:, None])[:, 0]      # [B]
     leaf = torch.nonzero(~has_child.gather(1, last[:, None])[:, 0])[:, 0]
     if leaf.numel():
-        at = torch.zeros(B * D, dtype=torch.bool, device=logits.device)
+        at = torch.zeros(B * D, dtype=torch.bool, device=coins.device)
         at[leaf * D + last[leaf]] = True
         _fill(probs, logits, at, decoding)
         again = rule.verify(tokens[leaf], parents[leaf], valid[leaf], probs.view(B, D, V)[leaf], coins[leaf, :D],
@@ -202,7 +241,8 @@ class DecodeLoop:
         rows are grouped by serving mode (one contiguous slice each, see `_groups`)."""
         modes = list(self.heads)
         order = sorted(range(len(rows)), key=lambda i: modes.index(self.lane_mode[rows[i][0]]))
-        out = self._run([rows[i] for i in order], prompts, max_new_tokens)
+        with cpu_threads(self.dev):
+            out = self._run([rows[i] for i in order], prompts, max_new_tokens)
         back = [None] * len(rows)
         for pos, i in enumerate(order):
             back[i] = out[pos]
@@ -334,7 +374,7 @@ class DecodeLoop:
         D = self.shape.num_draft_tokens
         keys = torch.tensor([st.out[i].prompt for i in st.active.tolist()], dtype=torch.long, device=self.dev)
         coins = self._coins(keys, st.lane_of, st.root, D + 1)
-        return accept_round(self.rule, t, scored.logits.to(self.dev), self.decoding, coins, self.shape.num_steps)
+        return accept_round(self.rule, t, scored.logits, self.decoding, coins, self.shape.num_steps)
 
     def _record(self, st, res, exp):
         acc, e, roots = res.accepted.tolist(), exp.tolist(), st.root.tolist()

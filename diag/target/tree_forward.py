@@ -45,10 +45,33 @@ class TargetKV:
 
 
 @dataclass(frozen=True)
+class NodeLogits:
+    """A verify's logits, computed only at the nodes asked for: the head over every node of
+    every tree is mostly unread (the accept step reads nodes with a child and the leaf a walk
+    ended on). final [B, D, H] the final norm's output; shape (B, D, V). Example: chain-3 on
+    288 rows -> at most 864 + 288 of the 1152 nodes through the head, not all 1152."""
+    model: nn.Module
+    final: torch.Tensor
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (*self.final.shape[:2], self.model.get_output_embeddings().weight.shape[0])
+
+    @property
+    def device(self) -> torch.device:
+        return self.final.device
+
+    def rows(self, flat: torch.Tensor) -> torch.Tensor:
+        """flat [n] indices b * D + node -> logits [n, V] float32."""
+        return _logits(self.model, self.final.reshape(-1, self.final.shape[-1])[flat.to(self.final.device)])
+
+
+@dataclass(frozen=True)
 class Scored:
-    """One forward: logits [B, Q, V] float32 at every query, and the captured points [B, Q, H]
-    (always "final"), on the model's device."""
-    logits: torch.Tensor
+    """One forward: logits at every query (prefill: [B, Q, V] float32; verify: NodeLogits,
+    computed where read), and the captured points [B, Q, H] (always "final"), on the model's
+    device."""
+    logits: "torch.Tensor | NodeLogits"
     states: dict[str, torch.Tensor]
 
 
@@ -111,7 +134,8 @@ def verify_forward(model: nn.Module, kv: TargetKV, tokens: torch.Tensor, parents
                    node_valid: torch.Tensor, root_position: torch.Tensor,
                    points: tuple[CapturePoint, ...]) -> Scored:
     """Score the trees: tokens, parents, node_valid [B, D] (node 0 the root, at root_position
-    [B]). Appends the D nodes after the longest row; `commit` keeps the accepted ones."""
+    [B]); logits only where read (NodeLogits). Appends the D nodes after the longest row;
+    `commit` keeps the accepted ones."""
     dev, dtype = _device_and_dtype(model)
     tokens, parents, node_valid = tokens.to(dev), parents.to(dev), node_valid.to(dev)
     B, D = tokens.shape
@@ -121,7 +145,7 @@ def verify_forward(model: nn.Module, kv: TargetKV, tokens: torch.Tensor, parents
     kv.block = _width(kv)
     bias = attention_bias(kv.valid(kv.block), block, dtype)
     sink, kv.cache = _forward(model, tokens.clamp(min=0), pos, bias, kv.cache, points)
-    return Scored(_logits(model, sink[FINAL.name]), sink)
+    return Scored(NodeLogits(model, sink[FINAL.name]), sink)
 
 
 def _layers(cache) -> list:
