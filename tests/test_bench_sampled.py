@@ -57,18 +57,20 @@ def test_the_gpu_benchs_sampled_section_runs_its_code_path_on_cpu(kimi):
     assert res["rows"][0]["emitted_tokens"] == 3 * 8 * 3 and res["tokens_per_second"] > 0
     assert set(res["drafter"]["greedy"]) == {ks.layout, "L1+L2+final", "embed+L1+final"}
     row = res["rows"][0]
-    embed = model.get_input_embeddings().weight
+    embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
     assert row["weight_bytes_per_round"] == sum(p.numel() * p.element_size() for p in model.parameters()) \
-        + sum(b.numel() * b.element_size() for b in model.buffers()) - embed.numel() * embed.element_size()
-    assert row["kv_bytes_per_round"] > 0 and row["logit_bytes_per_round"] == row["verified_tokens"] / row["loop_rounds"] * SMALL["vocab_size"] * 4
+        + sum(b.numel() * b.element_size() for b in model.buffers()) - (embed.numel() + head.numel()) * 4
+    assert row["kv_bytes_per_round"] > 0
     assert row["verify_fraction_of_copy_bandwidth"] == row["verify_bytes_per_second"] / 1e10
     assert res["verify_fraction_of_copy_bandwidth_min"] == row["verify_fraction_of_copy_bandwidth"]
     c = model.config                              # SMALL: layer 0 dense, layer 1 MoE (16 experts, top 4)
     from diag.bench.sampled import active_params
     routed = c.num_experts_per_tok * 3 * c.moe_intermediate_size * c.hidden_size
-    assert active_params(model) == routed + sum(m.weight.numel() for m in model.modules()
-                                                if isinstance(m, torch.nn.Linear))
-    assert row["verify_flops_per_round"] == 2 * active_params(model) * row["verified_tokens"] / row["loop_rounds"]
+    linears = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    assert active_params(model) == routed + linears
+    assert active_params(model, without=model.get_output_embeddings()) == routed + linears - head.numel()
+    assert row["verify_flops_per_round"] == 2 * (routed + linears - head.numel()) * row["verified_tokens"] \
+        / row["loop_rounds"]
     assert row["verify_limit_seconds_per_round"] == max(row["verify_bytes_per_round"] / 1e10,
                                                         row["verify_flops_per_round"] / 1e11)
     assert res["drafter"]["target_head"] == "random"

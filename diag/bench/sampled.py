@@ -12,11 +12,12 @@ Per tree shape it reports
                          (probabilities, the tree walk, the exact expectation), commit, retire
   limit                  the phase that takes the most time
   verify_*               the verify forward against the bytes it must move per round: the target's
-                         weights read once (all but the input embedding, of which it gathers rows),
-                         the KV cache its attention reads (B rows x the cache's width), the float32
-                         logits it writes [B, D, V]; verify_bytes_per_second = those bytes over the
-                         phase's seconds. verify_bandwidth() sets them against a measured copy
-                         bandwidth: the fraction and the shape's physical limit per round.
+                         weights read once (all but the input embedding, of which it gathers rows,
+                         and the head, which the accept step applies at the nodes it reads), and the
+                         KV cache its attention reads (B rows x the cache's width);
+                         verify_bytes_per_second = those bytes over the phase's seconds.
+                         verify_bandwidth() sets them against a measured copy bandwidth: the
+                         fraction and the shape's physical limit per round.
 A random-weight target accepts little, so the loop runs close to one round per token: the
 worst case for the loop's cost. This module knows the loop and timing; nothing about files.
 """
@@ -64,7 +65,6 @@ def _one_tree(model, drafter, embed, head, lays, shape, prompts, max_new, token_
     rounds = sum(len(o.accepted) for o in out)
     phases = {k: round(v, 4) for k, v in loop.seconds.items()}
     verify = _verify_bytes(model, head, loop, phases.get("verify_forward"))
-    verify["verify_flops_per_round"] = 2 * active_params(model) * loop.counts["verified_tokens"] / max(1, loop.counts["rounds"])
     return {"tree": shape.name, "num_draft_tokens": shape.num_draft_tokens, "lanes": len(lanes),
             "rows": len(rows), "seconds": seconds, "emitted_tokens": emitted,
             "tokens_per_second": emitted / seconds, "loop_rounds": loop.counts["rounds"],
@@ -78,27 +78,29 @@ def _one_tree(model, drafter, embed, head, lays, shape, prompts, max_new, token_
 
 
 def _verify_bytes(model, head, loop: DecodeLoop, verify_s: float | None) -> dict:
-    """Bytes per verify round (weights, KV read, logits written) and their rate over the phase.
-    Example: 13.1e9 B of weights + 1.6e9 B of KV + 0.1e9 B of logits in 60 ms -> 2.5e11 B/s."""
+    """Bytes per verify round (the weights it multiplies by, the KV it reads) and their rate over
+    the phase. Example: 10.8e9 B of weights + 0.04e9 B of KV in 60 ms -> 1.8e11 B/s."""
     rounds = loop.counts["rounds"]
     if not rounds:
         return {}
-    embed = model.get_input_embeddings().weight
-    weights = resident_bytes(model) - embed.numel() * embed.element_size()
+    weights = resident_bytes(model) - _bytes(model.get_input_embeddings().weight) - _bytes(head.weight)
     kv = loop.counts["kv_bytes"] / rounds
-    logits = loop.counts["verified_tokens"] / rounds * head.weight.shape[0] * 4
     out = {"verify_seconds_per_round": verify_s / rounds if verify_s else None,
-           "weight_bytes_per_round": weights, "kv_bytes_per_round": kv, "logit_bytes_per_round": logits,
-           "verify_bytes_per_round": weights + kv + logits}
+           "weight_bytes_per_round": weights, "kv_bytes_per_round": kv, "verify_bytes_per_round": weights + kv,
+           "verify_flops_per_round": 2 * active_params(model, without=head) * loop.counts["verified_tokens"] / rounds}
     if verify_s:
-        out["verify_bytes_per_second"] = (weights + kv + logits) * rounds / verify_s
+        out["verify_bytes_per_second"] = (weights + kv) * rounds / verify_s
     return out
 
 
-def active_params(model) -> int:
-    """Weights one token multiplies: every Linear and PackedLinear (the head included, the input
-    embedding not: it is gathered), and of each PackedExperts its top-k experts' three matrices.
-    Kimi's MoE layer: 8 x 3 x 2048 x 7168 = 352e6 routed, of 8.5e9 stored."""
+def _bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def active_params(model, *, without=None) -> int:
+    """Weights one token multiplies: every Linear and PackedLinear but the module `without` (the
+    input embedding is gathered, never multiplied), and of each PackedExperts its top-k experts'
+    three matrices. Kimi's MoE layer: 8 x 3 x 2048 x 7168 = 352e6 routed, of 8.5e9 stored."""
     from torch import nn
 
     from diag.int4.packed import PackedExperts, PackedLinear
@@ -106,6 +108,8 @@ def active_params(model) -> int:
     top_k = int(getattr(model.config, "num_experts_per_tok", 1) or 1)
     total = 0
     for m in model.modules():
+        if m is without:
+            continue
         if isinstance(m, nn.Linear):
             total += m.weight.numel()
         elif isinstance(m, PackedLinear):
@@ -119,8 +123,8 @@ def verify_bandwidth(section: dict, copy_bytes_per_s: float, flops_per_s: float 
     """Each row's verify rate as a fraction of the device's measured copy bandwidth (goal >= 0.5)
     and the shape's physical limit per round: its bytes over the bandwidth or, where larger, its
     multiplies over the measured bf16 matmul peak (a wide tree at 96 rows multiplies more than it
-    reads: s3-k8-d16 at Kimi's widths, 1536 tokens x 2 x 2.1e9 weights = 6.4e12 FLOP, ~9 ms,
-    against 13 GB read, ~3 ms); the section's worst fraction."""
+    reads: s3-k8-d16 at Kimi's widths, 1536 tokens x 2 x 0.9e9 weights = 2.8e12 FLOP, ~4 ms,
+    against 10.8 GB read, ~2.6 ms); the section's worst fraction."""
     fractions = []
     for row in section["rows"]:
         if row.get("verify_bytes_per_second"):
