@@ -212,7 +212,8 @@ def summary() -> list[str]:
     """One line per planned server: its start and how long its tests waited for it."""
     if vs._PLAN is None:
         return []
-    out = [f"vLLM servers started ahead (DIAG_VLLM_AHEAD={vs._PLAN.ahead}): start / tests waited, seconds"]
+    out = [f"vLLM servers started ahead ({vs._PLAN.ahead} alive at most, DIAG_VLLM_AHEAD or by memory): "
+           "start / tests waited, seconds"]
     for e in vs._PLAN.entries:
         start_s = f"{e.server.started_s:.1f}" if e.server is not None else e.state
         out.append(f"  {e.label}: {start_s} / {e.seconds_waited:.1f}")
