@@ -16,7 +16,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from diag.engines import engine, rules
 from diag.errors import DiagError
-from diag.target.engine_numerics import (LANES, apply_numerics, fast_exp, fp32_norm, kernel_attention)
+from diag.target.engine_numerics import LANES, apply_numerics, fast_exp, fp32_norm, kernel_attention
 from diag.target.generate import greedy_continuations
 
 
@@ -192,3 +192,156 @@ def test_the_decode_loops_drafter_drafts_what_the_replays_drafts(numerics):
     assert tree.tokens[0, 1:].tolist() == want[0, 0].tolist()
     assert torch.equal(r, ref[:, :13])                 # step 1: the same sums, element for element
     assert torch.equal(deep[:, 0], deep_ref[0, 0])     # a deep step too
+
+
+# ---- the vectorised kernel against the key-by-key loop it replaced --------------------------------
+def _fma_loop(a, b, c):
+    return (a.double() * b.double() + c.double()).float()
+
+
+def _fast_exp_loop(x):
+    from diag.target.engine_numerics import FACTORIALS, LN2, LN_FLT_MAX, LN_FLT_MIN, LOG2E
+    small = x < LN_FLT_MIN
+    src = x.clamp(LN_FLT_MIN, LN_FLT_MAX)
+    fx = torch.floor(_fma_loop(src, LOG2E, torch.tensor(0.5)))
+    r = _fma_loop(-fx, LN2, src)
+    poly = torch.tensor(FACTORIALS[0])
+    for f in FACTORIALS[1:]:
+        poly = _fma_loop(r, poly, torch.tensor(f))
+    two_n = ((fx - 1).to(torch.int32) + 127).bitwise_left_shift(23).view(torch.float32)
+    return poly * torch.where(small, torch.zeros((), dtype=torch.float32), two_n) * 2.0
+
+
+def _kernel_attention_loop(q, keys, values, keep, lane):
+    """diag/target/engine_numerics.kernel_attention as first written: one (score column, key) at
+    a time, every FMA through float64, the lanes summed key by key."""
+    parts = []
+    for k in keys:
+        s = torch.zeros(torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]) + (q.shape[-2], k.shape[-2]))
+        for j in range(q.shape[-1]):
+            s = _fma_loop(q[..., j, None], k[..., None, :, j], s)
+        parts.append(s)
+    s = torch.cat(parts, -1).masked_fill(~keep, float("-inf"))
+    m = s.amax(-1, keepdim=True)
+    e = _fast_exp_loop(s - torch.where(torch.isinf(m), torch.zeros_like(m), m))
+    lanes = torch.zeros(e.shape[:-1] + (LANES,))
+    out = torch.zeros(e.shape[:-1] + (q.shape[-1],))
+    lane = lane.expand(e.shape)
+    t = 0
+    for v in values:
+        for i in range(v.shape[-2]):
+            out = _fma_loop(e[..., t, None], v[..., None, i, :], out)
+            lanes = lanes.scatter_add(-1, lane[..., t, None], e[..., t, None])
+            t += 1
+    return torch.nan_to_num(out * (1.0 / _tree_sum_loop(lanes)))
+
+
+def _tree_sum_loop(lanes):
+    while lanes.shape[-1] > 1:
+        half = lanes.shape[-1] // 2
+        lanes = lanes[..., :half] + lanes[..., half:]
+    return lanes
+
+
+def _bf16_values(*shape, scale=1.0):
+    """Random bf16 values as float32, with bf16's edge values mixed in: +-0, the smallest
+    normal and subnormal, the largest finite, 1 +- one ulp, ties."""
+    x = (torch.randn(*shape) * scale).bfloat16()
+    edges = torch.tensor([0.0, -0.0, 2.0 ** -126, 2.0 ** -133, -(2.0 ** -126), 1.0, 1.0078125, 0.99609375,
+                          -1.0, 3.0e38, -3.0e38, 1.5, -2.5, 65504.0]).bfloat16()
+    flat = x.reshape(-1)
+    pick = torch.randint(0, flat.numel(), (max(1, flat.numel() // 20),))
+    flat[pick] = edges[torch.randint(0, len(edges), (len(pick),))]
+    return flat.reshape(shape).float()
+
+
+def test_fast_exp_equals_the_loop_bit_for_bit(blocking):
+    torch.manual_seed(3)
+    x = torch.cat([torch.linspace(-100, 90, 20001), torch.randn(5000) * 30,
+                   torch.tensor([0.0, -0.0, float("-inf"), -87.33654, 88.72283, -1e-30, 1e-30])])
+    assert torch.equal(fast_exp(x).view(torch.int32), _fast_exp_loop(x).view(torch.int32))
+
+
+@pytest.fixture(params=["as-set", "narrow-blocks", "all-wide"])
+def blocking(request, monkeypatch):
+    """The kernel's own block size and FMA path (engine_numerics.SCORES, WIDE) as set, and forced
+    to small blocks of queries with one-op FMAs, and to every FMA chain in float64 ops."""
+    import diag.target.engine_numerics as en
+    if request.param == "narrow-blocks":
+        monkeypatch.setattr(en, "SCORES", 64)
+        monkeypatch.setattr(en, "WIDE", 1 << 40)
+    elif request.param == "all-wide":
+        monkeypatch.setattr(en, "WIDE", 0)
+    return request.param
+
+
+def _causal(Tq, Tk):
+    return torch.ones(Tq, Tk, dtype=torch.bool).tril(Tk - Tq)
+
+
+@pytest.mark.parametrize("B,H,Tq,Tk,d,scale", [(1, 1, 1, 1, 4, 1.0), (2, 4, 37, 37, 16, 1.0), (3, 2, 1, 70, 32, 3.0),
+                                               (2, 8, 5, 41, 8, 0.05), (1, 3, 19, 19, 64, 12.0)])
+def test_kernel_attention_equals_the_loop_bit_for_bit(B, H, Tq, Tk, d, scale, blocking):
+    """One part, the target's call (attention()): causal, left padding per row (lanes from the
+    first real key), a row with no key at all, bf16 edge values, large scores."""
+    torch.manual_seed(B * 1000 + Tk)
+    q = _bf16_values(B, H, Tq, d, scale=scale) * torch.tensor(d ** -0.5)
+    k, v = _bf16_values(B, H, Tk, d, scale=scale), _bf16_values(B, H, Tk, d)
+    k, v = k.clamp(-1e4, 1e4), v.clamp(-1e4, 1e4)       # finite scores: an inf score is nan in both
+    if Tq == Tk == 37:
+        v[0, 1, -1, 3] = float("inf")                    # only the last query sees it: 0 * inf elsewhere
+    first = torch.randint(0, Tk, (B,))
+    keep = _causal(Tq, Tk)[None, None] & (torch.arange(Tk)[None, None, None] >= first[:, None, None, None])
+    keep = keep.expand(B, H, Tq, Tk).clone()
+    if Tq > 2:
+        keep[0, 0, 1] = False                            # a query that sees nothing
+    lane = ((torch.arange(Tk)[None] - first[:, None]) % LANES)[:, None, None]
+    got = kernel_attention(q, [k], [v], keep, lane)
+    want = _kernel_attention_loop(q, [k], [v], keep, lane)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+@pytest.mark.parametrize("consecutive", [True, False])
+def test_kernel_attention_parts_and_broadcast_keys_equal_the_loop(consecutive, blocking):
+    """The drafter's deep step: keys in two parts (the cache, then each row's own keys), cache
+    keys broadcast over rows, lanes restarting at each row's root (or arbitrary: key by key),
+    non-finite values under keys no query sees."""
+    torch.manual_seed(7 + consecutive)
+    B, R, nh, T, n, d = 2, 3, 4, 23, 3, 16
+    q = _bf16_values(B, R, nh, 1, d) * 0.25
+    kc, vc = _bf16_values(B, 1, nh, T, d), _bf16_values(B, 1, nh, T, d)
+    ks, vs = _bf16_values(B, R, nh, n, d), _bf16_values(B, R, nh, n, d)
+    vc[1, 0, 2, T - 1] = float("inf")                   # a slot no row sees: 0 * inf = nan in both
+    index = torch.tensor([[5, 17, 9], [0, 21, 12]])
+    keep = torch.cat([(torch.arange(T)[None, None] <= index[..., None])[:, :, None, None, :].expand(B, R, nh, 1, T),
+                      torch.ones(B, R, nh, 1, n, dtype=torch.bool)], -1)
+    if consecutive:
+        lane = torch.cat([torch.arange(T).expand(B, R, T), index[..., None] + 1 + torch.arange(n)], -1) % LANES
+    else:
+        lane = torch.randint(0, LANES, (B, R, T + n))
+    lane = lane[:, :, None, None]
+    got = kernel_attention(q, [kc, ks], [vc, vs], keep, lane)
+    want = _kernel_attention_loop(q, [kc, ks], [vc, vs], keep, lane)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    assert bool(torch.isnan(want).any()) == bool(torch.isnan(got).any())
+
+
+def test_bf16_model_under_fp32_kernels_equals_the_loop():
+    """A whole bf16 forward (prefill of a left-padded batch, then cached decode steps) with the
+    vectorised kernel equals the same forward with the key-by-key loop, logits bit for bit."""
+    import diag.target.engine_numerics as en
+    prompts = [[5, 9, 11, 3, 7, 21, 33, 40, 2, 8, 14, 19, 22, 23, 50, 51, 60, 61], [4, 6, 12], [30, 31, 32, 33, 34]]
+    m = _llama()
+    apply_numerics(m, "fp32-kernels")
+    fast = greedy_continuations(m, prompts, 6, pad_id=0, eos_ids=set(), progress=False)
+    with torch.no_grad():
+        ids = torch.tensor([prompts[0]])
+        fast_logits = m(input_ids=ids).logits
+        orig = en.kernel_attention
+        en.kernel_attention = _kernel_attention_loop
+        try:
+            slow_logits = m(input_ids=ids).logits
+            slow = greedy_continuations(m, prompts, 6, pad_id=0, eos_ids=set(), progress=False)
+        finally:
+            en.kernel_attention = orig
+    assert torch.equal(fast_logits, slow_logits) and fast == slow

@@ -58,10 +58,11 @@ def test_the_counters_tell_vllms_literal_reading_from_sglangs(vllm_server):  # n
     target, drafter, kw = vc.Cell(MAIN, 3).server_args()
     url = vllm_server(target, drafter, **kw)
     pred = vc.prediction(target, "float32")
-    engine, _, _ = vc.engine_counts(url, str(target), pred.prompts)
+    (engine, _, _), (literal, shifted) = vc.alongside(
+        lambda: vc.engine_counts(url, str(target), pred.prompts),
+        lambda: (pred.counters(drafter, layout("embed+L2+L4"), 3), pred.counters(drafter, layout("L1+L3+L5"), 3)))
     assert vc.served_layout(target, drafter) == layout("embed+L2+L4")
-    assert pred.counters(drafter, layout("embed+L2+L4"), 3).counts() == engine
-    shifted = pred.counters(drafter, layout("L1+L3+L5"), 3)
+    assert literal.counts() == engine
     assert shifted.accept_length < vc.accept_length(engine) - 0.3, (shifted.counts(), engine)
 
 
@@ -72,8 +73,8 @@ def test_fp32_counters_equal_the_engines(vllm_server, pair, k):  # noqa: F811
     lay = vc.served_layout(target, drafter)
     url = vllm_server(target, drafter, **kw)
     pred = vc.prediction(target, "float32")
-    engine, outs, _ = vc.engine_counts(url, str(target), pred.prompts)
-    diag = pred.counters(drafter, lay, k)
+    (engine, outs, _), diag = vc.alongside(lambda: vc.engine_counts(url, str(target), pred.prompts),
+                                           lambda: pred.counters(drafter, lay, k))
     emitted = [s.ids[s.prompt_len:s.emitted].tolist() for s in pred._sequences]
     assert outs == emitted, "the server's greedy tokens differ from diag's greedy continuation"
     assert diag.counts() == engine, f"{pair.drafter} k={k} served {lay}: diag {diag.counts()} != vLLM {engine}"
@@ -114,8 +115,8 @@ def test_bf16_against_the_engines_own_runs(vllm_server):  # noqa: F811
     lay = vc.served_layout(target, drafter)
     url = vllm_server(target, drafter, **kw)
     pred = vc.prediction(target, "bfloat16")
-    engine, outs, _ = vc.engine_counts(url, str(target), pred.prompts)      # one request at a time
-    diag = pred.counters(drafter, lay, 3).counts()
+    (engine, outs, _), diag = vc.alongside(lambda: vc.engine_counts(url, str(target), pred.prompts),  # one at a time
+                                           lambda: pred.counters(drafter, lay, 3).counts())
     emitted = [s.ids[s.prompt_len:s.emitted].tolist() for s in pred._sequences]
     assert outs == emitted, "the server's bf16 greedy tokens differ from diag's (fp32-kernels numerics)"
     assert abs(vc.accept_length(diag) - vc.accept_length(engine)) <= ENGINE_SPREAD, (diag, engine)

@@ -150,3 +150,19 @@ def test_a_planned_server_that_fails_fails_its_test_with_the_cause(tmp_path, mon
     vp.prestart([("x", lambda: (tmp_path / "t", tmp_path / "d", kw))], ahead=1)
     with pytest.raises(RuntimeError, match="exited with 3"):
         vs.get_server(exe, tmp_path / "t", tmp_path / "d", **kw)
+
+
+def test_servers_ahead_follow_the_available_memory(monkeypatch, tmp_path):
+    """$DIAG_VLLM_AHEAD wins; else MemAvailable less SUITE_BYTES, SERVER_BYTES a server, at least 2,
+    at most the planned ones; no /proc/meminfo: 2."""
+    monkeypatch.setenv("DIAG_VLLM_AHEAD", "3")
+    assert vp.default_ahead(6) == 3
+    monkeypatch.delenv("DIAG_VLLM_AHEAD")
+    meminfo = tmp_path / "meminfo"
+    real_path = vp.Path
+    monkeypatch.setattr(vp, "Path", lambda p: meminfo if p == "/proc/meminfo" else real_path(p))
+    for kib, planned, want in [(15.5 * 2 ** 20, 6, 5), (23 * 2 ** 20, 6, 6), (6 * 2 ** 20, 6, 2), (40 * 2 ** 20, 3, 3)]:
+        meminfo.write_text(f"MemTotal:       99999999 kB\nMemAvailable:   {int(kib)} kB\n")
+        assert vp.default_ahead(planned) == want, (kib, planned)
+    meminfo.unlink()
+    assert vp.default_ahead(6) == 2

@@ -6,8 +6,11 @@ A test names its server with a `vllm` marker carrying a cell, e.g.
 `prestart` with (label, resolve) per selected test, and a background thread builds the venv if
 it must (the servers' directories, zoo entries and vLLM-ids copies, are resolved before it, in
 the main thread, while no test has changed the environment), then starts the
-servers in the order the tests first use them, at most $DIAG_VLLM_AHEAD (default 2, ~2 GB each)
-alive at a time, while the rest of the suite runs. A server stops after the last test that
+servers in the order the tests first use them, one start at a time, at most `ahead` alive at
+a time, while the rest of the suite runs: $DIAG_VLLM_AHEAD, else as many as the machine's
+available memory holds beside the suite (default_ahead: SERVER_BYTES each after SUITE_BYTES,
+at least 2): the lean matrix's 6 on a 24 GB machine (5 on a 16 GB one), so no test waits for a
+start when the suite reaches them; 2 on an 8 GB one, as before. A server stops after the last test that
 names it (`release`, from the teardown hook), which frees a slot for the next. A test whose
 server the thread has not reached starts it itself (vllm_server.get_server asks the plan);
 a server nobody named is started on demand, as before.
@@ -23,11 +26,28 @@ from __future__ import annotations
 import os
 import threading
 import time
+from pathlib import Path
 
 import vllm_server as vs
 from vllm_server import Server
 
-AHEAD = int(os.environ.get("DIAG_VLLM_AHEAD", "2"))
+SERVER_BYTES = 2 << 30     # one server (API server, EngineCore, Worker, 256 MiB of KV cache): ~1.8 GB PSS
+SUITE_BYTES = 4 << 30      # kept for the rest of the suite
+
+
+def default_ahead(planned: int) -> int:
+    """$DIAG_VLLM_AHEAD, else how many servers fit in MemAvailable (/proc/meminfo) beside the
+    suite, at least 2, at most the planned ones. Example: 15.5 GiB available, 6 planned ->
+    min(6, (15.5 - 4) // 2) = 5; 6 GiB -> 2."""
+    given = os.environ.get("DIAG_VLLM_AHEAD")
+    if given:
+        return int(given)
+    try:
+        info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+        available = int(info["MemAvailable"].split()[0]) << 10
+    except (OSError, KeyError, ValueError):
+        return 2
+    return max(2, min(planned, (available - SUITE_BYTES) // SERVER_BYTES))
 
 
 class _Planned:
@@ -81,7 +101,7 @@ class _Planned:
 class Plan:
     """The prestart thread and its servers (module docstring)."""
 
-    def __init__(self, entries: list[_Planned], ahead: int = AHEAD):
+    def __init__(self, entries: list[_Planned], ahead: int):
         self.entries, self.ahead = entries, max(1, ahead)
         self.cond = threading.Condition()
         self.resolved = threading.Event()
@@ -165,17 +185,18 @@ class Plan:
             self.cond.notify_all()
 
 
-def prestart(named: list[tuple[str, object]], ahead: int = AHEAD) -> Plan | None:
+def prestart(named: list[tuple[str, object]], ahead: int | None = None) -> Plan | None:
     """Start the plan's thread. `named`: (label, resolve) per selected test that names a server,
     in run order; labels repeat for tests that share one (resolve() -> (target_dir, drafter_dir,
-    start kwargs))."""
-    if not named or ahead <= 0:
-        return None
+    start kwargs)). `ahead`: servers alive at a time (default_ahead)."""
     uses: dict[str, int] = {}
     first: dict[str, object] = {}
     for label, resolve in named:
         uses[label] = uses.get(label, 0) + 1
         first.setdefault(label, resolve)
+    ahead = default_ahead(len(first)) if ahead is None else ahead
+    if not named or ahead <= 0:
+        return None
     vs._PLAN = Plan([_Planned(label, first[label], uses[label]) for label in first], ahead)
     vs._PLAN.resolve()
     vs._PLAN.thread.start()
@@ -191,7 +212,8 @@ def summary() -> list[str]:
     """One line per planned server: its start and how long its tests waited for it."""
     if vs._PLAN is None:
         return []
-    out = [f"vLLM servers started ahead (DIAG_VLLM_AHEAD={vs._PLAN.ahead}): start / tests waited, seconds"]
+    out = [f"vLLM servers started ahead ({vs._PLAN.ahead} alive at most, DIAG_VLLM_AHEAD or by memory): "
+           "start / tests waited, seconds"]
     for e in vs._PLAN.entries:
         start_s = f"{e.server.started_s:.1f}" if e.server is not None else e.state
         out.append(f"  {e.label}: {start_s} / {e.seconds_waited:.1f}")

