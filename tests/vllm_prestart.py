@@ -9,7 +9,7 @@ the main thread, while no test has changed the environment), then starts the
 servers in the order the tests first use them, one start at a time, at most `ahead` alive at
 a time, while the rest of the suite runs: $DIAG_VLLM_AHEAD, else as many as the machine's
 available memory holds beside the suite (default_ahead: SERVER_BYTES each after SUITE_BYTES,
-at least 2): the lean matrix's 5 on a 24 GB or a 16 GB machine, so no test waits for a
+at least 2): the lean matrix's 6 on a 24 GB machine (5 on a 16 GB one), so no test waits for a
 start when the suite reaches them; 2 on an 8 GB one, as before. A server stops after the last test that
 names it (`release`, from the teardown hook), which frees a slot for the next. A test whose
 server the thread has not reached starts it itself (vllm_server.get_server asks the plan);
