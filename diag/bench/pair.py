@@ -155,19 +155,15 @@ def _cuda_bf16(dev: torch.device):
 def accept_lengths(model, drafter, prompts, new_tokens: int, layouts: list[str], tree: str = "chain-3") -> dict:
     """Chain-3 accept length (emitted tokens / rounds) of the decode loop over every prompt, per
     layout, greedy and at T=1.0 top-p 0.95 (seed 0): {"greedy": {layout: x}, "t1.0-p0.95-k-1": {...}}."""
+    from diag.bench.sampled import bench_loop
     from diag.engines.decoding import GREEDY, sampled
-    from diag.replay.decode_loop import DecodeLoop, Lane
-    from diag.replay.replay import Variant
     from diag.trees import tree_shape
 
     shape = tree_shape(tree)
     embed, head = model.get_input_embeddings(), model.get_output_embeddings()
     res = {"tree": tree}
     for dec in (GREEDY, sampled(1.0, 0.95)):
-        lanes = [Lane(Variant(n, "eagle3", shape, decoding=dec.name), 0) for n in layouts]
-        loop = DecodeLoop(model, drafter, embed, head, lanes, {n: parse_layout(n) for n in layouts}, shape, dec,
-                          eos_ids=set())
-        rows = [(li, p) for li in range(len(lanes)) for p in range(len(prompts))]
+        loop, lanes, rows = bench_loop(model, drafter, embed, head, layouts, shape, len(prompts), decoding=dec)
         out = loop.run(prompts, rows, new_tokens)
         res[dec.name] = {}
         for li, name in enumerate(layouts):

@@ -41,11 +41,18 @@ TREES = ("chain-1", "chain-3", "chain-5", "s3-k4-d5", "s3-k4-d8", "s3-k8-d16")
 DECODING = sampled(1.0, 0.95)
 
 
+def bench_loop(model, drafter, embed, head, layouts: list[str], shape, num_prompts: int, *,
+               decoding=DECODING, profile: bool = False):
+    """A fresh decode loop over one lane per layout (seed 0) and its rows, every lane on every
+    prompt: (loop, lanes, rows). 3 layouts x 32 prompts -> 96 rows."""
+    lanes = [Lane(Variant(name, "eagle3", shape, decoding=decoding.name), 0) for name in layouts]
+    loop = DecodeLoop(model, drafter, embed, head, lanes, {n: layout(n) for n in layouts}, shape, decoding,
+                      eos_ids=set(), profile=profile)
+    return loop, lanes, [(li, p) for li in range(len(lanes)) for p in range(num_prompts)]
+
+
 def _one_tree(model, drafter, embed, head, lays, shape, prompts, max_new, token_budget) -> dict:
-    lanes = [Lane(Variant(name, "eagle3", shape, decoding=DECODING.name), 0) for name in lays]
-    loop = DecodeLoop(model, drafter, embed, head, lanes, {n: layout(n) for n in lays}, shape, DECODING,
-                      eos_ids=set(), profile=True)
-    rows = [(li, p) for li in range(len(lanes)) for p in range(len(prompts))]
+    loop, lanes, rows = bench_loop(model, drafter, embed, head, lays, shape, len(prompts), profile=True)
     sync()
     t0, c0 = time.perf_counter(), time.process_time()
     out = loop.run(prompts, rows, max_new)
@@ -168,11 +175,9 @@ def round_profile(model, drafter, embed, head, layouts: list[str], prompts: list
     from torch.profiler import ProfilerActivity, profile
 
     shape = tree_shape(tree)
-    lanes = [Lane(Variant(name, "eagle3", shape, decoding=DECODING.name), 0) for name in layouts]
-    loop = DecodeLoop(model, drafter, embed, head, lanes, {n: layout(n) for n in layouts}, shape, DECODING,
-                      eos_ids=set())
-    rows = [(li, p) for li in range(len(lanes)) for p in range(len(prompts))]
-    loop.run(prompts, rows, 2)                                              # warm-up
+    warm, _, rows = bench_loop(model, drafter, embed, head, layouts, shape, len(prompts))
+    warm.run(prompts, rows, 2)                                              # warm-up
+    loop, _, rows = bench_loop(model, drafter, embed, head, layouts, shape, len(prompts))   # counts its own rounds
     sync()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         t0 = time.perf_counter()
