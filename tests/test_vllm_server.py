@@ -227,3 +227,34 @@ def test_the_venv_is_installed_without_bytecode(tmp_path, monkeypatch):
     vs.build_venv(tmp_path / "v")
     pips = [(c, fn) for c, fn in calls if "pip" in c]
     assert len(pips) == 2 and all("--no-compile" in c and fn is vs._background for c, fn in pips)
+
+
+def test_the_plan_builds_its_zoo_entries_aside_and_resolves_with_them(tmp_path, monkeypatch, own_pool):
+    """build() runs in the thread before any resolve, and each resolve gets its locate: the
+    main thread never builds (a test changing $DIAG_CACHE_DIR meanwhile changes nothing)."""
+    import threading
+    exe = _fake_server_python(tmp_path)
+    monkeypatch.setitem(vs.SESSION_ENV, "DIAG_VLLM_PYTHON", str(exe))
+    threads, located = [], []
+
+    def build():
+        threads.append(threading.current_thread().name)
+        return lambda name: located.append(name) or tmp_path / name
+
+    kw = {"num_speculative_tokens": 3, "dtype": "float32", "extra_args": ()}
+    plan = vp.prestart([("x", lambda locate: (locate("t"), locate("d"), kw))], ahead=1, build=build)
+    try:
+        assert plan.claim(vs.server_key(tmp_path / "t", tmp_path / "d", **kw)) is plan.by_label["x"]
+        assert threads == ["vllm-prestart"] and located == ["t", "d"]
+    finally:
+        plan.shutdown()
+        plan.thread.join(30)
+        if plan.by_label["x"].server is not None:
+            plan.by_label["x"].server.stop()
+
+
+def test_zoo_entries_built_aside_are_the_suites_own_directories():
+    """A niced child in the session's environment answers the directories zoo() gives here
+    (llama-tiny ships with diag: no training)."""
+    import vllm_cells as vc
+    assert vc.built_aside(["llama-tiny", "llama-tiny"]) == {"llama-tiny": vc.zoo("llama-tiny")}

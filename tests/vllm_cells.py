@@ -87,9 +87,29 @@ def vllm_ids_copy(target_dir: Path, drafter_dir: Path) -> Path:
     return out
 
 
-def pair_dirs(pair: Pair) -> tuple[Path, Path]:
-    """(target, drafter as served) directories."""
-    target, drafter = zoo(pair.target), zoo(pair.drafter)
+def built_aside(names) -> dict[str, Path]:
+    """The zoo entries `names`, built (where missing) by one `python` child at nice 19 in the
+    session's environment (vllm_server.SESSION_ENV: the cache a test may have re-pointed since
+    is not read), for the prestart thread: the Qwen3 pair, built for these tests alone, is
+    ~100 CPU-s of training that the suite's own thread then never waits for.
+    Example: ["llama-tiny", "qwen3-tiny"] -> {"llama-tiny": ~/.cache/diag/zoo/v2/llama-tiny, ...}."""
+    import subprocess
+    import sys
+    names = list(dict.fromkeys(names))
+    code = ("import json, sys; from diag.zoo import zoo_path; "
+            "print(json.dumps({n: str(zoo_path(n, progress=False)) for n in sys.argv[1:]}))")
+    env = {k: v for k, v in vs.SESSION_ENV.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-c", code, *names], capture_output=True, text=True, cwd=ROOT,
+                          env={**env, "PYTHONPATH": str(ROOT)}, preexec_fn=vs._background)
+    if done.returncode:
+        raise RuntimeError(f"building the zoo entries {names} failed ({done.returncode}):\n"
+                           f"{done.stderr[-vs.LOG_TAIL:]}")
+    return {n: Path(d) for n, d in json.loads(done.stdout.strip().splitlines()[-1]).items()}
+
+
+def pair_dirs(pair: Pair, locate=zoo) -> tuple[Path, Path]:
+    """(target, drafter as served) directories; locate(name) -> an entry's directory."""
+    target, drafter = locate(pair.target), locate(pair.drafter)
     return target, (drafter if pair.as_written else vllm_ids_copy(target, drafter))
 
 
@@ -106,14 +126,19 @@ class Cell:
     dtype: str = "float32"
 
     @property
+    def zoo_names(self) -> tuple[str, str]:
+        return self.pair.target, self.pair.drafter
+
+    @property
     def label(self) -> str:
         """"llama-tiny-eagle3-nows (vLLM ids) k5 float32"."""
         return f"{pair_label(self.pair)} k{self.k} {self.dtype}"
 
-    def server_args(self) -> tuple[Path, Path, dict]:
+    def server_args(self, locate=zoo) -> tuple[Path, Path, dict]:
         """(target_dir, drafter_dir as served, vllm_server kwargs): what the test passes to the
-        vllm_server fixture, and what the prestart thread starts."""
-        target, drafter = pair_dirs(self.pair)
+        vllm_server fixture, and what the prestart thread starts (with locate reading
+        built_aside's directories)."""
+        target, drafter = pair_dirs(self.pair, locate)
         return target, drafter, {"num_speculative_tokens": self.k, "dtype": self.dtype, "extra_args": EXTRA_ARGS}
 
 

@@ -4,8 +4,9 @@ them; this module decides when).
 A test names its server with a `vllm` marker carrying a cell, e.g.
 @pytest.mark.vllm(vllm_cells.Cell(pair, 3)); once collection is done, tests/conftest.py calls
 `prestart` with (label, resolve) per selected test, and a background thread builds the venv if
-it must (the servers' directories, zoo entries and vLLM-ids copies, are resolved before it, in
-the main thread, while no test has changed the environment), then starts the
+it must (the servers' directories, zoo entries and vLLM-ids copies, are resolved before it:
+the entries built by a niced child in the session's environment, vllm_cells.built_aside, so the
+suite's thread never trains the Qwen3 pair these tests alone use), then starts the
 servers in the order the tests first use them, one start at a time, at most `ahead` alive at
 a time, while the rest of the suite runs: $DIAG_VLLM_AHEAD, else as many as the machine's
 available memory holds beside the suite (default_ahead: SERVER_BYTES each after SUITE_BYTES,
@@ -102,8 +103,9 @@ class _Planned:
 class Plan:
     """The prestart thread and its servers (module docstring)."""
 
-    def __init__(self, entries: list[_Planned], ahead: int):
+    def __init__(self, entries: list[_Planned], ahead: int, build=None):
         self.entries, self.ahead = entries, max(1, ahead)
+        self.build = build                    # build() -> locate(name) -> Path, run by the thread first
         self.cond = threading.Condition()
         self.resolved = threading.Event()
         self.quit = False
@@ -116,12 +118,14 @@ class Plan:
         return sum(e.state in ("starting", "up") and e.uses > 0 for e in self.entries)
 
     def resolve(self) -> None:
-        """Every server's directories, in the calling (main) thread before any test runs: a zoo
-        path reads $DIAG_CACHE_DIR, which tests set for themselves while the thread would run
+        """Every server's directories, by the thread before anything starts: build() (the zoo
+        entries in a niced child, in the session's environment) gives locate(name); resolve never
+        reads os.environ, whose $DIAG_CACHE_DIR tests set for themselves while the thread runs
         (the bad-input catalogue's "/proc/diag-cache-test" made every planned server fail)."""
         try:
+            locate = self.build() if self.build is not None else None
             for e in self.entries:
-                target, drafter, kw = e.resolve()
+                target, drafter, kw = e.resolve() if locate is None else e.resolve(locate)
                 e.key, e.args = vs.server_key(target, drafter, **kw), (target, drafter, kw)
                 self.by_key[e.key] = e
         except Exception as err:
@@ -134,14 +138,16 @@ class Plan:
 
     def _run(self) -> None:
         try:
+            self.resolve()
+        finally:
+            self.resolved.set()                           # claim() may read the keys now
+        try:
             if any(e.state == "failed" for e in self.entries):
                 return
             self.python = vs.vllm_python()                # vllm_server reads the session's environment
         except Exception as err:
             self._fail(err)
             return
-        finally:
-            self.resolved.set()
         for e in self.entries:
             with self.cond:
                 self.cond.wait_for(lambda: self.quit or self._alive() < self.ahead)
@@ -186,10 +192,12 @@ class Plan:
             self.cond.notify_all()
 
 
-def prestart(named: list[tuple[str, object]], ahead: int | None = None) -> Plan | None:
+def prestart(named: list[tuple[str, object]], ahead: int | None = None, build=None) -> Plan | None:
     """Start the plan's thread. `named`: (label, resolve) per selected test that names a server,
-    in run order; labels repeat for tests that share one (resolve() -> (target_dir, drafter_dir,
-    start kwargs)). `ahead`: servers alive at a time (default_ahead)."""
+    in run order; labels repeat for tests that share one (resolve(locate) -> (target_dir,
+    drafter_dir, start kwargs); resolve() when there is no `build`). `build()` -> locate, run
+    first by the thread (conftest: vllm_cells.built_aside of the cells' zoo entries). `ahead`:
+    servers alive at a time (default_ahead)."""
     uses: dict[str, int] = {}
     first: dict[str, object] = {}
     for label, resolve in named:
@@ -198,8 +206,7 @@ def prestart(named: list[tuple[str, object]], ahead: int | None = None) -> Plan 
     ahead = default_ahead(len(first)) if ahead is None else ahead
     if not named or ahead <= 0:
         return None
-    vs._PLAN = Plan([_Planned(label, first[label], uses[label]) for label in first], ahead)
-    vs._PLAN.resolve()
+    vs._PLAN = Plan([_Planned(label, first[label], uses[label]) for label in first], ahead, build)
     vs._PLAN.thread.start()
     return vs._PLAN
 
