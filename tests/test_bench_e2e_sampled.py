@@ -107,10 +107,10 @@ def test_end_to_end_under_sampling_records_what_the_sampled_verdict_costs(tmp_pa
                      whole_machine=False, decoding={**SAMPLED, "seeds": 1}, drafter_note="zoo demo pair")
     first, again, more, s = e2e["first"], e2e["cached"], e2e["one_more_layout"], e2e["sampled"]
     assert e2e["drafter"] == "zoo demo pair" and e2e["decoding"]["temperature"] == [1.0]
-    assert first["sampled_loops"] == 2 and first["sampled_lanes"] == 3 + 1   # 3 layouts on chain-1, the best on chain-3
+    assert first["sampled_trees_decoded"] == 2 and first["sampled_lanes"] == 3 + 1   # 3 layouts on chain-1, the best on chain-3
     assert first["sampled_rounds"] > 0 and first["sampled_s"] > 0
-    assert again.get("sampled_loops", 0) == 0 and again["sampled_loops_cached"] == 2
-    assert more["sampled_loops"] == 1 and more["sampled_lanes"] == 4 and more["sampled_loops_cached"] == 1
+    assert again.get("sampled_trees_decoded", 0) == 0 and again["sampled_trees_cached"] == 2
+    assert more["sampled_trees_decoded"] == 1 and more["sampled_lanes"] == 4 and more["sampled_trees_cached"] == 1
     assert s["first_sampled_s"] == first["sampled_s"] and s["further_variant_s"] == more["sampled_s"]
     assert s["first_seconds_per_round"] == pytest.approx(first["sampled_s"] / first["sampled_rounds"])
     assert s["further_lanes_decoded"] == 4 and s["further_rounds"] == more["sampled_rounds"]

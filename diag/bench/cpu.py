@@ -44,6 +44,7 @@ SMALL_DRAFTER = {"num_attention_heads": 4, "num_key_value_heads": 4, "head_dim":
 LOAD_WIDTHS = {"hidden_size": 2048, "intermediate_size": 8192, "moe_intermediate_size": 512,
                "n_routed_experts": 256, "num_attention_heads": 16, "num_key_value_heads": 16,
                "vocab_size": 32768}     # 256 * 3 * 512 * 2048 * (1/2 + 2/32) = 453 MB per MoE layer
+CPU_E2E_PAIR_STEPS = 20   # the sampled e2e's pair on this random-head target accepts ~1 however long it trains
 SECTIONS = ("target", "drafter", "naive", "sampled", "load", "e2e")   # and "zoo" when asked (bench/zoo.py: ~5 min)
 
 
@@ -128,8 +129,11 @@ def _e2e(ks, layers: int, workdir: Path, prompts: int, new_tokens: int, decoding
     from diag.bench.e2e_pair import bench_e2e
 
     workdir.mkdir(parents=True, exist_ok=True)
+    from diag.bench.pair import PairRecipe
+
     return bench_e2e(ks, layers, workdir, prompts=prompts, new_tokens=new_tokens, evaluate=None, device="cpu",
-                     decoding=decoding, drafter_widths={**SMALL, **SMALL_DRAFTER}, whole_machine=False)
+                     decoding=decoding, drafter_widths={**SMALL, **SMALL_DRAFTER}, whole_machine=False,
+                     recipe=PairRecipe(steps=CPU_E2E_PAIR_STEPS))
 
 
 def _load(workdir: Path) -> dict:

@@ -16,7 +16,7 @@ cache, which is what every further layout x tree costs.
 any DecodingSpec field, the case's [decoding] (the CLI: `--e2e-decoding KEY=JSON`, or
 `--e2e-sampled` for SAMPLED: T 1.0, top-p 0.95, Kimi's served decoding). Greedy is always
 evaluated (the teacher-forced replay); each sampled decoding runs the decode loop for the
-scope's variants, timed as sampled_s with the loops, lanes and rounds it decoded (run/sampled.py).
+scope's variants, timed as sampled_s with the tree shapes, lanes and rounds it decoded (run/sampled.py).
 With a sampled decoding the result's `sampled` says what the sampled verdict costs:
   first_sampled_s        the first run's decode loop, every sampled variant of the verdicts
   further_variant_s      the one-more-layout run's decode loop: what one further sampled variant
@@ -176,12 +176,12 @@ def sampled_figures(first: dict, more: dict) -> dict:
     """What the sampled verdict costs (module docstring), from the first and the one-more-layout
     runs' timings: {"first_sampled_s", "further_variant_s", "seconds_per_round", ...}."""
     return {"first_sampled_s": first["sampled_s"], "first_rounds": first.get("sampled_rounds", 0),
-            "first_loops": first.get("sampled_loops", 0), "first_lanes": first.get("sampled_lanes", 0),
+            "first_trees_decoded": first.get("sampled_trees_decoded", 0), "first_lanes": first.get("sampled_lanes", 0),
             "first_seconds_per_round": _per_round(first),
             "first_sampled_verdict_after_load_s": first["wall_s"] - first.get("target_load_s", 0.0),
             "further_variant_s": more.get("sampled_s", 0.0), "further_rounds": more.get("sampled_rounds", 0),
-            "further_loops_decoded": more.get("sampled_loops", 0),
-            "further_loops_cached": more.get("sampled_loops_cached", 0),
+            "further_trees_decoded": more.get("sampled_trees_decoded", 0),
+            "further_trees_cached": more.get("sampled_trees_cached", 0),
             "further_lanes_decoded": more.get("sampled_lanes", 0),
             "further_seconds_per_round": _per_round(more) if "sampled_s" in more else None,
             "sampled_accept_length_min": first.get("sampled_accept_length_min"),

@@ -70,7 +70,7 @@ class SampledEvaluations:
         self.regime = inp.regimes[0]
         self.evaluations: list[Evaluation] = []
         self.seconds = 0.0
-        self.counts: dict[str, int] = {}     # loops decoded / cached, lanes, rows, rounds (verify forwards)
+        self.counts: dict[str, int] = {}     # tree shapes decoded / cached, lanes, rows, rounds (verify forwards)
         self.ran = False
 
     @property
@@ -161,7 +161,7 @@ class SampledEvaluations:
             if why:
                 self.notes.append(f"sampled decode {dec.name} {shape.name}: {why}")
             if hit is not None:
-                self._count(loops_cached=1)
+                self._count(trees_cached=1)
                 return hit
         if model is None:
             raise _Miss
@@ -174,7 +174,7 @@ class SampledEvaluations:
         decoded = []
         for batch in batches:
             decoded += loop.run(prompts, batch, inp.case.prompts.max_new_tokens)
-        self._count(loops=1, lanes=len(lanes), rows=loop.counts["rows"], rounds=loop.counts["rounds"],
+        self._count(trees_decoded=1, lanes=len(lanes), rows=loop.counts["rows"], rounds=loop.counts["rounds"],
                     verified_tokens=loop.counts["verified_tokens"])
         if self.shards is not None:
             decoded = self.shards.all_rows([r for b in batches for r in b], decoded)
