@@ -20,7 +20,7 @@ def test_sampled_extrapolation_worked_example():
     from diag.bench.extrapolate import sampled_extrapolation
 
     e2e = {"layers": 2, "first": {"sampled_s": 60.0, "sampled_rounds": 1200}, "one_more_layout": MORE}
-    x = sampled_extrapolation(e2e, 3.49e-3, "decode slope", 216.0, 599.5e9, 15.5e9)
+    x = sampled_extrapolation(e2e, (3.49e-3, 0.0, "decode slope"), 216.0, 599.5e9, 15.5e9)
     assert x["first_sampled_s"] == pytest.approx(60 + 59 * 3.49e-3 * 1200) == pytest.approx(307.092)
     assert x["first_sampled_verdict_after_load_s"] == pytest.approx(523.092)
     assert x["further_decode_s"] == pytest.approx(9 + 59 * 3.49e-3 * 180) == pytest.approx(46.0638)
@@ -36,10 +36,13 @@ def test_sampled_extrapolation_worked_example():
     assert "1200 rounds" in x["formulas"]["first_sampled_s"]
     fast = sampled_extrapolation({**e2e, "first": {"sampled_s": 6.0, "sampled_rounds": 100},
                                   "one_more_layout": {"sampled_s": 0.5, "sampled_rounds": 10, "wall_s": 1.0}},
-                                 1e-3, "decode slope", 100.0, 599.5e9, 15.5e9)
+                                 (1e-3, 0.0, "decode slope"), 100.0, 599.5e9, 15.5e9)
     assert fast["further_reload_s"] == 0 and fast["further_sampled_variant_s"] == pytest.approx(0.5 + 0.5 + 0.59)
     assert fast["goals"]["first_sampled_verdict_after_load_s"]["met"]      # 100 + 6 + 5.9
     assert fast["goals"]["further_sampled_variant_s"]["met"]
+    tokens = {**e2e, "first": {"sampled_s": 60.0, "sampled_rounds": 1200, "sampled_verified_tokens": 96000}}
+    with_b = sampled_extrapolation(tokens, (3.49e-3, 20e-6, "fit"), 216.0, 599.5e9, 15.5e9)
+    assert with_b["first_sampled_s"] - x["first_sampled_s"] == pytest.approx(59 * 20e-6 * 96000) == pytest.approx(113.28)
 
 
 def test_extrapolate_takes_the_sampled_loop_out_of_the_greedy_verdict_and_grows_it():
@@ -64,7 +67,12 @@ def test_extrapolate_takes_the_sampled_loop_out_of_the_greedy_verdict_and_grows_
     assert s["first_sampled_s"] == pytest.approx(30 + 57 * 2e-3 * 500)
     assert s["first_sampled_verdict_after_load_s"] == pytest.approx(greedy["first_verdict_after_load_s"] + 87.0)
     assert s["further_reload_s"] == pytest.approx(4.0 * x["kimi_bytes"] / sum(shards))
-    assert s["slope"] == "the decode slope at batch 48"
+    assert s["slope"].startswith("the greedy decode slope at batch 48")
+    fit = {"seconds_per_layer_round": 4e-3, "seconds_per_layer_verified_token": 1e-5}
+    y = extrapolate({**e2e, "first": {**sampled_first, "sampled_verified_tokens": 8000}, "one_more_layout": MORE},
+                    {**grown, "sampled_round_slope": fit}, {"diag_cold_bytes_per_s": 1e9}, shards)["sampled"]
+    assert y["first_sampled_s"] == pytest.approx(30 + 57 * (4e-3 * 500 + 1e-5 * 8000))
+    assert y["slope"].startswith("the grown section's decode-loop fit")
 
 
 def test_sampled_goal_rows_render_and_stay_away_without_a_sampled_run():
@@ -133,3 +141,46 @@ def test_e2e_prompt_ids_are_the_runs_prompts_cut_to_the_shortest(tmp_path):
     m = min(len(p) for p in whole)
     assert len({len(p) for p in whole}) > 1 and [len(p) for p in cut] == [m] * 4
     assert all(c == w[len(w) - m:] for c, w in zip(cut, whole))
+
+
+def test_round_slope_fit_worked_example():
+    """bench/round_slope.py's docstring: 20 -> 70 ms (32 tokens) and 60 -> 260 ms (768 tokens) over
+    10 added layers -> b 15 ms / 736 a token, a 5 ms - 32 b."""
+    from diag.bench.round_slope import fit
+
+    row = lambda s, t: {"seconds_per_round": s, "verified_tokens_per_round": t}  # noqa: E731
+    base = {"small": row(0.020, 32), "large": row(0.060, 768)}
+    grown = {"small": row(0.070, 32), "large": row(0.260, 768)}
+    got = fit(base, grown, 10)
+    assert got["seconds_per_layer_verified_token"] == pytest.approx(0.015 / 736)
+    assert got["seconds_per_layer_round"] == pytest.approx(0.005 - 32 * 0.015 / 736) == pytest.approx(4.348e-3, rel=1e-3)
+    noisy = fit(base, {"small": row(0.070, 32), "large": row(0.100, 768)}, 10)       # c_large 4 ms < c_small 5 ms
+    assert noisy == {**noisy, "seconds_per_layer_round": 0.005, "seconds_per_layer_verified_token": 0.0}
+    assert fit({"error": "no drafter"}, grown, 10) is None
+
+
+def test_round_slope_probe_runs_the_decode_loop_before_and_after_growing(tmp_path):
+    """The grown section's probe on a 2-layer Kimi-shaped INT4 target at toy widths, then grown to 4
+    layers (bench/gpu.grow): every row's rounds counted at both verify sizes, a fit made."""
+    import torch
+
+    from diag.bench.cpu import SMALL, SMALL_DRAFTER
+    from diag.bench.gpu import grow
+    from diag.bench.round_slope import LARGE, SMALL as SMALL_PROBE, fit, probe
+    from diag.drafter.checkpoint import load_drafter
+    from diag.int4.load import load_packed_target
+    from diag.zoo.kimi_shaped import kimi_shaped
+
+    ks = kimi_shaped(tmp_path / "k", layers=2, seed=5, widths=SMALL, drafter_widths=SMALL_DRAFTER)
+    model = load_packed_target(ks.target, dtype=torch.float32)
+    drafter, _ = load_drafter(ks.drafter)
+    base = probe(model, drafter, ks.layout)
+    assert "error" not in base, base
+    for name, (tree, rows) in (("small", SMALL_PROBE), ("large", LARGE)):
+        r = base[name]
+        assert (r["tree"], r["rows"]) == (tree, rows) and r["rounds"] >= 16 // 2 and r["seconds"] > 0
+    assert base["small"]["verified_tokens_per_round"] <= 16 * 2 < base["large"]["verified_tokens_per_round"]
+    assert grow(model, 4) == 4
+    got = fit(base, probe(model, drafter, ks.layout), 2)
+    assert got is not None and got["seconds_per_layer_round"] is not None
+    assert probe(model, None, ks.layout) == {"error": "no drafter: the costs probe could not load it"}

@@ -176,6 +176,8 @@ def sampled_figures(first: dict, more: dict) -> dict:
     """What the sampled verdict costs (module docstring), from the first and the one-more-layout
     runs' timings: {"first_sampled_s", "further_variant_s", "seconds_per_round", ...}."""
     return {"first_sampled_s": first["sampled_s"], "first_rounds": first.get("sampled_rounds", 0),
+            "first_verified_tokens": first.get("sampled_verified_tokens", 0),
+            "further_verified_tokens": more.get("sampled_verified_tokens", 0),
             "first_trees_decoded": first.get("sampled_trees_decoded", 0), "first_lanes": first.get("sampled_lanes", 0),
             "first_seconds_per_round": _per_round(first),
             "first_sampled_verdict_after_load_s": first["wall_s"] - first.get("target_load_s", 0.0),

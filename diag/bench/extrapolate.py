@@ -145,8 +145,8 @@ def extrapolate(e2e: dict, grown: dict, load: dict, shard_bytes: list[int], *, b
     verdict = gen + cap + costs_61 + rest
     kimi_batch = kimi_generation_batch(first, e2e["max_new_tokens"], total, gpu_memory,
                                        e2e.get("token_budget", 16384))
-    sampled = (sampled_extrapolation(e2e, slope, f"the decode slope at batch {batch}", verdict, total,
-                                     sum(shard_bytes)) if "sampled_s" in first else None)
+    sampled = (sampled_extrapolation(e2e, round_cost(grown, slope, batch), verdict, total, sum(shard_bytes))
+               if "sampled_s" in first else None)
     terms = {"load_s": load_61, "generate_s": gen, "capture_s": cap, "step_costs_s": costs_61,
              "drafter_and_report_s": rest}
     return {
@@ -185,35 +185,48 @@ def extrapolate(e2e: dict, grown: dict, load: dict, shard_bytes: list[int], *, b
 SAMPLED_GOALS = {"first_sampled_verdict_after_load_s": 300.0, "further_sampled_variant_s": 10.0}   # s, at most
 
 
-def sampled_extrapolation(e2e: dict, slope: float, slope_name: str, greedy_verdict: float, kimi_total: float,
+def round_cost(grown: dict, decode_slope: float, batch: int) -> tuple[float, float, str]:
+    """(a s per layer per round, b s per layer per verified token, where from): the grown
+    section's fit of the decode loop (bench/round_slope.py) when it made one, else the greedy
+    decode step's slope at the e2e's batch as a per round cost (b = 0: both read each layer's
+    weights once per forward; the verify's rows x num_draft_tokens tokens exceed the step's batch,
+    so where its kernels are not bound by weight reads this under-counts)."""
+    fit = grown.get("sampled_round_slope") or {}
+    if fit.get("seconds_per_layer_round") is not None:
+        return (fit["seconds_per_layer_round"], fit["seconds_per_layer_verified_token"],
+                "the grown section's decode-loop fit (bench/round_slope.py)")
+    return decode_slope, 0.0, f"the greedy decode slope at batch {batch} (no decode-loop fit in grown)"
+
+
+def sampled_extrapolation(e2e: dict, cost: tuple[float, float, str], greedy_verdict: float, kimi_total: float,
                           measured_bytes: float) -> dict:
     """The e2e run's sampled decoding (e2e.sampled_figures) at 61 layers on 8 GPUs.
     Layers: a round of the decode loop is one verify forward of its batch through every layer,
     stage after stage (no pipelining: a round waits for the last one's accept), plus the
-    drafter's steps and the host's accept, which do not grow with depth. Its per-layer cost is
-    taken as the greedy decode step's (`slope`, s per layer per step at the e2e's generation
-    batch): both read each layer's weights once per forward. The verify carries rows x
-    num_draft_tokens tokens, more than the decode step's batch: where its kernels are not bound by
-    weight reads this under-counts, and upper_bound_s (every second of the loop grown by 61 / K)
-    brackets it.
-      sampled_61         = sampled_s + (61 - K) * slope * rounds
+    drafter's steps and the host's accept, which do not grow with depth. cost = (a, b, name)
+    (round_cost): each added layer costs a per round and b per verified token; upper_bound_*
+    (every second of the loop grown by 61 / K) bracket it.
+      sampled_61         = sampled_s + (61 - K) * (a * rounds + b * verified tokens)
       first verdict      = greedy verdict after the load (sampled_s excluded) + first run's sampled_61
       further variant    = the one-more-layout run as measured, less its load and decode,
                            + its decode at 61 layers + its load at 61 layers (the repeat run loads
                            the target again when a loop misses the sampled cache, at its measured
                            rate: load_s * kimi_bytes / measured checkpoint bytes)
-    Worked example, K 2, slope 3.49 ms/layer-step: first run sampled_s 60 s over 1,200 rounds ->
+    Worked example, K 2, a 3.49 ms, b 0: first run sampled_s 60 s over 1,200 rounds ->
     60 + 59 * 0.00349 * 1200 = 307.1 s; greedy verdict 216 s -> first sampled verdict 523.1 s
     (goal 300: not met). One more layout: 9 s over 180 rounds -> 9 + 59 * 0.00349 * 180 = 46.1 s;
     it loaded 15.5 GB in 4 s -> 4 * 599.5 / 15.5 = 154.7 s; 1.5 s of checks, replay and report
-    -> 202.3 s (goal 10: not met)."""
+    -> 202.3 s (goal 10: not met). With b 20 us and 96,000 verified tokens the first run's loop
+    gains 59 * 20e-6 * 96000 = 113.3 s more."""
     k, extra = e2e["layers"], KIMI_LAYERS - e2e["layers"]
     first, more = e2e["first"], e2e.get("one_more_layout", {})
+    a, b, slope_name = cost
 
     def grown(run: dict) -> tuple[float, str]:
-        rounds = run.get("sampled_rounds", 0)
-        return (run.get("sampled_s", 0.0) + extra * slope * rounds,
-                f"{run.get('sampled_s', 0.0):.4g} + {extra} layers * {slope:.4g} s/layer/round * {rounds} rounds")
+        rounds, tokens = run.get("sampled_rounds", 0), run.get("sampled_verified_tokens", 0)
+        return (run.get("sampled_s", 0.0) + extra * (a * rounds + b * tokens),
+                f"{run.get('sampled_s', 0.0):.4g} + {extra} layers * ({a:.4g} s/layer/round * {rounds} rounds + "
+                f"{b:.4g} s/layer/token * {tokens} verified tokens)")
 
     first_61, first_formula = grown(first)
     more_61, more_formula = grown(more)

@@ -10,7 +10,8 @@ written to disk first (K: --layers, else as many as the free disk holds),
   pass_2layer    whole capture pass, INT4 (fused) vs bf16 grouped_mm experts of layer 1
   grown          the model grown in GPU memory to as many layers as fit (extra layers are
                  copies of the last one), capture passes and a generation probe before and
-                 after: the per-layer slopes the 61-layer extrapolation uses
+                 after: the per-layer slopes the 61-layer extrapolation uses (with the sampled
+                 decode loop's per round and per verified token, bench/round_slope.py)
   sampled        the sampled decode loop (T 1.0, top-p 0.95), 3 layouts x 6 tree shapes over 32
                  prompts, drafted by the bench pair's trained drafter (bench/pair.py): tokens/s,
                  its cost in teacher-forced passes over the same tokens (goal: <= num_draft_tokens),
@@ -272,6 +273,7 @@ BATCH_PROBE = {"prompt_len": 512, "new_tokens": 64}
 
 def _grown(model, seqs, points, max_layers, st, dev, batch: int = 48) -> dict:
     """batch: the e2e run's generation batch (a second generation probe at it, BATCH_PROBE)."""
+    from diag.bench.round_slope import fit, probe
     from diag.zoo.kimi_shaped import kimi_config
     from diag.target.placement import activation_bytes, place
 
@@ -281,6 +283,7 @@ def _grown(model, seqs, points, max_layers, st, dev, batch: int = 48) -> dict:
     base_gen_b = _generation_probe(model, model.config.vocab_size, prompts=batch, **BATCH_PROBE)
     _costs_probe(model, st, dev)                         # warm-up: first calls compile and allocate
     base_costs = _costs_probe(model, st, dev)
+    base_rounds = probe(model, st.get("costs_drafter"), st["ks"].layout)   # the sampled loop's rounds
     reserve = activation_bytes(model.config, 16384) + 24 * GiB  # + drafter and its beam replay
     n = grow(model, layers_that_fit(model, reserve, max_layers))
     total = torch.cuda.get_device_properties(0).total_memory if dev != "cpu" else 64 * GiB
@@ -296,6 +299,7 @@ def _grown(model, seqs, points, max_layers, st, dev, batch: int = 48) -> dict:
     gen = _generation_probe(model, model.config.vocab_size)
     gen_b = _generation_probe(model, model.config.vocab_size, prompts=batch, **BATCH_PROBE)
     costs = _costs_probe(model, st, dev)
+    rounds = probe(model, st.get("costs_drafter"), st["ks"].layout)
     st.pop("costs_drafter", None)
     weights = resident_bytes(model)
     added = n - base_layers
@@ -310,6 +314,8 @@ def _grown(model, seqs, points, max_layers, st, dev, batch: int = 48) -> dict:
             "generation_at_batch": {"base": base_gen_b, "grown": gen_b},
             "generate_seconds_per_layer_step_by_batch": {"16": slope(gen, base_gen), str(batch): slope(gen_b, base_gen_b)},
             "costs_probe": {"base": base_costs, "grown": costs},
+            "sampled_round_probe": {"base": base_rounds, "grown": rounds},
+            "sampled_round_slope": fit(base_rounds, rounds, added),
             "costs_seconds_per_layer": (costs["seconds"] - base_costs["seconds"]) / max(added, 1)
             if costs["seconds"] is not None and base_costs["seconds"] is not None else None}
 
