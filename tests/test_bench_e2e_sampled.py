@@ -27,7 +27,7 @@ def test_sampled_extrapolation_worked_example():
     assert x["further_reload_s"] == pytest.approx(4 * 599.5 / 15.5) == pytest.approx(154.71, abs=0.01)
     assert x["further_rest_s"] == pytest.approx(1.5)
     assert x["further_sampled_variant_s"] == pytest.approx(1.5 + 4 * 599.5 / 15.5 + 46.0638)
-    assert x["upper_bound_first_sampled_s"] == pytest.approx(60 * 61 / 2)
+    assert x["first_sampled_if_all_per_layer_s"] == pytest.approx(60 * 61 / 2)
     assert x["first_seconds_per_round"] == pytest.approx(307.092 / 1200)
     assert x["goals"]["first_sampled_verdict_after_load_s"] == {"value": x["first_sampled_verdict_after_load_s"],
                                                                "limit": 300.0, "met": False}

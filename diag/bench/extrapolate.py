@@ -204,7 +204,7 @@ def sampled_extrapolation(e2e: dict, cost: tuple[float, float, str], greedy_verd
     Layers: a round of the decode loop is one verify forward of its batch through every layer,
     stage after stage (no pipelining: a round waits for the last one's accept), plus the
     drafter's steps and the host's accept, which do not grow with depth. cost = (a, b, name)
-    (round_cost): each added layer costs a per round and b per verified token; upper_bound_*
+    (round_cost): each added layer costs a per round and b per verified token; *_if_all_per_layer_s
     (every second of the loop grown by 61 / K) bracket it.
       sampled_61         = sampled_s + (61 - K) * (a * rounds + b * verified tokens)
       first verdict      = greedy verdict after the load (sampled_s excluded) + first run's sampled_61
@@ -235,7 +235,7 @@ def sampled_extrapolation(e2e: dict, cost: tuple[float, float, str], greedy_verd
     rest = more.get("wall_s", 0.0) - more.get("sampled_s", 0.0) - load
     out = {"first_sampled_s": first_61, "first_rounds": first.get("sampled_rounds", 0),
            "first_seconds_per_round": first_61 / max(first.get("sampled_rounds", 0), 1),
-           "upper_bound_first_sampled_s": first.get("sampled_s", 0.0) * KIMI_LAYERS / k,
+           "first_sampled_if_all_per_layer_s": first.get("sampled_s", 0.0) * KIMI_LAYERS / k,
            "greedy_verdict_after_load_s": greedy_verdict,
            "first_sampled_verdict_after_load_s": greedy_verdict + first_61,
            "further_decode_s": more_61, "further_rounds": more.get("sampled_rounds", 0),
@@ -243,7 +243,7 @@ def sampled_extrapolation(e2e: dict, cost: tuple[float, float, str], greedy_verd
            "further_lanes_decoded": more.get("sampled_lanes", 0),
            "further_reload_s": reload_61, "further_rest_s": rest,
            "further_sampled_variant_s": rest + reload_61 + more_61,
-           "upper_bound_further_decode_s": more.get("sampled_s", 0.0) * KIMI_LAYERS / k,
+           "further_decode_if_all_per_layer_s": more.get("sampled_s", 0.0) * KIMI_LAYERS / k,
            "slope": slope_name}
     out["goals"] = {key: {"value": out[key], "limit": limit, "met": out[key] <= limit}
                     for key, limit in SAMPLED_GOALS.items()}
@@ -254,5 +254,5 @@ def sampled_extrapolation(e2e: dict, cost: tuple[float, float, str], greedy_verd
     out["formulas"] = {"first_sampled_s": first_formula, "further_decode_s": more_formula,
                        "further_reload_s": f"{load:.4g} s * {kimi_total:.4g} B / {measured_bytes:.4g} B",
                        "further_rest_s": "the one-more-layout run's wall_s - sampled_s - target_load_s, as measured",
-                       "upper_bound_first_sampled_s": f"{first.get('sampled_s', 0.0):.4g} * 61 / {k}"}
+                       "first_sampled_if_all_per_layer_s": f"{first.get('sampled_s', 0.0):.4g} * 61 / {k}"}
     return out
