@@ -99,6 +99,11 @@ def test_cli_e2e_decoding_flags():
     assert "temperature" in str(err.value)
     with pytest.raises(DiagError, match="not JSON"):
         _decoding(ns(False, ["temperature=one"]))
+    with pytest.raises(DiagError, match="top_p") as err:                # checked before anything is written
+        _decoding(ns(True, ["top_p=[1.5]"]))
+    assert "--e2e-decoding" in str(err.value)
+    with pytest.raises(DiagError, match="seed"):
+        _decoding(ns(True, ["seeds=0"]))
 
 
 def test_end_to_end_under_sampling_records_what_the_sampled_verdict_costs(tmp_path):

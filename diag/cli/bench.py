@@ -128,4 +128,13 @@ def _decoding(a) -> dict | None:
             raise DiagError("--e2e-decoding value is not JSON", field="--e2e-decoding", expected="JSON, e.g. [1.0]",
                             found=f"{item} ({err})") from err
         out[key] = tuple(v) if isinstance(v, list) else (v,) if key in ("temperature", "top_p", "top_k") else v
+    if out:                    # every value in range before the checkpoint is written
+        from dataclasses import replace
+
+        from diag.run.case import _check_decoding
+        try:
+            _check_decoding(replace(DecodingSpec(), **out), "--e2e-decoding")
+        except TypeError as err:             # a value of the wrong type (seeds="x" and the like)
+            raise DiagError("--e2e-decoding value of the wrong type", field="--e2e-decoding",
+                            expected="the [decoding] key's type", found=f"{out} ({err})") from err
     return out or None
