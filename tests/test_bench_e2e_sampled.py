@@ -189,3 +189,32 @@ def test_round_slope_probe_runs_the_decode_loop_before_and_after_growing(tmp_pat
     got = fit(base, probe(model, drafter, ks.layout), 2)
     assert got is not None and got["seconds_per_layer_round"] is not None
     assert probe(model, None, ks.layout) == {"error": "no drafter: the costs probe could not load it"}
+
+
+def test_bench_e2e_drafts_a_sampled_run_with_the_pair_trained_on_its_prompts(tmp_path):
+    """`diag bench cpu|gpu --sections e2e --e2e-sampled` (bench/e2e_pair.bench_e2e) on a 2-layer
+    Kimi-shaped pair at toy widths: the pair's drafter is trained on the run's cut prompts and its
+    layouts (the one-more-layout's included), and the run is drafted by it, not by the random one."""
+    import json
+
+    from diag.bench.cpu import SMALL, SMALL_DRAFTER
+    from diag.bench.e2e import SAMPLED
+    from diag.bench.e2e_pair import bench_e2e
+    from diag.bench.pair import META, PairRecipe
+    from diag.zoo.kimi_shaped import kimi_shaped
+
+    ks = kimi_shaped(tmp_path / "k", layers=2, seed=5, widths=SMALL, drafter_widths=SMALL_DRAFTER)
+    e2e = bench_e2e(ks, 2, tmp_path / "e2e", prompts=2, new_tokens=4, evaluate={"trees": ("chain-1",)},
+                    device="cpu", decoding={**SAMPLED, "seeds": 1}, drafter_widths={**SMALL, **SMALL_DRAFTER},
+                    recipe=PairRecipe(steps=2, batch=2), whole_machine=False, pair_cache=tmp_path / "pairs")
+    (pair,) = (tmp_path / "pairs").iterdir()
+    meta = json.loads((pair / META).read_text())
+    assert meta["prompts"] == 2 and meta["new_tokens"] == 4
+    assert set(meta["greedy"]) == {*e2e["layouts"], e2e["one_more_layout"]["layout"]}
+    assert e2e["drafter"].startswith("bench pair drafter (bench/e2e_pair.py)") and "prompts cut to their last" in e2e["drafter"]
+    report = json.loads((tmp_path / "e2e" / "e2e-first" / "report.json").read_text())
+    assert str(pair) in json.dumps(report["drafter"])
+    assert e2e["sampled"]["first_trees_decoded"] == 1 and e2e["sampled"]["first_rounds"] > 0
+    greedy = bench_e2e(ks, 2, tmp_path / "e2e-greedy", prompts=2, new_tokens=4, evaluate={"trees": ("chain-1",)},
+                       device="cpu", whole_machine=False, pair_cache=tmp_path / "pairs")
+    assert "sampled" not in greedy and greedy["drafter"].startswith("kimi-shaped drafter, random weights")
