@@ -22,9 +22,9 @@ With a sampled decoding the result's `sampled` says what the sampled verdict cos
   further_variant_s      the one-more-layout run's decode loop: what one further sampled variant
                          (the new layout on the primary tree) costs. The sampled cache answers a
                          variant only beside the lanes it was decoded with, so that loop decodes
-                         its tree's other lanes again: lanes_decoded says how many
-  seconds_per_round      each run's decode seconds / its rounds (one verify forward of a batch)
-  accept_length          the sampled evaluations' accept lengths (worst and best), and the greedy ones
+                         its tree's other lanes again: further_lanes_decoded says how many
+  *_seconds_per_round    each run's decode seconds / its rounds (one verify forward of a batch)
+  *_accept_length_min    the first run's sampled and greedy evaluations' worst accept length
 Worked example: first run sampled_s 60 s over 1,200 rounds (0.05 s a round); one more layout
 decodes the chain-1 loop again, 4 layouts x 3 seeds = 12 lanes, 9 s over 180 rounds: further
 variant 9 s, 0.05 s a round. This module knows cases and the pipeline's entry points; nothing

@@ -88,7 +88,8 @@ def layers_for_disk(workdir: Path, cap: int = 6, margin: int = 8 * GiB) -> int:
 def run(out: Path, workdir: Path, *, layers: int | None = None, max_layers: int = 61,
         tokens=(2048, 8192, 16384, 32768), seq_len: int = 512, num_seqs: int = 32, prompt_len: int = 128,
         sections=SECTIONS, e2e_prompts: int | None = None, e2e_new_tokens: int = 512,
-        e2e_evaluate: dict | None = None, e2e_decoding: dict | None = None, tile_budget_s: float = 120.0, device: str = "cuda",
+        e2e_evaluate: dict | None = None, e2e_decoding: dict | None = None, tile_budget_s: float = 120.0,
+        device: str = "cuda",
         widths: dict | None = None, drafter_widths: dict | None = None) -> dict:
     """device/widths: "cpu" and shrunk widths run the same code paths as a smoke test."""
     unknown = sorted(set(sections) - set(SECTIONS))
