@@ -14,7 +14,9 @@ pages are dropped, the shared machine's page cache stays; each cold row best of 
 machine being shared and noisy).
 `e2e`: `diag run` end to end on the small pair (bench/e2e.py, shared with the GPU bench): the
 first run, the cached repeat (checks_s, goal <= 2 s) and the repeat with one more layout
-(e2e.one_more_layout, goal <= 5 s in all), at toy widths.
+(e2e.one_more_layout, goal <= 5 s in all), at toy widths; with e2e_decoding (e.g. e2e.SAMPLED) the
+runs evaluate that decoding too, drafted by the bench pair's drafter trained on the run's prompts
+(bench/e2e_pair.py; on this random-head target it accepts ~1: the keys, not the acceptance, are the point).
 `zoo`, only when asked: the whole zoo built into an empty cache, the demo's entries first (bench/zoo.py).
 
 This module is orchestration; the measurements live in target.py, drafter.py, naive.py.
@@ -42,18 +44,20 @@ SMALL_DRAFTER = {"num_attention_heads": 4, "num_key_value_heads": 4, "head_dim":
 LOAD_WIDTHS = {"hidden_size": 2048, "intermediate_size": 8192, "moe_intermediate_size": 512,
                "n_routed_experts": 256, "num_attention_heads": 16, "num_key_value_heads": 16,
                "vocab_size": 32768}     # 256 * 3 * 512 * 2048 * (1/2 + 2/32) = 453 MB per MoE layer
+CPU_E2E_PAIR_STEPS = 20   # the sampled e2e's pair on this random-head target accepts ~1 however long it trains
 SECTIONS = ("target", "drafter", "naive", "sampled", "load", "e2e")   # and "zoo" when asked (bench/zoo.py: ~5 min)
 
 
 def run(out: Path, workdir: Path, *, layers: int = 4, num_seqs: int = 8, seq_len: int = 128,
         prompt_len: int = 32, sections=SECTIONS, sampled_prompts: int = 32, sampled_new_tokens: int = 16,
-        sampled_trees=None, e2e_prompts: int = 8, e2e_new_tokens: int = 32) -> dict:
+        sampled_trees=None, e2e_prompts: int = 8, e2e_new_tokens: int = 32,
+        e2e_decoding: dict | None = None) -> dict:
     from diag.drafter.checkpoint import load_drafter
     from diag.int4.load import load_packed_target
     from diag.zoo.kimi_shaped import kimi_shaped
 
     res = envelope("cpu", {"layers": layers, "widths": SMALL, "num_seqs": num_seqs, "seq_len": seq_len,
-                           "sections": list(sections)})
+                           "sections": list(sections), "e2e_decoding": e2e_decoding})
     ceil = section(res, "ceilings", lambda: {"fp32_matmul_flops": matmul_peak("cpu", 1024, 5, torch.float32)})
     peak = ceil["fp32_matmul_flops"] if ceil else 1e11
     if "load" in sections:
@@ -71,7 +75,8 @@ def run(out: Path, workdir: Path, *, layers: int = 4, num_seqs: int = 8, seq_len
         return save(res, out) and res
     ks = kimi_shaped(workdir, layers=layers, widths=SMALL, drafter_widths=SMALL_DRAFTER)
     if "e2e" in sections:
-        section(res, "e2e", lambda: _e2e(ks, layers, workdir / "e2e", e2e_prompts, e2e_new_tokens))
+        section(res, "e2e", lambda: _e2e(ks, layers, workdir / "e2e", e2e_prompts, e2e_new_tokens,
+                                                 e2e_decoding))
         save(res, out)
     if not set(sections) & {"target", "drafter", "naive", "sampled"}:
         return save(res, out) and res
@@ -120,13 +125,15 @@ def _sampled(ks, model, embed, head, lays, prompts, new_tokens: int, trees: dict
     return {**out, "drafter": made}
 
 
-def _e2e(ks, layers: int, workdir: Path, prompts: int, new_tokens: int) -> dict:
-    from diag.bench.e2e import end_to_end
-    from diag.run.shipped import DEFAULT_PROMPTS, shipped
+def _e2e(ks, layers: int, workdir: Path, prompts: int, new_tokens: int, decoding: dict | None) -> dict:
+    from diag.bench.e2e_pair import bench_e2e
 
     workdir.mkdir(parents=True, exist_ok=True)
-    return end_to_end(ks.target, ks.drafter, ks.layout, layers, workdir, prompts=shipped(DEFAULT_PROMPTS),
-                      limit=prompts, max_new_tokens=new_tokens, gpus=0, dtype="float32", whole_machine=False)
+    from diag.bench.pair import PairRecipe
+
+    return bench_e2e(ks, layers, workdir, prompts=prompts, new_tokens=new_tokens, evaluate=None, device="cpu",
+                     decoding=decoding, drafter_widths={**SMALL, **SMALL_DRAFTER}, whole_machine=False,
+                     recipe=PairRecipe(steps=CPU_E2E_PAIR_STEPS))
 
 
 def _load(workdir: Path) -> dict:

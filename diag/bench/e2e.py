@@ -12,10 +12,23 @@ cache, which is what every further layout x tree costs.
   layout       every other variant from the caches, only the new layout's trees replayed
                (goal: <= 5 s for the whole run, report included)
 
-Hook for other decodings: `evaluate` overrides any EvaluateSpec field (e.g. the sampled
-decoding axis once it exists: {"decodings": [...]}) without changing this module; the CLI
-passes `--e2e-evaluate KEY=JSON`. This module knows cases and the pipeline's entry points;
-nothing about kernels.
+`evaluate` overrides any EvaluateSpec field (the CLI: `--e2e-evaluate KEY=JSON`); `decoding`
+any DecodingSpec field, the case's [decoding] (the CLI: `--e2e-decoding KEY=JSON`, or
+`--e2e-sampled` for SAMPLED: T 1.0, top-p 0.95, Kimi's served decoding). Greedy is always
+evaluated (the teacher-forced replay); each sampled decoding runs the decode loop for the
+scope's variants, timed as sampled_s with the tree shapes, lanes and rounds it decoded (run/sampled.py).
+With a sampled decoding the result's `sampled` says what the sampled verdict costs:
+  first_sampled_s        the first run's decode loop, every sampled variant of the verdicts
+  further_variant_s      the one-more-layout run's decode loop: what one further sampled variant
+                         (the new layout on the primary tree) costs. The sampled cache answers a
+                         variant only beside the lanes it was decoded with, so that loop decodes
+                         its tree's other lanes again: further_lanes_decoded says how many
+  *_seconds_per_round    each run's decode seconds / its rounds (one verify forward of a batch)
+  *_accept_length_min    the first run's sampled and greedy evaluations' worst accept length
+Worked example: first run sampled_s 60 s over 1,200 rounds (0.05 s a round); one more layout
+decodes the chain-1 loop again, 4 layouts x 3 seeds = 12 lanes, 9 s over 180 rounds: further
+variant 9 s, 0.05 s a round. This module knows cases and the pipeline's entry points; nothing
+about kernels.
 """
 
 from __future__ import annotations
@@ -29,6 +42,7 @@ from diag.bench.disk import drop_page_cache
 from diag.checkpoint.headers import shard_files
 
 TREES = ("chain-1", "chain-3", "chain-5", "s3-k4-d5", "s3-k4-d8", "s3-k8-d16")
+SAMPLED = {"temperature": [1.0], "top_p": [0.95]}      # Kimi-K2.5's thinking-mode decoding
 REPEAT_GOALS = {("cached", "checks_s"): 2.0, ("one_more_layout", "wall_s"): 5.0}   # seconds, at most
 
 
@@ -69,15 +83,18 @@ def e2e_layouts(trained: str, layers: int) -> list[str]:
 
 def kimi_case(target: Path, drafter: Path, layouts: list[str], *, prompts: Path, limit: int | None,
               max_new_tokens: int, trees=TREES, evaluate: dict | None = None, gpus: int = 1,
-              dtype: str = "bfloat16"):
-    from diag.run.case import Case, EvaluateSpec, ModelSpec, PlacementSpec, PromptSpec
+              dtype: str = "bfloat16", decoding: dict | None = None):
+    """decoding: DecodingSpec fields ({"temperature": [1.0], "top_p": [0.95]}); lists become the
+    sweep tuples a case file's lists become."""
+    from diag.run.case import Case, DecodingSpec, EvaluateSpec, ModelSpec, PlacementSpec, PromptSpec
 
     ev = EvaluateSpec(layouts=tuple(layouts), trees=tuple(trees), modes=("eagle3",), token_budget=32768)
     ev = replace(ev, **(evaluate or {}))
+    dec = replace(DecodingSpec(), **{k: tuple(v) if isinstance(v, list) else v for k, v in (decoding or {}).items()})
     return Case(version=1, name="kimi-shaped-e2e", source="<bench>",
                 target=ModelSpec(str(target), dtype), drafter=ModelSpec(str(drafter), dtype),
                 prompts=PromptSpec(file=str(prompts), max_new_tokens=max_new_tokens, limit=limit),
-                evaluate=ev, placement=PlacementSpec(gpus=gpus))
+                evaluate=ev, placement=PlacementSpec(gpus=gpus), decoding=dec)
 
 
 def _one_run(case, out: Path) -> dict:
@@ -91,7 +108,13 @@ def _one_run(case, out: Path) -> dict:
     t2 = time.perf_counter()
     variants = len(run.evaluations)
     tp = run.target_pass
-    return {**run.timings, "run_s": t1 - t0, "report_s": t2 - t1, "wall_s": t2 - t0,
+    accept = {}
+    for name, evs in (("greedy", [e for e in run.evaluations if e.decoding == "greedy"]),
+                      ("sampled", [e for e in run.evaluations if e.decoding != "greedy"])):
+        got = [e.accept_length for e in evs if e.accept_length is not None]
+        if got:
+            accept[f"{name}_accept_length_min"], accept[f"{name}_accept_length_max"] = min(got), max(got)
+    return {**run.timings, **accept, "run_s": t1 - t0, "report_s": t2 - t1, "wall_s": t2 - t0,
             "evaluations": variants, "sequences": tp["sequences"], "tokens": tp["tokens"],
             "evaluations_replayed": run.timings.get("evaluations_replayed"),
             "continuation_tokens": tp["continuation_tokens"],
@@ -102,15 +125,17 @@ def _one_run(case, out: Path) -> dict:
 def end_to_end(target: Path, drafter: Path, trained_layout: str, layers: int, workdir: Path, *,
                prompts: Path, limit: int | None = None, max_new_tokens: int = 512,
                evaluate: dict | None = None, gpus: int = 1, dtype: str = "bfloat16",
-               trees=TREES, log=print, whole_machine: bool = True) -> dict:
+               trees=TREES, log=print, whole_machine: bool = True, decoding: dict | None = None,
+               drafter_note: str | None = None) -> dict:
     """whole_machine=False drops only the target's pages before the first run (a shared machine
-    keeps its page cache: the CPU bench, tests)."""
+    keeps its page cache: the CPU bench, tests). decoding: DecodingSpec fields (SAMPLED);
+    drafter_note: how the drafter was made, recorded beside the figures."""
     cache = Path(workdir) / "e2e-cache"
     old = os.environ.get("DIAG_CACHE_DIR")
     os.environ["DIAG_CACHE_DIR"] = str(cache)              # a first run: nothing memoised
     lays = e2e_layouts(trained_layout, layers)
     case = kimi_case(target, drafter, lays, prompts=prompts, limit=limit, max_new_tokens=max_new_tokens,
-                     evaluate=evaluate, gpus=gpus, dtype=dtype, trees=trees)
+                     evaluate=evaluate, gpus=gpus, dtype=dtype, trees=trees, decoding=decoding)
     try:
         dropped = drop_page_cache(shard_files(Path(target)), whole_machine=whole_machine)
         first = _one_run(case, Path(workdir) / "e2e-first")
@@ -133,4 +158,33 @@ def end_to_end(target: Path, drafter: Path, trained_layout: str, layers: int, wo
             "first_verdict_after_load_s": first["wall_s"] - first.get("target_load_s", 0.0),
             "one_more_layout": {**more, "layout": one_more_layout(lays)}}
     out["repeat_goals"] = goals(out)
+    if drafter_note:
+        out["drafter"] = drafter_note
+    if "sampled_s" in first:
+        out["decoding"] = decoding
+        out["sampled"] = sampled_figures(first, more)
+        log(f"[bench] e2e sampled: {out['sampled']}")
     return out
+
+
+def _per_round(run: dict) -> float | None:
+    rounds = run.get("sampled_rounds", 0)
+    return run["sampled_s"] / rounds if rounds else None
+
+
+def sampled_figures(first: dict, more: dict) -> dict:
+    """What the sampled verdict costs (module docstring), from the first and the one-more-layout
+    runs' timings: {"first_sampled_s", "further_variant_s", "seconds_per_round", ...}."""
+    return {"first_sampled_s": first["sampled_s"], "first_rounds": first.get("sampled_rounds", 0),
+            "first_verified_tokens": first.get("sampled_verified_tokens", 0),
+            "further_verified_tokens": more.get("sampled_verified_tokens", 0),
+            "first_trees_decoded": first.get("sampled_trees_decoded", 0), "first_lanes": first.get("sampled_lanes", 0),
+            "first_seconds_per_round": _per_round(first),
+            "first_sampled_verdict_after_load_s": first["wall_s"] - first.get("target_load_s", 0.0),
+            "further_variant_s": more.get("sampled_s", 0.0), "further_rounds": more.get("sampled_rounds", 0),
+            "further_trees_decoded": more.get("sampled_trees_decoded", 0),
+            "further_trees_cached": more.get("sampled_trees_cached", 0),
+            "further_lanes_decoded": more.get("sampled_lanes", 0),
+            "further_seconds_per_round": _per_round(more) if "sampled_s" in more else None,
+            "sampled_accept_length_min": first.get("sampled_accept_length_min"),
+            "greedy_accept_length_min": first.get("greedy_accept_length_min")}

@@ -21,6 +21,10 @@ Assumptions (reports/bench/NOTES.md says why each holds or might not):
   hand-off  activations cross 7 GPU boundaries per forward; at 7168 x 2 bytes per token
             that is 229 KB for a 16-row decode step: not counted
   drafter   replay, verdicts and report do not depend on the target's depth: as measured
+  sampled   a run with a sampled decoding: its decode loop (sampled_s) is taken out of the
+            greedy verdict and grown by rounds x the decode slope (sampled_extrapolation says how),
+            with the goals SAMPLED_GOALS: first sampled verdict after the load <= 300 s, each
+            further sampled variant (the one-more-layout run) <= 10 s
   batch     the decode slope is measured at the e2e run's generation batch; the batch Kimi
             itself would get on 8 GPUs of the same memory is computed by gen_batch's rule
             (each GPU holding 1/8 of the bytes; per GPU half the rest for caches, half for
@@ -53,7 +57,7 @@ def _step_costs(first: dict, grown: dict, k: int) -> tuple[float, float, str]:
     timed its costs (target_costs_s) grows them by the grown section's slope when it has one,
     else by 61 / K; an older run's target_s minus its phases is all taken as step costs."""
     phases = ("target_load_s", "target_generate_s", "target_capture_s")
-    other = first["target_s"] - sum(first.get(p, 0.0) for p in phases)
+    other = first["target_s"] - sum(first.get(p, 0.0) for p in phases) - first.get("sampled_s", 0.0)
     costs = first.get("target_costs_s")
     if costs is None:
         return other * KIMI_LAYERS / k, 0.0, f"{other:.4g} * 61 / {k}"
@@ -141,6 +145,8 @@ def extrapolate(e2e: dict, grown: dict, load: dict, shard_bytes: list[int], *, b
     verdict = gen + cap + costs_61 + rest
     kimi_batch = kimi_generation_batch(first, e2e["max_new_tokens"], total, gpu_memory,
                                        e2e.get("token_budget", 16384))
+    sampled = (sampled_extrapolation(e2e, round_cost(grown, slope, batch), verdict, total, sum(shard_bytes))
+               if "sampled_s" in first else None)
     terms = {"load_s": load_61, "generate_s": gen, "capture_s": cap, "step_costs_s": costs_61,
              "drafter_and_report_s": rest}
     return {
@@ -152,6 +158,7 @@ def extrapolate(e2e: dict, grown: dict, load: dict, shard_bytes: list[int], *, b
         "first_run_total_s": load_61 + verdict, "decode_steps": steps, "generation_batch": batch,
         "cached_seconds_per_variant": e2e["cached_seconds_per_variant"],
         "kimi_8gpu_generation_batch": kimi_batch, "pipeline": pipe,
+        **({"sampled": sampled} if sampled else {}),
         "batch_note": ("Kimi on 8 GPUs would generate at the measured batch" if kimi_batch == batch
                        else "not computed: the run or the machine does not say" if kimi_batch is None
                        else f"Kimi on 8 GPUs would generate at batch {kimi_batch}, not the measured "
@@ -170,5 +177,82 @@ def extrapolate(e2e: dict, grown: dict, load: dict, shard_bytes: list[int], *, b
                          f"{pipe['bubble_fraction']:.3f}",
             "step_costs_s": costs_formula,
             "drafter_and_report_s": "checks + drafter + summary + report (+ target_s not in a timed "
-                                    "phase: pass-cache writes, keys), as measured",
+                                    "phase: pass-cache writes, keys; not sampled_s, which `sampled` grows), "
+                                    "as measured",
             "first_verdict_without_step_costs_s": "[speedup] measure = false, or the server's costs given"}}
+
+
+SAMPLED_GOALS = {"first_sampled_verdict_after_load_s": 300.0, "further_sampled_variant_s": 10.0}   # s, at most
+
+
+def round_cost(grown: dict, decode_slope: float, batch: int) -> tuple[float, float, str]:
+    """(a s per layer per round, b s per layer per verified token, where from): the grown
+    section's fit of the decode loop (bench/round_slope.py) when it made one, else the greedy
+    decode step's slope at the e2e's batch as a per round cost (b = 0: both read each layer's
+    weights once per forward; the verify's rows x num_draft_tokens tokens exceed the step's batch,
+    so where its kernels are not bound by weight reads this under-counts)."""
+    fit = grown.get("sampled_round_slope") or {}
+    if fit.get("seconds_per_layer_round") is not None:
+        return (fit["seconds_per_layer_round"], fit["seconds_per_layer_verified_token"],
+                "the grown section's decode-loop fit (bench/round_slope.py)")
+    return decode_slope, 0.0, f"the greedy decode slope at batch {batch} (no decode-loop fit in grown)"
+
+
+def sampled_extrapolation(e2e: dict, cost: tuple[float, float, str], greedy_verdict: float, kimi_total: float,
+                          measured_bytes: float) -> dict:
+    """The e2e run's sampled decoding (e2e.sampled_figures) at 61 layers on 8 GPUs.
+    Layers: a round of the decode loop is one verify forward of its batch through every layer,
+    stage after stage (no pipelining: a round waits for the last one's accept), plus the
+    drafter's steps and the host's accept, which do not grow with depth. cost = (a, b, name)
+    (round_cost): each added layer costs a per round and b per verified token; *_if_all_per_layer_s
+    (every second of the loop grown by 61 / K) bracket it.
+      sampled_61         = sampled_s + (61 - K) * (a * rounds + b * verified tokens)
+      first verdict      = greedy verdict after the load (sampled_s excluded) + first run's sampled_61
+      further variant    = the one-more-layout run as measured, less its load and decode,
+                           + its decode at 61 layers + its load at 61 layers (the repeat run loads
+                           the target again when a loop misses the sampled cache, at its measured
+                           rate: load_s * kimi_bytes / measured checkpoint bytes)
+    Worked example, K 2, a 3.49 ms, b 0: first run sampled_s 60 s over 1,200 rounds ->
+    60 + 59 * 0.00349 * 1200 = 307.1 s; greedy verdict 216 s -> first sampled verdict 523.1 s
+    (goal 300: not met). One more layout: 9 s over 180 rounds -> 9 + 59 * 0.00349 * 180 = 46.1 s;
+    it loaded 15.5 GB in 4 s -> 4 * 599.5 / 15.5 = 154.7 s; 1.5 s of checks, replay and report
+    -> 202.3 s (goal 10: not met). With b 20 us and 96,000 verified tokens the first run's loop
+    gains 59 * 20e-6 * 96000 = 113.3 s more."""
+    k, extra = e2e["layers"], KIMI_LAYERS - e2e["layers"]
+    first, more = e2e["first"], e2e.get("one_more_layout", {})
+    a, b, slope_name = cost
+
+    def grown(run: dict) -> tuple[float, str]:
+        rounds, tokens = run.get("sampled_rounds", 0), run.get("sampled_verified_tokens", 0)
+        return (run.get("sampled_s", 0.0) + extra * (a * rounds + b * tokens),
+                f"{run.get('sampled_s', 0.0):.4g} + {extra} layers * ({a:.4g} s/layer/round * {rounds} rounds + "
+                f"{b:.4g} s/layer/token * {tokens} verified tokens)")
+
+    first_61, first_formula = grown(first)
+    more_61, more_formula = grown(more)
+    load = more.get("target_load_s", 0.0)
+    reload_61 = load * kimi_total / measured_bytes
+    rest = more.get("wall_s", 0.0) - more.get("sampled_s", 0.0) - load
+    out = {"first_sampled_s": first_61, "first_rounds": first.get("sampled_rounds", 0),
+           "first_seconds_per_round": first_61 / max(first.get("sampled_rounds", 0), 1),
+           "first_sampled_if_all_per_layer_s": first.get("sampled_s", 0.0) * KIMI_LAYERS / k,
+           "greedy_verdict_after_load_s": greedy_verdict,
+           "first_sampled_verdict_after_load_s": greedy_verdict + first_61,
+           "further_decode_s": more_61, "further_rounds": more.get("sampled_rounds", 0),
+           "further_seconds_per_round": more_61 / max(more.get("sampled_rounds", 0), 1),
+           "further_lanes_decoded": more.get("sampled_lanes", 0),
+           "further_reload_s": reload_61, "further_rest_s": rest,
+           "further_sampled_variant_s": rest + reload_61 + more_61,
+           "further_decode_if_all_per_layer_s": more.get("sampled_s", 0.0) * KIMI_LAYERS / k,
+           "slope": slope_name}
+    out["goals"] = {key: {"value": out[key], "limit": limit, "met": out[key] <= limit}
+                    for key, limit in SAMPLED_GOALS.items()}
+    out["terms"] = {"first_sampled_verdict_after_load_s": f"greedy verdict {greedy_verdict:.1f} + sampled "
+                                                          f"{first_61:.1f} = {greedy_verdict + first_61:.1f} s",
+                    "further_sampled_variant_s": f"checks, replay and report {rest:.1f} + reload {reload_61:.1f} "
+                                                 f"+ decode {more_61:.1f} = {rest + reload_61 + more_61:.1f} s"}
+    out["formulas"] = {"first_sampled_s": first_formula, "further_decode_s": more_formula,
+                       "further_reload_s": f"{load:.4g} s * {kimi_total:.4g} B / {measured_bytes:.4g} B",
+                       "further_rest_s": "the one-more-layout run's wall_s - sampled_s - target_load_s, as measured",
+                       "first_sampled_if_all_per_layer_s": f"{first.get('sampled_s', 0.0):.4g} * 61 / {k}"}
+    return out

@@ -2,13 +2,16 @@
 written to disk first (K: --layers, else as many as the free disk holds),
   ceilings       bf16 matmul FLOP/s and copy bandwidth, in the same run
   load           raw read of the shards vs diag's load, cold and warm (bench/load.py)
-  e2e            one `diag run` end to end on that target, first run and cached (bench/e2e.py)
+  e2e            one `diag run` end to end on that target, first run and cached (bench/e2e.py);
+                 with a sampled decoding (e2e_decoding, e.g. e2e.SAMPLED) drafted by the bench
+                 pair's drafter trained on the run's prompts (bench/e2e_pair.py)
   experts        one MoE layer: diag's eager packed loop, the fused INT4 kernel (tiles tuned
                  first, bench/tiles.py), transformers' bf16 grouped_mm on the same weights
   pass_2layer    whole capture pass, INT4 (fused) vs bf16 grouped_mm experts of layer 1
   grown          the model grown in GPU memory to as many layers as fit (extra layers are
                  copies of the last one), capture passes and a generation probe before and
-                 after: the per-layer slopes the 61-layer extrapolation uses
+                 after: the per-layer slopes the 61-layer extrapolation uses (with the sampled
+                 decode loop's per round and per verified token, bench/round_slope.py)
   sampled        the sampled decode loop (T 1.0, top-p 0.95), 3 layouts x 6 tree shapes over 32
                  prompts, drafted by the bench pair's trained drafter (bench/pair.py): tokens/s,
                  its cost in teacher-forced passes over the same tokens (goal: <= num_draft_tokens),
@@ -33,7 +36,6 @@ from diag.bench.common import copy_bandwidth, envelope, matmul_peak, save, secti
 from diag.bench.drafter import replay_bench
 from diag.bench.naive import naive_loop
 from diag.bench.target import capture_throughput, experts_compare, synthetic_sequences
-from diag.run.shipped import DEFAULT_PROMPTS, shipped
 from diag.int4.packed import resident_bytes
 from diag.layouts import layout, union_points
 
@@ -86,7 +88,8 @@ def layers_for_disk(workdir: Path, cap: int = 6, margin: int = 8 * GiB) -> int:
 def run(out: Path, workdir: Path, *, layers: int | None = None, max_layers: int = 61,
         tokens=(2048, 8192, 16384, 32768), seq_len: int = 512, num_seqs: int = 32, prompt_len: int = 128,
         sections=SECTIONS, e2e_prompts: int | None = None, e2e_new_tokens: int = 512,
-        e2e_evaluate: dict | None = None, tile_budget_s: float = 120.0, device: str = "cuda",
+        e2e_evaluate: dict | None = None, e2e_decoding: dict | None = None, tile_budget_s: float = 120.0,
+        device: str = "cuda",
         widths: dict | None = None, drafter_widths: dict | None = None) -> dict:
     """device/widths: "cpu" and shrunk widths run the same code paths as a smoke test."""
     unknown = sorted(set(sections) - set(SECTIONS))
@@ -101,7 +104,8 @@ def run(out: Path, workdir: Path, *, layers: int | None = None, max_layers: int 
     res = envelope("gpu", {"layers": layers, "max_layers": max_layers, "tokens": list(tokens),
                            "seq_len": seq_len, "num_seqs": num_seqs, "prompt_len": prompt_len,
                            "sections": list(sections), "e2e_prompts": e2e_prompts,
-                           "e2e_new_tokens": e2e_new_tokens, "e2e_evaluate": e2e_evaluate})
+                           "e2e_new_tokens": e2e_new_tokens, "e2e_evaluate": e2e_evaluate,
+                           "e2e_decoding": e2e_decoding})
     st: dict = {}
     ceil = section(res, "ceilings", lambda: _ceilings(dev))
     peak = ceil["bf16_matmul_flops"] if ceil else 7.9e14
@@ -123,7 +127,8 @@ def run(out: Path, workdir: Path, *, layers: int | None = None, max_layers: int 
         section(res, "load", lambda: load_bench(ks.target, dev))
         save(res, out)
     if "e2e" in sections:
-        section(res, "e2e", lambda: _e2e(ks, layers, workdir, e2e_prompts, e2e_new_tokens, e2e_evaluate, dev))
+        section(res, "e2e", lambda: _e2e(ks, layers, workdir, e2e_prompts, e2e_new_tokens, e2e_evaluate, dev,
+                                             e2e_decoding, st))
         save(res, out)
         _release(dev)                          # the pipeline's model, before this run loads its own
     if not set(sections) & {"experts", "pass", "sampled", "grown", "drafter", "naive"}:
@@ -179,6 +184,10 @@ def _finish(res: dict, out: Path) -> dict:
         section(res, "extrapolation", lambda: extrapolate(
             secs["e2e"], secs["grown"], secs["load"], secs["checkpoint"]["shard_bytes"],
             gpu_memory=res.get("machine", {}).get("gpu_memory_bytes")))
+        x = secs.get("extrapolation", {}).get("sampled")
+        for key, goal in (x or {}).get("goals", {}).items():      # each term, the goal, met or not
+            print(f"[bench] extrapolation.sampled.{key}: {x['terms'][key]} (goal <= {goal['limit']:g} s: "
+                  f"{'met' if goal['met'] else 'NOT met'})")
     save(res, out)
     return res
 
@@ -197,14 +206,15 @@ def _ceilings(dev: str) -> dict:
     return {"bf16_matmul_flops": matmul_peak(dev), "copy_bytes_per_s": copy_bandwidth(dev)}
 
 
-def _e2e(ks, layers, workdir, prompts, new_tokens, evaluate, dev) -> dict:
-    from diag.bench.e2e import end_to_end
+def _e2e(ks, layers, workdir, prompts, new_tokens, evaluate, dev, decoding=None, st=None) -> dict:
+    from diag.bench.e2e_pair import bench_e2e
+    from diag.bench.pair import PairRecipe
 
-    cpu = dev == "cpu"
-    return end_to_end(ks.target, ks.drafter, ks.layout, layers, workdir, limit=prompts,
-                      prompts=shipped(DEFAULT_PROMPTS),
-                      max_new_tokens=new_tokens, evaluate=evaluate, gpus=0 if cpu else 1,
-                      dtype="float32" if cpu else "bfloat16")
+    out = bench_e2e(ks, layers, workdir, prompts=prompts, new_tokens=new_tokens, evaluate=evaluate, device=dev,
+                    decoding=decoding, drafter_widths=(st or {}).get("drafter_widths") or {},
+                    recipe=PairRecipe(**GPU_PAIR) if dev != "cpu" else None)
+    _release(dev)
+    return out
 
 
 def _two_layer(model, moe, seqs, points) -> dict:
@@ -264,6 +274,7 @@ BATCH_PROBE = {"prompt_len": 512, "new_tokens": 64}
 
 def _grown(model, seqs, points, max_layers, st, dev, batch: int = 48) -> dict:
     """batch: the e2e run's generation batch (a second generation probe at it, BATCH_PROBE)."""
+    from diag.bench.round_slope import fit, probe
     from diag.zoo.kimi_shaped import kimi_config
     from diag.target.placement import activation_bytes, place
 
@@ -273,6 +284,7 @@ def _grown(model, seqs, points, max_layers, st, dev, batch: int = 48) -> dict:
     base_gen_b = _generation_probe(model, model.config.vocab_size, prompts=batch, **BATCH_PROBE)
     _costs_probe(model, st, dev)                         # warm-up: first calls compile and allocate
     base_costs = _costs_probe(model, st, dev)
+    base_rounds = probe(model, st.get("costs_drafter"), st["ks"].layout)   # the sampled loop's rounds
     reserve = activation_bytes(model.config, 16384) + 24 * GiB  # + drafter and its beam replay
     n = grow(model, layers_that_fit(model, reserve, max_layers))
     total = torch.cuda.get_device_properties(0).total_memory if dev != "cpu" else 64 * GiB
@@ -288,6 +300,7 @@ def _grown(model, seqs, points, max_layers, st, dev, batch: int = 48) -> dict:
     gen = _generation_probe(model, model.config.vocab_size)
     gen_b = _generation_probe(model, model.config.vocab_size, prompts=batch, **BATCH_PROBE)
     costs = _costs_probe(model, st, dev)
+    rounds = probe(model, st.get("costs_drafter"), st["ks"].layout)
     st.pop("costs_drafter", None)
     weights = resident_bytes(model)
     added = n - base_layers
@@ -302,6 +315,8 @@ def _grown(model, seqs, points, max_layers, st, dev, batch: int = 48) -> dict:
             "generation_at_batch": {"base": base_gen_b, "grown": gen_b},
             "generate_seconds_per_layer_step_by_batch": {"16": slope(gen, base_gen), str(batch): slope(gen_b, base_gen_b)},
             "costs_probe": {"base": base_costs, "grown": costs},
+            "sampled_round_probe": {"base": base_rounds, "grown": rounds},
+            "sampled_round_slope": fit(base_rounds, rounds, added),
             "costs_seconds_per_layer": (costs["seconds"] - base_costs["seconds"]) / max(added, 1)
             if costs["seconds"] is not None and base_costs["seconds"] is not None else None}
 

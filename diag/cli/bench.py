@@ -23,7 +23,13 @@ def register(sub) -> None:
     p.add_argument("--e2e-prompts", type=int, help="gpu e2e: use the first N prompts (default all 48)")
     p.add_argument("--e2e-new-tokens", type=int, default=512, help="gpu e2e: max_new_tokens")
     p.add_argument("--e2e-evaluate", action="append", default=[], metavar="KEY=JSON",
-                   help="gpu e2e: override an [evaluate] field, e.g. a decoding axis (repeat)")
+                   help="gpu e2e: override an [evaluate] field (repeat)")
+    p.add_argument("--e2e-decoding", action="append", default=[], metavar="KEY=JSON",
+                   help="e2e: a [decoding] field, e.g. temperature=[1.0] top_p=[0.95] seeds=1 (repeat); "
+                        "a sampled decoding is drafted by the bench pair's drafter trained on the run's prompts")
+    p.add_argument("--e2e-sampled", action="store_true",
+                   help="e2e: evaluate T=1.0 top-p 0.95 beside greedy (Kimi's served decoding; "
+                        "= --e2e-decoding temperature=[1.0] --e2e-decoding top_p=[0.95])")
     p.add_argument("--tile-budget", type=float, default=120.0, help="gpu: seconds spent trying kernel tiles")
     p.add_argument("inputs", nargs="*", help="render: JSON files")
     p.set_defaults(func=run)
@@ -92,7 +98,43 @@ def _measure(a, out: Path, work: Path) -> None:
         sections = tuple(a.sections.split(",")) if a.sections else SECTIONS
         gpu_run(out, work, max_layers=a.max_layers, layers=a.layers, sections=sections,
                 e2e_prompts=a.e2e_prompts, e2e_new_tokens=a.e2e_new_tokens,
-                e2e_evaluate=_overrides(a.e2e_evaluate), tile_budget_s=a.tile_budget)
+                e2e_evaluate=_overrides(a.e2e_evaluate), e2e_decoding=_decoding(a), tile_budget_s=a.tile_budget)
     else:
         from diag.bench.cpu import SECTIONS as CPU_SECTIONS, run as cpu_run
-        cpu_run(out, work, sections=tuple(a.sections.split(",")) if a.sections else CPU_SECTIONS)
+        cpu_run(out, work, sections=tuple(a.sections.split(",")) if a.sections else CPU_SECTIONS,
+                e2e_decoding=_decoding(a))
+
+
+def _decoding(a) -> dict | None:
+    """--e2e-sampled and --e2e-decoding KEY=JSON -> DecodingSpec fields (a sweep key's single
+    value becomes a one-value sweep: temperature=1.0 -> (1.0,)), checked before anything runs.
+    ["temperature=[1.0]", "seeds=1"] -> {"temperature": (1.0,), "seeds": 1}."""
+    from dataclasses import fields
+
+    from diag.bench.e2e import SAMPLED
+    from diag.errors import DiagError
+    from diag.run.case import DecodingSpec
+
+    known = {f.name for f in fields(DecodingSpec)}
+    out = {k: tuple(v) for k, v in SAMPLED.items()} if a.e2e_sampled else {}
+    for item in a.e2e_decoding:
+        key, eq, value = (x.strip() for x in item.partition("="))
+        if not eq or key not in known:
+            raise DiagError("--e2e-decoding takes KEY=JSON with a [decoding] key", field="--e2e-decoding",
+                            expected=f"one of {sorted(known)}", found=item)
+        try:
+            v = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise DiagError("--e2e-decoding value is not JSON", field="--e2e-decoding", expected="JSON, e.g. [1.0]",
+                            found=f"{item} ({err})") from err
+        out[key] = tuple(v) if isinstance(v, list) else (v,) if key in ("temperature", "top_p", "top_k") else v
+    if out:                    # every value in range before the checkpoint is written
+        from dataclasses import replace
+
+        from diag.run.case import _check_decoding
+        try:
+            _check_decoding(replace(DecodingSpec(), **out), "--e2e-decoding")
+        except TypeError as err:             # a value of the wrong type (seeds="x" and the like)
+            raise DiagError("--e2e-decoding value of the wrong type", field="--e2e-decoding",
+                            expected="the [decoding] key's type", found=f"{out} ({err})") from err
+    return out or None

@@ -129,6 +129,7 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True, shard
     timings.update(loaded.timings)                   # the diagnoses' while a target was loaded (target_costs_s)
     if sampled.decodings:
         timings["sampled_s"] = sampled.seconds
+        timings.update({f"sampled_{k}": v for k, v in sampled.counts.items()})   # tree shapes, lanes, rounds decoded
     cache = EvalCache.for_run(inp.target_path, inp.drafter_path, next(drafter.parameters()).dtype,
                               _main_device(case), pass_meta) if use_cache else None
     evals = evaluate(inp, drafter, embed, head, passes, progress=progress, extra=extra,

@@ -70,6 +70,7 @@ class SampledEvaluations:
         self.regime = inp.regimes[0]
         self.evaluations: list[Evaluation] = []
         self.seconds = 0.0
+        self.counts: dict[str, int] = {}     # tree shapes decoded / cached, lanes, rows, rounds (verify forwards)
         self.ran = False
 
     @property
@@ -90,6 +91,7 @@ class SampledEvaluations:
     def _resolve(self, model) -> bool:
         """Every decoding's evaluations; model None: from the cache only (False on a miss)."""
         t0 = time.perf_counter()
+        self.counts = {}                     # a cache-only try that missed is counted again with the model
         try:
             evals = [e for dec in self.decodings for e in self._one(model, dec)]
         except _Miss:
@@ -159,6 +161,7 @@ class SampledEvaluations:
             if why:
                 self.notes.append(f"sampled decode {dec.name} {shape.name}: {why}")
             if hit is not None:
+                self._count(trees_cached=1)
                 return hit
         if model is None:
             raise _Miss
@@ -171,11 +174,17 @@ class SampledEvaluations:
         decoded = []
         for batch in batches:
             decoded += loop.run(prompts, batch, inp.case.prompts.max_new_tokens)
+        self._count(trees_decoded=1, lanes=len(lanes), rows=loop.counts["rows"], rounds=loop.counts["rounds"],
+                    verified_tokens=loop.counts["verified_tokens"])
         if self.shards is not None:
             decoded = self.shards.all_rows([r for b in batches for r in b], decoded)
         if key is not None:
             sampled_cache.save(key, lanes, decoded)
         return decoded
+
+    def _count(self, **n: int) -> None:
+        for k, v in n.items():
+            self.counts[k] = self.counts.get(k, 0) + int(v)
 
 
 class _Miss(Exception):

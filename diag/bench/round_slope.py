@@ -1,0 +1,88 @@
+"""The sampled decode loop's per-layer cost, for the 61-layer extrapolation of a sampled run
+(bench/extrapolate.sampled_extrapolation): the grown section runs the loop at two verify sizes
+before and after growing the model, and fits each layer's cost of one round as
+      per layer, per round  =  a  +  b * verified tokens of that round
+(a: reading the layer's weights and launching its kernels once; b: each verified token's share).
+Two sizes, small (chain-1, SMALL_ROWS rows: 2 tokens a row) and large (s3-k8-d16, LARGE_ROWS
+rows: 16 a row), at base depth K and grown depth N:
+      c_i = (seconds per round at N - at K) / (N - K)      for i in small, large
+      b   = (c_large - c_small) / (tokens_large - tokens_small),  a = c_small - b * tokens_small
+(b < 0, noise at equal cost: b = 0 and a the larger c). The extrapolation then grows a run's
+loop by (61 - K) * (a * rounds + b * verified tokens), its own counts (timings.sampled_rounds,
+sampled_verified_tokens).
+Worked example: K 2, N 12; small 16 rows x 2 = 32 tokens a round, 20 ms at K, 70 ms at N ->
+c 5 ms; large 48 x 16 = 768 tokens, 60 ms at K, 260 ms at N -> c 20 ms; b = 15 ms / 736 =
+20.4 us a token, a = 5 ms - 32 * 20.4 us = 4.35 ms a round.
+The drafter is the Kimi-shaped random one (accepts ~1: every row runs max_new_tokens rounds,
+the timing's concern is the round, not the acceptance); each timing includes one prefill of
+PROMPT_LEN tokens a row (1 of NEW_TOKENS + 1 forwards). This module knows the decode loop;
+nothing about the bench's sections.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+SMALL, LARGE = ("chain-1", 16), ("s3-k8-d16", 48)     # (tree, rows)
+PROMPT_LEN, NEW_TOKENS = 64, 16
+
+
+def _sync(dev) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
+@torch.no_grad()
+def round_seconds(model, drafter, layout: str, tree: str, rows: int, *, new_tokens: int = NEW_TOKENS,
+                  prompt_len: int = PROMPT_LEN, seed: int = 7) -> dict:
+    """One timed decode loop (after one warm-up) at T=1.0 top-p 0.95, one lane of `layout` over
+    `rows` random prompts: {"seconds", "rounds", "verified_tokens", "seconds_per_round",
+    "verified_tokens_per_round"}."""
+    from diag.bench.sampled import bench_loop
+    from diag.engines.decoding import sampled
+    from diag.trees import tree_shape
+
+    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+    gen = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(10, model.config.vocab_size, (rows, prompt_len), generator=gen).tolist()
+    dev = next(drafter.parameters()).device
+    for timed in (False, True):
+        loop, _, lanes_rows = bench_loop(model, drafter, embed, head, [layout], tree_shape(tree), rows,
+                                         decoding=sampled(1.0, 0.95))
+        _sync(dev)
+        t0 = time.perf_counter()
+        loop.run(prompts, lanes_rows, new_tokens if timed else 2)
+        _sync(dev)
+    seconds, rounds, tokens = time.perf_counter() - t0, loop.counts["rounds"], loop.counts["verified_tokens"]
+    return {"tree": tree, "rows": rows, "seconds": seconds, "rounds": rounds, "verified_tokens": tokens,
+            "seconds_per_round": seconds / max(rounds, 1), "verified_tokens_per_round": tokens / max(rounds, 1)}
+
+
+def probe(model, drafter, layout: str) -> dict:
+    """Both sizes at the model's current depth: {"small": round_seconds, "large": ...}; a probe's
+    failure (or no drafter) is data: {"error": why}, and the grown section's other rows stay."""
+    if drafter is None:
+        return {"error": "no drafter: the costs probe could not load it"}
+    try:
+        return {name: round_seconds(model, drafter, layout, tree, rows)
+                for name, (tree, rows) in (("small", SMALL), ("large", LARGE))}
+    except Exception as err:  # recorded in the JSON, not hidden
+        return {"error": repr(err)[-400:]}
+
+
+def fit(base: dict, grown: dict, added: int) -> dict | None:
+    """The per-layer round cost (module docstring) from `probe` before and after adding `added`
+    layers: {"seconds_per_layer_round": a, "seconds_per_layer_verified_token": b}; None when a
+    probe failed."""
+    if "error" in base or "error" in grown:
+        return None
+    c = {k: (grown[k]["seconds_per_round"] - base[k]["seconds_per_round"]) / max(added, 1) for k in ("small", "large")}
+    t = {k: base[k]["verified_tokens_per_round"] for k in ("small", "large")}
+    b = (c["large"] - c["small"]) / (t["large"] - t["small"])
+    a = c["small"] - b * t["small"]
+    if b < 0:
+        a, b = max(c.values()), 0.0
+    return {"seconds_per_layer_round": a, "seconds_per_layer_verified_token": b, "per_layer_round_small": c["small"],
+            "per_layer_round_large": c["large"], "tokens_per_round": t}

@@ -1,0 +1,225 @@
+"""The e2e section under sampling (bench/e2e.py's sampled figures, bench/e2e_pair.py), its
+61-layer extrapolation (bench/extrapolate.sampled_extrapolation) and its goal rows (bench/render.py)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from diag.bench.render import goal_lines
+from diag.errors import DiagError
+
+MORE = {"sampled_s": 9.0, "sampled_rounds": 180, "sampled_lanes": 12, "target_load_s": 4.0, "wall_s": 14.5}
+
+
+def test_sampled_extrapolation_worked_example():
+    """The docstring's example: K 2, 3.49 ms per layer-round; 60 s over 1,200 rounds -> 307.1 s,
+    after a 216 s greedy verdict 523.1 s; one more layout 9 s over 180 rounds -> 46.1 s, its 4 s
+    load of 15.5 GB -> 154.7 s for 599.5 GB, 1.5 s else -> 202.3 s."""
+    from diag.bench.extrapolate import sampled_extrapolation
+
+    e2e = {"layers": 2, "first": {"sampled_s": 60.0, "sampled_rounds": 1200}, "one_more_layout": MORE}
+    x = sampled_extrapolation(e2e, (3.49e-3, 0.0, "decode slope"), 216.0, 599.5e9, 15.5e9)
+    assert x["first_sampled_s"] == pytest.approx(60 + 59 * 3.49e-3 * 1200) == pytest.approx(307.092)
+    assert x["first_sampled_verdict_after_load_s"] == pytest.approx(523.092)
+    assert x["further_decode_s"] == pytest.approx(9 + 59 * 3.49e-3 * 180) == pytest.approx(46.0638)
+    assert x["further_reload_s"] == pytest.approx(4 * 599.5 / 15.5) == pytest.approx(154.71, abs=0.01)
+    assert x["further_rest_s"] == pytest.approx(1.5)
+    assert x["further_sampled_variant_s"] == pytest.approx(1.5 + 4 * 599.5 / 15.5 + 46.0638)
+    assert x["first_sampled_if_all_per_layer_s"] == pytest.approx(60 * 61 / 2)
+    assert x["first_seconds_per_round"] == pytest.approx(307.092 / 1200)
+    assert x["goals"]["first_sampled_verdict_after_load_s"] == {"value": x["first_sampled_verdict_after_load_s"],
+                                                               "limit": 300.0, "met": False}
+    assert not x["goals"]["further_sampled_variant_s"]["met"]
+    assert x["terms"]["first_sampled_verdict_after_load_s"] == "greedy verdict 216.0 + sampled 307.1 = 523.1 s"
+    assert "1200 rounds" in x["formulas"]["first_sampled_s"]
+    fast = sampled_extrapolation({**e2e, "first": {"sampled_s": 6.0, "sampled_rounds": 100},
+                                  "one_more_layout": {"sampled_s": 0.5, "sampled_rounds": 10, "wall_s": 1.0}},
+                                 (1e-3, 0.0, "decode slope"), 100.0, 599.5e9, 15.5e9)
+    assert fast["further_reload_s"] == 0 and fast["further_sampled_variant_s"] == pytest.approx(0.5 + 0.5 + 0.59)
+    assert fast["goals"]["first_sampled_verdict_after_load_s"]["met"]      # 100 + 6 + 5.9
+    assert fast["goals"]["further_sampled_variant_s"]["met"]
+    tokens = {**e2e, "first": {"sampled_s": 60.0, "sampled_rounds": 1200, "sampled_verified_tokens": 96000}}
+    with_b = sampled_extrapolation(tokens, (3.49e-3, 20e-6, "fit"), 216.0, 599.5e9, 15.5e9)
+    gained = with_b["first_sampled_s"] - x["first_sampled_s"]
+    assert gained == pytest.approx(59 * 20e-6 * 96000) == pytest.approx(113.28)
+
+
+def test_extrapolate_takes_the_sampled_loop_out_of_the_greedy_verdict_and_grows_it():
+    """sampled_s sits inside target_s (the loop runs while the pass holds the target): the greedy
+    terms leave it out, `sampled` grows it by the e2e batch's decode slope."""
+    from diag.bench.extrapolate import extrapolate
+
+    first = {"sequences": 48, "tokens": 30000, "target_s": 130.0, "target_load_s": 30.0, "target_generate_s": 40.0,
+             "target_capture_s": 10.0, "checks_s": 2.0, "drafter_s": 20.0, "summary_s": 1.0, "report_s": 3.0,
+             "target_generate_batch": 48}
+    e2e = {"layers": 4, "max_new_tokens": 512, "cached_seconds_per_variant": 0.2, "first": first}
+    grown = {"generate_seconds_per_layer_step": 1e-3, "capture_seconds_per_layer_token": 1e-5,
+             "generate_seconds_per_layer_step_by_batch": {"48": 2e-3}}
+    shards = [1e9, 1e10, 1e10, 1e10, 5e9]
+    greedy = extrapolate(e2e, grown, {"diag_cold_bytes_per_s": 1e9}, shards)
+    assert "sampled" not in greedy
+    sampled_first = {**first, "target_s": 160.0, "sampled_s": 30.0, "sampled_rounds": 500}
+    x = extrapolate({**e2e, "first": sampled_first, "one_more_layout": MORE}, grown,
+                    {"diag_cold_bytes_per_s": 1e9}, shards)
+    assert x["first_verdict_after_load_s"] == pytest.approx(greedy["first_verdict_after_load_s"])
+    s = x["sampled"]
+    assert s["first_sampled_s"] == pytest.approx(30 + 57 * 2e-3 * 500)
+    assert s["first_sampled_verdict_after_load_s"] == pytest.approx(greedy["first_verdict_after_load_s"] + 87.0)
+    assert s["further_reload_s"] == pytest.approx(4.0 * x["kimi_bytes"] / sum(shards))
+    assert s["slope"].startswith("the greedy decode slope at batch 48")
+    fit = {"seconds_per_layer_round": 4e-3, "seconds_per_layer_verified_token": 1e-5}
+    y = extrapolate({**e2e, "first": {**sampled_first, "sampled_verified_tokens": 8000}, "one_more_layout": MORE},
+                    {**grown, "sampled_round_slope": fit}, {"diag_cold_bytes_per_s": 1e9}, shards)["sampled"]
+    assert y["first_sampled_s"] == pytest.approx(30 + 57 * (4e-3 * 500 + 1e-5 * 8000))
+    assert y["slope"].startswith("the grown section's decode-loop fit")
+
+
+def test_sampled_goal_rows_render_and_stay_away_without_a_sampled_run():
+    x = {"first_verdict_after_load_s": 216.0,
+         "sampled": {"first_sampled_verdict_after_load_s": 523.1, "further_sampled_variant_s": 8.25}}
+    lines = "\n".join(goal_lines({"kind": "gpu", "sections": {"extrapolation": x}}))
+    assert ("| Kimi 61 layers, 8 GPUs, T=1.0 top-p 0.95: first sampled verdict after the load (s, extrapolated) "
+            "| 523 | <= 300 | NOT met |") in lines
+    assert "each further sampled variant, the repeat run in all (s, extrapolated) | 8.25 | <= 10 | met |" in lines
+    greedy_x = {"first_verdict_after_load_s": 216.0}
+    greedy_only = "\n".join(goal_lines({"kind": "gpu", "sections": {"extrapolation": greedy_x}}))
+    assert "sampled" not in greedy_only and "first verdict after the load" in greedy_only
+
+
+def test_cli_e2e_decoding_flags():
+    from diag.cli.bench import _decoding
+
+    ns = lambda sampled, items: argparse.Namespace(e2e_sampled=sampled, e2e_decoding=items)  # noqa: E731
+    assert _decoding(ns(False, [])) is None
+    assert _decoding(ns(True, ["seeds=1"])) == {"temperature": (1.0,), "top_p": (0.95,), "seeds": 1}
+    assert _decoding(ns(False, ["temperature=0.6", "top_p=[0.9, 0.95]"])) == {"temperature": (0.6,),
+                                                                              "top_p": (0.9, 0.95)}
+    with pytest.raises(DiagError, match="--e2e-decoding") as err:
+        _decoding(ns(False, ["temprature=[1.0]"]))
+    assert "temperature" in str(err.value)
+    with pytest.raises(DiagError, match="not JSON"):
+        _decoding(ns(False, ["temperature=one"]))
+    with pytest.raises(DiagError, match="top_p") as err:                # checked before anything is written
+        _decoding(ns(True, ["top_p=[1.5]"]))
+    assert "--e2e-decoding" in str(err.value)
+    with pytest.raises(DiagError, match="seed"):
+        _decoding(ns(True, ["seeds=0"]))
+
+
+def test_end_to_end_under_sampling_records_what_the_sampled_verdict_costs(tmp_path):
+    """The demo pair (trained: it accepts) at T=1.0 top-p 0.95, 1 seed, 2 prompts x 8 tokens: the
+    first run decodes every sampled loop, the cached run none, one more layout decodes the primary
+    tree's loop again (its lanes changed) and answers the other tree's from the cache."""
+    from diag.bench.e2e import SAMPLED, end_to_end
+    from diag.run.shipped import DEFAULT_PROMPTS, shipped
+    from diag.zoo import zoo_path
+
+    target, drafter = zoo_path("llama-tiny", progress=False), zoo_path("llama-tiny-eagle3-embed", progress=False)
+    e2e = end_to_end(target, drafter, "embed+L2+L4", 5, tmp_path, prompts=shipped(DEFAULT_PROMPTS), limit=2,
+                     max_new_tokens=8, gpus=0, dtype="float32", trees=("chain-1", "chain-3"), log=lambda _: None,
+                     whole_machine=False, decoding={**SAMPLED, "seeds": 1}, drafter_note="zoo demo pair")
+    first, again, more, s = e2e["first"], e2e["cached"], e2e["one_more_layout"], e2e["sampled"]
+    assert e2e["drafter"] == "zoo demo pair" and e2e["decoding"]["temperature"] == [1.0]
+    assert first["sampled_trees_decoded"] == 2
+    assert first["sampled_lanes"] == 3 + 1                # 3 layouts on chain-1, the best on chain-3
+    assert first["sampled_rounds"] > 0 and first["sampled_s"] > 0
+    assert again.get("sampled_trees_decoded", 0) == 0 and again["sampled_trees_cached"] == 2
+    assert more["sampled_trees_decoded"] == 1 and more["sampled_lanes"] == 4 and more["sampled_trees_cached"] == 1
+    assert s["first_sampled_s"] == first["sampled_s"] and s["further_variant_s"] == more["sampled_s"]
+    assert s["first_seconds_per_round"] == pytest.approx(first["sampled_s"] / first["sampled_rounds"])
+    assert s["further_lanes_decoded"] == 4 and s["further_rounds"] == more["sampled_rounds"]
+    assert s["sampled_accept_length_min"] > 1.0 and s["greedy_accept_length_min"] > 1.0
+
+
+def test_e2e_prompt_ids_are_the_runs_prompts_cut_to_the_shortest(tmp_path):
+    from diag.bench.e2e import kimi_case
+    from diag.bench.e2e_pair import e2e_prompt_ids
+    from diag.run.case import check_case
+    from diag.run.inputs import prepare
+    from diag.run.shipped import DEFAULT_PROMPTS, shipped
+    from diag.zoo import zoo_path
+
+    target, drafter = zoo_path("llama-tiny", progress=False), zoo_path("llama-tiny-eagle3-embed", progress=False)
+    case = kimi_case(target, drafter, ["embed+L2+L4"], prompts=shipped(DEFAULT_PROMPTS), limit=4, max_new_tokens=8,
+                     gpus=0, dtype="float32")
+    whole = [p for _, _, p in prepare(check_case(case)).prompts]
+    cut = e2e_prompt_ids(case)
+    m = min(len(p) for p in whole)
+    assert len({len(p) for p in whole}) > 1 and [len(p) for p in cut] == [m] * 4
+    assert all(c == w[len(w) - m:] for c, w in zip(cut, whole))
+
+
+def test_round_slope_fit_worked_example():
+    """bench/round_slope.py's docstring: 20 -> 70 ms (32 tokens) and 60 -> 260 ms (768 tokens) over
+    10 added layers -> b 15 ms / 736 a token, a 5 ms - 32 b."""
+    from diag.bench.round_slope import fit
+
+    row = lambda s, t: {"seconds_per_round": s, "verified_tokens_per_round": t}  # noqa: E731
+    base = {"small": row(0.020, 32), "large": row(0.060, 768)}
+    grown = {"small": row(0.070, 32), "large": row(0.260, 768)}
+    got = fit(base, grown, 10)
+    assert got["seconds_per_layer_verified_token"] == pytest.approx(0.015 / 736)
+    assert got["seconds_per_layer_round"] == pytest.approx(0.005 - 32 * 0.015 / 736)
+    assert got["seconds_per_layer_round"] == pytest.approx(4.348e-3, rel=1e-3)
+    noisy = fit(base, {"small": row(0.070, 32), "large": row(0.100, 768)}, 10)       # c_large 4 ms < c_small 5 ms
+    assert noisy == {**noisy, "seconds_per_layer_round": 0.005, "seconds_per_layer_verified_token": 0.0}
+    assert fit({"error": "no drafter"}, grown, 10) is None
+
+
+def test_round_slope_probe_runs_the_decode_loop_before_and_after_growing(tmp_path):
+    """The grown section's probe on a 2-layer Kimi-shaped INT4 target at toy widths, then grown to 4
+    layers (bench/gpu.grow): every row's rounds counted at both verify sizes, a fit made."""
+    import torch
+
+    from diag.bench.cpu import SMALL, SMALL_DRAFTER
+    from diag.bench.gpu import grow
+    from diag.bench.round_slope import LARGE, SMALL as SMALL_PROBE, fit, probe
+    from diag.drafter.checkpoint import load_drafter
+    from diag.int4.load import load_packed_target
+    from diag.zoo.kimi_shaped import kimi_shaped
+
+    ks = kimi_shaped(tmp_path / "k", layers=2, seed=5, widths=SMALL, drafter_widths=SMALL_DRAFTER)
+    model = load_packed_target(ks.target, dtype=torch.float32)
+    drafter, _ = load_drafter(ks.drafter)
+    base = probe(model, drafter, ks.layout)
+    assert "error" not in base, base
+    for name, (tree, rows) in (("small", SMALL_PROBE), ("large", LARGE)):
+        r = base[name]
+        assert (r["tree"], r["rows"]) == (tree, rows) and r["rounds"] >= 16 // 2 and r["seconds"] > 0
+    assert base["small"]["verified_tokens_per_round"] <= 16 * 2 < base["large"]["verified_tokens_per_round"]
+    assert grow(model, 4) == 4
+    got = fit(base, probe(model, drafter, ks.layout), 2)
+    assert got is not None and got["seconds_per_layer_round"] is not None
+    assert probe(model, None, ks.layout) == {"error": "no drafter: the costs probe could not load it"}
+
+
+def test_bench_e2e_drafts_a_sampled_run_with_the_pair_trained_on_its_prompts(tmp_path):
+    """`diag bench cpu|gpu --sections e2e --e2e-sampled` (bench/e2e_pair.bench_e2e) on a 2-layer
+    Kimi-shaped pair at toy widths: the pair's drafter is trained on the run's cut prompts and its
+    layouts (the one-more-layout's included), and the run is drafted by it, not by the random one."""
+    import json
+
+    from diag.bench.cpu import SMALL, SMALL_DRAFTER
+    from diag.bench.e2e import SAMPLED
+    from diag.bench.e2e_pair import bench_e2e
+    from diag.bench.pair import META, PairRecipe
+    from diag.zoo.kimi_shaped import kimi_shaped
+
+    ks = kimi_shaped(tmp_path / "k", layers=2, seed=5, widths=SMALL, drafter_widths=SMALL_DRAFTER)
+    e2e = bench_e2e(ks, 2, tmp_path / "e2e", prompts=2, new_tokens=4, evaluate={"trees": ("chain-1",)},
+                    device="cpu", decoding={**SAMPLED, "seeds": 1}, drafter_widths={**SMALL, **SMALL_DRAFTER},
+                    recipe=PairRecipe(steps=2, batch=2), whole_machine=False, pair_cache=tmp_path / "pairs")
+    (pair,) = (tmp_path / "pairs").iterdir()
+    meta = json.loads((pair / META).read_text())
+    assert meta["prompts"] == 2 and meta["new_tokens"] == 4
+    assert set(meta["greedy"]) == {*e2e["layouts"], e2e["one_more_layout"]["layout"]}
+    assert e2e["drafter"].startswith("bench pair drafter (bench/e2e_pair.py)")
+    assert "prompts cut to their last" in e2e["drafter"]
+    report = json.loads((tmp_path / "e2e" / "e2e-first" / "report.json").read_text())
+    assert str(pair) in json.dumps(report["drafter"])
+    assert e2e["sampled"]["first_trees_decoded"] == 1 and e2e["sampled"]["first_rounds"] > 0
+    greedy = bench_e2e(ks, 2, tmp_path / "e2e-greedy", prompts=2, new_tokens=4, evaluate={"trees": ("chain-1",)},
+                       device="cpu", whole_machine=False, pair_cache=tmp_path / "pairs")
+    assert "sampled" not in greedy and greedy["drafter"].startswith("kimi-shaped drafter, random weights")
