@@ -20,13 +20,14 @@ A registered diagnosis's plots (diag/diagnoses/) are cached the same way, all of
 under one key: its name, its section and the report keys it declares (Diagnosis.plot_reads),
 the source of its module (or package) and of report/figure.py, and the matplotlib version; the
 entry lists its PNGs (<digest>-<i>.png), each checked by sha256.
-The figures to draw, the report's and the diagnoses' alike, are drawn in parallel, one forked
-process each, on a machine with at least PARALLEL_CPUS cores (the H200 host's 16: one more
-layout misses 4 figures, acceptance_at_depth, accept_hist, by_position and the pricing
-diagnosis's speedup.png, drawn in the time of the slowest instead of their sum); on fewer
-cores, one after another. The garbage collector is paused while a figure is drawn (and the
-parent's objects frozen before the fork): its collections walk the process's whole heap and
-free nothing of a figure's. A PNG is the same bytes either way.
+The figures to draw, the report's and the diagnoses' alike, are drawn in parallel, one process
+each (this one draws the first, forked ones the others), on a machine with at least
+PARALLEL_CPUS cores (the H200 host's 16: one more layout misses 4 figures,
+acceptance_at_depth, accept_hist, by_position and the pricing diagnosis's speedup.png, drawn
+in the time of the slowest instead of their sum); on fewer cores, one after another. The
+garbage collector is paused while a figure is drawn (and the parent's objects frozen before
+the fork): its collections walk the process's whole heap and free nothing of a figure's.
+A PNG is the same bytes either way.
 This module knows files, hashes and processes; the drawing is plots.py's.
 """
 
@@ -178,10 +179,12 @@ def _misses(plots, rep: dict, folder: Path, keys: dict) -> list[tuple]:
 
 def draw_all(plots, rep: dict, folder: Path, *, workers: int | None = None) -> list[dict | None]:
     """cached_plot of every plot, in order; the figures not in the cache (the report's and the
-    diagnoses') drawn by `workers` forked processes (default: one per figure on a machine of
-    PARALLEL_CPUS cores or more), then copied from the cache like the others.
+    diagnoses') drawn by `workers` processes at once, this one and workers - 1 forked (default:
+    one per figure on a machine of PARALLEL_CPUS cores or more), then copied from the cache
+    like the others.
     Example: one more layout on the H200 host -> acceptance_at_depth, accept_hist, by_position
-    and the pricing diagnosis's speedup.png all miss -> 4 processes draw them at once."""
+    and the pricing diagnosis's speedup.png all miss -> this process draws the first, 3 forked
+    ones the others, at once."""
     from diag.report.plots import UNCACHED
 
     keys = {p.__name__: plot_key(p.__name__, rep) for p in plots if p.__name__ not in UNCACHED}
@@ -196,9 +199,12 @@ def draw_all(plots, rep: dict, folder: Path, *, workers: int | None = None) -> l
 
         _JOBS[:] = todo
         gc.freeze()             # the parent's objects: not walked by the workers' collector, nor copied on write
-        try:
-            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-                list(pool.map(_draw, range(len(todo))))     # each drawn into the cache
+        try:                    # workers - 1 forks (each copies the parent's page tables: 70 ms at 4 GB)
+            with ProcessPoolExecutor(workers - 1, mp_context=multiprocessing.get_context("fork")) as pool:
+                rest = [pool.submit(_draw, i) for i in range(1, len(todo))]     # forked at the first submit
+                _draw(0)                                    # the parent draws the first meanwhile
+                for f in rest:
+                    f.result()                              # each drawn into the cache
         finally:
             gc.unfreeze()
             _JOBS.clear()
