@@ -20,15 +20,22 @@ A registered diagnosis's plots (diag/diagnoses/) are cached the same way, all of
 under one key: its name, its section and the report keys it declares (Diagnosis.plot_reads),
 the source of its module (or package) and of report/figure.py, and the matplotlib version; the
 entry lists its PNGs (<digest>-<i>.png), each checked by sha256.
-The figures to draw are drawn in parallel, one forked process each, on a machine with at least
-PARALLEL_CPUS cores (the H200 host's 16: 3 figures in the time of the slowest instead of their
-sum); on fewer cores, one after another. A PNG is the same bytes either way.
+The figures to draw, the report's and the diagnoses' alike, are drawn in parallel, one process
+each (this one draws the first, forked ones the others), on a machine with at least
+PARALLEL_CPUS cores (the H200 host's 16: one more layout misses 4 figures,
+acceptance_at_depth, accept_hist, by_position and the pricing diagnosis's speedup.png, drawn
+in the time of the slowest instead of their sum); on fewer cores, one after another. The
+garbage collector is paused while a figure is drawn (and the parent's objects frozen before
+the fork): its collections walk the process's whole heap and free nothing of a figure's.
+A PNG is the same bytes either way.
 This module knows files, hashes and processes; the drawing is plots.py's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import hashlib
 import json
 import os
@@ -70,7 +77,8 @@ def _atomic(path: Path, data: bytes) -> None:
         raise
 
 
-def _cached(key: str, folder: Path) -> dict | None:
+def _entry(key: str) -> tuple[dict, bytes] | None:
+    """A report plot's cache entry and PNG, or None when absent, damaged or another key's."""
     base = cache_root() / "plots" / key
     try:
         entry = json.loads(base.with_suffix(".json").read_text())
@@ -79,23 +87,33 @@ def _cached(key: str, folder: Path) -> dict | None:
         return None
     if entry.get("key") != key or hashlib.sha256(png).hexdigest() != entry.get("sha256"):
         return None
+    return entry, png
+
+
+def _cached(key: str, folder: Path) -> dict | None:
+    hit = _entry(key)
+    if hit is None:
+        return None
+    entry, png = hit
     (folder / "plots").mkdir(parents=True, exist_ok=True)
     (folder / entry["file"]).write_bytes(png)
     return {"file": entry["file"], "title": entry["title"]}
 
 
-def cached_plot(plot: Callable[[dict, Path], dict | None], rep: dict, folder: Path) -> dict | None:
+def cached_plot(plot: Callable[[dict, Path], dict | None], rep: dict, folder: Path,
+                key: str | None = None) -> dict | None:
     """plot(rep, folder), or its PNG copied from the cache when drawn before from the same data
-    (a plot named in plots.UNCACHED is always drawn)."""
+    (a plot named in plots.UNCACHED is always drawn); `key`: plot_key's, when known."""
     from diag.report.plots import UNCACHED
 
     if plot.__name__ in UNCACHED:
         return plot(rep, folder)
-    key = plot_key(plot.__name__, rep)
+    key = key or plot_key(plot.__name__, rep)
     hit = _cached(key, folder)
     if hit is not None:
         return hit
-    made = plot(rep, folder)
+    with _no_gc():
+        made = plot(rep, folder)
     if made is None:
         return None
     png = (folder / made["file"]).read_bytes()
@@ -110,37 +128,102 @@ def cached_plot(plot: Callable[[dict, Path], dict | None], rep: dict, folder: Pa
     return made
 
 
-def _draw(job) -> dict | None:
-    plot, rep, folder = job
-    return cached_plot(plot, rep, folder)
+@contextlib.contextmanager
+def _no_gc():
+    """The cyclic garbage collector paused while matplotlib draws: a figure allocates some
+    10^5 objects, and each collection they trigger walks the whole heap of the process (the
+    run's records, torch's modules), to find nothing (a figure is freed when it is dropped).
+    What is drawn does not depend on it."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+_JOBS: list = []            # the forked workers' drawings, by index (inherited, never pickled)
+
+
+def _draw(i: int) -> None:
+    """Worker: draw job i into the cache (a report plot, or one diagnosis's plots)."""
+    job = _JOBS[i]
+    if job[0] == "plot":
+        _, plot, rep, folder, key = job
+        cached_plot(plot, rep, folder, key)
+    else:
+        _, d, sec, rep, folder = job
+        cached_diagnosis_plots(d, sec, rep, folder)
+
+
+def _misses(plots, rep: dict, folder: Path, keys: dict) -> list[tuple]:
+    """What the cache lacks, in report order: ("plot", plot, rep, folder, key) for a report
+    plot, ("diagnosis", d, sec, rep, folder) for a registered diagnosis's (plots.PLACES: the
+    places whose diagnoses' plots the report shows)."""
+    from diag.diagnoses.hooks import plots_all
+    from diag.report.plots import PLACES
+
+    jobs = [("plot", p, rep, folder, keys[p.__name__]) for p in plots
+            if p.__name__ in keys and _entry(keys[p.__name__]) is None]
+
+    def note(d, sec, rep, folder) -> list:
+        if _diagnosis_entry(diagnosis_plot_key(d, rep)) is None:
+            jobs.append(("diagnosis", d, sec, rep, folder))
+        return []
+    for p in plots:
+        if p.__name__ in PLACES:
+            plots_all(rep, folder, PLACES[p.__name__], draw=note)
+    return jobs
 
 
 def draw_all(plots, rep: dict, folder: Path, *, workers: int | None = None) -> list[dict | None]:
-    """cached_plot of every plot, in order; the ones not in the cache drawn by `workers`
-    forked processes (default: one per figure on a machine of PARALLEL_CPUS cores or more)."""
+    """cached_plot of every plot, in order; the figures not in the cache (the report's and the
+    diagnoses') drawn by `workers` processes at once, this one and workers - 1 forked (default:
+    one per figure on a machine of PARALLEL_CPUS cores or more), then copied from the cache
+    like the others.
+    Example: one more layout on the H200 host -> acceptance_at_depth, accept_hist, by_position
+    and the pricing diagnosis's speedup.png all miss -> this process draws the first, 3 forked
+    ones the others, at once."""
     from diag.report.plots import UNCACHED
 
-    todo = [p for p in plots if p.__name__ not in UNCACHED and _cached(plot_key(p.__name__, rep), folder) is None]
-    cpus = os.cpu_count() or 1
-    workers = workers if workers is not None else (len(todo) if cpus >= PARALLEL_CPUS else 1)
-    if min(workers, len(todo)) > 1:
+    keys = {p.__name__: plot_key(p.__name__, rep) for p in plots if p.__name__ not in UNCACHED}
+    parallel = workers > 1 if workers is not None else (os.cpu_count() or 1) >= PARALLEL_CPUS
+    todo = _misses(plots, rep, folder, keys) if parallel else []
+    workers = min(workers or len(todo), len(todo))
+    if workers > 1:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
         import diag.report.figure  # noqa: F401  (matplotlib loaded once, before the fork: no worker imports it)
 
-        with ProcessPoolExecutor(min(workers, len(todo)), mp_context=multiprocessing.get_context("fork")) as pool:
-            list(pool.map(_draw, [(p, rep, folder) for p in todo]))     # each drawn into the cache
-    return [cached_plot(p, rep, folder) for p in plots]
+        _JOBS[:] = todo
+        gc.freeze()             # the parent's objects: not walked by the workers' collector, nor copied on write
+        try:                    # workers - 1 forks (each copies the parent's page tables: 70 ms at 4 GB)
+            with ProcessPoolExecutor(workers - 1, mp_context=multiprocessing.get_context("fork")) as pool:
+                rest = [pool.submit(_draw, i) for i in range(1, len(todo))]     # forked at the first submit
+                _draw(0)                                    # the parent draws the first meanwhile
+                for f in rest:
+                    f.result()                              # each drawn into the cache
+        finally:
+            gc.unfreeze()
+            _JOBS.clear()
+    return [cached_plot(p, rep, folder, keys.get(p.__name__)) for p in plots]
 
 
 def _diagnosis_code(d) -> str:
+    return _class_code(type(d))
+
+
+@functools.cache
+def _class_code(cls) -> str:
     """A diagnosis's drawing code: its module (every module of its package), report/figure.py
-    (read as a file: importing it imports matplotlib) and matplotlib's version."""
+    (read as a file: importing it imports matplotlib) and matplotlib's version; read once a
+    process, as plots.py's is (_code)."""
     import inspect
     from importlib.metadata import version
 
-    src = Path(inspect.getfile(type(d)))
+    src = Path(inspect.getfile(cls))
     files = sorted(src.parent.glob("*.py")) if src.name == "__init__.py" else [src]
     digest = hashlib.sha256()
     for f in [*files, Path(__file__).with_name("figure.py")]:
@@ -154,24 +237,35 @@ def diagnosis_plot_key(d, rep: dict) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
-def cached_diagnosis_plots(d, sec, rep: dict, folder: Path) -> list[dict]:
-    """d.plots(sec, rep, folder), or its PNGs copied from the cache when drawn before from the
-    same section (module docstring)."""
-    key = diagnosis_plot_key(d, rep)
+def _diagnosis_entry(key: str) -> tuple[dict, list[bytes]] | None:
+    """A diagnosis's cache entry and its PNGs, or None when absent, damaged or another key's."""
     base = cache_root() / "plots" / key
     try:
         entry = json.loads(base.with_suffix(".json").read_text())
         pngs = [(base.parent / f"{key}-{i}.png").read_bytes() for i in range(len(entry["plots"]))]
         if entry.get("key") == key and all(hashlib.sha256(png).hexdigest() == p["sha256"]
                                            for png, p in zip(pngs, entry["plots"])):
-            if pngs:
-                (folder / "plots").mkdir(parents=True, exist_ok=True)
-            for png, p in zip(pngs, entry["plots"]):
-                (folder / p["file"]).write_bytes(png)
-            return [{"file": p["file"], "title": p["title"]} for p in entry["plots"]]
+            return entry, pngs
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    made = d.plots(sec, rep, folder)
+    return None
+
+
+def cached_diagnosis_plots(d, sec, rep: dict, folder: Path) -> list[dict]:
+    """d.plots(sec, rep, folder), or its PNGs copied from the cache when drawn before from the
+    same section (module docstring)."""
+    key = diagnosis_plot_key(d, rep)
+    hit = _diagnosis_entry(key)
+    if hit is not None:
+        entry, pngs = hit
+        if pngs:
+            (folder / "plots").mkdir(parents=True, exist_ok=True)
+        for png, p in zip(pngs, entry["plots"]):
+            (folder / p["file"]).write_bytes(png)
+        return [{"file": p["file"], "title": p["title"]} for p in entry["plots"]]
+    with _no_gc():
+        made = d.plots(sec, rep, folder)
+    base = cache_root() / "plots" / key
     try:
         base.parent.mkdir(parents=True, exist_ok=True)
         listed = []

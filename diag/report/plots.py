@@ -107,13 +107,13 @@ def prompt_side_plots(rep: dict, folder: Path) -> list[dict]:
     """The plots of the registered diagnoses on the prompt side (diag/diagnoses/), each
     diagnosis's cached by its section (plot_cache.cached_diagnosis_plots)."""
     from diag.report.plot_cache import cached_diagnosis_plots
-    return plots_all(rep, folder, PROMPT_SIDE, draw=cached_diagnosis_plots)
+    return plots_all(rep, folder, PLACES["prompt_side_plots"], draw=cached_diagnosis_plots)
 
 
 def serving_plots(rep: dict, folder: Path) -> list[dict]:
     """The same for the diagnoses placed on the serving side (protocol.SERVING)."""
     from diag.report.plot_cache import cached_diagnosis_plots
-    return plots_all(rep, folder, SERVING, draw=cached_diagnosis_plots)
+    return plots_all(rep, folder, PLACES["serving_plots"], draw=cached_diagnosis_plots)
 
 
 PLOTS = (acceptance_at_depth, accept_hist, by_position, prompt_side_plots, serving_plots)
@@ -126,6 +126,7 @@ PLOTS = (acceptance_at_depth, accept_hist, by_position, prompt_side_plots, servi
 READS = {"acceptance_at_depth": ("evaluations",), "accept_hist": ("evaluations",),
          "by_position": ("evaluations",)}
 UNCACHED = ("prompt_side_plots", "serving_plots")   # cached per diagnosis, by its own key
+PLACES = {"prompt_side_plots": PROMPT_SIDE, "serving_plots": SERVING}   # whose diagnoses each draws
 
 
 def make_plots(rep: dict, folder: str | Path) -> list[dict]:

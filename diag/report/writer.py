@@ -13,7 +13,7 @@ import json
 import shutil
 from pathlib import Path
 
-from diag.report.envelope import envelope, samples
+from diag.report.envelope import envelope, samples_text
 from diag.report.markdown import render
 from diag.report.outdir import check_out_dir, partial_dir, swap_into_place, write_manifest
 from diag.report.plots import make_plots
@@ -26,9 +26,7 @@ def write_report(run, out_dir: str | Path, argv: list[str] | None = None) -> tup
         rep = envelope(run, argv)
         rep["plots"] = make_plots(rep, tmp)
         (tmp / "report.json").write_text(json.dumps(rep, indent=2, default=str) + "\n")
-        with open(tmp / "samples.jsonl", "w") as fh:
-            for row in samples(run):
-                fh.write(json.dumps(row) + "\n")
+        (tmp / "samples.jsonl").write_text(samples_text(run))
         (tmp / "report.md").write_text(render(rep))
         write_manifest(tmp)
         swap_into_place(tmp, out)
