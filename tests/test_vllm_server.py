@@ -189,8 +189,8 @@ http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
 
 @pytest.mark.parametrize("background", [True, False])
 def test_a_start_ahead_runs_niced_until_healthy_in_one_engine_process(tmp_path, monkeypatch, background):
-    """A start ahead (prestart) launches at nice 19 and stays there, idle, until a test claims it,
-    then runs at the suite's priority (where the platform permits: root or CAP_SYS_NICE); a test's
+    """A start ahead (prestart) launches at nice 19 and, once healthy, is paused (stopped) until a
+    test claims it, then resumed at the suite's priority (where the platform permits: root or CAP_SYS_NICE); a test's
     own start is never niced. Every start asks vLLM for the worker inside the EngineCore and lets it write bytecode."""
     exe = tmp_path / "python"
     exe.write_text(RECORDING_SERVER)
@@ -210,7 +210,10 @@ def test_a_start_ahead_runs_niced_until_healthy_in_one_engine_process(tmp_path, 
         except PermissionError:
             permitted = False
         assert os.getpriority(os.PRIO_PROCESS, server.proc.pid) == seen["nice"]     # niced while idle
+        state = open(f"/proc/{server.proc.pid}/stat").read().rsplit(")", 1)[1].split()[0]
+        assert state == ("T" if background else "S")                               # paused while idle
         vs._foreground(server.proc.pid)                          # what the plan does when a test claims it
+        assert vs._healthy(server.url)                           # resumed: it answers
         if permitted or not background:
             assert os.getpriority(os.PRIO_PROCESS, server.proc.pid) == 0
     finally:

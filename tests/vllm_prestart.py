@@ -84,7 +84,7 @@ class _Planned:
             self._started(start_here)
             if self.error is not None:
                 raise RuntimeError(self.error)
-        vs._foreground(self.server.proc.pid)              # started niced ahead; its test runs now
+        vs._foreground(self.server.proc.pid)              # started niced ahead and paused; its test runs now
         return self.server
 
     def _started(self, start_fn) -> None:

@@ -11,7 +11,8 @@ compiled at install (pip compiles all of ~2.5 GB: 86 -> 47 CPU-s for the build f
 cache); the servers may write it (PYTHONDONTWRITEBYTECODE is dropped from their environment), so
 the first start compiles the ~5,700 modules vLLM imports (24.6 CPU-s) and every later one reads
 them (15.3 CPU-s). The build and the starts ahead run at nice 19 (_background): a 2-core machine
-gives them the cores the suite leaves idle; a server is back at nice 0 when its test claims it. $DIAG_VLLM_PYTHON
+gives them the cores the suite leaves idle; a healthy server started ahead is paused (SIGSTOP)
+until its test claims it, then resumed at nice 0. $DIAG_VLLM_PYTHON
 names an existing interpreter instead; $DIAG_VLLM_PIP_ARGS adds pip arguments to both installs
 (e.g. "--extra-index-url https://download.pytorch.org/whl/cpu" where PyPI's torch is CUDA's).
 
@@ -87,11 +88,23 @@ def _background() -> None:
     os.nice(BACKGROUND_NICE)
 
 
-def _foreground(pid: int) -> None:
-    """A started-ahead server back at the suite's priority when a test claims it (its engine
-    passes run while the test predicts beside them); where lowering the nice value is not permitted (not root, no
-    CAP_SYS_NICE) it stays niced, which changes when it computes, never what."""
+def _pause(pid: int) -> None:
+    """A server started ahead, healthy and waiting for its test, stopped (SIGSTOP to its process
+    group): idle, its processes still poll (~1.3-3% of a core each server, measured from /proc;
+    six servers idle for ~15 minutes of the suite: ~100 CPU-s); stopped, nothing."""
     try:
+        os.killpg(pid, signal.SIGSTOP)
+    except ProcessLookupError:
+        pass
+
+
+def _foreground(pid: int) -> None:
+    """A started-ahead server resumed (SIGCONT) and back at the suite's priority when a test
+    claims it (its engine passes run while the test predicts beside them); where lowering the
+    nice value is not permitted (not root, no CAP_SYS_NICE) it stays niced, which changes when
+    it computes, never what."""
+    try:
+        os.killpg(pid, signal.SIGCONT)
         os.setpriority(os.PRIO_PGRP, pid, 0)
     except (PermissionError, ProcessLookupError):
         pass
@@ -171,6 +184,7 @@ class Server:
     def stop(self) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
+            os.killpg(self.proc.pid, signal.SIGCONT)     # a paused server (_pause) takes its SIGTERM now
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
@@ -211,9 +225,8 @@ def start(python: Path, target_dir, drafter_dir=None, *, num_speculative_tokens:
           dtype: str = "float32", extra_args=(), timeout_s: float = START_TIMEOUT_S,
           background: bool = False) -> Server:
     """Launch and wait for /health; on failure stop it and raise with its log tail.
-    background=True (a start ahead): launched niced (_background), and left so until a test
-    claims it (vllm_prestart: _foreground), so its idle polling (~1.3% of a core) takes no
-    cycles from the suite either."""
+    background=True (a start ahead): launched niced (_background), then paused once healthy
+    (_pause) until a test claims it (vllm_prestart: _foreground resumes it)."""
     port = free_port()
     key = server_key(target_dir, drafter_dir, num_speculative_tokens, dtype, extra_args)
     log = Path(tempfile.mkstemp(prefix=f"vllm-{port}-", suffix=".log")[1])
@@ -245,6 +258,8 @@ def start(python: Path, target_dir, drafter_dir=None, *, num_speculative_tokens:
                                f"\nlog tail ({log}):\n{server.tail()}")
         if _healthy(server.url):
             server.started_s = time.perf_counter() - t0
+            if background:
+                _pause(proc.pid)
             return server
         time.sleep(0.5)
     server.stop()
