@@ -37,10 +37,13 @@ def pytest_collection_finish(session):
     for mod in dict.fromkeys(getattr(item, "module", None) for item in session.items):
         if hasattr(mod, "start_in_background"):
             mod.start_in_background(session)
-    named = [(c.label, c.resolve_aside) for item in session.items for c in _vllm_cells(item)]
-    if named:
+    cells = [c for item in session.items for c in _vllm_cells(item)]
+    if cells:
+        import vllm_cells
         import vllm_prestart
-        vllm_prestart.prestart(named)
+        names = [n for c in cells for n in c.zoo_names]
+        vllm_prestart.prestart([(c.label, c.server_args) for c in cells],
+                               build=lambda: vllm_cells.built_aside(names).__getitem__)
 
 
 def pytest_runtest_teardown(item):

@@ -232,40 +232,28 @@ def test_the_venv_is_installed_without_bytecode(tmp_path, monkeypatch):
     assert len(pips) == 2 and all("--no-compile" in c and fn is vs._background for c, fn in pips)
 
 
-def test_the_resolver_thread_resolves_in_plan_order_and_leaves_a_failure_to_its_test(tmp_path, monkeypatch,
-                                                                                      own_pool):
-    """resolve() runs in the resolver thread, never in the caller's; a claim waits only for its
-    own entry (the first server starts while later entries still build); an entry that cannot be
-    resolved is claimed as None once every entry is done, so its test starts (and fails) itself."""
+def test_the_plan_builds_its_zoo_entries_aside_and_resolves_with_them(tmp_path, monkeypatch, own_pool):
+    """build() runs in the thread before any resolve, and each resolve gets its locate: the
+    main thread never builds (a test changing $DIAG_CACHE_DIR meanwhile changes nothing)."""
     import threading
     exe = _fake_server_python(tmp_path)
     monkeypatch.setitem(vs.SESSION_ENV, "DIAG_VLLM_PYTHON", str(exe))
-    kw = {"num_speculative_tokens": 3, "dtype": "float32", "extra_args": ()}
-    threads, gate = [], threading.Event()
+    threads, located = [], []
 
-    def first():
+    def build():
         threads.append(threading.current_thread().name)
-        return tmp_path / "t", tmp_path / "d", kw
+        return lambda name: located.append(name) or tmp_path / name
 
-    def slow_broken():
-        gate.wait(30)
-        raise RuntimeError("zoo build failed")
-
-    plan = vp.prestart([("x", first), ("y", slow_broken)], ahead=2)
+    kw = {"num_speculative_tokens": 3, "dtype": "float32", "extra_args": ()}
+    plan = vp.prestart([("x", lambda locate: (locate("t"), locate("d"), kw))], ahead=1, build=build)
     try:
         assert plan.claim(vs.server_key(tmp_path / "t", tmp_path / "d", **kw)) is plan.by_label["x"]
-        assert threads == ["vllm-resolve"] and not plan.resolved.is_set()     # y still resolving
-        assert vs.get_server(exe, tmp_path / "t", tmp_path / "d", **kw).proc.poll() is None
-        gate.set()
-        assert plan.claim(vs.server_key(tmp_path / "u", tmp_path / "d", **kw)) is None
-        assert plan.by_label["y"].state == "unresolved" and "zoo build failed" in plan.by_label["y"].error
+        assert threads == ["vllm-prestart"] and located == ["t", "d"]
     finally:
-        gate.set()
         plan.shutdown()
         plan.thread.join(30)
-        for e in plan.entries:
-            if e.server is not None:
-                e.server.stop()
+        if plan.by_label["x"].server is not None:
+            plan.by_label["x"].server.stop()
 
 
 def test_zoo_entries_built_aside_are_the_suites_own_directories():

@@ -99,14 +99,12 @@ def built_aside(names) -> dict[str, Path]:
     code = ("import json, sys; from diag.zoo import zoo_path; "
             "print(json.dumps({n: str(zoo_path(n, progress=False)) for n in sys.argv[1:]}))")
     env = {k: v for k, v in vs.SESSION_ENV.items() if k != "PYTHONPATH"}
-    child = vs.child(subprocess.Popen([sys.executable, "-c", code, *names], stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True,
-                                      env={**env, "PYTHONPATH": str(ROOT)}, preexec_fn=vs._background))
-    out, err = child.communicate()
-    vs.child(child, done=True)
-    if child.returncode:
-        raise RuntimeError(f"building the zoo entries {names} failed ({child.returncode}):\n{err[-vs.LOG_TAIL:]}")
-    return {n: Path(d) for n, d in json.loads(out.strip().splitlines()[-1]).items()}
+    done = subprocess.run([sys.executable, "-c", code, *names], capture_output=True, text=True, cwd=ROOT,
+                          env={**env, "PYTHONPATH": str(ROOT)}, preexec_fn=vs._background)
+    if done.returncode:
+        raise RuntimeError(f"building the zoo entries {names} failed ({done.returncode}):\n"
+                           f"{done.stderr[-vs.LOG_TAIL:]}")
+    return {n: Path(d) for n, d in json.loads(done.stdout.strip().splitlines()[-1]).items()}
 
 
 def pair_dirs(pair: Pair, locate=zoo) -> tuple[Path, Path]:
@@ -128,6 +126,10 @@ class Cell:
     dtype: str = "float32"
 
     @property
+    def zoo_names(self) -> tuple[str, str]:
+        return self.pair.target, self.pair.drafter
+
+    @property
     def label(self) -> str:
         """"llama-tiny-eagle3-nows (vLLM ids) k5 float32"."""
         return f"{pair_label(self.pair)} k{self.k} {self.dtype}"
@@ -138,11 +140,6 @@ class Cell:
         built_aside's directories)."""
         target, drafter = pair_dirs(self.pair, locate)
         return target, drafter, {"num_speculative_tokens": self.k, "dtype": self.dtype, "extra_args": EXTRA_ARGS}
-
-    def resolve_aside(self) -> tuple[Path, Path, dict]:
-        """server_args with the zoo entries built aside (built_aside): what the prestart thread
-        resolves, never reading os.environ."""
-        return self.server_args(built_aside([self.pair.target, self.pair.drafter]).__getitem__)
 
 
 def served_layout(target_dir: Path, drafter_dir: Path):

@@ -4,9 +4,9 @@ them; this module decides when).
 A test names its server with a `vllm` marker carrying a cell, e.g.
 @pytest.mark.vllm(vllm_cells.Cell(pair, 3)); once collection is done, tests/conftest.py calls
 `prestart` with (label, resolve) per selected test, and a background thread builds the venv if
-it must, while a second thread resolves the servers' directories in plan order (zoo entries
-built by a niced child in the session's environment, vllm_cells.built_aside, so the suite's
-thread never trains the Qwen3 pair these tests alone use; and vLLM-ids copies), then starts the
+it must (the servers' directories, zoo entries and vLLM-ids copies, are resolved before it:
+the entries built by a niced child in the session's environment, vllm_cells.built_aside, so the
+suite's thread never trains the Qwen3 pair these tests alone use), then starts the
 servers in the order the tests first use them, one start at a time, at most `ahead` alive at
 a time, while the rest of the suite runs: $DIAG_VLLM_AHEAD, else as many as the machine's
 available memory holds beside the suite (default_ahead: SERVER_BYTES each after SUITE_BYTES,
@@ -103,45 +103,33 @@ class _Planned:
 class Plan:
     """The prestart thread and its servers (module docstring)."""
 
-    def __init__(self, entries: list[_Planned], ahead: int):
+    def __init__(self, entries: list[_Planned], ahead: int, build=None):
         self.entries, self.ahead = entries, max(1, ahead)
+        self.build = build                    # build() -> locate(name) -> Path, run by the thread first
         self.cond = threading.Condition()
-        self.resolved = threading.Event()     # every entry resolved (or failed to)
+        self.resolved = threading.Event()
         self.quit = False
         self.python: Path | None = None
         self.by_key: dict[tuple, _Planned] = {}
         self.by_label = {e.label: e for e in entries}
         self.thread = threading.Thread(target=self._run, name="vllm-prestart", daemon=True)
-        self.resolver = threading.Thread(target=self.resolve, name="vllm-resolve", daemon=True)
 
     def _alive(self) -> int:
         return sum(e.state in ("starting", "up") and e.uses > 0 for e in self.entries)
 
     def resolve(self) -> None:
-        """Every server's directories, in plan order, in the resolver thread (beside the venv
-        build and the starts: the first server, on entries diag ships, is not held up by the
-        later ones' training). e.resolve() must not read os.environ, whose $DIAG_CACHE_DIR tests
-        set for themselves meanwhile (the bad-input catalogue's "/proc/diag-cache-test" made every
-        planned server fail): conftest's builds its zoo entries in a niced child in the
-        session's environment (vllm_cells.Cell.resolve_aside). An entry that fails to resolve
-        is left to its test, which resolves and starts it itself (and fails with the cause)."""
-        for e in self.entries:
-            try:
-                target, drafter, kw = e.resolve()
-                key = vs.server_key(target, drafter, **kw)
-                with self.cond:
-                    e.key, e.args = key, (target, drafter, kw)
-                    self.by_key.setdefault(key, e)
-            except Exception as err:
-                with self.cond:
-                    e.error, e.state = f"the vLLM prestart could not resolve {e.label}: {err}", "unresolved"
-            with self.cond:
-                self.cond.notify_all()
-            if self.quit:
-                break
-        with self.cond:
-            self.resolved.set()
-            self.cond.notify_all()
+        """Every server's directories, by the thread before anything starts: build() (the zoo
+        entries in a niced child, in the session's environment) gives locate(name); resolve never
+        reads os.environ, whose $DIAG_CACHE_DIR tests set for themselves while the thread runs
+        (the bad-input catalogue's "/proc/diag-cache-test" made every planned server fail)."""
+        try:
+            locate = self.build() if self.build is not None else None
+            for e in self.entries:
+                target, drafter, kw = e.resolve() if locate is None else e.resolve(locate)
+                e.key, e.args = vs.server_key(target, drafter, **kw), (target, drafter, kw)
+                self.by_key[e.key] = e
+        except Exception as err:
+            self._fail(err)
 
     def _fail(self, err) -> None:                          # every planned test fails with the cause
         for e in self.entries:
@@ -150,27 +138,31 @@ class Plan:
 
     def _run(self) -> None:
         try:
+            self.resolve()
+        finally:
+            self.resolved.set()                           # claim() may read the keys now
+        try:
+            if any(e.state == "failed" for e in self.entries):
+                return
             self.python = vs.vllm_python()                # vllm_server reads the session's environment
         except Exception as err:
             self._fail(err)
             return
         for e in self.entries:
             with self.cond:
-                self.cond.wait_for(lambda: self.quit or (e.args is not None or e.state == "unresolved"
-                                                         or self.resolved.is_set()) and self._alive() < self.ahead)
+                self.cond.wait_for(lambda: self.quit or self._alive() < self.ahead)
                 if self.quit:
                     return
-                if e.state != "queued" or e.uses <= 0 or e.args is None:
+                if e.state != "queued" or e.uses <= 0:
                     continue
                 e.state = "starting"
             target, drafter, kw = e.args
             e._started(lambda: vs.start(self.python, target, drafter, **kw, background=True))
 
     def claim(self, key: tuple) -> _Planned | None:
-        """The entry for this server key, once the resolver has reached it (or every entry)."""
-        with self.cond:
-            self.cond.wait_for(lambda: key in self.by_key or self.resolved.is_set())
-            return self.by_key.get(key)
+        """The entry for this server key, once the thread has resolved the plan's keys."""
+        self.resolved.wait()
+        return self.by_key.get(key)
 
     def holds(self, key: tuple) -> bool:
         e = self.by_key.get(key)
@@ -200,11 +192,12 @@ class Plan:
             self.cond.notify_all()
 
 
-def prestart(named: list[tuple[str, object]], ahead: int | None = None) -> Plan | None:
-    """Start the plan's threads. `named`: (label, resolve) per selected test that names a server,
-    in run order; labels repeat for tests that share one (resolve() -> (target_dir, drafter_dir,
-    start kwargs), called by the resolver thread). `ahead`: servers alive at a time
-    (default_ahead)."""
+def prestart(named: list[tuple[str, object]], ahead: int | None = None, build=None) -> Plan | None:
+    """Start the plan's thread. `named`: (label, resolve) per selected test that names a server,
+    in run order; labels repeat for tests that share one (resolve(locate) -> (target_dir,
+    drafter_dir, start kwargs); resolve() when there is no `build`). `build()` -> locate, run
+    first by the thread (conftest: vllm_cells.built_aside of the cells' zoo entries). `ahead`:
+    servers alive at a time (default_ahead)."""
     uses: dict[str, int] = {}
     first: dict[str, object] = {}
     for label, resolve in named:
@@ -213,8 +206,7 @@ def prestart(named: list[tuple[str, object]], ahead: int | None = None) -> Plan 
     ahead = default_ahead(len(first)) if ahead is None else ahead
     if not named or ahead <= 0:
         return None
-    vs._PLAN = Plan([_Planned(label, first[label], uses[label]) for label in first], ahead)
-    vs._PLAN.resolver.start()
+    vs._PLAN = Plan([_Planned(label, first[label], uses[label]) for label in first], ahead, build)
     vs._PLAN.thread.start()
     return vs._PLAN
 

@@ -333,24 +333,10 @@ def stop_all() -> None:
 _PLAN = None                          # the prestart plan (tests/vllm_prestart.py), when one runs
 
 
-_CHILDREN: set = set()                # helper processes of the prestart (vllm_cells.built_aside), alive
-
-
-def child(proc: subprocess.Popen, done: bool = False) -> subprocess.Popen:
-    """Track a prestart helper process until done, so that shutdown ends it (a zoo build left
-    by a session that stops early is killed; the zoo publishes an entry by rename, whole or not
-    at all)."""
-    (_CHILDREN.discard if done else _CHILDREN.add)(proc)
-    return proc
-
-
 def shutdown() -> None:
-    """End the threads, the helper processes and every server (session end; also at exit)."""
+    """End the thread and stop every server (session end; also at exit)."""
     if _PLAN is not None:
         _PLAN.shutdown()
-    for proc in list(_CHILDREN):
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
     stop_all()
 
 
