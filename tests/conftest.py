@@ -29,6 +29,13 @@ def _vllm_cells(item):
     return [m.args[0] for m in item.iter_markers("vllm") if m.args]
 
 
+def pytest_collection_modifyitems(config, items):
+    """The tests that need a vLLM server run last (vllm_prestart.last), so their servers start
+    beside the rest of the suite."""
+    import vllm_prestart
+    items[:] = vllm_prestart.last(items, lambda item: item.get_closest_marker("vllm") is not None)
+
+
 def pytest_collection_finish(session):
     """Work a test module can start early (a module-level start_in_background, e.g. test_installed's
     venv) and the vLLM servers the selected tests name start now, in background threads."""

@@ -266,3 +266,12 @@ def test_zoo_entries_built_aside_are_the_suites_own_directories():
     (llama-tiny ships with diag: no training)."""
     import vllm_cells as vc
     assert vc.built_aside(["llama-tiny", "llama-tiny"]) == {"llama-tiny": vc.zoo("llama-tiny")}
+
+
+def test_the_tests_that_need_a_server_run_last(request):
+    """conftest moves every vllm-marked test after the others (vllm_prestart.last), each group in
+    its own order, so the servers start beside the rest of the suite."""
+    import vllm_prestart
+    assert vllm_prestart.last(["a", "V1", "b", "V2", "c"], lambda x: x[0] == "V") == ["a", "b", "c", "V1", "V2"]
+    marked = [item.get_closest_marker("vllm") is not None for item in request.session.items]
+    assert marked == sorted(marked)                     # this session's order: no server test before another
