@@ -166,6 +166,13 @@ def test_round_slope_fit_worked_example():
     noisy = fit(base, {"small": row(0.070, 32), "large": row(0.100, 768)}, 10)       # c_large 4 ms < c_small 5 ms
     assert noisy == {**noisy, "seconds_per_layer_round": 0.005, "seconds_per_layer_verified_token": 0.0}
     assert fit({"error": "no drafter"}, grown, 10) is None
+    # H100, 2 -> 4 layers: the base probe's first chain-1 loop 0.167 s a round, the grown one's 0.035
+    warm = fit({"small": row(0.167, 32), "large": row(0.144, 768)}, {"small": row(0.035, 32), "large": row(0.078, 768)}, 2)
+    assert warm["seconds_per_layer_round"] is None and "<= 0" in warm["error"]
+    assert warm["per_layer_round_small"] == pytest.approx(-0.066)
+    from diag.bench.extrapolate import round_cost
+    a, b, why = round_cost({"sampled_round_slope": warm}, 0.0044, 8)
+    assert (a, b) == (0.0044, 0.0) and "greedy decode slope at batch 8: no decode-loop fit" in why and "<= 0" in why
 
 
 def test_round_slope_probe_runs_the_decode_loop_before_and_after_growing(tmp_path):
@@ -191,7 +198,8 @@ def test_round_slope_probe_runs_the_decode_loop_before_and_after_growing(tmp_pat
     assert base["small"]["verified_tokens_per_round"] <= 16 * 2 < base["large"]["verified_tokens_per_round"]
     assert grow(model, 4) == 4
     got = fit(base, probe(model, drafter, ks.layout), 2)
-    assert got is not None and got["seconds_per_layer_round"] is not None
+    # toy widths on a shared CPU: two layers' cost can be within the noise, which the fit says
+    assert got is not None and ((got["seconds_per_layer_round"] or 0) > 0) != ("<= 0" in got.get("error", ""))
     assert probe(model, None, ks.layout) == {"error": "no drafter: the costs probe could not load it"}
 
 

@@ -195,7 +195,8 @@ def round_cost(grown: dict, decode_slope: float, batch: int) -> tuple[float, flo
     if fit.get("seconds_per_layer_round") is not None:
         return (fit["seconds_per_layer_round"], fit["seconds_per_layer_verified_token"],
                 "the grown section's decode-loop fit (bench/round_slope.py)")
-    return decode_slope, 0.0, f"the greedy decode slope at batch {batch} (no decode-loop fit in grown)"
+    why = f": no decode-loop fit ({fit['error']})" if fit.get("error") else " (no decode-loop fit in grown)"
+    return decode_slope, 0.0, f"the greedy decode slope at batch {batch}{why}"
 
 
 def sampled_extrapolation(e2e: dict, cost: tuple[float, float, str], greedy_verdict: float, kimi_total: float,
