@@ -100,6 +100,9 @@ def render(paths: list[Path]) -> str:
         lines += [f"## {p.name} ({res['kind']})", "",
                   f"{m.get('gpu', 'CPU')}, torch {m['torch']}, transformers {m.get('transformers')}, "
                   f"git {res.get('git')}", ""]
+        if res.get("combined_from"):                 # diag bench combine: which run gave which sections
+            lines += ["combined from: " + "; ".join(f"{r['file']} (git {str(r.get('git'))[:7]}, {r.get('started')}): "
+                                                    f"{', '.join(r['sections'])}" for r in res["combined_from"]), ""]
         goals = goal_lines(res)
         if goals:
             lines += ["| goal | measured | target | |", "|---|---|---|---|", *goals, ""]

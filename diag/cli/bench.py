@@ -1,4 +1,4 @@
-"""`diag bench gpu|cpu|render`: the command-line edge of diag.bench."""
+"""`diag bench gpu|cpu|render|combine`: the command-line edge of diag.bench."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ WORKDIR_KIND = "diag-bench-workdir"
 
 def register(sub) -> None:
     p = sub.add_parser("bench", help="measure diag's speed and memory on this machine")
-    p.add_argument("where", choices=["gpu", "cpu", "render"], help="which benchmark (or render JSON to markdown)")
+    p.add_argument("where", choices=["gpu", "cpu", "render", "combine"],
+                   help="which benchmark (or render JSON to markdown; combine: GPU results of one device, "
+                        "the sections of several runs, the extrapolation over them)")
     p.add_argument("--out", help="result JSON (default reports/bench/<where>.json); render: markdown file")
     p.add_argument("--workdir", help="where the Kimi-shaped checkpoint is written (default: a temp dir)")
     p.add_argument("--max-layers", type=int, default=61, help="gpu: grow the target to at most this many layers")
@@ -31,7 +33,7 @@ def register(sub) -> None:
                    help="e2e: evaluate T=1.0 top-p 0.95 beside greedy (Kimi's served decoding; "
                         "= --e2e-decoding temperature=[1.0] --e2e-decoding top_p=[0.95])")
     p.add_argument("--tile-budget", type=float, default=120.0, help="gpu: seconds spent trying kernel tiles")
-    p.add_argument("inputs", nargs="*", help="render: JSON files")
+    p.add_argument("inputs", nargs="*", help="render, combine: JSON files")
     p.set_defaults(func=run)
 
 
@@ -66,6 +68,9 @@ def _check_paths(a) -> None:
     if a.where == "render":
         check_out_file(a.out or "reports/bench/summary.md", _is_summary, what="bench summary")
         return
+    if a.where == "combine" and not a.out:
+        from diag.errors import DiagError
+        raise DiagError("combine writes a new result: name it", field="--out", expected="a JSON path", found=None)
     check_out_file(a.out or f"reports/bench/{a.where}.json", _is_result, what="bench result JSON")
     if a.workdir:
         check_out_dir(a.workdir, WORKDIR_KIND, field="--workdir")
@@ -78,6 +83,11 @@ def run(a) -> int:
         text = render([Path(x) for x in a.inputs])
         Path(a.out or "reports/bench/summary.md").write_text(text + "\n")
         print(text)
+        return 0
+    if a.where == "combine":
+        from diag.bench.combine import write
+        write([Path(x) for x in a.inputs], Path(a.out))
+        print(f"results: {a.out}")
         return 0
     out = Path(a.out or f"reports/bench/{a.where}.json")
     with tempfile.TemporaryDirectory(prefix="diag-bench-") as tmp:
