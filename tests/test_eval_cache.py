@@ -102,6 +102,14 @@ def test_a_repeat_run_replays_nothing_reads_no_table_and_writes_the_same_report(
     assert embed.rows_read == 0 and not head.read      # nothing replayed: no table row, no head
     assert stable(tmp_path / "a") == stable(tmp_path / "b")
     assert (tmp_path / "a" / "samples.jsonl").read_bytes() == (tmp_path / "b" / "samples.jsonl").read_bytes()
+    # checks_s in its parts (where a repeat run's time goes, for the bench): they make up the whole
+    parts = ("checks_prepare_s", "checks_drafter_read_s", "checks_drafter_to_device_s", "checks_tables_s")
+    assert sum(again.timings[k] for k in parts) == pytest.approx(again.timings["checks_s"], abs=0.01)
+    phases: dict = {}
+    write_report(again, tmp_path / "c", phases=phases)
+    steps = ("envelope_s", "figures_s", "json_s", "samples_s", "markdown_s", "publish_s")
+    assert set(steps) <= set(phases) and all(phases[k] >= 0 for k in steps)
+    assert stable(tmp_path / "c") == stable(tmp_path / "b")           # timing it changes nothing written
 
 
 def test_one_more_layout_replays_only_that_layout_and_matches_a_cold_run(tmp_path, pair, cache, monkeypatch):
@@ -297,8 +305,13 @@ def test_figures_drawn_in_forked_processes_are_the_same_bytes(tmp_path, pair, ca
     rep = envelope(run(demo_case(tmp_path / "case.toml", ["embed+L2+L4", "L1+L3+L5"], pair)), None)
     one = draw_all(PLOTS, rep, tmp_path / "one", workers=1)
     monkeypatch.setenv("DIAG_CACHE_DIR", str(tmp_path / "other-cache"))      # nothing cached: all drawn
-    forked = draw_all(PLOTS, rep, tmp_path / "forked", workers=3)
+    stats: dict = {}
+    forked = draw_all(PLOTS, rep, tmp_path / "forked", workers=3, stats=stats)
     assert one == forked and sum(m is not None for m in one) >= 3
+    assert stats["figure_workers"] == 3 and stats["figures_drawn"] >= 3        # all missed, 3 at once
+    again: dict = {}
+    draw_all(PLOTS, rep, tmp_path / "again", workers=3, stats=again)
+    assert again == {"figures_drawn": 0, "figure_workers": 0}                  # all copied from the cache
     flat = [p for m in one for p in (m if isinstance(m, list) else [m])]    # the diagnoses' plots: a list each
     for made in filter(None, flat):
         assert (tmp_path / "one" / made["file"]).read_bytes() == (tmp_path / "forked" / made["file"]).read_bytes()

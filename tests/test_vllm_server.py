@@ -3,6 +3,7 @@ tail; a half-built venv is rebuilt; $DIAG_VLLM_PYTHON must exist; the command it
 
 import json
 import os
+import signal
 import stat
 import sys
 import time
@@ -49,8 +50,9 @@ def test_a_venv_without_its_marker_is_rebuilt_and_a_missing_python_is_named(tmp_
     (root / "bin").mkdir(parents=True)
     (root / "bin" / "python").write_text("")
     calls = []
-    monkeypatch.setattr(vs.subprocess, "run", lambda *a, **k: calls.append(a[0]) or
-                        type("Done", (), {"returncode": 0, "stdout": "", "stderr": ""})())
+    done = lambda c, *a, **k: calls.append(c) or type("Done", (), {"returncode": 0, "stdout": "", "stderr": ""})()  # noqa: E731
+    monkeypatch.setattr(vs.subprocess, "run", done)
+    monkeypatch.setattr(vs, "run_background", done)
     vs.build_venv(root)                       # no marker: a half install is redone
     assert any("venv" in c for c in calls) and any(str(vs.LOCK) in c and "--no-deps" in c for c in calls)
     pins = [ln for ln in vs.LOCK.read_text().splitlines() if ln and not ln.startswith("#")]
@@ -229,12 +231,32 @@ def test_the_venv_is_installed_without_bytecode(tmp_path, monkeypatch):
     """pip compiles every module of ~2.5 GB (39 of the build's 86 CPU-s); the first start compiles
     only what vLLM imports (test above: bytecode writes allowed)."""
     calls = []
-    monkeypatch.setattr(vs.subprocess, "run", lambda *a, **k: calls.append((a[0], k.get("preexec_fn"))) or
-                        type("Done", (), {"returncode": 0, "stdout": "", "stderr": ""})())
+    done = lambda *a, **k: type("Done", (), {"returncode": 0, "stdout": "", "stderr": ""})()  # noqa: E731
+    monkeypatch.setattr(vs.subprocess, "run", lambda *a, **k: calls.append((a[0], "run")) or done())
+    monkeypatch.setattr(vs, "run_background", lambda *a, **k: calls.append((a[0], "background")) or done())
     (tmp_path / "v").mkdir()
     vs.build_venv(tmp_path / "v")
-    pips = [(c, fn) for c, fn in calls if "pip" in c]
-    assert len(pips) == 2 and all("--no-compile" in c and fn is vs._background for c, fn in pips)
+    pips = [(c, how) for c, how in calls if "pip" in c]
+    assert len(pips) == 2 and all("--no-compile" in c and how == "background" for c, how in pips)
+
+
+def test_a_background_child_runs_niced_and_ends_with_the_session():
+    """run_background: the child at nice BACKGROUND_NICE, its output returned; end_helpers (from
+    shutdown) ends one still running (a session stopped early leaves no build behind)."""
+    import threading
+    got = vs.run_background([sys.executable, "-c", "import os; print(os.nice(0))"])
+    assert (got.returncode, got.stdout.strip()) == (0, str(os.nice(0) + vs.BACKGROUND_NICE))
+    box = {}
+    t = threading.Thread(target=lambda: box.update(done=vs.run_background(
+        [sys.executable, "-c", "import time; time.sleep(60)"])))
+    t0 = time.perf_counter()
+    t.start()
+    while not vs._HELPERS:
+        time.sleep(0.01)
+    vs.end_helpers()
+    t.join(10)
+    assert not t.is_alive() and box["done"].returncode == -signal.SIGTERM and time.perf_counter() - t0 < 10
+    assert not vs._HELPERS
 
 
 def test_the_plan_builds_its_zoo_entries_aside_and_resolves_with_them(tmp_path, monkeypatch, own_pool):

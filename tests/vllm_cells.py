@@ -93,14 +93,12 @@ def built_aside(names) -> dict[str, Path]:
     is not read), for the prestart thread: the Qwen3 pair, built for these tests alone, is
     ~100 CPU-s of training that the suite's own thread then never waits for.
     Example: ["llama-tiny", "qwen3-tiny"] -> {"llama-tiny": ~/.cache/diag/zoo/v2/llama-tiny, ...}."""
-    import subprocess
     import sys
     names = list(dict.fromkeys(names))
     code = ("import json, sys; from diag.zoo import zoo_path; "
             "print(json.dumps({n: str(zoo_path(n, progress=False)) for n in sys.argv[1:]}))")
     env = {k: v for k, v in vs.SESSION_ENV.items() if k != "PYTHONPATH"}
-    done = subprocess.run([sys.executable, "-c", code, *names], capture_output=True, text=True, cwd=ROOT,
-                          env={**env, "PYTHONPATH": str(ROOT)}, preexec_fn=vs._background)
+    done = vs.run_background([sys.executable, "-c", code, *names], cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)})
     if done.returncode:
         raise RuntimeError(f"building the zoo entries {names} failed ({done.returncode}):\n"
                            f"{done.stderr[-vs.LOG_TAIL:]}")

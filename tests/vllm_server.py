@@ -110,10 +110,41 @@ def _foreground(pid: int) -> None:
         pass
 
 
+_HELPERS: set = set()                 # background children in flight (the venv's pip, the zoo child)
+
+
+def run_background(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    """subprocess.run(cmd, capture_output, text) at nice BACKGROUND_NICE, the child held in
+    _HELPERS while it runs, so that a session ending early (-x, Ctrl-C, a failed collection)
+    ends it too (end_helpers, from shutdown) instead of leaving it to finish a build nobody waits
+    for. A build ended so leaves nothing that looks whole: the venv has no marker, a zoo entry is
+    published by rename."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_background, **kw)
+    _HELPERS.add(proc)
+    try:
+        out, err = proc.communicate()
+    finally:
+        _HELPERS.discard(proc)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def end_helpers(grace: float = 5.0) -> None:
+    """SIGTERM every background child still running, SIGKILL what outlives `grace` seconds."""
+    for proc in list(_HELPERS):
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in list(_HELPERS):
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def _pip(python: Path, *args: str) -> None:
     extra = shlex.split(SESSION_ENV.get("DIAG_VLLM_PIP_ARGS", ""))
     cmd = [str(python), "-m", "pip", *args, *(extra if args[0] == "install" else [])]
-    done = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=_background)
+    done = run_background(cmd)
     if done.returncode:
         raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-LOG_TAIL:]}"
                            f"\n{done.stderr[-LOG_TAIL:]}")
@@ -334,9 +365,11 @@ _PLAN = None                          # the prestart plan (tests/vllm_prestart.p
 
 
 def shutdown() -> None:
-    """End the thread and stop every server (session end; also at exit)."""
+    """End the thread, the background children (pip, the zoo child) and every server (session
+    end; also at exit)."""
     if _PLAN is not None:
         _PLAN.shutdown()
+    end_helpers()
     stop_all()
 
 

@@ -6,6 +6,9 @@ cache, which is what every further layout x tree costs.
   first run    target_load_s (cold read, digests primed), target_generate_s (greedy
                continuations), target_capture_s (the teacher-forced pass), drafter_s
                (layouts x trees x modes), summary_s (speedup, regimes, verdicts), report_s
+               (report_phases: envelope, figures and how many were drawn, json, samples,
+               markdown, publish); checks_s in parts (checks_prepare_s, checks_drafter_read_s,
+               checks_drafter_to_device_s, checks_tables_s)
   cached run   no target load, no replay (the evaluations' cache, run/eval_cache.py); checks_s
                is what a repeat run pays before its passes (goal REPEAT_GOALS: <= 2 s)
   one more     the cached case with one more layout over the captured points: the passes and
@@ -104,7 +107,8 @@ def _one_run(case, out: Path) -> dict:
     t0 = time.perf_counter()
     run = run_case(case, progress=False, use_cache=True)
     t1 = time.perf_counter()
-    write_report(run, out, argv=["diag", "bench", "gpu"])
+    phases: dict = {}
+    write_report(run, out, argv=["diag", "bench", "gpu"], phases=phases)
     t2 = time.perf_counter()
     variants = len(run.evaluations)
     tp = run.target_pass
@@ -114,7 +118,7 @@ def _one_run(case, out: Path) -> dict:
         got = [e.accept_length for e in evs if e.accept_length is not None]
         if got:
             accept[f"{name}_accept_length_min"], accept[f"{name}_accept_length_max"] = min(got), max(got)
-    return {**run.timings, **accept, "run_s": t1 - t0, "report_s": t2 - t1, "wall_s": t2 - t0,
+    return {**run.timings, **accept, "run_s": t1 - t0, "report_s": t2 - t1, "report_phases": phases, "wall_s": t2 - t0,
             "evaluations": variants, "sequences": tp["sequences"], "tokens": tp["tokens"],
             "evaluations_replayed": run.timings.get("evaluations_replayed"),
             "continuation_tokens": tp["continuation_tokens"],

@@ -177,11 +177,13 @@ def _misses(plots, rep: dict, folder: Path, keys: dict) -> list[tuple]:
     return jobs
 
 
-def draw_all(plots, rep: dict, folder: Path, *, workers: int | None = None) -> list[dict | None]:
+def draw_all(plots, rep: dict, folder: Path, *, workers: int | None = None,
+             stats: dict | None = None) -> list[dict | None]:
     """cached_plot of every plot, in order; the figures not in the cache (the report's and the
     diagnoses') drawn by `workers` processes at once, this one and workers - 1 forked (default:
     one per figure on a machine of PARALLEL_CPUS cores or more), then copied from the cache
-    like the others.
+    like the others. `stats`, when given and drawing in parallel, receives figures_drawn and
+    figure_workers.
     Example: one more layout on the H200 host -> acceptance_at_depth, accept_hist, by_position
     and the pricing diagnosis's speedup.png all miss -> this process draws the first, 3 forked
     ones the others, at once."""
@@ -191,6 +193,8 @@ def draw_all(plots, rep: dict, folder: Path, *, workers: int | None = None) -> l
     parallel = workers > 1 if workers is not None else (os.cpu_count() or 1) >= PARALLEL_CPUS
     todo = _misses(plots, rep, folder, keys) if parallel else []
     workers = min(workers or len(todo), len(todo))
+    if stats is not None and parallel:          # on fewer cores the misses are found while drawing
+        stats.update(figures_drawn=len(todo), figure_workers=max(workers, 1 if todo else 0))
     if workers > 1:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor

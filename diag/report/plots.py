@@ -129,11 +129,11 @@ UNCACHED = ("prompt_side_plots", "serving_plots")   # cached per diagnosis, by i
 PLACES = {"prompt_side_plots": PROMPT_SIDE, "serving_plots": SERVING}   # whose diagnoses each draws
 
 
-def make_plots(rep: dict, folder: str | Path) -> list[dict]:
+def make_plots(rep: dict, folder: str | Path, stats: dict | None = None) -> list[dict]:
     """Draw every plot the report has data for into folder/plots/ (or copy it from the plot
     cache, plot_cache.py, when drawn before from the same data); returns
     [{"file": "plots/x.png", "title": ...}] in a fixed order (markdown links them)."""
     from diag.report.plot_cache import draw_all
 
-    made = draw_all(PLOTS, rep, Path(folder))
+    made = draw_all(PLOTS, rep, Path(folder), stats=stats)
     return [p for m in made for p in (m if isinstance(m, list) else [m]) if p is not None]

@@ -71,6 +71,12 @@ class RunResult:
         return top.layout if top else None
 
 
+def _sync(device: torch.device) -> None:
+    """A GPU's queued copies finished (a phase's time is its own, not the next one's)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _stopwatch(timings: dict, name: str, start: float) -> float:
     now = time.perf_counter()
     timings[name] = round(now - start, 3)
@@ -104,16 +110,21 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True, shard
     """`shards` (run/distributed.Shards): one rank of a distributed run; None on the ranks
     other than 0, which run their share of the passes' batches and send it to rank 0."""
     timings: dict = {}
-    t0 = time.perf_counter()
+    t0 = part = time.perf_counter()
     inp = prepare(check_case(case))
     inp, prepared = prepare_all(inp)                                # the diagnoses' own, before any weight
+    part = _stopwatch(timings, "checks_prepare_s", part)            # checks_s in parts: where a repeat run's go
     case = inp.case
     drafter, dckpt = load_drafter(inp.drafter_path, dtype=served_dtypes(case, inp.target_config)[1])
     drafter.set_numerics(engine_numerics(inp))          # the served engine's rounding (bf16/fp16 only)
+    part = _stopwatch(timings, "checks_drafter_read_s", part)
     drafter.to(_main_device(case))
+    _sync(_main_device(case))
+    part = _stopwatch(timings, "checks_drafter_to_device_s", part)
     embed, head = target_tables(inp.target_path, inp.target_config)   # rows read as used, head when needed
     if drafter.cfg.lm_head_from_target:            # no draft_vocab_size: the target's lm_head
         drafter.use_target_head(head)
+    _stopwatch(timings, "checks_tables_s", part)
     t0 = _stopwatch(timings, "checks_s", t0)
     loaded = Loaded(drafter, embed, head, use_cache, inp)
     sampled = SampledEvaluations(inp, drafter, embed, head, shards=shards, use_cache=use_cache)
