@@ -199,3 +199,28 @@ def test_loading_fills_no_parameter_at_random_and_restores_torchs_initialisers(t
     assert torch.nn.init.kaiming_uniform_ is init_before
     fresh = torch.nn.Linear(8, 8)
     assert not torch.equal(torch.random.get_rng_state(), state) and fresh.weight.abs().sum() > 0
+
+
+def test_the_device_read_path_reads_what_the_memory_maps_hold(tmp_path):
+    """drafter/checkpoint._read_to_device (a GPU's path: checkpoint.reader into tensors made on the
+    device) on the CPU: the same tensors as the memory-mapped path, d2t / t2d on the CPU; a NaN
+    found there names the tensor and the file."""
+    from safetensors.torch import load_file, save_file
+
+    from diag.checkpoint.headers import tensor_infos
+    from diag.drafter.checkpoint import _read_mapped, _read_to_device, inspect_drafter
+    d = make_drafter(2)
+    d.d2t.copy_(torch.arange(len(d.d2t)) % 3)
+    save_drafter(d, tmp_path, aux_layer_ids=[0, 2, 4], trained_layout="embed+L2+L4", dtype=torch.bfloat16)
+    ckpt = inspect_drafter(tmp_path)
+    mapped = _read_mapped(ckpt, tensor_infos(tmp_path))
+    read = _read_to_device(ckpt, tensor_infos(tmp_path), torch.device("cpu"))
+    assert set(read) == set(mapped) and {"d2t", "fc.weight"} <= set(read)
+    for k, v in mapped.items():
+        assert read[k].dtype == v.dtype and torch.equal(read[k], v), k
+    state = load_file(str(tmp_path / "model.safetensors"))
+    state["fc.weight"][1, 2] = float("nan")
+    save_file(state, str(tmp_path / "model.safetensors"))
+    with pytest.raises(DiagError) as err:
+        _read_to_device(inspect_drafter(tmp_path), tensor_infos(tmp_path), torch.device("cpu"))
+    assert err.value.field == "fc.weight" and err.value.file.endswith("model.safetensors")

@@ -64,3 +64,16 @@ def test_int4_zoo_target_fast_experts_on_cuda():
     for x, y in zip(a, b):
         rel = (x.float() - y.float().cpu()).norm() / x.float().norm()
         assert rel < 3e-2
+
+
+def test_a_drafter_read_straight_to_the_gpu_equals_one_moved_there(pair):
+    """load_drafter(device=cuda): the weights read by checkpoint.reader into CUDA tensors (no
+    memory map, no pageable copy) are the CPU load's, moved."""
+    from diag.drafter.checkpoint import load_drafter
+
+    _, dpath, _ = pair
+    on_gpu, _ = load_drafter(dpath, torch.bfloat16, device="cuda")
+    moved = load_drafter(dpath, torch.bfloat16)[0].to("cuda")
+    assert all(t.is_cuda for t in on_gpu.state_dict().values())
+    for k, v in moved.state_dict().items():
+        assert torch.equal(on_gpu.state_dict()[k], v), k

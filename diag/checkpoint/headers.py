@@ -28,6 +28,11 @@ INDEX = "model.safetensors.index.json"
 _MAX_HEADER = 100 * 2**20  # safetensors refuses larger headers too
 
 
+TORCH_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
+                "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+                "BOOL": torch.bool}                  # safetensors' dtype spelling -> torch's
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     """Where one tensor lives and what its header says."""

@@ -32,7 +32,7 @@ from diag.checkpoint.config import read_config_json
 from diag.checkpoint.finite import check_finite
 from diag.checkpoint.drafter_format import DrafterFormat, canonical_names, detect, flat_config
 from diag.checkpoint.dtypes import check_header_dtypes
-from diag.checkpoint.headers import TensorInfo, tensor_infos
+from diag.checkpoint.headers import TORCH_DTYPES, TensorInfo, tensor_infos
 from diag.drafter.config import drafter_config
 from diag.drafter.model import DrafterConfig, Eagle3Drafter
 from diag.drafter.save import save_drafter  # noqa: F401  (re-exported: writers import it from here)
@@ -179,9 +179,48 @@ def inspect_drafter(path: str | Path) -> DrafterCheckpoint:
     return DrafterCheckpoint(path, config, flat, fmt, cfg, files, names, tuple(notes))
 
 
-def _read(ckpt: DrafterCheckpoint) -> dict[str, torch.Tensor]:
+def _read(ckpt: DrafterCheckpoint, device: torch.device | None = None) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint, checked finite. On the CPU (device None or cpu) from the
+    files' memory maps; on a GPU read straight into its tensors there (_read_to_device)."""
+    infos = tensor_infos(ckpt.path)
+    if device is not None and torch.device(device).type != "cpu":
+        out = _read_to_device(ckpt, infos, torch.device(device))
+    else:
+        out = _read_mapped(ckpt, infos)
+    if FUSED_A in out:
+        m = ckpt.cfg.mla
+        q, kv = out.pop(FUSED_A).split([m.q_lora_rank, m.kv_lora_rank + m.qk_rope_head_dim])
+        out.update(dict(zip(_A_PARTS, (q, kv))))
+    return out
+
+
+def _read_to_device(ckpt: DrafterCheckpoint, infos: dict[str, TensorInfo], device: torch.device) -> dict[str, torch.Tensor]:
+    """Floating tensors read by checkpoint.reader (threads, pinned staging, one copy each) into
+    empty tensors on `device`, integer ones (d2t, t2d: the maps checked on the CPU) into CPU
+    tensors; each floating one checked finite where it landed. A Kimi-K2.5-width drafter is
+    2.4 GB: memory-mapped, then `.to(cuda)` from pageable memory, it is read twice over.
+    Example: fc.weight BF16 [7168, 21504] at offset 4096 of model.safetensors ->
+    Piece(model.safetensors, 4096, torch.empty([7168, 21504], bfloat16, cuda:0))."""
+    from diag.checkpoint.reader import Piece, read_pieces
+
+    pieces, names = [], []
+    for name, info in infos.items():
+        dtype = TORCH_DTYPES.get(info.dtype)
+        if dtype is None:
+            raise DiagError("drafter tensor of a dtype diag cannot read", file=str(info.file), field=name,
+                            expected=sorted(TORCH_DTYPES), found=info.dtype)
+        where = device if dtype.is_floating_point else torch.device("cpu")
+        pieces.append(Piece(info.file, info.offset, torch.empty(info.shape, dtype=dtype, device=where)))
+        names.append(name)
+    read_pieces(pieces)
+    for name, piece in zip(names, pieces):
+        check_finite(name, piece.dest, str(piece.file))
+    return {ckpt.names[n]: p.dest for n, p in zip(names, pieces)}
+
+
+def _read_mapped(ckpt: DrafterCheckpoint, infos: dict[str, TensorInfo]) -> dict[str, torch.Tensor]:
     by_file: dict[Path, list[str]] = {}
-    for name, info in tensor_infos(ckpt.path).items():
+    for name, info in infos.items():
         by_file.setdefault(info.file, []).append(name)
     out = {}
     for f, names in by_file.items():
@@ -194,10 +233,6 @@ def _read(ckpt: DrafterCheckpoint) -> dict[str, torch.Tensor]:
         for n, t in shard.items():
             check_finite(n, t, str(f))
         out.update({ckpt.names[n]: t for n, t in shard.items()})
-    if FUSED_A in out:
-        m = ckpt.cfg.mla
-        q, kv = out.pop(FUSED_A).split([m.q_lora_rank, m.kv_lora_rank + m.qk_rope_head_dim])
-        out.update(dict(zip(_A_PARTS, (q, kv))))
     return out
 
 
@@ -227,11 +262,14 @@ def _unfilled(dtype: torch.dtype):
 
 
 def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32, *,
-                 target_head: torch.nn.Module | None = None) -> tuple[Eagle3Drafter, DrafterCheckpoint]:
+                 target_head: torch.nn.Module | None = None,
+                 device: torch.device | str | None = None) -> tuple[Eagle3Drafter, DrafterCheckpoint]:
     """Load a drafter strictly (inspect_drafter first). A drafter scoring with the target's
-    lm_head (no draft_vocab_size) gets `target_head` bound; without it, logits() refuses."""
+    lm_head (no draft_vocab_size) gets `target_head` bound; without it, logits() refuses.
+    `device`: where it will run; a GPU's weights are read straight there (_read), the rest of
+    the module follows with .to(device). None: the CPU."""
     ckpt = inspect_drafter(path)
-    cfg, tensors = ckpt.cfg, _read(ckpt)
+    cfg, tensors = ckpt.cfg, _read(ckpt, device)
     with _unfilled(dtype):                     # every parameter is overwritten by the strict load below
         model = Eagle3Drafter(cfg)
     emb = tensors.pop("embed_tokens.weight", None)
@@ -249,7 +287,8 @@ def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32, *,
         model.embed_tokens = torch.nn.Embedding.from_pretrained(emb.float(), freeze=True)
     if cfg.lm_head_from_target and target_head is not None:
         model.use_target_head(target_head)
-    return model.to(dtype).eval(), ckpt
+    model = model.to(dtype)
+    return (model if device is None else model.to(device)).eval(), ckpt
 
 
 def _t2d_of(d2t: torch.Tensor, vocab: int) -> torch.Tensor:

@@ -30,7 +30,7 @@ from diag.errors import DiagError
 from diag.int4.format import check_group, packed_width
 from diag.int4.packed import PackedExperts, PackedLinear
 from diag.int4.scheme import Int4Scheme, matches, parse_quantization_config
-from diag.checkpoint.headers import TensorInfo, tensor_infos
+from diag.checkpoint.headers import TORCH_DTYPES, TensorInfo, tensor_infos
 from diag.checkpoint.identity import memoised_digest, prime_digest
 from diag.checkpoint.reader import Piece, ReadStats, read_pieces
 from diag.int4.skeleton import (EXPERT_PROJ, TextModel, build_meta, fp32_names,
@@ -306,9 +306,7 @@ def _check_non_text(key: str, info: TensorInfo, scheme: Int4Scheme) -> None:
 
 # ---- reading -------------------------------------------------------------
 
-_TORCH_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32,
-                 "F64": torch.float64, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16,
-                 "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
+_TORCH_DTYPES = TORCH_DTYPES
 
 
 def _load(model, slots: list[Slot], infos: dict[str, TensorInfo], used: set[str], *,

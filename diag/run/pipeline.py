@@ -115,7 +115,8 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True, shard
     inp, prepared = prepare_all(inp)                                # the diagnoses' own, before any weight
     part = _stopwatch(timings, "checks_prepare_s", part)            # checks_s in parts: where a repeat run's go
     case = inp.case
-    drafter, dckpt = load_drafter(inp.drafter_path, dtype=served_dtypes(case, inp.target_config)[1])
+    drafter, dckpt = load_drafter(inp.drafter_path, dtype=served_dtypes(case, inp.target_config)[1],
+                                  device=_main_device(case))        # a GPU's weights read straight there
     drafter.set_numerics(engine_numerics(inp))          # the served engine's rounding (bf16/fp16 only)
     part = _stopwatch(timings, "checks_drafter_read_s", part)
     drafter.to(_main_device(case))
