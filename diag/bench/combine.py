@@ -8,7 +8,7 @@ next, then combine. Rules:
     the same name (machine.gpu): a section's rates are that device's, and the extrapolation
     multiplies them together;
   - a section comes from the first input that measured it without an error; `combined_from`
-    says which file, commit and start time gave each;
+    says which file, commit and start time gave each, `combined_git` the code that combined;
   - the figures derived from measured rows are computed again with this version's code (the
     grown section's decode-loop fit from its probe rows, round_slope.fit), then the
     extrapolation (gpu._finish).
@@ -40,7 +40,7 @@ def _read(path: Path) -> dict:
 
 def combine(paths: list[Path]) -> dict:
     """The combined result (module docstring); nothing written."""
-    from diag.bench.common import BENCH_VERSION
+    from diag.bench.common import BENCH_VERSION, git_hash
 
     if len(paths) < 2:
         raise DiagError("combine takes at least two bench results", field="inputs", expected="2 or more JSON files",
@@ -72,7 +72,7 @@ def combine(paths: list[Path]) -> dict:
                                        g["layers"] - g["base_layers"])
         sections["grown"] = g
     return {**{k: v for k, v in first.items() if k != "sections"}, "sections": sections,
-            "combined": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "combined": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "combined_git": git_hash(),
             "combined_from": [{"file": Path(p).name, "git": d.get("git"), "started": d.get("started"),
                                "sections": taken.get(str(p), [])} for p, d in runs]}
 
