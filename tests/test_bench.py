@@ -632,10 +632,16 @@ def test_end_to_end_records_the_cached_run_and_one_more_layout(tmp_path):
 
     target, drafter = zoo_path("llama-tiny", progress=False), zoo_path("llama-tiny-eagle3-embed", progress=False)
     trees = ("chain-1", "chain-3")
-    lines = []
+    lines, saved = [], []
     e2e = end_to_end(target, drafter, "embed+L2+L4", 5, tmp_path, prompts=shipped(DEFAULT_PROMPTS), limit=2,
-                     max_new_tokens=8, gpus=0, dtype="float32", trees=trees, log=lines.append, whole_machine=False)
+                     max_new_tokens=8, gpus=0, dtype="float32", trees=trees, log=lines.append, whole_machine=False,
+                     partial=saved.append)
     assert e2e["cache_drop"] != "drop_caches"
+    # what a device call stopped at its limit keeps: the first run, then the cached one, each marked incomplete
+    assert [sorted(k for k in ("first", "cached", "one_more_layout") if k in d) for d in saved] == [
+        ["first"], ["cached", "first"]]
+    assert all("incomplete" in d for d in saved) and "incomplete" not in e2e
+    assert saved[-1]["first"] == e2e["first"] and saved[-1]["layouts"] == e2e["layouts"]
     assert e2e["first"]["evaluations_replayed"] == e2e["first"]["evaluations"] > 0
     assert e2e["cached"]["evaluations_replayed"] == 0 and e2e["cached"]["cached"]
     more = e2e["one_more_layout"]
@@ -643,3 +649,20 @@ def test_end_to_end_records_the_cached_run_and_one_more_layout(tmp_path):
     assert more["evaluations_replayed"] == len(trees) and more["cached"]
     assert set(e2e["repeat_goals"]) == {"cached.checks_s", "one_more_layout.wall_s"}
     assert any("e2e.one_more_layout" in line for line in lines) and any("checks_s" in line for line in lines)
+
+
+def test_a_section_that_fails_keeps_what_it_saved_as_it_went():
+    """bench/common.section: a section that saved partial results (marked "incomplete") and then
+    failed keeps them beside its error; one that saved nothing records the error alone."""
+    from diag.bench.common import section
+
+    res = {"sections": {}}
+
+    def runs() -> dict:
+        res["sections"]["e2e"] = {"first": {"wall_s": 1.0}, "incomplete": "the cached run did not finish"}
+        raise RuntimeError("out of memory")
+    assert section(res, "e2e", runs, log=lambda *_: None) is None
+    got = res["sections"]["e2e"]
+    assert "out of memory" in got["error"] and got["partial"]["first"] == {"wall_s": 1.0}
+    section(res, "load", lambda: 1 / 0, log=lambda *_: None)
+    assert "partial" not in res["sections"]["load"] and "ZeroDivisionError" in res["sections"]["load"]["error"]

@@ -55,6 +55,11 @@ def test_combine_refuses_other_devices_and_files_that_are_not_results(tmp_path, 
     with pytest.raises(DiagError) as err:
         combine([LOAD, other])
     assert err.value.file == str(other) and "not a bench result" in err.value.message
+    cut = tmp_path / "cut.json"                   # a call stopped at its limit: its e2e is not taken
+    e2e = json.loads(E2E.read_text())
+    cut.write_text(json.dumps({**e2e, "sections": {"e2e": {**e2e["sections"]["e2e"], "incomplete": "stopped"}}}))
+    got = combine([LOAD, cut])
+    assert "e2e" not in got["sections"] and got["combined_from"][1]["sections"] == []
     with pytest.raises(DiagError, match="at least two"):
         combine([LOAD])
     old = tmp_path / "old.json"

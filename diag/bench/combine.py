@@ -7,7 +7,8 @@ next, then combine. Rules:
   - every input is a bench result (bench_version, kind "gpu") of this bench version, on a GPU of
     the same name (machine.gpu): a section's rates are that device's, and the extrapolation
     multiplies them together;
-  - a section comes from the first input that measured it without an error; `combined_from`
+  - a section comes from the first input that measured it whole (no error, not "incomplete":
+    a call stopped at its time limit); `combined_from`
     says which file, commit and start time gave each, `combined_git` the code that combined;
   - the figures derived from measured rows are computed again with this version's code (the
     grown section's decode-loop fit from its probe rows, round_slope.fit), then the
@@ -59,7 +60,7 @@ def combine(paths: list[Path]) -> dict:
     taken: dict[str, list[str]] = {}
     for path, data in runs:
         for name, sec in data["sections"].items():
-            if name == "extrapolation" or name in sections or "error" in sec:
+            if name == "extrapolation" or name in sections or "error" in sec or "incomplete" in sec:
                 continue
             sections[name] = sec
             taken.setdefault(str(path), []).append(name)

@@ -96,7 +96,9 @@ def section(results: dict, name: str, fn: Callable[[], dict], log=print) -> dict
         log(f"[bench] {name}: {json.dumps(out, default=str)[:2000]}")
         return out
     except Exception as err:  # recorded, not hidden: the JSON carries the traceback
-        results["sections"][name] = {"error": repr(err), "traceback": traceback.format_exc()[-4000:]}
+        before = results["sections"].get(name)          # what a section saved as it went (partial=)
+        kept = {"partial": before} if isinstance(before, dict) and "incomplete" in before else {}
+        results["sections"][name] = {"error": repr(err), "traceback": traceback.format_exc()[-4000:], **kept}
         log(f"[bench] {name} FAILED: {err!r}\n{traceback.format_exc()[-2000:]}")
         return None
 

@@ -130,10 +130,12 @@ def end_to_end(target: Path, drafter: Path, trained_layout: str, layers: int, wo
                prompts: Path, limit: int | None = None, max_new_tokens: int = 512,
                evaluate: dict | None = None, gpus: int = 1, dtype: str = "bfloat16",
                trees=TREES, log=print, whole_machine: bool = True, decoding: dict | None = None,
-               drafter_note: str | None = None) -> dict:
+               drafter_note: str | None = None, partial=None) -> dict:
     """whole_machine=False drops only the target's pages before the first run (a shared machine
     keeps its page cache: the CPU bench, tests). decoding: DecodingSpec fields (SAMPLED);
-    drafter_note: how the drafter was made, recorded beside the figures."""
+    drafter_note: how the drafter was made, recorded beside the figures. partial(dict), when
+    given, receives what is measured so far after each run, marked "incomplete" (the GPU bench
+    saves it: a device call stopped at its time limit keeps the first run's figures)."""
     cache = Path(workdir) / "e2e-cache"
     old = os.environ.get("DIAG_CACHE_DIR")
     os.environ["DIAG_CACHE_DIR"] = str(cache)              # a first run: nothing memoised
@@ -142,9 +144,15 @@ def end_to_end(target: Path, drafter: Path, trained_layout: str, layers: int, wo
                      evaluate=evaluate, gpus=gpus, dtype=dtype, trees=trees, decoding=decoding)
     try:
         dropped = drop_page_cache(shard_files(Path(target)), whole_machine=whole_machine)
+        head = {"layers": layers, "layouts": lays, "trees": list(case.evaluate.trees),
+                "max_new_tokens": max_new_tokens, "cache_drop": dropped, **({"drafter": drafter_note} if drafter_note else {})}
         first = _one_run(case, Path(workdir) / "e2e-first")
         log(f"[bench] e2e first run: {first}")
+        if partial is not None:
+            partial({**head, "first": first, "incomplete": "the cached and one-more-layout runs did not finish"})
         again = _one_run(case, Path(workdir) / "e2e-cached")
+        if partial is not None:
+            partial({**head, "first": first, "cached": again, "incomplete": "the one-more-layout run did not finish"})
         log(f"[bench] e2e cached run: checks_s {again['checks_s']:.3f} (goal <= 2), drafter_s "
             f"{again['drafter_s']:.3f}, {again['evaluations_replayed']} of {again['evaluations']} replayed, "
             f"wall_s {again['wall_s']:.3f}")

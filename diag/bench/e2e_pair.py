@@ -53,7 +53,7 @@ def e2e_pair_drafter(target: Path, case, layouts: list[str], drafter_widths: dic
 
 def bench_e2e(ks, layers: int, workdir: Path, *, prompts: int | None, new_tokens: int, evaluate: dict | None,
               device: str, decoding: dict | None = None, drafter_widths: dict | None = None, recipe=None,
-              whole_machine: bool = True, pair_cache: Path | None = None) -> dict:
+              whole_machine: bool = True, pair_cache: Path | None = None, partial=None) -> dict:
     """The bench's e2e section on a kimi_shaped pair `ks` (bench/e2e.end_to_end over the shipped
     prompts, the first `prompts` of them). With a sampled decoding the run is drafted by the pair's
     drafter trained here on its own prompts and layouts (trained before the first run, whose
@@ -72,12 +72,14 @@ def bench_e2e(ks, layers: int, workdir: Path, *, prompts: int | None, new_tokens
         case = kimi_case(ks.target, ks.drafter, lays, **kw)
         drafter, note = e2e_pair_drafter(ks.target, case, [*lays, one_more_layout(lays)], drafter_widths or {},
                                          lambda: _pair_target(ks.target, device), recipe=recipe, cache=pair_cache)
+        if partial is not None:
+            partial({"drafter": note, "incomplete": "no run finished"})
         gc.collect()
         if not cpu:
             import torch
             torch.cuda.empty_cache()
     return end_to_end(ks.target, drafter, ks.layout, layers, workdir, drafter_note=note, decoding=decoding,
-                      whole_machine=whole_machine, **kw)
+                      whole_machine=whole_machine, partial=partial, **kw)
 
 
 def _pair_target(target: Path, device: str):

@@ -127,8 +127,11 @@ def run(out: Path, workdir: Path, *, layers: int | None = None, max_layers: int 
         section(res, "load", lambda: load_bench(ks.target, dev))
         save(res, out)
     if "e2e" in sections:
+        def keep(so_far: dict) -> None:            # saved as it is measured; the finished section replaces it
+            res["sections"]["e2e"] = so_far
+            save(res, out)
         section(res, "e2e", lambda: _e2e(ks, layers, workdir, e2e_prompts, e2e_new_tokens, e2e_evaluate, dev,
-                                             e2e_decoding, st))
+                                             e2e_decoding, st, partial=keep))
         save(res, out)
         _release(dev)                          # the pipeline's model, before this run loads its own
     if not set(sections) & {"experts", "pass", "sampled", "grown", "drafter", "naive"}:
@@ -180,7 +183,7 @@ def _finish(res: dict, out: Path) -> dict:
 
     secs = res["sections"]
     need = ("e2e", "grown", "load", "checkpoint")
-    if all(n in secs and "error" not in secs[n] for n in need):
+    if all(n in secs and "error" not in secs[n] and "incomplete" not in secs[n] for n in need):
         section(res, "extrapolation", lambda: extrapolate(
             secs["e2e"], secs["grown"], secs["load"], secs["checkpoint"]["shard_bytes"],
             gpu_memory=res.get("machine", {}).get("gpu_memory_bytes")))
@@ -206,13 +209,13 @@ def _ceilings(dev: str) -> dict:
     return {"bf16_matmul_flops": matmul_peak(dev), "copy_bytes_per_s": copy_bandwidth(dev)}
 
 
-def _e2e(ks, layers, workdir, prompts, new_tokens, evaluate, dev, decoding=None, st=None) -> dict:
+def _e2e(ks, layers, workdir, prompts, new_tokens, evaluate, dev, decoding=None, st=None, partial=None) -> dict:
     from diag.bench.e2e_pair import bench_e2e
     from diag.bench.pair import PairRecipe
 
     out = bench_e2e(ks, layers, workdir, prompts=prompts, new_tokens=new_tokens, evaluate=evaluate, device=dev,
                     decoding=decoding, drafter_widths=(st or {}).get("drafter_widths") or {},
-                    recipe=PairRecipe(**GPU_PAIR) if dev != "cpu" else None)
+                    recipe=PairRecipe(**GPU_PAIR) if dev != "cpu" else None, partial=partial)
     _release(dev)
     return out
 
