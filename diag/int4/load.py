@@ -306,9 +306,6 @@ def _check_non_text(key: str, info: TensorInfo, scheme: Int4Scheme) -> None:
 
 # ---- reading -------------------------------------------------------------
 
-_TORCH_DTYPES = TORCH_DTYPES
-
-
 def _load(model, slots: list[Slot], infos: dict[str, TensorInfo], used: set[str], *,
           dtype: torch.dtype, device, digest: bool | None = None) -> ReadStats:
     """Every used slot read once by diag.checkpoint.reader, straight into its tensor when
@@ -350,13 +347,13 @@ def _to_digest(files: set[Path], digest: bool | None) -> set[Path]:
 def _piece(tensors: dict[str, torch.Tensor], s: Slot, info: TensorInfo):
     """(Piece, None) reading straight into the slot's tensor, or (Piece into a CPU buffer,
     a function that checks or casts it into place once read)."""
-    stored = _TORCH_DTYPES.get(info.dtype)
+    stored = TORCH_DTYPES.get(info.dtype)
     if s.kind == "packed" and info.dtype != "I32":
         raise DiagError("weight_packed is not int32", file=str(info.file), field=s.key,
                         expected="I32", found=info.dtype)
     if stored is None:
         raise DiagError("a checkpoint tensor has a dtype diag cannot load", file=str(info.file),
-                        field=s.key, expected=sorted(_TORCH_DTYPES), found=info.dtype)
+                        field=s.key, expected=sorted(TORCH_DTYPES), found=info.dtype)
     size = math.prod(info.shape) * torch.empty((), dtype=stored).element_size()
     if size != info.nbytes:
         raise DiagError("corrupt safetensors header: a tensor's byte range disagrees with its shape",

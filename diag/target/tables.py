@@ -31,24 +31,24 @@ from torch import nn
 
 from diag.checkpoint.config import text_config
 from diag.checkpoint.finite import check_finite
-from diag.checkpoint.headers import TensorInfo, tensor_infos
+from diag.checkpoint.headers import TORCH_DTYPES, TensorInfo, tensor_infos
 from diag.errors import DiagError
 
 EMBED_KEYS = ("model.embed_tokens.weight", "language_model.model.embed_tokens.weight",
               "model.language_model.embed_tokens.weight")
 HEAD_KEYS = ("lm_head.weight", "language_model.lm_head.weight")
-_TORCH = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
 
 
 def _rows_of(info: TensorInfo) -> np.memmap:
     """The tensor's bytes as a [rows, bytes per row] uint8 memory map (nothing read yet).
     Example: BF16 [300, 32] at offset 1024 -> memmap of shape [300, 64] from byte 1024."""
-    if info.dtype not in _TORCH or len(info.shape) != 2:
+    dtype = TORCH_DTYPES.get(info.dtype)
+    if dtype is None or not dtype.is_floating_point or len(info.shape) != 2:
         raise DiagError("the target's embedding table is not a 2-D float tensor", file=str(info.file),
                         field=info.name, expected="F16, BF16, F32 or F64 [vocab_size, hidden_size]",
                         found=f"{info.dtype} {list(info.shape)}")
     rows, width = info.shape
-    row_bytes = width * torch.tensor([], dtype=_TORCH[info.dtype]).element_size()
+    row_bytes = width * torch.tensor([], dtype=dtype).element_size()
     return np.memmap(info.file, dtype=np.uint8, mode="r", offset=info.offset, shape=(rows, row_bytes))
 
 
@@ -59,7 +59,7 @@ class RowTable(nn.Module):
         super().__init__()
         self.info, self._map = info, _rows_of(info)
         self.num_embeddings, self.embedding_dim = info.shape
-        self.dtype = _TORCH[info.dtype]
+        self.dtype = TORCH_DTYPES[info.dtype]
         self.device = torch.device("cpu")
         self.slot = torch.full((self.num_embeddings,), -1, dtype=torch.long)    # id -> row of `rows`
         self.rows = torch.zeros(0, self.embedding_dim, dtype=self.dtype)        # [n read, H]
