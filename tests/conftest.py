@@ -32,8 +32,10 @@ def _vllm_cells(item):
 def pytest_collection_modifyitems(config, items):
     """The tests that need a vLLM server run last (vllm_prestart.last), so their servers start
     beside the rest of the suite."""
-    import vllm_prestart
-    items[:] = vllm_prestart.last(items, lambda item: item.get_closest_marker("vllm") is not None)
+    named = lambda item: item.get_closest_marker("vllm") is not None  # noqa: E731
+    if any(named(item) for item in items):      # the harness imported only when a test needs it
+        import vllm_prestart
+        items[:] = vllm_prestart.last(items, named)
 
 
 def pytest_collection_finish(session):

@@ -7,8 +7,8 @@ cache, which is what every further layout x tree costs.
                continuations), target_capture_s (the teacher-forced pass), drafter_s
                (layouts x trees x modes), summary_s (speedup, regimes, verdicts), report_s
                (report_phases: envelope, figures and how many were drawn, json, samples,
-               markdown, publish); checks_s in parts (checks_prepare_s, checks_drafter_read_s,
-               checks_drafter_to_device_s, checks_tables_s)
+               markdown, publish); checks_s in parts (checks_prepare_s, checks_drafter_s: read onto
+               its device, checks_tables_s)
   cached run   no target load, no replay (the evaluations' cache, run/eval_cache.py); checks_s
                is what a repeat run pays before its passes (goal REPEAT_GOALS: <= 2 s)
   one more     the cached case with one more layout over the captured points: the passes and

@@ -118,10 +118,8 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True, shard
     drafter, dckpt = load_drafter(inp.drafter_path, dtype=served_dtypes(case, inp.target_config)[1],
                                   device=_main_device(case))        # a GPU's weights read straight there
     drafter.set_numerics(engine_numerics(inp))          # the served engine's rounding (bf16/fp16 only)
-    part = _stopwatch(timings, "checks_drafter_read_s", part)
-    drafter.to(_main_device(case))
     _sync(_main_device(case))
-    part = _stopwatch(timings, "checks_drafter_to_device_s", part)
+    part = _stopwatch(timings, "checks_drafter_s", part)
     embed, head = target_tables(inp.target_path, inp.target_config)   # rows read as used, head when needed
     if drafter.cfg.lm_head_from_target:            # no draft_vocab_size: the target's lm_head
         drafter.use_target_head(head)
