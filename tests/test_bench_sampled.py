@@ -101,3 +101,41 @@ def test_the_trained_pairs_goals_are_the_cpus():
     assert "| demo-sampled minus the cached demo, side by side (s) | 31.5 | <= 30 | NOT met |" in lines
     assert "worst tree | 0.8 | <= 1.0 | met |" in lines
     assert "demo-sampled" not in "\n".join(goal_lines({"kind": "gpu", "sections": {"sampled_trained": sec}}))
+
+
+def test_a_round_profile_leaves_the_prefill_and_the_first_round_out_and_splits_the_rest_by_phase(kimi):
+    """round_profile: `rounds` rounds after the prefill and a warm-up round, per phase per round
+    (the host's wall; on the CPU no device figures); the phases' host time lies within the
+    window's wall and the prefill is not among them."""
+    from diag.bench.sampled import round_profile
+    ks, model, drafter = kimi
+    prompts = bench_prompts(4, 10, SMALL["vocab_size"])
+    res = round_profile(model, drafter, model.get_input_embeddings(), model.get_output_embeddings(),
+                        [ks.layout, "L1+L2+final"], prompts, "chain-1", max_new_tokens=12, rounds=4)
+    assert res["rounds"] == 4 and res["rows"] == 8
+    assert set(res["phases"]) == {"draft", "verify_forward", "accept", "commit", "retire"}
+    host = sum(p["host_ms"] for p in res["phases"].values()) / 1e3
+    assert 0.5 * res["wall_s_per_round"] < host <= res["wall_s_per_round"] * 1.02
+    assert res["device_busy_fraction"] is None and res["phases"]["verify_forward"]["device_ms"] is None
+    assert res["top_ops"] == []
+    with pytest.raises(ValueError, match="too few"):
+        round_profile(model, drafter, model.get_input_embeddings(), model.get_output_embeddings(),
+                      [ks.layout], prompts, "chain-1", max_new_tokens=2, rounds=4)
+
+
+def test_the_kimi_shaped_targets_verify_on_fixed_widths_decodes_what_the_growing_cache_did(kimi):
+    """MLA's cache (transformers' DeepseekV3 attention) through the whole-buffer verify, forced on
+    the CPU: the same drafts accepted and the same ids as on growing widths, under sampling."""
+    from diag.bench.sampled import bench_loop
+    from diag.engines.decoding import sampled
+    from diag.trees import tree_shape
+    ks, model, drafter = kimi
+    prompts = bench_prompts(6, 10, SMALL["vocab_size"])
+    out = []
+    for fixed in (True, False):
+        loop, _, rows = bench_loop(model, drafter, model.get_input_embeddings(), model.get_output_embeddings(),
+                                   [ks.layout, "L1+L2+final"], tree_shape("s2-k2-d4"), len(prompts),
+                                   decoding=sampled(1.0, 0.95))
+        loop.fixed_width = fixed
+        out.append([(d.accepted, d.ids) for d in loop.run(prompts, rows, 10)])
+    assert out[0] == out[1] and sum(len(a) for a, _ in out[0]) > 0

@@ -188,3 +188,76 @@ def test_node_logits_are_the_head_at_those_nodes(zoo):
     at = torch.tensor([0, 7, 14])
     want = model.get_output_embeddings()(final).float().reshape(15, -1)[at]
     assert torch.allclose(lg.rows(at), want, atol=1e-5) and lg.rows(at).dtype == torch.float32
+
+
+def _decode_fixed(z, variants, shape, decoding, fixed, monkeypatch, widths):
+    """decode() with the loop's verify on fixed widths or not, recording the key width each
+    verify's attention saw (BufferLayer.update's return)."""
+    from diag.target.kv_buffer import BufferLayer
+    real = BufferLayer.update
+
+    def update(self, *a, **k):
+        out = real(self, *a, **k)
+        widths.append(out[0].shape[-2])
+        return out
+    monkeypatch.setattr(BufferLayer, "update", update)
+    lanes = [Lane(v, 0) for v in variants]
+    loop = DecodeLoop(z["model"], z["drafter"], z["embed"], z["head"], lanes, z["layouts"], shape, decoding,
+                      eos_ids=z["eos"])
+    loop.fixed_width = fixed
+    rows = [(li, p) for li in range(len(lanes)) for p in range(len(z["prompts"]))]
+    out = loop.run(z["prompts"], rows, NEW)
+    monkeypatch.setattr(BufferLayer, "update", real)
+    return out
+
+
+@pytest.mark.parametrize("tree", ["chain-3", "s3-k4-d8"])
+@pytest.mark.parametrize("decoding", [GREEDY, sampled(1.0, 0.95)], ids=["greedy", "t1"])
+def test_a_verify_on_fixed_widths_decodes_what_the_growing_cache_did(zoo, monkeypatch, tree, decoding):
+    """Issue 36: on CUDA the verify's attention reads the cache's whole buffer, the slots past the
+    tree masked, so every round of a batch has one shape (cuDNN plans once, not every round; the
+    H100's loop paid ~60 ms a round for it). Forced on the CPU, it decodes the same: same drafts
+    accepted, same ids, P(a >= d) equal to the sums' rounding; and the width it attends over is the
+    buffer's, constant, where the growing cache's grows every round."""
+    shape = tree_shape(tree)
+    variants = [Variant(c.label, c.mode, shape) for c in zoo["inp"].candidates[:2]]
+    seen_fixed, seen_grown = [], []
+    new = _decode_fixed(zoo, variants, shape, decoding, True, monkeypatch, seen_fixed)
+    old = _decode_fixed(zoo, variants, shape, decoding, False, monkeypatch, seen_grown)
+    key = lambda o: (o.lane.variant.key, o.prompt)                                 # noqa: E731
+    new, old = sorted(new, key=key), sorted(old, key=key)
+    assert [(o.accepted, o.ids) for o in new] == [(o.accepted, o.ids) for o in old]
+    gap = max((torch.tensor(a.expected) - torch.tensor(b.expected)).abs().max().item() for a, b in zip(new, old))
+    assert gap < 1e-4, gap
+    prefill = len(seen_fixed) - len(seen_grown)
+    assert prefill == 0
+    layers = zoo["model"].config.num_hidden_layers
+    verify_fixed = seen_fixed[layers:]                                # after the prefill's update
+    verify_grown = seen_grown[layers:]
+    assert len(set(verify_fixed)) <= 2, "the attention's width changed round after round"   # one batch; a retire keeps it
+    assert len(set(verify_grown)) > 5 and max(verify_fixed) >= max(verify_grown)
+
+
+def test_rows_kept_from_a_buffer_are_zero_past_their_length():
+    """A whole-buffer attention reads the slots past each row's length with weight 0: they must
+    hold numbers (uninitialised memory may hold NaN, and 0 x NaN is NaN)."""
+    from transformers.cache_utils import DynamicLayer
+
+    from diag.target.kv_buffer import BufferLayer, fixed_width
+    layer = DynamicLayer()
+    k, v = torch.full((3, 2, 4, 8), float("nan")), torch.ones(3, 2, 4, 6)
+    layer.lazy_initialization(k, v) if hasattr(layer, "lazy_initialization") else None
+    layer.keys, layer.values, layer.is_initialized = k.clone(), v.clone(), True
+    buf = BufferLayer.of(layer, 10)
+    buf.keys[:] = 1.0
+    buf.take_rows(torch.tensor([2, 0]), 3)
+    assert buf.buf_k.shape == (2, 2, 10, 8) and torch.equal(buf.buf_k[:, :, 3:], torch.zeros(2, 2, 7, 8))
+    assert torch.equal(buf.buf_v[:, :, 3:], torch.zeros(2, 2, 7, 6))
+
+    class Cache:
+        layers = [buf]
+    with fixed_width(Cache, 25) as width:                 # reserves room first: doubled past 25
+        assert width == 50 and buf.whole
+        keys, _ = buf.update(torch.ones(2, 2, 1, 8), torch.ones(2, 2, 1, 6))
+        assert keys.shape[-2] == 50 and buf.keys.shape[-2] == 4
+    assert not buf.whole

@@ -77,3 +77,46 @@ def test_a_drafter_read_straight_to_the_gpu_equals_one_moved_there(pair):
     assert all(t.is_cuda for t in on_gpu.state_dict().values())
     for k, v in moved.state_dict().items():
         assert torch.equal(on_gpu.state_dict()[k], v), k
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("tree", ["chain-3", "s3-k4-d8"])
+def test_the_verify_replayed_from_cuda_graphs_decodes_what_the_eager_verify_did(tmp_path_factory, tree):
+    """Issue 36: the decode loop's verify captured once per bucket (rows, tree, width) and
+    replayed, on a Kimi-shaped INT4 target (MLA, the Triton expert kernels, the routing's own
+    graphs inside), decodes exactly what the eager verify on the same fixed widths decoded, under
+    sampling; and the graphs were used: captured per bucket, replayed every other round, no
+    failure. Then the eager verify on growing widths (the CPU's) decodes the same drafts."""
+    from diag.bench.cpu import SMALL, SMALL_DRAFTER
+    from diag.bench.sampled import bench_loop, bench_prompts
+    from diag.drafter.checkpoint import load_drafter
+    from diag.engines.decoding import sampled
+    from diag.int4.fast import accelerate
+    from diag.int4.load import load_packed_target
+    from diag.trees import tree_shape
+    from diag.zoo.kimi_shaped import kimi_shaped
+
+    ks = kimi_shaped(tmp_path_factory.mktemp("kimi") / "k", layers=2, seed=5, widths=SMALL,
+                     drafter_widths=SMALL_DRAFTER)
+    model = load_packed_target(ks.target, dtype=torch.bfloat16, device="cuda")
+    accelerate(model)
+    drafter, _ = load_drafter(ks.drafter, torch.bfloat16, device="cuda")
+    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+    prompts = bench_prompts(12, 10, SMALL["vocab_size"])
+    lays = [ks.layout, "L1+L2+final"]
+    out = {}
+    for name, graphs, fixed in (("graphs", True, True), ("eager", False, True), ("grown", False, False)):
+        loop, lanes, rows = bench_loop(model, drafter, embed, head, lays, tree_shape(tree), len(prompts),
+                                       decoding=sampled(1.0, 0.95))
+        loop.cuda_graphs, loop.fixed_width = graphs, fixed
+        out[name] = (loop.run(prompts, rows, 16), dict(loop.counts), loop.graph_failure)
+    got = lambda o: [(d.accepted, d.ids) for d in o]                           # noqa: E731
+    (g, gc, gf), (e, ec, _), (w, _, _) = out["graphs"], out["eager"], out["grown"]
+    assert gf is None and gc["verify_graphs_captured"] >= 1
+    assert gc["verify_graphs_replayed"] == gc["rounds"] and gc["verify_graphs_replayed"] > gc["verify_graphs_captured"]
+    assert "verify_graphs_captured" not in ec
+    assert got(g) == got(e)
+    for a, b in zip(g, e):
+        torch.testing.assert_close(torch.tensor(a.expected), torch.tensor(b.expected), rtol=0, atol=1e-6)
+    same = sum(x == y for x, y in zip(got(g), got(w)))
+    assert same >= 0.5 * len(g), f"{same} of {len(g)} rows decoded alike on growing widths (bf16 sums)"

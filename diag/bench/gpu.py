@@ -358,8 +358,8 @@ def _sampled(st, model, lays, num_prompts, prompt_len, max_new_tokens: int = 64,
                       if st.get("successor_margin") else "random"}
     if copy_bytes_per_s:
         verify_bandwidth(out, copy_bytes_per_s, flops_per_s)
-    out["round_profiles"] = [p for r in out["rows"]
-                             if (p := round_profile(model, drafter, embed, head, lays, prompts, r["tree"])) is not None]
+    out["round_profiles"] = [round_profile(model, drafter, embed, head, lays, prompts, r["tree"])
+                             for r in out["rows"]] if device == "cuda" else []
     del drafter
     if device == "cuda":
         torch.cuda.empty_cache()

@@ -11,6 +11,7 @@ Per tree shape it reports
   phases                 where the loop's time goes: prefill, draft, verify_forward, accept
                          (probabilities, the tree walk, the exact expectation), commit, retire
   limit                  the phase that takes the most time
+  verify_graphs          the verify's CUDA graphs: buckets captured, rounds replayed, failure
   verify_*               the verify forward against the bytes it must move per round: the target's
                          weights read once (all but the input embedding, of which it gathers rows,
                          and the head, which the accept step applies at the nodes it reads), and the
@@ -81,7 +82,15 @@ def _one_tree(model, drafter, embed, head, lays, shape, prompts, max_new, token_
             "cost_in_passes": seconds / len(lanes) / pass_s,
             "cpu_seconds": cpu_s, "pass_cpu_seconds": pass_cpu, "cost_in_passes_cpu": cpu_s / len(lanes) / pass_cpu,
             "goal_met": seconds / len(lanes) / pass_s <= shape.num_draft_tokens,
-            "phases": phases, "limit": max(phases, key=phases.get) if phases else None, **verify}
+            "phases": phases, "limit": max(phases, key=phases.get) if phases else None,
+            "verify_graphs": _graphs(loop), **verify}
+
+
+def _graphs(loop: DecodeLoop) -> dict | None:
+    """What the verify's CUDA graphs did (target/verify_graphs.py): buckets captured, verifies
+    replayed, verifies run eagerly, why they were turned off if they were; None off CUDA."""
+    got = {k[len("verify_graphs_"):]: v for k, v in loop.counts.items() if k.startswith("verify_graphs_")}
+    return {**got, "failure": loop.graph_failure} if got or loop.graph_failure else None
 
 
 def _verify_bytes(model, head, loop: DecodeLoop, verify_s: float | None) -> dict:
@@ -165,37 +174,72 @@ def sampled_bench(model, drafter, embed, head, layouts: list[str], prompts: list
 
 
 def round_profile(model, drafter, embed, head, layouts: list[str], prompts: list[list[int]], tree: str,
-                  max_new_tokens: int = 8, top: int = 10) -> dict | None:
-    """Where a round's time goes on CUDA (None elsewhere): the loop over a few tokens under
-    torch.profiler; the device's busy seconds (kernels) against the wall, the kernel launches,
-    and the `top` ops by their own device time. Busy / wall far below 1 is a loop bound by the
-    host (launches, syncs), not by the device."""
-    if next(drafter.parameters()).device.type != "cuda":
-        return None
-    from torch.profiler import ProfilerActivity, profile
+                  max_new_tokens: int = 32, rounds: int = 8, top: int = 10) -> dict:
+    """Where a round's time goes: the loop under torch.profiler over `rounds` rounds after its
+    prefill and one more round (both left out: the prefill is no round, and a first round pays
+    first calls). Per phase (DecodeLoop's "diag.<phase>" ranges, CUDA synchronised around each)
+    per round: host_ms, the wall of the phase; device_ms, the kernels it launched; launches.
+    Over the window: the device's busy seconds against the wall (far below 1: a loop bound by
+    the host, by launches and syncs, not by the device), launches per round, and the `top` ops
+    by their own device time. On the CPU the device figures are None."""
+    from torch.profiler import ProfilerActivity, profile, schedule
 
     shape = tree_shape(tree)
+    cuda = next(drafter.parameters()).device.type == "cuda"
     warm, _, rows = bench_loop(model, drafter, embed, head, layouts, shape, len(prompts))
-    warm.run(prompts, rows, 2)                                              # warm-up
-    loop, _, rows = bench_loop(model, drafter, embed, head, layouts, shape, len(prompts))   # counts its own rounds
-    sync()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        t0 = time.perf_counter()
+    warm.run(prompts, rows, 2)                                              # first calls of every shape
+    loop, _, rows = bench_loop(model, drafter, embed, head, layouts, shape, len(prompts), profile=True)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    marks: list[float] = []
+    with profile(activities=acts, schedule=schedule(wait=1, warmup=1, active=rounds, repeat=1)) as prof:
+        def step():
+            sync()
+            marks.append(time.perf_counter())
+            prof.step()
+        loop.on_step = step
         loop.run(prompts, rows, max_new_tokens)
-        sync()
-        wall = time.perf_counter() - t0
+    window = marks[2:2 + rounds + 1]               # the active steps' bounds: prefill, warm-up round left out
+    n = len(window) - 1
+    if n < 1:
+        raise ValueError(f"round_profile({tree}): {loop.counts['rounds']} rounds, too few for a window; "
+                         f"raise max_new_tokens ({max_new_tokens})")
+    wall = window[-1] - window[0]
+    phases: dict[str, dict] = {}
+    for e in prof.events():
+        if e.name.startswith("diag.") and "CPU" in str(getattr(e, "device_type", "CPU")):
+            ph = phases.setdefault(e.name[5:], {"host_ms": 0.0, "device_ms": 0.0, "launches": 0})
+            ph["host_ms"] += e.cpu_time_total / 1e3 / n
+            ph["device_ms"] += _device_us(e, total=True) / 1e3 / n
+            ph["launches"] += _launches(e) / n
+    for ph in phases.values():
+        ph.update({k: round(v, 3) for k, v in ph.items()})
+        if not cuda:
+            ph["device_ms"] = ph["launches"] = None
+    ops = [e for e in prof.key_averages() if _device_us(e) > 0]      # kernels, copies, sets: device work
+    busy = sum(_device_us(e) for e in ops) / 1e6 if cuda else None
+    launches = sum(e.count for e in ops) if cuda else None
+    return {"tree": tree, "rounds": n, "rows": len(rows), "wall_s_per_round": wall / n,
+            "device_busy_s_per_round": busy / n if cuda else None,
+            "device_busy_fraction": busy / wall if cuda and wall else None,
+            "launches_per_round": launches / n if cuda else None, "phases": phases,
+            "top_ops": [{"op": e.key[:80], "device_ms_per_round": round(_device_us(e) / 1e3 / n, 3),
+                         "calls_per_round": round(e.count / n, 1)}
+                        for e in sorted(ops, key=_device_us, reverse=True)[:top]]}
 
-    def dev_us(e) -> float:
-        return float(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0) or 0)
-    ops = [e for e in prof.key_averages() if dev_us(e) > 0]          # kernels, copies, sets: device work
-    busy = sum(dev_us(e) for e in ops) / 1e6
-    return {"tree": tree, "max_new_tokens": max_new_tokens, "rounds": loop.counts["rounds"], "wall_s": wall,
-            "device_busy_s": busy, "device_busy_fraction": busy / wall if wall else None,
-            "device_launches": sum(e.count for e in ops),
-            "launches_per_round": sum(e.count for e in ops) / max(1, loop.counts["rounds"]),
-            "wall_s_per_round": wall / max(1, loop.counts["rounds"]),
-            "top_ops": [{"op": e.key[:80], "device_ms": round(dev_us(e) / 1e3, 3), "calls": e.count}
-                        for e in sorted(ops, key=dev_us, reverse=True)[:top]]}
+
+def _device_us(e, total: bool = False) -> float:
+    """An event's device microseconds, its own (or with its children's: total), by the names
+    torch has used for them."""
+    names = ("device_time_total", "cuda_time_total") if total else ("self_device_time_total", "self_cuda_time_total")
+    for name in names:
+        if hasattr(type(e), name) or name in getattr(e, "__dict__", {}):
+            return float(getattr(e, name) or 0.0)
+    return 0.0
+
+
+def _launches(e) -> int:
+    """Kernels launched inside a profiler range: its own and its children's."""
+    return len(getattr(e, "kernels", []) or []) + sum(_launches(c) for c in getattr(e, "cpu_children", []) or [])
 
 
 def bench_prompts(n: int, prompt_len: int, vocab: int, seed: int = 0) -> list[list[int]]:

@@ -47,6 +47,7 @@ from diag.replay.sampling import SampledRound, sample, target_probs, uniforms
 from diag.replay.verifiers import SampledRule, sampled_rule
 from diag.target.passes import pad_right
 from diag.target.tree_forward import cache_bytes, commit, prefill, select_rows, verify_forward
+from diag.target.verify_graphs import VerifyGraphs
 from diag.trees import TreeShape
 
 FIRST_TOKEN_STREAM = 0x5BD1E995      # the prefill's sample draws from its own coin stream
@@ -207,6 +208,11 @@ class DecodeLoop:
         self.model, self.drafter, self.lanes, self.layouts = model, drafter, lanes, layouts
         self.rule = sampled_rule(verification)     # the engine's sampled rule (replay/verifiers.py)
         self.profile, self.seconds = profile, defaultdict(float)     # phase -> seconds (profile only)
+        self.fixed_width: bool | None = None       # the verify's attention on fixed widths (None: on CUDA)
+        self.on_step = lambda: None                # called after the prefill and after every round
+        self.graph_failure: str | None = None     # why the verify's graphs were turned off, if they were
+        self.cuda_graphs = True                    # the verify replayed from CUDA graphs where it can
+        self.graphs: VerifyGraphs | None = None    # this run's (target/verify_graphs.py)
         self.counts = defaultdict(int)                      # rounds, verified tokens, rows, kv bytes read
         self.shape, self.decoding, self.eos = shape, decoding, sorted(eos_ids)
         p = next(drafter.parameters())
@@ -223,16 +229,18 @@ class DecodeLoop:
 
     @contextmanager
     def _phase(self, name: str):
-        """With profile=True, wall seconds of a phase (CUDA synchronised around it)."""
+        """With profile=True, wall seconds of a phase (CUDA synchronised around it), and the
+        phase named "diag.<name>" to torch.profiler (bench/sampled.round_profile reads it)."""
         if not self.profile:
             yield
             return
         if self.dev.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        yield
-        if self.dev.type == "cuda":
-            torch.cuda.synchronize()
+        with torch.profiler.record_function(f"diag.{name}"):
+            yield
+            if self.dev.type == "cuda":
+                torch.cuda.synchronize()
         self.seconds[name] += time.perf_counter() - t0
 
     @torch.no_grad()
@@ -249,15 +257,29 @@ class DecodeLoop:
         return back
 
     def _run(self, rows, prompts, max_new_tokens) -> list[Decoded]:
+        self.graphs = VerifyGraphs() if self.cuda_graphs and self.dev.type == "cuda" else None
+        try:
+            return self._rounds(rows, prompts, max_new_tokens)
+        finally:
+            if self.graphs is not None:               # what the run's graphs did, then their memory freed
+                for k, v in self.graphs.counts.items():
+                    self.counts[f"verify_graphs_{k}"] += v
+                if self.graphs.failure:
+                    self.graph_failure = self.graphs.failure
+                self.graphs = None
+
+    def _rounds(self, rows, prompts, max_new_tokens) -> list[Decoded]:
         with self._phase("prefill"):
             st, tkv = self._start(prompts, rows, max_new_tokens)
         self.counts["rows"] += len(rows)
+        self.on_step()
         while st.active.numel():
             self.counts["rounds"] += 1
             self.counts["verified_tokens"] += len(st.n) * self.shape.num_draft_tokens
             self._round(st, tkv)
             with self._phase("retire"):
                 st = self._retire(st, tkv, prompts, max_new_tokens)
+            self.on_step()
         return st.out
 
     # ---- the drafter's inputs ----------------------------------------------------------
@@ -360,10 +382,10 @@ class DecodeLoop:
     def _round(self, st, tkv):
         with self._phase("draft"):
             t = self._draft(st)
-        self.counts["kv_bytes"] += cache_bytes(tkv)          # what the verify's attention reads
+        self.counts["kv_bytes"] += cache_bytes(tkv, self.fixed_width)   # what the verify's attention reads
         with self._phase("verify_forward"):
             scored = verify_forward(self.model, tkv, t["tokens"], t["parents"], t["valid"], st.root + 1,
-                                    self.points)
+                                    self.points, fixed=self.fixed_width, graphs=self.graphs)
         with self._phase("accept"):
             res, exp = self._accept(st, t, scored)
         self._record(st, res, exp)

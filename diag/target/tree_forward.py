@@ -27,7 +27,8 @@ from torch import nn
 
 from diag.layouts import CapturePoint
 from diag.target.capture import decoder_parts, hooks
-from diag.target.kv_buffer import buffered, crop_rows
+from diag.target.kv_buffer import BufferLayer, buffered, crop_rows, fixed_width, reserve_whole
+from diag.target.verify_graphs import VerifyGraphs
 from diag.trees import ancestor_mask, positions
 
 FINAL = CapturePoint("final")
@@ -82,11 +83,16 @@ def cache_kwarg(module: nn.Module) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def attention_bias(past: torch.Tensor, block: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """past [B, L] bool (valid slots), block [B, Q, Q] bool (query i sees new query j) ->
-    additive mask [B, 1, Q, L + Q]: 0 where attended, the dtype's minimum elsewhere."""
+def attention_bias(past: torch.Tensor, block: torch.Tensor, dtype: torch.dtype,
+                   tail: torch.Tensor | None = None) -> torch.Tensor:
+    """past [B, L] bool (valid slots), block [B, Q, Q] bool (query i sees new query j), tail
+    [B, R] bool (slots after the new ones; none by default) -> additive mask [B, 1, Q, L + Q + R]:
+    0 where attended, the dtype's minimum elsewhere."""
     B, Q, _ = block.shape
-    see = torch.cat([past[:, None, :].expand(B, Q, past.shape[1]), block], dim=-1)
+    parts = [past[:, None, :].expand(B, Q, past.shape[1]), block]
+    if tail is not None:
+        parts.append(tail[:, None, :].expand(B, Q, tail.shape[1]))
+    see = torch.cat(parts, dim=-1)
     bias = torch.zeros(see.shape, dtype=dtype, device=see.device)
     return bias.masked_fill_(~see, torch.finfo(dtype).min)[:, None]
 
@@ -132,10 +138,15 @@ def prefill(model: nn.Module, ids: torch.Tensor, valid: torch.Tensor, points: tu
 @torch.no_grad()
 def verify_forward(model: nn.Module, kv: TargetKV, tokens: torch.Tensor, parents: torch.Tensor,
                    node_valid: torch.Tensor, root_position: torch.Tensor,
-                   points: tuple[CapturePoint, ...]) -> Scored:
+                   points: tuple[CapturePoint, ...], *, fixed: bool | None = None,
+                   graphs: VerifyGraphs | None = None) -> Scored:
     """Score the trees: tokens, parents, node_valid [B, D] (node 0 the root, at root_position
     [B]); logits only where read (NodeLogits). Appends the D nodes after the longest row;
-    `commit` keeps the accepted ones."""
+    `commit` keeps the accepted ones. fixed (default: on CUDA): the attention reads the cache's
+    whole buffer, the slots past the tree masked (kv_buffer.fixed_width), so its shape is the
+    same every round of a batch; the same scores up to the sums' rounding. graphs (with fixed
+    widths, a model on one CUDA device): the forward replayed from a CUDA graph per bucket
+    (target/verify_graphs.py), the same numbers as the eager forward on the same shapes."""
     dev, dtype = _device_and_dtype(model)
     tokens, parents, node_valid = tokens.to(dev), parents.to(dev), node_valid.to(dev)
     B, D = tokens.shape
@@ -143,9 +154,38 @@ def verify_forward(model: nn.Module, kv: TargetKV, tokens: torch.Tensor, parents
     block = (ancestor_mask(parents) & node_valid[:, None, :]) | eye             # a query always sees itself
     pos = positions(parents, root_position.to(dev))
     kv.block = _width(kv)
-    bias = attention_bias(kv.valid(kv.block), block, dtype)
-    sink, kv.cache = _forward(model, tokens.clamp(min=0), pos, bias, kv.cache, points)
+    need = kv.block + D
+    width = reserve_whole(kv.cache, need) if _fixed(kv, fixed) else None
+    past = kv.valid(kv.block)
+    if width is None:
+        bias = attention_bias(past, block, dtype)
+        sink, kv.cache = _forward(model, tokens.clamp(min=0), pos, bias, kv.cache, points)
+        return Scored(NodeLogits(model, sink[FINAL.name]), sink)
+    # fixed widths: the slots past the tree hidden, the new keys written at `slots`
+    bias = attention_bias(past, block, dtype, past.new_zeros(B, width - need))
+    inputs = {"ids": tokens.clamp(min=0), "pos": pos, "bias": bias,
+              "slots": torch.arange(kv.block, need, device=kv.length.device)}
+
+    def forward(x: dict) -> dict:
+        with fixed_width(kv.cache, need, x["slots"]):
+            return _forward(model, x["ids"], x["pos"], x["bias"], kv.cache, points)[0]
+    sink = None
+    if graphs is not None and graphs.usable(model):
+        sink = graphs.run(kv.cache, inputs, (B, D, width, points), forward)
+        if sink is not None:
+            for layer in _layers(kv.cache):            # as an update leaves it: the view ends after the tree
+                layer.crop_to(need)
+    if sink is None:
+        if graphs is not None:
+            graphs.counts["eager"] += 1
+        sink = forward(inputs)
     return Scored(NodeLogits(model, sink[FINAL.name]), sink)
+
+
+def _fixed(kv: TargetKV, fixed: bool | None) -> bool:
+    """fixed_width's default: on CUDA (its attention plans per shape), not on the CPU (the
+    masked slots would cost work, and nothing there plans by shape)."""
+    return kv.length.device.type == "cuda" if fixed is None else fixed
 
 
 def _layers(cache) -> list:
@@ -160,13 +200,17 @@ def _width(kv: TargetKV) -> int:
     return int(_layers(kv.cache)[0].keys.shape[-2])
 
 
-def cache_bytes(kv: TargetKV) -> int:
+def cache_bytes(kv: TargetKV, fixed: bool | None = None) -> int:
     """Bytes of keys and values a forward's attention reads: every layer's live views, all B rows
     over the cache's width (a row behind the longest reads its dead slots too, masked), in the
     cache's own layout. Example, transformers 5.25's MLA cache (keys [B, 1, L, kv_lora_rank],
     values [B, 1, L, qk_rope_head_dim]) at Kimi's widths: 2 layers, B 96, width 200, bf16:
-    2 * 96 * 200 * (512 + 64) * 2 = 44.2e6."""
-    return sum(t.numel() * t.element_size() for layer in _layers(kv.cache) for t in (layer.keys, layer.values))
+    2 * 96 * 200 * (512 + 64) * 2 = 44.2e6. A verify on fixed widths (verify_forward's `fixed`)
+    reads each layer's whole buffer instead (its capacity for the width)."""
+    layers = _layers(kv.cache)
+    if _fixed(kv, fixed) and all(isinstance(x, BufferLayer) for x in layers):
+        return sum(t.numel() * t.element_size() for layer in layers for t in (layer.buf_k, layer.buf_v))
+    return sum(t.numel() * t.element_size() for layer in layers for t in (layer.keys, layer.values))
 
 
 def commit(kv: TargetKV, path: torch.Tensor) -> None:

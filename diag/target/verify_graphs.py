@@ -1,0 +1,94 @@
+"""The verify forward replayed from CUDA graphs, one per bucket of (rows B, tree size D, cache
+width W) (issue 36: a round of the 2-layer Kimi-shaped target launched ~400 kernels for its
+verify alone, and the host's launches, not the device, set its pace).
+
+A graph needs every shape and address fixed: the verify runs on fixed widths (the attention
+reads the cache's whole buffer, kv_buffer.fixed_width), the new keys are written at a slots
+tensor instead of a Python slice, and the inputs (ids, positions, the attention bias, the
+slots) are copied into the graph's own tensors before each replay. A bucket's first verify
+runs eagerly once on a side stream (first calls: Triton's compiles, the routing graphs,
+cuDNN's plans), is captured, then replayed; later verifies of the bucket only copy their inputs
+and replay. The captured points come back as copies (the graph's outputs are overwritten by
+the next replay). Worked example: chain-3 (D 4) on 96 rows over a 228-slot cache -> bucket
+(96, 4, 228); 10 rows retire -> the cache's rows are taken (new buffers, new stamps) -> every
+graph of the old buffers is dropped and (86, 4, 228) is captured at the next round.
+
+A graph is kept only while the cache's buffers are the ones it was captured on (their stamps);
+a capture that fails (an op that asks the host, a backend that cannot be captured) turns the
+graphs off for this object, names why in `failure`, and the verify runs eagerly from then on:
+the same numbers either way, only slower. On one CUDA device only (a model placed over several
+runs eagerly: `usable`). This module knows CUDA graphs; the forward is tree_forward's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from diag.target.kv_buffer import stamps
+
+
+@dataclass
+class _Graph:
+    graph: "torch.cuda.CUDAGraph"
+    inputs: dict[str, torch.Tensor]          # the graph's own copies of ids, pos, bias, slots
+    sink: dict[str, torch.Tensor]            # the captured points it writes
+
+
+@dataclass
+class VerifyGraphs:
+    """The graphs of one decode loop's verify (module docstring). counts: captured, replayed,
+    eager (verifies run without a graph, the captures' warm-ups among them)."""
+    graphs: dict[tuple, _Graph] = field(default_factory=dict)
+    buffers: tuple = ()
+    pool: object = None
+    failure: str | None = None
+    counts: dict[str, int] = field(default_factory=lambda: {"captured": 0, "replayed": 0, "eager": 0})
+
+    def usable(self, model: torch.nn.Module) -> bool:
+        """Graphs on: no capture failed yet, and every parameter and buffer on one CUDA device."""
+        if self.failure is not None:
+            return False
+        devs = {t.device for t in model.parameters()} | {t.device for t in model.buffers()}
+        return len(devs) == 1 and next(iter(devs)).type == "cuda"
+
+    def run(self, cache, inputs: dict[str, torch.Tensor], key: tuple,
+            forward: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor] | None:
+        """The captured points of forward(inputs), by a graph of `key` on this cache's buffers;
+        None when the capture failed (the caller runs the forward eagerly)."""
+        now = stamps(cache)
+        if now != self.buffers:                 # new buffers: the old graphs point at freed memory
+            self.graphs.clear()
+            self.buffers = now
+        g = self.graphs.get(key)
+        if g is None:
+            try:
+                g = self._capture(inputs, forward)
+            except Exception as e:                          # noqa: BLE001 (any failure: eager from now on)
+                self.failure = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                self.graphs.clear()
+                torch.cuda.synchronize()
+                return None
+            self.graphs[key] = g
+            self.counts["captured"] += 1
+        for name, t in inputs.items():
+            g.inputs[name].copy_(t)
+        g.graph.replay()
+        self.counts["replayed"] += 1
+        return {k: v.clone() for k, v in g.sink.items()}
+
+    def _capture(self, inputs, forward) -> _Graph:
+        static = {k: v.clone() for k, v in inputs.items()}
+        side = torch.cuda.Stream(device=next(iter(inputs.values())).device)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):                        # first calls, off the capture (as torch asks)
+            forward(static)
+        torch.cuda.current_stream().wait_stream(side)
+        self.counts["eager"] += 1
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+            sink = forward(static)
+        self.pool = graph.pool()
+        return _Graph(graph, static, sink)
