@@ -27,8 +27,12 @@ def test_sampled_bench_runs_at_tiny_widths(kimi):
     ks, model, drafter = kimi
     lays = [ks.layout, "L1+L2+final", "embed+L1+final"]
     prompts = bench_prompts(32, 12, SMALL["vocab_size"])
+    kept = []
     res = sampled_bench(model, drafter, model.get_input_embeddings(), model.get_output_embeddings(), lays, prompts,
-                        max_new_tokens=6, token_budget=4096, trees=("chain-1", "s2-k2-d4"))
+                        max_new_tokens=6, token_budget=4096, trees=("chain-1", "s2-k2-d4"), partial=kept.append)
+    assert [(k["incomplete"], [r["tree"] for r in k["rows"]]) for k in kept] == \
+        [("1 of 2 trees not measured", ["chain-1"])]                    # saved after each tree but the last
+    assert kept[0]["rows"][0] == res["rows"][0]
     assert res["prompts"] == 32 and res["decoding"] == "t1.0-p0.95-k-1" and len(res["rows"]) == 2
     for row in res["rows"]:
         assert row["rows"] == 3 * 32 and row["emitted_tokens"] == 3 * 32 * 6

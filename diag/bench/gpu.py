@@ -159,10 +159,14 @@ def run(out: Path, workdir: Path, *, layers: int | None = None, max_layers: int 
         section(res, "pass_2layer", lambda: _two_layer(model, moe, seqs, points))
         save(res, out)
     if "sampled" in sections:
+        def keep_sampled(so_far: dict) -> None:      # saved tree by tree; the finished section replaces it
+            res["sections"]["sampled"] = so_far
+            save(res, out)
         section(res, "sampled", lambda: _sampled(st, model, lays, num_seqs, prompt_len, device=dev,
                                                  dtype=torch.float32 if dev == "cpu" else torch.bfloat16,
                                                  copy_bytes_per_s=(ceil or {}).get("copy_bytes_per_s"),
-                                                 flops_per_s=(ceil or {}).get("bf16_matmul_flops")))
+                                                 flops_per_s=(ceil or {}).get("bf16_matmul_flops"),
+                                                 partial=keep_sampled))
         save(res, out)
     e2e_first = res["sections"].get("e2e", {}).get("first") or {}
     batch = int(e2e_first.get("target_generate_batch", 48))
@@ -336,7 +340,7 @@ GPU_PAIR = {"steps": 300, "batch": 16, "lr": 1.5e-4}   # bench/pair.py's recipe 
 
 def _sampled(st, model, lays, num_prompts, prompt_len, max_new_tokens: int = 64, *, device: str = "cuda",
              dtype=torch.bfloat16, trees=None, recipe=None, copy_bytes_per_s: float | None = None,
-             flops_per_s: float | None = None) -> dict:
+             flops_per_s: float | None = None, partial=None) -> dict:
     """The sampled section on `model` (on `device`) with the bench pair's trained drafter
     (bench/pair.py, trained here on these prompts' greedy continuations, cached; `drafter` says how
     it was made and what it accepts); device/dtype/trees/recipe let a CPU test run it. With the
@@ -352,7 +356,8 @@ def _sampled(st, model, lays, num_prompts, prompt_len, max_new_tokens: int = 64,
     drafter = drafter.to(device)
     embed, head = model.get_input_embeddings(), model.get_output_embeddings()
     out = sampled_bench(model, drafter, embed, head, lays, prompts, max_new_tokens=max_new_tokens,
-                        token_budget=16384, trees=trees or TREES)
+                        token_budget=16384, trees=trees or TREES,
+                        partial=lambda so_far: partial({**so_far, "drafter": made}) if partial else None)
     out["device"] = str(next(drafter.parameters()).device)
     out["drafter"] = {**made, "target_head": f"zoo.kimi_shaped successor head, margin {SUCCESSOR_MARGIN}"
                       if st.get("successor_margin") else "random"}

@@ -161,10 +161,17 @@ def verify_bandwidth(section: dict, copy_bytes_per_s: float, flops_per_s: float 
 
 @torch.no_grad()
 def sampled_bench(model, drafter, embed, head, layouts: list[str], prompts: list[list[int]], *,
-                  max_new_tokens: int, token_budget: int, trees=TREES) -> dict:
-    """The loop on every tree shape; rows = len(layouts) x len(prompts) per shape."""
-    rows = [_one_tree(model, drafter, embed, head, layouts, tree_shape(t), prompts, max_new_tokens, token_budget)
-            for t in trees]
+                  max_new_tokens: int, token_budget: int, trees=TREES, partial=None) -> dict:
+    """The loop on every tree shape; rows = len(layouts) x len(prompts) per shape. partial, if
+    given, receives the rows measured so far after each tree (a device call cut at its limit
+    keeps them)."""
+    rows = []
+    for t in trees:
+        rows.append(_one_tree(model, drafter, embed, head, layouts, tree_shape(t), prompts, max_new_tokens,
+                              token_budget))
+        if partial is not None and len(rows) < len(trees):
+            partial({"decoding": DECODING.name, "layouts": layouts, "rows": list(rows),
+                     "incomplete": f"{len(trees) - len(rows)} of {len(trees)} trees not measured"})
     worst = max(rows, key=lambda r: r["cost_in_passes"] / r["num_draft_tokens"])
     return {"decoding": DECODING.name, "layouts": layouts, "prompts": len(prompts),
             "max_new_tokens": max_new_tokens, "rows": rows,

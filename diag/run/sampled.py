@@ -176,6 +176,9 @@ class SampledEvaluations:
             decoded += loop.run(prompts, batch, inp.case.prompts.max_new_tokens)
         self._count(trees_decoded=1, lanes=len(lanes), rows=loop.counts["rows"], rounds=loop.counts["rounds"],
                     verified_tokens=loop.counts["verified_tokens"])
+        if loop.graph_failure:
+            self.notes.append(f"sampled decode {dec.name} {shape.name}: the verify's CUDA graphs were turned off "
+                              f"({loop.graph_failure}); it ran eagerly: the same numbers, slower")
         if self.shards is not None:
             decoded = self.shards.all_rows([r for b in batches for r in b], decoded)
         if key is not None:
