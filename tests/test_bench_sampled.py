@@ -143,3 +143,18 @@ def test_the_kimi_shaped_targets_verify_on_fixed_widths_decodes_what_the_growing
         loop.fixed_width = fixed
         out.append([(d.accepted, d.ids) for d in loop.run(prompts, rows, 10)])
     assert out[0] == out[1] and sum(len(a) for a, _ in out[0]) > 0
+
+
+def test_the_grown_sections_added_layer_is_its_routed_experts(kimi):
+    """bench.gpu.added_layer on the tiny Kimi-shaped target: the last layer's PackedExperts bytes
+    (INT4 words and bf16 scales of E experts x 3 matrices), E and top-k from the config."""
+    from diag.bench.bandwidth import routed_bytes
+    from diag.bench.gpu import added_layer
+    _, model, _ = kimi
+    c = model.config
+    got = added_layer(model)
+    assert got == {"routed_bytes": got["routed_bytes"], "experts": c.n_routed_experts, "top_k": c.num_experts_per_tok}
+    experts = model.model.layers[-1].mlp.experts
+    want = routed_bytes(c.n_routed_experts, c.moe_intermediate_size, c.hidden_size, experts.group_size,
+                        experts.gate_up_proj_scale.element_size())
+    assert got["routed_bytes"] == want > 0

@@ -26,6 +26,8 @@ from pathlib import Path
 
 from diag.errors import DiagError
 
+DERIVED = ("extrapolation", "decode_bandwidth")      # computed over the others by gpu._finish, never taken
+
 
 def _read(path: Path) -> dict:
     try:
@@ -60,7 +62,7 @@ def combine(paths: list[Path]) -> dict:
     taken: dict[str, list[str]] = {}
     for path, data in runs:
         for name, sec in data["sections"].items():
-            if name == "extrapolation" or name in sections or "error" in sec or "incomplete" in sec:
+            if name in DERIVED or name in sections or "error" in sec or "incomplete" in sec:
                 continue
             sections[name] = sec
             taken.setdefault(str(path), []).append(name)

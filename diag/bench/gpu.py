@@ -182,10 +182,14 @@ def run(out: Path, workdir: Path, *, layers: int | None = None, max_layers: int 
 
 
 def _finish(res: dict, out: Path) -> dict:
-    """The 61-layer extrapolation, when this run measured what it needs."""
+    """The greedy decode step against the copy bandwidth (grown and the ceilings) and the 61-layer
+    extrapolation, when this run measured what each needs."""
     from diag.bench.extrapolate import extrapolate
 
     secs = res["sections"]
+    grown, ceil = secs.get("grown", {}), secs.get("ceilings", {})
+    if "error" not in grown and "generate_seconds_per_layer_step_by_batch" in grown and ceil.get("copy_bytes_per_s"):
+        section(res, "decode_bandwidth", lambda: _decode_bandwidth(grown, ceil["copy_bytes_per_s"]))
     need = ("e2e", "grown", "load", "checkpoint")
     if all(n in secs and "error" not in secs[n] and "incomplete" not in secs[n] for n in need):
         section(res, "extrapolation", lambda: extrapolate(
@@ -197,6 +201,24 @@ def _finish(res: dict, out: Path) -> dict:
                   f"{'met' if goal['met'] else 'NOT met'})")
     save(res, out)
     return res
+
+
+def _decode_bandwidth(grown: dict, copy_bytes_per_s: float) -> dict:
+    """The greedy decode step's bytes/s against the copy bandwidth (bench/bandwidth.py), the
+    added layer's routed share as the grown section measured it, or Kimi's for a run before it
+    recorded one."""
+    from diag.bench.bandwidth import decode_step_bandwidth, routed_bytes
+    from diag.zoo.kimi_shaped import GROUP_SIZE, KIMI_TEXT
+
+    got = grown.get("added_layer")
+    if got:
+        return decode_step_bandwidth(grown, copy_bytes_per_s, routed=got["routed_bytes"], experts=got["experts"],
+                                     top_k=got["top_k"], routed_from="measured on the grown model")
+    t = KIMI_TEXT
+    return decode_step_bandwidth(grown, copy_bytes_per_s, experts=t["n_routed_experts"], top_k=t["num_experts_per_tok"],
+                                 routed=routed_bytes(t["n_routed_experts"], t["moe_intermediate_size"],
+                                                     t["hidden_size"], GROUP_SIZE),
+                                 routed_from="Kimi's widths (the run recorded no added_layer)")
 
 
 def _release(dev: str) -> None:
@@ -325,7 +347,18 @@ def _grown(model, seqs, points, max_layers, st, dev, batch: int = 48) -> dict:
             "sampled_round_probe": {"base": base_rounds, "grown": rounds},
             "sampled_round_slope": fit(base_rounds, rounds, added),
             "costs_seconds_per_layer": (costs["seconds"] - base_costs["seconds"]) / max(added, 1)
-            if costs["seconds"] is not None and base_costs["seconds"] is not None else None}
+            if costs["seconds"] is not None and base_costs["seconds"] is not None else None,
+            "added_layer": added_layer(model)}
+
+
+def added_layer(model) -> dict | None:
+    """The last layer's routed experts (an added MoE layer of the grown model): their bytes, how
+    many, how many a token takes; None when the last layer has no routed experts."""
+    experts = getattr(model.model.layers[-1].mlp, "experts", None)
+    if experts is None:
+        return None
+    return {"routed_bytes": resident_bytes(experts), "experts": int(model.config.n_routed_experts),
+            "top_k": int(model.config.num_experts_per_tok)}
 
 
 def sampled_layouts(claimed: str) -> list[str]:
