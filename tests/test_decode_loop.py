@@ -261,3 +261,24 @@ def test_rows_kept_from_a_buffer_are_zero_past_their_length():
         keys, _ = buf.update(torch.ones(2, 2, 1, 8), torch.ones(2, 2, 1, 6))
         assert keys.shape[-2] == 50 and buf.keys.shape[-2] == 4
     assert not buf.whole
+
+
+def test_a_verify_given_graphs_it_cannot_use_runs_eagerly_and_counts_it(zoo):
+    """verify_forward(graphs=...) on the CPU: no graph is usable, the forward runs eagerly on the
+    fixed widths (counted as such), and scores what the same verify without graphs scores."""
+    from diag.target.tree_forward import prefill, verify_forward
+    from diag.target.verify_graphs import VerifyGraphs
+    model = zoo["model"]
+    ids = torch.tensor([zoo["prompts"][0][:6], zoo["prompts"][1][:6]])
+    points = (zoo["inp"].points[0],)
+    tokens = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
+    parents = torch.tensor([[-1, 0, 1, 2]] * 2)
+    valid = torch.ones(2, 4, dtype=torch.bool)
+    got = []
+    for graphs in (VerifyGraphs(), None):
+        kv, _ = prefill(model, ids, torch.ones_like(ids, dtype=torch.bool), points, capacity=16)
+        s = verify_forward(model, kv, tokens, parents, valid, torch.tensor([5, 5]), points, fixed=True, graphs=graphs)
+        got.append((s.states["final"], graphs))
+    (a, graphs), (b, _) = got
+    assert graphs.counts == {"captured": 0, "replayed": 0, "eager": 1} and graphs.failure is None
+    assert torch.equal(a, b)

@@ -234,6 +234,30 @@ def round_profile(model, drafter, embed, head, layouts: list[str], prompts: list
                         for e in sorted(ops, key=_device_us, reverse=True)[:top]]}
 
 
+def graphs_ab(model, drafter, embed, head, layouts: list[str], prompts: list[list[int]], tree: str,
+              max_new_tokens: int = 32) -> dict:
+    """The loop with the verify from CUDA graphs against the same loop verifying eagerly (both on
+    fixed widths), timed after a warm-up of each: seconds a round either way, the graphs' share of
+    the round, and whether both decoded the same (they must: the graphs replay the same kernels).
+    Off CUDA no graph is made; both arms then run eagerly."""
+    got = {}
+    for name, graphs in (("eager", False), ("graphs", True)):
+        for timed in (False, True):                                  # a warm-up loop, then the timed one
+            loop, _, rows = bench_loop(model, drafter, embed, head, layouts, tree_shape(tree), len(prompts))
+            loop.cuda_graphs, loop.fixed_width = graphs, True
+            sync()
+            t0 = time.perf_counter()
+            out = loop.run(prompts, rows, max_new_tokens)
+            sync()
+            seconds = time.perf_counter() - t0
+        got[name] = {"s_per_round": seconds / max(1, loop.counts["rounds"]), "rounds": loop.counts["rounds"],
+                     "decoded": [(d.accepted, d.ids) for d in out], "graphs": _graphs(loop)}
+    e, g = got["eager"], got["graphs"]
+    return {"tree": tree, "rows": len(rows), "eager_s_per_round": e["s_per_round"],
+            "graphs_s_per_round": g["s_per_round"], "speedup": e["s_per_round"] / g["s_per_round"],
+            "same_decode": e["decoded"] == g["decoded"], "verify_graphs": g["graphs"]}
+
+
 def _device_us(e, total: bool = False) -> float:
     """An event's device microseconds, its own (or with its children's: total), by the names
     torch has used for them."""

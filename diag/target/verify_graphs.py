@@ -69,7 +69,8 @@ class VerifyGraphs:
             except Exception as e:                          # noqa: BLE001 (any failure: eager from now on)
                 self.failure = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                 self.graphs.clear()
-                torch.cuda.synchronize()
+                if torch.cuda.is_available():              # let a broken capture's work drain before eager
+                    torch.cuda.synchronize()
                 return None
             self.graphs[key] = g
             self.counts["captured"] += 1

@@ -1,0 +1,39 @@
+"""target/verify_graphs.py off the GPU: what it does when it cannot capture (the CUDA side
+runs in tests/test_gpu.py on the device)."""
+
+import torch
+
+from diag.target.kv_buffer import BufferLayer, stamps
+from diag.target.verify_graphs import VerifyGraphs
+
+
+def _cache(rows: int = 2):
+    from transformers.cache_utils import DynamicLayer
+    layer = DynamicLayer()
+    layer.keys, layer.values, layer.is_initialized = torch.ones(rows, 1, 3, 4), torch.ones(rows, 1, 3, 4), True
+
+    class Cache:
+        layers = [BufferLayer.of(layer, 8)]
+    return Cache
+
+
+def test_a_capture_that_fails_turns_the_graphs_off_names_why_and_leaves_the_forward_to_the_caller():
+    graphs, cache, calls = VerifyGraphs(), _cache(), []
+    inputs = {"ids": torch.zeros(2, 1, dtype=torch.long)}
+    got = graphs.run(cache, inputs, (2, 1, 8), lambda x: calls.append(x) or {"final": torch.zeros(2, 1, 4)})
+    assert got is None and graphs.failure and graphs.counts == {"captured": 0, "replayed": 0, "eager": 0}
+    assert not graphs.usable(torch.nn.Linear(2, 2)) and graphs.graphs == {}
+
+
+def test_graphs_are_usable_only_on_one_cuda_device_and_forget_the_buffers_they_were_made_on():
+    assert not VerifyGraphs().usable(torch.nn.Linear(2, 2))                   # the CPU: never
+    cache = _cache()
+    before = stamps(cache)
+    cache.layers[0].take_rows(torch.tensor([1, 0]), 3)                        # rows retired: new buffers
+    assert stamps(cache) != before
+    grown = stamps(cache)
+    cache.layers[0].reserve(20)                                               # grown past its capacity
+    assert stamps(cache) != grown and cache.layers[0].capacity == 40
+    same = stamps(cache)
+    cache.layers[0].crop_to(2)                                                # a crop keeps the buffers
+    assert stamps(cache) == same
