@@ -161,3 +161,14 @@ def test_the_grown_sections_added_layer_is_its_routed_experts(kimi):
     want = routed_bytes(c.n_routed_experts, c.moe_intermediate_size, c.hidden_size, experts.group_size,
                         experts.gate_up_proj_scale.element_size())
     assert got["routed_bytes"] == want > 0
+
+
+def test_the_generation_probe_takes_the_median_of_its_repeats(kimi, monkeypatch):
+    """bench.gpu._generation_probe: after a warm-up, the median of GENERATION_REPEATS timed runs."""
+    from diag.bench import gpu
+    _, model, _ = kimi
+    calls, real = [], gpu.timed
+    monkeypatch.setattr(gpu, "timed", lambda fn, **kw: calls.append(kw) or real(fn, **kw))
+    got = gpu._generation_probe(model, SMALL["vocab_size"], prompts=2, prompt_len=4, new_tokens=3)
+    assert calls == [{"repeat": gpu.GENERATION_REPEATS, "warmup": 1}] and gpu.GENERATION_REPEATS == 3
+    assert got["repeats"] == 3 and got["seconds_per_step"] == got["seconds"] / 3 > 0

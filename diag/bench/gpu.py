@@ -263,16 +263,18 @@ def _two_layer(model, moe, seqs, points) -> dict:
 def _generation_probe(model, vocab: int, *, prompts: int = 16, prompt_len: int = 96,
                       new_tokens: int = 32) -> dict:
     """Seconds per decode step of greedy generation (one batch of `prompts`), as the
-    pipeline's greedy_continuations runs it: the per-layer slope of the e2e generate phase."""
+    pipeline's greedy_continuations runs it: the per-layer slope of the e2e generate phase. The
+    median of GENERATION_REPEATS timed runs (one run's step at batch 16 came out 3.0 and 4.9 ms a
+    layer on two H100 calls)."""
     from diag.target.generate import greedy_continuations
 
     gen = torch.Generator().manual_seed(5)
     ps = torch.randint(0, vocab, (prompts, prompt_len), generator=gen).tolist()
     run = lambda: greedy_continuations(model, ps, new_tokens, pad_id=0, eos_ids=set(),  # noqa: E731
                                        batch_size=prompts, progress=False)
-    seconds = timed(run, repeat=1, warmup=1)
+    seconds = timed(run, repeat=GENERATION_REPEATS, warmup=1)
     return {"prompts": prompts, "prompt_len": prompt_len, "new_tokens": new_tokens, "seconds": seconds,
-            "seconds_per_step": seconds / new_tokens}
+            "seconds_per_step": seconds / new_tokens, "repeats": GENERATION_REPEATS}
 
 
 def _costs_probe(model, st, dev) -> dict:
@@ -299,6 +301,7 @@ def _costs_probe(model, st, dev) -> dict:
 # the KV cache's growth per step (transformers' DynamicCache concatenates each layer's keys
 # and values) and the attention over it are per-layer costs that 96 + 32 tokens hide.
 BATCH_PROBE = {"prompt_len": 512, "new_tokens": 64}
+GENERATION_REPEATS = 3
 
 
 def _grown(model, seqs, points, max_layers, st, dev, batch: int = 48) -> dict:
