@@ -282,3 +282,13 @@ def test_a_verify_given_graphs_it_cannot_use_runs_eagerly_and_counts_it(zoo):
     (a, graphs), (b, _) = got
     assert graphs.counts == {"captured": 0, "replayed": 0, "eager": 1} and graphs.failure is None
     assert torch.equal(a, b)
+
+
+def test_the_loop_reads_the_verify_graphs_switch(zoo, monkeypatch):
+    shape = tree_shape("chain-1")
+    lanes = [Lane(Variant(c.label, c.mode, shape), 0) for c in zoo["inp"].candidates[:1]]
+    for value, want in (("0", False), ("1", True)):
+        monkeypatch.setenv("DIAG_VERIFY_GRAPHS", value)
+        loop = DecodeLoop(zoo["model"], zoo["drafter"], zoo["embed"], zoo["head"], lanes, zoo["layouts"], shape,
+                          GREEDY, eos_ids=zoo["eos"])
+        assert loop.cuda_graphs is want

@@ -37,3 +37,14 @@ def test_graphs_are_usable_only_on_one_cuda_device_and_forget_the_buffers_they_w
     same = stamps(cache)
     cache.layers[0].crop_to(2)                                                # a crop keeps the buffers
     assert stamps(cache) == same
+
+
+def test_the_verify_graphs_switch(monkeypatch):
+    """DIAG_VERIFY_GRAPHS=0 turns the loop's graphs off; unset or anything else leaves them on."""
+    from diag.replay.decode_loop import verify_graphs_wanted
+    monkeypatch.delenv("DIAG_VERIFY_GRAPHS", raising=False)
+    assert verify_graphs_wanted()
+    monkeypatch.setenv("DIAG_VERIFY_GRAPHS", "0")
+    assert not verify_graphs_wanted()
+    monkeypatch.setenv("DIAG_VERIFY_GRAPHS", "1")
+    assert verify_graphs_wanted()

@@ -30,6 +30,7 @@ row's draws do not depend on the batch. This module knows the loop; nothing abou
 
 from __future__ import annotations
 
+import os
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -106,6 +107,12 @@ class _Rows:
     def keep(self, rows: torch.Tensor, dev) -> "_Rows":
         return _Rows(self.seq[rows], self.n[rows], self.r_root[rows.to(dev)], self.dkv.select(rows.to(dev)),
                      self.lane_of[rows], self.active[rows], self.out, self.done[rows])
+
+
+def verify_graphs_wanted() -> bool:
+    """The verify's CUDA graphs (target/verify_graphs.py) are on unless DIAG_VERIFY_GRAPHS is
+    "0": a switch to rule them out when a GPU run misbehaves (they change no number)."""
+    return os.environ.get("DIAG_VERIFY_GRAPHS", "1").strip() != "0"
 
 
 @contextmanager
@@ -211,7 +218,7 @@ class DecodeLoop:
         self.fixed_width: bool | None = None       # the verify's attention on fixed widths (None: on CUDA)
         self.on_step = lambda: None                # called after the prefill and after every round
         self.graph_failure: str | None = None     # why the verify's graphs were turned off, if they were
-        self.cuda_graphs = True                    # the verify replayed from CUDA graphs where it can
+        self.cuda_graphs = verify_graphs_wanted()  # the verify replayed from CUDA graphs where it can
         self.graphs: VerifyGraphs | None = None    # this run's (target/verify_graphs.py)
         self.counts = defaultdict(int)                      # rounds, verified tokens, rows, kv bytes read
         self.shape, self.decoding, self.eos = shape, decoding, sorted(eos_ids)
