@@ -292,3 +292,52 @@ def test_the_loop_reads_the_verify_graphs_switch(zoo, monkeypatch):
         loop = DecodeLoop(zoo["model"], zoo["drafter"], zoo["embed"], zoo["head"], lanes, zoo["layouts"], shape,
                           GREEDY, eos_ids=zoo["eos"])
         assert loop.cuda_graphs is want
+
+
+@pytest.mark.parametrize("tree", ["chain-3", "s3-k4-d8"])
+def test_the_loops_graph_bookkeeping_replays_what_the_eager_verify_computes(zoo, monkeypatch, tree):
+    """VerifyGraphs.run and verify_forward's replay path on the CPU, with a stand-in for the CUDA
+    graph that re-runs the captured forward on the graph's own inputs and copies into its own
+    outputs (as a replay writes them): the inputs copied in every round, the views cropped after a
+    replay, the graphs dropped when rows retire (new buffers), the outputs handed out as copies.
+    The loop decodes exactly what the eager verify on fixed widths decodes; every round replayed."""
+    import diag.target.tree_forward as tf
+    from diag.target.verify_graphs import VerifyGraphs, _Graph
+    caches, real_fixed = [], tf.fixed_width
+    monkeypatch.setattr(tf, "fixed_width", lambda cache, *a: caches.append(cache) or real_fixed(cache, *a))
+
+    class Replay:
+        def __init__(self, forward, inputs, sink):
+            self.forward, self.inputs, self.sink = forward, inputs, sink
+
+        def replay(self):                    # the kernels again; Python's views of the cache untouched
+            views = [(x, x.keys, x.values) for x in caches[-1].layers]
+            for k, v in self.forward(self.inputs).items():
+                self.sink[k].copy_(v)
+            for x, k, v in views:
+                x.keys, x.values = k, v
+
+    def capture(self, inputs, forward):
+        static = {k: v.clone() for k, v in inputs.items()}
+        forward(static)                                                      # the warm-up
+        self.counts["eager"] += 1
+        sink = {k: torch.full_like(v, float("nan")) for k, v in forward(static).items()}   # nothing until a replay
+        return _Graph(Replay(forward, static, sink), static, sink)
+
+    monkeypatch.setattr(VerifyGraphs, "_capture", capture)
+    monkeypatch.setattr(VerifyGraphs, "usable", lambda self, model: self.failure is None)
+    monkeypatch.setattr(DecodeLoop, "_graphs_possible", lambda self: True)
+    shape = tree_shape(tree)
+    lanes = [Lane(Variant(c.label, c.mode, shape), s) for c in zoo["inp"].candidates[:2] for s in (0, 1)]
+    out = {}
+    for graphs in (True, False):
+        loop = DecodeLoop(zoo["model"], zoo["drafter"], zoo["embed"], zoo["head"], lanes, zoo["layouts"], shape,
+                          sampled(1.0, 0.95), eos_ids=zoo["eos"])
+        loop.cuda_graphs, loop.fixed_width = graphs, True
+        rows = [(li, p) for li in range(len(lanes)) for p in range(len(zoo["prompts"]))]
+        out[graphs] = ([(d.accepted, d.ids, d.expected) for d in loop.run(zoo["prompts"], rows, NEW)],
+                       dict(loop.counts))
+    (g, gc), (e, _) = out[True], out[False]
+    assert g == e
+    assert gc["verify_graphs_replayed"] == gc["rounds"] and gc["verify_graphs_captured"] >= 2   # rows retired
+    assert gc["verify_graphs_captured"] < gc["rounds"]

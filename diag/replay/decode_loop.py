@@ -264,7 +264,7 @@ class DecodeLoop:
         return back
 
     def _run(self, rows, prompts, max_new_tokens) -> list[Decoded]:
-        self.graphs = VerifyGraphs() if self.cuda_graphs and self.dev.type == "cuda" else None
+        self.graphs = VerifyGraphs() if self.cuda_graphs and self._graphs_possible() else None
         try:
             return self._rounds(rows, prompts, max_new_tokens)
         finally:
@@ -274,6 +274,10 @@ class DecodeLoop:
                 if self.graphs.failure:
                     self.graph_failure = self.graphs.failure
                 self.graphs = None
+
+    def _graphs_possible(self) -> bool:
+        """CUDA graphs exist on CUDA only (VerifyGraphs.usable then asks the model's placement)."""
+        return self.dev.type == "cuda"
 
     def _rounds(self, rows, prompts, max_new_tokens) -> list[Decoded]:
         with self._phase("prefill"):
