@@ -281,3 +281,19 @@ def test_generation_in_parts_keys_the_pass_cache():
         return dict(pass_key(inp, "as-loaded", "tokens", "torch.float32").fields)["placement"]
 
     assert (key(1), key(3)) == ("cpu", "cpu,microbatches=3")
+
+
+def test_the_generation_leaves_cudnns_attention_out_on_cuda_only():
+    """target.generate.attention_without_cudnn: on a CUDA device cuDNN's attention is off inside
+    (flash, memory-efficient and math stay on) and back on after; on the CPU nothing changes."""
+    from diag.target.generate import attention_without_cudnn
+    cuda = torch.backends.cuda
+    before = (cuda.cudnn_sdp_enabled(), cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(),
+              cuda.math_sdp_enabled())
+    with attention_without_cudnn(torch.device("cuda", 0)):
+        assert not cuda.cudnn_sdp_enabled()
+        assert cuda.flash_sdp_enabled() and cuda.mem_efficient_sdp_enabled() and cuda.math_sdp_enabled()
+    assert (cuda.cudnn_sdp_enabled(), cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(),
+            cuda.math_sdp_enabled()) == before
+    with attention_without_cudnn(torch.device("cpu")):
+        assert cuda.cudnn_sdp_enabled() == before[0]

@@ -48,3 +48,4 @@ def test_the_verify_graphs_switch(monkeypatch):
     assert not verify_graphs_wanted()
     monkeypatch.setenv("DIAG_VERIFY_GRAPHS", "1")
     assert verify_graphs_wanted()
+
