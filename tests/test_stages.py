@@ -284,9 +284,9 @@ def test_generation_in_parts_keys_the_pass_cache():
 
 
 def test_the_generation_leaves_cudnns_attention_out_on_cuda_only():
-    """target.generate.attention_without_cudnn: on a CUDA device cuDNN's attention is off inside
+    """target.sdpa.attention_without_cudnn (the generation's and the verify's): on a CUDA device cuDNN's attention is off inside
     (flash, memory-efficient and math stay on) and back on after; on the CPU nothing changes."""
-    from diag.target.generate import attention_without_cudnn
+    from diag.target.sdpa import attention_without_cudnn
     cuda = torch.backends.cuda
     before = (cuda.cudnn_sdp_enabled(), cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(),
               cuda.math_sdp_enabled())

@@ -9,12 +9,11 @@ leave as id lists.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from diag.target.sdpa import attention_without_cudnn
 from diag.target.stage_gates import run_in_stages, split_rows
 from diag.target.stages import Stage, stages_of
 
@@ -71,14 +70,3 @@ def _greedy(model: nn.Module, prompts: list[list[int]], max_new_tokens: int, pad
                              temperature=None, top_p=None, top_k=None)
     return gen[:, ids.shape[1]:].cpu().tolist()
 
-
-def attention_without_cudnn(dev: torch.device):
-    """On CUDA, torch's attention without its cuDNN backend (flash, memory-efficient or the plain
-    math, whichever takes the call), elsewhere nothing. cuDNN's attention builds an execution
-    plan for every new shape, and a decode step's keys are one longer every step: on the H100
-    the first run's generation took 125 ms a step at 2 layers (16 rows, 256 steps) against 9.8 ms
-    once the same shapes had been seen (reports/bench/NOTES.md, fifteenth stop)."""
-    if torch.device(dev).type != "cuda":
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])

@@ -6,8 +6,9 @@ values separately: MLA's value width differs) and `keys` / `values` are views of
 `length` slots. update() writes the new slots in place (doubling the buffer if it is full);
 crop() and take_rows() move the view or the rows. With `whole` set (fixed_width), update()
 returns the whole buffer instead of the view, so the attention's shape stays the same round
-after round (its mask hides the slots past the view): a shape-keyed backend (cuDNN's attention
-builds an execution plan per shape) plans it once, not at every round. The slots past a view
+after round (its mask hides the slots past the view): a CUDA graph can replay it
+(target/verify_graphs.py), and a shape-keyed backend (cuDNN's attention builds an execution
+plan per shape) would plan it once, not at every round. The slots past a view
 are zeros or earlier keys, never uninitialised memory (a NaN there would survive the mask's
 0 weight). Layers of another kind (sliding windows,
 ...) keep their own behaviour. Worked example: capacity 8, length 5, a forward of 3 tokens

@@ -28,6 +28,7 @@ from torch import nn
 from diag.layouts import CapturePoint
 from diag.target.capture import decoder_parts, hooks
 from diag.target.kv_buffer import BufferLayer, buffered, crop_rows, fixed_width, reserve_whole
+from diag.target.sdpa import attention_without_cudnn
 from diag.target.verify_graphs import VerifyGraphs
 from diag.trees import ancestor_mask, positions
 
@@ -166,8 +167,8 @@ def verify_forward(model: nn.Module, kv: TargetKV, tokens: torch.Tensor, parents
     inputs = {"ids": tokens.clamp(min=0), "pos": pos, "bias": bias,
               "slots": torch.arange(kv.block, need, device=kv.length.device)}
 
-    def forward(x: dict) -> dict:
-        with fixed_width(kv.cache, need, x["slots"]):
+    def forward(x: dict) -> dict:                    # cuDNN's attention left out: a graph is captured
+        with fixed_width(kv.cache, need, x["slots"]), attention_without_cudnn(kv.length.device):
             return _forward(model, x["ids"], x["pos"], x["bias"], kv.cache, points)[0]
     sink = None
     if graphs is not None and graphs.usable(model):
