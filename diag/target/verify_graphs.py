@@ -6,8 +6,8 @@ A graph needs every shape and address fixed: the verify runs on fixed widths (th
 reads the cache's whole buffer, kv_buffer.fixed_width), the new keys are written at a slots
 tensor instead of a Python slice, and the inputs (ids, positions, the attention bias, the
 slots) are copied into the graph's own tensors before each replay. A bucket's first verify
-runs eagerly once on a side stream (first calls: Triton's compiles, the routing graphs,
-cuDNN's plans), is captured, then replayed; later verifies of the bucket only copy their inputs
+runs eagerly once on a side stream (first calls: Triton's compiles, the routing graphs), is
+captured, then replayed; later verifies of the bucket only copy their inputs
 and replay. The captured points come back as copies (the graph's outputs are overwritten by
 the next replay). Worked example: chain-3 (D 4) on 96 rows over a 228-slot cache -> bucket
 (96, 4, 228); 10 rows retire -> the cache's rows are taken (new buffers, new stamps) -> every
