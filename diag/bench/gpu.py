@@ -107,6 +107,13 @@ def run(out: Path, workdir: Path, *, layers: int | None = None, max_layers: int 
                            "e2e_new_tokens": e2e_new_tokens, "e2e_evaluate": e2e_evaluate,
                            "e2e_decoding": e2e_decoding})
     st: dict = {}
+
+    def keeper(name: str):
+        """A section's partial results saved as they are measured; the finished section replaces them."""
+        def keep(so_far: dict) -> None:
+            res["sections"][name] = so_far
+            save(res, out)
+        return keep
     ceil = section(res, "ceilings", lambda: _ceilings(dev))
     peak = ceil["bf16_matmul_flops"] if ceil else 7.9e14
 
@@ -127,11 +134,8 @@ def run(out: Path, workdir: Path, *, layers: int | None = None, max_layers: int 
         section(res, "load", lambda: load_bench(ks.target, dev))
         save(res, out)
     if "e2e" in sections:
-        def keep(so_far: dict) -> None:            # saved as it is measured; the finished section replaces it
-            res["sections"]["e2e"] = so_far
-            save(res, out)
         section(res, "e2e", lambda: _e2e(ks, layers, workdir, e2e_prompts, e2e_new_tokens, e2e_evaluate, dev,
-                                             e2e_decoding, st, partial=keep))
+                                             e2e_decoding, st, partial=keeper("e2e")))
         save(res, out)
         _release(dev)                          # the pipeline's model, before this run loads its own
     if not set(sections) & {"experts", "pass", "sampled", "grown", "drafter", "naive"}:
@@ -159,14 +163,11 @@ def run(out: Path, workdir: Path, *, layers: int | None = None, max_layers: int 
         section(res, "pass_2layer", lambda: _two_layer(model, moe, seqs, points))
         save(res, out)
     if "sampled" in sections:
-        def keep_sampled(so_far: dict) -> None:      # saved tree by tree; the finished section replaces it
-            res["sections"]["sampled"] = so_far
-            save(res, out)
         section(res, "sampled", lambda: _sampled(st, model, lays, num_seqs, prompt_len, device=dev,
                                                  dtype=torch.float32 if dev == "cpu" else torch.bfloat16,
                                                  copy_bytes_per_s=(ceil or {}).get("copy_bytes_per_s"),
                                                  flops_per_s=(ceil or {}).get("bf16_matmul_flops"),
-                                                 partial=keep_sampled))
+                                                 partial=keeper("sampled")))
         save(res, out)
     e2e_first = res["sections"].get("e2e", {}).get("first") or {}
     batch = int(e2e_first.get("target_generate_batch", 48))

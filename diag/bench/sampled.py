@@ -237,12 +237,12 @@ def round_profile(model, drafter, embed, head, layouts: list[str], prompts: list
 def graphs_ab(model, drafter, embed, head, layouts: list[str], prompts: list[list[int]], tree: str,
               max_new_tokens: int = 32) -> dict:
     """The loop with the verify from CUDA graphs against the same loop verifying eagerly (both on
-    fixed widths), timed after a warm-up of each: seconds a round either way, the graphs' share of
-    the round, and whether both decoded the same (they must: the graphs replay the same kernels).
+    fixed widths), timed after a warm-up of each: seconds a round either way, eager over graphs
+    (speedup), and whether both decoded the same (they must: the graphs replay the same kernels).
     Off CUDA no graph is made; both arms then run eagerly."""
     got = {}
     for name, graphs in (("eager", False), ("graphs", True)):
-        for timed in (False, True):                                  # a warm-up loop, then the timed one
+        for _ in ("warm-up", "timed"):                               # the last loop's time is kept
             loop, _, rows = bench_loop(model, drafter, embed, head, layouts, tree_shape(tree), len(prompts))
             loop.cuda_graphs, loop.fixed_width = graphs, True
             sync()
