@@ -63,6 +63,7 @@ def test_the_gpu_benchs_sampled_section_runs_its_code_path_on_cpu(kimi):
     ab, = res["graphs_ab"]                                 # chain-3 is one of GRAPHS_AB; no graph on the CPU
     assert ab["tree"] == "chain-3" and ab["same_decode"] and ab["verify_graphs"] is None
     assert ab["eager_s_per_round"] > 0 and ab["graphs_s_per_round"] > 0 and ab["rows"] == 3 * 8
+    assert ab["graphs_replay_s_per_round"] == ab["graphs_s_per_round"]     # nothing captured: nothing taken off
     row = res["rows"][0]
     embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
     assert row["weight_bytes_per_round"] == sum(p.numel() * p.element_size() for p in model.parameters()) \

@@ -120,3 +120,30 @@ def test_the_verify_replayed_from_cuda_graphs_decodes_what_the_eager_verify_did(
         torch.testing.assert_close(torch.tensor(a.expected), torch.tensor(b.expected), rtol=0, atol=1e-6)
     same = sum(x == y for x, y in zip(got(g), got(w)))
     assert same >= 0.5 * len(g), f"{same} of {len(g)} rows decoded alike on growing widths (bf16 sums)"
+
+
+@torch.no_grad()
+def test_a_round_profile_on_cuda_counts_every_kernel_once(tmp_path_factory):
+    """bench.sampled.round_profile on the device: the loop's phase ranges carry their kernels'
+    time a second time on CUDA (the H100's first profile counted 1.02 of the wall busy), so the
+    device's busy time leaves every range out: at most the wall, no range among the top ops,
+    and each phase's kernels within its own wall."""
+    from diag.bench.cpu import SMALL, SMALL_DRAFTER
+    from diag.bench.sampled import RANGES, bench_prompts, round_profile
+    from diag.drafter.checkpoint import load_drafter
+    from diag.int4.fast import accelerate
+    from diag.int4.load import load_packed_target
+    from diag.zoo.kimi_shaped import kimi_shaped
+
+    ks = kimi_shaped(tmp_path_factory.mktemp("kimi") / "k", layers=2, seed=5, widths=SMALL,
+                     drafter_widths=SMALL_DRAFTER)
+    model = load_packed_target(ks.target, dtype=torch.bfloat16, device="cuda")
+    accelerate(model)
+    drafter, _ = load_drafter(ks.drafter, torch.bfloat16, device="cuda")
+    res = round_profile(model, drafter, model.get_input_embeddings(), model.get_output_embeddings(),
+                        [ks.layout, "L1+L2+final"], bench_prompts(8, 10, SMALL["vocab_size"]), "chain-3",
+                        max_new_tokens=24, rounds=4)
+    assert 0 < res["device_busy_fraction"] <= 1.0
+    assert not any(op["op"].startswith(RANGES) for op in res["top_ops"])
+    for name, ph in res["phases"].items():
+        assert ph["device_ms"] <= ph["host_ms"] * 1.05 + 0.05, (name, ph)

@@ -47,6 +47,7 @@ from diag.replay.round_accounting import ACCOUNTINGS, RoundAccounting
 from diag.replay.sampling import SampledRound, sample, target_probs, uniforms
 from diag.replay.verifiers import SampledRule, sampled_rule
 from diag.target.passes import pad_right
+from diag.target.sdpa import attention_without_cudnn
 from diag.target.tree_forward import cache_bytes, commit, prefill, select_rows, verify_forward
 from diag.target.verify_graphs import VerifyGraphs
 from diag.trees import TreeShape
@@ -253,10 +254,12 @@ class DecodeLoop:
     @torch.no_grad()
     def run(self, prompts: list[list[int]], rows: list[tuple[int, int]], max_new_tokens: int) -> list[Decoded]:
         """rows: (lane index, prompt index) pairs. Returns one Decoded per row, in order. Inside,
-        rows are grouped by serving mode (one contiguous slice each, see `_groups`)."""
+        rows are grouped by serving mode (one contiguous slice each, see `_groups`). On CUDA the
+        whole loop runs without cuDNN's attention: the drafter's attention takes a new shape every
+        round (its cache grows), and cuDNN would plan each one (target/sdpa.py)."""
         modes = list(self.heads)
         order = sorted(range(len(rows)), key=lambda i: modes.index(self.lane_mode[rows[i][0]]))
-        with cpu_threads(self.dev):
+        with cpu_threads(self.dev), attention_without_cudnn(self.dev):
             out = self._run([rows[i] for i in order], prompts, max_new_tokens)
         back = [None] * len(rows)
         for pos, i in enumerate(order):

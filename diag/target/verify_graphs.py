@@ -25,6 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+import time
+
 import torch
 
 from diag.target.kv_buffer import stamps
@@ -40,12 +42,14 @@ class _Graph:
 @dataclass
 class VerifyGraphs:
     """The graphs of one decode loop's verify (module docstring). counts: captured, replayed,
-    eager (verifies run without a graph, the captures' warm-ups among them)."""
+    eager (verifies run without a graph, the captures' warm-ups among them), capture_s (wall
+    seconds spent capturing, warm-ups included: what a short loop pays before replays repay it)."""
     graphs: dict[tuple, _Graph] = field(default_factory=dict)
     buffers: tuple = ()
     pool: object = None
     failure: str | None = None
-    counts: dict[str, int] = field(default_factory=lambda: {"captured": 0, "replayed": 0, "eager": 0})
+    counts: dict[str, float] = field(default_factory=lambda: {"captured": 0, "replayed": 0, "eager": 0,
+                                                               "capture_s": 0.0})
 
     def usable(self, model: torch.nn.Module) -> bool:
         """Graphs on: no capture failed yet, and every parameter and buffer on one CUDA device."""
@@ -64,6 +68,7 @@ class VerifyGraphs:
             self.buffers = now
         g = self.graphs.get(key)
         if g is None:
+            t0 = time.perf_counter()
             try:
                 g = self._capture(inputs, forward)
             except Exception as e:                          # noqa: BLE001 (any failure: eager from now on)
@@ -72,8 +77,11 @@ class VerifyGraphs:
                 if torch.cuda.is_available():              # let a broken capture's work drain before eager
                     torch.cuda.synchronize()
                 return None
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
             self.graphs[key] = g
             self.counts["captured"] += 1
+            self.counts["capture_s"] += time.perf_counter() - t0
         for name, t in inputs.items():
             g.inputs[name].copy_(t)
         g.graph.replay()
