@@ -79,6 +79,36 @@ def test_t_to_zero_reproduces_the_teacher_forced_replay_round_for_round(zoo, dec
             assert sum(map(len, got_a)) > 0
 
 
+@pytest.mark.parametrize("decoding", [sampled(1e-7), sampled(1.0, 0.95)], ids=["t-to-0", "t1-p0.95"])
+def test_one_loop_over_several_trees_decodes_what_each_trees_own_loop_decodes(zoo, decoding):
+    """Lanes of chain-3, s3-k4-d8 and chain-1 in one loop (one verify a round, the trees padded to
+    8 nodes) decode, row for row, what one loop per tree decodes: the same ids, rounds, accepted
+    counts and P(a >= d) of each row's own depths; the forward verified 8 nodes a row a round."""
+    variants = [Variant(c.label, c.mode, s, decoding=decoding.name) for c in zoo["inp"].candidates[:2] for s in SHAPES]
+    lanes = [Lane(v, 0) for v in variants]
+    loop = DecodeLoop(zoo["model"], zoo["drafter"], zoo["embed"], zoo["head"], lanes, zoo["layouts"], None,
+                      decoding, eos_ids=zoo["eos"])
+    rows = [(li, p) for li in range(len(lanes)) for p in range(len(zoo["prompts"]))]
+    mixed = loop.run(zoo["prompts"], rows, NEW)
+    assert loop.D == 8 and loop.S == 3 and loop.counts["verified_tokens"] % 8 == 0
+    got = {(o.lane.variant, o.prompt): o for o in mixed}
+    for shape in SHAPES:
+        mine = [v for v in variants if v.tree == shape]
+        for o in decode(zoo, mine, shape, decoding):
+            m = got[(o.lane.variant, o.prompt)]
+            assert (m.ids, m.roots, m.accepted, m.length) == (o.ids, o.roots, o.accepted, o.length), shape.name
+            assert all(len(e) == shape.num_steps for e in m.expected)
+            torch.testing.assert_close(torch.tensor(m.expected), torch.tensor(o.expected), rtol=0, atol=1e-6)
+
+
+def test_a_loop_refuses_a_shape_its_lanes_do_not_carry(zoo):
+    c = zoo["inp"].candidates[0]
+    lanes = [Lane(Variant(c.label, c.mode, SHAPES[0]), 0)]
+    with pytest.raises(ValueError, match="carry trees"):
+        DecodeLoop(zoo["model"], zoo["drafter"], zoo["embed"], zoo["head"], lanes, zoo["layouts"], SHAPES[1],
+                   GREEDY, eos_ids=zoo["eos"])
+
+
 def test_sampled_decode_is_deterministic_per_seed_whatever_the_batching(zoo):
     c = zoo["inp"].candidates[0]
     shape = tree_shape("s2-k2-d4")

@@ -138,6 +138,26 @@ def test_assertions_take_a_decoding(sampled_run):
         assert_serving_layout_is_trained(rep, decoding="t0.5-p1.0-k-1")
 
 
+def test_every_tree_in_one_loop_gives_what_one_loop_per_tree_gives(tmp_path, monkeypatch):
+    """DIAG_MIX_TREES=1 (the default on CUDA): both trees' lanes in one decode loop, padded to
+    the wider tree; every sampled evaluation equals the one loop per tree's (the CPU's default),
+    and the timings say one loop decoded both trees."""
+    monkeypatch.setattr(floor, "FLOOR_TOP", 1.0)                 # tiny's random pair: see sampled_run
+    case = write(tmp_path, "mix", 'temperature = 1.0\ntop_p = 0.9\nseeds = 2\nscope = "all"')
+    got = {}
+    for mix in ("0", "1"):
+        monkeypatch.setenv("DIAG_CACHE_DIR", str(tmp_path / f"cache{mix}"))
+        monkeypatch.setenv("DIAG_MIX_TREES", mix)
+        run = run_case(case, progress=False)
+        evs = [e for e in run.evaluations if e.sampled]
+        got[mix] = (sorted((e.key, e.accept_length, e.trajectory_rounds, e.expected_accept_length) for e in evs),
+                    run.timings["sampled_loops"], run.timings["sampled_trees_decoded"])
+    assert [x[:3] for x in got["0"][0]] == [x[:3] for x in got["1"][0]] and len(got["0"][0]) >= 4
+    for x, y in zip(got["0"][0], got["1"][0]):                   # the verify's float sums batch otherwise
+        assert abs(x[3] - y[3]) < 1e-6, x[0]
+    assert (got["0"][1], got["0"][2]) == (2, 2) and (got["1"][1], got["1"][2]) == (1, 2)
+
+
 def test_lossy_thresholds_are_said(tmp_path, monkeypatch):
     monkeypatch.setenv("DIAG_CACHE_DIR", str(tmp_path / "cache"))
     case = write(tmp_path, "lossy", "temperature = 1.0\nthreshold_acc = 0.5\nseeds = 1\nscope = \"all\"")

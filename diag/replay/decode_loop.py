@@ -172,6 +172,13 @@ def _fill(probs: torch.Tensor, logits, at: torch.Tensor, decoding: Decoding) -> 
         probs[rows] = probabilities(logits.rows(rows).to(probs.device), decoding)
 
 
+def _part(logits, rows: slice, nodes: int):
+    """The logits of rows `rows`, their first `nodes` nodes (NodeLogits or a tensor)."""
+    if isinstance(logits, torch.Tensor):
+        return logits[rows, :nodes]
+    return logits.part(rows, nodes)
+
+
 def accept_round(rule: SampledRule, t: dict, logits, decoding: Decoding, coins: torch.Tensor,
                  num_steps: int) -> tuple[SampledRound, torch.Tensor]:
     """The rule's walk and exact P(a >= d) for one round: t the tree (tokens, parents, valid,
@@ -208,10 +215,16 @@ def accept_round(rule: SampledRule, t: dict, logits, decoding: Decoding, coins: 
 
 
 class DecodeLoop:
-    """All lanes of one tree shape over the same prompts, batched; see the module docstring."""
+    """All lanes over the same prompts, batched; see the module docstring. Lanes may carry
+    different tree shapes (each lane its variant's tree): every row drafts its own tree, the
+    verify scores them all in one forward, the trees padded to the widest (padding nodes are
+    invalid: no node sees them, none is accepted), and each tree's rows are accepted as a loop of
+    that tree alone would accept them (its own D, coins and thresholds). Worked example: chain-1
+    (D 2) and s3-k8-d16 lanes -> one verify of 16 nodes a row a round; the chain-1 rows' nodes
+    2..15 are padding. `shape`, where given, is the one tree every lane must carry."""
 
     def __init__(self, model, drafter, embed, head, lanes: list[Lane], layouts: dict[str, Layout],
-                 shape: TreeShape, decoding: Decoding, *, eos_ids: set[int], profile: bool = False,
+                 shape: TreeShape | None, decoding: Decoding, *, eos_ids: set[int], profile: bool = False,
                  tables: dict | None = None, verification: str = "tree-target-only"):
         self.model, self.drafter, self.lanes, self.layouts = model, drafter, lanes, layouts
         self.rule = sampled_rule(verification)     # the engine's sampled rule (replay/verifiers.py)
@@ -222,7 +235,13 @@ class DecodeLoop:
         self.cuda_graphs = verify_graphs_wanted()  # the verify replayed from CUDA graphs where it can
         self.graphs: VerifyGraphs | None = None    # this run's (target/verify_graphs.py)
         self.counts = defaultdict(int)                      # rounds, verified tokens, rows, kv bytes read
-        self.shape, self.decoding, self.eos = shape, decoding, sorted(eos_ids)
+        self.decoding, self.eos = decoding, sorted(eos_ids)
+        self.trees = list(dict.fromkeys(ln.variant.tree for ln in lanes))     # the loop's tree shapes
+        if shape is not None and self.trees != [shape]:
+            raise ValueError(f"DecodeLoop: the lanes carry trees {[t.name for t in self.trees]}, not {shape.name}")
+        self.lane_tree = [self.trees.index(ln.variant.tree) for ln in lanes]
+        self.D = max(t.num_draft_tokens for t in self.trees)                # the verify's nodes a row
+        self.S = max(t.num_steps for t in self.trees)                       # the deepest path
         p = next(drafter.parameters())
         self.dev, self.dtype = p.device, p.dtype
         # the embedding and head each serving mode drafts with: the engine's tables (replay.draft_head)
@@ -254,11 +273,12 @@ class DecodeLoop:
     @torch.no_grad()
     def run(self, prompts: list[list[int]], rows: list[tuple[int, int]], max_new_tokens: int) -> list[Decoded]:
         """rows: (lane index, prompt index) pairs. Returns one Decoded per row, in order. Inside,
-        rows are grouped by serving mode (one contiguous slice each, see `_groups`). On CUDA the
+        rows are grouped by serving mode, then tree (one contiguous slice each, see `_groups`). On CUDA the
         whole loop runs without cuDNN's attention: the drafter's attention takes a new shape every
         round (its cache grows), and cuDNN would plan each one (target/sdpa.py)."""
         modes = list(self.heads)
-        order = sorted(range(len(rows)), key=lambda i: modes.index(self.lane_mode[rows[i][0]]))
+        order = sorted(range(len(rows)), key=lambda i: (modes.index(self.lane_mode[rows[i][0]]),
+                                                        self.lane_tree[rows[i][0]]))
         with cpu_threads(self.dev), attention_without_cudnn(self.dev):
             out = self._run([rows[i] for i in order], prompts, max_new_tokens)
         back = [None] * len(rows)
@@ -289,7 +309,7 @@ class DecodeLoop:
         self.on_step()
         while st.active.numel():
             self.counts["rounds"] += 1
-            self.counts["verified_tokens"] += len(st.n) * self.shape.num_draft_tokens
+            self.counts["verified_tokens"] += len(st.n) * self.D                 # the forward's nodes
             self._round(st, tkv)
             with self._phase("retire"):
                 st = self._retire(st, tkv, prompts, max_new_tokens)
@@ -297,15 +317,18 @@ class DecodeLoop:
         return st.out
 
     # ---- the drafter's inputs ----------------------------------------------------------
-    def _groups(self, lane_of: torch.Tensor) -> list[tuple[str, DraftHead, slice]]:
-        """(mode, its draft head, its rows) for every mode present: rows are sorted by mode and stay
-        so when rows leave, so each mode is one slice (drafter-cache views, no copies)."""
-        modes = [self.lane_mode[li] for li in lane_of.tolist()]
+    def _groups(self, lane_of: torch.Tensor, by_tree: bool = False) -> list[tuple[str, DraftHead, TreeShape | None, slice]]:
+        """(mode, its draft head, tree, its rows) for every mode present (by_tree: every mode and
+        tree; else tree None): rows are sorted by mode, then tree, and stay so when rows leave, so
+        each group is one slice (drafter-cache views, no copies)."""
+        lanes = lane_of.tolist()
         out = []
         for mode, head in self.heads.items():
-            idx = [i for i, m in enumerate(modes) if m == mode]
-            if idx:
-                out.append((mode, head, slice(idx[0], idx[-1] + 1)))
+            for k, tree in enumerate(self.trees if by_tree else [None]):
+                idx = [i for i, li in enumerate(lanes)
+                       if self.lane_mode[li] == mode and (tree is None or self.lane_tree[li] == k)]
+                if idx:
+                    out.append((mode, head, tree, slice(idx[0], idx[-1] + 1)))
         return out
 
     def _aux(self, states: dict, pick, lane_of: torch.Tensor, rows: slice) -> torch.Tensor:
@@ -330,7 +353,7 @@ class DecodeLoop:
         """Append count[b] pairs to every row's drafter cache; r_root = r of each row's last pair."""
         B = len(st.lane_of)
         r_all = None
-        for _, head, sl in self._groups(st.lane_of):
+        for _, head, _, sl in self._groups(st.lane_of):
             sub = st.dkv.select(sl)
             r = extend(self.drafter, head, sub, nxt[sl], self._aux(states, pick, st.lane_of, sl), pos[sl], count[sl])
             st.dkv.put(sl, sub)
@@ -343,7 +366,7 @@ class DecodeLoop:
     def _start(self, prompts, rows, max_new_tokens):
         uniq = sorted({p for _, p in rows})
         ids, valid = pad_right([torch.tensor(prompts[p], dtype=torch.long) for p in uniq])
-        cap = ids.shape[1] + max_new_tokens + 2 * (self.shape.num_draft_tokens + 2)
+        cap = ids.shape[1] + max_new_tokens + 2 * (self.D + 2)
         tkv, scored = prefill(self.model, ids, valid, self.points, capacity=cap)
         pick = torch.tensor([uniq.index(p) for _, p in rows], dtype=torch.long)
         select_rows(tkv, pick)                                                # one cache row per row
@@ -355,7 +378,7 @@ class DecodeLoop:
         logits = scored.logits[:, 0].to(self.dev)[pick.to(self.dev)]
         seq[torch.arange(B), plen] = self._first_tokens(logits, out, lane_of, plen).cpu()
         attn = self.drafter.midlayer.self_attn
-        cap = P + max_new_tokens + 2 * (self.shape.num_steps + 2)
+        cap = P + max_new_tokens + 2 * (self.S + 2)
         heads, k_dim, v_dim = cache_dims(attn)
         dkv = DraftKV.empty(B, cap, heads, k_dim, dtype=self.dtype, device=self.dev, v_dim=v_dim)
         st = _Rows(seq, plen + 1, None, dkv, lane_of, torch.arange(B), out, torch.zeros(B, dtype=torch.bool))
@@ -382,15 +405,14 @@ class DecodeLoop:
     def _draft(self, st):
         root = st.root.to(self.dev)
         root_tok = st.seq[torch.arange(len(st.n)), st.n - 1].to(self.dev)
-        B, D = len(st.n), self.shape.num_draft_tokens
-        full = {k: torch.zeros(B, D, dtype=t, device=self.dev)
+        B, D = len(st.n), self.D
+        full = {k: torch.zeros(B, D, dtype=t, device=self.dev)          # a smaller tree's tail: invalid
                 for k, t in (("tokens", torch.long), ("parents", torch.long), ("depths", torch.long),
                              ("valid", torch.bool))}
-        for _, head, sl in self._groups(st.lane_of):
-            tree = draft_tree(self.drafter, head, st.dkv.select(sl), st.r_root[sl], root[sl], root_tok[sl],
-                              self.shape)
+        for _, head, shape, sl in self._groups(st.lane_of, by_tree=True):
+            tree = draft_tree(self.drafter, head, st.dkv.select(sl), st.r_root[sl], root[sl], root_tok[sl], shape)
             for k in full:
-                full[k][sl] = getattr(tree, k).to(self.dev)
+                full[k][sl, :shape.num_draft_tokens] = getattr(tree, k).to(self.dev)
         return full
 
     def _round(self, st, tkv):
@@ -406,14 +428,35 @@ class DecodeLoop:
         with self._phase("commit"):
             self._commit(st, tkv, t, res, scored)
 
-    def _accept(self, st, t, scored):
-        D = self.shape.num_draft_tokens
+    def _accept(self, st, t, scored) -> tuple[SampledRound, list[list[float]]]:
+        """Each tree's rows accepted as that tree's own loop accepts them (its D + 1 coins, its
+        nodes only): the round's result over all rows (path padded with -1 to S + 1) and each
+        row's P(a >= d) for its own depths."""
         keys = torch.tensor([st.out[i].prompt for i in st.active.tolist()], dtype=torch.long, device=self.dev)
-        coins = self._coins(keys, st.lane_of, st.root, D + 1)
-        return accept_round(self.rule, t, scored.logits, self.decoding, coins, self.shape.num_steps)
+        if len(self.trees) == 1:
+            shape, = self.trees
+            coins = self._coins(keys, st.lane_of, st.root, shape.num_draft_tokens + 1)
+            res, e = accept_round(self.rule, t, scored.logits, self.decoding, coins, shape.num_steps)
+            return res, e.tolist()
+        groups = self._groups(st.lane_of, by_tree=True)
+        B = len(st.n)
+        accepted = torch.zeros(B, dtype=torch.long, device=self.dev)
+        path = torch.full((B, self.S + 1), -1, dtype=torch.long, device=self.dev)
+        bonus = torch.zeros(B, dtype=torch.long, device=self.dev)
+        exp: list = [None] * B
+        for _, _, shape, sl in groups:
+            D = shape.num_draft_tokens
+            coins = self._coins(keys[sl], st.lane_of[sl], st.root[sl], D + 1)
+            part = {k: v[sl, :D] for k, v in t.items()}
+            res, e = accept_round(self.rule, part, _part(scored.logits, sl, D), self.decoding, coins,
+                                  shape.num_steps)
+            accepted[sl], bonus[sl] = res.accepted.to(self.dev), res.bonus.to(self.dev)
+            path[sl, :shape.num_steps + 1] = res.path.to(self.dev)
+            exp[sl] = e.tolist()
+        return SampledRound(accepted, path, bonus), exp
 
     def _record(self, st, res, exp):
-        acc, e, roots = res.accepted.tolist(), exp.tolist(), st.root.tolist()
+        acc, e, roots = res.accepted.tolist(), exp, st.root.tolist()
         done = st.done.tolist()
         for b, i in enumerate(st.active.tolist()):
             if done[b]:

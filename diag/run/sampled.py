@@ -6,9 +6,12 @@ Which variants (the case's decoding.scope):
               best of them (by the exact expectation) on every other tree: what the layout,
               EAGLE-mode and tree verdicts read at the served decoding;
   "all"       every candidate on every tree.
-Each variant runs once per seed over every prompt. Lanes of one tree shape share each
-verify forward (rows = lanes x prompts, in batches of at most `token_budget` verified tokens);
-the prompts' prefill is shared by every lane. Nothing is loaded and nothing runs when the run
+Each variant runs once per seed over every prompt. Lanes share each verify forward (rows = lanes
+x prompts, in batches of at most `token_budget` verified tokens); the prompts' prefill is shared by
+every lane. On CUDA the lanes of every tree shape still to decode run in one loop (`mix_trees`:
+a verify reads the target's weights once whatever its rows, so 6 trees cost one loop's rounds,
+not six; the trees are padded to the widest, see DecodeLoop); on the CPU, where a verify's cost
+is its tokens, each tree runs its own loop. Either way each row decodes the same. Nothing is loaded and nothing runs when the run
 has no sampled decoding. Each loop is answered from the sampled cache when it ran before with the
 same content (run/sampled_cache.py); when every loop is, the target is not loaded for them.
 This module connects the loop with a case; it knows nothing about files or reports.
@@ -17,7 +20,10 @@ This module connects the loop with a case; it knows nothing about files or repor
 from __future__ import annotations
 
 import json
+import os
 import time
+
+import torch
 
 from diag.checkpoint.identity import checkpoint_identity, is_memoised
 from diag.replay.decode_loop import DecodeLoop, Lane
@@ -56,11 +62,20 @@ def _batches(rows: list[tuple[int, int]], lens: list[int], shape: TreeShape, max
     return out
 
 
+def mix_trees_wanted(dev) -> bool:
+    """Every tree in one loop: DIAG_MIX_TREES "1" or "0" where set, else on CUDA only (module
+    docstring: on the CPU the padding would cost work and save nothing)."""
+    value = os.environ.get("DIAG_MIX_TREES", "").strip()
+    return value == "1" if value in ("0", "1") else torch.device(dev).type == "cuda"
+
+
 class SampledEvaluations:
     """Callable as target_passes' with_model hook; `evaluations` afterwards."""
 
-    def __init__(self, inp: Inputs, drafter, embed, head, shards=None, use_cache: bool = False):
+    def __init__(self, inp: Inputs, drafter, embed, head, shards=None, use_cache: bool = False,
+                 mix_trees: bool | None = None):
         self.inp, self.drafter, self.embed, self.head = inp, drafter, embed, head
+        self.mix_trees = mix_trees           # every tree in one loop (None: on CUDA; module docstring)
         self.shards = shards                 # run/distributed.Shards: this rank decodes its share of the batches
         self.use_cache = use_cache and shards is None
         self.notes: list[str] = []           # why a cache entry was not believed
@@ -140,49 +155,67 @@ class SampledEvaluations:
         window = max(s.num_steps for s in inp.shapes)
         accounting = accounting_for(round_accounting(inp.case))      # the rounds the engine counts
         out = []
-        for shape in dict.fromkeys(v.tree for v in variants):
-            vs = [v for v in variants if v.tree == shape]
-            lanes = [Lane(v, s) for v in vs for s in inp.decoding.seeds]
-            decoded = self._decode(model, dec, shape, lanes, prompts, lens, eos, layouts)
-            for v in vs:
-                mine = [o for o in decoded if o.lane.variant == v]
+        trees = [(shape, [Lane(v, s) for v in variants if v.tree == shape for s in inp.decoding.seeds])
+                 for shape in dict.fromkeys(v.tree for v in variants)]
+        decoded = self._decode(model, dec, trees, prompts, lens, eos, layouts)
+        for shape, _ in trees:
+            for v in (v for v in variants if v.tree == shape):
+                mine = [o for o in decoded[shape] if o.lane.variant == v]
                 out.append(summarize_sampled(v, mine, [pid for pid, _, _ in inp.prompts], lens, window_steps=window,
                                              buckets=ev.position_buckets, seed=ev.seed, n_boot=ev.bootstrap,
                                              accounting=accounting))
         return out
 
-    def _decode(self, model, dec, shape, lanes, prompts, lens, eos, layouts):
-        """Every row of one loop (lanes x prompts), from the cache or decoded (and then cached);
-        model None and no entry: _Miss."""
-        inp, ev = self.inp, self.inp.case.evaluate
-        key = self._key(dec, shape, lanes) if self.use_cache else None
-        if key is not None:
-            hit, why = sampled_cache.load(key, lanes)
-            if why:
-                self.notes.append(f"sampled decode {dec.name} {shape.name}: {why}")
+    def _decode(self, model, dec, trees, prompts, lens, eos, layouts) -> dict:
+        """Every row of every tree's lanes (lanes x prompts), {shape: rows}: from the cache or
+        decoded (and then cached, tree by tree); model None and an entry missing: _Miss."""
+        got, todo = {}, []
+        for shape, lanes in trees:
+            key = self._key(dec, shape, lanes) if self.use_cache else None
+            hit = None
+            if key is not None:
+                hit, why = sampled_cache.load(key, lanes)
+                if why:
+                    self.notes.append(f"sampled decode {dec.name} {shape.name}: {why}")
             if hit is not None:
                 self._count(trees_cached=1)
-                return hit
-        if model is None:
+                got[shape] = hit
+            else:
+                todo.append((shape, lanes, key))
+        if todo and model is None:
             raise _Miss
-        loop = DecodeLoop(model, self.drafter, self.embed, self.head, lanes, layouts, shape, dec, eos_ids=eos,
+        mix = self.mix_trees if self.mix_trees is not None else mix_trees_wanted(next(self.drafter.parameters()).device)
+        for part in ([todo] if mix and todo else [[t] for t in todo]):
+            lanes = [ln for _, ls, _ in part for ln in ls]
+            decoded = self._loop(model, dec, [s for s, _, _ in part], lanes, prompts, lens, eos, layouts)
+            for shape, ls, key in part:
+                mine = set(map(id, ls))
+                got[shape] = [o for o in decoded if id(o.lane) in mine]
+                if key is not None:
+                    sampled_cache.save(key, ls, got[shape])
+        return got
+
+    def _loop(self, model, dec, shapes, lanes, prompts, lens, eos, layouts) -> list:
+        """One loop over `lanes` (of the trees `shapes`): every row, in batches."""
+        inp, ev = self.inp, self.inp.case.evaluate
+        names = "+".join(s.name for s in shapes)
+        loop = DecodeLoop(model, self.drafter, self.embed, self.head, lanes, layouts, None, dec, eos_ids=eos,
                           tables=draft_tables_by_mode(inp), verification=sampled_verification(inp))
         rows = [(li, p) for li in range(len(lanes)) for p in range(len(prompts))]
-        batches = _batches(rows, lens, shape, inp.case.prompts.max_new_tokens, ev.token_budget)
+        widest = max(shapes, key=lambda s: s.num_draft_tokens)
+        batches = _batches(rows, lens, widest, inp.case.prompts.max_new_tokens, ev.token_budget)
         if self.shards is not None:          # this rank's share of the same batches, bit for bit
             batches = self.shards.own_batches(batches)
         decoded = []
         for batch in batches:
             decoded += loop.run(prompts, batch, inp.case.prompts.max_new_tokens)
-        self._count(trees_decoded=1, lanes=len(lanes), rows=loop.counts["rows"], rounds=loop.counts["rounds"],
-                    verified_tokens=loop.counts["verified_tokens"])
+        self._count(loops=1, trees_decoded=len(shapes), lanes=len(lanes), rows=loop.counts["rows"],
+                    rounds=loop.counts["rounds"], verified_tokens=loop.counts["verified_tokens"])
         if loop.graph_failure:
-            self.notes.append(f"sampled decode {dec.name} {shape.name}: the verify's CUDA graphs were turned off "
+            self.notes.append(f"sampled decode {dec.name} {names}: the verify's CUDA graphs were turned off "
                               f"({loop.graph_failure}); it ran eagerly: the same numbers, slower")
         if self.shards is not None:
             decoded = self.shards.all_rows([r for b in batches for r in b], decoded)
-        if key is not None:
-            sampled_cache.save(key, lanes, decoded)
         return decoded
 
     def _count(self, **n: int) -> None:

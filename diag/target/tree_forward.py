@@ -67,6 +67,11 @@ class NodeLogits:
         """flat [n] indices b * D + node -> logits [n, V] float32."""
         return _logits(self.model, self.final.reshape(-1, self.final.shape[-1])[flat.to(self.final.device)])
 
+    def part(self, rows: slice, nodes: int) -> "NodeLogits":
+        """The same logits for rows `rows` and their first `nodes` nodes (one tree of a verify
+        that scored several, padded to the widest)."""
+        return NodeLogits(self.model, self.final[rows, :nodes])
+
 
 @dataclass(frozen=True)
 class Scored:
