@@ -44,6 +44,21 @@ def test_sampled_extrapolation_worked_example():
     with_b = sampled_extrapolation(tokens, (3.49e-3, 20e-6, "fit"), 216.0, 599.5e9, 15.5e9)
     gained = with_b["first_sampled_s"] - x["first_sampled_s"]
     assert gained == pytest.approx(59 * 20e-6 * 96000) == pytest.approx(113.28)
+    assert "floors" not in x                                          # no copy bandwidth given
+
+
+def test_round_floors_worked_example():
+    """round_floors' docstring: 120 rounds of 594 GB at 3.0 TB/s -> 23.8 s stage after stage,
+    2.97 s on all 8 GPUs; sampled_extrapolation gives them for the first run and the further one."""
+    from diag.bench.extrapolate import round_floors, sampled_extrapolation
+
+    f = round_floors(120, 594e9, 3.0e12)
+    assert f["stage_after_stage_s"] == pytest.approx(23.76) and f["all_gpus_s"] == pytest.approx(2.97)
+    assert f["seconds_per_round_stage_after_stage"] == pytest.approx(0.198)
+    e2e = {"layers": 2, "first": {"sampled_s": 60.0, "sampled_rounds": 1200}, "one_more_layout": MORE}
+    x = sampled_extrapolation(e2e, (3.49e-3, 0.0, "decode slope"), 216.0, 594e9, 15.5e9, 3.0e12)
+    assert x["floors"]["first"]["stage_after_stage_s"] == pytest.approx(1200 * 0.198)
+    assert x["floors"]["further"]["rounds"] == 180 and x["floors"]["further"]["all_gpus_s"] == pytest.approx(180 * 0.198 / 8)
 
 
 def test_extrapolate_takes_the_sampled_loop_out_of_the_greedy_verdict_and_grows_it():

@@ -163,6 +163,38 @@ def test_measure_costs_leaves_the_drafters_numerics_as_set():
     assert m.config._attn_implementation == "diag_fp32_kernels"
 
 
+def test_measure_costs_times_without_cudnns_attention(monkeypatch):
+    """The step costs are timed inside target.sdpa.attention_without_cudnn for the model's device
+    (on CUDA cuDNN's first use and per-shape plans cost seconds, and no server attends with it):
+    every timed call runs inside it."""
+    import contextlib
+    from diag.drafter.model import DrafterConfig, Eagle3Drafter
+    from diag.diagnoses.pricing import costs as costs_mod
+    state = {"inside": False, "devices": [], "calls_outside": 0}
+
+    @contextlib.contextmanager
+    def recorder(dev):
+        state["devices"].append(torch.device(dev))
+        state["inside"] = True
+        try:
+            yield
+        finally:
+            state["inside"] = False
+    monkeypatch.setattr(costs_mod, "attention_without_cudnn", recorder)
+    real = costs_mod._interleaved
+
+    def checked(jobs, dev, repeats):
+        state["calls_outside"] += not state["inside"]
+        return real(jobs, dev, repeats)
+    monkeypatch.setattr(costs_mod, "_interleaved", checked)
+    cfg = DrafterConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                        vocab_size=97, draft_vocab_size=97, target_hidden_size=64)
+    d = Eagle3Drafter(cfg).eval()
+    m = _llama()
+    costs_mod.measure_costs(m, d, m.get_input_embeddings(), [1, 4], context=16, repeats=1)
+    assert state["devices"] == [torch.device("cpu")] and state["calls_outside"] == 0
+
+
 @pytest.mark.parametrize("numerics", ["transformers", "fp32-kernels"])
 def test_the_decode_loops_drafter_drafts_what_the_replays_drafts(numerics):
     """A bf16 drafter's chain from root 12 of a 20-pair row: the decode loop's incremental cache

@@ -151,7 +151,7 @@ def test_every_tree_in_one_loop_gives_what_one_loop_per_tree_gives(tmp_path, mon
         run = run_case(case, progress=False)
         evs = [e for e in run.evaluations if e.sampled]
         got[mix] = (sorted((e.key, e.accept_length, e.trajectory_rounds, e.expected_accept_length) for e in evs),
-                    run.timings["sampled_loops"], run.timings["sampled_trees_decoded"])
+                    run.timings["sampled_decode_loops"], run.timings["sampled_trees_decoded"])
     assert [x[:3] for x in got["0"][0]] == [x[:3] for x in got["1"][0]] and len(got["0"][0]) >= 4
     for x, y in zip(got["0"][0], got["1"][0]):                   # the verify's float sums batch otherwise
         assert abs(x[3] - y[3]) < 1e-6, x[0]

@@ -178,6 +178,9 @@ def test_coins_depend_on_their_key_only_and_look_uniform():
     u = uniforms(3, keys, rounds, 8)
     assert torch.equal(u[10:20], uniforms(3, keys[10:20], rounds[10:20], 8))
     assert not torch.equal(u, uniforms(4, keys, rounds, 8))
+    seeds = torch.tensor([3, 4, 2 ** 40 + 7] * 10 + [3] * (len(keys) - 30))      # a seed per row, one call
+    rows = torch.cat([uniforms(int(s), keys[i:i + 1], rounds[i:i + 1], 8) for i, s in enumerate(seeds.tolist())])
+    assert torch.equal(uniforms(seeds, keys, rounds, 8), rows)
     assert 0.0 <= float(u.min()) and float(u.max()) < 1.0
     hist = torch.histc(u, bins=10, min=0.0, max=1.0)
     assert float(((hist - 800) ** 2 / 800).sum()) < 27.9     # chi-square 9 dof, alpha 0.001

@@ -122,7 +122,7 @@ def pipeline_section(first: dict, token_budget: int, sequential_s: float, stages
 
 
 def extrapolate(e2e: dict, grown: dict, load: dict, shard_bytes: list[int], *, batch: int = 16,
-                gpu_memory: int | None = None) -> dict:
+                gpu_memory: int | None = None, copy_bytes_per_s: float | None = None) -> dict:
     """e2e, grown, load: the benchmark's sections; batch: prompts per generation batch when
     the e2e run does not say (timings.target_generate_batch); the per-layer decode slope is
     the grown section's at that batch when it measured one."""
@@ -145,8 +145,8 @@ def extrapolate(e2e: dict, grown: dict, load: dict, shard_bytes: list[int], *, b
     verdict = gen + cap + costs_61 + rest
     kimi_batch = kimi_generation_batch(first, e2e["max_new_tokens"], total, gpu_memory,
                                        e2e.get("token_budget", 16384))
-    sampled = (sampled_extrapolation(e2e, round_cost(grown, slope, batch), verdict, total, sum(shard_bytes))
-               if "sampled_s" in first else None)
+    sampled = (sampled_extrapolation(e2e, round_cost(grown, slope, batch), verdict, total, sum(shard_bytes),
+                                     copy_bytes_per_s) if "sampled_s" in first else None)
     terms = {"load_s": load_61, "generate_s": gen, "capture_s": cap, "step_costs_s": costs_61,
              "drafter_and_report_s": rest}
     return {
@@ -200,7 +200,7 @@ def round_cost(grown: dict, decode_slope: float, batch: int) -> tuple[float, flo
 
 
 def sampled_extrapolation(e2e: dict, cost: tuple[float, float, str], greedy_verdict: float, kimi_total: float,
-                          measured_bytes: float) -> dict:
+                          measured_bytes: float, copy_bytes_per_s: float | None = None) -> dict:
     """The e2e run's sampled decoding (e2e.sampled_figures) at 61 layers on 8 GPUs.
     Layers: a round of the decode loop is one verify forward of its batch through every layer,
     stage after stage (no pipelining: a round waits for the last one's accept), plus the
@@ -218,7 +218,8 @@ def sampled_extrapolation(e2e: dict, cost: tuple[float, float, str], greedy_verd
     (goal 300: not met). One more layout: 9 s over 180 rounds -> 9 + 59 * 0.00349 * 180 = 46.1 s;
     it loaded 15.5 GB in 4 s -> 4 * 599.5 / 15.5 = 154.7 s; 1.5 s of checks, replay and report
     -> 202.3 s (goal 10: not met). With b 20 us and 96,000 verified tokens the first run's loop
-    gains 59 * 20e-6 * 96000 = 113.3 s more."""
+    gains 59 * 20e-6 * 96000 = 113.3 s more. With the device's copy bandwidth, `floors` gives the
+    least the rounds could cost (round_floors)."""
     k, extra = e2e["layers"], KIMI_LAYERS - e2e["layers"]
     first, more = e2e["first"], e2e.get("one_more_layout", {})
     a, b, slope_name = cost
@@ -256,4 +257,25 @@ def sampled_extrapolation(e2e: dict, cost: tuple[float, float, str], greedy_verd
                        "further_reload_s": f"{load:.4g} s * {kimi_total:.4g} B / {measured_bytes:.4g} B",
                        "further_rest_s": "the one-more-layout run's wall_s - sampled_s - target_load_s, as measured",
                        "first_sampled_if_all_per_layer_s": f"{first.get('sampled_s', 0.0):.4g} * 61 / {k}"}
+    if copy_bytes_per_s:
+        out["floors"] = {"first": round_floors(out["first_rounds"], kimi_total, copy_bytes_per_s),
+                         "further": round_floors(out["further_rounds"], kimi_total, copy_bytes_per_s)}
     return out
+
+
+def round_floors(rounds: int, kimi_total: float, copy_bytes_per_s: float, gpus: int = KIMI_GPUS) -> dict:
+    """The least `rounds` verify rounds can cost on Kimi: each reads the checkpoint's bytes once
+    (at these batches every routed expert is reached: rows x D x 8 picks over 384 experts,
+    1 - (1 - 1/384)^(64 x 4 x 8) = 0.995), at the device's copy bandwidth. stage_after_stage:
+    diag's placement, one GPU reading its layers while the others wait (a round's accept needs
+    the last layer before the next round can start); all_gpus: the 8 GPUs reading their share of
+    every layer at once, what tensor parallelism reaches (as servers run Kimi). Pipelining
+    several loops over the stages does not lower one loop's floor: a round bound by weight reads
+    reads a stage's weights whatever its rows, so splitting one loop's rows into microbatches
+    multiplies the reads; loops of other variants in flight share the stages as rows of one loop
+    share a verify (DecodeLoop's trees in one loop do that already).
+    Worked example: 120 rounds, 594 GB, 3.0 TB/s -> 23.8 s stage after stage, 2.97 s on all 8."""
+    one = kimi_total / copy_bytes_per_s
+    return {"rounds": rounds, "seconds_per_round_stage_after_stage": one,
+            "stage_after_stage_s": rounds * one, "all_gpus_s": rounds * one / gpus,
+            "formula": f"{rounds} rounds * {kimi_total:.4g} B / {copy_bytes_per_s:.4g} B/s (/ {gpus} on all GPUs)"}

@@ -195,7 +195,7 @@ def _finish(res: dict, out: Path) -> dict:
     if all(n in secs and "error" not in secs[n] and "incomplete" not in secs[n] for n in need):
         section(res, "extrapolation", lambda: extrapolate(
             secs["e2e"], secs["grown"], secs["load"], secs["checkpoint"]["shard_bytes"],
-            gpu_memory=res.get("machine", {}).get("gpu_memory_bytes")))
+            gpu_memory=res.get("machine", {}).get("gpu_memory_bytes"), copy_bytes_per_s=ceil.get("copy_bytes_per_s")))
         x = secs.get("extrapolation", {}).get("sampled")
         for key, goal in (x or {}).get("goals", {}).items():      # each term, the goal, met or not
             print(f"[bench] extrapolation.sampled.{key}: {x['terms'][key]} (goal <= {goal['limit']:g} s: "

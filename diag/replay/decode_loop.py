@@ -394,12 +394,10 @@ class DecodeLoop:
                                                                         FIRST_TOKEN_STREAM)[:, 0])
 
     def _coins(self, keys, lane_of, counter, width, stream: int = 0):
-        coins = torch.zeros(len(keys), width, device=self.dev)
-        seeds = torch.tensor([self.lanes[li].seed for li in lane_of.tolist()])
-        for s in seeds.unique().tolist():
-            m = (seeds == s).to(self.dev)
-            coins[m] = uniforms(s ^ stream, keys[m], counter.to(self.dev)[m], width)
-        return coins
+        """[B, width] coins of each row's (seed ^ stream, prompt key, counter): every seed in one
+        call, no mask (a boolean index asks the device for its count: a host sync)."""
+        seeds = torch.tensor([self.lanes[li].seed for li in lane_of.tolist()], dtype=torch.long) ^ stream
+        return uniforms(seeds.to(self.dev), keys, counter.to(self.dev), width)
 
     # ---- one round -----------------------------------------------------------------------
     def _draft(self, st):

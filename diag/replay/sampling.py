@@ -140,11 +140,15 @@ def _fmix(h: torch.Tensor) -> torch.Tensor:
     return h ^ (h >> 16)
 
 
-def uniforms(seed: int, keys: torch.Tensor, counter: torch.Tensor, width: int) -> torch.Tensor:
+def uniforms(seed: "int | torch.Tensor", keys: torch.Tensor, counter: torch.Tensor, width: int) -> torch.Tensor:
     """[B, width] float32 in [0, 1): coin column c of row b at round counter[b], from
-    (seed, keys[b], counter[b], c) alone. keys, counter [B] int64."""
+    (seed, keys[b], counter[b], c) alone. keys, counter [B] int64; seed one int, or [B] int64,
+    row b's own (the same coins as uniforms(seed[b], ...) row by row, in one call)."""
     cols = torch.arange(width, device=keys.device, dtype=torch.int64)
-    h = _fmix(torch.full_like(keys, (int(seed) * 0x9E3779B1 + 0x7F4A7C15) & _M32))
+    if isinstance(seed, torch.Tensor):
+        h = _fmix((seed.to(keys.device, torch.int64) & _M32) * 0x9E3779B1 + 0x7F4A7C15)
+    else:
+        h = _fmix(torch.full_like(keys, (int(seed) * 0x9E3779B1 + 0x7F4A7C15) & _M32))
     h = _fmix(h[:, None] ^ _fmix(keys[:, None] * 0x27D4EB2F + 0x165667B1))
     h = _fmix(h ^ _fmix(counter[:, None] * 0x61C88647 + cols[None, :] * 0x2545F491 + 0x1B873593))
     return ((h >> 8).to(torch.float32) / float(1 << 24)).clamp(max=MAX_COIN)

@@ -189,8 +189,8 @@ class SampledEvaluations:
             lanes = [ln for _, ls, _ in part for ln in ls]
             decoded = self._loop(model, dec, [s for s, _, _ in part], lanes, prompts, lens, eos, layouts)
             for shape, ls, key in part:
-                mine = set(map(id, ls))
-                got[shape] = [o for o in decoded if id(o.lane) in mine]
+                mine = set(ls)                   # by value: another rank's rows arrive as copies
+                got[shape] = [o for o in decoded if o.lane in mine]
                 if key is not None:
                     sampled_cache.save(key, ls, got[shape])
         return got
@@ -209,7 +209,7 @@ class SampledEvaluations:
         decoded = []
         for batch in batches:
             decoded += loop.run(prompts, batch, inp.case.prompts.max_new_tokens)
-        self._count(loops=1, trees_decoded=len(shapes), lanes=len(lanes), rows=loop.counts["rows"],
+        self._count(decode_loops=1, trees_decoded=len(shapes), lanes=len(lanes), rows=loop.counts["rows"],
                     rounds=loop.counts["rounds"], verified_tokens=loop.counts["verified_tokens"])
         if loop.graph_failure:
             self.notes.append(f"sampled decode {dec.name} {names}: the verify's CUDA graphs were turned off "

@@ -2,8 +2,11 @@
 
 cuDNN's attention builds an execution plan for every new shape (public reports: up to a few
 hundred ms each; sglang PR 4650, mlx PR 2743), and torch picks it on Hopper. Where the shapes keep
-changing (transformers' generate: the keys one longer every step) or a forward is captured in a
-CUDA graph (the decode loop's verify), diag runs without it. This module knows torch's flags."""
+changing (transformers' generate: the keys one longer every step; the decode loop, whose drafter's
+cache grows every round; the step-cost probe, a shape per tree size) or a forward is captured in
+a CUDA graph (the decode loop's verify), diag runs without it: a run then never pays cuDNN's
+first use either (its attention compiles kernels when first called). This module knows torch's
+flags."""
 
 from __future__ import annotations
 

@@ -24,6 +24,7 @@ from torch import nn
 from diag.drafter.model import Eagle3Drafter
 from diag.diagnoses.pricing.model import StepCosts
 from diag.target.engine_numerics import as_loaded
+from diag.target.sdpa import attention_without_cudnn
 from diag.target.tree_forward import cache_kwarg
 
 
@@ -111,9 +112,13 @@ def _cut(cache, n: int) -> bool:
 def measure_costs(model: nn.Module, drafter: Eagle3Drafter, embed, draft_tokens: list[int], *,
                   context: int = 128, repeats: int = 7, vocab: int | None = None) -> MeasuredCosts:
     """Step costs of the target and drafter as loaded: an engine's rounding that diag emulates
-    (target/engine_numerics.py) is its arithmetic, not its speed, so it is off while timing."""
+    (target/engine_numerics.py) is its arithmetic, not its speed, so it is off while timing. On
+    CUDA without cuDNN's attention, as every forward of diag's that changes shape (target/sdpa.py):
+    its first use compiles kernels and plans each new shape, seconds a run paid here once the
+    generation left it out (H100, 2 layers: target_costs_s 1.1 s while the generation had paid it,
+    6.6-9.6 s after; reports/bench/NOTES.md), and servers attend with their own kernels."""
     numerics = drafter.numerics
-    with as_loaded(model):
+    with as_loaded(model), attention_without_cudnn(next(model.parameters()).device):
         drafter.set_numerics("transformers")
         try:
             return _measure(model, drafter, embed, draft_tokens, context, repeats, vocab)
