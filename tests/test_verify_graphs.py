@@ -1,6 +1,7 @@
 """target/verify_graphs.py off the GPU: what it does when it cannot capture (the CUDA side
 runs in tests/test_gpu.py on the device)."""
 
+import pytest
 import torch
 
 from diag.target.kv_buffer import BufferLayer, stamps
@@ -40,7 +41,8 @@ def test_graphs_are_usable_only_on_one_cuda_device_and_forget_the_buffers_they_w
 
 
 def test_the_verify_graphs_switch(monkeypatch):
-    """DIAG_VERIFY_GRAPHS=0 turns the loop's graphs off; unset or anything else leaves them on."""
+    """DIAG_VERIFY_GRAPHS=0 turns the loop's graphs off; unset or 1 leaves them on; anything else
+    is an error naming it (tests/bad_inputs: before anything loads)."""
     from diag.replay.decode_loop import verify_graphs_wanted
     monkeypatch.delenv("DIAG_VERIFY_GRAPHS", raising=False)
     assert verify_graphs_wanted()
@@ -48,4 +50,8 @@ def test_the_verify_graphs_switch(monkeypatch):
     assert not verify_graphs_wanted()
     monkeypatch.setenv("DIAG_VERIFY_GRAPHS", "1")
     assert verify_graphs_wanted()
+    from diag.errors import DiagError
+    monkeypatch.setenv("DIAG_VERIFY_GRAPHS", "no")
+    with pytest.raises(DiagError, match="DIAG_VERIFY_GRAPHS"):
+        verify_graphs_wanted()
 

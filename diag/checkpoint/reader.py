@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 from diag.checkpoint.identity import DIGEST_CHUNK, FileDigest, chunk_hasher, stat_key
-from diag.errors import DiagError
+from diag.errors import DiagError, env_count
 
 MiB = 1 << 20
 _IOV_MAX = 512  # iovecs per preadv (Linux allows 1024)
@@ -85,7 +85,8 @@ class _Segment:
 
 def default_threads() -> int:
     """DIAG_LOAD_THREADS, else 8 (I/O threads: they wait on the disk, not on a core)."""
-    return max(1, int(os.environ.get("DIAG_LOAD_THREADS", "8")))
+    n = env_count("DIAG_LOAD_THREADS")
+    return 8 if n is None else max(1, n)
 
 
 def _flat_bytes(t: torch.Tensor) -> torch.Tensor:

@@ -30,7 +30,6 @@ row's draws do not depend on the batch. This module knows the loop; nothing abou
 
 from __future__ import annotations
 
-import os
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -41,6 +40,7 @@ import torch
 from diag.drafter.drafting import DraftHead
 from diag.drafter.incremental import DraftKV, cache_dims, draft_tree, extend
 from diag.engines.decoding import Decoding
+from diag.errors import env_switch
 from diag.layouts import CapturePoint, Layout, union_points
 from diag.replay.replay import Variant, _on, default_tables, draft_head
 from diag.replay.round_accounting import ACCOUNTINGS, RoundAccounting
@@ -113,7 +113,7 @@ class _Rows:
 def verify_graphs_wanted() -> bool:
     """The verify's CUDA graphs (target/verify_graphs.py) are on unless DIAG_VERIFY_GRAPHS is
     "0": a switch to rule them out when a GPU run misbehaves (they change no number)."""
-    return os.environ.get("DIAG_VERIFY_GRAPHS", "1").strip() != "0"
+    return env_switch("DIAG_VERIFY_GRAPHS") is not False
 
 
 @contextmanager

@@ -16,7 +16,7 @@ This module knows the case's dataclasses and the engine's tree rules; it reads n
 from __future__ import annotations
 
 from diag.engines import EngineRules, Release, engine, rules
-from diag.errors import DiagError
+from diag.errors import DiagError, check_environment
 from diag.trees import tree_shape
 
 
@@ -140,6 +140,7 @@ def check_user_costs(spec, source: str) -> None:
 
 
 def check_case_values(case) -> None:
+    check_environment()                       # DIAG_MIX_TREES=yes fails here, not after the load
     check_ranges(case)
     check_placement(case)
     check_trees(case)

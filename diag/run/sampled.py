@@ -20,12 +20,12 @@ This module connects the loop with a case; it knows nothing about files or repor
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import torch
 
 from diag.checkpoint.identity import checkpoint_identity, is_memoised
+from diag.errors import env_switch
 from diag.replay.decode_loop import DecodeLoop, Lane
 from diag.replay.evaluation import Evaluation, best
 from diag.replay.replay import Variant
@@ -65,8 +65,8 @@ def _batches(rows: list[tuple[int, int]], lens: list[int], shape: TreeShape, max
 def mix_trees_wanted(dev) -> bool:
     """Every tree in one loop: DIAG_MIX_TREES "1" or "0" where set, else on CUDA only (module
     docstring: on the CPU the padding would cost work and save nothing)."""
-    value = os.environ.get("DIAG_MIX_TREES", "").strip()
-    return value == "1" if value in ("0", "1") else torch.device(dev).type == "cuda"
+    value = env_switch("DIAG_MIX_TREES")
+    return torch.device(dev).type == "cuda" if value is None else value
 
 
 class SampledEvaluations:

@@ -122,6 +122,15 @@ def _placement_case(value):
     return build
 
 
+def _env(name, value):
+    """A run with one of diag's environment variables set to something it cannot read: named
+    before anything loads (run/case_checks.check_environment), not deep in the decode loop."""
+    def build(ctx):
+        ctx.env[name] = value
+        return ctx.run()
+    return build
+
+
 def _cache_that_cannot_be_created(ctx):
     """/proc takes no new directories, even from root (whose permission bits say it may)."""
     ctx.env["DIAG_CACHE_DIR"] = "/proc/diag-cache-test"
@@ -158,6 +167,11 @@ CATALOGUE = [
         Error(("placement.activation_budget", "12 parsecs"))),
     Bad("flag-out-tilde-after-equals", _out_tilde, Handled(_in_home)),
     Bad("flag-out-unexpanded-variable", _out_unexpanded_var, Error(("--out", "$HOME", "unexpanded"))),
+    Bad("env-mix-trees-not-a-switch", _env("DIAG_MIX_TREES", "yes"), Error(("DIAG_MIX_TREES", "'yes'", '"0" or "1"'))),
+    Bad("env-verify-graphs-not-a-switch", _env("DIAG_VERIFY_GRAPHS", "off"),
+        Error(("DIAG_VERIFY_GRAPHS", "'off'", '"0" or "1"'))),
+    Bad("env-load-threads-not-a-count", _env("DIAG_LOAD_THREADS", "eight"),
+        Error(("DIAG_LOAD_THREADS", "'eight'", "a whole number"))),
 ]
 
 
