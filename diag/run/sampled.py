@@ -8,7 +8,7 @@ Which variants (the case's decoding.scope):
   "all"       every candidate on every tree.
 Each variant runs once per seed over every prompt. Lanes share each verify forward (rows = lanes
 x prompts, in batches of at most `token_budget` verified tokens); the prompts' prefill is shared by
-every lane. On CUDA the lanes of every tree shape still to decode run in one loop (`mix_trees`:
+every lane. On CUDA the lanes of every tree shape still to decode run in one loop (`mix_trees_wanted`:
 a verify reads the target's weights once whatever its rows, so 6 trees cost one loop's rounds,
 not six; the trees are padded to the widest, see DecodeLoop); on the CPU, where a verify's cost
 is its tokens, each tree runs its own loop. Either way each row decodes the same. Nothing is loaded and nothing runs when the run
@@ -72,10 +72,8 @@ def mix_trees_wanted(dev) -> bool:
 class SampledEvaluations:
     """Callable as target_passes' with_model hook; `evaluations` afterwards."""
 
-    def __init__(self, inp: Inputs, drafter, embed, head, shards=None, use_cache: bool = False,
-                 mix_trees: bool | None = None):
+    def __init__(self, inp: Inputs, drafter, embed, head, shards=None, use_cache: bool = False):
         self.inp, self.drafter, self.embed, self.head = inp, drafter, embed, head
-        self.mix_trees = mix_trees           # every tree in one loop (None: on CUDA; module docstring)
         self.shards = shards                 # run/distributed.Shards: this rank decodes its share of the batches
         self.use_cache = use_cache and shards is None
         self.notes: list[str] = []           # why a cache entry was not believed
@@ -184,10 +182,10 @@ class SampledEvaluations:
                 todo.append((shape, lanes, key))
         if todo and model is None:
             raise _Miss
-        mix = self.mix_trees if self.mix_trees is not None else mix_trees_wanted(next(self.drafter.parameters()).device)
+        mix = mix_trees_wanted(next(self.drafter.parameters()).device)
         for part in ([todo] if mix and todo else [[t] for t in todo]):
             lanes = [ln for _, ls, _ in part for ln in ls]
-            decoded = self._loop(model, dec, [s for s, _, _ in part], lanes, prompts, lens, eos, layouts)
+            decoded = self._loop(model, dec, lanes, prompts, lens, eos, layouts)
             for shape, ls, key in part:
                 mine = set(ls)                   # by value: another rank's rows arrive as copies
                 got[shape] = [o for o in decoded if o.lane in mine]
@@ -195,9 +193,10 @@ class SampledEvaluations:
                     sampled_cache.save(key, ls, got[shape])
         return got
 
-    def _loop(self, model, dec, shapes, lanes, prompts, lens, eos, layouts) -> list:
-        """One loop over `lanes` (of the trees `shapes`): every row, in batches."""
+    def _loop(self, model, dec, lanes, prompts, lens, eos, layouts) -> list:
+        """One loop over `lanes` (whatever their trees): every row, in batches."""
         inp, ev = self.inp, self.inp.case.evaluate
+        shapes = list(dict.fromkeys(ln.variant.tree for ln in lanes))
         names = "+".join(s.name for s in shapes)
         loop = DecodeLoop(model, self.drafter, self.embed, self.head, lanes, layouts, None, dec, eos_ids=eos,
                           tables=draft_tables_by_mode(inp), verification=sampled_verification(inp))
