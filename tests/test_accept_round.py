@@ -57,7 +57,7 @@ def test_accept_round_equals_the_rule_on_every_nodes_probabilities(rule_name, sh
     assert torch.equal(exp, want_exp)
     last = want.path.gather(1, want.accepted[:, None])[:, 0]
     ends_on_leaf = ~(t["parents"] == last[:, None]).any(-1)
-    assert 0 < int(ends_on_leaf.sum()) < len(last)     # both kinds of rows: the re-walk ran
+    assert 0 < int(ends_on_leaf.sum()) < len(last)     # both kinds of rows: a leaf's distribution computed
 
 
 def test_accept_round_with_thresholds():

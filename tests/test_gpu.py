@@ -123,6 +123,31 @@ def test_the_verify_replayed_from_cuda_graphs_decodes_what_the_eager_verify_did(
 
 
 @torch.no_grad()
+def test_a_verify_profile_on_cuda_sees_the_verifys_own_kernels(tmp_path_factory):
+    """bench.sampled.verify_profile: the eager verify's kernels (a graph's replay would show as
+    one launch), their device time within the verify's wall, their shares summing to at most 1."""
+    from diag.bench.cpu import SMALL, SMALL_DRAFTER
+    from diag.bench.sampled import bench_prompts, verify_profile
+    from diag.drafter.checkpoint import load_drafter
+    from diag.int4.fast import accelerate
+    from diag.int4.load import load_packed_target
+    from diag.zoo.kimi_shaped import kimi_shaped
+
+    ks = kimi_shaped(tmp_path_factory.mktemp("kimi") / "k", layers=2, seed=5, widths=SMALL,
+                     drafter_widths=SMALL_DRAFTER)
+    model = load_packed_target(ks.target, dtype=torch.bfloat16, device="cuda")
+    accelerate(model)
+    drafter, _ = load_drafter(ks.drafter, torch.bfloat16, device="cuda")
+    res = verify_profile(model, drafter, model.get_input_embeddings(), model.get_output_embeddings(),
+                         [ks.layout, "L1+L2+final"], bench_prompts(8, 10, SMALL["vocab_size"]), "s3-k4-d8",
+                         max_new_tokens=24, rounds=3)
+    assert res["rounds"] == 3 and res["verify_kernels_per_round"] > 10
+    assert 0 < res["verify_device_ms_per_round"] <= res["verify_wall_ms_per_round"] * 1.05 + 0.05
+    assert sum(k["share"] for k in res["top_kernels"]) <= 1.0 + 1e-6
+    assert res["top_kernels"] and all(k["device_ms_per_round"] > 0 for k in res["top_kernels"])
+
+
+@torch.no_grad()
 def test_a_round_profile_on_cuda_counts_every_kernel_once(tmp_path_factory):
     """bench.sampled.round_profile on the device: the loop's phase ranges carry their kernels'
     time a second time on CUDA (the H100's first profile counted 1.02 of the wall busy), so the

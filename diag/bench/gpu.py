@@ -384,7 +384,8 @@ def _sampled(st, model, lays, num_prompts, prompt_len, max_new_tokens: int = 64,
     it was made and what it accepts); device/dtype/trees/recipe let a CPU test run it. With the
     copy bandwidth, each tree's verify forward against it, and a profile of each tree's rounds (CUDA)."""
     from diag.bench.pair import PairRecipe, trained_pair_drafter
-    from diag.bench.sampled import TREES, bench_prompts, graphs_ab, round_profile, sampled_bench, verify_bandwidth
+    from diag.bench.sampled import (TREES, bench_prompts, graphs_ab, round_profile, sampled_bench, verify_bandwidth,
+                                    verify_profile)
     from diag.drafter.checkpoint import load_drafter
 
     prompts = bench_prompts(num_prompts, prompt_len, model.config.vocab_size)
@@ -403,6 +404,8 @@ def _sampled(st, model, lays, num_prompts, prompt_len, max_new_tokens: int = 64,
         verify_bandwidth(out, copy_bytes_per_s, flops_per_s)
     out["round_profiles"] = [round_profile(model, drafter, embed, head, lays, prompts, r["tree"])
                              for r in out["rows"]] if device == "cuda" else []
+    out["verify_profiles"] = [verify_profile(model, drafter, embed, head, lays, prompts, r["tree"])
+                              for r in out["rows"]] if device == "cuda" else []
     out["graphs_ab"] = [graphs_ab(model, drafter, embed, head, lays, prompts, t)
                         for t in GRAPHS_AB if t in {r["tree"] for r in out["rows"]}]
     del drafter

@@ -44,7 +44,8 @@ from diag.errors import env_switch
 from diag.layouts import CapturePoint, Layout, union_points
 from diag.replay.replay import Variant, _on, default_tables, draft_head
 from diag.replay.round_accounting import ACCOUNTINGS, RoundAccounting
-from diag.replay.sampling import SampledRound, sample, target_probs, uniforms
+from diag.replay.sampling import (SampledRound, coin_rows, coins_at, draw_bonus, sample, target_probs,
+                                  uniforms)
 from diag.replay.verifiers import SampledRule, sampled_rule
 from diag.target.passes import pad_right
 from diag.target.sdpa import attention_without_cudnn
@@ -91,7 +92,8 @@ class Decoded:
 class _Rows:
     """Loop state of the B active rows. seq [B, cap] committed ids (CPU), n [B] how many (the
     last is the root token, not yet seen by the target), r_root [B, H] the drafter's step-1
-    output at the root pair, dkv its cache, lane_of [B], active [B] indices into `out`."""
+    output at the root pair, dkv its cache, lane_of [B], active [B] indices into `out`, coin_row
+    [B] each row's (seed, prompt) part of its coins' hash (sampling.coin_rows), on the device."""
     seq: torch.Tensor
     n: torch.Tensor
     r_root: torch.Tensor | None
@@ -99,6 +101,7 @@ class _Rows:
     lane_of: torch.Tensor
     active: torch.Tensor
     out: list[Decoded]
+    coin_row: torch.Tensor
     done: torch.Tensor | None = None                  # [B] finished, still in the batch
 
     @property
@@ -107,7 +110,7 @@ class _Rows:
 
     def keep(self, rows: torch.Tensor, dev) -> "_Rows":
         return _Rows(self.seq[rows], self.n[rows], self.r_root[rows.to(dev)], self.dkv.select(rows.to(dev)),
-                     self.lane_of[rows], self.active[rows], self.out, self.done[rows])
+                     self.lane_of[rows], self.active[rows], self.out, self.coin_row[rows.to(dev)], self.done[rows])
 
 
 def verify_graphs_wanted() -> bool:
@@ -165,13 +168,6 @@ class _Dense:
         return self.logits.reshape(-1, self.logits.shape[-1])[flat]
 
 
-def _fill(probs: torch.Tensor, logits, at: torch.Tensor, decoding: Decoding) -> None:
-    """probs [B*D, V] at the flat node rows `at` [B*D] := the decoding's probabilities there."""
-    rows = torch.nonzero(at)[:, 0]
-    if rows.numel():
-        probs[rows] = probabilities(logits.rows(rows).to(probs.device), decoding)
-
-
 def _part(logits, rows: slice, nodes: int):
     """The logits of rows `rows`, their first `nodes` nodes (NodeLogits or a tensor)."""
     if isinstance(logits, torch.Tensor):
@@ -185,33 +181,37 @@ def accept_round(rule: SampledRule, t: dict, logits, decoding: Decoding, coins: 
     depths [B, D]), logits [B, D, V] (a tensor, or NodeLogits: the head then runs only at the
     nodes read, on coins' device), coins [B, D + 1] (the last one the bonus's). Probabilities
     are computed only where they are read: at every node with a child (the walk and the
-    expectation read nothing else), then at the node each walk ended on when it is a leaf (its
-    bonus), whose rows are walked again (a row's walk depends on its own coins only). The same
-    result as the rule on every node's probabilities. Example, chain-3 (D 4): nodes 0..2 are
-    computed; a row that accepts 3 ends on leaf 3, which is computed and that row re-walked."""
+    expectation read p(token | parent) there, `child_probs`), then at the node each walk ended
+    on when it is a leaf (its bonus, drawn with nothing excluded: a leaf has no rejected
+    children). One walk, one draw: the same result as the rule on every node's probabilities.
+    Example, chain-3 (D 4): nodes 0..2 are computed; a row that accepts 3 ends on leaf 3, whose
+    distribution is computed for its bonus alone."""
     logits = _Dense(logits) if isinstance(logits, torch.Tensor) else logits
     B, D, V = logits.shape
+    dev = coins.device
     ts, ta = (1.0, 1.0) if decoding.greedy else (decoding.threshold_single, decoding.threshold_acc)
     tokens, parents, valid = t["tokens"], t["parents"], t["valid"]
     node = valid & (parents >= 0)
-    ids = torch.arange(D, device=coins.device)
+    ids = torch.arange(D, device=dev)
     has_child = ((parents[:, None, :] == ids[None, :, None]) & node[:, None, :]).any(-1)   # [B, D]
-    probs = coins.new_zeros(B * D, V, dtype=torch.float32)
-    _fill(probs, logits, has_child.reshape(-1), decoding)
-    res = rule.verify(tokens, parents, valid, probs.view(B, D, V), coins[:, :D], coins[:, D], num_steps,
-                      threshold_single=ts, threshold_acc=ta)
-    last = res.path.to(coins.device).gather(1, res.accepted.to(coins.device)[:, None])[:, 0]      # [B]
-    leaf = torch.nonzero(~has_child.gather(1, last[:, None])[:, 0])[:, 0]
+    rows = torch.nonzero(has_child.reshape(-1))[:, 0]                    # b * D + node, in order
+    probs = probabilities(logits.rows(rows).to(dev), decoding) if rows.numel() else coins.new_zeros(1, V)
+    slot = torch.full((B * D,), -1, dtype=torch.long, device=dev)       # node -> its row of probs
+    slot[rows] = torch.arange(len(rows), device=dev)
+    slot = slot.view(B, D)
+    at_parent = slot.gather(1, parents.clamp(min=0)).clamp(min=0)
+    p_child = probs[at_parent, tokens.clamp(min=0)] * node             # p(token_i | parent_i) [B, D]
+    walk = rule.walk(tokens, parents, valid, p_child, coins[:, :D], num_steps, threshold_single=ts,
+                     threshold_acc=ta)
+    last = slot.gather(1, walk.last[:, None])[:, 0]                      # -1: the walk ended on a leaf
+    p_last = probs[last.clamp(min=0)]
+    leaf = torch.nonzero(last < 0)[:, 0]
     if leaf.numel():
-        at = torch.zeros(B * D, dtype=torch.bool, device=coins.device)
-        at[leaf * D + last[leaf]] = True
-        _fill(probs, logits, at, decoding)
-        again = rule.verify(tokens[leaf], parents[leaf], valid[leaf], probs.view(B, D, V)[leaf], coins[leaf, :D],
-                            coins[leaf, D], num_steps, threshold_single=ts, threshold_acc=ta)
-        res.bonus[leaf.to(res.bonus.device)] = again.bonus
-    exp = rule.expected(tokens, parents, valid, probs.view(B, D, V), t["depths"], num_steps,
-                        threshold_single=ts, threshold_acc=ta)
-    return res, exp
+        p_last[leaf] = probabilities(logits.rows(leaf * D + walk.last[leaf]).to(dev), decoding)
+    bonus = draw_bonus(p_last, tokens, walk.excluded, coins[:, D])
+    exp = rule.expected_from(p_child, parents, valid, t["depths"], num_steps, threshold_single=ts,
+                             threshold_acc=ta)
+    return SampledRound(walk.accepted, walk.path, bonus), exp
 
 
 class DecodeLoop:
@@ -381,7 +381,9 @@ class DecodeLoop:
         cap = P + max_new_tokens + 2 * (self.S + 2)
         heads, k_dim, v_dim = cache_dims(attn)
         dkv = DraftKV.empty(B, cap, heads, k_dim, dtype=self.dtype, device=self.dev, v_dim=v_dim)
-        st = _Rows(seq, plen + 1, None, dkv, lane_of, torch.arange(B), out, torch.zeros(B, dtype=torch.bool))
+        keys = torch.tensor([o.prompt for o in out], dtype=torch.long, device=self.dev)
+        st = _Rows(seq, plen + 1, None, dkv, lane_of, torch.arange(B), out, coin_rows(self._seeds(lane_of), keys),
+                   torch.zeros(B, dtype=torch.bool))
         pos = torch.arange(P, device=self.dev).expand(B, P)
         self._extend(st, scored.states, lambda t: t[pick.to(t.device)], seq[:, 1:P + 1].to(self.dev), pos,
                      plen.to(self.dev))
@@ -390,14 +392,14 @@ class DecodeLoop:
     def _first_tokens(self, logits, out, lane_of, plen):
         """t_P of every row, sampled from the prompt's last state with its own coin stream."""
         keys = torch.tensor([o.prompt for o in out], dtype=torch.long, device=self.dev)
-        return sample(probabilities(logits, self.decoding), self._coins(keys, lane_of, plen, 1,
-                                                                        FIRST_TOKEN_STREAM)[:, 0])
+        coins = uniforms(self._seeds(lane_of, FIRST_TOKEN_STREAM), keys, plen.to(self.dev), 1)
+        return sample(probabilities(logits, self.decoding), coins[:, 0])
 
-    def _coins(self, keys, lane_of, counter, width, stream: int = 0):
-        """[B, width] coins of each row's (seed ^ stream, prompt key, counter): every seed in one
-        call, no mask (a boolean index asks the device for its count: a host sync)."""
+    def _seeds(self, lane_of, stream: int = 0) -> torch.Tensor:
+        """[B] each row's lane seed ^ stream, on the device: every seed in one call, no mask (a
+        boolean index asks the device for its count: a host sync)."""
         seeds = torch.tensor([self.lanes[li].seed for li in lane_of.tolist()], dtype=torch.long) ^ stream
-        return uniforms(seeds.to(self.dev), keys, counter.to(self.dev), width)
+        return seeds.to(self.dev)
 
     # ---- one round -----------------------------------------------------------------------
     def _draft(self, st):
@@ -430,10 +432,10 @@ class DecodeLoop:
         """Each tree's rows accepted as that tree's own loop accepts them (its D + 1 coins, its
         nodes only): the round's result over all rows (path padded with -1 to S + 1) and each
         row's P(a >= d) for its own depths."""
-        keys = torch.tensor([st.out[i].prompt for i in st.active.tolist()], dtype=torch.long, device=self.dev)
+        root = st.root.to(self.dev)
         if len(self.trees) == 1:
             shape, = self.trees
-            coins = self._coins(keys, st.lane_of, st.root, shape.num_draft_tokens + 1)
+            coins = coins_at(st.coin_row, root, shape.num_draft_tokens + 1)
             res, e = accept_round(self.rule, t, scored.logits, self.decoding, coins, shape.num_steps)
             return res, e.tolist()
         groups = self._groups(st.lane_of, by_tree=True)
@@ -444,7 +446,7 @@ class DecodeLoop:
         exp: list = [None] * B
         for _, _, shape, sl in groups:
             D = shape.num_draft_tokens
-            coins = self._coins(keys[sl], st.lane_of[sl], st.root[sl], D + 1)
+            coins = coins_at(st.coin_row[sl], root[sl], D + 1)
             part = {k: v[sl, :D] for k, v in t.items()}
             res, e = accept_round(self.rule, part, _part(scored.logits, sl, D), self.decoding, coins,
                                   shape.num_steps)
@@ -504,7 +506,8 @@ class DecodeLoop:
             self._finish(st, b, int(plen[b]), max_new_tokens)
         st.done = done
         if done.all():
-            return _Rows(st.seq[:0], st.n[:0], None, None, st.lane_of[:0], st.active[:0], st.out, done[:0])
+            return _Rows(st.seq[:0], st.n[:0], None, None, st.lane_of[:0], st.active[:0], st.out, st.coin_row[:0],
+                         done[:0])
         if done.float().mean() < RETIRE_FRACTION:
             return st
         keep = torch.nonzero(~done)[:, 0]

@@ -144,13 +144,23 @@ def uniforms(seed: "int | torch.Tensor", keys: torch.Tensor, counter: torch.Tens
     """[B, width] float32 in [0, 1): coin column c of row b at round counter[b], from
     (seed, keys[b], counter[b], c) alone. keys, counter [B] int64; seed one int, or [B] int64,
     row b's own (the same coins as uniforms(seed[b], ...) row by row, in one call)."""
-    cols = torch.arange(width, device=keys.device, dtype=torch.int64)
+    return coins_at(coin_rows(seed, keys), counter, width)
+
+
+def coin_rows(seed: "int | torch.Tensor", keys: torch.Tensor) -> torch.Tensor:
+    """The part of `uniforms`' hash that a row keeps from round to round: (seed, key) -> [B] int64.
+    A decode loop computes it once per row and `coins_at` each round."""
     if isinstance(seed, torch.Tensor):
         h = _fmix((seed.to(keys.device, torch.int64) & _M32) * 0x9E3779B1 + 0x7F4A7C15)
     else:
         h = _fmix(torch.full_like(keys, (int(seed) * 0x9E3779B1 + 0x7F4A7C15) & _M32))
-    h = _fmix(h[:, None] ^ _fmix(keys[:, None] * 0x27D4EB2F + 0x165667B1))
-    h = _fmix(h ^ _fmix(counter[:, None] * 0x61C88647 + cols[None, :] * 0x2545F491 + 0x1B873593))
+    return _fmix(h ^ _fmix(keys * 0x27D4EB2F + 0x165667B1))
+
+
+def coins_at(rows: torch.Tensor, counter: torch.Tensor, width: int) -> torch.Tensor:
+    """[B, width] coins of rows [B] (`coin_rows`) at round counter [B]: `uniforms`' last mix."""
+    cols = torch.arange(width, device=rows.device, dtype=torch.int64)
+    h = _fmix(rows[:, None] ^ _fmix(counter[:, None] * 0x61C88647 + cols[None, :] * 0x2545F491 + 0x1B873593))
     return ((h >> 8).to(torch.float32) / float(1 << 24)).clamp(max=MAX_COIN)
 
 
@@ -166,13 +176,74 @@ class SampledRound:
     bonus: torch.Tensor
 
 
-def _child_probs(tokens, parents, valid, probs, cur):
-    """p of every child of node cur[b] under cur's distribution; 0 for non-children. [B, D]."""
-    B = tokens.shape[0]
-    at_cur = probs[torch.arange(B, device=probs.device), cur]                       # [B, V]
-    child = valid & (parents == cur[:, None])
-    p = at_cur.gather(-1, tokens.clamp(min=0)) * child
-    return p, child, at_cur
+@dataclass(frozen=True)
+class Walk:
+    """A rule's walk before its bonus: accepted [B], path [B, S+1] as in SampledRound, last [B]
+    the node the walk ended on, excluded [B, D] the nodes whose tokens the bonus may not be
+    (their target probability is zeroed in last's distribution before the draw)."""
+
+    accepted: torch.Tensor
+    path: torch.Tensor
+    last: torch.Tensor
+    excluded: torch.Tensor
+
+
+def child_probs(tokens: torch.Tensor, parents: torch.Tensor, valid: torch.Tensor,
+                probs: torch.Tensor) -> torch.Tensor:
+    """p(token_i | parent_i) at every node [B, D]: what a walk and the expectation read of the
+    target's distributions; 0 at the root and at invalid nodes. probs [B, D, V]."""
+    B, D = tokens.shape
+    V = probs.shape[-1]
+    flat = parents.clamp(min=0) * V + tokens.clamp(min=0)                     # row of the parent, col of the token
+    return probs.reshape(B, D * V).gather(-1, flat) * (valid & (parents >= 0))
+
+
+def draw_bonus(p_last: torch.Tensor, tokens: torch.Tensor, excluded: torch.Tensor,
+               final_coin: torch.Tensor) -> torch.Tensor:
+    """The bonus [B]: p_last [B, V] (the last node's distribution) with every excluded node's
+    token zeroed (SGLang's relu(p - excluded): a rejected token's mass is removed whole, once or
+    repeated; vLLM's residual of a rejected chain draft), drawn with the final coin."""
+    drop = torch.zeros_like(p_last).scatter_add_(-1, tokens.clamp(min=0), excluded.to(p_last.dtype))
+    return sample(torch.where(drop > 0, torch.zeros_like(p_last), p_last), final_coin)
+
+
+def walk_tree(tokens: torch.Tensor, parents: torch.Tensor, valid: torch.Tensor, p_child: torch.Tensor,
+              coins: torch.Tensor, num_steps: int, *, threshold_single: float = 1.0,
+              threshold_acc: float = 1.0) -> Walk:
+    """SGLang's target-only walk (module docstring) on p_child [B, D] (`child_probs`): coins
+    [B, D]. Which child a node would accept depends only on its own children and coin (prob_acc
+    restarts at 0 on every accept), so it is found for every node at once: child j of node i is
+    taken iff p_j > 0 and (coin_i < run_j / t_acc or p_j >= t_single), run_j the running sum of
+    p over i's children up to j in index order; the first such j is i's next node. The walk then
+    follows next from the root, num_steps times. The bonus excludes the children of the node it
+    ended on that were walked and rejected: all of them when none was taken, none at a leaf or
+    at the last depth. Worked example (thresholds 1): root children p [.5, .3], coin .6 -> run
+    [.5, .8], child 1 taken; coin .9 -> none, both excluded."""
+    B, D = tokens.shape
+    dev = tokens.device
+    idx = torch.arange(D, device=dev)
+    node = valid & (parents >= 0)
+    of = torch.where(node, parents, D)                                     # a non-node belongs to no one
+    mine = of[:, None, :] == idx[None, :, None]                            # [B, i, j]: j is a child of i
+    run = torch.cumsum(p_child[:, None, :] * mine, dim=-1)                 # prob_acc over i's children, in order
+    run = run.gather(1, of.clamp(max=D - 1)[:, None, :])[:, 0]             # [B, D]: at each child, its parent's sum
+    coin = coins.gather(-1, parents.clamp(min=0))                          # the parent's coin
+    ok = node & (p_child > 0) & ((coin < run / threshold_acc) | (p_child >= threshold_single))
+    nxt = torch.full((B, D + 1), D, dtype=torch.int64, device=dev)
+    nxt = nxt.scatter_reduce(1, of, torch.where(ok, idx, D).expand(B, D), "amin")[:, :D]   # [B, D]; D: none
+    cur = torch.zeros(B, dtype=torch.int64, device=dev)
+    path = torch.full((B, num_steps + 1), -1, dtype=torch.int64, device=dev)
+    path[:, 0] = 0
+    alive = torch.ones(B, dtype=torch.bool, device=dev)
+    for d in range(1, num_steps + 1):
+        step = nxt.gather(1, cur[:, None])[:, 0]
+        alive = alive & (step < D)
+        cur = torch.where(alive, step, cur)
+        path[:, d] = torch.where(alive, step, -1)
+    accepted = (path[:, 1:] >= 0).sum(-1)
+    stop = nxt.gather(1, cur[:, None])                                     # the child the last node would take
+    excluded = (of == cur[:, None]) & (idx[None] < stop) & (accepted < num_steps)[:, None]
+    return Walk(accepted, path, cur, excluded)
 
 
 def verify_tree(tokens: torch.Tensor, parents: torch.Tensor, valid: torch.Tensor, probs: torch.Tensor,
@@ -181,33 +252,24 @@ def verify_tree(tokens: torch.Tensor, parents: torch.Tensor, valid: torch.Tensor
     """SGLang's target-only tree sampling (module docstring). tokens, parents, valid [B, D]
     (node 0 the root); probs [B, D, V] target probabilities after node i; coins [B, D];
     final_coin [B]."""
+    w = walk_tree(tokens, parents, valid, child_probs(tokens, parents, valid, probs), coins, num_steps,
+                  threshold_single=threshold_single, threshold_acc=threshold_acc)
+    p_last = probs[torch.arange(len(w.last), device=probs.device), w.last]
+    return SampledRound(w.accepted, w.path, draw_bonus(p_last, tokens, w.excluded, final_coin))
+
+
+def walk_chain_rejection(tokens: torch.Tensor, p_child: torch.Tensor, coins: torch.Tensor) -> Walk:
+    """vLLM's chain rule before its bonus: tokens [B, S+1] (column 0 the root), p_child [B, S+1]
+    (`child_probs`: p(x_d) under node d-1 in column d); accept depth d iff coins[:, d-1] < p(x_d);
+    the first rejected draft's token is excluded from the bonus."""
     B, D = tokens.shape
-    dev = tokens.device
-    idx = torch.arange(D, device=dev).expand(B, D)
-    cur = torch.zeros(B, dtype=torch.int64, device=dev)
-    alive = torch.ones(B, dtype=torch.bool, device=dev)
-    path = torch.full((B, num_steps + 1), -1, dtype=torch.int64, device=dev)
-    path[:, 0] = 0
-    excluded = torch.zeros(B, D, dtype=torch.bool, device=dev)       # rejected children of cur
-    for d in range(1, num_steps + 1):
-        p, child, _ = _child_probs(tokens, parents, valid, probs, cur)
-        acc = torch.cumsum(p, dim=-1)                                  # prob_acc in index order
-        coin = coins.gather(-1, cur[:, None])                         # [B, 1]
-        ok = child & (p > 0) & ((coin < acc / threshold_acc) | (p >= threshold_single))
-        first = torch.where(ok, idx, D).min(-1).values                # [B]; D = none accepted
-        took = alive & (first < D)
-        excluded = torch.where(alive[:, None], child & (idx < first[:, None]), excluded)
-        excluded = excluded & ~took[:, None]
-        cur = torch.where(took, first, cur)
-        path[:, d] = torch.where(took, first, -1)
-        alive = took
-    accepted = (path[:, 1:] >= 0).sum(-1)
-    p_last = probs[torch.arange(B, device=dev), cur]                   # [B, V]
-    drop = torch.zeros_like(p_last).scatter_add_(-1, tokens.clamp(min=0),
-                                                 p_last.gather(-1, tokens.clamp(min=0)) * excluded)
-    drop = torch.where(drop > 0, p_last, torch.zeros_like(p_last))    # excluded once, whatever duplicates
-    bonus = sample((p_last - drop).clamp(min=0), final_coin)
-    return SampledRound(accepted, path, bonus)
+    S = D - 1
+    ok = (coins[:, :S] < p_child[:, 1:]).to(torch.int64).cumprod(-1)
+    accepted = ok.sum(-1)
+    ids = torch.arange(S + 1, device=tokens.device)[None]
+    path = torch.where(ids <= accepted[:, None], ids, -1)
+    excluded = (ids == accepted[:, None] + 1) & (accepted < S)[:, None]
+    return Walk(accepted, path, accepted, excluded)
 
 
 def verify_chain_rejection(tokens: torch.Tensor, probs: torch.Tensor, coins: torch.Tensor,
@@ -216,18 +278,11 @@ def verify_chain_rejection(tokens: torch.Tensor, probs: torch.Tensor, coins: tor
     [B, S+1, V]; accept depth d iff coins[:, d-1] < p(x_d) under node d-1; on the first
     rejection emit from p(d-1) with x_d removed; all accepted: the bonus from p(S)."""
     B, D = tokens.shape
-    S = D - 1
-    p_draft = probs[:, :S].gather(-1, tokens[:, 1:, None])[..., 0]    # [B, S]: p(x_d) at node d-1
-    ok = (coins[:, :S] < p_draft).to(torch.int64).cumprod(-1)
-    accepted = ok.sum(-1)
-    rows = torch.arange(B, device=tokens.device)
-    p_last = probs[rows, accepted].clone()                             # [B, V]
-    rejected = accepted < S
-    tok = tokens[rows, (accepted + 1).clamp(max=S)]
-    p_last[rows[rejected], tok[rejected]] = 0.0
-    path = torch.where(torch.arange(S + 1, device=tokens.device)[None] <= accepted[:, None],
-                       torch.arange(S + 1, device=tokens.device)[None], -1)
-    return SampledRound(accepted, path, sample(p_last, final_coin))
+    chain = torch.arange(-1, D - 1, device=tokens.device).expand(B, D)
+    valid = torch.ones(B, D, dtype=torch.bool, device=tokens.device)
+    w = walk_chain_rejection(tokens, child_probs(tokens, chain, valid, probs), coins)
+    p_last = probs[torch.arange(B, device=tokens.device), w.last]
+    return SampledRound(w.accepted, w.path, draw_bonus(p_last, tokens, w.excluded, final_coin))
 
 
 # ---- the exact expectation -----------------------------------------------------------
@@ -235,17 +290,22 @@ def verify_chain_rejection(tokens: torch.Tensor, probs: torch.Tensor, coins: tor
 def accept_probs(tokens: torch.Tensor, parents: torch.Tensor, valid: torch.Tensor, probs: torch.Tensor, *,
                  threshold_single: float = 1.0, threshold_acc: float = 1.0) -> torch.Tensor:
     """P(node i is accepted | its parent was) under the walk above, for every node [B, D]
-    (root 1). Among siblings in index order with running sums S_i (S_0 = 0), the first child
-    whose p >= threshold_single is taken whenever it is reached; before it child i is taken iff
-    the coin falls in [min(1, S_{i-1}/t_acc), min(1, S_i/t_acc)).
+    (root 1), from every node's distribution probs [B, D, V]: `take_probs` of `child_probs`."""
+    return take_probs(child_probs(tokens, parents, valid, probs), parents, valid,
+                      threshold_single=threshold_single, threshold_acc=threshold_acc)
+
+
+def take_probs(p_child: torch.Tensor, parents: torch.Tensor, valid: torch.Tensor, *,
+               threshold_single: float = 1.0, threshold_acc: float = 1.0) -> torch.Tensor:
+    """P(node i is accepted | its parent was) from p_child [B, D] (`child_probs`). Among
+    siblings in index order with running sums S_i (S_0 = 0), the first child whose p >=
+    threshold_single is taken whenever it is reached; before it child i is taken iff the coin
+    falls in [min(1, S_{i-1}/t_acc), min(1, S_i/t_acc)).
     Thresholds 1: P = p(child). Example (t_acc .5): siblings p [.2, .3] -> [.4, .6]."""
-    B, D = tokens.shape
-    V = probs.shape[-1]
-    flat = parents.clamp(min=0) * V + tokens.clamp(min=0)                     # row of the parent, col of the token
-    p = probs.reshape(B, D * V).gather(-1, flat)                               # [B, D]: p(token_i | parent_i)
+    B, D = parents.shape
     node = valid & (parents >= 0)
-    p = p * node
-    i = torch.arange(D, device=tokens.device)
+    p = p_child * node
+    i = torch.arange(D, device=parents.device)
     sib = (parents[:, :, None] == parents[:, None, :]) & node[:, None, :] & node[:, :, None]
     upto = sib & (i[None, None, :] <= i[None, :, None])                         # j <= i, same parent
     run = (upto * p[:, None, :]).sum(-1)                                        # S_i
@@ -274,8 +334,14 @@ def expected_at_depth(tokens, parents, valid, probs, depths: torch.Tensor, num_s
                       threshold_single: float = 1.0, threshold_acc: float = 1.0) -> torch.Tensor:
     """[B, S]: column d-1 = P(a >= d) = sum of reach over the nodes at depth d. Summed over d it
     is E[accepted drafts] of the round (thresholds 1: sum over nodes of the product of p)."""
-    take = accept_probs(tokens, parents, valid, probs, threshold_single=threshold_single,
-                        threshold_acc=threshold_acc)
+    return expected_from_child(child_probs(tokens, parents, valid, probs), parents, valid, depths, num_steps,
+                               threshold_single=threshold_single, threshold_acc=threshold_acc)
+
+
+def expected_from_child(p_child: torch.Tensor, parents: torch.Tensor, valid: torch.Tensor, depths: torch.Tensor,
+                        num_steps: int, *, threshold_single: float = 1.0, threshold_acc: float = 1.0) -> torch.Tensor:
+    """`expected_at_depth` from p_child [B, D] (`child_probs`), the only numbers it reads."""
+    take = take_probs(p_child, parents, valid, threshold_single=threshold_single, threshold_acc=threshold_acc)
     reach = reach_probs(parents, take, num_steps) * (valid & (parents >= 0))
-    cols = [(reach * (depths == d)).sum(-1) for d in range(1, num_steps + 1)]
-    return torch.stack(cols, dim=-1)
+    at = torch.arange(1, num_steps + 1, device=depths.device)
+    return (reach[:, None, :] * (depths[:, None, :] == at[None, :, None])).sum(-1)

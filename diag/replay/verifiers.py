@@ -4,15 +4,17 @@ loop looks the name up here, so a new rule is one entry, and no engine is named.
 
 Greedy:  "tree-argmax"       accepted_tree: the deepest path whose tokens equal the target's
                              argmax continuation (verify.py).
-Sampled: "tree-target-only"  verify_tree: each node's children walked with one coin, a child
+Sampled: "tree-target-only"  walk_tree: each node's children walked with one coin, a child
                              accepted with its target probability, the draft distribution never
-                             read; expected_at_depth its exact P(a >= d) (sampling.py).
-         "chain-rejection"   verify_chain_rejection on a chain: accept depth d iff u_d < p(x_d), else
+                             read; expected_from_child its exact P(a >= d) (sampling.py).
+         "chain-rejection"   walk_chain_rejection on a chain: accept depth d iff u_d < p(x_d), else
                              resample from p without x_d; for chains the same law as
-                             tree-target-only, so expected_at_depth is its expectation too.
-Worked example: rules("sglang-0.5.23").verification(rel).sampled -> "tree-target-only" ->
-SAMPLED["tree-target-only"].verify is verify_tree.
-This module maps names to functions; it computes nothing itself.
+                             tree-target-only, so expected_from_child is its expectation too.
+A sampled rule is its walk (on p(token | parent) at every node, `child_probs`) and its
+expectation; the bonus is common to both (`draw_bonus`: the last node's distribution without
+the excluded tokens). Worked example: rules("sglang-0.5.23").verification(rel).sampled ->
+"tree-target-only" -> SAMPLED["tree-target-only"].verify(...) is verify_tree(...).
+This module maps names to functions and composes them; it computes nothing of its own.
 """
 
 from __future__ import annotations
@@ -23,22 +25,36 @@ from typing import Callable
 import torch
 
 from diag.errors import DiagError
-from diag.replay.sampling import SampledRound, expected_at_depth, verify_chain_rejection, verify_tree
+from diag.replay.sampling import (SampledRound, Walk, child_probs, draw_bonus, expected_from_child,
+                                  walk_chain_rejection, walk_tree)
 from diag.replay.verify import accepted_tree
 
 
 @dataclass(frozen=True)
 class SampledRule:
-    """verify(tokens, parents, valid, probs, coins, final_coin, num_steps, *, threshold_single,
-    threshold_acc) -> SampledRound; expected: expected_at_depth's signature -> [B, S]."""
+    """walk(tokens, parents, valid, p_child, coins, num_steps, *, threshold_single, threshold_acc)
+    -> Walk; expected_from(p_child, parents, valid, depths, num_steps, *, thresholds) -> [B, S].
+    verify / expected: the same on every node's distributions probs [B, D, V]."""
 
-    verify: Callable[..., SampledRound]
-    expected: Callable[..., torch.Tensor]
+    walk: Callable[..., Walk]
+    expected_from: Callable[..., torch.Tensor]
+
+    def verify(self, tokens, parents, valid, probs, coins, final_coin, num_steps, *,
+               threshold_single: float = 1.0, threshold_acc: float = 1.0) -> SampledRound:
+        w = self.walk(tokens, parents, valid, child_probs(tokens, parents, valid, probs), coins, num_steps,
+                      threshold_single=threshold_single, threshold_acc=threshold_acc)
+        p_last = probs[torch.arange(len(w.last), device=probs.device), w.last]
+        return SampledRound(w.accepted, w.path, draw_bonus(p_last, tokens, w.excluded, final_coin))
+
+    def expected(self, tokens, parents, valid, probs, depths, num_steps, *,
+                 threshold_single: float = 1.0, threshold_acc: float = 1.0) -> torch.Tensor:
+        return self.expected_from(child_probs(tokens, parents, valid, probs), parents, valid, depths, num_steps,
+                                  threshold_single=threshold_single, threshold_acc=threshold_acc)
 
 
-def _chain_rejection(tokens, parents, valid, probs, coins, final_coin, num_steps, *,
-                     threshold_single: float = 1.0, threshold_acc: float = 1.0) -> SampledRound:
-    """verify_chain_rejection behind verify_tree's signature: node i's parent must be i - 1, and the
+def _chain_rejection(tokens, parents, valid, p_child, coins, num_steps, *,
+                     threshold_single: float = 1.0, threshold_acc: float = 1.0) -> Walk:
+    """walk_chain_rejection behind walk_tree's signature: node i's parent must be i - 1, and the
     rule has no thresholds."""
     chain = torch.arange(-1, tokens.shape[1] - 1, device=parents.device)
     if not bool((parents == chain).all()) or tokens.shape[1] != num_steps + 1:
@@ -48,13 +64,13 @@ def _chain_rejection(tokens, parents, valid, probs, coins, final_coin, num_steps
         raise DiagError("chain-rejection has no accept thresholds", field="decoding",
                         expected="threshold_single = threshold_acc = 1.0",
                         found=f"{threshold_single}, {threshold_acc}")
-    return verify_chain_rejection(tokens, probs, coins, final_coin)
+    return walk_chain_rejection(tokens, p_child, coins)
 
 
 GREEDY: dict[str, Callable[..., torch.Tensor]] = {"tree-argmax": accepted_tree}
 SAMPLED: dict[str, SampledRule] = {
-    "tree-target-only": SampledRule(verify_tree, expected_at_depth),
-    "chain-rejection": SampledRule(_chain_rejection, expected_at_depth),
+    "tree-target-only": SampledRule(walk_tree, expected_from_child),
+    "chain-rejection": SampledRule(_chain_rejection, expected_from_child),
 }
 
 
