@@ -60,7 +60,8 @@ def env_count(name: str) -> int | None:
     return int(value)
 
 
-ENVIRONMENT = {"DIAG_MIX_TREES": env_switch, "DIAG_VERIFY_GRAPHS": env_switch, "DIAG_LOAD_THREADS": env_count}
+ENVIRONMENT = {"DIAG_MIX_TREES": env_switch, "DIAG_VERIFY_GRAPHS": env_switch, "DIAG_MLA_LATENT": env_switch,
+               "DIAG_LOAD_THREADS": env_count}
 
 
 def check_environment() -> None:

@@ -123,6 +123,61 @@ def test_the_verify_replayed_from_cuda_graphs_decodes_what_the_eager_verify_did(
 
 
 @torch.no_grad()
+def test_mla_over_its_latents_on_cuda_scores_what_the_expanded_keys_score(tmp_path_factory, monkeypatch):
+    """target/mla_latent.py on the device (bf16, Kimi-shaped INT4 target, torch's attention with
+    one key head shared by the H query heads): a tree verify's logits within bf16's reach of
+    transformers' expanded MLA, the same argmax at nearly every node; the decode loop switches
+    both layers by default on CUDA, and decodes at T -> 0 mostly what the expanded path decodes."""
+    from diag.bench.cpu import SMALL, SMALL_DRAFTER
+    from diag.bench.sampled import bench_loop, bench_prompts
+    from diag.drafter.checkpoint import load_drafter
+    from diag.engines.decoding import sampled
+    from diag.int4.fast import accelerate
+    from diag.int4.load import load_packed_target
+    from diag.layouts import CapturePoint
+    from diag.target.mla_latent import latent_mla
+    from diag.target.tree_forward import prefill, verify_forward
+    from diag.trees import tree_shape
+    from diag.zoo.kimi_shaped import kimi_shaped
+
+    ks = kimi_shaped(tmp_path_factory.mktemp("kimi") / "k", layers=2, seed=5, widths=SMALL,
+                     drafter_widths=SMALL_DRAFTER)
+    model = load_packed_target(ks.target, dtype=torch.bfloat16, device="cuda")
+    accelerate(model)
+    g = torch.Generator().manual_seed(3)
+    B, P, parents = 8, 40, torch.tensor([-1, 0, 0, 1, 1, 2, 3, 3])
+    D = len(parents)
+    ids = torch.randint(5, SMALL["vocab_size"], (B, P), generator=g)
+    valid = torch.ones(B, P, dtype=torch.bool)
+    tokens = torch.randint(5, SMALL["vocab_size"], (B, D), generator=g)
+    logits = {}
+    for on in (False, True):
+        with latent_mla(model, on):
+            kv, _ = prefill(model, ids, valid, (CapturePoint("final"),), capacity=P + 2 * D)
+            scored = verify_forward(model, kv, tokens, parents.expand(B, D), torch.ones(B, D, dtype=torch.bool),
+                                    valid.sum(-1) - 1, (CapturePoint("final"),), fixed=True)
+            logits[on] = scored.logits.rows(torch.arange(B * D))
+    scale = logits[False].abs().max()
+    assert (logits[True] - logits[False]).abs().max() <= 0.05 * scale
+    assert (logits[True].argmax(-1) == logits[False].argmax(-1)).float().mean() >= 0.9
+    drafter, _ = load_drafter(ks.drafter, torch.bfloat16, device="cuda")
+    prompts = bench_prompts(12, 10, SMALL["vocab_size"])
+    out = {}
+    for value in ("0", None):
+        if value is None:
+            monkeypatch.delenv("DIAG_MLA_LATENT", raising=False)
+        else:
+            monkeypatch.setenv("DIAG_MLA_LATENT", value)
+        loop, _, rows = bench_loop(model, drafter, model.get_input_embeddings(), model.get_output_embeddings(),
+                                   [ks.layout, "L1+L2+final"], tree_shape("chain-3"), len(prompts),
+                                   decoding=sampled(1e-7))
+        out[value] = ([d.ids for d in loop.run(prompts, rows, 16)], loop.counts["mla_latent_layers"])
+    assert out["0"][1] == 0 and out[None][1] == 2
+    same = sum(a == b for a, b in zip(out["0"][0], out[None][0]))
+    assert same >= 0.5 * len(out["0"][0]), f"{same} of {len(out['0'][0])} rows decoded alike (bf16 sums)"
+
+
+@torch.no_grad()
 def test_a_verify_profile_on_cuda_sees_the_verifys_own_kernels(tmp_path_factory):
     """bench.sampled.verify_profile: the eager verify's kernels (a graph's replay would show as
     one launch), their device time within the verify's wall, their shares summing to at most 1."""

@@ -48,6 +48,7 @@ from diag.replay.sampling import (SampledRound, coin_rows, coins_at, draw_bonus,
                                   uniforms)
 from diag.replay.verifiers import SampledRule, sampled_rule
 from diag.target.passes import pad_right
+from diag.target.mla_latent import latent_mla, latent_wanted
 from diag.target.sdpa import attention_without_cudnn
 from diag.target.tree_forward import cache_bytes, commit, prefill, select_rows, verify_forward
 from diag.target.verify_graphs import VerifyGraphs
@@ -275,11 +276,14 @@ class DecodeLoop:
         """rows: (lane index, prompt index) pairs. Returns one Decoded per row, in order. Inside,
         rows are grouped by serving mode, then tree (one contiguous slice each, see `_groups`). On CUDA the
         whole loop runs without cuDNN's attention: the drafter's attention takes a new shape every
-        round (its cache grows), and cuDNN would plan each one (target/sdpa.py)."""
+        round (its cache grows), and cuDNN would plan each one (target/sdpa.py); an MLA target
+        attends over its latent cache there (target/mla_latent.py)."""
         modes = list(self.heads)
         order = sorted(range(len(rows)), key=lambda i: (modes.index(self.lane_mode[rows[i][0]]),
                                                         self.lane_tree[rows[i][0]]))
-        with cpu_threads(self.dev), attention_without_cudnn(self.dev):
+        with cpu_threads(self.dev), attention_without_cudnn(self.dev), \
+                latent_mla(self.model, latent_wanted(self.dev)) as switched:
+            self.counts["mla_latent_layers"] = switched
             out = self._run([rows[i] for i in order], prompts, max_new_tokens)
         back = [None] * len(rows)
         for pos, i in enumerate(order):

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from diag.target.mla_latent import latent_mla, latent_wanted
 from diag.target.sdpa import attention_without_cudnn
 from diag.target.stage_gates import run_in_stages, split_rows
 from diag.target.stages import Stage, stages_of
@@ -63,7 +64,7 @@ def _greedy(model: nn.Module, prompts: list[list[int]], max_new_tokens: int, pad
     """One generation call: the prompts left padded together, exactly max_new_tokens each."""
     dev = next(model.parameters()).device
     ids, mask = _left_pad(prompts, pad_id)
-    with attention_without_cudnn(dev):
+    with attention_without_cudnn(dev), latent_mla(model, latent_wanted(dev)):
         gen = model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev), do_sample=False,
                              max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
                              pad_token_id=pad_id, eos_token_id=None, num_beams=1,

@@ -170,6 +170,8 @@ CATALOGUE = [
     Bad("env-mix-trees-not-a-switch", _env("DIAG_MIX_TREES", "yes"), Error(("DIAG_MIX_TREES", "'yes'", '"0" or "1"'))),
     Bad("env-verify-graphs-not-a-switch", _env("DIAG_VERIFY_GRAPHS", "off"),
         Error(("DIAG_VERIFY_GRAPHS", "'off'", '"0" or "1"'))),
+    Bad("env-mla-latent-not-a-switch", _env("DIAG_MLA_LATENT", "absorbed"),
+        Error(("DIAG_MLA_LATENT", "'absorbed'", '"0" or "1"'))),
     Bad("env-load-threads-not-a-count", _env("DIAG_LOAD_THREADS", "eight"),
         Error(("DIAG_LOAD_THREADS", "'eight'", "a whole number"))),
 ]

@@ -24,6 +24,7 @@ from torch import nn
 from diag.drafter.model import Eagle3Drafter
 from diag.diagnoses.pricing.model import StepCosts
 from diag.target.engine_numerics import as_loaded
+from diag.target.mla_latent import latent_mla, latent_wanted
 from diag.target.sdpa import attention_without_cudnn
 from diag.target.tree_forward import cache_kwarg
 
@@ -116,9 +117,11 @@ def measure_costs(model: nn.Module, drafter: Eagle3Drafter, embed, draft_tokens:
     CUDA without cuDNN's attention, as every forward of diag's that changes shape (target/sdpa.py):
     its first use compiles kernels and plans each new shape, seconds a run paid here once the
     generation left it out (H100, 2 layers: target_costs_s 1.1 s while the generation had paid it,
-    6.6-9.6 s after; reports/bench/NOTES.md), and servers attend with their own kernels."""
+    6.6-9.6 s after; reports/bench/NOTES.md), and servers attend with their own kernels; an MLA
+    target over its latents there, as the engines attend (target/mla_latent.py)."""
     numerics = drafter.numerics
-    with as_loaded(model), attention_without_cudnn(next(model.parameters()).device):
+    dev = next(model.parameters()).device
+    with as_loaded(model), attention_without_cudnn(dev), latent_mla(model, latent_wanted(dev)):
         drafter.set_numerics("transformers")
         try:
             return _measure(model, drafter, embed, draft_tokens, context, repeats, vocab)

@@ -1,0 +1,129 @@
+"""DeepSeek-V3's attention (MLA) on its latent cache, as SGLang and vLLM decode it.
+
+transformers caches MLA's latents, per slot the normed kv_a output c [kv_lora_rank] and the
+roped shared key k_rot [qk_rope_head_dim], and at every forward expands every cached slot
+through kv_b_proj into per-head keys and values (`expand_kv`). A decode step or a verify then
+writes and reads B x L x H x (qk_nope + v + qk_rope) values per layer for a few new tokens: at
+Kimi's widths (H 64, nope 128, v 128, rope 64, lora 512) and 96 rows of 250 slots, about 3 GB
+a layer in bf16 (kv_b_proj's output, the keys assembled from it, both read by the attention),
+against 28 MB of latents. The engines absorb kv_b_proj into the query and the output instead
+(DeepSeek-V2 paper, section 2.1.2; SGLang's forward_absorb, vLLM's MLACommonImpl):
+    k_nope_h = W_uk_h c  ->  q_nope_h . k_nope_h = (W_uk_h^T q_nope_h) . c
+    v_h = W_uv_h c       ->  sum_s p_s v_h,s = W_uv_h (sum_s p_s c_s)
+so the scores are q_lat_h . c + q_rot_h . k_rot over the cached latents themselves (one key
+head for all H query heads), and the output's latent is mapped by W_uv_h once per query. The same
+numbers up to the order of the sums (float32 on the CPU: within 1e-4 of transformers'; the
+tests hold it), the scores and softmax in float32 inside torch's attention as in the engines'
+MLA kernels.
+
+Where: the decode loop (replay/decode_loop.py) and the greedy generation (target/generate.py),
+on CUDA, where the expansion is the verify's largest cost; on the CPU they keep transformers'
+path, so every CPU number is transformers' own (`latent_wanted`; DIAG_MLA_LATENT=0/1 overrides).
+The teacher-forced passes that capture hidden states always run transformers' path.
+`latent_mla(model)` switches a loaded model's MLA layers to this for the duration of a block:
+their expand_kv hands the cached latents on unexpanded (as "keys" the roped k_rot, as "values"
+c) and the config names `latent_attention`, which
+transformers' AttentionInterface then calls. Masks: the 4D additive bias diag's forwards pass
+(target/tree_forward.py) goes through untouched; a 2D mask (generate) is built as the eager
+attention's (an additive bias). A layer whose kv_b_proj is not a plain float Linear (quantised)
+keeps transformers' own path. This module knows transformers' MLA; nothing about drafters,
+trees or reports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from diag.errors import env_switch
+
+NAME = "diag_mla_latent"
+
+
+def latent_wanted(dev) -> bool:
+    """MLA on its latents: DIAG_MLA_LATENT "1" or "0" where set, else on CUDA only."""
+    value = env_switch("DIAG_MLA_LATENT")
+    return torch.device(dev).type == "cuda" if value is None else value
+
+
+def _absorbable(m: nn.Module) -> bool:
+    proj = getattr(m, "kv_b_proj", None)
+    return (callable(getattr(m, "expand_kv", None)) and isinstance(proj, nn.Linear) and proj.weight.is_floating_point()
+            and all(hasattr(m, a) for a in ("qk_nope_head_dim", "v_head_dim", "qk_rope_head_dim", "num_heads")))
+
+
+def _latent_kv(self, kv_nope: torch.Tensor, k_rot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """expand_kv's replacement: "keys" k_rot [B, 1, L, rope], "values" c [B, 1, L, lora], as cached."""
+    return k_rot, kv_nope
+
+
+def _weights(m: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """kv_b_proj's weight [H * (nope + v), lora] as W_uk [H, nope, lora] and W_uv [H, v, lora] (views)."""
+    w = m.kv_b_proj.weight.view(m.num_heads, m.qk_nope_head_dim + m.v_head_dim, -1)
+    return w[:, :m.qk_nope_head_dim], w[:, m.qk_nope_head_dim:]
+
+
+def latent_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                     **kwargs) -> tuple[torch.Tensor, None]:
+    """query [B, H, Q, nope + rope]; key k_rot [B, 1, L, rope] and value c [B, 1, L, lora] from
+    `_latent_kv`; attention_mask an additive bias [B, 1, Q, L] (or None: every slot, causal over
+    the last Q when Q > 1). Returns [B, Q, H, v] as transformers' attention functions do. The
+    scores and the softmax are torch's attention's (float32 inside on every backend): queries
+    [W_uk_h^T q_nope, q_rot] against the one key head [c, k_rot] shared by the H heads (a view,
+    not a copy per head), values c; then W_uv_h per head."""
+    B, H, Q, _ = query.shape
+    nope, lora = module.qk_nope_head_dim, value.shape[-1]
+    w_uk, w_uv = _weights(module)
+    q_nope, q_rot = query[..., :nope], query[..., nope:]
+    q_lat = torch.matmul(q_nope.transpose(0, 1).reshape(H, B * Q, nope), w_uk.to(query.dtype))      # [H, BQ, lora]
+    q = torch.cat([q_lat.view(H, B, Q, lora).transpose(0, 1), q_rot], dim=-1)                     # [B, H, Q, lora+rope]
+    L = key.shape[-2]
+    k = torch.cat([value, key], dim=-1).expand(B, H, L, lora + key.shape[-1])                     # [c, k_rot]
+    mask = attention_mask[..., :L] if attention_mask is not None else None
+    if mask is None and Q > 1:
+        see = torch.arange(L, device=query.device)[None] <= torch.arange(Q, device=query.device)[:, None] + (L - Q)
+        mask = see[None, None]
+    out_lat = F.scaled_dot_product_attention(q, k, value.expand(B, H, L, lora), attn_mask=mask,
+                                             scale=scaling if scaling is not None else module.scaling)
+    out = torch.matmul(out_lat.transpose(0, 1).reshape(H, B * Q, lora), w_uv.transpose(1, 2).to(value.dtype))
+    return out.view(H, B, Q, -1).permute(1, 2, 0, 3).contiguous(), None                              # [B, Q, H, v]
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(NAME, latent_attention)
+    try:
+        from transformers.masking_utils import AttentionMaskInterface, eager_mask
+    except ImportError:                       # no mask registry: only 4D masks (diag's forwards) then
+        return
+    AttentionMaskInterface.register(NAME, eager_mask)
+
+
+@contextlib.contextmanager
+def latent_mla(model: nn.Module, on: bool = True):
+    """Inside the block, the model's MLA layers attend over their latents (module docstring);
+    yields how many layers were switched (0: none is MLA, or `on` is False). Restored after."""
+    layers = [m for m in model.modules() if _absorbable(m)] if on else []
+    if not layers:
+        yield 0
+        return
+    _register()
+    configs = list({id(m.config): m.config for m in layers}.values())
+    before = [c._attn_implementation for c in configs]
+    for m in layers:
+        m.expand_kv = types.MethodType(_latent_kv, m)
+    for c in configs:
+        c._attn_implementation = NAME
+    try:
+        yield len(layers)
+    finally:
+        for m in layers:
+            del m.expand_kv
+        for c, impl in zip(configs, before):
+            c._attn_implementation = impl

@@ -1,0 +1,141 @@
+"""MLA over its latent cache (diag.target.mla_latent) computes what transformers' expanded MLA
+computes, on a Kimi-shaped INT4 target (DeepseekV3, yarn RoPE, interleaved rope weights) in
+float32: a prefill and a tree verify through diag's own forwards (growing and fixed widths),
+greedy generation (2D masks), and the decode loop; the switch restores the model, ignores
+what is not MLA, and reads DIAG_MLA_LATENT."""
+
+import pytest
+import torch
+
+from diag.bench.cpu import SMALL, SMALL_DRAFTER
+from diag.bench.sampled import bench_loop, bench_prompts
+from diag.engines.decoding import sampled
+from diag.errors import DiagError
+from diag.layouts import CapturePoint
+from diag.target.generate import greedy_continuations
+from diag.target.mla_latent import NAME, latent_attention, latent_mla, latent_wanted
+from diag.target.tree_forward import prefill, verify_forward
+from diag.trees import tree_shape
+
+TREE = torch.tensor([-1, 0, 0, 1, 1, 2, 3, 3])
+
+
+@pytest.fixture(scope="module")
+def kimi(tmp_path_factory):
+    from diag.drafter.checkpoint import load_drafter
+    from diag.int4.load import load_packed_target
+    from diag.zoo.kimi_shaped import kimi_shaped
+
+    ks = kimi_shaped(tmp_path_factory.mktemp("kimi") / "k", layers=2, seed=5, widths=SMALL,
+                     drafter_widths=SMALL_DRAFTER)
+    model = load_packed_target(ks.target, dtype=torch.float32)
+    drafter, _ = load_drafter(ks.drafter)
+    return ks, model, drafter
+
+
+def _verify(model, latent: bool, fixed: bool):
+    g = torch.Generator().manual_seed(3)
+    B, P, D = 3, 9, len(TREE)
+    ids = torch.randint(5, SMALL["vocab_size"], (B, P), generator=g)
+    valid = torch.ones(B, P, dtype=torch.bool)
+    valid[1, 6:] = False                                      # a shorter row: dead slots after it
+    points = (CapturePoint("L1"), CapturePoint("final"))
+    with latent_mla(model, latent) as switched:
+        kv, first = prefill(model, ids, valid, points, capacity=P + 2 * D)
+        tokens = torch.randint(5, SMALL["vocab_size"], (B, D), generator=g)
+        scored = verify_forward(model, kv, tokens, TREE.expand(B, D), torch.ones(B, D, dtype=torch.bool),
+                                valid.sum(-1) - 1, points, fixed=fixed)
+        logits = scored.logits.rows(torch.arange(B * D))
+    return switched, first, scored.states, logits
+
+
+@pytest.mark.parametrize("fixed", [False, True], ids=["growing", "fixed-width"])
+def test_a_verify_over_the_latents_scores_what_the_expanded_keys_score(kimi, fixed):
+    _, model, _ = kimi
+    n0, first0, states0, logits0 = _verify(model, False, fixed)
+    n1, first1, states1, logits1 = _verify(model, True, fixed)
+    assert n0 == 0 and n1 == model.config.num_hidden_layers
+    torch.testing.assert_close(first1.logits, first0.logits, rtol=1e-4, atol=1e-4)
+    for name in states0:
+        torch.testing.assert_close(states1[name], states0[name], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(logits1, logits0, rtol=1e-4, atol=1e-4)
+    assert (logits1 - logits0).abs().max() > 0          # another order of sums: not the same code run twice
+
+
+def test_generation_over_the_latents_continues_as_transformers_does(kimi, monkeypatch):
+    _, model, _ = kimi
+    prompts = bench_prompts(6, 7, SMALL["vocab_size"], seed=2)
+    prompts[1] = prompts[1][:4]                               # left padding: a 2D mask with holes
+    got = {}
+    for value in ("0", "1"):
+        monkeypatch.setenv("DIAG_MLA_LATENT", value)
+        got[value] = greedy_continuations(model, prompts, 10, pad_id=0, eos_ids=set(), progress=False)
+    assert got["1"] == got["0"]
+
+
+def test_the_decode_loop_over_the_latents_decodes_what_it_did(kimi, monkeypatch):
+    ks, model, drafter = kimi
+    prompts = bench_prompts(8, 10, SMALL["vocab_size"], seed=4)
+    out = {}
+    for value in ("0", "1"):
+        monkeypatch.setenv("DIAG_MLA_LATENT", value)
+        loop, _, rows = bench_loop(model, drafter, model.get_input_embeddings(), model.get_output_embeddings(),
+                                   [ks.layout, "L1+L2+final"], tree_shape("s3-k4-d8"), len(prompts),
+                                   decoding=sampled(1e-7))
+        decoded = loop.run(prompts, rows, 12)
+        out[value] = ([d.ids for d in decoded], [d.accepted for d in decoded], loop.counts["mla_latent_layers"])
+    assert out["1"][:2] == out["0"][:2]
+    assert (out["0"][2], out["1"][2]) == (0, model.config.num_hidden_layers)
+
+
+def test_the_switch_restores_the_model_and_leaves_other_models_alone(kimi):
+    _, model, drafter = kimi
+    attn = model.model.layers[0].self_attn
+    before = model.config._attn_implementation
+    with pytest.raises(RuntimeError, match="inside"):
+        with latent_mla(model) as n:
+            assert n == 2 and model.config._attn_implementation == NAME and "expand_kv" in vars(attn)
+            raise RuntimeError("inside")
+    assert model.config._attn_implementation == before and "expand_kv" not in vars(attn)
+    with latent_mla(drafter) as n:                            # a Llama-style drafter: no MLA
+        assert n == 0
+
+
+def test_without_a_mask_the_last_queries_attend_causally(kimi):
+    """latent_attention given no mask (Q > 1): query i of the last Q sees slots up to L - Q + i,
+    as the same call given that causal bias."""
+    _, model, _ = kimi
+    attn = model.model.layers[0].self_attn
+    g = torch.Generator().manual_seed(1)
+    B, H, Q, L = 2, attn.num_heads, 3, 7
+    q = torch.randn(B, H, Q, attn.qk_nope_head_dim + attn.qk_rope_head_dim, generator=g)
+    k_rot = torch.randn(B, 1, L, attn.qk_rope_head_dim, generator=g)
+    c = torch.randn(B, 1, L, SMALL["kv_lora_rank"], generator=g)
+    see = torch.arange(L)[None] <= torch.arange(Q)[:, None] + (L - Q)
+    bias = torch.zeros(Q, L).masked_fill(~see, torch.finfo(torch.float32).min)[None, None].expand(B, 1, Q, L)
+    with torch.no_grad():
+        a, _ = latent_attention(attn, q, k_rot, c, None, attn.scaling)
+        b, _ = latent_attention(attn, q, k_rot, c, bias, attn.scaling)
+    torch.testing.assert_close(a, b)
+
+
+def test_the_switch_is_read_from_the_environment(monkeypatch):
+    monkeypatch.delenv("DIAG_MLA_LATENT", raising=False)
+    assert latent_wanted("cpu") is False and latent_wanted("cuda") is True
+    monkeypatch.setenv("DIAG_MLA_LATENT", "1")
+    assert latent_wanted("cpu") is True
+    monkeypatch.setenv("DIAG_MLA_LATENT", "absorbed")
+    with pytest.raises(DiagError, match="DIAG_MLA_LATENT"):
+        latent_wanted("cpu")
+
+
+def test_the_step_cost_probe_runs_over_the_latents(kimi, monkeypatch):
+    """The probe (diagnoses/pricing/costs.py) times forwards with no mask of diag's own (transformers
+    builds it, through the mask function registered with the latent attention)."""
+    from diag.diagnoses.pricing.costs import measure_costs
+
+    _, model, drafter = kimi
+    monkeypatch.setenv("DIAG_MLA_LATENT", "1")
+    costs = measure_costs(model, drafter, model.get_input_embeddings(), [1, 4], context=16, repeats=2)
+    assert model.config._attn_implementation != NAME
+    assert costs.costs.t_decode > 0 and sorted(costs.costs.t_verify) == [1, 4]
