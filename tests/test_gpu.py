@@ -125,9 +125,13 @@ def test_the_verify_replayed_from_cuda_graphs_decodes_what_the_eager_verify_did(
 @torch.no_grad()
 def test_mla_over_its_latents_on_cuda_scores_what_the_expanded_keys_score(tmp_path_factory, monkeypatch):
     """target/mla_latent.py on the device (bf16, Kimi-shaped INT4 target, torch's attention with
-    one key head shared by the H query heads): a tree verify's logits within bf16's reach of
-    transformers' expanded MLA, the same argmax at nearly every node; the decode loop switches
-    both layers by default on CUDA, and decodes at T -> 0 mostly what the expanded path decodes."""
+    one key head shared by the H query heads): a tree verify as close to the float32 truth
+    (transformers' expanded MLA in float32 on the device) as transformers' own bf16 path is: the
+    first layer's output on average, the logits at the median node (a bf16 sum that moves a token
+    to another expert moves its logits far, whichever path: on the CPU in bf16 one node of 64
+    moved by 1.2 and doubled the latent path's mean error, its median within 5%), the same argmax
+    as often; the decode loop switches both layers by default on CUDA, and decodes at T -> 0
+    mostly what the expanded path decodes."""
     from diag.bench.cpu import SMALL, SMALL_DRAFTER
     from diag.bench.sampled import bench_loop, bench_prompts
     from diag.drafter.checkpoint import load_drafter
@@ -142,24 +146,34 @@ def test_mla_over_its_latents_on_cuda_scores_what_the_expanded_keys_score(tmp_pa
 
     ks = kimi_shaped(tmp_path_factory.mktemp("kimi") / "k", layers=2, seed=5, widths=SMALL,
                      drafter_widths=SMALL_DRAFTER)
-    model = load_packed_target(ks.target, dtype=torch.bfloat16, device="cuda")
-    accelerate(model)
     g = torch.Generator().manual_seed(3)
     B, P, parents = 8, 40, torch.tensor([-1, 0, 0, 1, 1, 2, 3, 3])
     D = len(parents)
     ids = torch.randint(5, SMALL["vocab_size"], (B, P), generator=g)
     valid = torch.ones(B, P, dtype=torch.bool)
     tokens = torch.randint(5, SMALL["vocab_size"], (B, D), generator=g)
-    logits = {}
-    for on in (False, True):
-        with latent_mla(model, on):
-            kv, _ = prefill(model, ids, valid, (CapturePoint("final"),), capacity=P + 2 * D)
-            scored = verify_forward(model, kv, tokens, parents.expand(B, D), torch.ones(B, D, dtype=torch.bool),
-                                    valid.sum(-1) - 1, (CapturePoint("final"),), fixed=True)
-            logits[on] = scored.logits.rows(torch.arange(B * D))
-    scale = logits[False].abs().max()
-    assert (logits[True] - logits[False]).abs().max() <= 0.05 * scale
-    assert (logits[True].argmax(-1) == logits[False].argmax(-1)).float().mean() >= 0.9
+    logits, first = {}, {}
+    points = (CapturePoint("L1"), CapturePoint("final"))
+    for dtype, on in ((torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)):
+        m = load_packed_target(ks.target, dtype=dtype, device="cuda")
+        with latent_mla(m, on):
+            kv, _ = prefill(m, ids, valid, points, capacity=P + 2 * D)
+            scored = verify_forward(m, kv, tokens, parents.expand(B, D), torch.ones(B, D, dtype=torch.bool),
+                                    valid.sum(-1) - 1, points, fixed=True)
+            logits[(dtype, on)] = scored.logits.rows(torch.arange(B * D)).float()
+            first[(dtype, on)] = scored.states["L1"].float()
+        del m
+    truth, expanded, latent = logits[(torch.float32, False)], logits[(torch.bfloat16, False)], logits[(torch.bfloat16, True)]
+    err = {k: (first[(torch.bfloat16, on)] - first[(torch.float32, False)]).abs().mean().item()
+           for k, on in (("expanded", False), ("latent", True))}
+    assert err["latent"] <= 1.5 * err["expanded"] + 1e-4, err
+    err = {k: (v - truth).abs().median().item() for k, v in (("expanded", expanded), ("latent", latent))}
+    assert err["latent"] <= 1.5 * err["expanded"] + 1e-4, err
+    agree = {k: (v.argmax(-1) == truth.argmax(-1)).float().mean().item() for k, v in (("expanded", expanded),
+                                                                                   ("latent", latent))}
+    assert agree["latent"] >= agree["expanded"] - 0.05, agree
+    model = load_packed_target(ks.target, dtype=torch.bfloat16, device="cuda")
+    accelerate(model)
     drafter, _ = load_drafter(ks.drafter, torch.bfloat16, device="cuda")
     prompts = bench_prompts(12, 10, SMALL["vocab_size"])
     out = {}

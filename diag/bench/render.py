@@ -30,6 +30,8 @@ GOALS = (  # (text, section, key path, comparison, threshold); "rows>=8192": the
     ("resident / checkpoint bytes", "checkpoint_load", ("resident_over_checkpoint",), "<=", 1.15),
     ("sampled verify forward: bytes read / copy bandwidth, worst tree", "sampled",
      ("verify_fraction_of_copy_bandwidth_min",), ">=", 0.5),
+    ("sampled verify forward once its CUDA graphs are captured: bytes read / copy bandwidth, worst tree",
+     "sampled", ("verify_replay_fraction_of_copy_bandwidth_min",), ">=", 0.5),
     ("greedy decode step: bytes read / copy bandwidth, worst batch", "decode_bandwidth",
      ("fraction_of_copy_bandwidth_min",), ">=", 0.5),
     ("sampled loop cost / (num_draft_tokens x greedy pass), worst tree", "sampled",
@@ -59,7 +61,8 @@ def _value(sec: dict, path: tuple):
 CPU_GOALS = {"zoo", "sampled_trained"}     # the sections whose goals are the CPU's; every other goal is the GPU's
 ANY_KIND = {("load", "plain_over_raw"), ("load", "first_run_over_plain"),     # both machines' goals
             ("e2e", "cached"), ("e2e", "one_more_layout")}
-OPTIONAL = {("extrapolation", "sampled")}   # rows of a part only some runs have (a sampled e2e): absent, no row
+OPTIONAL = {("extrapolation", "sampled"),            # rows of a part only some runs have (a sampled e2e;
+            ("sampled", "verify_replay_fraction_of_copy_bandwidth_min")}   # a verify from graphs): absent, no row
 
 
 def goal_lines(res: dict) -> list[str]:
