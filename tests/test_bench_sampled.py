@@ -38,6 +38,7 @@ def test_sampled_bench_runs_at_tiny_widths(kimi):
         assert row["rows"] == 3 * 32 and row["emitted_tokens"] == 3 * 32 * 6
         assert row["tokens_per_second"] > 0 and row["pass_tokens_per_second"] > 0
         assert row["pass_tokens"] == 32 * (12 + 6)
+        assert len(row["pass_seconds_all"]) == 3 and row["pass_seconds"] == min(row["pass_seconds_all"])
         assert row["cost_in_passes"] > 0 and row["limit"] in row["phases"]
         assert sum(row["phases"].values()) <= row["seconds"] * 1.05
         assert 1.0 <= row["accept_length"] <= 3.0

@@ -40,6 +40,7 @@ from diag.trees import tree_shape
 
 TREES = ("chain-1", "chain-3", "chain-5", "s3-k4-d5", "s3-k4-d8", "s3-k8-d16")
 DECODING = sampled(1.0, 0.95)
+PASS_REPEATS = 3                     # the teacher-forced pass timed this many times, the fastest kept
 RANGES = ("diag.", "ProfilerStep")   # the profiler's ranges (the loop's phases, its steps): on CUDA they
                                      # carry their kernels' device time again, so busy time leaves them out
 
@@ -58,7 +59,9 @@ def _one_tree(model, drafter, embed, head, lays, shape, prompts, max_new, token_
     """One tree's loop against the teacher-forced pass over the tokens it decoded, each after a
     warm-up (the loop's: a few rounds of the same rows, whose first calls compile what the timed
     loop would otherwise compile, e.g. a Triton kernel's specialisation for a new token count;
-    its graphs' captures are the timed loop's own, counted in verify_graphs.capture_s)."""
+    its graphs' captures are the timed loop's own, counted in verify_graphs.capture_s). The pass,
+    a tenth of a second on the H100, is timed PASS_REPEATS times and the fastest kept: one timing
+    of it moved chain-3's cost by a third between two runs of the same code (0.100 s, 0.150 s)."""
     warm, _, rows = bench_loop(model, drafter, embed, head, lays, shape, len(prompts))
     warm.run(prompts, rows, min(max_new, 2 * shape.num_steps + 2))
     loop, lanes, rows = bench_loop(model, drafter, embed, head, lays, shape, len(prompts), profile=True)
@@ -72,11 +75,14 @@ def _one_tree(model, drafter, embed, head, lays, shape, prompts, max_new, token_
             if o.lane is lanes[0]]
     points = tuple(dict.fromkeys(union_points([layout(n) for n in lays]) + (CapturePoint("final"),)))
     run_capture(model, seqs[:2], points, regime="bench", token_budget=token_budget, progress=False)  # warm-up
-    sync()
-    t1, c1 = time.perf_counter(), time.process_time()
-    run_capture(model, seqs, points, regime="bench", token_budget=token_budget, progress=False)
-    sync()
-    pass_s, pass_cpu = time.perf_counter() - t1, time.process_time() - c1
+    passes = []                                            # (wall, cpu) of each pass; the fastest is kept
+    for _ in range(PASS_REPEATS):
+        sync()
+        t1, c1 = time.perf_counter(), time.process_time()
+        run_capture(model, seqs, points, regime="bench", token_budget=token_budget, progress=False)
+        sync()
+        passes.append((time.perf_counter() - t1, time.process_time() - c1))
+    pass_s, pass_cpu = min(passes)
     pass_tokens = sum(len(s.ids) for s in seqs)
     rounds = sum(len(o.accepted) for o in out)
     phases = {k: round(v, 4) for k, v in loop.seconds.items()}
@@ -86,7 +92,7 @@ def _one_tree(model, drafter, embed, head, lays, shape, prompts, max_new, token_
             "tokens_per_second": emitted / seconds, "loop_rounds": loop.counts["rounds"],
             "verified_tokens": loop.counts["verified_tokens"],
             "accept_length": (emitted / rounds) if rounds else None,
-            "pass_seconds": pass_s, "pass_tokens": pass_tokens, "pass_tokens_per_second": pass_tokens / pass_s,
+            "pass_seconds": pass_s, "pass_seconds_all": [w for w, _ in passes], "pass_tokens": pass_tokens, "pass_tokens_per_second": pass_tokens / pass_s,
             "cost_in_passes": seconds / len(lanes) / pass_s,
             "cpu_seconds": cpu_s, "pass_cpu_seconds": pass_cpu, "cost_in_passes_cpu": cpu_s / len(lanes) / pass_cpu,
             "goal_met": seconds / len(lanes) / pass_s <= shape.num_draft_tokens,

@@ -25,7 +25,8 @@ build_tree_kernel_efficient):
   verification can never reach it. Here: valid = False, parents = -1.
 - Ties: SGLang uses torch.topk (torch.max when K = 1) on CUDA, whose order among
   equal scores is unspecified. diag breaks ties toward the LOWER candidate index
-  (stable sort), deterministic on every device. NaN ranks above every number, as
+  (a stable sort's order, found by one topk over value-then-index keys, `_top`),
+  deterministic on every device. NaN ranks above every number, as
   in torch.topk; NaN draft logits are how SGLang's orphans arise in practice.
 - D-1 > K + (S-1)K²: SGLang fails (torch.topk k out of range); diag keeps every
   candidate and pads the tree with valid = False nodes (token PAD, depth 0).
@@ -99,54 +100,25 @@ class DraftTree:
 
 
 def _top(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k along the last dim, ties to the lower index, NaN first (torch.topk order).
-    torch.topk of k + 1 decides the set unless the k-th and (k+1)-th values are equal (a
-    tie at the boundary: then ties decide who is in, and those rows take _top_exact); the
-    k chosen are then ordered by value, lower index first among equals.
-    Example: [.2, .5, .1, .3], k = 2 -> topk 3 = [.5, .3, .2]: .3 != .2, the set is {1, 3}
-    -> values [.5, .3], indices [1, 3]. [.2, .5, .2, .2], k = 2: .2 == .2 -> exact: [1, 0]."""
+    """Top-k along the last dim, ties to the lower index, NaN first (torch.topk order), in one
+    torch.topk over a key that orders by value, then by index: the value's float32 bits made
+    monotone (`_sortable`) in the high half of an int64, the reversed index in the low half. No
+    host sync, whatever the ties. Example: [.2, .5, .1, .3], k = 2 -> values [.5, .3], indices
+    [1, 3]; [.2, .5, .2, .2], k = 2 -> [.5, .2] at [1, 0] (of the three .2, the lowest index)."""
     width = values.shape[-1]
-    if k >= width:
-        return _top_exact(values, k)
-    top, idx = torch.topk(values, k + 1, dim=-1)                       # [..., k+1]
-    key = _nan_high(top)
-    tie = key[..., k - 1] == key[..., k]                                # [...]
-    idx = idx[..., :k].sort(dim=-1).values                              # ascending index
-    order = torch.sort(_nan_high(values.gather(-1, idx)), dim=-1, descending=True, stable=True).indices
-    idx = idx.gather(-1, order)
-    if bool(tie.any()):
-        flat = idx.reshape(-1, k).clone()
-        rows = tie.reshape(-1).nonzero()[:, 0]
-        flat[rows] = _top_exact(values.reshape(-1, width)[rows], k)[1]
-        idx = flat.view_as(idx)
+    rev = torch.arange(width - 1, -1, -1, device=values.device, dtype=torch.int64)
+    key = _sortable(values) * (1 << 32) + rev
+    idx = torch.topk(key, k, dim=-1).indices
     return values.gather(-1, idx), idx
 
 
-def _nan_high(x: torch.Tensor) -> torch.Tensor:
-    """NaN -> +inf, so NaN ranks above every number in comparisons and sorts."""
-    return torch.where(torch.isnan(x), torch.full_like(x, float("inf")), x)
-
-
-def _top_exact(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """_top for any input, linear in the width: torch.topk finds the k-th value t; every
-    entry above t is in, and the entries equal to t fill the rest lowest index first; then
-    only those k are sorted.
-    Example: [.2, .5, .2, .2], k = 3 -> t = .2, above: {1}, equal: {0, 2, 3} -> take 0, 2
-    -> values [.5, .2, .2], indices [1, 0, 2]."""
-    key = _nan_high(values)
-    t = torch.topk(key, k, dim=-1).values[..., -1:]                     # [..., 1]
-    above, equal = key > t, key == t
-    need = k - above.sum(-1, keepdim=True)                              # [..., 1]
-    chosen = above | equal
-    tied = (equal.sum(-1, keepdim=True) > need).squeeze(-1)             # rows where t has too many copies
-    if bool(tied.any()):
-        sub = equal[tied]
-        chosen[tied] = above[tied] | (sub & (sub.cumsum(-1, dtype=torch.int32) <= need[tied]))   # exactly k
-    lead = chosen.shape[:-1]
-    idx = chosen.reshape(-1, chosen.shape[-1]).nonzero()[:, 1].view(*lead, k)   # ascending index
-    order = torch.sort(key.gather(-1, idx), dim=-1, descending=True, stable=True).indices
-    idx = idx.gather(-1, order)
-    return values.gather(-1, idx), idx
+def _sortable(x: torch.Tensor) -> torch.Tensor:
+    """int64 keys in the order of x's float32 values: NaN as +inf (above every number, tied with
+    it), -0.0 as 0.0, a negative value's bits flipped so that larger values have larger keys.
+    Example: [-2.0, -1.0, -0.0, 0.0, 1.0, nan] -> keys increasing, the -0.0 and 0.0 equal."""
+    x = torch.where(torch.isnan(x), torch.full_like(x, float("inf")), x).float() + 0.0
+    bits = x.view(torch.int32).to(torch.int64)
+    return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
 
 
 def _map(tokens: torch.Tensor, token_map: torch.Tensor | None) -> torch.Tensor:
