@@ -17,6 +17,29 @@ from transformers.utils import logging as _hf_logging  # noqa: E402
 _hf_logging.get_logger("transformers")
 
 
+@pytest.fixture(scope="session")
+def kimi_small(tmp_path_factory):
+    """A 2-layer Kimi-shaped INT4 target and its drafter at bench/cpu.py's SMALL widths (seed 5),
+    written once a session; tests load it on the device and in the dtype they need."""
+    from diag.bench.cpu import SMALL, SMALL_DRAFTER
+    from diag.zoo.kimi_shaped import kimi_shaped
+
+    return kimi_shaped(tmp_path_factory.mktemp("kimi") / "k", layers=2, seed=5, widths=SMALL,
+                       drafter_widths=SMALL_DRAFTER)
+
+
+@pytest.fixture(scope="session")
+def kimi_cpu(kimi_small):
+    """kimi_small loaded on the CPU in float32: (paths, target, drafter). Shared by every module
+    that asks: a test that changes either must restore it."""
+    import torch
+
+    from diag.drafter.checkpoint import load_drafter
+    from diag.int4.load import load_packed_target
+
+    return kimi_small, load_packed_target(kimi_small.target, dtype=torch.float32), load_drafter(kimi_small.drafter)[0]
+
+
 @pytest.fixture
 def sigint_delivered():
     """SIGINT raises KeyboardInterrupt in the test, however the suite was started (signals.py)."""

@@ -10,21 +10,8 @@ from diag.bench.render import goal_lines
 from diag.bench.sampled import bench_prompts, sampled_bench
 
 
-@pytest.fixture(scope="module")
-def kimi(tmp_path_factory):
-    from diag.drafter.checkpoint import load_drafter
-    from diag.int4.load import load_packed_target
-    from diag.zoo.kimi_shaped import kimi_shaped
-
-    ks = kimi_shaped(tmp_path_factory.mktemp("kimi") / "k", layers=2, seed=5, widths=SMALL,
-                     drafter_widths=SMALL_DRAFTER)
-    model = load_packed_target(ks.target, dtype=torch.float32)
-    drafter, _ = load_drafter(ks.drafter)
-    return ks, model, drafter
-
-
-def test_sampled_bench_runs_at_tiny_widths(kimi):
-    ks, model, drafter = kimi
+def test_sampled_bench_runs_at_tiny_widths(kimi_cpu):
+    ks, model, drafter = kimi_cpu
     lays = [ks.layout, "L1+L2+final", "embed+L1+final"]
     prompts = bench_prompts(32, 12, SMALL["vocab_size"])
     kept = []
@@ -48,12 +35,12 @@ def test_sampled_bench_runs_at_tiny_widths(kimi):
     assert any("sampled loop cost" in x and "not measured" not in x for x in lines)
 
 
-def test_the_gpu_benchs_sampled_section_runs_its_code_path_on_cpu(kimi):
+def test_the_gpu_benchs_sampled_section_runs_its_code_path_on_cpu(kimi_cpu):
     """diag bench gpu --sections sampled calls bench.gpu._sampled: the same code on the CPU model,
     drafter loaded from the checkpoint in the target's dtype, one tree."""
     from diag.bench.gpu import _sampled
     from diag.bench.pair import PairRecipe
-    ks, model, _ = kimi
+    ks, model, _ = kimi_cpu
     st = {"ks": ks, "drafter_widths": {**SMALL, **SMALL_DRAFTER}}
     res = _sampled(st, model, [ks.layout, "L1+L2+final", "embed+L1+final"], 8, 8, 3, device="cpu",
                    dtype=torch.float32, trees=("chain-3",), recipe=PairRecipe(steps=10, batch=4),
@@ -86,11 +73,11 @@ def test_the_gpu_benchs_sampled_section_runs_its_code_path_on_cpu(kimi):
     assert res["round_profiles"] == []                                    # CUDA only
 
 
-def test_cache_bytes_count_every_row_over_the_caches_width_dead_slots_included(kimi):
+def test_cache_bytes_count_every_row_over_the_caches_width_dead_slots_included(kimi_cpu):
     """One row of one slot costs c bytes (whatever the cache's layout: transformers 5.25 keeps
     MLA's latent, earlier releases each head's keys); rows of 5 and 3 ids -> width 5, 2 x 5 x c."""
     from diag.target.tree_forward import cache_bytes, prefill
-    _, model, _ = kimi
+    _, model, _ = kimi_cpu
     one, _ = prefill(model, torch.tensor([[7]]), torch.tensor([[True]]), (), capacity=4)
     ids = torch.tensor([[1, 2, 3, 4, 5], [6, 7, 8, 0, 0]])
     valid = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], dtype=torch.bool)
@@ -112,12 +99,12 @@ def test_the_trained_pairs_goals_are_the_cpus():
     assert "demo-sampled" not in "\n".join(goal_lines({"kind": "gpu", "sections": {"sampled_trained": sec}}))
 
 
-def test_a_round_profile_leaves_the_prefill_and_the_first_round_out_and_splits_the_rest_by_phase(kimi):
+def test_a_round_profile_leaves_the_prefill_and_the_first_round_out_and_splits_the_rest_by_phase(kimi_cpu):
     """round_profile: `rounds` rounds after the prefill and a warm-up round, per phase per round
     (the host's wall; on the CPU no device figures); the phases' host time lies within the
     window's wall and the prefill is not among them."""
     from diag.bench.sampled import round_profile
-    ks, model, drafter = kimi
+    ks, model, drafter = kimi_cpu
     prompts = bench_prompts(4, 10, SMALL["vocab_size"])
     res = round_profile(model, drafter, model.get_input_embeddings(), model.get_output_embeddings(),
                         [ks.layout, "L1+L2+final"], prompts, "chain-1", max_new_tokens=12, rounds=4)
@@ -132,13 +119,13 @@ def test_a_round_profile_leaves_the_prefill_and_the_first_round_out_and_splits_t
                       [ks.layout], prompts, "chain-1", max_new_tokens=2, rounds=4)
 
 
-def test_the_kimi_shaped_targets_verify_on_fixed_widths_decodes_what_the_growing_cache_did(kimi):
+def test_the_kimi_shaped_targets_verify_on_fixed_widths_decodes_what_the_growing_cache_did(kimi_cpu):
     """MLA's cache (transformers' DeepseekV3 attention) through the whole-buffer verify, forced on
     the CPU: the same drafts accepted and the same ids as on growing widths, under sampling."""
     from diag.bench.sampled import bench_loop
     from diag.engines.decoding import sampled
     from diag.trees import tree_shape
-    ks, model, drafter = kimi
+    ks, model, drafter = kimi_cpu
     prompts = bench_prompts(6, 10, SMALL["vocab_size"])
     out = []
     for fixed in (True, False):
@@ -150,12 +137,12 @@ def test_the_kimi_shaped_targets_verify_on_fixed_widths_decodes_what_the_growing
     assert out[0] == out[1] and sum(len(a) for a, _ in out[0]) > 0
 
 
-def test_the_grown_sections_added_layer_is_its_routed_experts(kimi):
+def test_the_grown_sections_added_layer_is_its_routed_experts(kimi_cpu):
     """bench.gpu.added_layer on the tiny Kimi-shaped target: the last layer's PackedExperts bytes
     (INT4 words and bf16 scales of E experts x 3 matrices), E and top-k from the config."""
     from diag.bench.bandwidth import routed_bytes
     from diag.bench.gpu import added_layer
-    _, model, _ = kimi
+    _, model, _ = kimi_cpu
     c = model.config
     got = added_layer(model)
     assert got == {"routed_bytes": got["routed_bytes"], "experts": c.n_routed_experts, "top_k": c.num_experts_per_tok}
@@ -165,10 +152,10 @@ def test_the_grown_sections_added_layer_is_its_routed_experts(kimi):
     assert got["routed_bytes"] == want > 0
 
 
-def test_the_generation_probe_takes_the_median_of_its_repeats(kimi, monkeypatch):
+def test_the_generation_probe_takes_the_median_of_its_repeats(kimi_cpu, monkeypatch):
     """bench.gpu._generation_probe: after a warm-up, the median of GENERATION_REPEATS timed runs."""
     from diag.bench import gpu
-    _, model, _ = kimi
+    _, model, _ = kimi_cpu
     calls, real = [], gpu.timed
     monkeypatch.setattr(gpu, "timed", lambda fn, **kw: calls.append(kw) or real(fn, **kw))
     got = gpu._generation_probe(model, SMALL["vocab_size"], prompts=2, prompt_len=4, new_tokens=3)

@@ -15,6 +15,17 @@ def pair(tmp_path_factory):
     return make_target(root / "t"), make_drafter(root / "d"), make_prompts(root / "p.jsonl")
 
 
+def _kimi_on_cuda(ks):
+    """The kimi_small pair on the device in bf16, the target's experts on the fast kernels."""
+    from diag.drafter.checkpoint import load_drafter
+    from diag.int4.fast import accelerate
+    from diag.int4.load import load_packed_target
+
+    model = load_packed_target(ks.target, dtype=torch.bfloat16, device="cuda")
+    accelerate(model)
+    return model, load_drafter(ks.drafter, torch.bfloat16, device="cuda")[0]
+
+
 @torch.no_grad()
 def test_capture_and_replay_on_cuda_match_cpu(pair):
     from diag.drafter.checkpoint import load_drafter
@@ -81,26 +92,19 @@ def test_a_drafter_read_straight_to_the_gpu_equals_one_moved_there(pair):
 
 @torch.no_grad()
 @pytest.mark.parametrize("tree", ["chain-3", "s3-k4-d8"])
-def test_the_verify_replayed_from_cuda_graphs_decodes_what_the_eager_verify_did(tmp_path_factory, tree):
+def test_the_verify_replayed_from_cuda_graphs_decodes_what_the_eager_verify_did(kimi_small, tree):
     """Issue 36: the decode loop's verify captured once per bucket (rows, tree, width) and
     replayed, on a Kimi-shaped INT4 target (MLA, the Triton expert kernels, the routing's own
     graphs inside), decodes exactly what the eager verify on the same fixed widths decoded, under
     sampling; and the graphs were used: captured per bucket, replayed every other round, no
     failure. Then the eager verify on growing widths (the CPU's) decodes the same drafts."""
-    from diag.bench.cpu import SMALL, SMALL_DRAFTER
+    from diag.bench.cpu import SMALL
     from diag.bench.sampled import bench_loop, bench_prompts
-    from diag.drafter.checkpoint import load_drafter
     from diag.engines.decoding import sampled
-    from diag.int4.fast import accelerate
-    from diag.int4.load import load_packed_target
     from diag.trees import tree_shape
-    from diag.zoo.kimi_shaped import kimi_shaped
 
-    ks = kimi_shaped(tmp_path_factory.mktemp("kimi") / "k", layers=2, seed=5, widths=SMALL,
-                     drafter_widths=SMALL_DRAFTER)
-    model = load_packed_target(ks.target, dtype=torch.bfloat16, device="cuda")
-    accelerate(model)
-    drafter, _ = load_drafter(ks.drafter, torch.bfloat16, device="cuda")
+    ks = kimi_small
+    model, drafter = _kimi_on_cuda(ks)
     embed, head = model.get_input_embeddings(), model.get_output_embeddings()
     prompts = bench_prompts(12, 10, SMALL["vocab_size"])
     lays = [ks.layout, "L1+L2+final"]
@@ -123,7 +127,7 @@ def test_the_verify_replayed_from_cuda_graphs_decodes_what_the_eager_verify_did(
 
 
 @torch.no_grad()
-def test_mla_over_its_latents_on_cuda_scores_what_the_expanded_keys_score(tmp_path_factory, monkeypatch):
+def test_mla_over_its_latents_on_cuda_scores_what_the_expanded_keys_score(kimi_small, monkeypatch):
     """target/mla_latent.py on the device (bf16, Kimi-shaped INT4 target, torch's attention with
     one key head shared by the H query heads): a tree verify as close to the float32 truth
     (transformers' expanded MLA in float32 on the device) as transformers' own bf16 path is: the
@@ -132,20 +136,16 @@ def test_mla_over_its_latents_on_cuda_scores_what_the_expanded_keys_score(tmp_pa
     moved by 1.2 and doubled the latent path's mean error, its median within 5%), the same argmax
     as often; the decode loop switches both layers by default on CUDA, and decodes at T -> 0
     mostly what the expanded path decodes."""
-    from diag.bench.cpu import SMALL, SMALL_DRAFTER
+    from diag.bench.cpu import SMALL
     from diag.bench.sampled import bench_loop, bench_prompts
-    from diag.drafter.checkpoint import load_drafter
     from diag.engines.decoding import sampled
-    from diag.int4.fast import accelerate
     from diag.int4.load import load_packed_target
     from diag.layouts import CapturePoint
     from diag.target.mla_latent import latent_mla
     from diag.target.tree_forward import prefill, verify_forward
     from diag.trees import tree_shape
-    from diag.zoo.kimi_shaped import kimi_shaped
 
-    ks = kimi_shaped(tmp_path_factory.mktemp("kimi") / "k", layers=2, seed=5, widths=SMALL,
-                     drafter_widths=SMALL_DRAFTER)
+    ks = kimi_small
     g = torch.Generator().manual_seed(3)
     B, P, parents = 8, 40, torch.tensor([-1, 0, 0, 1, 1, 2, 3, 3])
     D = len(parents)
@@ -172,9 +172,7 @@ def test_mla_over_its_latents_on_cuda_scores_what_the_expanded_keys_score(tmp_pa
     agree = {k: (v.argmax(-1) == truth.argmax(-1)).float().mean().item() for k, v in (("expanded", expanded),
                                                                                    ("latent", latent))}
     assert agree["latent"] >= agree["expanded"] - 0.05, agree
-    model = load_packed_target(ks.target, dtype=torch.bfloat16, device="cuda")
-    accelerate(model)
-    drafter, _ = load_drafter(ks.drafter, torch.bfloat16, device="cuda")
+    model, drafter = _kimi_on_cuda(ks)
     prompts = bench_prompts(12, 10, SMALL["vocab_size"])
     out = {}
     for value in ("0", None):
@@ -192,21 +190,14 @@ def test_mla_over_its_latents_on_cuda_scores_what_the_expanded_keys_score(tmp_pa
 
 
 @torch.no_grad()
-def test_a_verify_profile_on_cuda_sees_the_verifys_own_kernels(tmp_path_factory):
+def test_a_verify_profile_on_cuda_sees_the_verifys_own_kernels(kimi_small):
     """bench.sampled.verify_profile: the eager verify's kernels (a graph's replay would show as
     one launch), their device time within the verify's wall, their shares summing to at most 1."""
-    from diag.bench.cpu import SMALL, SMALL_DRAFTER
+    from diag.bench.cpu import SMALL
     from diag.bench.sampled import bench_prompts, verify_profile
-    from diag.drafter.checkpoint import load_drafter
-    from diag.int4.fast import accelerate
-    from diag.int4.load import load_packed_target
-    from diag.zoo.kimi_shaped import kimi_shaped
 
-    ks = kimi_shaped(tmp_path_factory.mktemp("kimi") / "k", layers=2, seed=5, widths=SMALL,
-                     drafter_widths=SMALL_DRAFTER)
-    model = load_packed_target(ks.target, dtype=torch.bfloat16, device="cuda")
-    accelerate(model)
-    drafter, _ = load_drafter(ks.drafter, torch.bfloat16, device="cuda")
+    ks = kimi_small
+    model, drafter = _kimi_on_cuda(ks)
     res = verify_profile(model, drafter, model.get_input_embeddings(), model.get_output_embeddings(),
                          [ks.layout, "L1+L2+final"], bench_prompts(8, 10, SMALL["vocab_size"]), "s3-k4-d8",
                          max_new_tokens=24, rounds=3)
@@ -217,23 +208,16 @@ def test_a_verify_profile_on_cuda_sees_the_verifys_own_kernels(tmp_path_factory)
 
 
 @torch.no_grad()
-def test_a_round_profile_on_cuda_counts_every_kernel_once(tmp_path_factory):
+def test_a_round_profile_on_cuda_counts_every_kernel_once(kimi_small):
     """bench.sampled.round_profile on the device: the loop's phase ranges carry their kernels'
     time a second time on CUDA (the H100's first profile counted 1.02 of the wall busy), so the
     device's busy time leaves every range out: at most the wall, no range among the top ops,
     and each phase's kernels within its own wall."""
-    from diag.bench.cpu import SMALL, SMALL_DRAFTER
+    from diag.bench.cpu import SMALL
     from diag.bench.sampled import RANGES, bench_prompts, round_profile
-    from diag.drafter.checkpoint import load_drafter
-    from diag.int4.fast import accelerate
-    from diag.int4.load import load_packed_target
-    from diag.zoo.kimi_shaped import kimi_shaped
 
-    ks = kimi_shaped(tmp_path_factory.mktemp("kimi") / "k", layers=2, seed=5, widths=SMALL,
-                     drafter_widths=SMALL_DRAFTER)
-    model = load_packed_target(ks.target, dtype=torch.bfloat16, device="cuda")
-    accelerate(model)
-    drafter, _ = load_drafter(ks.drafter, torch.bfloat16, device="cuda")
+    ks = kimi_small
+    model, drafter = _kimi_on_cuda(ks)
     res = round_profile(model, drafter, model.get_input_embeddings(), model.get_output_embeddings(),
                         [ks.layout, "L1+L2+final"], bench_prompts(8, 10, SMALL["vocab_size"]), "chain-3",
                         max_new_tokens=24, rounds=4)

@@ -7,7 +7,7 @@ what is not MLA, and reads DIAG_MLA_LATENT."""
 import pytest
 import torch
 
-from diag.bench.cpu import SMALL, SMALL_DRAFTER
+from diag.bench.cpu import SMALL
 from diag.bench.sampled import bench_loop, bench_prompts
 from diag.engines.decoding import sampled
 from diag.errors import DiagError
@@ -18,19 +18,6 @@ from diag.target.tree_forward import prefill, verify_forward
 from diag.trees import tree_shape
 
 TREE = torch.tensor([-1, 0, 0, 1, 1, 2, 3, 3])
-
-
-@pytest.fixture(scope="module")
-def kimi(tmp_path_factory):
-    from diag.drafter.checkpoint import load_drafter
-    from diag.int4.load import load_packed_target
-    from diag.zoo.kimi_shaped import kimi_shaped
-
-    ks = kimi_shaped(tmp_path_factory.mktemp("kimi") / "k", layers=2, seed=5, widths=SMALL,
-                     drafter_widths=SMALL_DRAFTER)
-    model = load_packed_target(ks.target, dtype=torch.float32)
-    drafter, _ = load_drafter(ks.drafter)
-    return ks, model, drafter
 
 
 def _verify(model, latent: bool, fixed: bool):
@@ -50,8 +37,8 @@ def _verify(model, latent: bool, fixed: bool):
 
 
 @pytest.mark.parametrize("fixed", [False, True], ids=["growing", "fixed-width"])
-def test_a_verify_over_the_latents_scores_what_the_expanded_keys_score(kimi, fixed):
-    _, model, _ = kimi
+def test_a_verify_over_the_latents_scores_what_the_expanded_keys_score(kimi_cpu, fixed):
+    _, model, _ = kimi_cpu
     n0, first0, states0, logits0 = _verify(model, False, fixed)
     n1, first1, states1, logits1 = _verify(model, True, fixed)
     assert n0 == 0 and n1 == model.config.num_hidden_layers
@@ -62,8 +49,8 @@ def test_a_verify_over_the_latents_scores_what_the_expanded_keys_score(kimi, fix
     assert (logits1 - logits0).abs().max() > 0          # another order of sums: not the same code run twice
 
 
-def test_generation_over_the_latents_continues_as_transformers_does(kimi, monkeypatch):
-    _, model, _ = kimi
+def test_generation_over_the_latents_continues_as_transformers_does(kimi_cpu, monkeypatch):
+    _, model, _ = kimi_cpu
     prompts = bench_prompts(6, 7, SMALL["vocab_size"], seed=2)
     prompts[1] = prompts[1][:4]                               # left padding: a 2D mask with holes
     got = {}
@@ -73,8 +60,8 @@ def test_generation_over_the_latents_continues_as_transformers_does(kimi, monkey
     assert got["1"] == got["0"]
 
 
-def test_the_decode_loop_over_the_latents_decodes_what_it_did(kimi, monkeypatch):
-    ks, model, drafter = kimi
+def test_the_decode_loop_over_the_latents_decodes_what_it_did(kimi_cpu, monkeypatch):
+    ks, model, drafter = kimi_cpu
     prompts = bench_prompts(8, 10, SMALL["vocab_size"], seed=4)
     out = {}
     for value in ("0", "1"):
@@ -88,8 +75,8 @@ def test_the_decode_loop_over_the_latents_decodes_what_it_did(kimi, monkeypatch)
     assert (out["0"][2], out["1"][2]) == (0, model.config.num_hidden_layers)
 
 
-def test_the_switch_restores_the_model_and_leaves_other_models_alone(kimi):
-    _, model, drafter = kimi
+def test_the_switch_restores_the_model_and_leaves_other_models_alone(kimi_cpu):
+    _, model, drafter = kimi_cpu
     attn = model.model.layers[0].self_attn
     before = model.config._attn_implementation
     with pytest.raises(RuntimeError, match="inside"):
@@ -101,10 +88,10 @@ def test_the_switch_restores_the_model_and_leaves_other_models_alone(kimi):
         assert n == 0
 
 
-def test_without_a_mask_the_last_queries_attend_causally(kimi):
+def test_without_a_mask_the_last_queries_attend_causally(kimi_cpu):
     """latent_attention given no mask (Q > 1): query i of the last Q sees slots up to L - Q + i,
     as the same call given that causal bias."""
-    _, model, _ = kimi
+    _, model, _ = kimi_cpu
     attn = model.model.layers[0].self_attn
     g = torch.Generator().manual_seed(1)
     B, H, Q, L = 2, attn.num_heads, 3, 7
@@ -129,12 +116,12 @@ def test_the_switch_is_read_from_the_environment(monkeypatch):
         latent_wanted("cpu")
 
 
-def test_the_step_cost_probe_runs_over_the_latents(kimi, monkeypatch):
+def test_the_step_cost_probe_runs_over_the_latents(kimi_cpu, monkeypatch):
     """The probe (diagnoses/pricing/costs.py) times forwards with no mask of diag's own (transformers
     builds it, through the mask function registered with the latent attention)."""
     from diag.diagnoses.pricing.costs import measure_costs
 
-    _, model, drafter = kimi
+    _, model, drafter = kimi_cpu
     monkeypatch.setenv("DIAG_MLA_LATENT", "1")
     costs = measure_costs(model, drafter, model.get_input_embeddings(), [1, 4], context=16, repeats=2)
     assert model.config._attn_implementation != NAME
