@@ -86,6 +86,14 @@ def test_the_switch_restores_the_model_and_leaves_other_models_alone(kimi_cpu):
     assert model.config._attn_implementation == before and "expand_kv" not in vars(attn)
     with latent_mla(drafter) as n:                            # a Llama-style drafter: no MLA
         assert n == 0
+    from transformers import AttentionInterface
+    AttentionInterface.register("someone_elses", AttentionInterface._global_mapping["sdpa"])
+    model.config._attn_implementation = "someone_elses"       # an engine's attention (engine_numerics) is kept
+    try:
+        with latent_mla(model) as n:
+            assert n == 0 and model.config._attn_implementation == "someone_elses"
+    finally:
+        model.config._attn_implementation = before
 
 
 def test_without_a_mask_the_last_queries_attend_causally(kimi_cpu):

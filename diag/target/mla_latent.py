@@ -42,6 +42,7 @@ from torch import nn
 from diag.errors import env_switch
 
 NAME = "diag_mla_latent"
+STOCK = ("sdpa", "eager", None)     # transformers' own attentions: another (an engine's, engine_numerics) is kept
 
 
 def latent_wanted(dev) -> bool:
@@ -108,8 +109,9 @@ def _register() -> None:
 @contextlib.contextmanager
 def latent_mla(model: nn.Module, on: bool = True):
     """Inside the block, the model's MLA layers attend over their latents (module docstring);
-    yields how many layers were switched (0: none is MLA, or `on` is False). Restored after."""
-    layers = [m for m in model.modules() if _absorbable(m)] if on else []
+    yields how many layers were switched (0: none is MLA, `on` is False, or the model attends
+    with an implementation other than transformers' own, which it keeps). Restored after."""
+    layers = [m for m in model.modules() if _absorbable(m) and m.config._attn_implementation in STOCK] if on else []
     if not layers:
         yield 0
         return
