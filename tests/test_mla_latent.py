@@ -96,6 +96,22 @@ def test_the_switch_restores_the_model_and_leaves_other_models_alone(kimi_cpu):
         model.config._attn_implementation = before
 
 
+def test_layers_it_cannot_absorb_keep_transformers_path(kimi_cpu):
+    """A quantised kv_b_proj (not a float Linear) and one offloaded to the meta device by a device
+    map (its weights arrive with its own forward, which the latent path never calls) stay expanded."""
+    import copy
+
+    from diag.target.mla_latent import _absorbable
+
+    _, model, _ = kimi_cpu
+    attn = copy.deepcopy(model.model.layers[0].self_attn)
+    assert _absorbable(attn)
+    attn.kv_b_proj.weight = torch.nn.Parameter(attn.kv_b_proj.weight.to("meta"))
+    assert not _absorbable(attn)
+    attn.kv_b_proj = torch.nn.Identity()
+    assert not _absorbable(attn)
+
+
 def test_without_a_mask_the_last_queries_attend_causally(kimi_cpu):
     """latent_attention given no mask (Q > 1): query i of the last Q sees slots up to L - Q + i,
     as the same call given that causal bias."""

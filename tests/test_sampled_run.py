@@ -156,6 +156,7 @@ def test_every_tree_in_one_loop_gives_what_one_loop_per_tree_gives(tmp_path, mon
     for x, y in zip(got["0"][0], got["1"][0]):                   # the verify's float sums batch otherwise
         assert abs(x[3] - y[3]) < 1e-6, x[0]
     assert (got["0"][1], got["0"][2]) == (2, 2) and (got["1"][1], got["1"][2]) == (1, 2)
+    assert run.timings["sampled_mla_latent_layers"] == 0          # tiny is Llama: no MLA to switch
 
 
 def test_lossy_thresholds_are_said(tmp_path, monkeypatch):

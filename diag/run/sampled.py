@@ -210,6 +210,8 @@ class SampledEvaluations:
             decoded += loop.run(prompts, batch, inp.case.prompts.max_new_tokens)
         self._count(decode_loops=1, trees_decoded=len(shapes), lanes=len(lanes), rows=loop.counts["rows"],
                     rounds=loop.counts["rounds"], verified_tokens=loop.counts["verified_tokens"])
+        self.counts["mla_latent_layers"] = max(self.counts.get("mla_latent_layers", 0),     # a count, not a sum
+                                               loop.counts["mla_latent_layers"])
         if loop.graph_failure:
             self.notes.append(f"sampled decode {dec.name} {names}: the verify's CUDA graphs were turned off "
                               f"({loop.graph_failure}); it ran eagerly: the same numbers, slower")

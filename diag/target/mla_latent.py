@@ -16,18 +16,21 @@ numbers up to the order of the sums (float32 on the CPU: within 1e-4 of transfor
 tests hold it), the scores and softmax in float32 inside torch's attention as in the engines'
 MLA kernels.
 
-Where: the decode loop (replay/decode_loop.py) and the greedy generation (target/generate.py),
-on CUDA, where the expansion is the verify's largest cost; on the CPU they keep transformers'
-path, so every CPU number is transformers' own (`latent_wanted`; DIAG_MLA_LATENT=0/1 overrides).
-The teacher-forced passes that capture hidden states always run transformers' path.
+Where: the decode loop (replay/decode_loop.py), the greedy generation (target/generate.py) and
+the step-cost probe (diagnoses/pricing/costs.py), on CUDA, where the expansion was a verify's
+largest cost after the experts (reports/bench/NOTES.md, seventeenth stop); on the CPU they keep
+transformers' path, so every CPU number is transformers' own (`latent_wanted`; DIAG_MLA_LATENT=0/1
+overrides). The teacher-forced passes that capture hidden states always run transformers' path.
 `latent_mla(model)` switches a loaded model's MLA layers to this for the duration of a block:
 their expand_kv hands the cached latents on unexpanded (as "keys" the roped k_rot, as "values"
-c) and the config names `latent_attention`, which
-transformers' AttentionInterface then calls. Masks: the 4D additive bias diag's forwards pass
-(target/tree_forward.py) goes through untouched; a 2D mask (generate) is built as the eager
-attention's (an additive bias). A layer whose kv_b_proj is not a plain float Linear (quantised)
-keeps transformers' own path. This module knows transformers' MLA; nothing about drafters,
-trees or reports.
+c) and the config names `latent_attention`, which transformers' AttentionInterface then calls.
+Masks: the 4D additive bias diag's forwards pass (target/tree_forward.py) goes through
+untouched; a 2D mask (generate) is built as the eager attention's (an additive bias). A layer
+whose kv_b_proj is not a plain float Linear (quantised) keeps transformers' own path, and so
+does one whose kv_b_proj an offloading device map left on the meta device (its weights arrive
+with its own forward), and a model attending with another implementation than transformers'
+own (an engine's, target/engine_numerics.py). This module knows transformers' MLA;
+nothing about drafters, trees or reports.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ def latent_wanted(dev) -> bool:
 def _absorbable(m: nn.Module) -> bool:
     proj = getattr(m, "kv_b_proj", None)
     return (callable(getattr(m, "expand_kv", None)) and isinstance(proj, nn.Linear) and proj.weight.is_floating_point()
+            and proj.weight.device.type != "meta"          # offloaded by a device map: loaded only by its forward
             and all(hasattr(m, a) for a in ("qk_nope_head_dim", "v_head_dim", "qk_rope_head_dim", "num_heads")))
 
 
