@@ -184,3 +184,31 @@ def test_coins_depend_on_their_key_only_and_look_uniform():
     assert 0.0 <= float(u.min()) and float(u.max()) < 1.0
     hist = torch.histc(u, bins=10, min=0.0, max=1.0)
     assert float(((hist - 800) ** 2 / 800).sum()) < 27.9     # chi-square 9 dof, alpha 0.001
+
+
+def test_the_walks_worked_example():
+    """walk_tree's docstring, thresholds 1: root children p [.5, .3]; coin .6 -> running sums
+    [.5, .8], child 1 (the second) taken, nothing excluded; coin .9 -> none taken, both excluded
+    from the root's bonus. The walk reads p(token | parent) only (`child_probs`)."""
+    from diag.replay.sampling import walk_tree
+    tokens = torch.tensor([[7, 1, 2], [7, 1, 2]])
+    parents = torch.tensor([[-1, 0, 0], [-1, 0, 0]])
+    valid = torch.ones(2, 3, dtype=torch.bool)
+    p_child = torch.tensor([[0.0, 0.5, 0.3], [0.0, 0.5, 0.3]])
+    coins = torch.tensor([[0.6, 0.0, 0.0], [0.9, 0.0, 0.0]])
+    w = walk_tree(tokens, parents, valid, p_child, coins, 1)
+    assert w.accepted.tolist() == [1, 0] and w.path.tolist() == [[0, 2], [0, -1]] and w.last.tolist() == [2, 0]
+    assert w.excluded.tolist() == [[False, False, False], [False, True, True]]
+
+
+def test_the_bonus_removes_an_excluded_token_whole_once_or_twice():
+    """draw_bonus: a token excluded at two nodes is zeroed once (SGLang writes p into the
+    exclusion table; relu(p - p) = 0), a token drafted at an excluded and a kept node too; the
+    rest keeps its mass. p [.1, .4, .3, .2], tokens 1 (excluded twice) and 2 (kept): coin .5 of
+    the remaining .6 -> the running sums [.1, .1, .4, .6] pass .3 at index 2."""
+    from diag.replay.sampling import draw_bonus
+    p_last = torch.tensor([[0.1, 0.4, 0.3, 0.2]])
+    tokens = torch.tensor([[0, 1, 1, 2]])
+    excluded = torch.tensor([[False, True, True, False]])
+    assert draw_bonus(p_last, tokens, excluded, torch.tensor([0.5])).tolist() == [2]
+    assert draw_bonus(p_last, tokens, excluded, torch.tensor([0.1])).tolist() == [0]

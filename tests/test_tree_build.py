@@ -135,3 +135,16 @@ def test_top_equals_stable_sort(k, width, seed, levels):
     got_vals, got = _top(vals, k)
     assert torch.equal(got, ref)
     assert torch.equal(got_vals.isnan(), vals.gather(-1, ref).isnan())
+
+
+def test_top_worked_examples():
+    """_top's docstring: [.2, .5, .1, .3], k 2 -> values [.5, .3] at [1, 3]; [.2, .5, .2, .2], k 2
+    -> [.5, .2] at [1, 0] (the lowest index of the tied three); _sortable orders both signs and
+    ties -0.0 with 0.0."""
+    from diag.drafter.tree_build import _sortable, _top
+    v, i = _top(torch.tensor([0.2, 0.5, 0.1, 0.3]), 2)
+    assert i.tolist() == [1, 3] and torch.equal(v, torch.tensor([0.5, 0.3]))
+    v, i = _top(torch.tensor([0.2, 0.5, 0.2, 0.2]), 2)
+    assert i.tolist() == [1, 0] and torch.equal(v, torch.tensor([0.5, 0.2]))
+    keys = _sortable(torch.tensor([-2.0, -1.0, -0.0, 0.0, 1.0, float("nan")])).tolist()
+    assert keys[0] < keys[1] < keys[2] == keys[3] < keys[4] < keys[5]

@@ -81,17 +81,19 @@ def extend(drafter: Eagle3Drafter, dh: DraftHead, kv: DraftKV, tokens: torch.Ten
            pos: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
     """Append count[b] pairs to row b: tokens [B, N] (x_{i+1}), aux [B, N, W] (h_i's features),
     pos [B, N] (= i), right padded past count. Pair k lands in slot length + k and sees the
-    row's slots before it. Returns r [B, N, H], the step-1 output of every pair (padding: junk)."""
+    row's slots before it. Returns r [B, N, H], the step-1 output of every pair (padding: junk).
+    All N pairs are written, the padding too (past the row's new length: no read sees them, the
+    next extend overwrites them), so no mask picks rows on the host: the cache must hold
+    length + N slots (the decode loop's capacity keeps 2 (S + 2) spare past the longest row)."""
     e = embedder(drafter, dh)(tokens)
     h = drafter.project(aux)
     attn = drafter.midlayer.self_attn
     q, k, v = attn.qkv(drafter.midlayer.attn_input(e, h), pos)                # [B, N, nh, hd], RoPE applied
     B, N = tokens.shape
     step = torch.arange(N, device=e.device)[None]
-    on = step < count[:, None]
-    rows = torch.arange(B, device=e.device)[:, None].expand(B, N)[on]
-    slot = (kv.length[:, None] + step)[on]
-    kv.k[rows, :, slot], kv.v[rows, :, slot] = k[on], v[on]
+    rows = torch.arange(B, device=e.device)[:, None].expand(B, N)
+    slot = kv.length[:, None] + step                                            # [B, N]
+    kv.k[rows, :, slot], kv.v[rows, :, slot] = k, v
     last = kv.length[:, None] + step + 1                                        # pair k sees slots < length + k + 1
     see = torch.arange(kv.k.shape[2], device=e.device)[None, None] < last[..., None]     # [B, N, cap]
     if drafter.fp32_math:            # vLLM-CPU's kernel (model.fp32_attention); slot = position: lane slot % LANES
