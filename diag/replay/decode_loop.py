@@ -380,12 +380,12 @@ class DecodeLoop:
         out = [Decoded(self.lanes[li], p) for li, p in rows]
         seq = torch.cat([ids[pick], torch.zeros(B, 1, dtype=torch.long)], dim=1)
         logits = scored.logits[:, 0].to(self.dev)[pick.to(self.dev)]
-        seq[torch.arange(B), plen] = self._first_tokens(logits, out, lane_of, plen).cpu()
+        keys = torch.tensor([o.prompt for o in out], dtype=torch.long, device=self.dev)     # each row's prompt
+        seq[torch.arange(B), plen] = self._first_tokens(logits, keys, lane_of, plen).cpu()
         attn = self.drafter.midlayer.self_attn
         cap = P + max_new_tokens + 2 * (self.S + 2)
         heads, k_dim, v_dim = cache_dims(attn)
         dkv = DraftKV.empty(B, cap, heads, k_dim, dtype=self.dtype, device=self.dev, v_dim=v_dim)
-        keys = torch.tensor([o.prompt for o in out], dtype=torch.long, device=self.dev)
         st = _Rows(seq, plen + 1, None, dkv, lane_of, torch.arange(B), out, coin_rows(self._seeds(lane_of), keys),
                    torch.zeros(B, dtype=torch.bool))
         pos = torch.arange(P, device=self.dev).expand(B, P)
@@ -393,9 +393,8 @@ class DecodeLoop:
                      plen.to(self.dev))
         return st, tkv
 
-    def _first_tokens(self, logits, out, lane_of, plen):
+    def _first_tokens(self, logits, keys, lane_of, plen):
         """t_P of every row, sampled from the prompt's last state with its own coin stream."""
-        keys = torch.tensor([o.prompt for o in out], dtype=torch.long, device=self.dev)
         coins = uniforms(self._seeds(lane_of, FIRST_TOKEN_STREAM), keys, plen.to(self.dev), 1)
         return sample(probabilities(logits, self.decoding), coins[:, 0])
 

@@ -207,6 +207,13 @@ def draw_bonus(p_last: torch.Tensor, tokens: torch.Tensor, excluded: torch.Tenso
     return sample(torch.where(drop > 0, torch.zeros_like(p_last), p_last), final_coin)
 
 
+def walked_round(w: Walk, tokens: torch.Tensor, probs: torch.Tensor, final_coin: torch.Tensor) -> SampledRound:
+    """A walk's round: its path and accepted count, and its bonus drawn from the last node's
+    distribution (probs [B, D, V]) without the excluded tokens (`draw_bonus`)."""
+    p_last = probs[torch.arange(len(w.last), device=probs.device), w.last]
+    return SampledRound(w.accepted, w.path, draw_bonus(p_last, tokens, w.excluded, final_coin))
+
+
 def walk_tree(tokens: torch.Tensor, parents: torch.Tensor, valid: torch.Tensor, p_child: torch.Tensor,
               coins: torch.Tensor, num_steps: int, *, threshold_single: float = 1.0,
               threshold_acc: float = 1.0) -> Walk:
@@ -254,8 +261,7 @@ def verify_tree(tokens: torch.Tensor, parents: torch.Tensor, valid: torch.Tensor
     final_coin [B]."""
     w = walk_tree(tokens, parents, valid, child_probs(tokens, parents, valid, probs), coins, num_steps,
                   threshold_single=threshold_single, threshold_acc=threshold_acc)
-    p_last = probs[torch.arange(len(w.last), device=probs.device), w.last]
-    return SampledRound(w.accepted, w.path, draw_bonus(p_last, tokens, w.excluded, final_coin))
+    return walked_round(w, tokens, probs, final_coin)
 
 
 def walk_chain_rejection(tokens: torch.Tensor, p_child: torch.Tensor, coins: torch.Tensor) -> Walk:
@@ -281,8 +287,7 @@ def verify_chain_rejection(tokens: torch.Tensor, probs: torch.Tensor, coins: tor
     chain = torch.arange(-1, D - 1, device=tokens.device).expand(B, D)
     valid = torch.ones(B, D, dtype=torch.bool, device=tokens.device)
     w = walk_chain_rejection(tokens, child_probs(tokens, chain, valid, probs), coins)
-    p_last = probs[torch.arange(B, device=tokens.device), w.last]
-    return SampledRound(w.accepted, w.path, draw_bonus(p_last, tokens, w.excluded, final_coin))
+    return walked_round(w, tokens, probs, final_coin)
 
 
 # ---- the exact expectation -----------------------------------------------------------

@@ -25,8 +25,8 @@ from typing import Callable
 import torch
 
 from diag.errors import DiagError
-from diag.replay.sampling import (SampledRound, Walk, child_probs, draw_bonus, expected_from_child,
-                                  walk_chain_rejection, walk_tree)
+from diag.replay.sampling import (SampledRound, Walk, child_probs, expected_from_child, walk_chain_rejection,
+                                  walk_tree, walked_round)
 from diag.replay.verify import accepted_tree
 
 
@@ -43,8 +43,7 @@ class SampledRule:
                threshold_single: float = 1.0, threshold_acc: float = 1.0) -> SampledRound:
         w = self.walk(tokens, parents, valid, child_probs(tokens, parents, valid, probs), coins, num_steps,
                       threshold_single=threshold_single, threshold_acc=threshold_acc)
-        p_last = probs[torch.arange(len(w.last), device=probs.device), w.last]
-        return SampledRound(w.accepted, w.path, draw_bonus(p_last, tokens, w.excluded, final_coin))
+        return walked_round(w, tokens, probs, final_coin)
 
     def expected(self, tokens, parents, valid, probs, depths, num_steps, *,
                  threshold_single: float = 1.0, threshold_acc: float = 1.0) -> torch.Tensor:
