@@ -127,6 +127,35 @@ def test_the_verify_replayed_from_cuda_graphs_decodes_what_the_eager_verify_did(
 
 
 @torch.no_grad()
+def test_greedy_steps_replayed_from_a_cuda_graph_continue_as_generate_does(kimi_small):
+    """Issue 36: greedy generation on one CUDA device decodes on diag's own cache, each step
+    replayed from one graph (target/generate.py): in bf16 on the fast expert kernels it
+    continues exactly as the same steps run eagerly, and the graph was captured once and
+    replayed every step after; in float32 the graphed steps continue as transformers' generate."""
+    from diag.bench.cpu import SMALL
+    from diag.bench.sampled import bench_prompts
+    from diag.int4.load import load_packed_target
+    from diag.target.generate import _left_pad, greedy_continuations, on_cache
+    from diag.target.verify_graphs import VerifyGraphs
+
+    model, _ = _kimi_on_cuda(kimi_small)
+    prompts = bench_prompts(8, 12, SMALL["vocab_size"], seed=6)
+    prompts[2] = prompts[2][:5]                                              # left padding
+    graphs = VerifyGraphs()
+    graphed = on_cache(model, prompts, 16, 0, graphs=graphs)
+    assert graphs.failure is None and graphs.counts["captured"] == 1 and graphs.counts["replayed"] == 15
+    assert graphed == on_cache(model, prompts, 16, 0)
+    assert greedy_continuations(model, prompts, 16, pad_id=0, eos_ids=set(), progress=False) == graphed
+    exact = load_packed_target(kimi_small.target, dtype=torch.float32, device="cuda")
+    ids, mask = _left_pad(prompts, 0)
+    gen = exact.generate(input_ids=ids.cuda(), attention_mask=mask.cuda(), do_sample=False, max_new_tokens=16,
+                         min_new_tokens=16, pad_token_id=0, eos_token_id=None, num_beams=1,
+                         temperature=None, top_p=None, top_k=None)
+    assert greedy_continuations(exact, prompts, 16, pad_id=0, eos_ids=set(), progress=False) == \
+        gen[:, ids.shape[1]:].tolist()
+
+
+@torch.no_grad()
 def test_mla_over_its_latents_on_cuda_scores_what_the_expanded_keys_score(kimi_small, monkeypatch):
     """target/mla_latent.py on the device (bf16, Kimi-shaped INT4 target, torch's attention with
     one key head shared by the H query heads): a tree verify as close to the float32 truth

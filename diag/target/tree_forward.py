@@ -65,7 +65,7 @@ class NodeLogits:
 
     def rows(self, flat: torch.Tensor) -> torch.Tensor:
         """flat [n] indices b * D + node -> logits [n, V] float32."""
-        return _logits(self.model, self.final.reshape(-1, self.final.shape[-1])[flat.to(self.final.device)])
+        return head_logits(self.model, self.final.reshape(-1, self.final.shape[-1])[flat.to(self.final.device)])
 
     def part(self, rows: slice, nodes: int) -> "NodeLogits":
         """The same logits for rows `rows` and their first `nodes` nodes (one tree of a verify
@@ -103,13 +103,13 @@ def attention_bias(past: torch.Tensor, block: torch.Tensor, dtype: torch.dtype,
     return bias.masked_fill_(~see, torch.finfo(dtype).min)[:, None]
 
 
-def _device_and_dtype(model: nn.Module):
+def device_and_dtype(model: nn.Module):
     p = next(model.parameters())
     dtype = p.dtype if p.is_floating_point() else torch.float32
     return model.get_input_embeddings().weight.device, dtype
 
 
-def _forward(model, ids, pos, bias, cache, points) -> tuple[dict, object]:
+def forward_points(model, ids, pos, bias, cache, points) -> tuple[dict, object]:
     base, _, _, _, _ = decoder_parts(model)
     sink: dict[str, torch.Tensor] = {}
     with hooks(model, tuple(dict.fromkeys((*points, FINAL))), sink):
@@ -118,7 +118,7 @@ def _forward(model, ids, pos, bias, cache, points) -> tuple[dict, object]:
     return sink, out.past_key_values
 
 
-def _logits(model, final: torch.Tensor) -> torch.Tensor:
+def head_logits(model, final: torch.Tensor) -> torch.Tensor:
     head = model.get_output_embeddings()
     return head(final.to(head.weight.device, head.weight.dtype)).float()
 
@@ -129,16 +129,16 @@ def prefill(model: nn.Module, ids: torch.Tensor, valid: torch.Tensor, points: tu
     """Prompts ids, valid [B, P] (right padded). Returns the cache (preallocated for `capacity`
     slots per row, kv_buffer.py) and, for every prompt index, the captured points; logits only
     at each row's last valid index ([B, 1, V])."""
-    dev, dtype = _device_and_dtype(model)
+    dev, dtype = device_and_dtype(model)
     ids, valid = ids.to(dev), valid.to(dev)
     B, P = ids.shape
     causal = torch.ones(P, P, dtype=torch.bool, device=dev).tril()
     block = causal[None] & valid[:, None, :]
     pos = torch.arange(P, device=dev).expand(B, P)
-    sink, cache = _forward(model, ids, pos, attention_bias(valid[:, :0], block, dtype), None, points)
+    sink, cache = forward_points(model, ids, pos, attention_bias(valid[:, :0], block, dtype), None, points)
     last = valid.sum(-1) - 1                                                   # [B]
     final = sink[FINAL.name][torch.arange(B, device=dev), last.to(sink[FINAL.name].device)]
-    return TargetKV(buffered(cache, capacity), valid.sum(-1)), Scored(_logits(model, final[:, None]), sink)
+    return TargetKV(buffered(cache, capacity), valid.sum(-1)), Scored(head_logits(model, final[:, None]), sink)
 
 
 @torch.no_grad()
@@ -153,7 +153,7 @@ def verify_forward(model: nn.Module, kv: TargetKV, tokens: torch.Tensor, parents
     same every round of a batch; the same scores up to the sums' rounding. graphs (with fixed
     widths, a model on one CUDA device): the forward replayed from a CUDA graph per bucket
     (target/verify_graphs.py), the same numbers as the eager forward on the same shapes."""
-    dev, dtype = _device_and_dtype(model)
+    dev, dtype = device_and_dtype(model)
     tokens, parents, node_valid = tokens.to(dev), parents.to(dev), node_valid.to(dev)
     B, D = tokens.shape
     eye = torch.eye(D, dtype=torch.bool, device=dev)
@@ -165,7 +165,7 @@ def verify_forward(model: nn.Module, kv: TargetKV, tokens: torch.Tensor, parents
     past = kv.valid(kv.block)
     if width is None:
         bias = attention_bias(past, block, dtype)
-        sink, kv.cache = _forward(model, tokens.clamp(min=0), pos, bias, kv.cache, points)
+        sink, kv.cache = forward_points(model, tokens.clamp(min=0), pos, bias, kv.cache, points)
         return Scored(NodeLogits(model, sink[FINAL.name]), sink)
     # fixed widths: the slots past the tree hidden, the new keys written at `slots`
     bias = attention_bias(past, block, dtype, past.new_zeros(B, width - need))
@@ -174,12 +174,12 @@ def verify_forward(model: nn.Module, kv: TargetKV, tokens: torch.Tensor, parents
 
     def forward(x: dict) -> dict:                    # cuDNN's attention left out: a graph is captured
         with fixed_width(kv.cache, need, x["slots"]), attention_without_cudnn(kv.length.device):
-            return _forward(model, x["ids"], x["pos"], x["bias"], kv.cache, points)[0]
+            return forward_points(model, x["ids"], x["pos"], x["bias"], kv.cache, points)[0]
     sink = None
     if graphs is not None and graphs.usable(model):
         sink = graphs.run(kv.cache, inputs, (B, D, width, points), forward)
         if sink is not None:
-            for layer in _layers(kv.cache):            # as an update leaves it: the view ends after the tree
+            for layer in cache_layers(kv.cache):            # as an update leaves it: the view ends after the tree
                 layer.crop_to(need)
     if sink is None:
         if graphs is not None:
@@ -194,7 +194,7 @@ def _fixed(kv: TargetKV, fixed: bool | None) -> bool:
     return kv.length.device.type == "cuda" if fixed is None else fixed
 
 
-def _layers(cache) -> list:
+def cache_layers(cache) -> list:
     """The per-layer (keys, values) holders of a transformers 5 DynamicCache."""
     layers = getattr(cache, "layers", None)
     if not layers or not all(isinstance(getattr(x, "keys", None), torch.Tensor) for x in layers):
@@ -203,7 +203,7 @@ def _layers(cache) -> list:
 
 
 def _width(kv: TargetKV) -> int:
-    return int(_layers(kv.cache)[0].keys.shape[-2])
+    return int(cache_layers(kv.cache)[0].keys.shape[-2])
 
 
 def cache_bytes(kv: TargetKV, fixed: bool | None = None) -> int:
@@ -213,7 +213,7 @@ def cache_bytes(kv: TargetKV, fixed: bool | None = None) -> int:
     values [B, 1, L, qk_rope_head_dim]) at Kimi's widths: 2 layers, B 96, width 200, bf16:
     2 * 96 * 200 * (512 + 64) * 2 = 44.2e6. A verify on fixed widths (verify_forward's `fixed`)
     reads each layer's whole buffer instead (its capacity for the width)."""
-    layers = _layers(kv.cache)
+    layers = cache_layers(kv.cache)
     if _fixed(kv, fixed) and all(isinstance(x, BufferLayer) for x in layers):
         return sum(t.numel() * t.element_size() for layer in layers for t in (layer.buf_k, layer.buf_v))
     return sum(t.numel() * t.element_size() for layer in layers for t in (layer.keys, layer.values))
@@ -230,14 +230,14 @@ def commit(kv: TargetKV, path: torch.Tensor) -> None:
     rows = torch.arange(len(path), device=dev)[:, None].expand_as(path)[keep]         # [M]
     src = (kv.block + path)[keep]
     dst = (kv.length[:, None] + torch.arange(path.shape[1], device=dev)[None])[keep]
-    for layer in _layers(kv.cache):
+    for layer in cache_layers(kv.cache):
         for name in ("keys", "values"):
             t = getattr(layer, name)                                                 # [B, H, L, d]
             r, a, b = rows.to(t.device), src.to(t.device), dst.to(t.device)
             t[r, :, b] = t[r, :, a]
     kv.length = kv.length + keep.sum(-1)
     top = int(kv.length.max())
-    for layer in _layers(kv.cache):
+    for layer in cache_layers(kv.cache):
         crop_rows(layer, None, top)
 
 
@@ -245,5 +245,5 @@ def select_rows(kv: TargetKV, rows: torch.Tensor) -> None:
     """Keep (or repeat) cache rows: rows [B'] indices. Example: rows [0, 0, 1] doubles row 0."""
     kv.length = kv.length[rows.to(kv.length.device)]
     top = int(kv.length.max()) if kv.length.numel() else 0
-    for layer in _layers(kv.cache):
+    for layer in cache_layers(kv.cache):
         crop_rows(layer, rows, top)
