@@ -58,3 +58,18 @@ def test_a_gpu_result_gets_its_decode_step_against_the_bandwidth_and_the_goal_li
     assert "| greedy decode step: bytes read / copy bandwidth, worst batch | 0.204 | >= 0.5 | NOT met |" \
         in goal_lines(res)
     assert json.loads((tmp_path / "r.json").read_text())["sections"]["decode_bandwidth"] == got
+
+
+def test_transformers_generate_beside_the_graphed_step_gets_its_own_rates(tmp_path):
+    """A grown section that timed transformers' generate beside the pipeline's graphed step
+    (transformers_generate_seconds_per_layer_step_by_batch) gets the same rows for it, under
+    decode_bandwidth.transformers_generate; the goal reads the pipeline's step."""
+    from diag.bench.gpu import _decode_bandwidth
+
+    grown = {**_grown({"16": 0.0025}), "transformers_generate_seconds_per_layer_step_by_batch": {"16": 0.005},
+             "added_layer": {"routed_bytes": routed_bytes(384, 2048, 7168, 32), "experts": 384, "top_k": 8}}
+    got = _decode_bandwidth(grown, 2e12)
+    ours, theirs = got["by_batch"]["16"], got["transformers_generate"]["by_batch"]["16"]
+    assert ours["step_bytes"] == theirs["step_bytes"]
+    assert ours["bytes_per_second"] == pytest.approx(2 * theirs["bytes_per_second"])
+    assert got["fraction_of_copy_bandwidth_min"] == pytest.approx(ours["step_bytes"] / 0.0025 / 2e12)

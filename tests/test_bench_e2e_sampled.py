@@ -91,6 +91,28 @@ def test_extrapolate_takes_the_sampled_loop_out_of_the_greedy_verdict_and_grows_
     assert y["slope"].startswith("the grown section's decode-loop fit")
 
 
+def test_the_eager_generate_slope_prices_the_greedy_generation_a_multi_gpu_placement_runs():
+    """A grown section that timed transformers' eager generate beside the graphed step: the
+    extrapolation prices the 61-layer generation with both (graphs: one device only), the
+    greedy verdict with the graphed one. 48 prompts at batch 48, 512 steps: 40 + 57 * 5e-3 * 512."""
+    from diag.bench.extrapolate import GRAPHS_NOTE, extrapolate
+
+    first = {"sequences": 48, "tokens": 30000, "target_s": 130.0, "target_load_s": 30.0, "target_generate_s": 40.0,
+             "target_capture_s": 10.0, "checks_s": 2.0, "drafter_s": 20.0, "summary_s": 1.0, "report_s": 3.0,
+             "target_generate_batch": 48}
+    e2e = {"layers": 4, "max_new_tokens": 512, "cached_seconds_per_variant": 0.2, "first": first}
+    grown = {"generate_seconds_per_layer_step": 1e-3, "capture_seconds_per_layer_token": 1e-5,
+             "generate_seconds_per_layer_step_by_batch": {"48": 2e-3}}
+    shards = [1e9, 1e10, 1e10, 1e10, 5e9]
+    plain = extrapolate(e2e, grown, {"diag_cold_bytes_per_s": 1e9}, shards)
+    assert "generate_eager_s" not in plain and plain["graphs_note"] == GRAPHS_NOTE
+    x = extrapolate(e2e, {**grown, "transformers_generate_seconds_per_layer_step_by_batch": {"48": 5e-3}},
+                    {"diag_cold_bytes_per_s": 1e9}, shards)
+    assert x["generate_s"] == pytest.approx(40 + 57 * 2e-3 * 512)
+    assert x["generate_eager_s"] == pytest.approx(40 + 57 * 5e-3 * 512)
+    assert x["first_verdict_after_load_s"] == pytest.approx(plain["first_verdict_after_load_s"])
+
+
 def test_sampled_goal_rows_render_and_stay_away_without_a_sampled_run():
     x = {"first_verdict_after_load_s": 216.0,
          "sampled": {"first_sampled_verdict_after_load_s": 523.1, "further_sampled_variant_s": 8.25}}

@@ -37,15 +37,16 @@ def expected_experts(experts: int, slots: int) -> float:
 
 
 def decode_step_bandwidth(grown: dict, copy_bytes_per_s: float, *, routed: int, experts: int,
-                          top_k: int, routed_from: str) -> dict:
-    """Per batch the grown section timed (generate_seconds_per_layer_step_by_batch): the step's
-    bytes, bytes/s, fraction of the copy bandwidth and the floor (module docstring); the worst
-    fraction and whether it meets GOAL."""
+                          top_k: int, routed_from: str, key: str = "generate_seconds_per_layer_step_by_batch") -> dict:
+    """Per batch the grown section timed (`key`: the pipeline's greedy step, or
+    transformers_generate_seconds_per_layer_step_by_batch, transformers' generate beside it): the
+    step's bytes, bytes/s, fraction of the copy bandwidth and the floor (module docstring); the
+    worst fraction and whether it meets GOAL."""
     added = grown["layers"] - grown["base_layers"]
     per_layer = (grown["weight_bytes"] - grown["base_capture"]["weight_bytes"]) / max(added, 1)
     rest = per_layer - routed
     rows = {}
-    for batch, seconds in sorted(grown.get("generate_seconds_per_layer_step_by_batch", {}).items(),
+    for batch, seconds in sorted(grown.get(key, {}).items(),
                                  key=lambda kv: int(kv[0])):
         share = expected_experts(experts, int(batch) * top_k) / experts
         step = rest + routed * share

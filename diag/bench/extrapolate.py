@@ -25,6 +25,12 @@ Assumptions (reports/bench/NOTES.md says why each holds or might not):
             greedy verdict and grown by rounds x the decode slope (sampled_extrapolation says how),
             with the goals SAMPLED_GOALS: first sampled verdict after the load <= 300 s, each
             further sampled variant (the one-more-layout run) <= 10 s
+  graphs    the slopes are measured on one GPU, where diag replays the greedy step and the
+            verify from CUDA graphs (target/generate.py, target/verify_graphs.py); a target placed
+            over several GPUs runs both eagerly (a graph is captured on one device), so on 8 GPUs a
+            layer costs the larger of its device time and its launches' host time: the grown
+            section's transformers_generate_* slope (eager) beside the graphed one brackets it
+            (GRAPHS_NOTE, in the result)
   batch     the decode slope is measured at the e2e run's generation batch; the batch Kimi
             itself would get on 8 GPUs of the same memory is computed by gen_batch's rule
             (each GPU holding 1/8 of the bytes; per GPU half the rest for caches, half for
@@ -44,6 +50,9 @@ from diag.target.schedule import bubble_fraction, pipelined_seconds
 
 KIMI_LAYERS = 61
 KIMI_GPUS = 8
+GRAPHS_NOTE = ("per-layer slopes measured on one GPU with the greedy step and the verify replayed from CUDA "
+               "graphs; diag runs a target placed over several GPUs eagerly (graphs on one device only), so "
+               "on 8 GPUs these are a lower bound where a layer's launches outlast its device time")
 
 
 def kimi_bytes(shard_bytes: list[int]) -> int:
@@ -86,6 +95,17 @@ def kimi_generation_batch(first: dict, max_new_tokens: int, kimi_total: int, gpu
     cfg = SimpleNamespace(**text_config(kimi_config(KIMI_LAYERS)))
     free = [max(0, gpu_memory - kimi_total // gpus)] * gpus
     return batch_in_room(cfg, first["sequences"], longest, max_new_tokens, *rooms(free), token_budget)
+
+
+def _eager_generate(first: dict, grown: dict, extra: int, steps: int, batch: int) -> dict:
+    """The greedy generation at 61 layers with transformers' eager generate's slope, where the
+    grown section measured it (what a multi-GPU placement runs: GRAPHS_NOTE); {} otherwise."""
+    slope = grown.get("transformers_generate_seconds_per_layer_step_by_batch", {}).get(str(batch))
+    if slope is None:
+        return {}
+    return {"generate_eager_s": first.get("target_generate_s", 0.0) + extra * slope * steps,
+            "generate_eager_formula": f"{first.get('target_generate_s', 0.0):.4g} + {extra} layers * {slope:.4g} "
+                                      f"s/layer/step * {steps} steps (batch {batch}, transformers' generate)"}
 
 
 def first_run_rate(load: dict) -> tuple[float, str]:
@@ -157,7 +177,8 @@ def extrapolate(e2e: dict, grown: dict, load: dict, shard_bytes: list[int], *, b
         "first_verdict_without_step_costs_s": verdict - costs_61,
         "first_run_total_s": load_61 + verdict, "decode_steps": steps, "generation_batch": batch,
         "cached_seconds_per_variant": e2e["cached_seconds_per_variant"],
-        "kimi_8gpu_generation_batch": kimi_batch, "pipeline": pipe,
+        "kimi_8gpu_generation_batch": kimi_batch, "pipeline": pipe, "graphs_note": GRAPHS_NOTE,
+        **_eager_generate(first, grown, extra, steps, batch),
         **({"sampled": sampled} if sampled else {}),
         "batch_note": ("Kimi on 8 GPUs would generate at the measured batch" if kimi_batch == batch
                        else "not computed: the run or the machine does not say" if kimi_batch is None

@@ -212,14 +212,17 @@ def _decode_bandwidth(grown: dict, copy_bytes_per_s: float) -> dict:
     from diag.zoo.kimi_shaped import GROUP_SIZE, KIMI_TEXT
 
     got = grown.get("added_layer")
-    if got:
-        return decode_step_bandwidth(grown, copy_bytes_per_s, routed=got["routed_bytes"], experts=got["experts"],
-                                     top_k=got["top_k"], routed_from="measured on the grown model")
     t = KIMI_TEXT
-    return decode_step_bandwidth(grown, copy_bytes_per_s, experts=t["n_routed_experts"], top_k=t["num_experts_per_tok"],
-                                 routed=routed_bytes(t["n_routed_experts"], t["moe_intermediate_size"],
-                                                     t["hidden_size"], GROUP_SIZE),
-                                 routed_from="Kimi's widths (the run recorded no added_layer)")
+    widths = ({"routed": got["routed_bytes"], "experts": got["experts"], "top_k": got["top_k"],
+               "routed_from": "measured on the grown model"} if got else
+              {"experts": t["n_routed_experts"], "top_k": t["num_experts_per_tok"],
+               "routed": routed_bytes(t["n_routed_experts"], t["moe_intermediate_size"], t["hidden_size"], GROUP_SIZE),
+               "routed_from": "Kimi's widths (the run recorded no added_layer)"})
+    out = decode_step_bandwidth(grown, copy_bytes_per_s, **widths)
+    other = "transformers_generate_seconds_per_layer_step_by_batch"
+    if other in grown:                      # the path before the graphed steps, measured beside them
+        out["transformers_generate"] = decode_step_bandwidth(grown, copy_bytes_per_s, key=other, **widths)
+    return out
 
 
 def _release(dev: str) -> None:
@@ -262,9 +265,10 @@ def _two_layer(model, moe, seqs, points) -> dict:
 
 
 def _generation_probe(model, vocab: int, *, prompts: int = 16, prompt_len: int = 96,
-                      new_tokens: int = 32) -> dict:
+                      new_tokens: int = 32, own_cache: bool = True) -> dict:
     """Seconds per decode step of greedy generation (one batch of `prompts`), as the
-    pipeline's greedy_continuations runs it: the per-layer slope of the e2e generate phase. The
+    pipeline's greedy_continuations runs it (own_cache False: transformers' generate, the path
+    before issue 36's graphed steps): the per-layer slope of the e2e generate phase. The
     median of GENERATION_REPEATS timed runs (one run's step at batch 16 came out 3.0 and 4.9 ms a
     layer on two H100 calls)."""
     from diag.target.generate import greedy_continuations
@@ -272,7 +276,7 @@ def _generation_probe(model, vocab: int, *, prompts: int = 16, prompt_len: int =
     gen = torch.Generator().manual_seed(5)
     ps = torch.randint(0, vocab, (prompts, prompt_len), generator=gen).tolist()
     run = lambda: greedy_continuations(model, ps, new_tokens, pad_id=0, eos_ids=set(),  # noqa: E731
-                                       batch_size=prompts, progress=False)
+                                       batch_size=prompts, progress=False, own_cache=own_cache)
     seconds = timed(run, repeat=GENERATION_REPEATS, warmup=1)
     return {"prompts": prompts, "prompt_len": prompt_len, "new_tokens": new_tokens, "seconds": seconds,
             "seconds_per_step": seconds / new_tokens, "repeats": GENERATION_REPEATS}
@@ -315,6 +319,8 @@ def _grown(model, seqs, points, max_layers, st, dev, batch: int = 48) -> dict:
     base_row, _ = capture_throughput(model, seqs, points, 16384)
     base_gen = _generation_probe(model, model.config.vocab_size)
     base_gen_b = _generation_probe(model, model.config.vocab_size, prompts=batch, **BATCH_PROBE)
+    base_tf = [_generation_probe(model, model.config.vocab_size, own_cache=False),
+               _generation_probe(model, model.config.vocab_size, prompts=batch, own_cache=False, **BATCH_PROBE)]
     _costs_probe(model, st, dev)                         # warm-up: first calls compile and allocate
     base_costs = _costs_probe(model, st, dev)
     base_rounds = probe(model, st.get("costs_drafter"), st["ks"].layout)   # the sampled loop's rounds
@@ -332,6 +338,8 @@ def _grown(model, seqs, points, max_layers, st, dev, batch: int = 48) -> dict:
         rows.append(row)
     gen = _generation_probe(model, model.config.vocab_size)
     gen_b = _generation_probe(model, model.config.vocab_size, prompts=batch, **BATCH_PROBE)
+    tf = [_generation_probe(model, model.config.vocab_size, own_cache=False),
+          _generation_probe(model, model.config.vocab_size, prompts=batch, own_cache=False, **BATCH_PROBE)]
     costs = _costs_probe(model, st, dev)
     rounds = probe(model, st.get("costs_drafter"), st["ks"].layout)
     st.pop("costs_drafter", None)
@@ -347,6 +355,9 @@ def _grown(model, seqs, points, max_layers, st, dev, batch: int = 48) -> dict:
             "generate_seconds_per_layer_step": slope(gen, base_gen),
             "generation_at_batch": {"base": base_gen_b, "grown": gen_b},
             "generate_seconds_per_layer_step_by_batch": {"16": slope(gen, base_gen), str(batch): slope(gen_b, base_gen_b)},
+            "transformers_generation": {"base": base_tf, "grown": tf},
+            "transformers_generate_seconds_per_layer_step_by_batch": {"16": slope(tf[0], base_tf[0]),
+                                                                      str(batch): slope(tf[1], base_tf[1])},
             "costs_probe": {"base": base_costs, "grown": costs},
             "sampled_round_probe": {"base": base_rounds, "grown": rounds},
             "sampled_round_slope": fit(base_rounds, rounds, added),

@@ -56,31 +56,33 @@ def cut_at_eos(tokens: list[int], eos_ids: set[int]) -> list[int]:
 def greedy_continuations(model: nn.Module, prompts: list[list[int]], max_new_tokens: int, *,
                          pad_id: int, eos_ids: set[int], batch_size: int = 16,
                          progress: bool = True, microbatches: int = 1,
-                         stages: list[Stage] | None = None) -> list[list[int]]:
+                         stages: list[Stage] | None = None, own_cache: bool = True) -> list[list[int]]:
     """Greedy (argmax) continuation of each prompt, at most max_new_tokens long. microbatches > 1:
     each batch is split into that many parts (split_rows), each generated on its own, through
     the placement's stages at once when the target spans several (stage_gates.py; stages:
     stages_of(model) unless given). A part is padded and batched on its own, so a prompt's
-    continuation is the one its part gives, whether the parts run at once or in turn."""
+    continuation is the one its part gives, whether the parts run at once or in turn. own_cache
+    False: transformers' generate on one CUDA device too (the bench's comparison of the two)."""
     if stages is None:
         stages = stages_of(model) if microbatches > 1 else []       # one part a batch: nothing to overlap
     out: list[list[int]] = []
     batches = range(0, len(prompts), batch_size)
     for start in tqdm(batches, desc="target: greedy continuations", disable=not progress, leave=False):
         parts = split_rows(prompts[start:start + batch_size], microbatches)
-        jobs = [lambda part=part: _greedy(model, part, max_new_tokens, pad_id) for part in parts]
+        jobs = [lambda part=part: _greedy(model, part, max_new_tokens, pad_id, own_cache) for part in parts]
         done = run_in_stages(model, stages, jobs) if len(stages) > 1 and len(jobs) > 1 else [j() for j in jobs]
         out.extend(cut_at_eos(row, eos_ids) for rows in done for row in rows)
     return out
 
 
 @torch.no_grad()
-def _greedy(model: nn.Module, prompts: list[list[int]], max_new_tokens: int, pad_id: int) -> list[list[int]]:
+def _greedy(model: nn.Module, prompts: list[list[int]], max_new_tokens: int, pad_id: int,
+            own_cache: bool = True) -> list[list[int]]:
     """One generation call: the prompts left padded together, exactly max_new_tokens each; on
     diag's own cache from CUDA graphs where the target sits on one CUDA device (module docstring)."""
     dev = next(model.parameters()).device
     graphs = VerifyGraphs()
-    if graphs.usable(model):
+    if own_cache and graphs.usable(model):
         with attention_without_cudnn(dev), latent_mla(model, latent_wanted(dev)):
             return on_cache(model, prompts, max_new_tokens, pad_id, graphs=graphs)
     ids, mask = _left_pad(prompts, pad_id)
