@@ -43,7 +43,7 @@ def test_graphs_are_usable_only_on_one_cuda_device_and_forget_the_buffers_they_w
 def test_the_verify_graphs_switch(monkeypatch):
     """DIAG_VERIFY_GRAPHS=0 turns the loop's graphs off; unset or 1 leaves them on; anything else
     is an error naming it (tests/bad_inputs: before anything loads)."""
-    from diag.replay.decode_loop import verify_graphs_wanted
+    from diag.target.verify_graphs import graphs_wanted as verify_graphs_wanted
     monkeypatch.delenv("DIAG_VERIFY_GRAPHS", raising=False)
     assert verify_graphs_wanted()
     monkeypatch.setenv("DIAG_VERIFY_GRAPHS", "0")

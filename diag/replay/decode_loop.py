@@ -40,7 +40,6 @@ import torch
 from diag.drafter.drafting import DraftHead
 from diag.drafter.incremental import DraftKV, cache_dims, draft_tree, extend
 from diag.engines.decoding import Decoding
-from diag.errors import env_switch
 from diag.layouts import CapturePoint, Layout, union_points
 from diag.replay.replay import Variant, _on, default_tables, draft_head
 from diag.replay.round_accounting import ACCOUNTINGS, RoundAccounting
@@ -51,7 +50,7 @@ from diag.target.passes import pad_right
 from diag.target.mla_latent import latent_mla, latent_wanted
 from diag.target.sdpa import attention_without_cudnn
 from diag.target.tree_forward import cache_bytes, commit, prefill, select_rows, verify_forward
-from diag.target.verify_graphs import VerifyGraphs
+from diag.target.verify_graphs import VerifyGraphs, graphs_wanted
 from diag.trees import TreeShape
 
 FIRST_TOKEN_STREAM = 0x5BD1E995      # the prefill's sample draws from its own coin stream
@@ -112,12 +111,6 @@ class _Rows:
     def keep(self, rows: torch.Tensor, dev) -> "_Rows":
         return _Rows(self.seq[rows], self.n[rows], self.r_root[rows.to(dev)], self.dkv.select(rows.to(dev)),
                      self.lane_of[rows], self.active[rows], self.out, self.coin_row[rows.to(dev)], self.done[rows])
-
-
-def verify_graphs_wanted() -> bool:
-    """The verify's CUDA graphs (target/verify_graphs.py) are on unless DIAG_VERIFY_GRAPHS is
-    "0": a switch to rule them out when a GPU run misbehaves (they change no number)."""
-    return env_switch("DIAG_VERIFY_GRAPHS") is not False
 
 
 @contextmanager
@@ -233,7 +226,7 @@ class DecodeLoop:
         self.fixed_width: bool | None = None       # the verify's attention on fixed widths (None: on CUDA)
         self.on_step = lambda: None                # called after the prefill and after every round
         self.graph_failure: str | None = None     # why the verify's graphs were turned off, if they were
-        self.cuda_graphs = verify_graphs_wanted()  # the verify replayed from CUDA graphs where it can
+        self.cuda_graphs = graphs_wanted()  # the verify replayed from CUDA graphs where it can
         self.graphs: VerifyGraphs | None = None    # this run's (target/verify_graphs.py)
         self.counts = defaultdict(int)                      # rounds, verified tokens, rows, kv bytes read
         self.decoding, self.eos = decoding, sorted(eos_ids)

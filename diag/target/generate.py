@@ -31,7 +31,7 @@ from diag.target.sdpa import attention_without_cudnn
 from diag.target.stage_gates import run_in_stages, split_rows
 from diag.target.stages import Stage, stages_of
 from diag.target.tree_forward import FINAL, attention_bias, cache_layers, device_and_dtype, forward_points, head_logits
-from diag.target.verify_graphs import VerifyGraphs
+from diag.target.verify_graphs import VerifyGraphs, graphs_wanted
 
 
 def _left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,7 +84,7 @@ def _greedy(model: nn.Module, prompts: list[list[int]], max_new_tokens: int, pad
     graphs = VerifyGraphs()
     if own_cache and graphs.usable(model):
         with attention_without_cudnn(dev), latent_mla(model, latent_wanted(dev)):
-            return on_cache(model, prompts, max_new_tokens, pad_id, graphs=graphs)
+            return on_cache(model, prompts, max_new_tokens, pad_id, graphs=graphs if graphs_wanted() else None)
     ids, mask = _left_pad(prompts, pad_id)
     with attention_without_cudnn(dev), latent_mla(model, latent_wanted(dev)):
         gen = model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev), do_sample=False,

@@ -29,7 +29,15 @@ import time
 
 import torch
 
+from diag.errors import env_switch
 from diag.target.kv_buffer import stamps
+
+
+def graphs_wanted() -> bool:
+    """CUDA graphs (the decode loop's verify, the greedy generation's step) are on unless
+    DIAG_VERIFY_GRAPHS is "0": a switch to rule them out when a GPU run misbehaves (they change
+    no number)."""
+    return env_switch("DIAG_VERIFY_GRAPHS") is not False
 
 
 @dataclass
