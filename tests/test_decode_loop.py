@@ -341,7 +341,7 @@ def test_the_loops_graph_bookkeeping_replays_what_the_eager_verify_computes(zoo,
             self.forward, self.inputs, self.sink = forward, inputs, sink
 
         def replay(self):                    # the kernels again; Python's views of the cache untouched
-            views = [(x, x.keys, x.values) for x in caches[-1].layers]
+            views = [(x, x.keys, x.values) for x in (caches[-1].layers if caches else [])]
             for k, v in self.forward(self.inputs).items():
                 self.sink[k].copy_(v)
             for x, k, v in views:
@@ -351,7 +351,8 @@ def test_the_loops_graph_bookkeeping_replays_what_the_eager_verify_computes(zoo,
         static = {k: v.clone() for k, v in inputs.items()}
         forward(static)                                                      # the warm-up
         self.counts["eager"] += 1
-        sink = {k: torch.full_like(v, float("nan")) for k, v in forward(static).items()}   # nothing until a replay
+        junk = lambda v: torch.full_like(v, float("nan") if v.is_floating_point() else 7)  # noqa: E731
+        sink = {k: junk(v) for k, v in forward(static).items()}             # nothing until a replay
         return _Graph(Replay(forward, static, sink), static, sink)
 
     monkeypatch.setattr(VerifyGraphs, "_capture", capture)
@@ -367,7 +368,10 @@ def test_the_loops_graph_bookkeeping_replays_what_the_eager_verify_computes(zoo,
         rows = [(li, p) for li in range(len(lanes)) for p in range(len(zoo["prompts"]))]
         out[graphs] = ([(d.accepted, d.ids, d.expected) for d in loop.run(zoo["prompts"], rows, NEW)],
                        dict(loop.counts))
+        assert loop.graph_failure is None and loop.draft_graph_failure is None
     (g, gc), (e, _) = out[True], out[False]
     assert g == e
     assert gc["verify_graphs_replayed"] == gc["rounds"] and gc["verify_graphs_captured"] >= 2   # rows retired
     assert gc["verify_graphs_captured"] < gc["rounds"]
+    # the draft too: one group (one mode, one tree) a round, replayed every round, captured per rows
+    assert gc["draft_graphs_replayed"] == gc["rounds"] and 2 <= gc["draft_graphs_captured"] < gc["rounds"]

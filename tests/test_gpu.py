@@ -94,7 +94,7 @@ def test_a_drafter_read_straight_to_the_gpu_equals_one_moved_there(pair):
 @pytest.mark.parametrize("tree", ["chain-3", "s3-k4-d8"])
 def test_the_verify_replayed_from_cuda_graphs_decodes_what_the_eager_verify_did(kimi_small, tree):
     """Issue 36: the decode loop's verify captured once per bucket (rows, tree, width) and
-    replayed, on a Kimi-shaped INT4 target (MLA, the Triton expert kernels, the routing's own
+    replayed (and its draft, per rows and tree), on a Kimi-shaped INT4 target (MLA, the Triton expert kernels, the routing's own
     graphs inside), decodes exactly what the eager verify on the same fixed widths decoded, under
     sampling; and the graphs were used: captured per bucket, replayed every other round, no
     failure. Then the eager verify on growing widths (the CPU's) decodes the same drafts."""
@@ -113,12 +113,14 @@ def test_the_verify_replayed_from_cuda_graphs_decodes_what_the_eager_verify_did(
         loop, lanes, rows = bench_loop(model, drafter, embed, head, lays, tree_shape(tree), len(prompts),
                                        decoding=sampled(1.0, 0.95))
         loop.cuda_graphs, loop.fixed_width = graphs, fixed
-        out[name] = (loop.run(prompts, rows, 16), dict(loop.counts), loop.graph_failure)
+        out[name] = (loop.run(prompts, rows, 16), dict(loop.counts), loop.graph_failure or loop.draft_graph_failure)
     got = lambda o: [(d.accepted, d.ids) for d in o]                           # noqa: E731
     (g, gc, gf), (e, ec, _), (w, _, _) = out["graphs"], out["eager"], out["grown"]
     assert gf is None and gc["verify_graphs_captured"] >= 1
     assert gc["verify_graphs_replayed"] == gc["rounds"] and gc["verify_graphs_replayed"] > gc["verify_graphs_captured"]
     assert "verify_graphs_captured" not in ec
+    # the draft from its graphs too (one group a round: one mode, one tree), the same drafts
+    assert gc["draft_graphs_replayed"] == gc["rounds"] and gc["draft_graphs_replayed"] > gc["draft_graphs_captured"]
     assert got(g) == got(e)
     for a, b in zip(g, e):
         torch.testing.assert_close(torch.tensor(a.expected), torch.tensor(b.expected), rtol=0, atol=1e-6)

@@ -97,14 +97,16 @@ def _one_tree(model, drafter, embed, head, lays, shape, prompts, max_new, token_
             "cpu_seconds": cpu_s, "pass_cpu_seconds": pass_cpu, "cost_in_passes_cpu": cpu_s / len(lanes) / pass_cpu,
             "goal_met": seconds / len(lanes) / pass_s <= shape.num_draft_tokens,
             "phases": phases, "limit": max(phases, key=phases.get) if phases else None,
-            "verify_graphs": _graphs(loop), **verify}
+            "verify_graphs": _graphs(loop), "draft_graphs": _graphs(loop, "draft"), **verify}
 
 
-def _graphs(loop: DecodeLoop) -> dict | None:
-    """What the verify's CUDA graphs did (target/verify_graphs.py): buckets captured, verifies
-    replayed, verifies run eagerly, why they were turned off if they were; None off CUDA."""
-    got = {k[len("verify_graphs_"):]: v for k, v in loop.counts.items() if k.startswith("verify_graphs_")}
-    return {**got, "failure": loop.graph_failure} if got or loop.graph_failure else None
+def _graphs(loop: DecodeLoop, name: str = "verify") -> dict | None:
+    """What the verify's (name "draft": the draft's) CUDA graphs did (target/verify_graphs.py):
+    buckets captured, calls replayed, calls run eagerly, why they were turned off if they were;
+    None off CUDA."""
+    got = {k[len(name) + 8:]: v for k, v in loop.counts.items() if k.startswith(f"{name}_graphs_")}
+    failure = loop.graph_failure if name == "verify" else loop.draft_graph_failure
+    return {**got, "failure": failure} if got or failure else None
 
 
 def _verify_bytes(model, head, loop: DecodeLoop, verify_s: float | None) -> dict:
@@ -325,12 +327,13 @@ def _kernels_under(e):
 
 def graphs_ab(model, drafter, embed, head, layouts: list[str], prompts: list[list[int]], tree: str,
               max_new_tokens: int = 32) -> dict:
-    """The loop with the verify from CUDA graphs against the same loop verifying eagerly (both on
-    fixed widths), timed after a warm-up of each: seconds a round either way, eager over graphs
-    (speedup), and whether both decoded the same (they must: the graphs replay the same kernels).
-    A loop captures its own graphs (its cache's buffers are its own), so the graphs' time is given
-    with and without the captures (`graphs_replay_s_per_round`, `replay_speedup`: what a loop long
-    enough to repay them tends to). Off CUDA no graph is made; both arms then run eagerly."""
+    """The loop with the verify and the draft from CUDA graphs against the same loop running both
+    eagerly (on fixed widths), timed after a warm-up of each: seconds a round either way, eager
+    over graphs (speedup), and whether both decoded the same (they must: the graphs replay the same
+    kernels). A loop captures its own graphs (its caches' buffers are its own), so the graphs' time
+    is given with and without the captures, the verify's and the draft's (`graphs_replay_s_per_round`,
+    `replay_speedup`: what a loop long enough to repay them tends to). Off CUDA no graph is made;
+    both arms then run eagerly."""
     got = {}
     for name, graphs in (("eager", False), ("graphs", True)):
         for _ in ("warm-up", "timed"):                               # the last loop's time is kept
@@ -342,14 +345,16 @@ def graphs_ab(model, drafter, embed, head, layouts: list[str], prompts: list[lis
             sync()
             seconds = time.perf_counter() - t0
         got[name] = {"s_per_round": seconds / max(1, loop.counts["rounds"]), "rounds": loop.counts["rounds"],
-                     "decoded": [(d.accepted, d.ids) for d in out], "graphs": _graphs(loop)}
+                     "decoded": [(d.accepted, d.ids) for d in out], "graphs": _graphs(loop),
+                     "draft_graphs": _graphs(loop, "draft")}
     e, g = got["eager"], got["graphs"]
-    capture = (g["graphs"] or {}).get("capture_s", 0.0)
+    capture = sum((g[k] or {}).get("capture_s", 0.0) for k in ("graphs", "draft_graphs"))
     replay = max(g["s_per_round"] - capture / max(1, g["rounds"]), 1e-9)
     return {"tree": tree, "rows": len(rows), "rounds": g["rounds"], "eager_s_per_round": e["s_per_round"],
             "graphs_s_per_round": g["s_per_round"], "speedup": e["s_per_round"] / g["s_per_round"],
             "graphs_replay_s_per_round": replay, "replay_speedup": e["s_per_round"] / replay,
-            "same_decode": e["decoded"] == g["decoded"], "verify_graphs": g["graphs"]}
+            "same_decode": e["decoded"] == g["decoded"], "verify_graphs": g["graphs"],
+            "draft_graphs": g["draft_graphs"]}
 
 
 def _device_us(e, total: bool = False) -> float:

@@ -55,6 +55,11 @@ class DraftKV:
         `length` must be written back with `put`)."""
         return DraftKV(self.k[rows], self.v[rows], self.length[rows])
 
+    def identity(self) -> tuple:
+        """Which buffers these are (a CUDA graph of a draft reads them: target/verify_graphs.py):
+        their addresses and shapes, new whenever rows are taken (`select` by index)."""
+        return (self.k.data_ptr(), self.v.data_ptr(), tuple(self.k.shape), tuple(self.v.shape))
+
     def put(self, rows, other: "DraftKV") -> None:
         """Write `other`'s lengths (and, for an index, its keys and values) back at `rows`."""
         if not isinstance(rows, slice):

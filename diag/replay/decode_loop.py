@@ -54,6 +54,7 @@ from diag.target.verify_graphs import VerifyGraphs, graphs_wanted
 from diag.trees import TreeShape
 
 FIRST_TOKEN_STREAM = 0x5BD1E995      # the prefill's sample draws from its own coin stream
+DRAFT_FIELDS = ("tokens", "parents", "depths", "valid")     # what a round reads of a drafted tree
 RETIRE_FRACTION = 0.1                # finished rows leave the batch once they are a tenth of it
 CPU_THREADS = 1                      # torch's intra-op threads while the loop runs on the CPU (`cpu_threads`)
 
@@ -226,8 +227,10 @@ class DecodeLoop:
         self.fixed_width: bool | None = None       # the verify's attention on fixed widths (None: on CUDA)
         self.on_step = lambda: None                # called after the prefill and after every round
         self.graph_failure: str | None = None     # why the verify's graphs were turned off, if they were
-        self.cuda_graphs = graphs_wanted()  # the verify replayed from CUDA graphs where it can
-        self.graphs: VerifyGraphs | None = None    # this run's (target/verify_graphs.py)
+        self.draft_graph_failure: str | None = None   # the same for the draft's
+        self.cuda_graphs = graphs_wanted()  # the verify and the draft replayed from CUDA graphs where they can
+        self.graphs: VerifyGraphs | None = None    # this run's verify graphs (target/verify_graphs.py)
+        self.draft_graphs: VerifyGraphs | None = None    # this run's draft graphs
         self.counts = defaultdict(int)                      # rounds, verified tokens, rows, kv bytes read
         self.decoding, self.eos = decoding, sorted(eos_ids)
         self.trees = list(dict.fromkeys(ln.variant.tree for ln in lanes))     # the loop's tree shapes
@@ -284,16 +287,21 @@ class DecodeLoop:
         return back
 
     def _run(self, rows, prompts, max_new_tokens) -> list[Decoded]:
-        self.graphs = VerifyGraphs() if self.cuda_graphs and self._graphs_possible() else None
+        on = self.cuda_graphs and self._graphs_possible()
+        self.graphs, self.draft_graphs = (VerifyGraphs(), VerifyGraphs()) if on else (None, None)
         try:
             return self._rounds(rows, prompts, max_new_tokens)
         finally:
-            if self.graphs is not None:               # what the run's graphs did, then their memory freed
-                for k, v in self.graphs.counts.items():
-                    self.counts[f"verify_graphs_{k}"] += v
-                if self.graphs.failure:
-                    self.graph_failure = self.graphs.failure
-                self.graphs = None
+            for name, graphs in (("verify", self.graphs), ("draft", self.draft_graphs)):
+                if graphs is None:                    # what the run's graphs did, then their memory freed
+                    continue
+                for k, v in graphs.counts.items():
+                    self.counts[f"{name}_graphs_{k}"] += v
+                if graphs.failure and name == "verify":
+                    self.graph_failure = graphs.failure
+                elif graphs.failure:
+                    self.draft_graph_failure = graphs.failure
+            self.graphs = self.draft_graphs = None
 
     def _graphs_possible(self) -> bool:
         """CUDA graphs exist on CUDA only (VerifyGraphs.usable then asks the model's placement)."""
@@ -405,11 +413,33 @@ class DecodeLoop:
         full = {k: torch.zeros(B, D, dtype=t, device=self.dev)          # a smaller tree's tail: invalid
                 for k, t in (("tokens", torch.long), ("parents", torch.long), ("depths", torch.long),
                              ("valid", torch.bool))}
-        for _, head, shape, sl in self._groups(st.lane_of, by_tree=True):
-            tree = draft_tree(self.drafter, head, st.dkv.select(sl), st.r_root[sl], root[sl], root_tok[sl], shape)
+        for mode, head, shape, sl in self._groups(st.lane_of, by_tree=True):
+            tree = self._draft_group(st, (mode, shape.name, sl.start, sl.stop), head, shape, sl, root[sl], root_tok[sl])
             for k in full:
-                full[k][sl, :shape.num_draft_tokens] = getattr(tree, k).to(self.dev)
+                full[k][sl, :shape.num_draft_tokens] = tree[k].to(self.dev)
         return full
+
+    def _draft_group(self, st, key: tuple, head, shape, sl: slice, root, root_tok) -> dict:
+        """The trees of the rows `sl` ({tokens, parents, depths, valid} [R, D]). The draft's shapes
+        are fixed while its rows stay (the drafter's cache is a buffer of fixed capacity,
+        incremental.DraftKV), so where the loop has graphs it is replayed from one per group `key`
+        on the cache's buffers (target/verify_graphs.py), its inputs the rows' lengths, roots and
+        step-1 outputs; else drafted eagerly: the same numbers."""
+        kv = st.dkv.select(sl)
+
+        def forward(x: dict) -> dict:
+            tree = draft_tree(self.drafter, head, DraftKV(kv.k, kv.v, x["length"]), x["r_root"], x["root"],
+                              x["root_tokens"], shape)
+            return {k: getattr(tree, k) for k in DRAFT_FIELDS}
+        x = {"length": kv.length, "r_root": st.r_root[sl], "root": root, "root_tokens": root_tok}
+        graphs = self.draft_graphs
+        if graphs is not None and graphs.usable(self.drafter):
+            got = graphs.run(st.dkv.identity(), x, key, forward)
+            if got is not None:
+                return got
+        if graphs is not None:
+            graphs.counts["eager"] += 1
+        return forward(x)
 
     def _round(self, st, tkv):
         with self._phase("draft"):

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from diag.target.kv_buffer import buffered, fixed_width
+from diag.target.kv_buffer import buffered, fixed_width, stamps
 from diag.target.mla_latent import latent_mla, latent_wanted
 from diag.target.sdpa import attention_without_cudnn
 from diag.target.stage_gates import run_in_stages, split_rows
@@ -144,5 +144,5 @@ def _steps(model, cache, out: torch.Tensor, seen: torch.Tensor, start: torch.Ten
     for t in range(1, out.shape[1]):
         at = P + t - 1
         x = {"ids": out[:, t - 1:t], "slot": slots[t - 1:t]}
-        got = graphs.run(cache, x, ("greedy", B, width), step) if use else None
+        got = graphs.run(stamps(cache), x, ("greedy", B, width), step) if use else None
         out[:, t] = (got or step(x))["next"]

@@ -27,7 +27,7 @@ from torch import nn
 
 from diag.layouts import CapturePoint
 from diag.target.capture import decoder_parts, hooks
-from diag.target.kv_buffer import BufferLayer, buffered, crop_rows, fixed_width, reserve_whole
+from diag.target.kv_buffer import BufferLayer, buffered, crop_rows, fixed_width, reserve_whole, stamps
 from diag.target.sdpa import attention_without_cudnn
 from diag.target.verify_graphs import VerifyGraphs
 from diag.trees import ancestor_mask, positions
@@ -177,7 +177,7 @@ def verify_forward(model: nn.Module, kv: TargetKV, tokens: torch.Tensor, parents
             return forward_points(model, x["ids"], x["pos"], x["bias"], kv.cache, points)[0]
     sink = None
     if graphs is not None and graphs.usable(model):
-        sink = graphs.run(kv.cache, inputs, (B, D, width, points), forward)
+        sink = graphs.run(stamps(kv.cache), inputs, (B, D, width, points), forward)
         if sink is not None:
             for layer in cache_layers(kv.cache):            # as an update leaves it: the view ends after the tree
                 layer.crop_to(need)

@@ -1,23 +1,25 @@
-"""The verify forward replayed from CUDA graphs, one per bucket of (rows B, tree size D, cache
-width W) (issue 36: a round of the 2-layer Kimi-shaped target launched ~400 kernels for its
-verify alone, and the host's launches, not the device, set its pace).
+"""A forward replayed from CUDA graphs, one per bucket of its shapes: the decode loop's verify
+per (rows B, tree size D, cache width W), its draft per (tree, rows, drafter cache), the greedy
+generation's step per (rows, cache width) (issue 36: a round of the 2-layer Kimi-shaped target
+launched ~400 kernels for its verify alone, and the host's launches, not the device, set its pace).
 
 A graph needs every shape and address fixed: the verify runs on fixed widths (the attention
 reads the cache's whole buffer, kv_buffer.fixed_width), the new keys are written at a slots
 tensor instead of a Python slice, and the inputs (ids, positions, the attention bias, the
-slots) are copied into the graph's own tensors before each replay. A bucket's first verify
+slots) are copied into the graph's own tensors before each replay. A bucket's first call
 runs eagerly once on a side stream (first calls: Triton's compiles, the routing graphs), is
-captured, then replayed; later verifies of the bucket only copy their inputs
-and replay. The captured points come back as copies (the graph's outputs are overwritten by
+captured, then replayed; later calls of the bucket only copy their inputs
+and replay. The outputs come back as copies (the graph's outputs are overwritten by
 the next replay). Worked example: chain-3 (D 4) on 96 rows over a 228-slot cache -> bucket
 (96, 4, 228); 10 rows retire -> the cache's rows are taken (new buffers, new stamps) -> every
 graph of the old buffers is dropped and (86, 4, 228) is captured at the next round.
 
-A graph is kept only while the cache's buffers are the ones it was captured on (their stamps);
-a capture that fails (an op that asks the host, a backend that cannot be captured) turns the
-graphs off for this object, names why in `failure`, and the verify runs eagerly from then on:
-the same numbers either way, only slower. On one CUDA device only (a model placed over several
-runs eagerly: `usable`). This module knows CUDA graphs; the forward is tree_forward's.
+A graph is kept only while the buffers it reads are the ones it was captured on (`buffers`: the
+caller's identity of them, kv_buffer.stamps for a target cache); a capture that fails (an op that
+asks the host, a backend that cannot be captured) turns the graphs off for this object, names why
+in `failure`, and the forward runs eagerly from then on: the same numbers either way, only
+slower. On one CUDA device only (a model placed over several runs eagerly: `usable`). This
+module knows CUDA graphs; the forwards are their callers'.
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ import time
 import torch
 
 from diag.errors import env_switch
-from diag.target.kv_buffer import stamps
 
 
 def graphs_wanted() -> bool:
@@ -49,7 +50,8 @@ class _Graph:
 
 @dataclass
 class VerifyGraphs:
-    """The graphs of one decode loop's verify (module docstring). counts: captured, replayed,
+    """The graphs of one forward's buckets (module docstring): a decode loop's verify or draft,
+    a generation batch's step. counts: captured, replayed,
     eager (verifies run without a graph, the captures' warm-ups among them), capture_s (wall
     seconds spent capturing, warm-ups included: what a short loop pays before replays repay it)."""
     graphs: dict[tuple, _Graph] = field(default_factory=dict)
@@ -66,11 +68,12 @@ class VerifyGraphs:
         devs = {t.device for t in model.parameters()} | {t.device for t in model.buffers()}
         return len(devs) == 1 and next(iter(devs)).type == "cuda"
 
-    def run(self, cache, inputs: dict[str, torch.Tensor], key: tuple,
+    def run(self, buffers: tuple, inputs: dict[str, torch.Tensor], key: tuple,
             forward: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor] | None:
-        """The captured points of forward(inputs), by a graph of `key` on this cache's buffers;
-        None when the capture failed (the caller runs the forward eagerly)."""
-        now = stamps(cache)
+        """forward(inputs)'s outputs, by a graph of `key` on the buffers `buffers` names (their
+        identity: kv_buffer.stamps of a cache); None when the capture failed (the caller runs the
+        forward eagerly)."""
+        now = buffers
         if now != self.buffers:                 # new buffers: the old graphs point at freed memory
             self.graphs.clear()
             self.buffers = now
