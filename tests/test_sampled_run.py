@@ -180,3 +180,30 @@ def test_a_greedy_run_runs_no_loop(tmp_path, monkeypatch):
     assert run.reference.decoding == "greedy" and not any(e.sampled for e in run.evaluations)
     assert "sampled_s" not in run.timings
     assert "Greedy vs sampled" not in render(write_report(run, tmp_path / "o", argv=["diag"])[1])
+
+
+def test_graphs_that_cannot_be_captured_are_named_in_the_notes_and_change_no_number(tmp_path, monkeypatch):
+    """A loop whose CUDA graphs fail to capture (here: every capture on the CPU, made to try)
+    runs its verify and its draft eagerly; the run's notes name both, and its accept lengths are
+    the ones a run without graphs gives (its verify on fixed widths, as on CUDA: the same tokens)."""
+    import torch
+
+    from diag.replay.decode_loop import DecodeLoop
+    from diag.target import tree_forward
+    from diag.target.verify_graphs import VerifyGraphs
+
+    case = write(tmp_path, "graphs", 'temperature = 1.0\nseeds = 1\nscope = "all"')
+    got = {}
+    for tried in (False, True):
+        monkeypatch.setenv("DIAG_CACHE_DIR", str(tmp_path / f"cache{tried}"))
+        if tried:
+            monkeypatch.setattr(DecodeLoop, "_graphs_possible", lambda self: True)
+            monkeypatch.setattr(VerifyGraphs, "usable", lambda self, model: self.failure is None)
+            monkeypatch.setattr(torch.cuda, "is_available", lambda: False)       # no device to synchronise
+            monkeypatch.setattr(tree_forward, "_fixed", lambda kv, fixed: True)  # the verify on fixed widths, as on CUDA
+        run = run_case(case, progress=False)
+        got[tried] = (sorted((e.key, e.accept_length) for e in run.evaluations if e.sampled), run.notes)
+    assert got[True][0] == got[False][0] and got[True][0]
+    notes = [n for n in got[True][1] if "CUDA graphs were turned off" in n]
+    assert any("the verify's" in n for n in notes) and any("the draft's" in n for n in notes)
+    assert not [n for n in got[False][1] if "CUDA graphs" in n]
