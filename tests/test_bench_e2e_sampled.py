@@ -61,18 +61,23 @@ def test_round_floors_worked_example():
     assert x["floors"]["further"]["rounds"] == 180 and x["floors"]["further"]["all_gpus_s"] == pytest.approx(180 * 0.198 / 8)
 
 
-def test_extrapolate_takes_the_sampled_loop_out_of_the_greedy_verdict_and_grows_it():
-    """sampled_s sits inside target_s (the loop runs while the pass holds the target): the greedy
-    terms leave it out, `sampled` grows it by the e2e batch's decode slope."""
-    from diag.bench.extrapolate import extrapolate
-
+def _example() -> tuple[dict, dict, dict, list]:
+    """A 4-layer e2e run's first run, the e2e and grown sections, its shards (48 prompts, batch 48)."""
     first = {"sequences": 48, "tokens": 30000, "target_s": 130.0, "target_load_s": 30.0, "target_generate_s": 40.0,
              "target_capture_s": 10.0, "checks_s": 2.0, "drafter_s": 20.0, "summary_s": 1.0, "report_s": 3.0,
              "target_generate_batch": 48}
     e2e = {"layers": 4, "max_new_tokens": 512, "cached_seconds_per_variant": 0.2, "first": first}
     grown = {"generate_seconds_per_layer_step": 1e-3, "capture_seconds_per_layer_token": 1e-5,
              "generate_seconds_per_layer_step_by_batch": {"48": 2e-3}}
-    shards = [1e9, 1e10, 1e10, 1e10, 5e9]
+    return first, e2e, grown, [1e9, 1e10, 1e10, 1e10, 5e9]
+
+
+def test_extrapolate_takes_the_sampled_loop_out_of_the_greedy_verdict_and_grows_it():
+    """sampled_s sits inside target_s (the loop runs while the pass holds the target): the greedy
+    terms leave it out, `sampled` grows it by the e2e batch's decode slope."""
+    from diag.bench.extrapolate import extrapolate
+
+    first, e2e, grown, shards = _example()
     greedy = extrapolate(e2e, grown, {"diag_cold_bytes_per_s": 1e9}, shards)
     assert "sampled" not in greedy
     sampled_first = {**first, "target_s": 160.0, "sampled_s": 30.0, "sampled_rounds": 500}
@@ -97,13 +102,7 @@ def test_the_eager_generate_slope_prices_the_greedy_generation_a_multi_gpu_place
     greedy verdict with the graphed one. 48 prompts at batch 48, 512 steps: 40 + 57 * 5e-3 * 512."""
     from diag.bench.extrapolate import GRAPHS_NOTE, extrapolate
 
-    first = {"sequences": 48, "tokens": 30000, "target_s": 130.0, "target_load_s": 30.0, "target_generate_s": 40.0,
-             "target_capture_s": 10.0, "checks_s": 2.0, "drafter_s": 20.0, "summary_s": 1.0, "report_s": 3.0,
-             "target_generate_batch": 48}
-    e2e = {"layers": 4, "max_new_tokens": 512, "cached_seconds_per_variant": 0.2, "first": first}
-    grown = {"generate_seconds_per_layer_step": 1e-3, "capture_seconds_per_layer_token": 1e-5,
-             "generate_seconds_per_layer_step_by_batch": {"48": 2e-3}}
-    shards = [1e9, 1e10, 1e10, 1e10, 5e9]
+    first, e2e, grown, shards = _example()
     plain = extrapolate(e2e, grown, {"diag_cold_bytes_per_s": 1e9}, shards)
     assert "generate_eager_s" not in plain and plain["graphs_note"] == GRAPHS_NOTE
     x = extrapolate(e2e, {**grown, "transformers_generate_seconds_per_layer_step_by_batch": {"48": 5e-3}},

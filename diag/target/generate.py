@@ -9,7 +9,7 @@ Two paths, the same argmax: a target on one CUDA device decodes on diag's own ca
 the prompt's keys and all max_new_tokens slots preallocated (kv_buffer.py), every step the same
 shapes (the attention reads the whole buffer, the slots not yet written masked), so the step,
 head and argmax included, is replayed from one CUDA graph (verify_graphs.py) and the tokens stay
-on the device until the batch ends: a step is a replay and three copies, not the ~40 launches a
+on the device until the batch ends: a step is a replay and a few copies, not the ~40 launches a
 layer of transformers' generate, with a host sync at every step (issue 36: 2.62 ms a layer-step
 at batch 8 on the H100, 0.23 of the copy bandwidth). Elsewhere (the CPU, a target placed over
 several devices) transformers' generate. Worked example: prompts of 3 and 5 tokens, 4 new ->
@@ -94,7 +94,6 @@ def _greedy(model: nn.Module, prompts: list[list[int]], max_new_tokens: int, pad
     return gen[:, ids.shape[1]:].cpu().tolist()
 
 
-
 @torch.no_grad()
 def on_cache(model: nn.Module, prompts: list[list[int]], max_new_tokens: int, pad_id: int, *,
              graphs: VerifyGraphs | None = None) -> list[list[int]]:
@@ -109,8 +108,8 @@ def on_cache(model: nn.Module, prompts: list[list[int]], max_new_tokens: int, pa
     width = P + max_new_tokens - 1                                           # W: the last token is not fed back
     pos = (seen.long().cumsum(-1) - 1).clamp(min=0)                           # left pads: real tokens from 0
     causal = torch.ones(P, P, dtype=torch.bool, device=dev).tril()
-    sink, cache = forward_points(model, ids, pos, attention_bias(seen[:, :0], causal[None] & seen[:, None], dtype),
-                           None, ())
+    bias = attention_bias(seen[:, :0], causal[None] & seen[:, None], dtype)  # [B, 1, P, P]: causal, pads unseen
+    sink, cache = forward_points(model, ids, pos, bias, None, ())
     out = torch.empty(B, max_new_tokens, dtype=torch.long, device=dev)       # [B, N], on the device till the end
     out[:, 0] = head_logits(model, sink[FINAL.name][:, -1]).argmax(-1)
     if max_new_tokens > 1:
@@ -130,8 +129,8 @@ def _steps(model, cache, out: torch.Tensor, seen: torch.Tensor, start: torch.Ten
     dtype = device_and_dtype(model)[1]
     at = P
 
-    def step(x: dict) -> dict:                         # the same shapes every step: one graph replays it
-        for layer in cache_layers(cache):                   # update() appends after the view: end it at the slot
+    def step(x: dict) -> dict:                       # the same shapes every step: one graph replays it
+        for layer in cache_layers(cache):            # update() appends after the view: end it at the slot
             layer.crop_to(at)
         see = valid & (col <= x["slot"])                                            # [B, W]
         bias = torch.zeros(B, 1, 1, width, dtype=dtype, device=seen.device).masked_fill_(
