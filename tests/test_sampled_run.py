@@ -207,3 +207,29 @@ def test_graphs_that_cannot_be_captured_are_named_in_the_notes_and_change_no_num
     notes = [n for n in got[True][1] if "CUDA graphs were turned off" in n]
     assert any("the verify's" in n for n in notes) and any("the draft's" in n for n in notes)
     assert not [n for n in got[False][1] if "CUDA graphs" in n]
+
+
+def test_the_decode_loop_drafts_with_the_loaded_targets_tables_and_decodes_what_the_lazy_ones_decode(
+        tmp_path, monkeypatch):
+    """run/sampled.loaded_tables: the loop takes the loaded target's own embedding and head (no row
+    gathered on the host, no second read of the head), the run's lazy tables where the model holds
+    its own on the meta device; a run decodes the same either way (the same tensors)."""
+    import torch
+
+    from diag.run import sampled as run_sampled
+
+    model = torch.nn.Module()
+    own_e, own_h = torch.nn.Embedding(4, 2), torch.nn.Linear(2, 4, bias=False)
+    model.get_input_embeddings, model.get_output_embeddings = (lambda: own_e), (lambda: own_h)
+    assert run_sampled.loaded_tables(model, "lazy-e", "lazy-h") == (own_e, own_h)
+    own_h.weight = torch.nn.Parameter(torch.empty(4, 2, device="meta"))          # offloaded: the lazy one
+    assert run_sampled.loaded_tables(model, "lazy-e", "lazy-h") == (own_e, "lazy-h")
+
+    case = write(tmp_path, "tables", 'temperature = 1.0\nseeds = 1\nscope = "all"')
+    got, real = {}, run_sampled.loaded_tables
+    for lazy in (False, True):
+        monkeypatch.setenv("DIAG_CACHE_DIR", str(tmp_path / f"cache{lazy}"))
+        monkeypatch.setattr(run_sampled, "loaded_tables", (lambda m, e, h: (e, h)) if lazy else real)
+        run = run_case(case, progress=False)
+        got[lazy] = sorted((e.key, e.accept_length, e.expected_accept_length) for e in run.evaluations if e.sampled)
+    assert got[False] == got[True] and got[False]

@@ -62,6 +62,19 @@ def _batches(rows: list[tuple[int, int]], lens: list[int], shape: TreeShape, max
     return out
 
 
+def loaded_tables(model, embed, head) -> tuple:
+    """The embedding and lm_head the decode loop drafts with: the loaded target's own (the
+    checkpoint's tensors: no regime quantizes them), resident on its devices, instead of the run's
+    lazy tables (target/tables.py), whose RowTable gathers new rows on the host at every lookup (a
+    CUDA graph of the draft cannot be captured over it: decode_loop._draft_group) and whose
+    LazyHead would read Kimi's 2.35 GB head a second time; either lazy table stays where the model
+    holds its own on the meta device (an offloading placement)."""
+    def resident(own, lazy):
+        w = getattr(own, "weight", None)
+        return own if isinstance(w, torch.Tensor) and w.device.type != "meta" else lazy
+    return resident(model.get_input_embeddings(), embed), resident(model.get_output_embeddings(), head)
+
+
 def mix_trees_wanted(dev) -> bool:
     """Every tree in one loop: DIAG_MIX_TREES "1" or "0" where set, else on CUDA only (module
     docstring: on the CPU the padding would cost work and save nothing)."""
@@ -198,7 +211,8 @@ class SampledEvaluations:
         inp, ev = self.inp, self.inp.case.evaluate
         shapes = list(dict.fromkeys(ln.variant.tree for ln in lanes))
         names = "+".join(s.name for s in shapes)
-        loop = DecodeLoop(model, self.drafter, self.embed, self.head, lanes, layouts, None, dec, eos_ids=eos,
+        embed, head = loaded_tables(model, self.embed, self.head)
+        loop = DecodeLoop(model, self.drafter, embed, head, lanes, layouts, None, dec, eos_ids=eos,
                           tables=draft_tables_by_mode(inp), verification=sampled_verification(inp))
         rows = [(li, p) for li in range(len(lanes)) for p in range(len(prompts))]
         widest = max(shapes, key=lambda s: s.num_draft_tokens)

@@ -11,7 +11,8 @@ bf16 each) on every run, the cached ones included. Here:
               checkpoint's, so a lookup equals nn.Embedding's on the whole table.
   LazyHead    the lm_head (or the embedding, when tie_word_embeddings), read whole on the
               first access of `.weight` (EAGLE mode, a drafter without its own head, the
-              sampled decode loop, the target's prompt fit) and never otherwise.
+              target's prompt fit) and never otherwise; the sampled decode loop, which holds
+              the loaded target, drafts with the target's own tables (run/sampled.loaded_tables).
 
 What the checks cover now: the headers (tensor present, dtype, shape, extent inside the
 file) are checked when the tables are opened, before any weight is read. NaN / Inf is checked
