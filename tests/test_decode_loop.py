@@ -375,3 +375,15 @@ def test_the_loops_graph_bookkeeping_replays_what_the_eager_verify_computes(zoo,
     assert gc["verify_graphs_captured"] < gc["rounds"]
     # the draft too: one group (one mode, one tree) a round, replayed every round, captured per rows
     assert gc["draft_graphs_replayed"] == gc["rounds"] and 2 <= gc["draft_graphs_captured"] < gc["rounds"]
+
+
+def test_a_draft_graph_needs_its_tables_resident_on_the_drafters_device():
+    """decode_loop._resident_on: an embedding or head held as a parameter on the drafter's device
+    may be read by a draft's graph; a lazy table (no parameter: rows read on the host) or one on
+    another device may not (a copy between devices inside a capture would not be recorded)."""
+    from diag.replay.decode_loop import _resident_on
+
+    cpu = torch.device("cpu")
+    assert _resident_on(torch.nn.Embedding(4, 2), cpu)
+    assert not _resident_on(torch.nn.Embedding(4, 2, device="meta"), cpu)
+    assert not _resident_on(torch.nn.Module(), cpu) and not _resident_on(lambda x: x, cpu)

@@ -141,6 +141,13 @@ def probabilities(logits: torch.Tensor, decoding: Decoding) -> torch.Tensor:
     return target_probs(logits, decoding)
 
 
+def _resident_on(module, dev: torch.device) -> bool:
+    """A table whose weight is a parameter on `dev` (an nn.Embedding or Linear there); a lazy
+    table (target/tables.py: no parameter, read on the host) or one elsewhere is not."""
+    p = next(module.parameters(), None) if isinstance(module, torch.nn.Module) else None
+    return p is not None and p.device == dev
+
+
 def _at_nodes(t: torch.Tensor, node: torch.Tensor) -> torch.Tensor:
     """t [B, D, H], node [B, N] -> t at those nodes [B, N, H]."""
     return t.gather(1, node.to(t.device)[..., None].expand(*node.shape, t.shape[-1]))
@@ -241,6 +248,8 @@ class DecodeLoop:
         self.S = max(t.num_steps for t in self.trees)                       # the deepest path
         p = next(drafter.parameters())
         self.dev, self.dtype = p.device, p.dtype
+        # a draft's graph reads its tables where they live: only where both are on the drafter's device
+        self.tables_here = all(_resident_on(m, self.dev) for m in (embed, head))
         # the embedding and head each serving mode drafts with: the engine's tables (replay.draft_head)
         self.heads = {m: draft_head(drafter, embed, head, (tables or {}).get(m) or default_tables(drafter, m),
                                     self.dev, self.dtype)
@@ -424,7 +433,9 @@ class DecodeLoop:
         are fixed while its rows stay (the drafter's cache is a buffer of fixed capacity,
         incremental.DraftKV), so where the loop has graphs it is replayed from one per group `key`
         on the cache's buffers (target/verify_graphs.py), its inputs the rows' lengths, roots and
-        step-1 outputs; else drafted eagerly: the same numbers."""
+        step-1 outputs; else drafted eagerly: the same numbers. Not where the embedding or head
+        sits on another device (a multi-GPU placement's first and last stage) or reads on the
+        host (target/tables.py): a copy between devices inside a capture would not be recorded."""
         kv = st.dkv.select(sl)
 
         def forward(x: dict) -> dict:
@@ -433,7 +444,7 @@ class DecodeLoop:
             return {k: getattr(tree, k) for k in DRAFT_FIELDS}
         x = {"length": kv.length, "r_root": st.r_root[sl], "root": root, "root_tokens": root_tok}
         graphs = self.draft_graphs
-        if graphs is not None and graphs.usable(self.drafter):
+        if graphs is not None and self.tables_here and graphs.usable(self.drafter):
             got = graphs.run(st.dkv.identity(), x, key, forward)
             if got is not None:
                 return got
