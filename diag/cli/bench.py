@@ -14,7 +14,8 @@ def register(sub) -> None:
     p.add_argument("where", choices=["gpu", "cpu", "render", "combine"],
                    help="which benchmark (or render JSON to markdown; combine: GPU results of one device, "
                         "the sections of several runs, the extrapolation over them)")
-    p.add_argument("--out", help="result JSON (default reports/bench/<where>.json); render: markdown file")
+    p.add_argument("--out", help="result JSON (default reports/bench/<where>.json); render: markdown file "
+                                 "(default reports/bench/summary.md, rewritten from the given JSON files only)")
     p.add_argument("--workdir", help="where the Kimi-shaped checkpoint is written (default: a temp dir)")
     p.add_argument("--max-layers", type=int, default=61, help="gpu: grow the target to at most this many layers")
     p.add_argument("--layers", type=int, help="gpu: layers of the Kimi-shaped checkpoint on disk (default: what the disk holds)")
