@@ -105,7 +105,7 @@ def _graphs(loop: DecodeLoop, name: str = "verify") -> dict | None:
     buckets captured, calls replayed, calls run eagerly, why they were turned off if they were;
     None off CUDA."""
     got = {k[len(name) + 8:]: v for k, v in loop.counts.items() if k.startswith(f"{name}_graphs_")}
-    failure = loop.graph_failure if name == "verify" else loop.draft_graph_failure
+    failure = loop.graph_failures.get(name)
     return {**got, "failure": failure} if got or failure else None
 
 

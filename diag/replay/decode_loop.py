@@ -233,8 +233,7 @@ class DecodeLoop:
         self.profile, self.seconds = profile, defaultdict(float)     # phase -> seconds (profile only)
         self.fixed_width: bool | None = None       # the verify's attention on fixed widths (None: on CUDA)
         self.on_step = lambda: None                # called after the prefill and after every round
-        self.graph_failure: str | None = None     # why the verify's graphs were turned off, if they were
-        self.draft_graph_failure: str | None = None   # the same for the draft's
+        self.graph_failures: dict[str, str] = {}  # "verify" / "draft" -> why its graphs were turned off
         self.cuda_graphs = graphs_wanted()  # the verify and the draft replayed from CUDA graphs where they can
         self.graphs: VerifyGraphs | None = None    # this run's verify graphs (target/verify_graphs.py)
         self.draft_graphs: VerifyGraphs | None = None    # this run's draft graphs
@@ -306,10 +305,8 @@ class DecodeLoop:
                     continue
                 for k, v in graphs.counts.items():
                     self.counts[f"{name}_graphs_{k}"] += v
-                if graphs.failure and name == "verify":
-                    self.graph_failure = graphs.failure
-                elif graphs.failure:
-                    self.draft_graph_failure = graphs.failure
+                if graphs.failure:
+                    self.graph_failures[name] = graphs.failure
             self.graphs = self.draft_graphs = None
 
     def _graphs_possible(self) -> bool:

@@ -226,10 +226,9 @@ class SampledEvaluations:
                     rounds=loop.counts["rounds"], verified_tokens=loop.counts["verified_tokens"])
         self.counts["mla_latent_layers"] = max(self.counts.get("mla_latent_layers", 0),     # a count, not a sum
                                                loop.counts["mla_latent_layers"])
-        for what, failure in (("verify", loop.graph_failure), ("draft", loop.draft_graph_failure)):
-            if failure:
-                self.notes.append(f"sampled decode {dec.name} {names}: the {what}'s CUDA graphs were turned off "
-                                  f"({failure}); it ran eagerly: the same numbers, slower")
+        for what, failure in loop.graph_failures.items():
+            self.notes.append(f"sampled decode {dec.name} {names}: the {what}'s CUDA graphs were turned off "
+                              f"({failure}); it ran eagerly: the same numbers, slower")
         if self.shards is not None:
             decoded = self.shards.all_rows([r for b in batches for r in b], decoded)
         return decoded
