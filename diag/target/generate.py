@@ -82,11 +82,10 @@ def _greedy(model: nn.Module, prompts: list[list[int]], max_new_tokens: int, pad
     diag's own cache from CUDA graphs where the target sits on one CUDA device (module docstring)."""
     dev = next(model.parameters()).device
     graphs = VerifyGraphs()
-    if own_cache and graphs.usable(model):
-        with attention_without_cudnn(dev), latent_mla(model, latent_wanted(dev)):
-            return on_cache(model, prompts, max_new_tokens, pad_id, graphs=graphs if graphs_wanted() else None)
-    ids, mask = _left_pad(prompts, pad_id)
     with attention_without_cudnn(dev), latent_mla(model, latent_wanted(dev)):
+        if own_cache and graphs.usable(model):
+            return on_cache(model, prompts, max_new_tokens, pad_id, graphs=graphs if graphs_wanted() else None)
+        ids, mask = _left_pad(prompts, pad_id)
         gen = model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev), do_sample=False,
                              max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
                              pad_token_id=pad_id, eos_token_id=None, num_beams=1,
