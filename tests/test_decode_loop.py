@@ -332,31 +332,10 @@ def test_the_loops_graph_bookkeeping_replays_what_the_eager_verify_computes(zoo,
     replay, the graphs dropped when rows retire (new buffers), the outputs handed out as copies.
     The loop decodes exactly what the eager verify on fixed widths decodes; every round replayed."""
     import diag.target.tree_forward as tf
-    from diag.target.verify_graphs import VerifyGraphs, _Graph
+    from graph_standin import stand_in
     caches, real_fixed = [], tf.fixed_width
     monkeypatch.setattr(tf, "fixed_width", lambda cache, *a: caches.append(cache) or real_fixed(cache, *a))
-
-    class Replay:
-        def __init__(self, forward, inputs, sink):
-            self.forward, self.inputs, self.sink = forward, inputs, sink
-
-        def replay(self):                    # the kernels again; Python's views of the cache untouched
-            views = [(x, x.keys, x.values) for x in (caches[-1].layers if caches else [])]
-            for k, v in self.forward(self.inputs).items():
-                self.sink[k].copy_(v)
-            for x, k, v in views:
-                x.keys, x.values = k, v
-
-    def capture(self, inputs, forward):
-        static = {k: v.clone() for k, v in inputs.items()}
-        forward(static)                                                      # the warm-up
-        self.counts["eager"] += 1
-        junk = lambda v: torch.full_like(v, float("nan") if v.is_floating_point() else 7)  # noqa: E731
-        sink = {k: junk(v) for k, v in forward(static).items()}             # nothing until a replay
-        return _Graph(Replay(forward, static, sink), static, sink)
-
-    monkeypatch.setattr(VerifyGraphs, "_capture", capture)
-    monkeypatch.setattr(VerifyGraphs, "usable", lambda self, model: self.failure is None)
+    stand_in(monkeypatch, lambda: caches[-1].layers if caches else [])
     monkeypatch.setattr(DecodeLoop, "_graphs_possible", lambda self: True)
     shape = tree_shape(tree)
     lanes = [Lane(Variant(c.label, c.mode, shape), s) for c in zoo["inp"].candidates[:2] for s in (0, 1)]

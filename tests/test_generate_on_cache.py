@@ -76,25 +76,10 @@ def test_the_steps_replayed_from_a_graph_continue_as_the_eager_steps(llama, monk
     forward it captured on the graph's own inputs and copies into its own outputs: one capture
     for the batch, every later step a replay of it (its inputs copied in: the fed token, the
     slot), and the same continuation as the eager steps."""
-    from diag.target.verify_graphs import VerifyGraphs, _Graph
+    from graph_standin import stand_in
+    from diag.target.verify_graphs import VerifyGraphs
 
-    class Replay:
-        def __init__(self, forward, inputs, sink):
-            self.forward, self.inputs, self.sink = forward, inputs, sink
-
-        def replay(self):
-            for k, v in self.forward(self.inputs).items():
-                self.sink[k].copy_(v)
-
-    def capture(self, inputs, forward):
-        static = {k: v.clone() for k, v in inputs.items()}
-        forward(static)
-        self.counts["eager"] += 1
-        sink = {k: torch.full_like(v, 7) for k, v in forward(static).items()}       # junk until a replay
-        return _Graph(Replay(forward, static, sink), static, sink)
-
-    monkeypatch.setattr(VerifyGraphs, "_capture", capture)
-    monkeypatch.setattr(VerifyGraphs, "usable", lambda self, model: self.failure is None)
+    stand_in(monkeypatch)
     prompts, graphs = _prompts(300), VerifyGraphs()
     got = on_cache(llama, prompts, 12, 0, graphs=graphs)
     assert graphs.failure is None and graphs.counts["captured"] == 1 and graphs.counts["replayed"] == 11
