@@ -1,13 +1,13 @@
 """The decode loop's fast paths compute what the plain ones do: the accept step with
-probabilities only where the walk reads them, numpy's sort for the top-p pivot, and the
-shortest-prompt-first batches."""
+probabilities only where the walk reads them, the accept step on fixed shapes that asks the host
+nothing (a CUDA graph's), numpy's sort for the top-p pivot, and the shortest-prompt-first batches."""
 
 import pytest
 import torch
 
 from diag.engines.decoding import GREEDY, sampled
-from diag.replay.decode_loop import accept_round, probabilities
-from diag.replay.sampling import _ascending, renorm_top_p
+from diag.replay.decode_loop import accept_dense, accept_round, probabilities
+from diag.replay.sampling import _ascending, renorm_top_p, target_probs, target_probs_unsynced
 from diag.replay.verifiers import sampled_rule
 from diag.run.sampled import _batches
 from diag.trees import tree_shape
@@ -58,6 +58,50 @@ def test_accept_round_equals_the_rule_on_every_nodes_probabilities(rule_name, sh
     last = want.path.gather(1, want.accepted[:, None])[:, 0]
     ends_on_leaf = ~(t["parents"] == last[:, None]).any(-1)
     assert 0 < int(ends_on_leaf.sum()) < len(last)     # both kinds of rows: a leaf's distribution computed
+
+
+DECODINGS = [sampled(1.0, 0.95), sampled(0.7, 0.8, top_k=20), GREEDY]
+THRESHOLDS = sampled(1.0, 0.95, threshold_single=0.5, threshold_acc=0.6)      # vLLM's chain rule has none
+
+
+@pytest.mark.parametrize("rule_name,shape,decoding",
+                         [("tree-target-only", TREE, d) for d in DECODINGS + [THRESHOLDS]] +
+                         [("chain-rejection", CHAIN, d) for d in DECODINGS])
+def test_the_accept_on_fixed_shapes_decides_what_accept_round_decides(rule_name, shape, decoding):
+    """accept_dense (every node through the head: the shapes of a CUDA graph) gives accept_round's
+    walks, bonuses and exact expectation, unsynced (the graph's: ok True, nothing read on the
+    host; on 5000 ids the pivot is looked for among the 256 largest) or not."""
+    g = torch.Generator().manual_seed(11)
+    rule = sampled_rule(rule_name)
+    t, logits, coins = _round(*shape, B=48, V=5000, g=g, invalid_tail=rule_name != "chain-rejection")
+    S = max(shape[1])
+    want, want_exp = accept_round(rule, t, logits, decoding, coins, S)
+    for unsynced in (False, True):
+        res, exp, ok = accept_dense(rule, t, logits, decoding, coins, S, unsynced=unsynced)
+        assert torch.equal(res.accepted, want.accepted) and torch.equal(res.path, want.path)
+        assert torch.equal(res.bonus, want.bonus) and torch.equal(exp, want_exp)
+        assert (ok is None) if not unsynced else bool(ok)
+    assert 0 < int(want.accepted.sum()) < S * len(want.accepted)
+
+
+def test_unsynced_probabilities_say_when_a_pivot_lies_past_their_window():
+    """target_probs_unsynced: where every row's top-p pivot lies among the 256 largest, target_probs'
+    own probabilities and ok True; a flat row (its pivot deep in 5000 ids) makes ok False, and
+    only its probabilities differ from target_probs' (what the caller then recomputes)."""
+    g = torch.Generator().manual_seed(2)
+    peaked = torch.randn(6, 5000, generator=g) * 8
+    d = sampled(1.0, 0.95)
+    p, ok = target_probs_unsynced(peaked, d)
+    assert bool(ok) and torch.equal(p, target_probs(peaked, d))
+    mixed = peaked.clone()
+    mixed[3] = torch.randn(5000, generator=g) * 0.01                 # nearly flat: 95% needs ~4750 ids
+    p, ok = target_probs_unsynced(mixed, d)
+    want = target_probs(mixed, d)
+    assert not bool(ok)
+    assert torch.equal(p[[0, 1, 2, 4, 5]], want[[0, 1, 2, 4, 5]]) and not torch.equal(p[3], want[3])
+    assert int((want[3] > 0).sum()) > 4000
+    p, ok = target_probs_unsynced(mixed, sampled(1.0, 1.0))          # no top-p: nothing to search
+    assert bool(ok) and torch.equal(p, target_probs(mixed, sampled(1.0, 1.0)))
 
 
 def test_accept_round_with_thresholds():

@@ -325,12 +325,16 @@ def test_the_loop_reads_the_verify_graphs_switch(zoo, monkeypatch):
 
 
 @pytest.mark.parametrize("tree", ["chain-3", "s3-k4-d8"])
-def test_the_loops_graph_bookkeeping_replays_what_the_eager_verify_computes(zoo, monkeypatch, tree):
-    """VerifyGraphs.run and verify_forward's replay path on the CPU, with a stand-in for the CUDA
+def test_the_loops_graph_bookkeeping_replays_what_the_eager_round_computes(zoo, monkeypatch, tree):
+    """VerifyGraphs.run and the loop's replay paths on the CPU, with a stand-in for the CUDA
     graph that re-runs the captured forward on the graph's own inputs and copies into its own
     outputs (as a replay writes them): the inputs copied in every round, the views cropped after a
     replay, the graphs dropped when rows retire (new buffers), the outputs handed out as copies.
-    The loop decodes exactly what the eager verify on fixed widths decodes; every round replayed."""
+    Every step of a round (draft, verify, accept, the commit's extend) replayed every round, and
+    the loop decodes exactly what the eager round on fixed shapes decodes; so does a loop whose
+    accept graph reports every round's top-p pivot past its window (each round then accepted
+    again without the graph, and counted)."""
+    import diag.replay.decode_loop as dl
     import diag.target.tree_forward as tf
     from graph_standin import stand_in
     caches, real_fixed = [], tf.fixed_width
@@ -340,20 +344,25 @@ def test_the_loops_graph_bookkeeping_replays_what_the_eager_verify_computes(zoo,
     shape = tree_shape(tree)
     lanes = [Lane(Variant(c.label, c.mode, shape), s) for c in zoo["inp"].candidates[:2] for s in (0, 1)]
     out = {}
-    for graphs in (True, False):
+    for name, graphs in (("graphs", True), ("eager", False), ("deeper", True)):
+        if name == "deeper":
+            real = dl.target_probs_unsynced
+            monkeypatch.setattr(dl, "target_probs_unsynced", lambda *a: (real(*a)[0], torch.tensor(False)))
         loop = DecodeLoop(zoo["model"], zoo["drafter"], zoo["embed"], zoo["head"], lanes, zoo["layouts"], shape,
                           sampled(1.0, 0.95), eos_ids=zoo["eos"])
         loop.cuda_graphs, loop.fixed_width = graphs, True
         rows = [(li, p) for li in range(len(lanes)) for p in range(len(zoo["prompts"]))]
-        out[graphs] = ([(d.accepted, d.ids, d.expected) for d in loop.run(zoo["prompts"], rows, NEW)],
-                       dict(loop.counts))
+        out[name] = ([(d.accepted, d.ids, d.expected) for d in loop.run(zoo["prompts"], rows, NEW)],
+                     dict(loop.counts))
         assert loop.graph_failures == {}
-    (g, gc), (e, _) = out[True], out[False]
-    assert g == e
-    assert gc["verify_graphs_replayed"] == gc["rounds"] and gc["verify_graphs_captured"] >= 2   # rows retired
-    assert gc["verify_graphs_captured"] < gc["rounds"]
-    # the draft too: one group (one mode, one tree) a round, replayed every round, captured per rows
-    assert gc["draft_graphs_replayed"] == gc["rounds"] and 2 <= gc["draft_graphs_captured"] < gc["rounds"]
+    (g, gc), (e, ec), (d, dc) = out["graphs"], out["eager"], out["deeper"]
+    assert g == e == d
+    assert not any(k.endswith("_graphs_replayed") for k in ec)
+    for step in dl.GRAPHED:     # one group a round (one mode, one tree): replayed every round, captured per rows
+        assert gc[f"{step}_graphs_replayed"] == gc["rounds"] and 2 <= gc[f"{step}_graphs_captured"] < gc["rounds"]
+    assert gc["verify_graphs_captured"] >= 2                                                  # rows retired
+    assert "accept_pivots_deeper" not in gc and dc["accept_pivots_deeper"] == dc["rounds"]
+    assert dc["accept_graphs_eager"] == dc["rounds"] + dc["accept_graphs_captured"]           # + the warm-ups
 
 
 def test_a_draft_graph_needs_its_tables_resident_on_the_drafters_device():

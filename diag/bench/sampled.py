@@ -11,7 +11,10 @@ Per tree shape it reports
   phases                 where the loop's time goes: prefill, draft, verify_forward, accept
                          (probabilities, the tree walk, the exact expectation), commit, retire
   limit                  the phase that takes the most time
-  verify_graphs          the verify's CUDA graphs: buckets captured, rounds replayed, failure
+  <step>_graphs          each step's CUDA graphs (decode_loop.GRAPHED: verify, draft, accept, the
+                         commit's extend): buckets captured, rounds replayed, failure
+  accept_pivots_deeper   rounds whose accept graph found a top-p pivot past its window (each then
+                         accepted again without the graph)
   verify_*               the verify forward against the bytes it must move per round: the target's
                          weights read once (all but the input embedding, of which it gathers rows,
                          and the head, which the accept step applies at the nodes it reads), and the
@@ -33,7 +36,7 @@ from diag.bench.common import sync
 from diag.engines.decoding import sampled
 from diag.int4.packed import resident_bytes
 from diag.layouts import CapturePoint, layout, union_points
-from diag.replay.decode_loop import DecodeLoop, Lane
+from diag.replay.decode_loop import GRAPHED, DecodeLoop, Lane
 from diag.replay.replay import Variant
 from diag.target.passes import Sequence, run_capture
 from diag.trees import tree_shape
@@ -97,11 +100,12 @@ def _one_tree(model, drafter, embed, head, lays, shape, prompts, max_new, token_
             "cpu_seconds": cpu_s, "pass_cpu_seconds": pass_cpu, "cost_in_passes_cpu": cpu_s / len(lanes) / pass_cpu,
             "goal_met": seconds / len(lanes) / pass_s <= shape.num_draft_tokens,
             "phases": phases, "limit": max(phases, key=phases.get) if phases else None,
-            "verify_graphs": _graphs(loop), "draft_graphs": _graphs(loop, "draft"), **verify}
+            **{f"{step}_graphs": _graphs(loop, step) for step in GRAPHED},
+            "accept_pivots_deeper": loop.counts.get("accept_pivots_deeper", 0), **verify}
 
 
 def _graphs(loop: DecodeLoop, name: str = "verify") -> dict | None:
-    """What the verify's (name "draft": the draft's) CUDA graphs did (target/verify_graphs.py):
+    """What the CUDA graphs of a round's step did (name: one of decode_loop.GRAPHED) (target/verify_graphs.py):
     buckets captured, calls replayed, calls run eagerly, why they were turned off if they were;
     None off CUDA."""
     got = {k[len(name) + 8:]: v for k, v in loop.counts.items() if k.startswith(f"{name}_graphs_")}
@@ -327,11 +331,11 @@ def _kernels_under(e):
 
 def graphs_ab(model, drafter, embed, head, layouts: list[str], prompts: list[list[int]], tree: str,
               max_new_tokens: int = 32) -> dict:
-    """The loop with the verify and the draft from CUDA graphs against the same loop running both
-    eagerly (on fixed widths), timed after a warm-up of each: seconds a round either way, eager
+    """The loop with every step of a round from CUDA graphs (decode_loop.GRAPHED) against the same
+    loop running them eagerly (on fixed widths), timed after a warm-up of each: seconds a round either way, eager
     over graphs (speedup), and whether both decoded the same (they must: the graphs replay the same
     kernels). A loop captures its own graphs (its caches' buffers are its own), so the graphs' time
-    is given with and without the captures, the verify's and the draft's (`graphs_replay_s_per_round`,
+    is given with and without the captures, every step's (`graphs_replay_s_per_round`,
     `replay_speedup`: what a loop long enough to repay them tends to). Off CUDA no graph is made;
     both arms then run eagerly."""
     got = {}
@@ -345,16 +349,15 @@ def graphs_ab(model, drafter, embed, head, layouts: list[str], prompts: list[lis
             sync()
             seconds = time.perf_counter() - t0
         got[name] = {"s_per_round": seconds / max(1, loop.counts["rounds"]), "rounds": loop.counts["rounds"],
-                     "decoded": [(d.accepted, d.ids) for d in out], "graphs": _graphs(loop),
-                     "draft_graphs": _graphs(loop, "draft")}
+                     "decoded": [(d.accepted, d.ids) for d in out],
+                     **{f"{step}_graphs": _graphs(loop, step) for step in GRAPHED}}
     e, g = got["eager"], got["graphs"]
-    capture = sum((g[k] or {}).get("capture_s", 0.0) for k in ("graphs", "draft_graphs"))
+    capture = sum((g[f"{step}_graphs"] or {}).get("capture_s", 0.0) for step in GRAPHED)
     replay = max(g["s_per_round"] - capture / max(1, g["rounds"]), 1e-9)
     return {"tree": tree, "rows": len(rows), "rounds": g["rounds"], "eager_s_per_round": e["s_per_round"],
             "graphs_s_per_round": g["s_per_round"], "speedup": e["s_per_round"] / g["s_per_round"],
             "graphs_replay_s_per_round": replay, "replay_speedup": e["s_per_round"] / replay,
-            "same_decode": e["decoded"] == g["decoded"], "verify_graphs": g["graphs"],
-            "draft_graphs": g["draft_graphs"]}
+            "same_decode": e["decoded"] == g["decoded"], **{f"{step}_graphs": g[f"{step}_graphs"] for step in GRAPHED}}
 
 
 def _device_us(e, total: bool = False) -> float:

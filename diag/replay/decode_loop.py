@@ -43,18 +43,19 @@ from diag.engines.decoding import Decoding
 from diag.layouts import CapturePoint, Layout, union_points
 from diag.replay.replay import Variant, _on, default_tables, draft_head
 from diag.replay.round_accounting import ACCOUNTINGS, RoundAccounting
-from diag.replay.sampling import (SampledRound, coin_rows, coins_at, draw_bonus, sample, target_probs,
-                                  uniforms)
+from diag.replay.sampling import (SampledRound, child_probs, coin_rows, coins_at, draw_bonus, sample, target_probs,
+                                  target_probs_unsynced, uniforms)
 from diag.replay.verifiers import SampledRule, sampled_rule
 from diag.target.passes import pad_right
 from diag.target.mla_latent import latent_mla, latent_wanted
 from diag.target.sdpa import attention_without_cudnn
-from diag.target.tree_forward import cache_bytes, commit, prefill, select_rows, verify_forward
+from diag.target.tree_forward import NodeLogits, cache_bytes, commit, prefill, select_rows, verify_forward
 from diag.target.verify_graphs import VerifyGraphs, graphs_wanted
 from diag.trees import TreeShape
 
 FIRST_TOKEN_STREAM = 0x5BD1E995      # the prefill's sample draws from its own coin stream
 DRAFT_FIELDS = ("tokens", "parents", "depths", "valid")     # what a round reads of a drafted tree
+GRAPHED = ("draft", "verify", "accept", "commit")   # a round's steps, each replayed from CUDA graphs where it can
 RETIRE_FRACTION = 0.1                # finished rows leave the batch once they are a tenth of it
 CPU_THREADS = 1                      # torch's intra-op threads while the loop runs on the CPU (`cpu_threads`)
 
@@ -141,6 +142,14 @@ def probabilities(logits: torch.Tensor, decoding: Decoding) -> torch.Tensor:
     return target_probs(logits, decoding)
 
 
+def probabilities_unsynced(logits: torch.Tensor, decoding: Decoding) -> tuple[torch.Tensor, torch.Tensor]:
+    """`probabilities` asking the host nothing: (probabilities, ok), ok False where a top-p pivot
+    lay past the window searched (replay/sampling.target_probs_unsynced)."""
+    if decoding.greedy:
+        return probabilities(logits, decoding), torch.ones((), dtype=torch.bool, device=logits.device)
+    return target_probs_unsynced(logits, decoding)
+
+
 def _resident_on(module, dev: torch.device) -> bool:
     """A table whose weight is a parameter on `dev` (an nn.Embedding or Linear there); a lazy
     table (target/tables.py: no parameter, read on the host) or one elsewhere is not."""
@@ -216,6 +225,32 @@ def accept_round(rule: SampledRule, t: dict, logits, decoding: Decoding, coins: 
     return SampledRound(walk.accepted, walk.path, bonus), exp
 
 
+def accept_dense(rule: SampledRule, t: dict, logits, decoding: Decoding, coins: torch.Tensor, num_steps: int,
+                 *, unsynced: bool = False) -> tuple[SampledRound, torch.Tensor, torch.Tensor | None]:
+    """accept_round with every node's distribution computed at once (the head over all B x D
+    nodes), so no shape depends on the trees drafted: with `unsynced` it asks the host nothing
+    and a CUDA graph captures it (ok, the third result, is then False when some row's top-p
+    pivot lay past the window searched, and the caller runs it again without `unsynced`; else
+    None). The same walk, draws and expectation as accept_round; only which nodes go through
+    the head differs. Example, chain-3 on B rows: 4B nodes through the head, where accept_round
+    takes the 3B with a child, then the leaves of the rows that accepted all 3."""
+    logits = _Dense(logits) if isinstance(logits, torch.Tensor) else logits
+    B, D, V = logits.shape
+    dev = coins.device
+    ts, ta = (1.0, 1.0) if decoding.greedy else (decoding.threshold_single, decoding.threshold_acc)
+    tokens, parents, valid = t["tokens"], t["parents"], t["valid"]
+    flat = logits.rows(torch.arange(B * D, device=logits.device)).to(dev)
+    probs, ok = probabilities_unsynced(flat, decoding) if unsynced else (probabilities(flat, decoding), None)
+    probs = probs.view(B, D, V)
+    p_child = child_probs(tokens, parents, valid, probs)
+    walk = rule.walk(tokens, parents, valid, p_child, coins[:, :D], num_steps, threshold_single=ts,
+                     threshold_acc=ta)
+    bonus = draw_bonus(probs[torch.arange(B, device=dev), walk.last], tokens, walk.excluded, coins[:, D])
+    exp = rule.expected_from(p_child, parents, valid, t["depths"], num_steps, threshold_single=ts,
+                             threshold_acc=ta)
+    return SampledRound(walk.accepted, walk.path, bonus), exp, ok
+
+
 class DecodeLoop:
     """All lanes over the same prompts, batched; see the module docstring. Lanes may carry
     different tree shapes (each lane its variant's tree): every row drafts its own tree, the
@@ -233,10 +268,9 @@ class DecodeLoop:
         self.profile, self.seconds = profile, defaultdict(float)     # phase -> seconds (profile only)
         self.fixed_width: bool | None = None       # the verify's attention on fixed widths (None: on CUDA)
         self.on_step = lambda: None                # called after the prefill and after every round
-        self.graph_failures: dict[str, str] = {}  # "verify" / "draft" -> why its graphs were turned off
-        self.cuda_graphs = graphs_wanted()  # the verify and the draft replayed from CUDA graphs where they can
-        self.graphs: VerifyGraphs | None = None    # this run's verify graphs (target/verify_graphs.py)
-        self.draft_graphs: VerifyGraphs | None = None    # this run's draft graphs
+        self.graph_failures: dict[str, str] = {}  # a GRAPHED step -> why its graphs were turned off
+        self.cuda_graphs = graphs_wanted()  # each GRAPHED step replayed from CUDA graphs where it can
+        self.graphs: dict[str, VerifyGraphs] = {}  # this run's graphs by step (target/verify_graphs.py)
         self.counts = defaultdict(int)                      # rounds, verified tokens, rows, kv bytes read
         self.decoding, self.eos = decoding, sorted(eos_ids)
         self.trees = list(dict.fromkeys(ln.variant.tree for ln in lanes))     # the loop's tree shapes
@@ -296,18 +330,30 @@ class DecodeLoop:
 
     def _run(self, rows, prompts, max_new_tokens) -> list[Decoded]:
         on = self.cuda_graphs and self._graphs_possible()
-        self.graphs, self.draft_graphs = (VerifyGraphs(), VerifyGraphs()) if on else (None, None)
+        self.graphs = {name: VerifyGraphs() for name in GRAPHED} if on else {}
         try:
             return self._rounds(rows, prompts, max_new_tokens)
         finally:
-            for name, graphs in (("verify", self.graphs), ("draft", self.draft_graphs)):
-                if graphs is None:                    # what the run's graphs did, then their memory freed
-                    continue
+            for name, graphs in self.graphs.items():   # what the run's graphs did, then their memory freed
                 for k, v in graphs.counts.items():
                     self.counts[f"{name}_graphs_{k}"] += v
                 if graphs.failure:
                     self.graph_failures[name] = graphs.failure
-            self.graphs = self.draft_graphs = None
+            self.graphs = {}
+
+    def _dense(self) -> bool:
+        """The round's shapes fixed (the verify's attention on the cache's whole buffer, every
+        node through the head in the accept, the drafter's extend S + 1 pairs a row): on CUDA by
+        default (`fixed_width`), where graphs replay them; the same numbers up to sums' rounding."""
+        return self.dev.type == "cuda" if self.fixed_width is None else self.fixed_width
+
+    def _graphs(self, name: str, model) -> VerifyGraphs | None:
+        """The run's graphs of step `name` where they may run `model`'s forward on the loop's
+        device: a graph is one device's, so not where the model sits elsewhere."""
+        g = self.graphs.get(name)
+        if g is None or not g.usable(model) or next(model.parameters()).device != self.dev:
+            return None
+        return g
 
     def _graphs_possible(self) -> bool:
         """CUDA graphs exist on CUDA only (VerifyGraphs.usable then asks the model's placement)."""
@@ -342,35 +388,69 @@ class DecodeLoop:
                     out.append((mode, head, tree, slice(idx[0], idx[-1] + 1)))
         return out
 
-    def _aux(self, states: dict, pick, lane_of: torch.Tensor, rows: slice) -> torch.Tensor:
-        """[R, N, W] features of the rows `rows` by each row's layout; pick(t) maps a captured
-        state to [B, N, H] rows."""
-        cache, out, sub = {}, None, lane_of[rows].tolist()
+    def _aux_plan(self, lane_of: torch.Tensor, rows: slice) -> list[tuple[tuple[str, ...], torch.Tensor, torch.Tensor | None]]:
+        """How the rows `rows` read their features: per layout among them, (its points, its rows'
+        indices in the batch, their places among `rows`; None when it is every row). Index
+        tensors on the device, built once a round on the host (a graph then reads them as inputs:
+        no boolean mask asks the device how many rows it holds). Example: rows 0..5, lanes
+        [a, a, b, b, a, b] -> (a's points, [0, 1, 4], [0, 1, 4]), (b's points, [2, 3, 5], [2, 3, 5])."""
+        sub = lane_of[rows].tolist()
+        plan = []
         for pts in dict.fromkeys(self.lane_points[li] for li in sub):
-            m = torch.tensor([self.lane_points[li] == pts for li in sub], dtype=torch.bool)
-            full = torch.arange(len(lane_of))[rows][m].to(self.dev)
-            for p in pts:
-                if p not in cache:
-                    cache[p] = pick(states[p]).to(self.dev, self.dtype)
-            feats = torch.cat([cache[p][full] for p in pts], -1)
-            if len(sub) == len(full):
+            at = [i for i, li in enumerate(sub) if self.lane_points[li] == pts]
+            full = torch.tensor([rows.start + i for i in at], dtype=torch.long).to(self.dev)
+            plan.append((pts, full, None if len(at) == len(sub) else torch.tensor(at, dtype=torch.long).to(self.dev)))
+        return plan
+
+    def _aux(self, picked: dict[str, torch.Tensor], plan, rows: int) -> torch.Tensor:
+        """[R, N, W] features of R rows by each row's layout (`_aux_plan`); picked: every captured
+        point's [B, N, H] rows of the batch."""
+        out = None
+        for pts, full, at in plan:
+            feats = torch.cat([picked[p][full] for p in pts], -1).to(self.dev, self.dtype)
+            if at is None:
                 return feats
             if out is None:
-                out = feats.new_zeros(len(sub), *feats.shape[1:])
-            out[m.to(self.dev)] = feats
+                out = feats.new_zeros(rows, *feats.shape[1:])
+            out.index_copy_(0, at, feats)
         return out
 
-    def _extend(self, st: _Rows, states, pick, nxt, pos, count):
-        """Append count[b] pairs to every row's drafter cache; r_root = r of each row's last pair."""
+    def _extend(self, st: _Rows, states, pick, nxt, pos, count, node: torch.Tensor | None = None):
+        """Append count[b] pairs to every row's drafter cache; r_root = r of each row's last pair.
+        pick(t) maps a captured state to [B, N, H] rows; a commit instead gives `node` [B, N] (the
+        path's nodes, whose states it reads), and its extend is then replayed from a graph per
+        (mode, rows, N) where the loop has them: its shapes are fixed on fixed widths (N = S + 1)."""
         B = len(st.lane_of)
         r_all = None
-        for _, head, _, sl in self._groups(st.lane_of):
-            sub = st.dkv.select(sl)
-            r = extend(self.drafter, head, sub, nxt[sl], self._aux(states, pick, st.lane_of, sl), pos[sl], count[sl])
+        for mode, head, _, sl in self._groups(st.lane_of):
+            plan, sub = self._aux_plan(st.lane_of, sl), st.dkv.select(sl)
+            needed = list(dict.fromkeys(p for pts, _, _ in plan for p in pts))
+
+            def forward(x: dict, head=head, plan=plan, sub=sub, needed=needed, rows=sl.stop - sl.start) -> dict:
+                picked = ({p: pick(states[p]) for p in needed} if x.get("node") is None else
+                          {p: _at_nodes(x[f"state:{p}"], x["node"]) for p in needed})
+                plan = [(pts, x[f"full:{i}"], x.get(f"at:{i}")) for i, (pts, _, _) in enumerate(plan)]
+                kv = DraftKV(sub.k, sub.v, x["length"])
+                r = extend(self.drafter, head, kv, x["nxt"], self._aux(picked, plan, rows), x["pos"], x["count"])
+                return {"r": r, "length": kv.length}
+            x = {"length": sub.length, "nxt": nxt[sl], "pos": pos[sl], "count": count[sl]}
+            for i, (_, full, at) in enumerate(plan):
+                x[f"full:{i}"] = full
+                if at is not None:
+                    x[f"at:{i}"] = at
+            got, graphs = None, self.graphs.get("commit") if node is not None else None
+            if graphs is not None:
+                x.update({"node": node, **{f"state:{p}": states[p] for p in needed}})
+                if self._graphs("commit", self.drafter) is not None and self.tables_here:
+                    got = graphs.run(st.dkv.identity(), x, ("extend", mode, sl.start, sl.stop, nxt.shape[1]), forward)
+                if got is None:
+                    graphs.counts["eager"] += 1
+            got = got or forward(x)
+            sub.length = got["length"]
             st.dkv.put(sl, sub)
             if r_all is None:
-                r_all = r.new_zeros(B, *r.shape[1:])
-            r_all[sl] = r
+                r_all = got["r"].new_zeros(B, *got["r"].shape[1:])
+            r_all[sl] = got["r"]
         st.r_root = r_all[torch.arange(B, device=self.dev), (count - 1).clamp(min=0).to(self.dev)]
 
     # ---- prefill -----------------------------------------------------------------------
@@ -440,7 +520,7 @@ class DecodeLoop:
                               x["root_tokens"], shape)
             return {k: getattr(tree, k) for k in DRAFT_FIELDS}
         x = {"length": kv.length, "r_root": st.r_root[sl], "root": root, "root_tokens": root_tok}
-        graphs = self.draft_graphs
+        graphs = self.graphs.get("draft")
         if graphs is not None and self.tables_here and graphs.usable(self.drafter):
             got = graphs.run(st.dkv.identity(), x, key, forward)
             if got is not None:
@@ -455,7 +535,7 @@ class DecodeLoop:
         self.counts["kv_bytes"] += cache_bytes(tkv, self.fixed_width)   # what the verify's attention reads
         with self._phase("verify_forward"):
             scored = verify_forward(self.model, tkv, t["tokens"], t["parents"], t["valid"], st.root + 1,
-                                    self.points, fixed=self.fixed_width, graphs=self.graphs)
+                                    self.points, fixed=self.fixed_width, graphs=self.graphs.get("verify"))
         with self._phase("accept"):
             res, exp = self._accept(st, t, scored)
         self._record(st, res, exp)
@@ -468,26 +548,51 @@ class DecodeLoop:
         row's P(a >= d) for its own depths."""
         root = st.root.to(self.dev)
         if len(self.trees) == 1:
-            shape, = self.trees
-            coins = coins_at(st.coin_row, root, shape.num_draft_tokens + 1)
-            res, e = accept_round(self.rule, t, scored.logits, self.decoding, coins, shape.num_steps)
+            res, e = self._accept_group(st, t, scored, self.trees[0], slice(0, len(st.n)), root)
             return res, e.tolist()
-        groups = self._groups(st.lane_of, by_tree=True)
         B = len(st.n)
         accepted = torch.zeros(B, dtype=torch.long, device=self.dev)
         path = torch.full((B, self.S + 1), -1, dtype=torch.long, device=self.dev)
         bonus = torch.zeros(B, dtype=torch.long, device=self.dev)
         exp: list = [None] * B
-        for _, _, shape, sl in groups:
-            D = shape.num_draft_tokens
-            coins = coins_at(st.coin_row[sl], root[sl], D + 1)
-            part = {k: v[sl, :D] for k, v in t.items()}
-            res, e = accept_round(self.rule, part, _part(scored.logits, sl, D), self.decoding, coins,
-                                  shape.num_steps)
+        for _, _, shape, sl in self._groups(st.lane_of, by_tree=True):
+            res, e = self._accept_group(st, t, scored, shape, sl, root)
             accepted[sl], bonus[sl] = res.accepted.to(self.dev), res.bonus.to(self.dev)
             path[sl, :shape.num_steps + 1] = res.path.to(self.dev)
             exp[sl] = e.tolist()
         return SampledRound(accepted, path, bonus), exp
+
+    def _accept_group(self, st, t, scored, shape: TreeShape, sl: slice, root) -> tuple[SampledRound, torch.Tensor]:
+        """The rows `sl` of one tree accepted: on growing widths (the CPU's) by accept_round, the
+        head only at the nodes read; on fixed widths by accept_dense, replayed from a graph per
+        (tree, rows) where the loop has them (its shapes depend on no draft), run again without
+        the graph on a round where a top-p pivot lay past the window the graph searched (counted:
+        accept_pivots_deeper)."""
+        D, S = shape.num_draft_tokens, shape.num_steps
+        part = {k: v[sl, :D] for k, v in t.items()}
+        logits = _part(scored.logits, sl, D)
+        if not self._dense() or not isinstance(logits, NodeLogits):
+            coins = coins_at(st.coin_row[sl], root[sl], D + 1)
+            return accept_round(self.rule, part, logits, self.decoding, coins, S)
+
+        def forward(x: dict, unsynced: bool = True) -> dict:
+            coins = coins_at(x["coin_row"], x["root"], D + 1)
+            res, exp, ok = accept_dense(self.rule, x, NodeLogits(logits.model, x["final"]), self.decoding, coins, S,
+                                        unsynced=unsynced)
+            out = {"accepted": res.accepted, "path": res.path, "bonus": res.bonus, "exp": exp}
+            return {**out, "ok": ok} if unsynced else out
+        x = {**part, "coin_row": st.coin_row[sl], "root": root[sl], "final": logits.final}
+        got, graphs = None, self.graphs.get("accept")
+        if graphs is not None:
+            if self._graphs("accept", logits.model) is not None:
+                got = graphs.run(st.dkv.identity(), x, ("accept", shape.name, sl.start, sl.stop), forward)
+            if got is not None and not bool(got["ok"]):
+                self.counts["accept_pivots_deeper"] += 1
+                got = None
+            if got is None:
+                graphs.counts["eager"] += 1
+        got = got or forward(x, unsynced=False)
+        return SampledRound(got["accepted"], got["path"], got["bonus"]), got["exp"]
 
     def _record(self, st, res, exp):
         acc, e, roots = res.accepted.tolist(), exp, st.root.tolist()
@@ -511,19 +616,20 @@ class DecodeLoop:
         drafts = t["tokens"].gather(-1, path[:, 1:].clamp(min=0))                 # [B, S]
         emitted = torch.cat([drafts, torch.zeros_like(drafts[:, :1])], -1)
         emitted.scatter_(-1, a[:, None], res.bonus.to(self.dev)[:, None])         # drafts, then the bonus
-        width = int(a.max()) + 1
+        width = self.S + 1 if self._dense() else int(a.max()) + 1                 # fixed: one shape a round
         step = torch.arange(width, device=self.dev)[None].expand(B, width)
-        grow = int((st.n + a.cpu() + 1).max()) - st.seq.shape[1]
-        if grow > 0:
-            st.seq = torch.cat([st.seq, torch.zeros(B, grow, dtype=torch.long)], dim=1)
-        ok = ((step <= a[:, None]) & live[:, None]).cpu()
-        cols = (st.n[:, None] + step.cpu())[ok]
-        st.seq[torch.arange(B)[:, None].expand(B, width)[ok], cols] = emitted[:, :width].cpu()[ok]
         node = path[:, :width].clamp(min=0)
         count = torch.where(live, a + 1, torch.zeros_like(a))
         self._extend(st, scored.states, lambda s: _at_nodes(s, node), emitted[:, :width],
-                     st.root.to(self.dev)[:, None] + 1 + step, count)
-        st.n = st.n + count.cpu()
+                     st.root.to(self.dev)[:, None] + 1 + step, count, node=node)
+        host = torch.cat([count[:, None], emitted[:, :width]], 1).cpu()          # one copy to the host
+        count, emitted, step = host[:, 0], host[:, 1:], step.cpu()
+        grow = int((st.n + count).max()) - st.seq.shape[1]
+        if grow > 0:
+            st.seq = torch.cat([st.seq, torch.zeros(B, grow, dtype=torch.long)], dim=1)
+        ok = step < count[:, None]                                  # the row's emitted tokens (none when done)
+        st.seq[torch.arange(B)[:, None].expand(B, width)[ok], (st.n[:, None] + step)[ok]] = emitted[ok]
+        st.n = st.n + count
 
     # ---- finishing rows ------------------------------------------------------------------
     def _retire(self, st, tkv, prompts, max_new_tokens) -> _Rows:

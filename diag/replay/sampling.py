@@ -86,6 +86,18 @@ def _pivot_window(p: torch.Tensor, top_p: float, k0: int) -> tuple[torch.Tensor,
     return top.gather(-1, (count - 1).clamp(min=0)), count < k0
 
 
+def top_p_pivot(p: torch.Tensor, top_p: float, *, window: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """FlashInfer's top-p pivot and where it was found, asking the host nothing (a CUDA graph
+    captures it): (pivot [..., 1], found [..., 1] bool). On a large vocabulary (> 16 x window)
+    it is looked for among the `window` largest only, and found is False on the rows where it
+    lies deeper (their pivot is then wrong: `renorm_top_p` sorts those rows); else it comes from
+    the sorted vocabulary and is found everywhere."""
+    if 16 * window >= p.shape[-1]:
+        pivot = _pivot_sorted(p, top_p)
+        return pivot, torch.ones_like(pivot, dtype=torch.bool)
+    return _pivot_window(p, top_p, window)
+
+
 def renorm_top_p(p: torch.Tensor, top_p: float, *, window: int = 256) -> torch.Tensor:
     """FlashInfer's pivot: sorted ascending [.1, .2, .3, .4], top_p .6 -> running sums
     [.1, .3, .6, 1.0] reach 1 - .6 = .4 first at index 2 -> pivot .3 -> keep {.3, .4} -> [0, 0, .43, .57].
@@ -93,9 +105,7 @@ def renorm_top_p(p: torch.Tensor, top_p: float, *, window: int = 256) -> torch.T
     first (no sort of the vocabulary), and the rows where it lies deeper are sorted."""
     if top_p >= 1.0:
         return p
-    if 16 * window >= p.shape[-1]:
-        return _keep_from_pivot(p, _pivot_sorted(p, top_p))
-    pivot, found = _pivot_window(p, top_p, window)
+    pivot, found = top_p_pivot(p, top_p, window=window)
     if not bool(found.all()):
         flat, ok = pivot.reshape(-1, 1), found.reshape(-1)
         flat[~ok] = _pivot_sorted(p.reshape(-1, p.shape[-1])[~ok], top_p)
@@ -103,14 +113,30 @@ def renorm_top_p(p: torch.Tensor, top_p: float, *, window: int = 256) -> torch.T
     return _keep_from_pivot(p, pivot)
 
 
-def target_probs(logits: torch.Tensor, d: Decoding) -> torch.Tensor:
-    """logits [..., V] -> float32 probabilities as SGLang's sampled verification sees them."""
+def _tempered(logits: torch.Tensor, d: Decoding) -> torch.Tensor:
+    """softmax(logits / T), top-k renormalised: target_probs before its top-p."""
     t, k = d.temperature, d.top_k
     if t < SAMPLING_EPS:
         t, k = 1.0, 1
     p = torch.softmax(logits.float() / t, dim=-1)
-    p = renorm_top_k(p, k) if k != -1 else p
-    return renorm_top_p(p, d.top_p)
+    return renorm_top_k(p, k) if k != -1 else p
+
+
+def target_probs(logits: torch.Tensor, d: Decoding) -> torch.Tensor:
+    """logits [..., V] -> float32 probabilities as SGLang's sampled verification sees them."""
+    return renorm_top_p(_tempered(logits, d), d.top_p)
+
+
+def target_probs_unsynced(logits: torch.Tensor, d: Decoding) -> tuple[torch.Tensor, torch.Tensor]:
+    """target_probs asking the host nothing (a CUDA graph captures it): (probabilities, ok), ok
+    a 0-dim bool tensor, False when some row's top-p pivot lay past the window searched
+    (`top_p_pivot`): those rows' probabilities are then not SGLang's, and the caller recomputes
+    with target_probs. Where ok is True they are target_probs' own."""
+    p = _tempered(logits, d)
+    if d.top_p >= 1.0:
+        return p, torch.ones((), dtype=torch.bool, device=p.device)
+    pivot, found = top_p_pivot(p, d.top_p)
+    return _keep_from_pivot(p, pivot), found.all()
 
 
 def sample(probs: torch.Tensor, coin: torch.Tensor) -> torch.Tensor:

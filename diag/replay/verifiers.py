@@ -56,7 +56,8 @@ def _chain_rejection(tokens, parents, valid, p_child, coins, num_steps, *,
     """walk_chain_rejection behind walk_tree's signature: node i's parent must be i - 1, and the
     rule has no thresholds."""
     chain = torch.arange(-1, tokens.shape[1] - 1, device=parents.device)
-    if not bool((parents == chain).all()) or tokens.shape[1] != num_steps + 1:
+    checked = not _capturing()       # a CUDA graph's capture may not ask the device (its warm-up ran the check)
+    if tokens.shape[1] != num_steps + 1 or (checked and not bool((parents == chain).all())):
         raise DiagError("chain-rejection verifies chains only", field="tree",
                         expected=f"a chain of {num_steps} drafts (topk 1)", found="a tree with branches")
     if threshold_single < 1.0 or threshold_acc < 1.0:
@@ -64,6 +65,10 @@ def _chain_rejection(tokens, parents, valid, p_child, coins, num_steps, *,
                         expected="threshold_single = threshold_acc = 1.0",
                         found=f"{threshold_single}, {threshold_acc}")
     return walk_chain_rejection(tokens, p_child, coins)
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 GREEDY: dict[str, Callable[..., torch.Tensor]] = {"tree-argmax": accepted_tree}
