@@ -330,7 +330,7 @@ def test_the_loops_graph_bookkeeping_replays_what_the_eager_round_computes(zoo, 
     graph that re-runs the captured forward on the graph's own inputs and copies into its own
     outputs (as a replay writes them): the inputs copied in every round, the views cropped after a
     replay, the graphs dropped when rows retire (new buffers), the outputs handed out as copies.
-    Every step of a round (draft, verify, accept, the commit's extend) replayed every round, and
+    Every step of a round (draft, verify, accept, commit, the drafter's extend) replayed every round, and
     the loop decodes exactly what the eager round on fixed shapes decodes; so does a loop whose
     accept graph reports every round's top-p pivot past its window (each round then accepted
     again without the graph, and counted)."""
@@ -375,3 +375,45 @@ def test_a_draft_graph_needs_its_tables_resident_on_the_drafters_device():
     assert _resident_on(torch.nn.Embedding(4, 2), cpu)
     assert not _resident_on(torch.nn.Embedding(4, 2, device="meta"), cpu)
     assert not _resident_on(torch.nn.Module(), cpu) and not _resident_on(lambda x: x, cpu)
+
+
+def test_the_commit_on_fixed_shapes_moves_what_the_commit_moves():
+    """tree_forward.commit_fixed (a CUDA graph's commit: every path slot written, one past a row's
+    accepted depth taking its own slot's value) leaves every row's committed slots, its length and
+    the views as `commit` leaves them: rows behind the longest, a row that accepts nothing, a
+    finished row (its path all -1), and slots moved onto slots that are other nodes' sources."""
+    from transformers.cache_utils import DynamicLayer
+
+    from diag.target.kv_buffer import BufferLayer
+    from diag.target.tree_forward import TargetKV, commit, commit_fixed, crop_committed
+
+    g = torch.Generator().manual_seed(4)
+    length = torch.tensor([5, 7, 3, 7])
+    block, D = 7, 6                                       # the trees at slots 7..12
+    path = torch.tensor([[0, 2, 5, -1], [0, 1, 3, 4], [0, -1, -1, -1], [-1, -1, -1, -1]])
+
+    def cache():
+        layers = []
+        for _ in range(2):
+            x = DynamicLayer()
+            x.keys, x.values, x.is_initialized = (torch.randn(4, 2, block + D, 3, generator=g),
+                                                  torch.randn(4, 2, block + D, 5, generator=g), True)
+            layers.append(BufferLayer.of(x, 20))
+
+        class Cache:
+            pass
+        c = Cache()
+        c.layers = layers
+        return c
+    a = cache()
+    b = cache()
+    for x, y in zip(a.layers, b.layers):
+        y.buf_k.copy_(x.buf_k), y.buf_v.copy_(x.buf_v)
+    want, got = TargetKV(a, length.clone(), block), TargetKV(b, length.clone(), block)
+    commit(want, path)
+    crop_committed(got, commit_fixed(got, path, torch.tensor([block])), int(want.length.max()))
+    assert want.length.tolist() == [8, 11, 4, 7] and torch.equal(got.length, want.length)
+    for x, y in zip(want.cache.layers, got.cache.layers):
+        assert x.keys.shape == y.keys.shape == (4, 2, 11, 3)
+        for r, n in enumerate(want.length.tolist()):
+            assert torch.equal(x.buf_k[r, :, :n], y.buf_k[r, :, :n]) and torch.equal(x.buf_v[r, :, :n], y.buf_v[r, :, :n])

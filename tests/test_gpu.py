@@ -94,7 +94,7 @@ def test_a_drafter_read_straight_to_the_gpu_equals_one_moved_there(pair):
 @pytest.mark.parametrize("tree", ["chain-3", "s3-k4-d8"])
 def test_the_verify_replayed_from_cuda_graphs_decodes_what_the_eager_verify_did(kimi_small, tree):
     """Issue 36: the decode loop's verify captured once per bucket (rows, tree, width) and
-    replayed (and its draft, accept and commit, per rows and tree), on a Kimi-shaped INT4 target (MLA, the Triton expert kernels, the routing's own
+    replayed (and every other step of a round, per rows and tree), on a Kimi-shaped INT4 target (MLA, the Triton expert kernels, the routing's own
     graphs inside), decodes exactly what the eager verify on the same fixed widths decoded, under
     sampling; and the graphs were used: captured per bucket, replayed every other round, no
     failure. Then the eager verify on growing widths (the CPU's) decodes the same drafts."""
@@ -119,9 +119,9 @@ def test_the_verify_replayed_from_cuda_graphs_decodes_what_the_eager_verify_did(
     assert gf == {} and gc["verify_graphs_captured"] >= 1
     assert gc["verify_graphs_replayed"] == gc["rounds"] and gc["verify_graphs_replayed"] > gc["verify_graphs_captured"]
     assert "verify_graphs_captured" not in ec
-    # the draft, the accept and the commit's extend from their graphs too (one group a round: one
-    # mode, one tree), the same drafts and draws; no round's top-p pivot past the accept's window
-    for step in ("draft", "accept", "commit"):
+    # the draft, the accept, the commit and the drafter's extend from their graphs too (one group a
+    # round: one mode, one tree), the same drafts and draws; no round's top-p pivot past the window
+    for step in ("draft", "accept", "commit", "extend"):
         assert gc[f"{step}_graphs_replayed"] == gc["rounds"] > gc[f"{step}_graphs_captured"]
     assert "accept_pivots_deeper" not in gc
     assert got(g) == got(e)

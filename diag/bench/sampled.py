@@ -11,8 +11,8 @@ Per tree shape it reports
   phases                 where the loop's time goes: prefill, draft, verify_forward, accept
                          (probabilities, the tree walk, the exact expectation), commit, retire
   limit                  the phase that takes the most time
-  <step>_graphs          each step's CUDA graphs (decode_loop.GRAPHED: verify, draft, accept, the
-                         commit's extend): buckets captured, rounds replayed, failure
+  <step>_graphs          each step's CUDA graphs (decode_loop.GRAPHED: draft, verify, accept, the
+                         target cache's commit, the drafter's extend): buckets captured, rounds replayed, failure
   accept_pivots_deeper   rounds whose accept graph found a top-p pivot past its window (each then
                          accepted again without the graph)
   verify_*               the verify forward against the bytes it must move per round: the target's

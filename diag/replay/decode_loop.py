@@ -33,7 +33,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -49,13 +49,15 @@ from diag.replay.verifiers import SampledRule, sampled_rule
 from diag.target.passes import pad_right
 from diag.target.mla_latent import latent_mla, latent_wanted
 from diag.target.sdpa import attention_without_cudnn
-from diag.target.tree_forward import NodeLogits, cache_bytes, commit, prefill, select_rows, verify_forward
+from diag.target.kv_buffer import BufferLayer, stamps
+from diag.target.tree_forward import (NodeLogits, cache_bytes, cache_layers, commit, commit_fixed, crop_committed,
+                                      prefill, select_rows, verify_forward)
 from diag.target.verify_graphs import VerifyGraphs, graphs_wanted
 from diag.trees import TreeShape
 
 FIRST_TOKEN_STREAM = 0x5BD1E995      # the prefill's sample draws from its own coin stream
 DRAFT_FIELDS = ("tokens", "parents", "depths", "valid")     # what a round reads of a drafted tree
-GRAPHED = ("draft", "verify", "accept", "commit")   # a round's steps, each replayed from CUDA graphs where it can
+GRAPHED = ("draft", "verify", "accept", "commit", "extend")   # a round's steps, each from CUDA graphs where it can
 RETIRE_FRACTION = 0.1                # finished rows leave the batch once they are a tenth of it
 CPU_THREADS = 1                      # torch's intra-op threads while the loop runs on the CPU (`cpu_threads`)
 
@@ -438,11 +440,11 @@ class DecodeLoop:
                 x[f"full:{i}"] = full
                 if at is not None:
                     x[f"at:{i}"] = at
-            got, graphs = None, self.graphs.get("commit") if node is not None else None
+            got, graphs = None, self.graphs.get("extend") if node is not None else None
             if graphs is not None:
                 x.update({"node": node, **{f"state:{p}": states[p] for p in needed}})
-                if self._graphs("commit", self.drafter) is not None and self.tables_here:
-                    got = graphs.run(st.dkv.identity(), x, ("extend", mode, sl.start, sl.stop, nxt.shape[1]), forward)
+                if self._graphs("extend", self.drafter) is not None and self.tables_here:
+                    got = graphs.run(st.dkv.identity(), x, (mode, sl.start, sl.stop, nxt.shape[1]), forward)
                 if got is None:
                     graphs.counts["eager"] += 1
             got = got or forward(x)
@@ -585,7 +587,7 @@ class DecodeLoop:
         got, graphs = None, self.graphs.get("accept")
         if graphs is not None:
             if self._graphs("accept", logits.model) is not None:
-                got = graphs.run(st.dkv.identity(), x, ("accept", shape.name, sl.start, sl.stop), forward)
+                got = graphs.run(st.dkv.identity(), x, (shape.name, sl.start, sl.stop), forward)
             if got is not None and not bool(got["ok"]):
                 self.counts["accept_pivots_deeper"] += 1
                 got = None
@@ -612,7 +614,9 @@ class DecodeLoop:
         B = len(st.n)
         path, a = res.path.to(self.dev), res.accepted.to(self.dev)               # [B, S+1], [B]
         live = ~st.done.to(self.dev)
-        commit(tkv, torch.where(live[:, None], path, -1))
+        fixed = self._dense() and all(isinstance(x, BufferLayer) for x in cache_layers(tkv.cache))
+        keep = torch.where(live[:, None], path, -1)
+        length = self._commit_target(tkv, keep) if fixed else commit(tkv, keep)     # commit: None (it crops)
         drafts = t["tokens"].gather(-1, path[:, 1:].clamp(min=0))                 # [B, S]
         emitted = torch.cat([drafts, torch.zeros_like(drafts[:, :1])], -1)
         emitted.scatter_(-1, a[:, None], res.bonus.to(self.dev)[:, None])         # drafts, then the bonus
@@ -622,14 +626,32 @@ class DecodeLoop:
         count = torch.where(live, a + 1, torch.zeros_like(a))
         self._extend(st, scored.states, lambda s: _at_nodes(s, node), emitted[:, :width],
                      st.root.to(self.dev)[:, None] + 1 + step, count, node=node)
-        host = torch.cat([count[:, None], emitted[:, :width]], 1).cpu()          # one copy to the host
-        count, emitted, step = host[:, 0], host[:, 1:], step.cpu()
+        parts = [count[:, None], emitted[:, :width]] + ([length[:, None].to(self.dev)] if fixed else [])
+        host = torch.cat(parts, 1).cpu()                                           # one copy to the host
+        count, emitted, step = host[:, 0], host[:, 1:width + 1], step.cpu()
+        if fixed:
+            crop_committed(tkv, length, int(host[:, -1].max()))
         grow = int((st.n + count).max()) - st.seq.shape[1]
         if grow > 0:
             st.seq = torch.cat([st.seq, torch.zeros(B, grow, dtype=torch.long)], dim=1)
         ok = step < count[:, None]                                  # the row's emitted tokens (none when done)
         st.seq[torch.arange(B)[:, None].expand(B, width)[ok], (st.n[:, None] + step)[ok]] = emitted[ok]
         st.n = st.n + count
+
+    def _commit_target(self, tkv, path) -> torch.Tensor:
+        """The target's cache keeps each row's root and accepted nodes on fixed shapes
+        (tree_forward.commit_fixed), replayed from a graph per rows where the loop has them: the
+        rows' new lengths (the caller crops)."""
+        def forward(x: dict) -> dict:
+            return {"length": commit_fixed(replace(tkv, length=x["length"]), x["path"], x["block"])}
+        x = {"path": path, "length": tkv.length, "block": torch.tensor([tkv.block], device=tkv.length.device)}
+        got, graphs = None, self.graphs.get("commit")
+        if graphs is not None:
+            if self._graphs("commit", self.model) is not None:
+                got = graphs.run(stamps(tkv.cache), x, tuple(path.shape), forward)
+            if got is None:
+                graphs.counts["eager"] += 1
+        return (got or forward(x))["length"]
 
     # ---- finishing rows ------------------------------------------------------------------
     def _retire(self, st, tkv, prompts, max_new_tokens) -> _Rows:

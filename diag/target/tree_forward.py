@@ -241,6 +241,33 @@ def commit(kv: TargetKV, path: torch.Tensor) -> None:
         crop_rows(layer, None, top)
 
 
+def commit_fixed(kv: TargetKV, path: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
+    """`commit` on fixed shapes, asking the host nothing (a CUDA graph replays it): the same moves
+    within each layer's whole buffer (kv_buffer.BufferLayer), every path slot written (one past a
+    row's accepted depth, or of a finished row, takes its own slot's value: a move to itself), the
+    tree at `block` (a [1] tensor); returns the new lengths, which the caller assigns and crops to
+    (`crop_committed`). Example: length 5, block 7, path [0, 2, -1] -> slot 7 to 5, 9 to 6, 7 to 7."""
+    dev = kv.length.device
+    path = path.to(dev)
+    keep = path >= 0
+    dst = kv.length[:, None] + torch.arange(path.shape[1], device=dev)[None]
+    src = torch.where(keep, block + path, dst)
+    rows = torch.arange(len(path), device=dev)[:, None].expand_as(path)
+    for layer in cache_layers(kv.cache):
+        for t in (layer.buf_k, layer.buf_v):                                        # [B, H, capacity, d]
+            r, a, b = rows.to(t.device), src.to(t.device), dst.to(t.device)
+            t[r, :, b] = t[r, :, a]
+    return kv.length + keep.sum(-1)
+
+
+def crop_committed(kv: TargetKV, length: torch.Tensor, longest: int) -> None:
+    """After `commit_fixed`: the rows' new lengths, every layer's view cropped to the longest
+    (a host int the caller already holds, so nothing asks the device)."""
+    kv.length = length
+    for layer in cache_layers(kv.cache):
+        crop_rows(layer, None, longest)
+
+
 def select_rows(kv: TargetKV, rows: torch.Tensor) -> None:
     """Keep (or repeat) cache rows: rows [B'] indices. Example: rows [0, 0, 1] doubles row 0."""
     kv.length = kv.length[rows.to(kv.length.device)]
