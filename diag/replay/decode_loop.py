@@ -7,7 +7,11 @@ Each round, for every row (a lane = variant x seed, times a prompt):
     accept     SGLang's target-only rule with both thresholds, bonus from relu(p - excluded)
                (replay/sampling.py); greedy = the same walk over one-hot argmax probabilities
     commit     root + accepted nodes join the target's cache; their states and the new tokens
-               extend the drafter's cache; the next root is j + a + 1
+               extend the drafter's cache (`extend`); the next root is j + a + 1
+On CUDA every step runs on fixed shapes (`_dense`: the whole cache buffer attended, every node
+through the head, S + 1 pairs extended a row) and is replayed from CUDA graphs (GRAPHED), so a
+round launches a handful of graphs, not ~2,000 kernels; the host reads the device once a round
+in the accept and once in the commit.
 Indices as in verify.py: a round rooted at j has the target's state at j, root token t_{j+1}
 at position j + 1, depth d at position j + 1 + d. Worked example: prompt of 5 tokens ->
 prefill, t_5 sampled from the state at 4, first round rooted at j = 4 (tree at positions 5..);

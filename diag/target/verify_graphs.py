@@ -1,7 +1,9 @@
 """A forward replayed from CUDA graphs, one per bucket of its shapes: the decode loop's verify
-per (rows B, tree size D, cache width W), its draft per (tree, rows, drafter cache), the greedy
-generation's step per (rows, cache width) (issue 36: a round of the 2-layer Kimi-shaped target
-launched ~400 kernels for its verify alone, and the host's launches, not the device, set its pace).
+per (rows B, tree size D, cache width W), and each other step of its round (draft, accept, the
+target cache's commit, the drafter's extend) per (tree, rows, buffers); the greedy generation's
+step per (rows, cache width) (issue 36: a round of the 2-layer Kimi-shaped target launched ~400
+kernels for its verify alone, ~1,400-2,400 in all, and the host's launches, not the device, set
+its pace).
 
 A graph needs every shape and address fixed: the verify runs on fixed widths (the attention
 reads the cache's whole buffer, kv_buffer.fixed_width), the new keys are written at a slots
