@@ -117,12 +117,14 @@ def test_the_verify_replayed_from_cuda_graphs_decodes_what_the_eager_verify_did(
     got = lambda o: [(d.accepted, d.ids) for d in o]                           # noqa: E731
     (g, gc, gf), (e, ec, _), (w, _, _) = out["graphs"], out["eager"], out["grown"]
     assert gf == {} and gc["verify_graphs_captured"] >= 1
-    assert gc["verify_graphs_replayed"] == gc["rounds"] and gc["verify_graphs_replayed"] > gc["verify_graphs_captured"]
+    assert gc["verify_graphs_replayed"] + gc["verify_graphs_captured"] == gc["rounds"]
+    assert gc["verify_graphs_replayed"] > gc["verify_graphs_captured"]
     assert "verify_graphs_captured" not in ec
     # the draft, the accept, the commit and the drafter's extend from their graphs too (one group a
     # round: one mode, one tree), the same drafts and draws; no round's top-p pivot past the window
     for step in ("draft", "accept", "commit", "extend"):
-        assert gc[f"{step}_graphs_replayed"] == gc["rounds"] > gc[f"{step}_graphs_captured"]
+        assert gc[f"{step}_graphs_replayed"] + gc[f"{step}_graphs_captured"] == gc["rounds"]
+        assert gc[f"{step}_graphs_replayed"] > gc[f"{step}_graphs_captured"]
     assert "accept_pivots_deeper" not in gc
     assert got(g) == got(e)
     for a, b in zip(g, e):
@@ -148,7 +150,7 @@ def test_greedy_steps_replayed_from_a_cuda_graph_continue_as_generate_does(kimi_
     prompts[2] = prompts[2][:5]                                              # left padding
     graphs = VerifyGraphs()
     graphed = on_cache(model, prompts, 16, 0, graphs=graphs)
-    assert graphs.failure is None and graphs.counts["captured"] == 1 and graphs.counts["replayed"] == 15
+    assert graphs.failure is None and graphs.counts["captured"] == 1 and graphs.counts["replayed"] == 14
     assert graphed == on_cache(model, prompts, 16, 0)
     assert greedy_continuations(model, prompts, 16, pad_id=0, eos_ids=set(), progress=False) == graphed
     exact = load_packed_target(kimi_small.target, dtype=torch.float32, device="cuda")

@@ -55,3 +55,20 @@ def test_the_verify_graphs_switch(monkeypatch):
     with pytest.raises(DiagError, match="DIAG_VERIFY_GRAPHS"):
         verify_graphs_wanted()
 
+
+
+def test_every_call_runs_its_forwards_effects_once(monkeypatch):
+    """A bucket's first call runs eagerly and its outputs are the call's (the capture runs
+    nothing); later calls replay. So a forward that moves data within its buffers (the decode
+    loop's commit) takes effect once a call: here a counter the forward bumps in place reads 1, 2,
+    3 after three calls, the first of them the capture's."""
+    from graph_standin import stand_in
+    stand_in(monkeypatch)
+    graphs, counter = VerifyGraphs(), torch.zeros(1)
+
+    def forward(x):
+        counter.add_(x["by"])
+        return {"seen": counter.clone()}
+    seen = [graphs.run((), {"by": torch.ones(1)}, ("bucket",), forward)["seen"].item() for _ in range(3)]
+    assert seen == [1.0, 2.0, 3.0] and counter.item() == 3.0
+    assert graphs.counts["captured"] == 1 and graphs.counts["replayed"] == 2 and graphs.counts["eager"] == 1

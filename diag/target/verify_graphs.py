@@ -9,9 +9,11 @@ A graph needs every shape and address fixed: the verify runs on fixed widths (th
 reads the cache's whole buffer, kv_buffer.fixed_width), the new keys are written at a slots
 tensor instead of a Python slice, and the inputs (ids, positions, the attention bias, the
 slots) are copied into the graph's own tensors before each replay. A bucket's first call
-runs eagerly once on a side stream (first calls: Triton's compiles, the routing graphs), is
-captured, then replayed; later calls of the bucket only copy their inputs
-and replay. The outputs come back as copies (the graph's outputs are overwritten by
+runs eagerly once on a side stream (first calls: Triton's compiles, the routing graphs), and its
+outputs are that call's; it is then captured (a capture runs nothing); later calls of the bucket
+only copy their inputs and replay. So every call runs its forward's kernels once, which a forward
+that moves data within its buffers needs (the commit's moves run twice would read slots the
+first run overwrote). The outputs come back as copies (the graph's outputs are overwritten by
 the next replay). Worked example: chain-3 (D 4) on 96 rows over a 228-slot cache -> bucket
 (96, 4, 228); 10 rows retire -> the cache's rows are taken (new buffers, new stamps) -> every
 graph of the old buffers is dropped and (86, 4, 228) is captured at the next round.
@@ -83,7 +85,7 @@ class VerifyGraphs:
         if g is None:
             t0 = time.perf_counter()
             try:
-                g = self._capture(inputs, forward)
+                g, first = self._capture(inputs, forward)
             except Exception as e:                          # noqa: BLE001 (any failure: eager from now on)
                 self.failure = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                 self.graphs.clear()
@@ -95,22 +97,24 @@ class VerifyGraphs:
             self.graphs[key] = g
             self.counts["captured"] += 1
             self.counts["capture_s"] += time.perf_counter() - t0
+            return first
         for name, t in inputs.items():
             g.inputs[name].copy_(t)
         g.graph.replay()
         self.counts["replayed"] += 1
         return {k: v.clone() for k, v in g.sink.items()}
 
-    def _capture(self, inputs, forward) -> _Graph:
+    def _capture(self, inputs, forward) -> tuple[_Graph, dict[str, torch.Tensor]]:
+        """The bucket's graph, and the outputs of its first call (run eagerly before the capture)."""
         static = {k: v.clone() for k, v in inputs.items()}
         side = torch.cuda.Stream(device=next(iter(inputs.values())).device)
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):                        # first calls, off the capture (as torch asks)
-            forward(static)
+            first = {k: v.clone() for k, v in forward(static).items()}
         torch.cuda.current_stream().wait_stream(side)
         self.counts["eager"] += 1
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             sink = forward(static)
         self.pool = graph.pool()
-        return _Graph(graph, static, sink)
+        return _Graph(graph, static, sink), first
