@@ -84,22 +84,25 @@ def test_the_accept_on_fixed_shapes_decides_what_accept_round_decides(rule_name,
     assert 0 < int(want.accepted.sum()) < S * len(want.accepted)
 
 
-def test_unsynced_probabilities_say_when_a_pivot_lies_past_their_window():
-    """target_probs_unsynced: where every row's top-p pivot lies among the 256 largest, target_probs'
-    own probabilities and ok True; a flat row (its pivot deep in 5000 ids) makes ok False, and
-    only its probabilities differ from target_probs' (what the caller then recomputes)."""
+def test_unsynced_probabilities_sort_a_fixed_number_of_flat_rows_and_say_when_more_were():
+    """target_probs_unsynced: where every row's top-p pivot lies among the 256 largest of 5000 ids,
+    target_probs' own probabilities and ok True; flat rows (their pivot deep among the 5000) are
+    sorted whole up to DEEPER_MIN of them (still target_probs' own, ok True); past that, ok False,
+    and only the flat rows left over differ from target_probs' (what the caller then recomputes)."""
+    from diag.replay.sampling import DEEPER_MIN
     g = torch.Generator().manual_seed(2)
-    peaked = torch.randn(6, 5000, generator=g) * 8
+    peaked = torch.randn(24, 5000, generator=g) * 8
     d = sampled(1.0, 0.95)
     p, ok = target_probs_unsynced(peaked, d)
     assert bool(ok) and torch.equal(p, target_probs(peaked, d))
-    mixed = peaked.clone()
-    mixed[3] = torch.randn(5000, generator=g) * 0.01                 # nearly flat: 95% needs ~4750 ids
-    p, ok = target_probs_unsynced(mixed, d)
-    want = target_probs(mixed, d)
-    assert not bool(ok)
-    assert torch.equal(p[[0, 1, 2, 4, 5]], want[[0, 1, 2, 4, 5]]) and not torch.equal(p[3], want[3])
-    assert int((want[3] > 0).sum()) > 4000
+    for flat in (3, DEEPER_MIN, DEEPER_MIN + 4):
+        mixed = peaked.clone()
+        mixed[:2 * flat:2] = torch.randn(flat, 5000, generator=g) * 0.01     # nearly flat: 95% takes ~4750 ids
+        p, ok = target_probs_unsynced(mixed, d)
+        want = target_probs(mixed, d)
+        assert int((want[0] > 0).sum()) > 4000
+        same = [torch.equal(p[i], want[i]) for i in range(24)]
+        assert bool(ok) == (flat <= DEEPER_MIN) and sum(same) == 24 - max(0, flat - DEEPER_MIN)
     p, ok = target_probs_unsynced(mixed, sampled(1.0, 1.0))          # no top-p: nothing to search
     assert bool(ok) and torch.equal(p, target_probs(mixed, sampled(1.0, 1.0)))
 

@@ -38,6 +38,7 @@ import torch
 
 from diag.engines.decoding import SAMPLING_EPS, Decoding
 
+DEEPER_ROWS, DEEPER_MIN = 1 / 16, 8   # target_probs_unsynced sorts this share of its rows (at least 8)
 MAX_COIN = 1.0 - 2 ** -24        # SGLang clamps coins below 1.0 (a 1.0 coin walks past the CDF)
 _M32 = 0xFFFFFFFF
 
@@ -86,16 +87,27 @@ def _pivot_window(p: torch.Tensor, top_p: float, k0: int) -> tuple[torch.Tensor,
     return top.gather(-1, (count - 1).clamp(min=0)), count < k0
 
 
-def top_p_pivot(p: torch.Tensor, top_p: float, *, window: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+def top_p_pivot(p: torch.Tensor, top_p: float, *, window: int = 256,
+                deeper: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """FlashInfer's top-p pivot and where it was found, asking the host nothing (a CUDA graph
     captures it): (pivot [..., 1], found [..., 1] bool). On a large vocabulary (> 16 x window)
-    it is looked for among the `window` largest only, and found is False on the rows where it
-    lies deeper (their pivot is then wrong: `renorm_top_p` sorts those rows); else it comes from
-    the sorted vocabulary and is found everywhere."""
+    it is looked for among the `window` largest first; then up to `deeper` of the rows where it
+    lies deeper are sorted whole (a fixed number, whichever rows need it: a flat distribution's
+    95% may take thousands of ids), and found is False only on the rows left over (their pivot
+    is then wrong: `renorm_top_p` sorts every such row). Else it comes from the sorted
+    vocabulary and is found everywhere. Example: 1,536 rows, 3 of them flat, deeper 96 -> the
+    3 sorted (and 93 rows whose pivot was found, sorted for nothing), found everywhere."""
     if 16 * window >= p.shape[-1]:
         pivot = _pivot_sorted(p, top_p)
         return pivot, torch.ones_like(pivot, dtype=torch.bool)
-    return _pivot_window(p, top_p, window)
+    pivot, found = _pivot_window(p, top_p, window)
+    if deeper < 1:
+        return pivot, found
+    flat_p, piv, ok = p.reshape(-1, p.shape[-1]), pivot.reshape(-1), found.reshape(-1)
+    rows = torch.argsort(ok.to(torch.uint8), stable=True)[:min(deeper, len(ok))]   # the rows not found first
+    piv = piv.index_put((rows,), torch.where(ok[rows], piv[rows], _pivot_sorted(flat_p[rows], top_p)[:, 0]))
+    ok = ok.index_put((rows,), torch.ones_like(rows, dtype=torch.bool))
+    return piv.view_as(pivot), ok.view_as(found)
 
 
 def renorm_top_p(p: torch.Tensor, top_p: float, *, window: int = 256) -> torch.Tensor:
@@ -129,13 +141,15 @@ def target_probs(logits: torch.Tensor, d: Decoding) -> torch.Tensor:
 
 def target_probs_unsynced(logits: torch.Tensor, d: Decoding) -> tuple[torch.Tensor, torch.Tensor]:
     """target_probs asking the host nothing (a CUDA graph captures it): (probabilities, ok), ok
-    a 0-dim bool tensor, False when some row's top-p pivot lay past the window searched
-    (`top_p_pivot`): those rows' probabilities are then not SGLang's, and the caller recomputes
-    with target_probs. Where ok is True they are target_probs' own."""
+    a 0-dim bool tensor, False when more rows' top-p pivots lay past the window searched than
+    DEEPER_ROWS of them could be sorted (`top_p_pivot`): some rows' probabilities are then not
+    SGLang's, and the caller recomputes with target_probs. Where ok is True they are
+    target_probs' own."""
     p = _tempered(logits, d)
     if d.top_p >= 1.0:
         return p, torch.ones((), dtype=torch.bool, device=p.device)
-    pivot, found = top_p_pivot(p, d.top_p)
+    rows = p.numel() // p.shape[-1]
+    pivot, found = top_p_pivot(p, d.top_p, deeper=max(DEEPER_MIN, int(rows * DEEPER_ROWS)))
     return _keep_from_pivot(p, pivot), found.all()
 
 
