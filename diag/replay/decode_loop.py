@@ -63,6 +63,8 @@ FIRST_TOKEN_STREAM = 0x5BD1E995      # the prefill's sample draws from its own c
 DRAFT_FIELDS = ("tokens", "parents", "depths", "valid")     # what a round reads of a drafted tree
 GRAPHED = ("draft", "verify", "accept", "commit", "extend")   # a round's steps, each from CUDA graphs where it can
 RETIRE_FRACTION = 0.1                # finished rows leave the batch once they are a tenth of it
+RETIRE_FRACTION_GRAPHED = 0.5        # ... half of it on fixed shapes, where rounds replay graphs: a retire
+                                     # takes the caches' rows (new buffers), so every step is captured again
 CPU_THREADS = 1                      # torch's intra-op threads while the loop runs on the CPU (`cpu_threads`)
 
 
@@ -661,7 +663,11 @@ class DecodeLoop:
     def _retire(self, st, tkv, prompts, max_new_tokens) -> _Rows:
         """Rows that emitted max_new_tokens or an end-of-sequence token are finished; they leave
         the batch once they are RETIRE_FRACTION of it (until then they ride along, committing
-        nothing), so the caches are re-indexed a few times per batch, not every round."""
+        nothing), so the caches are re-indexed a few times per batch, not every round; on fixed
+        shapes (`_dense`: CUDA's, where rounds replay graphs, or not: the same batches either way,
+        so the same sums), once they are RETIRE_FRACTION_GRAPHED of it (a row riding along costs
+        the verify little, which reads the weights once whatever its rows; a retire costs a
+        capture of every step)."""
         plen = torch.tensor([len(prompts[st.out[i].prompt]) for i in st.active.tolist()])
         idx = torch.arange(st.seq.shape[1])[None]
         cont = (idx >= plen[:, None]) & (idx < st.n[:, None]) & (idx < (plen + max_new_tokens)[:, None])
@@ -674,7 +680,7 @@ class DecodeLoop:
         if done.all():
             return _Rows(st.seq[:0], st.n[:0], None, None, st.lane_of[:0], st.active[:0], st.out, st.coin_row[:0],
                          done[:0])
-        if done.float().mean() < RETIRE_FRACTION:
+        if done.float().mean() < (RETIRE_FRACTION_GRAPHED if self._dense() else RETIRE_FRACTION):
             return st
         keep = torch.nonzero(~done)[:, 0]
         select_rows(tkv, keep)
