@@ -158,6 +158,13 @@ def probabilities_unsynced(logits: torch.Tensor, decoding: Decoding) -> tuple[to
     return target_probs_unsynced(logits, decoding)
 
 
+def _queued(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    """A host tensor's copy to `dev` queued behind the device's work: a plain .to() waits for the
+    device to finish everything queued (a sync, the host idle meanwhile); from pageable memory the
+    bytes are staged at once, so the source may change after."""
+    return t.to(dev, non_blocking=True)
+
+
 def _resident_on(module, dev: torch.device) -> bool:
     """A table whose weight is a parameter on `dev` (an nn.Embedding or Linear there); a lazy
     table (target/tables.py: no parameter, read on the host) or one elsewhere is not."""
@@ -406,8 +413,8 @@ class DecodeLoop:
         plan = []
         for pts in dict.fromkeys(self.lane_points[li] for li in sub):
             at = [i for i, li in enumerate(sub) if self.lane_points[li] == pts]
-            full = torch.tensor([rows.start + i for i in at], dtype=torch.long).to(self.dev)
-            plan.append((pts, full, None if len(at) == len(sub) else torch.tensor(at, dtype=torch.long).to(self.dev)))
+            full = _queued(torch.tensor([rows.start + i for i in at], dtype=torch.long), self.dev)
+            plan.append((pts, full, None if len(at) == len(sub) else _queued(torch.tensor(at, dtype=torch.long), self.dev)))
         return plan
 
     def _aux(self, picked: dict[str, torch.Tensor], plan, rows: int) -> torch.Tensor:
@@ -501,8 +508,8 @@ class DecodeLoop:
 
     # ---- one round -----------------------------------------------------------------------
     def _draft(self, st):
-        root = st.root.to(self.dev)
-        root_tok = st.seq[torch.arange(len(st.n)), st.n - 1].to(self.dev)
+        root = _queued(st.root, self.dev)
+        root_tok = _queued(st.seq[torch.arange(len(st.n)), st.n - 1], self.dev)
         B, D = len(st.n), self.D
         full = {k: torch.zeros(B, D, dtype=t, device=self.dev)          # a smaller tree's tail: invalid
                 for k, t in (("tokens", torch.long), ("parents", torch.long), ("depths", torch.long),
@@ -542,7 +549,8 @@ class DecodeLoop:
             t = self._draft(st)
         self.counts["kv_bytes"] += cache_bytes(tkv, self.fixed_width)   # what the verify's attention reads
         with self._phase("verify_forward"):
-            scored = verify_forward(self.model, tkv, t["tokens"], t["parents"], t["valid"], st.root + 1,
+            scored = verify_forward(self.model, tkv, t["tokens"], t["parents"], t["valid"],
+                                    _queued(st.root + 1, tkv.length.device),
                                     self.points, fixed=self.fixed_width, graphs=self.graphs.get("verify"))
         with self._phase("accept"):
             res, exp = self._accept(st, t, scored)
@@ -554,7 +562,7 @@ class DecodeLoop:
         """Each tree's rows accepted as that tree's own loop accepts them (its D + 1 coins, its
         nodes only): the round's result over all rows (path padded with -1 to S + 1) and each
         row's P(a >= d) for its own depths."""
-        root = st.root.to(self.dev)
+        root = _queued(st.root, self.dev)
         if len(self.trees) == 1:
             res, e = self._accept_group(st, t, scored, self.trees[0], slice(0, len(st.n)), root)
             return res, e.tolist()
@@ -619,7 +627,7 @@ class DecodeLoop:
         drafter's cache. Finished rows commit nothing."""
         B = len(st.n)
         path, a = res.path.to(self.dev), res.accepted.to(self.dev)               # [B, S+1], [B]
-        live = ~st.done.to(self.dev)
+        live = ~_queued(st.done, self.dev)
         fixed = self._dense() and all(isinstance(x, BufferLayer) for x in cache_layers(tkv.cache))
         keep = torch.where(live[:, None], path, -1)
         length = self._commit_target(tkv, keep) if fixed else commit(tkv, keep)     # commit: None (it crops)
@@ -631,7 +639,7 @@ class DecodeLoop:
         node = path[:, :width].clamp(min=0)
         count = torch.where(live, a + 1, torch.zeros_like(a))
         self._extend(st, scored.states, lambda s: _at_nodes(s, node), emitted[:, :width],
-                     st.root.to(self.dev)[:, None] + 1 + step, count, node=node)
+                     _queued(st.root, self.dev)[:, None] + 1 + step, count, node=node)
         parts = [count[:, None], emitted[:, :width]] + ([length[:, None].to(self.dev)] if fixed else [])
         host = torch.cat(parts, 1).cpu()                                           # one copy to the host
         count, emitted, step = host[:, 0], host[:, 1:width + 1], step.cpu()
@@ -650,7 +658,7 @@ class DecodeLoop:
         rows' new lengths (the caller crops)."""
         def forward(x: dict) -> dict:
             return {"length": commit_fixed(replace(tkv, length=x["length"]), x["path"], x["block"])}
-        x = {"path": path, "length": tkv.length, "block": torch.tensor([tkv.block], device=tkv.length.device)}
+        x = {"path": path, "length": tkv.length, "block": _queued(torch.tensor([tkv.block]), tkv.length.device)}
         got, graphs = None, self.graphs.get("commit")
         if graphs is not None:
             if self._graphs("commit", self.model) is not None:
