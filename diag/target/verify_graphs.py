@@ -112,6 +112,8 @@ class VerifyGraphs:
         with torch.cuda.stream(side):                        # first calls, off the capture (as torch asks)
             first = {k: v.clone() for k, v in forward(static).items()}
         torch.cuda.current_stream().wait_stream(side)
+        for v in first.values():                             # read on this stream: not reused before it has
+            v.record_stream(torch.cuda.current_stream())
         self.counts["eager"] += 1
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
