@@ -511,10 +511,14 @@ class DecodeLoop:
         root = _queued(st.root, self.dev)
         root_tok = _queued(st.seq[torch.arange(len(st.n)), st.n - 1], self.dev)
         B, D = len(st.n), self.D
+        groups = self._groups(st.lane_of, by_tree=True)
+        if len(groups) == 1 and groups[0][2].num_draft_tokens == D:      # one tree over every row: as drafted
+            mode, head, shape, sl = groups[0]
+            return self._draft_group(st, (mode, shape.name, sl.start, sl.stop), head, shape, sl, root, root_tok)
         full = {k: torch.zeros(B, D, dtype=t, device=self.dev)          # a smaller tree's tail: invalid
                 for k, t in (("tokens", torch.long), ("parents", torch.long), ("depths", torch.long),
                              ("valid", torch.bool))}
-        for mode, head, shape, sl in self._groups(st.lane_of, by_tree=True):
+        for mode, head, shape, sl in groups:
             tree = self._draft_group(st, (mode, shape.name, sl.start, sl.stop), head, shape, sl, root[sl], root_tok[sl])
             for k in full:
                 full[k][sl, :shape.num_draft_tokens] = tree[k].to(self.dev)
