@@ -362,13 +362,21 @@ class DecodeLoop:
         default (`fixed_width`), where graphs replay them; the same numbers up to sums' rounding."""
         return self.dev.type == "cuda" if self.fixed_width is None else self.fixed_width
 
-    def _graphs(self, name: str, model) -> VerifyGraphs | None:
-        """The run's graphs of step `name` where they may run `model`'s forward on the loop's
-        device: a graph is one device's, so not where the model sits elsewhere."""
-        g = self.graphs.get(name)
-        if g is None or not g.usable(model) or next(model.parameters()).device != self.dev:
+    def _by_graph(self, name: str, model, buffers: tuple, x: dict, key: tuple, forward,
+                  allowed: bool = True) -> dict | None:
+        """forward(x) replayed from the run's graphs of step `name` (VerifyGraphs.run, on the
+        buffers `buffers` name), or None where the caller must run it eagerly (counted so): no
+        graphs this run, `allowed` False, `model` not on the loop's one device (a graph is one
+        device's), or a capture that failed."""
+        graphs = self.graphs.get(name)
+        if graphs is None:
             return None
-        return g
+        got = None
+        if allowed and graphs.usable(model) and next(model.parameters()).device == self.dev:
+            got = graphs.run(buffers, x, key, forward)
+        if got is None:
+            graphs.counts["eager"] += 1
+        return got
 
     def _graphs_possible(self) -> bool:
         """CUDA graphs exist on CUDA only (VerifyGraphs.usable then asks the model's placement)."""
@@ -442,8 +450,8 @@ class DecodeLoop:
             needed = list(dict.fromkeys(p for pts, _, _ in plan for p in pts))
 
             def forward(x: dict, head=head, plan=plan, sub=sub, needed=needed, rows=sl.stop - sl.start) -> dict:
-                picked = ({p: pick(states[p]) for p in needed} if x.get("node") is None else
-                          {p: _at_nodes(x[f"state:{p}"], x["node"]) for p in needed})
+                picked = {p: _at_nodes(x[f"state:{p}"], x["node"]) if "node" in x else pick(states[p])
+                          for p in needed}
                 plan = [(pts, x[f"full:{i}"], x.get(f"at:{i}")) for i, (pts, _, _) in enumerate(plan)]
                 kv = DraftKV(sub.k, sub.v, x["length"])
                 r = extend(self.drafter, head, kv, x["nxt"], self._aux(picked, plan, rows), x["pos"], x["count"])
@@ -453,13 +461,11 @@ class DecodeLoop:
                 x[f"full:{i}"] = full
                 if at is not None:
                     x[f"at:{i}"] = at
-            got, graphs = None, self.graphs.get("extend") if node is not None else None
-            if graphs is not None:
+            got = None
+            if node is not None:
                 x.update({"node": node, **{f"state:{p}": states[p] for p in needed}})
-                if self._graphs("extend", self.drafter) is not None and self.tables_here:
-                    got = graphs.run(st.dkv.identity(), x, (mode, sl.start, sl.stop, nxt.shape[1]), forward)
-                if got is None:
-                    graphs.counts["eager"] += 1
+                got = self._by_graph("extend", self.drafter, st.dkv.identity(), x,
+                                     (mode, sl.start, sl.stop, nxt.shape[1]), forward, allowed=self.tables_here)
             got = got or forward(x)
             sub.length = got["length"]
             st.dkv.put(sl, sub)
@@ -539,14 +545,8 @@ class DecodeLoop:
                               x["root_tokens"], shape)
             return {k: getattr(tree, k) for k in DRAFT_FIELDS}
         x = {"length": kv.length, "r_root": st.r_root[sl], "root": root, "root_tokens": root_tok}
-        graphs = self.graphs.get("draft")
-        if graphs is not None and self.tables_here and graphs.usable(self.drafter):
-            got = graphs.run(st.dkv.identity(), x, key, forward)
-            if got is not None:
-                return got
-        if graphs is not None:
-            graphs.counts["eager"] += 1
-        return forward(x)
+        return self._by_graph("draft", self.drafter, st.dkv.identity(), x, key, forward,
+                              allowed=self.tables_here) or forward(x)
 
     def _round(self, st, tkv):
         with self._phase("draft"):
@@ -602,15 +602,11 @@ class DecodeLoop:
             out = {"accepted": res.accepted, "path": res.path, "bonus": res.bonus, "exp": exp}
             return {**out, "ok": ok} if unsynced else out
         x = {**part, "coin_row": st.coin_row[sl], "root": root[sl], "final": logits.final}
-        got, graphs = None, self.graphs.get("accept")
-        if graphs is not None:
-            if self._graphs("accept", logits.model) is not None:
-                got = graphs.run(st.dkv.identity(), x, (shape.name, sl.start, sl.stop), forward)
-            if got is not None and not bool(got["ok"]):
-                self.counts["accept_pivots_deeper"] += 1
-                got = None
-            if got is None:
-                graphs.counts["eager"] += 1
+        got = self._by_graph("accept", logits.model, st.dkv.identity(), x, (shape.name, sl.start, sl.stop), forward)
+        if got is not None and not bool(got["ok"]):           # a pivot past what the graph searched
+            self.counts["accept_pivots_deeper"] += 1
+            self.graphs["accept"].counts["eager"] += 1
+            got = None
         got = got or forward(x, unsynced=False)
         return SampledRound(got["accepted"], got["path"], got["bonus"]), got["exp"]
 
@@ -634,7 +630,10 @@ class DecodeLoop:
         live = ~_queued(st.done, self.dev)
         fixed = self._dense() and all(isinstance(x, BufferLayer) for x in cache_layers(tkv.cache))
         keep = torch.where(live[:, None], path, -1)
-        length = self._commit_target(tkv, keep) if fixed else commit(tkv, keep)     # commit: None (it crops)
+        if fixed:
+            length = self._commit_target(tkv, keep)          # cropped below, from the round's one host copy
+        else:
+            commit(tkv, keep)
         drafts = t["tokens"].gather(-1, path[:, 1:].clamp(min=0))                 # [B, S]
         emitted = torch.cat([drafts, torch.zeros_like(drafts[:, :1])], -1)
         emitted.scatter_(-1, a[:, None], res.bonus.to(self.dev)[:, None])         # drafts, then the bonus
@@ -663,13 +662,8 @@ class DecodeLoop:
         def forward(x: dict) -> dict:
             return {"length": commit_fixed(replace(tkv, length=x["length"]), x["path"], x["block"])}
         x = {"path": path, "length": tkv.length, "block": _queued(torch.tensor([tkv.block]), tkv.length.device)}
-        got, graphs = None, self.graphs.get("commit")
-        if graphs is not None:
-            if self._graphs("commit", self.model) is not None:
-                got = graphs.run(stamps(tkv.cache), x, tuple(path.shape), forward)
-            if got is None:
-                graphs.counts["eager"] += 1
-        return (got or forward(x))["length"]
+        return (self._by_graph("commit", self.model, stamps(tkv.cache), x, tuple(path.shape), forward)
+                or forward(x))["length"]
 
     # ---- finishing rows ------------------------------------------------------------------
     def _retire(self, st, tkv, prompts, max_new_tokens) -> _Rows:

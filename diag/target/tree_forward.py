@@ -235,10 +235,8 @@ def commit(kv: TargetKV, path: torch.Tensor) -> None:
             t = getattr(layer, name)                                                 # [B, H, L, d]
             r, a, b = rows.to(t.device), src.to(t.device), dst.to(t.device)
             t[r, :, b] = t[r, :, a]
-    kv.length = kv.length + keep.sum(-1)
-    top = int(kv.length.max())
-    for layer in cache_layers(kv.cache):
-        crop_rows(layer, None, top)
+    length = kv.length + keep.sum(-1)
+    crop_committed(kv, length, int(length.max()))
 
 
 def commit_fixed(kv: TargetKV, path: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
