@@ -66,6 +66,11 @@ def register(sub) -> None:
                    help="a rank silent this long (no heartbeat) is taken as dead and the run stops (default 300)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--strict", action="store_true", help="exit 1 when a verdict is an error")
+    p.add_argument("--watch", action="store_true",
+                   help="after the report, run again each time the case file (or its prompts) changes, the "
+                        "target kept loaded (Ctrl-C ends)")
+    p.add_argument("--keep-targets", type=int, default=1, metavar="N",
+                   help="with --watch: models kept loaded between runs, one per regime (default 1)")
     _server_flags(g := p.add_argument_group("the live server (reconcile with what it emitted; case [server])"))
     g.add_argument("--server", metavar="URL", help="probe this live server first (diag probe, into OUT-server/), "
                    "then reconcile with its answers")
@@ -189,13 +194,9 @@ def checked(case: Case, a) -> Case:
                         found=err.found, hint=err.hint) from err
 
 
-def run(a) -> int:
-    from diag.run.pipeline import run_case
-    from diag.report.terminal import summary_table
-    from diag.report.outdir import check_out_dir
-    from diag.checkpoint.cache_dir import check_cache_dir
-    from diag.report.writer import write_report
-
+def case_of(a) -> Case:
+    """The case the flags ask for: a case file (the demo's when none) or --target/--drafter,
+    with the command line's overrides, checked."""
     if a.target or a.drafter:
         case = apply_overrides(case_from_flags(a), a)
     else:
@@ -205,14 +206,50 @@ def run(a) -> int:
     require_gpus(case.placement.gpus, file=case.source, gpu_memory=case.placement.gpu_memory,
                  field="--gpus (placement.gpus)" if a.gpus is not None else "placement.gpus",
                  memory_field="--gpu-memory (placement.gpu_memory)" if a.gpu_memory else "placement.gpu_memory")
-    out = Path(a.out) if a.out else Path("reports") / case.name
-    check_out_dir(out)                  # before any weight is loaded
+    return case
+
+
+def out_of(a, case: Case) -> Path:
+    return Path(a.out) if a.out else Path("reports") / case.name
+
+
+def report(a, run_result) -> int:
+    """Write the run's report, print its summary; the exit code (--strict: 1 on an error verdict)."""
+    from diag.report.terminal import summary_table
+    from diag.report.writer import write_report
+
+    path, rep = write_report(run_result, out_of(a, run_result.case), argv=["diag", *sys.argv[1:]])
+    print(summary_table(rep))
+    print(f"\nreport: {path / 'report.md'}  (json: {path / 'report.json'})")
+    return 1 if a.strict and any(v["severity"] == "error" for v in rep["verdicts"]) else 0
+
+
+def _checked_out(a, case: Case) -> Case:
+    from diag.report.outdir import check_out_dir
+    check_out_dir(out_of(a, case))
+    return case
+
+
+def run(a) -> int:
+    from diag.run.pipeline import run_case
+    from diag.report.outdir import check_out_dir
+    from diag.checkpoint.cache_dir import check_cache_dir
+
+    if getattr(a, "watch", False):
+        from diag.cli.watch import check_watch
+        check_watch(a)
+    case = case_of(a)
+    check_out_dir(out_of(a, case))      # before any weight is loaded
     _launch(a)                          # a world that cannot be: before the probe, before any load
     if getattr(a, "server", None):
         from diag.cli.probe import probe_for_run
-        case = probe_for_run(case, a, out)
+        case = probe_for_run(case, a, out_of(a, case))
     if not a.no_cache:
         check_cache_dir()
+    if getattr(a, "watch", False):
+        from diag.cli.watch import watch
+        return watch(case, lambda: _checked_out(a, case_of(a)), lambda c: report(
+            a, run_case(c, progress=not a.quiet, use_cache=not a.no_cache)), keep=a.keep_targets)
     launch = _launch(a)
     if launch is None:
         run_result = run_case(case, progress=not a.quiet, use_cache=not a.no_cache)
@@ -222,12 +259,7 @@ def run(a) -> int:
                                      stale_s=a.rank_timeout)
     if run_result is None:
         return 0                        # a rank other than 0: rank 0 writes the one report
-    path, rep = write_report(run_result, out, argv=["diag", *sys.argv[1:]])
-    print(summary_table(rep))
-    print(f"\nreport: {path / 'report.md'}  (json: {path / 'report.json'})")
-    if a.strict and any(v["severity"] == "error" for v in rep["verdicts"]):
-        return 1
-    return 0
+    return report(a, run_result)
 
 
 def _launch(a):

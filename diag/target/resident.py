@@ -1,0 +1,103 @@
+"""Targets kept loaded between runs of one process: `diag run --watch` (the case edited and run
+again), the GPU bench's repeat runs, any caller of run_case inside `kept()`.
+
+Inside `with kept():` a run that would load a checkpoint takes the model an earlier run of the
+same block loaded, when nothing that decides its weights changed (`Key`): the files (stat_key of
+config.json and of every weight file, so a shard rewritten in place loads again), the dtype, the
+regime (a quantizer rewrites the weights), the placement (the device map) and the engine
+numerics (patched layers). At most `capacity` models are held, one by default (Kimi fills 8
+GPUs): taking another drops the oldest first, so two never sit in memory at once. Outside the
+block every run loads its own model and frees it, as before.
+
+Worked example: run 1 loads /ckpt as-loaded, bf16, gpus=1, transformers numerics (40 s) and the
+block holds it; the user adds a layout to the case; run 2 asks for the same Key and takes the held
+model (0 s; the run's timings say target_kept 1). Run 3's case adds the regime w4a16-g128: its
+as-loaded pass is cached, so only the w4a16 model is asked for, and with capacity 1 the held
+as-loaded model is dropped before the w4a16 one loads.
+This module knows files' stats and models' lifetimes; nothing about cases or runs.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections import OrderedDict
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+
+from diag.checkpoint.identity import stat_key
+
+WEIGHT_GLOBS = ("config.json", "*.safetensors", "*.safetensors.index.json")
+
+
+@dataclass(frozen=True)
+class Key:
+    """What decides a loaded model's weights, as plain strings."""
+    files: tuple[str, ...]         # repr(stat_key) of config.json and each weight file, sorted
+    dtype: str
+    regime: str
+    placement: str                 # repr of the device map
+    numerics: str
+
+    @classmethod
+    def make(cls, checkpoint: Path, dtype, regime: str, placement, numerics: str) -> "Key":
+        names = sorted({p for g in WEIGHT_GLOBS for p in Path(checkpoint).glob(g)})
+        files = tuple(repr(sorted(stat_key(p).items())) for p in names)
+        return cls(files, str(dtype), regime, repr(placement), numerics)
+
+
+class Held:
+    """Up to `capacity` models by Key, oldest first."""
+
+    def __init__(self, capacity: int):
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1, got {capacity}")
+        self.capacity, self.models = capacity, OrderedDict()
+        self.taken = self.loaded = 0
+
+    def take(self, key: Key, load: Callable[[], object]) -> tuple[object, bool]:
+        """(the model, whether it was already held); a miss makes room before it loads."""
+        if key in self.models:
+            self.models.move_to_end(key)
+            self.taken += 1
+            return self.models[key], True
+        while len(self.models) >= self.capacity:
+            self.models.popitem(last=False)
+            _release()
+        model = load()
+        self.models[key] = model
+        self.loaded += 1
+        return model, False
+
+    def clear(self) -> None:
+        self.models.clear()
+        _release()
+
+
+def _release() -> None:
+    """Free what a dropped model held before another is read."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+_HELD: list[Held] = []               # the innermost kept() block's, if any
+
+
+def current() -> Held | None:
+    return _HELD[-1] if _HELD else None
+
+
+@contextmanager
+def kept(capacity: int = 1) -> Iterator[Held]:
+    """Runs inside share their loaded targets; every model is dropped when the block ends."""
+    held = Held(capacity)
+    _HELD.append(held)
+    try:
+        yield held
+    finally:
+        _HELD.remove(held)
+        held.clear()
