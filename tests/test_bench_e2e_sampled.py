@@ -40,6 +40,17 @@ def test_sampled_extrapolation_worked_example():
     assert fast["further_reload_s"] == 0 and fast["further_sampled_variant_s"] == pytest.approx(0.5 + 0.5 + 0.59)
     assert fast["goals"]["first_sampled_verdict_after_load_s"]["met"]      # 100 + 6 + 5.9
     assert fast["goals"]["further_sampled_variant_s"]["met"]
+    assert "further_sampled_variant_kept_s" not in x and "further_sampled_variant_kept_s" not in x["goals"]
+    kept = sampled_extrapolation({**e2e, "one_more_layout_kept": {"wall_s": 3.1, "sampled_s": 2.0,
+                                                                  "sampled_rounds": 180, "target_kept": 1}},
+                                 (3.49e-3, 0.0, "decode slope"), 216.0, 599.5e9, 15.5e9)
+    assert kept["further_sampled_variant_kept_s"] == pytest.approx(1.1 + 2.0 + 59 * 3.49e-3 * 180)
+    assert kept["further_sampled_variant_kept_s"] == pytest.approx(40.17, abs=0.01)     # the docstring's 40.2
+    assert kept["further_kept_rest_s"] == pytest.approx(1.1) and kept["further_kept_targets"] == 1
+    assert kept["goals"]["further_sampled_variant_kept_s"] == {"value": kept["further_sampled_variant_kept_s"],
+                                                               "limit": 10.0, "met": False}
+    assert kept["terms"]["further_sampled_variant_kept_s"].endswith("= 40.2 s (the target kept loaded)")
+    assert kept["further_sampled_variant_s"] == x["further_sampled_variant_s"]      # the new process's, unchanged
     tokens = {**e2e, "first": {"sampled_s": 60.0, "sampled_rounds": 1200, "sampled_verified_tokens": 96000}}
     with_b = sampled_extrapolation(tokens, (3.49e-3, 20e-6, "fit"), 216.0, 599.5e9, 15.5e9)
     gained = with_b["first_sampled_s"] - x["first_sampled_s"]
@@ -119,6 +130,11 @@ def test_sampled_goal_rows_render_and_stay_away_without_a_sampled_run():
     assert ("| Kimi 61 layers, 8 GPUs, T=1.0 top-p 0.95: first sampled verdict after the load (s, extrapolated) "
             "| 523 | <= 300 | NOT met |") in lines
     assert "each further sampled variant, the repeat run in all (s, extrapolated) | 8.25 | <= 10 | met |" in lines
+    assert "target kept loaded" not in lines                  # an e2e run made before the kept run existed
+    x["sampled"]["further_sampled_variant_kept_s"] = 31.4
+    lines = "\n".join(goal_lines({"kind": "gpu", "sections": {"extrapolation": x}}))
+    assert ("each further sampled variant, the target kept loaded (diag run --watch; s, extrapolated) | 31.4 | "
+            "<= 10 | NOT met |") in lines
     greedy_x = {"first_verdict_after_load_s": 216.0}
     greedy_only = "\n".join(goal_lines({"kind": "gpu", "sections": {"extrapolation": greedy_x}}))
     assert "sampled" not in greedy_only and "first verdict after the load" in greedy_only
@@ -167,6 +183,13 @@ def test_end_to_end_under_sampling_records_what_the_sampled_verdict_costs(tmp_pa
     assert s["first_seconds_per_round"] == pytest.approx(first["sampled_s"] / first["sampled_rounds"])
     assert s["further_lanes_decoded"] == 4 and s["further_rounds"] == more["sampled_rounds"]
     assert s["sampled_accept_length_min"] > 1.0 and s["greedy_accept_length_min"] > 1.0
+    kept = e2e["one_more_layout_kept"]           # the same case on the first run's target, first
+    assert kept["layout"] == e2e["one_more_layout"]["layout"]
+    assert kept["target_kept"] == 1 and "target_load_s" not in kept and more["target_load_s"] > 0
+    assert "target_kept" not in more               # its cache writes were undone: it decoded the same again
+    assert (kept["sampled_trees_decoded"], kept["sampled_lanes"], kept["sampled_rounds"]) == (
+        1, 4, more["sampled_rounds"])
+    assert s["further_kept_targets"] == 1 and s["further_kept_variant_s"] == kept["sampled_s"]
 
 
 def test_e2e_prompt_ids_are_the_runs_prompts_cut_to_the_shortest(tmp_path):

@@ -13,7 +13,11 @@ cache, which is what every further layout x tree costs.
                is what a repeat run pays before its passes (goal REPEAT_GOALS: <= 2 s)
   one more     the cached case with one more layout over the captured points: the passes and
   layout       every other variant from the caches, only the new layout's trees replayed
-               (goal: <= 5 s for the whole run, report included)
+               (goal: <= 5 s for the whole run, report included); the target loaded again,
+               as a new `diag run` process loads it
+  one more     run first, the same case inside the first run's target/resident.kept() block: on the
+  layout kept  target the first run loaded, as `diag run --watch` keeps it (target_kept); the cache
+               files it wrote are then removed, so the one-more-layout run decodes the same again
 
 `evaluate` overrides any EvaluateSpec field (the CLI: `--e2e-evaluate KEY=JSON`); `decoding`
 any DecodingSpec field, the case's [decoding] (the CLI: `--e2e-decoding KEY=JSON`, or
@@ -26,6 +30,7 @@ With a sampled decoding the result's `sampled` says what the sampled verdict cos
                          (the new layout on the primary tree) costs. The sampled cache answers a
                          variant only beside the lanes it was decoded with, so that loop decodes
                          its tree's other lanes again: further_lanes_decoded says how many
+  further_kept_*         the kept run's: its loop and wall on the loaded target, target_kept models taken
   *_seconds_per_round    each run's decode seconds / its rounds (one verify forward of a batch)
   *_accept_length_min    the first run's sampled and greedy evaluations' worst accept length
 Worked example: first run sampled_s 60 s over 1,200 rounds (0.05 s a round); one more layout
@@ -43,6 +48,7 @@ from pathlib import Path
 
 from diag.bench.disk import drop_page_cache
 from diag.checkpoint.headers import shard_files
+from diag.target.resident import kept
 
 TREES = ("chain-1", "chain-3", "chain-5", "s3-k4-d5", "s3-k4-d8", "s3-k8-d16")
 SAMPLED = {"temperature": [1.0], "top_p": [0.95]}      # Kimi-K2.5's thinking-mode decoding
@@ -100,6 +106,17 @@ def kimi_case(target: Path, drafter: Path, layouts: list[str], *, prompts: Path,
                 evaluate=ev, placement=PlacementSpec(gpus=gpus), decoding=dec)
 
 
+def _undone(cache: Path, run):
+    """run(), then every file it created under the cache removed: the next run meets the cache
+    as it was (the one-more-layout run decodes what the kept run decoded, from the same state)."""
+    before = {p for p in cache.rglob("*") if p.is_file()}
+    try:
+        return run()
+    finally:
+        for p in {p for p in cache.rglob("*") if p.is_file()} - before:
+            p.unlink()
+
+
 def _one_run(case, out: Path) -> dict:
     from diag.report.writer import write_report
     from diag.run.pipeline import run_case
@@ -146,17 +163,21 @@ def end_to_end(target: Path, drafter: Path, trained_layout: str, layers: int, wo
         dropped = drop_page_cache(shard_files(Path(target)), whole_machine=whole_machine)
         head = {"layers": layers, "layouts": lays, "trees": list(case.evaluate.trees),
                 "max_new_tokens": max_new_tokens, "cache_drop": dropped, **({"drafter": drafter_note} if drafter_note else {})}
-        first = _one_run(case, Path(workdir) / "e2e-first")
-        log(f"[bench] e2e first run: {first}")
-        if partial is not None:
-            partial({**head, "first": first, "incomplete": "the cached and one-more-layout runs did not finish"})
-        again = _one_run(case, Path(workdir) / "e2e-cached")
-        if partial is not None:
-            partial({**head, "first": first, "cached": again, "incomplete": "the one-more-layout run did not finish"})
-        log(f"[bench] e2e cached run: checks_s {again['checks_s']:.3f} (goal <= 2), drafter_s "
-            f"{again['drafter_s']:.3f}, {again['evaluations_replayed']} of {again['evaluations']} replayed, "
-            f"wall_s {again['wall_s']:.3f}")
-        more_case = replace(case, evaluate=replace(case.evaluate, layouts=(*lays, one_more_layout(lays))))
+        with kept():                      # what `diag run --watch` keeps loaded between the runs
+            first = _one_run(case, Path(workdir) / "e2e-first")
+            log(f"[bench] e2e first run: {first}")
+            if partial is not None:
+                partial({**head, "first": first, "incomplete": "the cached and one-more-layout runs did not finish"})
+            again = _one_run(case, Path(workdir) / "e2e-cached")
+            if partial is not None:
+                partial({**head, "first": first, "cached": again, "incomplete": "the one-more-layout runs did not finish"})
+            log(f"[bench] e2e cached run: checks_s {again['checks_s']:.3f} (goal <= 2), drafter_s "
+                f"{again['drafter_s']:.3f}, {again['evaluations_replayed']} of {again['evaluations']} replayed, "
+                f"wall_s {again['wall_s']:.3f}")
+            more_case = replace(case, evaluate=replace(case.evaluate, layouts=(*lays, one_more_layout(lays))))
+            kept_run = _undone(cache, lambda: _one_run(more_case, Path(workdir) / "e2e-one-more-layout-kept"))
+        log(f"[bench] e2e.one_more_layout_kept (the target kept loaded): {kept_run['wall_s']:.3f} s in all, "
+            f"target_kept {kept_run.get('target_kept', 0)}")
         more = _one_run(more_case, Path(workdir) / "e2e-one-more-layout")
         log(f"[bench] e2e.one_more_layout: {more['wall_s']:.3f} s in all (goal <= 5), "
             f"{more['evaluations_replayed']} of {more['evaluations']} replayed")
@@ -168,13 +189,14 @@ def end_to_end(target: Path, drafter: Path, trained_layout: str, layers: int, wo
             "token_budget": case.evaluate.token_budget,
             "first": first, "cached": again, "cached_seconds_per_variant": per_variant,
             "first_verdict_after_load_s": first["wall_s"] - first.get("target_load_s", 0.0),
-            "one_more_layout": {**more, "layout": one_more_layout(lays)}}
+            "one_more_layout": {**more, "layout": one_more_layout(lays)},
+            "one_more_layout_kept": {**kept_run, "layout": one_more_layout(lays)}}
     out["repeat_goals"] = goals(out)
     if drafter_note:
         out["drafter"] = drafter_note
     if "sampled_s" in first:
         out["decoding"] = decoding
-        out["sampled"] = sampled_figures(first, more)
+        out["sampled"] = sampled_figures(first, more, kept_run)
         log(f"[bench] e2e sampled: {out['sampled']}")
     return out
 
@@ -184,10 +206,15 @@ def _per_round(run: dict) -> float | None:
     return run["sampled_s"] / rounds if rounds else None
 
 
-def sampled_figures(first: dict, more: dict) -> dict:
+def sampled_figures(first: dict, more: dict, kept_run: dict | None = None) -> dict:
     """What the sampled verdict costs (module docstring), from the first and the one-more-layout
-    runs' timings: {"first_sampled_s", "further_variant_s", "seconds_per_round", ...}."""
-    return {"first_sampled_s": first["sampled_s"], "first_rounds": first.get("sampled_rounds", 0),
+    runs' timings: {"first_sampled_s", "further_variant_s", "seconds_per_round", ...}; with the
+    kept run's, further_kept_*: the same on the target the first run loaded (`diag run --watch`)."""
+    kept_figures = {} if kept_run is None else {
+        "further_kept_variant_s": kept_run.get("sampled_s", 0.0), "further_kept_rounds": kept_run.get("sampled_rounds", 0),
+        "further_kept_wall_s": kept_run["wall_s"], "further_kept_target_load_s": kept_run.get("target_load_s", 0.0),
+        "further_kept_targets": kept_run.get("target_kept", 0)}
+    return {**kept_figures, "first_sampled_s": first["sampled_s"], "first_rounds": first.get("sampled_rounds", 0),
             "first_verified_tokens": first.get("sampled_verified_tokens", 0),
             "further_verified_tokens": more.get("sampled_verified_tokens", 0),
             "first_trees_decoded": first.get("sampled_trees_decoded", 0), "first_lanes": first.get("sampled_lanes", 0),

@@ -203,7 +203,8 @@ def extrapolate(e2e: dict, grown: dict, load: dict, shard_bytes: list[int], *, b
             "first_verdict_without_step_costs_s": "[speedup] measure = false, or the server's costs given"}}
 
 
-SAMPLED_GOALS = {"first_sampled_verdict_after_load_s": 300.0, "further_sampled_variant_s": 10.0}   # s, at most
+SAMPLED_GOALS = {"first_sampled_verdict_after_load_s": 300.0, "further_sampled_variant_s": 10.0,
+                 "further_sampled_variant_kept_s": 10.0}   # s, at most (the kept one: a run with one)
 
 
 def round_cost(grown: dict, decode_slope: float, batch: int) -> tuple[float, float, str]:
@@ -234,6 +235,8 @@ def sampled_extrapolation(e2e: dict, cost: tuple[float, float, str], greedy_verd
                            + its decode at 61 layers + its load at 61 layers (the repeat run loads
                            the target again when a loop misses the sampled cache, at its measured
                            rate: load_s * kimi_bytes / measured checkpoint bytes)
+      further variant kept = the same without the reload, from the run on the kept target
+                           (_kept_variant: `diag run --watch`)
     Worked example, K 2, a 3.49 ms, b 0: first run sampled_s 60 s over 1,200 rounds ->
     60 + 59 * 0.00349 * 1200 = 307.1 s; greedy verdict 216 s -> first sampled verdict 523.1 s
     (goal 300: not met). One more layout: 9 s over 180 rounds -> 9 + 59 * 0.00349 * 180 = 46.1 s;
@@ -268,8 +271,6 @@ def sampled_extrapolation(e2e: dict, cost: tuple[float, float, str], greedy_verd
            "further_sampled_variant_s": rest + reload_61 + more_61,
            "further_decode_if_all_per_layer_s": more.get("sampled_s", 0.0) * KIMI_LAYERS / k,
            "slope": slope_name}
-    out["goals"] = {key: {"value": out[key], "limit": limit, "met": out[key] <= limit}
-                    for key, limit in SAMPLED_GOALS.items()}
     out["terms"] = {"first_sampled_verdict_after_load_s": f"greedy verdict {greedy_verdict:.1f} + sampled "
                                                           f"{first_61:.1f} = {greedy_verdict + first_61:.1f} s",
                     "further_sampled_variant_s": f"checks, replay and report {rest:.1f} + reload {reload_61:.1f} "
@@ -278,10 +279,33 @@ def sampled_extrapolation(e2e: dict, cost: tuple[float, float, str], greedy_verd
                        "further_reload_s": f"{load:.4g} s * {kimi_total:.4g} B / {measured_bytes:.4g} B",
                        "further_rest_s": "the one-more-layout run's wall_s - sampled_s - target_load_s, as measured",
                        "first_sampled_if_all_per_layer_s": f"{first.get('sampled_s', 0.0):.4g} * 61 / {k}"}
+    out.update(_kept_variant(e2e.get("one_more_layout_kept"), grown, out))
+    out["goals"] = {key: {"value": out[key], "limit": limit, "met": out[key] <= limit}
+                    for key, limit in SAMPLED_GOALS.items() if key in out}
     if copy_bytes_per_s:
         out["floors"] = {"first": round_floors(out["first_rounds"], kimi_total, copy_bytes_per_s),
                          "further": round_floors(out["further_rounds"], kimi_total, copy_bytes_per_s)}
     return out
+
+
+def _kept_variant(kept: dict | None, grown, out: dict) -> dict:
+    """The further variant on the target the first run kept loaded (`diag run --watch`,
+    e2e's one_more_layout_kept): no reload; its checks, replay and report as measured, its decode
+    grown to 61 layers as the new-process run's. {} for an e2e run made before it existed.
+      further_sampled_variant_kept_s = (wall_s - sampled_s - target_load_s) + sampled_61
+    Worked example: 3.1 s of wall, 2.0 s of it the loop over 180 rounds, no load, a 3.49 ms
+    slope -> 1.1 + (2.0 + 59 * 0.00349 * 180) = 40.2 s."""
+    if not kept:
+        return {}
+    decode, formula = grown(kept)
+    rest = kept.get("wall_s", 0.0) - kept.get("sampled_s", 0.0) - kept.get("target_load_s", 0.0)
+    out["terms"]["further_sampled_variant_kept_s"] = (f"checks, replay and report {rest:.1f} + decode {decode:.1f} "
+                                                      f"= {rest + decode:.1f} s (the target kept loaded)")
+    out["formulas"]["further_kept_decode_s"] = formula
+    return {"further_kept_decode_s": decode, "further_kept_rest_s": rest,
+            "further_kept_rounds": kept.get("sampled_rounds", 0),
+            "further_kept_targets": kept.get("target_kept", 0),
+            "further_sampled_variant_kept_s": rest + decode}
 
 
 def round_floors(rounds: int, kimi_total: float, copy_bytes_per_s: float, gpus: int = KIMI_GPUS) -> dict:
