@@ -10,13 +10,17 @@ conftest.py of a checkout registers it otherwise). Options, all under one prefix
 
 With none of them the built-in demo case runs (cases/demo.toml, the zoo pair). The session
 fixture `diag_run` returns a diag.assertions.DiagReport (report dict + directory); its
-report path is printed in the terminal summary. Markers: `gpu` (skipped without CUDA) and
+report path is printed in the terminal summary. `diag_variant(**sections)` runs the same case
+with some keys replaced (another decoding, trees, layouts), once per distinct variant; every
+run of a session shares one loaded target (target/resident.kept). Markers: `gpu` (skipped without CUDA) and
 `slow`. The plugin is thin: it parses options and constructs; running is pipeline.run_case,
 writing is report.writer, judging is diag.assertions.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -88,13 +92,45 @@ def run_and_write(case, out: Path, argv: list[str]) -> DiagReport:
 
 
 @pytest.fixture(scope="session")
-def diag_run(request) -> DiagReport:
+def _diag_kept():
+    """The session's target/resident.kept() block: every run of the session on one loaded target."""
+    from diag.target.resident import kept
+    with kept() as held:
+        yield held
+
+
+@pytest.fixture(scope="session")
+def diag_run(request, _diag_kept) -> DiagReport:
     """The session's diag report, run once: DiagReport(report=dict, path=report directory)."""
     config = request.config
     case = case_from_options(config)
     report = run_and_write(case, report_dir(config, case), ["pytest", *config.invocation_params.args])
     config.stash[REPORTS].append(report.path)
     return report
+
+
+@pytest.fixture(scope="session")
+def diag_variant(request, _diag_kept):
+    """The session's case with some keys replaced, each distinct variant run once a session, all
+    on the target the first run loaded: diag_variant(decoding={"temperature": 1.0, "top_p": 0.95},
+    evaluate={"trees": ["chain-3"]}) -> DiagReport, written beside diag_run's report under
+    -<8 hex digits of the variant>."""
+    from diag.run.case import check_case, with_fields
+
+    config, runs = request.config, {}
+    base = case_from_options(config)
+
+    def variant(**sections) -> DiagReport:
+        key = json.dumps(sections, sort_keys=True)
+        if key not in runs:
+            case = check_case(with_fields(base, sections, "diag_variant(...)"))
+            tag = hashlib.sha256(key.encode()).hexdigest()[:8]
+            out = report_dir(config, base)
+            runs[key] = run_and_write(case, out.with_name(f"{out.name}-{tag}"),
+                                      ["pytest", *config.invocation_params.args, f"diag_variant({key})"])
+            config.stash[REPORTS].append(runs[key].path)
+        return runs[key]
+    return variant
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:

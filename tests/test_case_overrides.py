@@ -61,3 +61,25 @@ def test_cli_run_checks_after_overrides_before_loading(case_file, tmp_path, caps
 def test_validate_checks_values(case_file, capsys):
     assert main(["validate", str(case_file)]) == 2
     assert "evaluate.layouts" in capsys.readouterr().err
+
+
+def test_with_fields_types_each_value_as_a_case_file_and_names_a_wrong_one(case_file):
+    """run/case.with_fields (the plugin's diag_variant): lists become tuples, a sweep key takes one
+    value or a list, other sections stay; an unknown section or key or a wrong type names it."""
+    from diag.run.case import with_fields
+
+    case = read_case(case_file)
+    got = with_fields(case, {"evaluate": {"layouts": ["embed+L2+L4"], "trees": ["chain-3", "s3-k4-d5"]},
+                             "decoding": {"temperature": 1.0, "top_p": [0.9, 0.95], "seeds": 2}}, "here")
+    assert got.evaluate.layouts == ("embed+L2+L4",) and got.evaluate.trees == ("chain-3", "s3-k4-d5")
+    assert got.decoding.temperature == (1.0,) and got.decoding.top_p == (0.9, 0.95) and got.decoding.seeds == 2
+    assert got.prompts == case.prompts and got.evaluate.modes == case.evaluate.modes
+    check_case(got)
+    for bad, field, found in (({"evalute": {}}, "evalute", "evalute"),
+                              ({"evaluate": {"tress": ["chain-3"]}}, "evaluate.tress", "tress"),
+                              ({"evaluate": {"trees": "chain-3"}}, "evaluate.trees", "'chain-3'"),
+                              ({"decoding": {"seeds": "2"}}, "decoding.seeds", "'2'"),
+                              ({"decoding": 1.0}, "decoding", "1.0")):
+        with pytest.raises(DiagError) as err:
+            with_fields(case, bad, "diag_variant(...)")
+        assert (err.value.field, err.value.found, err.value.file) == (field, found, "diag_variant(...)")

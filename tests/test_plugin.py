@@ -10,6 +10,11 @@ from pathlib import Path
 import pytest
 
 import tiny
+# Imported here, before any pytester run: runpytest_inprocess restores sys.modules after each inner
+# session, and a module first imported inside one would be imported again by the next, leaving the
+# pipeline (kept from an earlier import) and the plugin's kept() block on two copies of resident.py.
+from diag.run import target_passes
+from diag.target import resident  # noqa: F401
 
 pytest_plugins = ["pytester"]
 ROOT = Path(__file__).resolve().parents[1]
@@ -223,3 +228,39 @@ def test_measured_layout_mismatch_on_the_zoo_pair_fails_naming_both_layouts(pyte
     text = res.stdout.str()
     assert "serving layout L1+L3+L5 is not the trained layout embed+L2+L4" in text
     assert f"report: {out / 'report.md'}" in text
+
+
+def test_variants_run_once_each_on_the_sessions_one_loaded_target(pytester, pair, tmp_path, monkeypatch):
+    """diag_variant: the session's case with keys replaced, each distinct variant run once; the
+    sampled variant decodes on the target diag_run loaded (one load in the session); a key the
+    case has not is an error naming it."""
+    monkeypatch.setenv("DIAG_CACHE_DIR", str(tmp_path / "cache"))       # this session's first load is its own
+    loads = []
+    real = target_passes.load_target
+    monkeypatch.setattr(target_passes, "load_target", lambda path, **kw: (loads.append(str(path)), real(path, **kw))[1])
+    pytester.makepyfile(test_suite="""
+        SEEN = {}
+        SAMPLED = {"temperature": 1.0, "top_p": 0.9, "seeds": 1}
+        def test_greedy(diag_run):
+            assert {e["decoding"] for e in diag_run["evaluations"]} == {"greedy"}
+        def test_sampled(diag_variant):
+            SEEN["s"] = rep = diag_variant(decoding=SAMPLED)
+            assert "greedy" in {e["decoding"] for e in rep["evaluations"]} != {"greedy"}
+            assert rep["timings"]["target_kept"] == 1 and "target_load_s" not in rep["timings"]
+        def test_sampled_again(diag_variant):
+            assert diag_variant(decoding=dict(SAMPLED)) is SEEN["s"]
+        def test_trees(diag_variant):
+            rep = diag_variant(evaluate={"trees": ["chain-3"]})
+            assert {e["tree"] for e in rep["evaluations"]} == {"chain-3"}
+        def test_misspelt(diag_variant):
+            diag_variant(evaluate={"tress": ["chain-3"]})
+    """)
+    out = pytester.path / "rep"
+    res = run(pytester, "--diag-case", str(pair["matched"]), "--diag-report-dir", str(out))
+    res.assert_outcomes(passed=4, failed=1)
+    text = res.stdout.str()
+    assert "evaluate.tress" in text and "diag_variant(...)" in text
+    assert len(loads) == 1
+    written = sorted(p.name for p in pytester.path.iterdir() if p.name.startswith("rep"))
+    assert len(written) == 3 and written[0] == "rep" and all(len(w) == len("rep-") + 8 for w in written[1:])
+    assert text.count("diag report:") == 3

@@ -227,6 +227,30 @@ def _section(cls, data: dict, where: str, name: str):
                         found="missing") from err
 
 
+def with_fields(case: Case, sections: dict, where: str) -> Case:
+    """The case with some sections' keys replaced, each value typed as in a case file:
+    {"evaluate": {"trees": ["chain-3"]}, "decoding": {"temperature": 1.0}} (a sweep key takes one
+    value or a list). An unknown section or key, or a value of the wrong type, is an error naming
+    it, `where` saying who asked; the values themselves are check_case's."""
+    out = {}
+    for name, values in sections.items():
+        if name not in _SECTIONS:
+            raise DiagError("unknown case section", file=where, field=name,
+                            expected=f"one of {sorted(_SECTIONS)}", found=name)
+        if not isinstance(values, dict):
+            raise DiagError("case section must be a table", file=where, field=name,
+                            expected="a dict of its keys", found=repr(values))
+        known = {f.name: f for f in fields(_SECTIONS[name])}
+        for key in sorted(set(values) - set(known)):
+            raise DiagError("unknown key in case file", file=where, field=f"{name}.{key}",
+                            expected=f"one of {sorted(known)}", found=key)
+        sweep = _SWEEPS.get(name, ())
+        typed = {k: _typed([v] if k in sweep and not isinstance(v, list) else v, str(known[k].type), where,
+                           f"{name}.{k}") for k, v in values.items()}
+        out[name] = replace(getattr(case, name), **typed)
+    return replace(case, **out)
+
+
 def parse_case(data: dict, source: str) -> Case:
     unknown = sorted(set(data) - _TOP)
     if unknown:
