@@ -41,6 +41,18 @@ def kimi_cpu(kimi_small):
 
 
 @pytest.fixture
+def target_loads(tmp_path, monkeypatch):
+    """The path of each target a run loads (run/target_passes' load_target), in a cache of the
+    test's own ($DIAG_CACHE_DIR under tmp_path), so the test's first run loads."""
+    from diag.run import target_passes
+
+    monkeypatch.setenv("DIAG_CACHE_DIR", str(tmp_path / "cache"))
+    loads, real = [], target_passes.load_target
+    monkeypatch.setattr(target_passes, "load_target", lambda path, **kw: (loads.append(str(path)), real(path, **kw))[1])
+    return loads
+
+
+@pytest.fixture
 def sigint_delivered():
     """SIGINT raises KeyboardInterrupt in the test, however the suite was started (signals.py)."""
     with signals.delivered():

@@ -13,7 +13,7 @@ import tiny
 # Imported here, before any pytester run: runpytest_inprocess restores sys.modules after each inner
 # session, and a module first imported inside one would be imported again by the next, leaving the
 # pipeline (kept from an earlier import) and the plugin's kept() block on two copies of resident.py.
-from diag.run import target_passes
+from diag.run import target_passes  # noqa: F401
 from diag.target import resident  # noqa: F401
 
 pytest_plugins = ["pytester"]
@@ -230,14 +230,11 @@ def test_measured_layout_mismatch_on_the_zoo_pair_fails_naming_both_layouts(pyte
     assert f"report: {out / 'report.md'}" in text
 
 
-def test_variants_run_once_each_on_the_sessions_one_loaded_target(pytester, pair, tmp_path, monkeypatch):
+def test_variants_run_once_each_on_the_sessions_one_loaded_target(pytester, pair, target_loads):
     """diag_variant: the session's case with keys replaced, each distinct variant run once; the
     sampled variant decodes on the target diag_run loaded (one load in the session); a key the
     case has not is an error naming it."""
-    monkeypatch.setenv("DIAG_CACHE_DIR", str(tmp_path / "cache"))       # this session's first load is its own
-    loads = []
-    real = target_passes.load_target
-    monkeypatch.setattr(target_passes, "load_target", lambda path, **kw: (loads.append(str(path)), real(path, **kw))[1])
+    loads = target_loads                     # in a cache of its own: this session's first run loads
     pytester.makepyfile(test_suite="""
         SEEN = {}
         SAMPLED = {"temperature": 1.0, "top_p": 0.9, "seeds": 1}

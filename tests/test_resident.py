@@ -12,7 +12,6 @@ import pytest
 
 import tiny
 from diag.report.writer import write_report
-from diag.run import target_passes
 from diag.run.case import read_case
 from diag.run.pipeline import run_case
 from diag.target import resident
@@ -63,15 +62,6 @@ def test_a_shard_rewritten_in_place_is_another_key(tmp_path):
     assert resident.Key.make(tmp_path, "torch.bfloat16", "as-loaded", None, "transformers") != _key(tmp_path)
 
 
-@pytest.fixture
-def loads(tmp_path, monkeypatch):
-    monkeypatch.setenv("DIAG_CACHE_DIR", str(tmp_path / "cache"))
-    got = []
-    real = target_passes.load_target
-    monkeypatch.setattr(target_passes, "load_target", lambda path, **kw: (got.append(str(path)), real(path, **kw))[1])
-    return got
-
-
 def _case(tmp_path, name, layouts, regimes=("as-loaded",)):
     target = tmp_path / "t"
     if not target.exists():
@@ -92,7 +82,8 @@ def _report(run, out) -> str:
     return json.dumps(rep, indent=1)
 
 
-def test_a_kept_target_reports_what_a_loaded_one_does(tmp_path, loads):
+def test_a_kept_target_reports_what_a_loaded_one_does(tmp_path, target_loads):
+    loads = target_loads
     """Passes recomputed (no cache) and the sampled loop decoded on the model the first run
     loaded: the second case's report equals the same case run on its own load."""
     one = _case(tmp_path, "one", ["embed+L2+L3"])
@@ -108,7 +99,8 @@ def test_a_kept_target_reports_what_a_loaded_one_does(tmp_path, loads):
     assert _report(kept, tmp_path / "kept") == _report(alone, tmp_path / "alone")
 
 
-def test_a_rewritten_shard_or_another_regime_loads_again(tmp_path, loads):
+def test_a_rewritten_shard_or_another_regime_loads_again(tmp_path, target_loads):
+    loads = target_loads
     one = _case(tmp_path, "one", ["embed+L2+L3"])
     both = _case(tmp_path, "both", ["embed+L2+L3"], regimes=("as-loaded", "w4a16-g32"))
     with resident.kept() as held:

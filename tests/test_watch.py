@@ -9,21 +9,16 @@ import pytest
 import tiny
 from diag.cli import watch as watch_mod
 from diag.cli.main import main
-from diag.run import target_passes
 
 SPEEDUP = '[speedup]\nt_decode_ms = 20.0\nt_draft_ms = 1.5\nt_verify_ms = {"3" = 21.0}\n'
 
 
 @pytest.fixture
-def setup(tmp_path, monkeypatch):
-    monkeypatch.setenv("DIAG_CACHE_DIR", str(tmp_path / "cache"))
-    loads = []
-    real = target_passes.load_target
-    monkeypatch.setattr(target_passes, "load_target", lambda path, **kw: (loads.append(str(path)), real(path, **kw))[1])
+def setup(tmp_path, target_loads):
     case = tiny.write_case(tmp_path / "c.toml", tiny.make_target(tmp_path / "t"), tiny.make_drafter(tmp_path / "d"),
                            tiny.make_prompts(tmp_path / "p.jsonl", n=2), layouts=["embed+L2+L3"])
     case.write_text(case.read_text() + "[decoding]\ntemperature = 1.0\nseeds = 1\n" + SPEEDUP)
-    return case, loads
+    return case, target_loads
 
 
 def _layouts(out):
