@@ -80,23 +80,31 @@ def report_dir(config, case) -> Path:
     return Path(given) if given else Path(config.rootpath) / "reports" / f"pytest-{case.name}"
 
 
-def run_and_write(case, out: Path, argv: list[str]) -> DiagReport:
-    """Run a case and write its report directory; the report as the assertions read it."""
+def run_and_write(case, out: Path, argv: list[str], held=None) -> DiagReport:
+    """Run a case and write its report directory; the report as the assertions read it. `held`
+    (target/resident.Held): the models the run may take, and where its own load is kept."""
+    from contextlib import nullcontext
+
     from diag.run.pipeline import run_case
     from diag.report.outdir import check_out_dir
     from diag.report.writer import write_report
+    from diag.target.resident import using
 
     check_out_dir(out)
-    path, rep = write_report(run_case(case, progress=False), out, argv=argv)
+    with using(held) if held is not None else nullcontext():
+        run = run_case(case, progress=False)
+    path, rep = write_report(run, out, argv=argv)
     return DiagReport(rep, path)
 
 
 @pytest.fixture(scope="session")
 def _diag_kept():
-    """The session's target/resident.kept() block: every run of the session on one loaded target."""
-    from diag.target.resident import kept
-    with kept() as held:
-        yield held
+    """The models the plugin's runs keep loaded for the session (target/resident.Held), used only
+    around those runs: a test's own run_case calls load as they would without the plugin."""
+    from diag.target.resident import Held
+    held = Held(1)
+    yield held
+    held.clear()
 
 
 @pytest.fixture(scope="session")
@@ -104,7 +112,7 @@ def diag_run(request, _diag_kept) -> DiagReport:
     """The session's diag report, run once: DiagReport(report=dict, path=report directory)."""
     config = request.config
     case = case_from_options(config)
-    report = run_and_write(case, report_dir(config, case), ["pytest", *config.invocation_params.args])
+    report = run_and_write(case, report_dir(config, case), ["pytest", *config.invocation_params.args], _diag_kept)
     config.stash[REPORTS].append(report.path)
     return report
 
@@ -127,7 +135,7 @@ def diag_variant(request, _diag_kept):
             tag = hashlib.sha256(key.encode()).hexdigest()[:8]
             out = report_dir(config, base)
             runs[key] = run_and_write(case, out.with_name(f"{out.name}-{tag}"),
-                                      ["pytest", *config.invocation_params.args, f"diag_variant({key})"])
+                                      ["pytest", *config.invocation_params.args, f"diag_variant({key})"], _diag_kept)
             config.stash[REPORTS].append(runs[key].path)
         return runs[key]
     return variant

@@ -251,10 +251,13 @@ def test_variants_run_once_each_on_the_sessions_one_loaded_target(pytester, pair
             assert {e["tree"] for e in rep["evaluations"]} == {"chain-3"}
         def test_misspelt(diag_variant):
             diag_variant(evaluate={"tress": ["chain-3"]})
+        def test_a_tests_own_runs_load_as_without_the_plugin(diag_run):
+            from diag.target import resident
+            assert resident.current() is None
     """)
     out = pytester.path / "rep"
     res = run(pytester, "--diag-case", str(pair["matched"]), "--diag-report-dir", str(out))
-    res.assert_outcomes(passed=4, failed=1)
+    res.assert_outcomes(passed=5, failed=1)
     text = res.stdout.str()
     assert "evaluate.tress" in text and "diag_variant(...)" in text
     assert len(loads) == 1

@@ -92,12 +92,22 @@ def current() -> Held | None:
 
 
 @contextmanager
-def kept(capacity: int = 1) -> Iterator[Held]:
-    """Runs inside share their loaded targets; every model is dropped when the block ends."""
-    held = Held(capacity)
+def using(held: Held) -> Iterator[Held]:
+    """Runs inside take from and add to `held`; it outlives the block (the pytest plugin's
+    session holds one, used only around its own runs)."""
     _HELD.append(held)
     try:
         yield held
     finally:
         _HELD.remove(held)
+
+
+@contextmanager
+def kept(capacity: int = 1) -> Iterator[Held]:
+    """Runs inside share their loaded targets; every model is dropped when the block ends."""
+    held = Held(capacity)
+    try:
+        with using(held):
+            yield held
+    finally:
         held.clear()
