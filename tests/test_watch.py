@@ -74,6 +74,24 @@ def test_what_a_watch_cannot_do_is_refused_before_anything_loads(tmp_path, setup
     assert found in err and not loads and not (tmp_path / "r").exists()
 
 
+def test_stopped_during_a_run_says_the_report_is_the_last_complete_one(tmp_path, capsys):
+    from diag.run.case import read_case
+
+    case = tiny.write_case(tmp_path / "c.toml", tmp_path / "t", tmp_path / "d", tiny.make_prompts(tmp_path / "p.jsonl"))
+    runs = []
+
+    def once(c):
+        runs.append(c)
+        if len(runs) == 2:
+            raise KeyboardInterrupt            # Ctrl-C in the second run
+        return 0
+
+    code = watch_mod.watch(read_case(case), lambda: read_case(case), once, wait=lambda files, before: files[:1])
+    out = capsys.readouterr().out
+    assert code == 0 and len(runs) == 2
+    assert "[watch] stopped during a run: the report is the last complete run's" in out
+
+
 def test_a_change_is_seen_once_the_file_is_back(tmp_path):
     f = tmp_path / "c.toml"
     f.write_text("a")

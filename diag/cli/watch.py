@@ -90,13 +90,13 @@ def watch(first: Case, again: Callable[[], Case], once: Callable[[Case], int], *
     wait = wait or wait_for_change
     with kept(keep) as held:
         files, before = watched(first), stamps(watched(first))
-        code = once(first)
+        code, running = once(first), False
         try:
             while True:
                 changed = wait(files, before)
                 print(f"[watch] {', '.join(f.name for f in changed)} changed: running again "
                       f"({len(held.models)} target{'s' if len(held.models) != 1 else ''} kept loaded)", flush=True)
-                before = stamps(files)
+                before, running = stamps(files), True
                 try:
                     case = again()
                     files, before = watched(case), stamps(watched(case))
@@ -104,6 +104,8 @@ def watch(first: Case, again: Callable[[], Case], once: Callable[[Case], int], *
                 except DiagError as err:
                     print(f"diag run --watch: error: {err}", file=sys.stderr, flush=True)
                     print("[watch] the last report stays; waiting for the next change", flush=True)
+                running = False
         except KeyboardInterrupt:
-            print("\n[watch] stopped", flush=True)
+            print("\n[watch] stopped" + (" during a run: the report is the last complete run's" if running else ""),
+                  flush=True)
     return code
