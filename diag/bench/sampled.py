@@ -8,8 +8,13 @@ Per tree shape it reports
                          seed) / seconds of one teacher-forced pass over its sequences; the goal
                          is <= num_draft_tokens (one verify of D tokens per emitted token at worst)
   cost_in_passes_cpu     the same ratio of this process's CPU seconds (steadier on a shared machine)
+  seconds                the loop's wall, timed without a profile (the host prepares a step while
+                         the device runs the last, as in a run)
   phases                 where the loop's time goes: prefill, draft, verify_forward, accept
-                         (probabilities, the tree walk, the exact expectation), commit, retire
+                         (probabilities, the tree walk, the exact expectation), commit, retire; from
+                         the same loop run again with CUDA synchronised around each phase, which
+                         takes that overlap away: profiled_seconds, their sum and more
+                         (profiled_same_decode: both decoded alike)
   limit                  the phase that takes the most time
   <step>_graphs          each step's CUDA graphs (decode_loop.GRAPHED: draft, verify, accept, the
                          target cache's commit, the drafter's extend): buckets captured, rounds replayed, failure
@@ -67,12 +72,16 @@ def _one_tree(model, drafter, embed, head, lays, shape, prompts, max_new, token_
     of it moved chain-3's cost by a third between two runs of the same code (0.100 s, 0.150 s)."""
     warm, _, rows = bench_loop(model, drafter, embed, head, lays, shape, len(prompts))
     warm.run(prompts, rows, min(max_new, 2 * shape.num_steps + 2))
-    loop, lanes, rows = bench_loop(model, drafter, embed, head, lays, shape, len(prompts), profile=True)
+    timed, lanes, rows = bench_loop(model, drafter, embed, head, lays, shape, len(prompts))
     sync()
     t0, c0 = time.perf_counter(), time.process_time()
-    out = loop.run(prompts, rows, max_new)
+    out = timed.run(prompts, rows, max_new)
     sync()
     seconds, cpu_s = time.perf_counter() - t0, time.process_time() - c0
+    loop, _, _ = bench_loop(model, drafter, embed, head, lays, shape, len(prompts), profile=True)
+    t2 = time.perf_counter()
+    profiled = loop.run(prompts, rows, max_new)             # the phases: CUDA synchronised around each
+    profiled_s = time.perf_counter() - t2
     emitted = sum(len(o.ids) - len(prompts[o.prompt]) for o in out)
     seqs = [Sequence(f"r{i}", "bench", len(prompts[o.prompt]), torch.tensor(o.ids)) for i, o in enumerate(out)
             if o.lane is lanes[0]]
@@ -91,7 +100,9 @@ def _one_tree(model, drafter, embed, head, lays, shape, prompts, max_new, token_
     phases = {k: round(v, 4) for k, v in loop.seconds.items()}
     verify = _verify_bytes(model, head, loop, phases.get("verify_forward"))
     return {"tree": shape.name, "num_draft_tokens": shape.num_draft_tokens, "lanes": len(lanes),
-            "rows": len(rows), "seconds": seconds, "emitted_tokens": emitted,
+            "rows": len(rows), "seconds": seconds, "profiled_seconds": profiled_s,
+            "profiled_same_decode": [(o.accepted, o.ids) for o in profiled] == [(o.accepted, o.ids) for o in out],
+            "emitted_tokens": emitted,
             "tokens_per_second": emitted / seconds, "loop_rounds": loop.counts["rounds"],
             "verified_tokens": loop.counts["verified_tokens"],
             "accept_length": (emitted / rounds) if rounds else None,
@@ -100,7 +111,7 @@ def _one_tree(model, drafter, embed, head, lays, shape, prompts, max_new, token_
             "cpu_seconds": cpu_s, "pass_cpu_seconds": pass_cpu, "cost_in_passes_cpu": cpu_s / len(lanes) / pass_cpu,
             "goal_met": seconds / len(lanes) / pass_s <= shape.num_draft_tokens,
             "phases": phases, "limit": max(phases, key=phases.get) if phases else None,
-            **{f"{step}_graphs": _graphs(loop, step) for step in GRAPHED},
+            **{f"{step}_graphs": _graphs(loop, step) for step in GRAPHED},     # the profiled loop's (its phases')
             "accept_pivots_deeper": loop.counts.get("accept_pivots_deeper", 0), **verify}
 
 
