@@ -165,20 +165,22 @@ def test_the_generation_probe_takes_the_median_of_its_repeats(kimi_cpu, monkeypa
 
 def test_the_verify_once_its_graphs_are_captured():
     """verify_bandwidth's steady state: the verify phase less its graphs' captures, over the rounds
-    (each one replayed); a row whose graphs failed or did not replay every round gets none."""
+    that replayed (every other round a capture, whose outputs are its round's); a row whose graphs
+    failed or whose rounds ran eagerly gets none."""
     from diag.bench.sampled import replay_seconds_per_round, verify_bandwidth
 
     def row(**graphs):
         return {"loop_rounds": 62, "phases": {"verify_forward": 0.60}, "verify_seconds_per_round": 0.60 / 62,
                 "verify_bytes_per_round": 10.8e9, "verify_bytes_per_second": 10.8e9 * 62 / 0.60,
                 "verify_flops_per_round": 1e11, "verify_graphs": graphs}
-    good = row(captured=12, replayed=62, eager=12, capture_s=0.27, failure=None)
-    assert replay_seconds_per_round(good) == pytest.approx(0.33 / 62)
+    good = row(captured=5, replayed=57, eager=5, capture_s=0.27, failure=None)
+    assert replay_seconds_per_round(good) == pytest.approx(0.33 / 57) == pytest.approx(5.79e-3, abs=1e-5)
     assert replay_seconds_per_round(row(captured=1, replayed=30, capture_s=0.1, failure=None)) is None
-    assert replay_seconds_per_round(row(captured=1, replayed=62, capture_s=0.1, failure="RuntimeError: x")) is None
+    assert replay_seconds_per_round(row(captured=1, replayed=62, capture_s=0.1, failure=None)) is None
+    assert replay_seconds_per_round(row(captured=1, replayed=61, capture_s=0.1, failure="RuntimeError: x")) is None
     section = {"rows": [good, row(captured=1, replayed=3, capture_s=0.1, failure=None)]}
     verify_bandwidth(section, 3.0e12, 8e14)
-    assert good["verify_replay_fraction_of_copy_bandwidth"] == pytest.approx(10.8e9 / (0.33 / 62) / 3.0e12)
+    assert good["verify_replay_fraction_of_copy_bandwidth"] == pytest.approx(10.8e9 / (0.33 / 57) / 3.0e12)
     assert "verify_replay_seconds_per_round" not in section["rows"][1]
     assert section["verify_replay_fraction_of_copy_bandwidth_min"] == good["verify_replay_fraction_of_copy_bandwidth"]
     assert section["verify_fraction_of_copy_bandwidth_min"] < section["verify_replay_fraction_of_copy_bandwidth_min"]

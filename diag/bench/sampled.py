@@ -141,15 +141,16 @@ def _verify_bytes(model, head, loop: DecodeLoop, verify_s: float | None) -> dict
 
 
 def replay_seconds_per_round(row: dict) -> float | None:
-    """A row's verify seconds a round without its graphs' captures (each bucket's first calls and
-    capture, `verify_graphs.capture_s`): the verify phase less them, over the rounds, every one
-    of which replayed a graph. None where the verify did not run from graphs every round.
-    Example: 0.60 s of verify over 62 rounds, 0.27 s of captures -> 5.3 ms a round (9.8 with them)."""
+    """A row's verify seconds a replayed round: the verify phase less its graphs' captures (each
+    bucket's first call, its warm-up and capture, whose outputs are that round's: VerifyGraphs.run,
+    `verify_graphs.capture_s`), over the rounds that replayed. None where a round ran neither.
+    Example: 0.60 s of verify over 62 rounds, 5 of them captures taking 0.27 s -> 0.33 s over 57
+    replayed rounds, 5.8 ms a round (9.7 with the captures)."""
     g, verify_s = row.get("verify_graphs") or {}, (row.get("phases") or {}).get("verify_forward")
-    rounds = row.get("loop_rounds")
-    if not verify_s or not rounds or g.get("failure") or g.get("replayed") != rounds:
+    rounds, replayed = row.get("loop_rounds"), g.get("replayed", 0)
+    if not verify_s or not replayed or g.get("failure") or replayed + g.get("captured", 0) != rounds:
         return None
-    return max(verify_s - g.get("capture_s", 0.0), 0.0) / rounds or None
+    return max(verify_s - g.get("capture_s", 0.0), 0.0) / replayed or None
 
 
 def _bytes(t: torch.Tensor) -> int:
