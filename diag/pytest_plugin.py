@@ -11,9 +11,9 @@ conftest.py of a checkout registers it otherwise). Options, all under one prefix
 With none of them the built-in demo case runs (cases/demo.toml, the zoo pair). The session
 fixture `diag_run` returns a diag.assertions.DiagReport (report dict + directory); its
 report path is printed in the terminal summary. `diag_variant(**sections)` runs the same case
-with some keys replaced (another decoding, trees, layouts), once per distinct variant; every
-run of a session shares one loaded target (target/resident.kept). Markers: `gpu` (skipped without CUDA) and
-`slow`. The plugin is thin: it parses options and constructs; running is pipeline.run_case,
+with some keys replaced (another decoding, trees, layouts), once per distinct variant; the
+plugin's runs of a session share one loaded target (target/resident.py). Markers: `gpu`
+(skipped without CUDA) and `slow`. The plugin is thin: it parses options and constructs; running is pipeline.run_case,
 writing is report.writer, judging is diag.assertions.
 """
 

@@ -241,9 +241,10 @@ def with_fields(case: Case, sections: dict, where: str) -> Case:
             raise DiagError("case section must be a table", file=where, field=name,
                             expected="a dict of its keys", found=repr(values))
         known = {f.name: f for f in fields(_SECTIONS[name])}
-        for key in sorted(set(values) - set(known)):
-            raise DiagError("unknown key in case file", file=where, field=f"{name}.{key}",
-                            expected=f"one of {sorted(known)}", found=key)
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise DiagError("unknown key in case file", file=where, field=f"{name}.{unknown[0]}",
+                            expected=f"one of {sorted(known)}", found=unknown[0])
         sweep = _SWEEPS.get(name, ())
         typed = {k: _typed([v] if k in sweep and not isinstance(v, list) else v, str(known[k].type), where,
                            f"{name}.{k}") for k, v in values.items()}
