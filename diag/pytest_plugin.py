@@ -80,18 +80,16 @@ def report_dir(config, case) -> Path:
     return Path(given) if given else Path(config.rootpath) / "reports" / f"pytest-{case.name}"
 
 
-def run_and_write(case, out: Path, argv: list[str], held=None) -> DiagReport:
+def run_and_write(case, out: Path, argv: list[str], held) -> DiagReport:
     """Run a case and write its report directory; the report as the assertions read it. `held`
     (target/resident.Held): the models the run may take, and where its own load is kept."""
-    from contextlib import nullcontext
-
     from diag.run.pipeline import run_case
     from diag.report.outdir import check_out_dir
     from diag.report.writer import write_report
     from diag.target.resident import using
 
     check_out_dir(out)
-    with using(held) if held is not None else nullcontext():
+    with using(held):
         run = run_case(case, progress=False)
     path, rep = write_report(run, out, argv=argv)
     return DiagReport(rep, path)

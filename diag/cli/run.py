@@ -232,14 +232,12 @@ def _checked_out(a, case: Case) -> Case:
 
 def run(a) -> int:
     from diag.run.pipeline import run_case
-    from diag.report.outdir import check_out_dir
     from diag.checkpoint.cache_dir import check_cache_dir
 
     if getattr(a, "watch", False):
         from diag.cli.watch import check_watch
         check_watch(a)
-    case = case_of(a)
-    check_out_dir(out_of(a, case))      # before any weight is loaded
+    case = _checked_out(a, case_of(a))  # the report directory checked before any weight is loaded
     _launch(a)                          # a world that cannot be: before the probe, before any load
     if getattr(a, "server", None):
         from diag.cli.probe import probe_for_run

@@ -89,7 +89,8 @@ def watch(first: Case, again: Callable[[], Case], once: Callable[[Case], int], *
     inside one kept() block; `once` runs a case and writes its report, returning its exit code."""
     wait = wait or wait_for_change
     with kept(keep) as held:
-        files, before = watched(first), stamps(watched(first))
+        files = watched(first)
+        before = stamps(files)
         code, running = once(first), False
         try:
             while True:
@@ -99,7 +100,8 @@ def watch(first: Case, again: Callable[[], Case], once: Callable[[Case], int], *
                 before, running = stamps(files), True
                 try:
                     case = again()
-                    files, before = watched(case), stamps(watched(case))
+                    files = watched(case)
+                    before = stamps(files)
                     code = once(case)
                 except DiagError as err:
                     print(f"diag run --watch: error: {err}", file=sys.stderr, flush=True)
