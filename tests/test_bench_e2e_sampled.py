@@ -290,3 +290,30 @@ def test_bench_e2e_drafts_a_sampled_run_with_the_pair_trained_on_its_prompts(tmp
     greedy = bench_e2e(ks, 2, tmp_path / "e2e-greedy", prompts=2, new_tokens=4, evaluate={"trees": ("chain-1",)},
                        device="cpu", whole_machine=False, pair_cache=tmp_path / "pairs")
     assert "sampled" not in greedy and greedy["drafter"].startswith("kimi-shaped drafter, random weights")
+
+
+def test_the_kept_variant_with_experts_split_takes_the_shards_saving_off_each_added_layer():
+    """_split_variant's worked example: decode 42.3 s over 121 rounds of 45 tokens, 59 added
+    layers, 2.45 ms saved a layer-round -> 24.8 s; saved() interpolates between the probe's token
+    counts and keeps the nearest outside them."""
+    from diag.bench.expert_split import saved
+    from diag.bench.extrapolate import sampled_extrapolation
+
+    split = {"shards": 8, "rows": [{"tokens": 64, "all_s": 2.9e-3, "shard_s": 0.45e-3, "saved_s": 2.45e-3},
+                                   {"tokens": 768, "all_s": 9.0e-3, "shard_s": 1.5e-3, "saved_s": 7.5e-3}]}
+    assert saved(split, 45) == saved(split, 64) == pytest.approx(2.45e-3)
+    assert saved(split, 416) == pytest.approx((2.45e-3 + 7.5e-3) / 2)
+    assert saved(split, 2000) == pytest.approx(7.5e-3) and saved({"rows": []}, 100) == 0.0
+    kept_run = {"wall_s": 3.9, "sampled_s": 1.5, "sampled_rounds": 121, "sampled_verified_tokens": 45 * 121,
+                "target_kept": 1}
+    a = (42.3 - 1.5) / (59 * 121)                                   # so that the kept decode is 42.3 s
+    e2e = {"layers": 2, "first": {"sampled_s": 6.0, "sampled_rounds": 100}, "one_more_layout": MORE,
+           "one_more_layout_kept": kept_run}
+    x = sampled_extrapolation(e2e, (a, 0.0, "fit"), 100.0, 599.5e9, 15.5e9, split=split)
+    assert x["further_kept_decode_s"] == pytest.approx(42.3)
+    assert x["further_kept_split_decode_s"] == pytest.approx(42.3 - 59 * 121 * 2.45e-3) == pytest.approx(24.81, abs=0.01)
+    assert x["further_sampled_variant_kept_split_s"] == pytest.approx(2.4 + 24.81, abs=0.01)
+    assert x["goals"]["further_sampled_variant_kept_split_s"]["limit"] == 10.0
+    assert "experts split over 8 GPUs" in x["terms"]["further_sampled_variant_kept_split_s"]
+    none = sampled_extrapolation(e2e, (a, 0.0, "fit"), 100.0, 599.5e9, 15.5e9, split={"error": "no CUDA"})
+    assert "further_sampled_variant_kept_split_s" not in none and none["further_kept_split_note"] == "no CUDA"

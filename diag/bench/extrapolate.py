@@ -166,7 +166,8 @@ def extrapolate(e2e: dict, grown: dict, load: dict, shard_bytes: list[int], *, b
     kimi_batch = kimi_generation_batch(first, e2e["max_new_tokens"], total, gpu_memory,
                                        e2e.get("token_budget", 16384))
     sampled = (sampled_extrapolation(e2e, round_cost(grown, slope, batch), verdict, total, sum(shard_bytes),
-                                     copy_bytes_per_s) if "sampled_s" in first else None)
+                                     copy_bytes_per_s, split=grown.get("expert_split"))
+               if "sampled_s" in first else None)
     terms = {"load_s": load_61, "generate_s": gen, "capture_s": cap, "step_costs_s": costs_61,
              "drafter_and_report_s": rest}
     return {
@@ -204,7 +205,8 @@ def extrapolate(e2e: dict, grown: dict, load: dict, shard_bytes: list[int], *, b
 
 
 SAMPLED_GOALS = {"first_sampled_verdict_after_load_s": 300.0, "further_sampled_variant_s": 10.0,
-                 "further_sampled_variant_kept_s": 10.0}   # s, at most (the kept one: a run with one)
+                 "further_sampled_variant_kept_s": 10.0,    # s, at most (the kept one: a run with one)
+                 "further_sampled_variant_kept_split_s": 10.0}   # and experts split over the 8 GPUs
 
 
 def round_cost(grown: dict, decode_slope: float, batch: int) -> tuple[float, float, str]:
@@ -222,7 +224,8 @@ def round_cost(grown: dict, decode_slope: float, batch: int) -> tuple[float, flo
 
 
 def sampled_extrapolation(e2e: dict, cost: tuple[float, float, str], greedy_verdict: float, kimi_total: float,
-                          measured_bytes: float, copy_bytes_per_s: float | None = None) -> dict:
+                          measured_bytes: float, copy_bytes_per_s: float | None = None, *,
+                          split: dict | None = None) -> dict:
     """The e2e run's sampled decoding (e2e.sampled_figures) at 61 layers on 8 GPUs.
     Layers: a round of the decode loop is one verify forward of its batch through every layer,
     stage after stage (no pipelining: a round waits for the last one's accept), plus the
@@ -237,6 +240,10 @@ def sampled_extrapolation(e2e: dict, cost: tuple[float, float, str], greedy_verd
                            rate: load_s * kimi_bytes / measured checkpoint bytes)
       further variant kept = the same without the reload, from the run on the kept target
                            (_kept_variant: `diag run --watch`)
+      ... and split    = the kept variant with each layer's experts split over the 8 GPUs
+                           (`[placement] experts = "split"`): each added layer's round cost
+                           less what one GPU's share saves (bench/expert_split.py, `split`,
+                           the grown section's probe), _split_variant
     Worked example, K 2, a 3.49 ms, b 0: first run sampled_s 60 s over 1,200 rounds ->
     60 + 59 * 0.00349 * 1200 = 307.1 s; greedy verdict 216 s -> first sampled verdict 523.1 s
     (goal 300: not met). One more layout: 9 s over 180 rounds -> 9 + 59 * 0.00349 * 180 = 46.1 s;
@@ -280,6 +287,7 @@ def sampled_extrapolation(e2e: dict, cost: tuple[float, float, str], greedy_verd
                        "further_rest_s": "the one-more-layout run's wall_s - sampled_s - target_load_s, as measured",
                        "first_sampled_if_all_per_layer_s": f"{first.get('sampled_s', 0.0):.4g} * 61 / {k}"}
     out.update(_kept_variant(e2e.get("one_more_layout_kept"), grown, out))
+    out.update(_split_variant(e2e.get("one_more_layout_kept"), split, extra, out))
     out["goals"] = {key: {"value": out[key], "limit": limit, "met": out[key] <= limit}
                     for key, limit in SAMPLED_GOALS.items() if key in out}
     if copy_bytes_per_s:
@@ -306,6 +314,34 @@ def _kept_variant(kept: dict | None, grown, out: dict) -> dict:
             "further_kept_rounds": kept.get("sampled_rounds", 0),
             "further_kept_targets": kept.get("target_kept", 0),
             "further_sampled_variant_kept_s": rest + decode}
+
+
+def _split_variant(kept: dict | None, split: dict | None, extra: int, out: dict) -> dict:
+    """The kept variant with every layer's experts split over the GPUs: its decode less, for
+    each added layer and round, what the shard saves at the round's verified tokens
+    (expert_split.saved). {} without a kept run or a split probe.
+      further_kept_split_decode_s = further_kept_decode_s - extra * rounds * saved(tokens / rounds)
+    Worked example: decode 42.3 s over 121 rounds of 45 tokens, 59 added layers, 2.45 ms saved a
+    layer-round -> 42.3 - 59 * 121 * 0.00245 = 24.8 s."""
+    from diag.bench.expert_split import saved
+
+    if not kept or not split or not split.get("rows") or "further_kept_decode_s" not in out:
+        return {"further_kept_split_note": (split or {}).get("error", "no split probe in the grown section")} \
+            if kept else {}
+    rounds = max(kept.get("sampled_rounds", 0), 1)
+    per_round = kept.get("sampled_verified_tokens", 0) / rounds
+    cut = extra * rounds * saved(split, per_round)
+    decode = max(out["further_kept_decode_s"] - cut, 0.0)
+    rest = out["further_kept_rest_s"]
+    out["terms"]["further_sampled_variant_kept_split_s"] = (
+        f"checks, replay and report {rest:.1f} + decode {decode:.1f} = {rest + decode:.1f} s (kept, experts split "
+        f"over {split['shards']} GPUs)")
+    out["formulas"]["further_kept_split_decode_s"] = (
+        f"{out['further_kept_decode_s']:.4g} - {extra} layers * {rounds} rounds * {saved(split, per_round):.4g} s "
+        f"saved a layer-round at {per_round:.0f} tokens")
+    return {"further_kept_split_decode_s": decode, "further_sampled_variant_kept_split_s": rest + decode,
+            "further_kept_split_not_measured": "the hand-off between GPUs and the other devices' launches "
+                                               "(one GPU measured: bench/expert_split.py)"}
 
 
 def round_floors(rounds: int, kimi_total: float, copy_bytes_per_s: float, gpus: int = KIMI_GPUS) -> dict:

@@ -311,6 +311,7 @@ GENERATION_REPEATS = 3
 
 def _grown(model, seqs, points, max_layers, st, dev, batch: int = 48) -> dict:
     """batch: the e2e run's generation batch (a second generation probe at it, BATCH_PROBE)."""
+    from diag.bench import expert_split
     from diag.bench.round_slope import fit, probe
     from diag.zoo.kimi_shaped import kimi_config
     from diag.target.placement import activation_bytes, place
@@ -342,6 +343,7 @@ def _grown(model, seqs, points, max_layers, st, dev, batch: int = 48) -> dict:
           _generation_probe(model, model.config.vocab_size, prompts=batch, own_cache=False, **BATCH_PROBE)]
     costs = _costs_probe(model, st, dev)
     rounds = probe(model, st.get("costs_drafter"), st["ks"].layout)
+    split = expert_split.probe(model)
     st.pop("costs_drafter", None)
     weights = resident_bytes(model)
     added = n - base_layers
@@ -361,6 +363,7 @@ def _grown(model, seqs, points, max_layers, st, dev, batch: int = 48) -> dict:
             "costs_probe": {"base": base_costs, "grown": costs},
             "sampled_round_probe": {"base": base_rounds, "grown": rounds},
             "sampled_round_slope": fit(base_rounds, rounds, added),
+            "expert_split": split,
             "costs_seconds_per_layer": (costs["seconds"] - base_costs["seconds"]) / max(added, 1)
             if costs["seconds"] is not None and base_costs["seconds"] is not None else None,
             "added_layer": added_layer(model)}

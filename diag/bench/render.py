@@ -20,6 +20,8 @@ GOALS = (  # (text, section, key path, comparison, threshold); "rows>=8192": the
      "(s, extrapolated)", "extrapolation", ("sampled", "further_sampled_variant_s"), "<=", 10),
     ("Kimi 61 layers, 8 GPUs, T=1.0 top-p 0.95: each further sampled variant, the target kept loaded "
      "(diag run --watch; s, extrapolated)", "extrapolation", ("sampled", "further_sampled_variant_kept_s"), "<=", 10),
+    ("... and each layer's experts split over the 8 GPUs ([placement] experts = \"split\"; s, extrapolated)",
+     "extrapolation", ("sampled", "further_sampled_variant_kept_split_s"), "<=", 10),
     ("each further layout x tree from the cache (s)", "e2e", ("cached_seconds_per_variant",), "<=", 1.0),
     ("repeat run: checks on the cached run (s)", "e2e", ("cached", "checks_s"), "<=", 2.0),
     ("repeat run: one more layout on a cached case, in all (s)", "e2e", ("one_more_layout", "wall_s"), "<=", 5.0),
@@ -68,7 +70,8 @@ ANY_KIND = {("load", "plain_over_raw"), ("load", "first_run_over_plain"),     # 
 OPTIONAL = {("extrapolation", "sampled"),            # rows of a part only some runs have (a sampled e2e;
             ("sampled", "verify_replay_fraction_of_copy_bandwidth_min")}   # a verify from graphs): absent, no row
 SINCE_KEPT = {("extrapolation", ("sampled", "further_sampled_variant_kept_s")),     # e2e runs made before the
-              ("e2e", ("one_more_layout_kept", "wall_s"))}                          # kept run existed: no row
+              ("e2e", ("one_more_layout_kept", "wall_s")),                          # kept run existed: no row
+              ("extrapolation", ("sampled", "further_sampled_variant_kept_split_s"))}
 
 
 def goal_lines(res: dict) -> list[str]:

@@ -45,6 +45,9 @@ def register(sub) -> None:
                         "(default: the case's [serving] engine, else the newest known)")
     p.add_argument("--gpus", type=int, help="place the target across N GPUs (0: CPU)")
     p.add_argument("--gpu-memory", help="memory budget per GPU for weights, e.g. 130GiB")
+    p.add_argument("--experts", choices=("layer", "split"),
+                   help="routed experts with their layer (default) or each layer's split over all the GPUs "
+                        "(expert parallelism: every GPU reads its share of each layer at once)")
     p.add_argument("--temperature", action="append", type=float, default=[],
                    help="sampled decoding the server runs (repeat for a sweep; the first is served)")
     p.add_argument("--top-p", action="append", type=float, default=[], help="top-p of sampled decoding (repeat)")
@@ -158,7 +161,8 @@ def decoding_overrides(dec: DecodingSpec, a) -> DecodingSpec:
 def apply_overrides(case: Case, a) -> Case:
     """Command-line flags given alongside a case file (or a flags case) override its values."""
     ev, pr, sv, pl = case.evaluate, case.prompts, case.serving, case.placement
-    pl = replace(pl, gpus=a.gpus if a.gpus is not None else pl.gpus, gpu_memory=a.gpu_memory or pl.gpu_memory)
+    pl = replace(pl, gpus=a.gpus if a.gpus is not None else pl.gpus, gpu_memory=a.gpu_memory or pl.gpu_memory,
+                 experts=getattr(a, "experts", None) or pl.experts)
     ev = replace(ev, layouts=tuple(a.layout) or ev.layouts, trees=tuple(a.tree) or ev.trees,
                  modes=tuple(a.mode) or ev.modes, regimes=tuple(a.regime) or ev.regimes, scan=a.scan or ev.scan)
     pr = replace(pr, limit=a.limit if a.limit is not None else pr.limit,
@@ -178,7 +182,7 @@ _FLAG_OF = {"prompts.max_new_tokens": "--max-new-tokens", "prompts.limit": "--li
             "prompts.recorded": "--recorded", "placement.gpus": "--gpus", "evaluate.trees": "--tree",
             "evaluate.layouts": "--layout", "evaluate.modes": "--mode", "evaluate.regimes": "--regime",
             "serving.layout": "--serving-layout", "serving.algorithm": "--algorithm",
-            "placement.gpu_memory": "--gpu-memory", **prompt_flags.FLAG_OF}
+            "placement.gpu_memory": "--gpu-memory", "placement.experts": "--experts", **prompt_flags.FLAG_OF}
 
 
 def checked(case: Case, a) -> Case:

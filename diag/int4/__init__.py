@@ -6,6 +6,7 @@
   skeleton.py  config.json -> empty transformers text model (K2.5, kimi_k2)
   write.py     quantize_checkpoint: bf16 checkpoint -> INT4 checkpoint
   packed.py    PackedExperts / PackedLinear: weights stay packed in memory
+  sharded.py   ShardedExperts: a layer's experts split over N devices
   load.py      load_packed_target: INT4 checkpoint -> model with packed modules
 
 compressed_tensors is never imported here: tests compare against it.

@@ -215,8 +215,11 @@ def to_kernel_layout(module: PackedExperts, piece: int | None = None) -> None:
 
 
 def fused_experts(module: PackedExperts, hidden: torch.Tensor, top_k_index: torch.Tensor,
-                  top_k_weights: torch.Tensor) -> torch.Tensor:
-    """hidden [T, H], top_k_index / top_k_weights [T, K] -> [T, H] in hidden's dtype."""
+                  top_k_weights: torch.Tensor, *, partial: bool = False) -> torch.Tensor:
+    """hidden [T, H], top_k_index / top_k_weights [T, K] -> [T, H] in hidden's dtype.
+    partial: some pairs may name the sentinel expert num_experts (held by another shard,
+    diag.int4.sharded): their rows, which no block writes, count as zero, and the sum over the
+    K slots comes back in fp32, for the shards' sum to round once."""
     T, K = top_k_index.shape
     x = hidden.to(torch.bfloat16).contiguous()
     grouped = grouped_fits(module)
@@ -240,8 +243,11 @@ def fused_experts(module: PackedExperts, hidden: torch.Tensor, top_k_index: torc
     else:
         h = activate(module, gemm(x, "gate_up_proj", "gate_up", K))        # [S, 2I] -> [S, I]
     w = top_k_weights.reshape(-1).to(torch.float32).contiguous()           # [S]
-    y = gemm(h, "down_proj", "down", 1, w)                                 # [S, H]
-    return y.view(T, K, -1).sum(dim=1, dtype=torch.float32).to(hidden.dtype)
+    y = gemm(h, "down_proj", "down", 1, w).view(T, K, -1)                  # [T, K, H]
+    if partial:
+        y = torch.where((top_k_index < module.num_experts)[..., None], y, 0)
+        return y.sum(dim=1, dtype=torch.float32)
+    return y.sum(dim=1, dtype=torch.float32).to(hidden.dtype)
 
 
 def activate(module: PackedExperts, gu: torch.Tensor) -> torch.Tensor:
@@ -312,9 +318,14 @@ class FastPackedExperts(PackedExperts):
         shape = (packed.shape[0], packed.shape[1] * 8)
         return dequantize(packed, getattr(self, f"{proj}_scale")[e], shape, self.group_size, dtype)
 
-    def forward(self, hidden_states, top_k_index, top_k_weights):
+    def fused_runs(self, hidden_states: torch.Tensor) -> bool:
+        """Whether forward runs the fused kernels for these inputs (CUDA or Triton's
+        interpreter, bf16 scales, Triton importable)."""
         usable = hidden_states.is_cuda or _interpreting()
-        if usable and self.gate_up_proj_scale.dtype == torch.bfloat16 and triton_available():
+        return usable and self.gate_up_proj_scale.dtype == torch.bfloat16 and triton_available()
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        if self.fused_runs(hidden_states):
             if not hidden_states.is_cuda:
                 return fused_experts(self, hidden_states, top_k_index, top_k_weights)
             # Triton launches on the current device and its stream, not the tensors': on N GPUs

@@ -29,6 +29,7 @@ from diag.checkpoint.finite import check_finite
 from diag.errors import DiagError
 from diag.int4.format import check_group, packed_width
 from diag.int4.packed import PackedExperts, PackedLinear
+from diag.int4.sharded import SHARDS, ShardedExperts
 from diag.int4.scheme import Int4Scheme, matches, parse_quantization_config
 from diag.checkpoint.headers import TORCH_DTYPES, TensorInfo, tensor_infos
 from diag.checkpoint.identity import memoised_digest, prime_digest
@@ -92,9 +93,41 @@ def load_packed_target(path, *, dtype: torch.dtype = torch.bfloat16, device="cpu
     model.diag_load_notes = text.notes
     model.diag_read_stats = stats
     if isinstance(device, dict):
+        if any(isinstance(m, ShardedExperts) for m in model.modules()):
+            return dispatch_split(model, device).eval()
         from accelerate import dispatch_model
         return dispatch_model(model, device_map=device).eval()
     return model.to(device).eval()  # moves computed buffers (rotary tables) too
+
+
+def dispatch_split(model: nn.Module, device_map: dict) -> nn.Module:
+    """accelerate's hooks for a model whose tensors already sit where `device_map` puts them,
+    experts split over devices: each module the map names (shards aside) gets its inputs moved
+    to its device, the model its outputs back to its inputs' device. accelerate's
+    dispatch_model would first move every tensor of a mapped layer to that layer's device,
+    its experts' shards too (Kimi: a layer's 9.5 GB onto one GPU, and back); here only the
+    tensors the load did not place (made at the model's construction) move, and ShardedExperts
+    sends each shard its inputs."""
+    from accelerate.hooks import AlignDevicesHook, add_hook_to_module
+
+    for name, module in model.named_modules():      # tensors made outside the load (the router's bias,
+        if not (module._parameters or module._buffers):   # rotary tables) go where their module runs
+            continue
+        want = device_of(name, device_map)
+        for group in (module._parameters, module._buffers):
+            for key, t in group.items():
+                if t is not None and t.device != want:
+                    moved = t.data.to(want)
+                    group[key] = nn.Parameter(moved, requires_grad=t.requires_grad) \
+                        if isinstance(t, nn.Parameter) else moved
+    add_hook_to_module(model, AlignDevicesHook(io_same_device=True))
+    for name, where in device_map.items():
+        if name == "" or f".{SHARDS}." in f"{name}.":
+            continue
+        module = model.get_submodule(name)
+        add_hook_to_module(module, AlignDevicesHook(execution_device=device_of(name, device_map)))
+    model.hf_device_map = dict(device_map)
+    return model
 
 
 # ---- packed modules ------------------------------------------------------
@@ -172,9 +205,29 @@ def _maybe_packed_experts(model, name, module, scheme, text, infos, device) -> l
     first, down = text.prefix + names[0], text.prefix + names[2]
     check_group(hidden, gs, field=f"{first}.weight_scale", file="config.json")
     check_group(inter, gs, field=f"{down}.weight_scale", file="config.json")
+    shard_devices = _shard_devices(name, device)
+    if shard_devices:
+        new = ShardedExperts.like(module, gs, shard_devices)
+        for shard in new.shards:
+            _with_scale_dtype(shard, infos, f"{first}.weight_scale")
+        _set_module(model, name, new)
+        return [s for j, shard in enumerate(new.shards) for e in range(shard.num_experts)
+                for s in _expert_packed(name, text.prefix, shard.first_expert + e, inter, hidden, gs,
+                                        owner=f"{name}.{SHARDS}.{j}", local=e)]
     new = PackedExperts.like(module, gs, device=device_of(name, device))
     _set_module(model, name, _with_scale_dtype(new, infos, f"{first}.weight_scale"))
     return [s for e in range(num) for s in _expert_packed(name, text.prefix, e, inter, hidden, gs)]
+
+
+def _shard_devices(name: str, device) -> list[torch.device]:
+    """The devices of an experts module's shards where the device map splits it
+    ({name}.shards.0 .. .shards.{N-1}, diag.target.placement's `experts = "split"`), else []."""
+    if not isinstance(device, dict):
+        return []
+    out = []
+    while f"{name}.{SHARDS}.{len(out)}" in device:
+        out.append(device_of(f"{name}.{SHARDS}.{len(out)}", device))
+    return out
 
 
 def _expert_rows(proj: str, inter: int) -> slice:
@@ -182,15 +235,19 @@ def _expert_rows(proj: str, inter: int) -> slice:
     return slice(0, inter) if proj == "gate_proj" else slice(inter, 2 * inter)
 
 
-def _expert_packed(name, prefix, e, inter, hidden, gs) -> list[Slot]:
+def _expert_packed(name, prefix, e, inter, hidden, gs, *, owner: str | None = None,
+                   local: int | None = None) -> list[Slot]:
+    """Expert e's slots; into `owner` (a shard, default the experts module) at `local`
+    (default e)."""
+    owner, local = owner or name, e if local is None else local
     out = []
     for proj in EXPERT_PROJ:
         ckpt = f"{prefix}{name}.{e}.{proj}"
         if proj == "down_proj":
-            out += _packed_slots(ckpt, f"{name}.down_proj", hidden, inter, gs, (e,))
+            out += _packed_slots(ckpt, f"{owner}.down_proj", hidden, inter, gs, (local,))
         else:
-            out += _packed_slots(ckpt, f"{name}.gate_up_proj", inter, hidden, gs,
-                                 (e, _expert_rows(proj, inter)))
+            out += _packed_slots(ckpt, f"{owner}.gate_up_proj", inter, hidden, gs,
+                                 (local, _expert_rows(proj, inter)))
     return out
 
 

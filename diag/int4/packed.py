@@ -74,7 +74,13 @@ class PackedExperts(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
-        final = torch.zeros_like(hidden_states)  # [T, H]
+        return self.add_into(torch.zeros_like(hidden_states), hidden_states, top_k_index, top_k_weights)
+
+    def add_into(self, final: torch.Tensor, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                 top_k_weights: torch.Tensor) -> torch.Tensor:
+        """The eager loop adding each hit expert's weighted outputs into `final` [T, H] (in place,
+        returned), expert by expert in ascending order; index num_experts is skipped (the
+        sentinel of a pair whose expert is elsewhere: diag.int4.sharded)."""
         with torch.no_grad():
             mask = F.one_hot(top_k_index, num_classes=self.num_experts + 1)  # [T, K, E+1]
             mask = mask.permute(2, 1, 0)  # [E+1, K, T]

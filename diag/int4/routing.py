@@ -8,6 +8,11 @@ Worked example, block_m 2, experts [1, 0, 1] (T 3, K 1): the sorted experts [0, 
 at bounds [0, 1, 3] -> counts [1, 2] -> blocks [1, 1]; sorted_ids = [1, S | 0, 2] (S = 3 pads
 expert 0's run); block_expert = [0, 1] (then -1 for the unused blocks of the bound below).
 
+A pair whose expert is `num_experts` (the sentinel: an expert held by another shard,
+diag.int4.sharded) is routed nowhere: it is in no block, and its output row is never written.
+Worked example, block_m 2, E 2, experts [2, 0, 2] (T 3, K 1): sorted [0, 2, 2], counts [1, 0],
+blocks [1, 0]; sorted_ids = [1, S | S, S | S, S] (3 // 2 + 2 = 3 blocks), block_expert = [0, -1, -1].
+
 No host sync: the number of blocks is bounded by S / block_m + E, and the counts come from
 searchsorted over the sorted ids (torch.bincount asks the host for its maximum). So the
 computation can be captured. It is some 40 small kernels, whose launches took 1.3 ms of host
@@ -48,14 +53,17 @@ def routes(top_k_index: torch.Tensor, num_experts: int, block_ms) -> dict[int, R
     bounds = torch.searchsorted(e_sorted, torch.arange(num_experts + 1, device=dev))   # [E + 1]
     counts = bounds[1:] - bounds[:-1]                                      # [E]
     rank = torch.arange(S, device=dev) - bounds[e_sorted]                  # place within its expert
+    routed = e_sorted < num_experts                                        # the sentinel's pairs are not
     out = {}
     for block_m in dict.fromkeys(block_ms):
         blocks = (counts + block_m - 1) // block_m                         # [E]
         ends = torch.cumsum(blocks, 0)                                     # [E]
         padded_start = (ends - blocks) * block_m
         max_blocks = S // block_m + num_experts
-        sorted_ids = torch.full((max_blocks * block_m,), S, dtype=torch.int32, device=dev)
-        sorted_ids[padded_start[e_sorted] + rank] = order.to(torch.int32)
+        sorted_ids = torch.full((max_blocks * block_m + 1,), S, dtype=torch.int32, device=dev)
+        at = padded_start[e_sorted.clamp(max=num_experts - 1)] + rank
+        sorted_ids[torch.where(routed, at, max_blocks * block_m)] = order.to(torch.int32)   # the last: a drop
+        sorted_ids = sorted_ids[:-1]
         expert = torch.searchsorted(ends, torch.arange(max_blocks, device=dev), right=True)   # [max_blocks]
         block_expert = torch.where(expert < num_experts, expert, -1).to(torch.int32)
         out[block_m] = Routing(sorted_ids, block_expert, S, block_m)

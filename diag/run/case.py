@@ -135,6 +135,7 @@ class PlacementSpec:
     gpu_memory: str | None = None
     activation_budget: str | None = None
     microbatches: int = 1          # parts of each greedy-generation batch, through the GPUs at once
+    experts: str = "layer"         # "layer": routed experts with their layer; "split": each layer's over all GPUs
 
 
 @dataclass(frozen=True)

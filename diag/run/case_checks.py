@@ -121,9 +121,20 @@ def check_serving(case) -> None:
 
 
 def check_placement(case) -> None:
-    """[placement] sizes parse ("130GiB"), as the placement step will parse them."""
+    """[placement] sizes parse ("130GiB"), as the placement step will parse them; experts =
+    "split" spreads each layer's experts over the GPUs, so it needs two or more (the CPU
+    holds one copy of everything)."""
     from diag.target.placement import check_values
-    check_values(case.placement.gpu_memory, case.placement.activation_budget, file=case.source)
+    pl = case.placement
+    check_values(pl.gpu_memory, pl.activation_budget, file=case.source)
+    if pl.experts not in ("layer", "split"):
+        raise DiagError("unknown placement of the routed experts", file=case.source, field="placement.experts",
+                        expected='"layer" (with their decoder layer) or "split" (every layer\'s experts over all '
+                                 'the GPUs)', found=repr(pl.experts))
+    if pl.experts == "split" and pl.gpus < 2:
+        raise DiagError("experts split over the GPUs needs at least 2 GPUs", file=case.source,
+                        field="placement.experts", expected="placement.gpus >= 2", found=f"gpus = {pl.gpus}",
+                        hint='experts = "layer" on one GPU or the CPU')
 
 
 def check_user_costs(spec, source: str) -> None:

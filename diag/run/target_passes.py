@@ -60,7 +60,7 @@ def device_map(case, path: Path):
     from diag.target.placement import device_map_for
     pl = case.placement
     return device_map_for(path, pl.gpus, pl.gpu_memory, pl.activation_budget,
-                          token_budget=case.evaluate.token_budget)
+                          token_budget=case.evaluate.token_budget, experts=pl.experts)
 
 
 def _other_checkpoint(tpath: Path, spec: str, dtype, case):
@@ -108,6 +108,8 @@ def pass_key(inp: Inputs, regime: str, tokens_sha: str, dtype) -> PassKey:
     placement = f"gpus={case.placement.gpus}" if case.placement.gpus else "cpu"
     if case.placement.microbatches > 1:          # other generation batches: other rounding
         placement += f",microbatches={case.placement.microbatches}"
+    if case.placement.gpus and case.placement.experts != "layer":   # shards' partial sums: other rounding
+        placement += f",experts={case.placement.experts}"
     if engine_numerics(inp) != "transformers" and dtype != torch.float32:   # the served engine's rounding
         placement += f",numerics={engine_numerics(inp)}"
     extra = lookahead(inp)

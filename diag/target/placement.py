@@ -119,10 +119,12 @@ def _cfg_dict(config) -> dict:
 
 def place(model_or_config, gpus: int, gpu_memory: str | int | None = None,
           activation_budget: str | int | None = None, *, token_budget: int = 16384,
-          available: list[int] | None = None) -> dict | None:
+          available: list[int] | None = None, experts: str = "layer") -> dict | None:
     """A device map {module name: gpu index} for `gpus` GPUs, or None for gpus = 0 (CPU).
     gpu_memory: memory per GPU ("80GiB"); None means each visible GPU's free memory
-    (`available` overrides the probe, for planning elsewhere)."""
+    (`available` overrides the probe, for planning elsewhere). experts: "layer" (the routed
+    experts go with their decoder layer) or "split" (split_experts: every layer's experts over
+    all the GPUs)."""
     if gpus < 0:
         raise DiagError("negative GPU count", field="placement.gpus", expected=">= 0", found=gpus)
     if gpus == 0:
@@ -136,7 +138,56 @@ def place(model_or_config, gpus: int, gpu_memory: str | int | None = None,
         raise DiagError("the activation budget leaves no room for weights",
                         field="placement.activation_budget", expected=f"< {_gib(min(per_gpu))} per GPU",
                         found=_gib(act))
+    if experts == "split":
+        kept = {n: m for n, m in model.named_modules()}
+        try:
+            return split_experts(model, room, per_gpu, act)
+        finally:                               # the caller's model, if it gave one, as it was
+            for name, module in kept.items():
+                parent, _, leaf = name.rpartition(".")
+                if name and getattr(kept[parent], leaf, None) is not module:
+                    setattr(kept[parent], leaf, module)
+    if experts != "layer":
+        raise DiagError("unknown placement of the routed experts", field="placement.experts",
+                        expected='"layer" or "split"', found=repr(experts))
     return _infer(model, room, per_gpu, act)
+
+
+def split_experts(model: nn.Module, room: dict[int, int], per_gpu: list[int], act: int) -> dict:
+    """Expert parallelism: each layer's routed experts in N contiguous shards, shard j on GPU j
+    ({experts}.shards.{j}: j, diag.int4.sharded), the rest of the model placed by layers as
+    `_infer` places it, in what the shards leave of each GPU. Worked example, Kimi on 8 GPUs of
+    141 GB: 60 MoE layers x 9.5 GB of experts -> 48 experts a layer and 71 GB on each GPU;
+    the other 23 GB (attention, shared experts, the dense layer, embeddings, head) by layers
+    over the 70 GB left on each."""
+    from accelerate.utils import compute_module_sizes
+
+    from diag.int4.packed import PackedExperts
+    from diag.int4.sharded import SHARDS, split_sizes
+
+    gpus = len(room)
+    found = [(n, m) for n, m in model.named_modules() if isinstance(m, PackedExperts)]
+    if not found:
+        raise DiagError("experts split over the GPUs needs routed experts held as INT4", field="placement.experts",
+                        expected="a pack-quantized MoE target (Kimi-K2.5, DeepSeek-V3 INT4)",
+                        found="no packed routed experts in the target", hint='experts = "layer"')
+    if gpus < 2:
+        raise DiagError("experts split over the GPUs needs at least 2 GPUs", field="placement.experts",
+                        expected="placement.gpus >= 2", found=gpus, hint='experts = "layer" on one GPU')
+    sizes = compute_module_sizes(model, special_dtypes=_fp32_special(model))
+    held = [0] * gpus
+    shards = {}
+    for name, module in found:
+        per_expert = sizes[name] / module.num_experts
+        for j, count in enumerate(split_sizes(module.num_experts, gpus)):
+            held[j] += int(per_expert * count)
+            shards[f"{name}.{SHARDS}.{j}"] = j
+        parent, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(parent), leaf, nn.Module())     # sized apart: the rest placed by layers
+    left = {i: room[i] - held[i] for i in range(gpus)}
+    if min(left.values()) <= 0:
+        _not_enough(sum(held) + sizes[""] - sum(sizes[n] for n, _ in found), gpus, per_gpu, act)
+    return {**_infer(model, left, per_gpu, act), **shards}
 
 
 def _infer(model: nn.Module, room: dict[int, int], per_gpu: list[int], act: int) -> dict:
@@ -254,7 +305,8 @@ def _pack_on_meta(model: nn.Module, text) -> None:
 
 
 def device_map_for(path: str | Path, gpus: int, gpu_memory: str | int | None = None,
-                   activation_budget: str | int | None = None, *, token_budget: int = 16384) -> dict | None:
+                   activation_budget: str | int | None = None, *, token_budget: int = 16384,
+                   experts: str = "layer") -> dict | None:
     """The device map for the checkpoint at `path` (no weights read), or None for CPU."""
     if gpus == 0:
         return None
@@ -263,7 +315,7 @@ def device_map_for(path: str | Path, gpus: int, gpu_memory: str | int | None = N
         raise DiagError("target checkpoint has no config.json", file=str(cfg_file),
                         expected="a transformers config.json", found="missing")
     return place(json.loads(cfg_file.read_text()), gpus, gpu_memory, activation_budget,
-                 token_budget=token_budget)
+                 token_budget=token_budget, experts=experts)
 
 
 def plan_summary(model_or_config, device_map: dict | None) -> dict:
@@ -272,11 +324,23 @@ def plan_summary(model_or_config, device_map: dict | None) -> dict:
 
     if device_map is None:
         return {}
+    from diag.int4.sharded import shard_of, split_sizes
+
     model = _meta_model(model_or_config)
     sizes = compute_module_sizes(model, special_dtypes=_fp32_special(model))
+    split = {}                                               # experts module -> its shards' count
+    for name in device_map:
+        if (got := shard_of(name)) is not None:
+            split[got[0]] = max(split.get(got[0], 0), got[1] + 1)
     out: dict[str, int] = {}
     for name, dev in device_map.items():
-        out[str(dev)] = out.get(str(dev), 0) + sizes[name]
+        if (got := shard_of(name)) is not None:
+            owner, j = got
+            num = model.get_submodule(owner).num_experts
+            size = sizes[owner] * split_sizes(num, split[owner])[j] // num
+        else:
+            size = sizes[name] - sum(sizes[o] for o in split if name == "" or o.startswith(name + "."))
+        out[str(dev)] = out.get(str(dev), 0) + size
     return out
 
 

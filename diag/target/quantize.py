@@ -13,6 +13,7 @@ from torch import nn
 from diag.errors import DiagError
 from diag.int4.format import fake_quantize, pack_int4, quantize_rtn, dequantize
 from diag.int4.packed import PackedExperts, PackedLinear
+from diag.int4.sharded import checkpoint_owner
 from diag.int4.scheme import is_targeted
 from diag.target.regimes import FP8_MAX, Regime, regime
 
@@ -57,8 +58,9 @@ def _linear_names(name: str, module: nn.Module) -> list[str]:
     if isinstance(module, (nn.Linear, PackedLinear)):
         return [name]
     if _fused_experts(module) or isinstance(module, PackedExperts):
-        num = module.num_experts
-        return [f"{name}.{e}.{p}" for e in range(num) for p in ("gate_proj", "up_proj", "down_proj")]
+        owner, first = checkpoint_owner(name, module)         # a shard names its experts by their ids
+        return [f"{owner}.{first + e}.{p}" for e in range(module.num_experts)
+                for p in ("gate_proj", "up_proj", "down_proj")]
     return []
 
 

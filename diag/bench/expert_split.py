@@ -1,0 +1,102 @@
+"""What one GPU's share of a layer's routed experts costs when the experts are split over N
+GPUs (`[placement] experts = "split"`, diag.int4.sharded), measured on one GPU: the layer's
+experts forward at a round's token count, all E experts against one shard of E / N (its pairs
+only, the others' the sentinel), each timed with CUDA events, the median of REPEATS kept.
+
+On N GPUs the shards run at once, so a layer's experts take about the shard's time instead of
+the whole layer's; the extrapolation (bench/extrapolate.py) takes the difference off each
+layer's round cost:
+      saved(tokens) = all(tokens) - shard(tokens)      per layer, per round
+between the measured token counts linearly, outside them the nearest.
+Worked example: at 64 tokens all 2.9 ms, one shard of 8 0.45 ms -> 2.45 ms a layer-round
+saved; over 59 added layers and 121 rounds, 17.5 s.
+
+Not measured here (one GPU): the hand-off of the hidden states to the N - 1 other GPUs and
+their partial sums back (a round of 64 tokens: 64 x 7168 x (2 + 4) B = 2.8 MB a GPU, some
+10 us at NVLink's bandwidth), and the launches of N devices' kernels from one host thread.
+This module knows the experts' forward and CUDA timing; nothing about runs or reports.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+SHARDS = 8                # Kimi's GPUs
+TOKENS = (64, 768)        # a round's verified tokens: the further variant's few rows, a tree's many
+REPEATS = 20
+
+
+def _timed(fn, repeats: int = REPEATS) -> float:
+    fn()                                                   # first call: layout, routing graph, compile
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def shard_view(module, start: int, count: int):
+    """Experts [start, start + count) of a (fast) PackedExperts as a module of its own class
+    over views of its buffers (no copy): what a shard holds."""
+    shard = module.__class__.__new__(module.__class__)
+    torch.nn.Module.__init__(shard)
+    for name, buf in module.named_buffers(recurse=False):
+        shard.register_buffer(name, buf[start:start + count])
+    shard.num_experts, shard.hidden_dim, shard.intermediate_dim = count, module.hidden_dim, module.intermediate_dim
+    shard.group_size, shard.act_fn = module.group_size, module.act_fn
+    shard.kernel_layout, shard.first_expert = getattr(module, "kernel_layout", 0), start
+    return shard
+
+
+@torch.no_grad()
+def probe(model, shards: int = SHARDS, tokens=TOKENS, top_k: int | None = None, seed: int = 0) -> dict:
+    """The first routed-experts module of `model` (on CUDA): {"shards", "experts", "rows":
+    [{"tokens", "all_s", "shard_s", "saved_s", "shard_fraction"}]}; {"error": why} when it
+    cannot run (no CUDA experts, or the forward failed: data, not a crash)."""
+    from diag.int4.fast import fused_experts
+    from diag.int4.packed import PackedExperts
+    from diag.int4.sharded import local_index, split_sizes
+
+    module = next((m for m in model.modules() if isinstance(m, PackedExperts)), None)
+    if module is None or not module.gate_up_proj_packed.is_cuda:
+        return {"error": "no routed experts on a CUDA device"}
+    k = top_k or int(getattr(model.config, "num_experts_per_tok", 8))
+    count = split_sizes(module.num_experts, shards)[0]
+    gen = torch.Generator(device=module.gate_up_proj_packed.device).manual_seed(seed)
+    rows = []
+    try:
+        with torch.cuda.device(module.gate_up_proj_packed.device):
+            for t in tokens:
+                dev = module.gate_up_proj_packed.device
+                x = torch.randn(t, module.hidden_dim, device=dev, generator=gen, dtype=torch.bfloat16)
+                idx = torch.rand(t, module.num_experts, device=dev, generator=gen).topk(k, dim=-1).indices
+                w = torch.rand(t, k, device=dev, generator=gen, dtype=torch.bfloat16)
+                all_s = _timed(lambda: module(x, idx, w))
+                shard = shard_view(module, 0, count)
+                local = local_index(idx, 0, count)
+                shard_s = _timed(lambda: fused_experts(shard, x, local, w, partial=True))
+                rows.append({"tokens": t, "all_s": all_s, "shard_s": shard_s, "saved_s": all_s - shard_s,
+                             "shard_fraction": shard_s / all_s})
+    except Exception as err:  # recorded in the JSON
+        return {"error": repr(err)[-400:]}
+    return {"shards": shards, "experts": module.num_experts, "experts_per_shard": count, "top_k": k, "rows": rows}
+
+
+def saved(split: dict, tokens: float) -> float:
+    """saved_s per layer-round at `tokens` verified tokens (module docstring)."""
+    rows = sorted(split.get("rows", []), key=lambda r: r["tokens"])
+    if not rows:
+        return 0.0
+    if tokens <= rows[0]["tokens"]:
+        return rows[0]["saved_s"]
+    for lo, hi in zip(rows, rows[1:]):
+        if tokens <= hi["tokens"]:
+            f = (tokens - lo["tokens"]) / (hi["tokens"] - lo["tokens"])
+            return lo["saved_s"] + f * (hi["saved_s"] - lo["saved_s"])
+    return rows[-1]["saved_s"]

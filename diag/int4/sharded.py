@@ -1,0 +1,128 @@
+"""One layer's routed experts split over N devices (expert parallelism): ShardedExperts holds
+N PackedExperts, shard j the contiguous experts [start_j, start_j + n_j) on its own device,
+and is a drop-in for the layer's experts module (forward(hidden [T, H], top_k_index [T, K],
+top_k_weights [T, K]) -> [T, H]).
+
+A round's verify then reads every layer's experts on all N devices at once, each device 1/N
+of them, instead of one device reading the whole layer while the others wait for their stage
+(Kimi: 9.5 GB of routed experts a layer, 1.2 GB a GPU on 8).
+
+  split     E experts into N shards: n_j = E // N, the first E % N shards one more
+  local     shard j sees expert e as e - start_j when it holds it, else as the sentinel n_j,
+            which its routing and its eager loop skip (diag.int4.routing, PackedExperts.add_into)
+  sum       out[t] = sum over shards of shard j's sum over its slots
+
+Worked example, E 5 over N 2: shards [0, 3) and [3, 5); top_k_index [[4, 0]] is [[3, 0]] to
+shard 0 (3 = its sentinel) and [[1, 2]] to shard 1 (2 = its sentinel).
+
+Numerics. The eager loop (CPU, or no Triton) adds every hit expert's output into one running
+tensor, shard after shard, in ascending expert order: the bits of the unsplit module's loop.
+The fused path (CUDA) gives each shard's sum in fp32, and the shards' sum is rounded once to
+the hidden dtype: the unsplit fused path sums the K slots in fp32 in slot order, so the two
+differ by fp32 reassociation below bf16's rounding, not bit for bit.
+
+Inputs are sent to every device before any shard runs and the partial sums gathered after
+all were issued, so the devices' kernels overlap (the copies between devices are queued, not
+waited for by the host). The placement (diag.target.placement, `experts = "split"`) puts
+shard j on GPU j; the loader (diag.int4.load) reads each expert into its shard. This module
+knows tensors and modules; it reads no files.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch import nn
+
+from diag.int4.packed import PackedExperts
+
+SHARDS = "shards"                     # the child list's name: layer.mlp.experts.shards.{j}
+_SHARD_NAME = re.compile(rf"^(?P<owner>.*)\.{SHARDS}\.(?P<j>\d+)$")
+
+
+def split_sizes(num_experts: int, shards: int) -> list[int]:
+    """Experts per shard: 384 over 8 -> [48] * 8; 5 over 2 -> [3, 2]."""
+    if shards < 1 or shards > num_experts:
+        raise ValueError(f"{num_experts} experts cannot be split into {shards} shards")
+    base, extra = divmod(num_experts, shards)
+    return [base + (j < extra) for j in range(shards)]
+
+
+def local_index(top_k_index: torch.Tensor, start: int, count: int) -> torch.Tensor:
+    """Global expert ids -> a shard's own ids, the sentinel `count` for the others'."""
+    mine = (top_k_index >= start) & (top_k_index < start + count)
+    return torch.where(mine, top_k_index - start, torch.full_like(top_k_index, count))
+
+
+def shard_of(name: str) -> tuple[str, int] | None:
+    """"model.layers.3.mlp.experts.shards.1" -> ("model.layers.3.mlp.experts", 1); else None."""
+    m = _SHARD_NAME.match(name)
+    return (m["owner"], int(m["j"])) if m else None
+
+
+def checkpoint_owner(name: str, module: nn.Module) -> tuple[str, int]:
+    """(the experts module's name in the checkpoint, its first expert's id): a shard
+    "model.layers.3.mlp.experts.shards.1" holding experts from 48 -> ("model.layers.3.mlp.experts",
+    48); any other module -> (name, 0)."""
+    m = _SHARD_NAME.match(name)
+    if m and isinstance(module, PackedExperts):
+        return m["owner"], int(getattr(module, "first_expert", 0))
+    return name, 0
+
+
+class ShardedExperts(nn.Module):
+    """A layer's routed experts as contiguous PackedExperts shards, each on its device."""
+
+    def __init__(self, shards: list[PackedExperts]):
+        super().__init__()
+        self.shards = nn.ModuleList(shards)
+        start = 0
+        for shard in shards:
+            shard.first_expert = start
+            start += shard.num_experts
+        self.num_experts = start
+        first = shards[0]
+        self.hidden_dim, self.intermediate_dim = first.hidden_dim, first.intermediate_dim
+        self.group_size, self.act_fn = first.group_size, first.act_fn
+
+    @classmethod
+    def like(cls, experts: nn.Module, group_size: int, devices: list) -> "ShardedExperts":
+        """Empty shards shaped like a transformers fused-experts module, one per device."""
+        num, two_i, hidden = experts.gate_up_proj.shape
+        return cls([PackedExperts(n, hidden, two_i // 2, group_size, experts.act_fn, device=dev)
+                    for n, dev in zip(split_sizes(num, len(devices)), devices)])
+
+    def devices(self) -> list[torch.device]:
+        return [shard.gate_up_proj_packed.device for shard in self.shards]
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        home = hidden_states.device
+        sent = [(shard, dev, hidden_states.to(dev, non_blocking=True),
+                 local_index(top_k_index, shard.first_expert, shard.num_experts).to(dev, non_blocking=True),
+                 top_k_weights.to(dev, non_blocking=True))
+                for shard, dev in zip(self.shards, self.devices())]
+        if all(_fused(shard, x) for shard, _, x, _, _ in sent):
+            from diag.int4.fast import fused_experts
+
+            parts = []
+            for shard, dev, x, idx, w in sent:
+                with torch.cuda.device(dev):        # Triton launches on the current device
+                    parts.append(fused_experts(shard, x, idx, w, partial=True))
+            total = parts[0].to(home)
+            for part in parts[1:]:
+                total += part.to(home)
+            return total.to(hidden_states.dtype)
+        final = torch.zeros_like(hidden_states)
+        for shard, dev, x, idx, w in sent:
+            final = shard.add_into(final.to(dev), x, idx, w).to(home)
+        return final
+
+    def extra_repr(self) -> str:
+        return f"experts={self.num_experts}, shards={[s.num_experts for s in self.shards]}"
+
+
+def _fused(shard: nn.Module, hidden: torch.Tensor) -> bool:
+    runs = getattr(shard, "fused_runs", None)
+    return bool(runs and runs(hidden))
