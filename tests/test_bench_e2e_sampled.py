@@ -317,3 +317,31 @@ def test_the_kept_variant_with_experts_split_takes_the_shards_saving_off_each_ad
     assert "experts split over 8 GPUs" in x["terms"]["further_sampled_variant_kept_split_s"]
     none = sampled_extrapolation(e2e, (a, 0.0, "fit"), 100.0, 599.5e9, 15.5e9, split={"error": "no CUDA"})
     assert "further_sampled_variant_kept_split_s" not in none and none["further_kept_split_note"] == "no CUDA"
+
+
+def test_the_probe_separates_steady_rounds_from_each_loops_own_costs():
+    """round_slope's worked example: 16 rows, 15 rounds in 0.2176 s and 47 in 0.5 s -> 8.82 ms a
+    round and 0.085 s a loop; the fit's c from the small size's loop costs; the extrapolation
+    adds (61 - K) * c per decode loop of the run."""
+    from diag.bench.extrapolate import round_cost, sampled_extrapolation
+    from diag.bench.round_slope import fit, steady
+
+    loop = lambda s, r, t: {"seconds": s, "rounds": r, "verified_tokens": t, "seconds_per_round": s / r}  # noqa: E731
+    small = steady(loop(0.2176, 15, 480), loop(0.5, 47, 1504))
+    assert small["seconds_per_round"] == pytest.approx(0.2824 / 32) == pytest.approx(8.825e-3)
+    assert small["loop_seconds"] == pytest.approx(0.2176 - 15 * 0.2824 / 32) == pytest.approx(0.0852, abs=1e-4)
+    assert small["verified_tokens_per_round"] == pytest.approx(1504 / 47)
+    base = {"small": small, "large": steady(loop(0.66, 15, 11520), loop(1.9, 47, 36096))}
+    grown = {"small": steady(loop(0.38, 15, 480), loop(0.86, 47, 1504)),
+             "large": steady(loop(1.10, 15, 11520), loop(3.2, 47, 36096))}
+    got = fit(base, grown, 2)
+    assert got["seconds_per_layer_loop"] == pytest.approx((grown["small"]["loop_seconds"] - small["loop_seconds"]) / 2)
+    a, b, why, c = round_cost({"sampled_round_slope": got}, 0.0044, 8)
+    assert c == got["seconds_per_layer_loop"] and "each loop's own costs" in why
+    run = {"sampled_s": 1.5, "sampled_rounds": 121, "sampled_verified_tokens": 5496, "sampled_decode_loops": 2}
+    e2e = {"layers": 2, "first": run, "one_more_layout": MORE}
+    with_c = sampled_extrapolation(e2e, (a, b, why, c), 100.0, 599.5e9, 15.5e9)
+    without = sampled_extrapolation(e2e, (a, b, why), 100.0, 599.5e9, 15.5e9)
+    assert with_c["first_sampled_s"] - without["first_sampled_s"] == pytest.approx(59 * c * 2)
+    assert "loops" in with_c["formulas"]["first_sampled_s"] and "loops" not in without["formulas"]["first_sampled_s"]
+    assert fit(base, {**grown, "small": {**grown["small"], "loop_seconds": 0.0}}, 2)["seconds_per_layer_loop"] == 0.0

@@ -209,16 +209,20 @@ SAMPLED_GOALS = {"first_sampled_verdict_after_load_s": 300.0, "further_sampled_v
                  "further_sampled_variant_kept_split_s": 10.0}   # and experts split over the 8 GPUs
 
 
-def round_cost(grown: dict, decode_slope: float, batch: int) -> tuple[float, float, str]:
-    """(a s per layer per round, b s per layer per verified token, where from): the grown
-    section's fit of the decode loop (bench/round_slope.py) when it made one, else the greedy
+def round_cost(grown: dict, decode_slope: float, batch: int) -> tuple:
+    """(a s per layer per round, b s per layer per verified token, where from[, c s per layer per
+    loop]): the grown section's fit of the decode loop (bench/round_slope.py) when it made one
+    (c where it timed two lengths), else the greedy
     decode step's slope at the e2e's batch as a per round cost (b = 0: both read each layer's
     weights once per forward; the verify's rows x num_draft_tokens tokens exceed the step's batch,
     so where its kernels are not bound by weight reads this under-counts)."""
     fit = grown.get("sampled_round_slope") or {}
     if fit.get("seconds_per_layer_round") is not None:
-        return (fit["seconds_per_layer_round"], fit["seconds_per_layer_verified_token"],
-                "the grown section's decode-loop fit (bench/round_slope.py)")
+        name = "the grown section's decode-loop fit (bench/round_slope.py)"
+        if fit.get("seconds_per_layer_loop") is not None:
+            return (fit["seconds_per_layer_round"], fit["seconds_per_layer_verified_token"],
+                    name + ", steady rounds and each loop's own costs", fit["seconds_per_layer_loop"])
+        return fit["seconds_per_layer_round"], fit["seconds_per_layer_verified_token"], name
     why = f": no decode-loop fit ({fit['error']})" if fit.get("error") else " (no decode-loop fit in grown)"
     return decode_slope, 0.0, f"the greedy decode slope at batch {batch}{why}"
 
@@ -229,10 +233,11 @@ def sampled_extrapolation(e2e: dict, cost: tuple[float, float, str], greedy_verd
     """The e2e run's sampled decoding (e2e.sampled_figures) at 61 layers on 8 GPUs.
     Layers: a round of the decode loop is one verify forward of its batch through every layer,
     stage after stage (no pipelining: a round waits for the last one's accept), plus the
-    drafter's steps and the host's accept, which do not grow with depth. cost = (a, b, name)
-    (round_cost): each added layer costs a per round and b per verified token; *_if_all_per_layer_s
+    drafter's steps and the host's accept, which do not grow with depth. cost = (a, b, name[, c])
+    (round_cost): each added layer costs a per round, b per verified token and c per decode loop
+    (its prefill and graph captures; 0 when the fit has none); *_if_all_per_layer_s
     (every second of the loop grown by 61 / K) bracket it.
-      sampled_61         = sampled_s + (61 - K) * (a * rounds + b * verified tokens)
+      sampled_61         = sampled_s + (61 - K) * (a * rounds + b * verified tokens + c * loops)
       first verdict      = greedy verdict after the load (sampled_s excluded) + first run's sampled_61
       further variant    = the one-more-layout run as measured, less its load and decode,
                            + its decode at 61 layers + its load at 61 layers (the repeat run loads
@@ -253,13 +258,16 @@ def sampled_extrapolation(e2e: dict, cost: tuple[float, float, str], greedy_verd
     least the rounds could cost (round_floors)."""
     k, extra = e2e["layers"], KIMI_LAYERS - e2e["layers"]
     first, more = e2e["first"], e2e.get("one_more_layout", {})
-    a, b, slope_name = cost
+    a, b, slope_name, *loop = cost
+    c = loop[0] if loop else 0.0
 
     def grown(run: dict) -> tuple[float, str]:
         rounds, tokens = run.get("sampled_rounds", 0), run.get("sampled_verified_tokens", 0)
-        return (run.get("sampled_s", 0.0) + extra * (a * rounds + b * tokens),
+        loops = run.get("sampled_decode_loops", 1) if rounds else 0
+        per_loop = f" + {c:.4g} s/layer/loop * {loops} loops" if loop else ""
+        return (run.get("sampled_s", 0.0) + extra * (a * rounds + b * tokens + c * loops),
                 f"{run.get('sampled_s', 0.0):.4g} + {extra} layers * ({a:.4g} s/layer/round * {rounds} rounds + "
-                f"{b:.4g} s/layer/token * {tokens} verified tokens)")
+                f"{b:.4g} s/layer/token * {tokens} verified tokens{per_loop})")
 
     first_61, first_formula = grown(first)
     more_61, more_formula = grown(more)

@@ -15,9 +15,21 @@ Worked example: K 2, N 12; small 16 rows x 2 = 32 tokens a round, 20 ms at K, 70
 c 5 ms; large 48 x 16 = 768 tokens, 60 ms at K, 260 ms at N -> c 20 ms; b = 15 ms / 736 =
 20.4 us a token, a = 5 ms - 32 * 20.4 us = 4.35 ms a round.
 The drafter is the Kimi-shaped random one (accepts ~1: every row runs max_new_tokens rounds,
-the timing's concern is the round, not the acceptance); each timing includes one prefill of
-PROMPT_LEN tokens a row (1 of NEW_TOKENS + 1 forwards). This module knows the decode loop;
-nothing about the bench's sections.
+the timing's concern is the round, not the acceptance).
+
+A loop's time is not all rounds: each loop prefills PROMPT_LEN tokens a row and captures each
+step's graphs once (the capture round runs eagerly), and these grow with depth too. A loop of
+16 rounds spreads them over 16, the further variant's loop of 121 over 121: counted per round,
+the probe would carry 121/16 of them into the extrapolation. So each size runs at two lengths,
+NEW_TOKENS and LONG_TOKENS, and
+      per round (steady)  = (seconds_long - seconds_short) / (rounds_long - rounds_short)
+      per loop            = seconds_short - rounds_short * per round
+(the same captures in both: a row of the random drafter never finishes early); the fit then
+gives each layer's a and b from the steady rounds, and c, its cost per loop, from the small
+size's per-loop costs:   c = (per loop at N - at K) / (N - K)    (0 when it comes out < 0).
+The extrapolation grows a run by (61 - K) * (a * rounds + b * tokens + c * loops).
+Worked example: 16 rows, 15 rounds 0.2176 s, 47 rounds 0.5 s -> 8.82 ms a round, 0.085 s a loop.
+This module knows the decode loop; nothing about the bench's sections.
 """
 
 from __future__ import annotations
@@ -27,7 +39,7 @@ import time
 import torch
 
 SMALL, LARGE = ("chain-1", 16), ("s3-k8-d16", 48)     # (tree, rows)
-PROMPT_LEN, NEW_TOKENS = 64, 16
+PROMPT_LEN, NEW_TOKENS, LONG_TOKENS = 64, 16, 48
 REPEATS = 2                                            # timed loops after the warm-up; the fastest is kept
 
 
@@ -68,13 +80,25 @@ def round_seconds(model, drafter, layout: str, tree: str, rows: int, *, new_toke
             "repeats": REPEATS}
 
 
-def probe(model, drafter, layout: str) -> dict:
-    """Both sizes at the model's current depth: {"small": round_seconds, "large": ...}; a probe's
-    failure (or no drafter) is data: {"error": why}, and the grown section's other rows stay."""
+def steady(short: dict, long: dict) -> dict:
+    """A size's two loops -> its steady round and its per-loop cost (module docstring): short's
+    row with "seconds_per_round" (steady), "loop_seconds", "short" and "long" (both loops)."""
+    more = long["rounds"] - short["rounds"]
+    per_round = (long["seconds"] - short["seconds"]) / more if more > 0 else short["seconds_per_round"]
+    return {**short, "seconds_per_round": per_round,
+            "loop_seconds": max(short["seconds"] - short["rounds"] * per_round, 0.0),
+            "verified_tokens_per_round": long["verified_tokens"] / max(long["rounds"], 1),
+            "short": short, "long": long}
+
+
+def probe(model, drafter, layout: str, *, new_tokens: tuple[int, int] = (NEW_TOKENS, LONG_TOKENS)) -> dict:
+    """Both sizes at the model's current depth, each at both lengths: {"small": steady(...),
+    "large": ...}; a probe's failure (or no drafter) is data: {"error": why}, and the grown
+    section's other rows stay."""
     if drafter is None:
         return {"error": "no drafter: the costs probe could not load it"}
     try:
-        return {name: round_seconds(model, drafter, layout, tree, rows)
+        return {name: steady(*(round_seconds(model, drafter, layout, tree, rows, new_tokens=n) for n in new_tokens))
                 for name, (tree, rows) in (("small", SMALL), ("large", LARGE))}
     except Exception as err:  # recorded in the JSON, not hidden
         return {"error": repr(err)[-400:]}
@@ -97,5 +121,9 @@ def fit(base: dict, grown: dict, added: int) -> dict | None:
     a = c["small"] - b * t["small"]
     if b < 0:
         a, b = max(c.values()), 0.0
-    return {"seconds_per_layer_round": a, "seconds_per_layer_verified_token": b, "per_layer_round_small": c["small"],
+    loop = None                          # probes made before the two lengths: the loop's costs in a
+    if "loop_seconds" in base["small"] and "loop_seconds" in grown["small"]:
+        loop = max((grown["small"]["loop_seconds"] - base["small"]["loop_seconds"]) / max(added, 1), 0.0)
+    return {"seconds_per_layer_round": a, "seconds_per_layer_verified_token": b, "seconds_per_layer_loop": loop,
+            "per_layer_round_small": c["small"],
             "per_layer_round_large": c["large"], "tokens_per_round": t}
