@@ -68,6 +68,7 @@ def grow(model, layers: int) -> int:
 def layers_that_fit(model, reserve: int, cap: int) -> int:
     if not torch.cuda.is_available():
         return min(cap, len(model.model.layers) + 2)        # a CPU smoke run: two more
+    torch.cuda.empty_cache()          # the probes' freed caches and graph pools count as free: they are
     free = torch.cuda.mem_get_info()[0]
     per_layer = resident_bytes(model.model.layers[-1])
     return min(cap, len(model.model.layers) + max(0, int((free - reserve) // per_layer)))
