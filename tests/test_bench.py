@@ -666,3 +666,32 @@ def test_a_section_that_fails_keeps_what_it_saved_as_it_went():
     assert "out of memory" in got["error"] and got["partial"]["first"] == {"wall_s": 1.0}
     section(res, "load", lambda: 1 / 0, log=lambda *_: None)
     assert "partial" not in res["sections"]["load"] and "ZeroDivisionError" in res["sections"]["load"]["error"]
+
+
+@pytest.mark.skipif(not kernel_runs, reason="needs Triton with CUDA or TRITON_INTERPRET=1")
+def test_split_experts_on_the_fused_kernels_sum_what_the_whole_layer_sums(grouped_tiles):
+    """ShardedExperts over FastPackedExperts shards (4 experts -> 2, 1, 1): each shard's
+    sentinel pairs routed nowhere and zeroed, its sum over the slots in fp32; the shards' sum
+    equals the whole layer's fused output to fp32 reassociation under bf16 rounding."""
+    from diag.int4.sharded import ShardedExperts
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    m = _experts(7, E=4, H=256, I=256).to(dev)
+    m.__class__ = FastPackedExperts
+    shards = []
+    for lo, n in ((0, 2), (2, 1), (3, 1)):
+        s = PackedExperts(n, 256, 256, 32, F.silu, device=dev)
+        for name, buf in s.named_buffers():
+            buf.copy_(getattr(m, name)[lo:lo + n])
+        s.__class__ = FastPackedExperts
+        shards.append(s)
+    split = ShardedExperts(shards)
+    x = torch.randn(40, 256, device=dev).to(torch.bfloat16)
+    idx = torch.stack([torch.randperm(4)[:2] for _ in range(40)]).to(dev)
+    w = torch.rand(40, 2, device=dev)
+    whole = fused_experts(m, x, idx, w).float()
+    got = split(x, idx, w).float()
+    assert all(s.kernel_layout for s in shards)                   # the fused path ran, not the eager loop
+    assert float((got - whole).norm() / whole.norm()) < 4e-3
+    ref = PackedExperts.forward(m, x, idx, w).float()
+    assert float((got - ref).norm() / ref.norm()) < 1e-2
