@@ -31,6 +31,7 @@ knows tensors and modules; it reads no files.
 from __future__ import annotations
 
 import re
+from contextlib import nullcontext
 
 import torch
 from torch import nn
@@ -65,9 +66,9 @@ def checkpoint_owner(name: str, module: nn.Module) -> tuple[str, int]:
     """(the experts module's name in the checkpoint, its first expert's id): a shard
     "model.layers.3.mlp.experts.shards.1" holding experts from 48 -> ("model.layers.3.mlp.experts",
     48); any other module -> (name, 0)."""
-    m = _SHARD_NAME.match(name)
-    if m and isinstance(module, PackedExperts):
-        return m["owner"], int(getattr(module, "first_expert", 0))
+    got = shard_of(name)
+    if got is not None and isinstance(module, PackedExperts):
+        return got[0], int(getattr(module, "first_expert", 0))
     return name, 0
 
 
@@ -108,8 +109,8 @@ class ShardedExperts(nn.Module):
 
             parts = []
             for shard, dev, x, idx, w in sent:
-                with torch.cuda.device(dev):        # Triton launches on the current device
-                    parts.append(fused_experts(shard, x, idx, w, partial=True))
+                with torch.cuda.device(dev) if dev.type == "cuda" else nullcontext():   # Triton launches
+                    parts.append(fused_experts(shard, x, idx, w, partial=True))         # on the current device
             total = parts[0].to(home)
             for part in parts[1:]:
                 total += part.to(home)
