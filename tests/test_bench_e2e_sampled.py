@@ -343,5 +343,5 @@ def test_the_probe_separates_steady_rounds_from_each_loops_own_costs():
     with_c = sampled_extrapolation(e2e, (a, b, why, c), 100.0, 599.5e9, 15.5e9)
     without = sampled_extrapolation(e2e, (a, b, why), 100.0, 599.5e9, 15.5e9)
     assert with_c["first_sampled_s"] - without["first_sampled_s"] == pytest.approx(59 * c * 2)
-    assert "loops" in with_c["formulas"]["first_sampled_s"] and "loops" not in without["formulas"]["first_sampled_s"]
+    assert "2 decode loop(s)" in with_c["formulas"]["first_sampled_s"] and "loop" not in without["formulas"]["first_sampled_s"]
     assert fit(base, {**grown, "small": {**grown["small"], "loop_seconds": 0.0}}, 2)["seconds_per_layer_loop"] == 0.0

@@ -237,7 +237,7 @@ def sampled_extrapolation(e2e: dict, cost: tuple[float, float, str], greedy_verd
     (round_cost): each added layer costs a per round, b per verified token and c per decode loop
     (its prefill and graph captures; 0 when the fit has none); *_if_all_per_layer_s
     (every second of the loop grown by 61 / K) bracket it.
-      sampled_61         = sampled_s + (61 - K) * (a * rounds + b * verified tokens + c * loops)
+      sampled_61         = sampled_s + (61 - K) * (a * rounds + b * verified tokens + c * decode loop(s))
       first verdict      = greedy verdict after the load (sampled_s excluded) + first run's sampled_61
       further variant    = the one-more-layout run as measured, less its load and decode,
                            + its decode at 61 layers + its load at 61 layers (the repeat run loads
@@ -263,9 +263,9 @@ def sampled_extrapolation(e2e: dict, cost: tuple[float, float, str], greedy_verd
 
     def grown(run: dict) -> tuple[float, str]:
         rounds, tokens = run.get("sampled_rounds", 0), run.get("sampled_verified_tokens", 0)
-        loops = run.get("sampled_decode_loops", 1) if rounds else 0
-        per_loop = f" + {c:.4g} s/layer/loop * {loops} loops" if loop else ""
-        return (run.get("sampled_s", 0.0) + extra * (a * rounds + b * tokens + c * loops),
+        runs = run.get("sampled_decode_loops", 1) if rounds else 0        # the run's decode loops
+        per_loop = f" + {c:.4g} s/layer/loop * {runs} decode loop(s)" if loop else ""
+        return (run.get("sampled_s", 0.0) + extra * (a * rounds + b * tokens + c * runs),
                 f"{run.get('sampled_s', 0.0):.4g} + {extra} layers * ({a:.4g} s/layer/round * {rounds} rounds + "
                 f"{b:.4g} s/layer/token * {tokens} verified tokens{per_loop})")
 

@@ -27,7 +27,7 @@ NEW_TOKENS and LONG_TOKENS, and
 (the same captures in both: a row of the random drafter never finishes early); the fit then
 gives each layer's a and b from the steady rounds, and c, its cost per loop, from the small
 size's per-loop costs:   c = (per loop at N - at K) / (N - K)    (0 when it comes out < 0).
-The extrapolation grows a run by (61 - K) * (a * rounds + b * tokens + c * loops).
+The extrapolation grows a run by (61 - K) * (a * rounds + b * tokens + c * its decode loop(s)).
 Worked example: 16 rows, 15 rounds 0.2176 s, 47 rounds 0.5 s -> 8.82 ms a round, 0.085 s a loop.
 This module knows the decode loop; nothing about the bench's sections.
 """
