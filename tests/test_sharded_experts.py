@@ -196,3 +196,29 @@ def test_the_split_dispatch_moves_what_the_load_did_not_place():
     dispatch_split(model, {"": "meta", "experts.shards.0": "cpu", "experts.shards.1": "cpu"})
     assert model.gate.bias.device.type == "meta"
     assert all(b.device.type == "cpu" for b in model.experts.buffers())
+
+
+def test_a_split_on_a_target_without_int4_experts_is_refused_before_any_weight(tmp_path, monkeypatch):
+    """prepare() checks `experts = "split"` against the target's config.json (no weight read):
+    the zoo's dense Llama target is refused naming its config and the field; Kimi-K2.5's published
+    config passes."""
+    import json
+    from pathlib import Path
+
+    import diag.run.inputs as inputs
+    from diag.run.case import check_case, parse_case
+    from diag.target.placement import require_split_target
+    from diag.zoo import zoo_path
+
+    kimi = json.loads((Path(__file__).parent / "fixtures/real-configs/kimi-k2.5/config.json").read_text())
+    require_split_target(kimi, "pack-quantized", file="k/config.json")
+    target = zoo_path("llama-tiny", progress=False)
+    monkeypatch.setattr(inputs, "require_gpus", lambda *a, **k: None)     # this CPU shows no GPU
+    case = check_case(parse_case({"version": 1, "name": "m", "target": {"path": str(target)},
+                                  "drafter": {"path": str(zoo_path("llama-tiny-eagle3-embed", progress=False))},
+                                  "prompts": {"file": "p.jsonl"}, "evaluate": {"layouts": ["embed+L2+L4"]},
+                                  "placement": {"gpus": 2, "experts": "split"}}, str(tmp_path / "c.toml")))
+    with pytest.raises(DiagError, match="INT4 routed experts") as err:
+        inputs.prepare(case)
+    assert err.value.file == f"{target}/config.json" and err.value.field == "placement.experts"
+    assert err.value.found == "quantization none, 0 routed experts"

@@ -29,7 +29,7 @@ from diag.run.checkpoints import locate
 from diag.run.decodings import DecodingPlan, plan as decoding_plan
 from diag.run.prompts import PromptSet, read_prompt_set, read_recorded
 from diag.run.rendered import RenderedPrompts, render_prompts
-from diag.target.placement import require_bf16, require_gpus
+from diag.target.placement import require_bf16, require_gpus, require_split_target
 from diag.target.load import TargetInfo, plain_config, target_info
 from diag.target.tokenizer import TRUST_FLAG, load_tokenizer
 from diag.trees import TreeShape, tree_shape
@@ -379,6 +379,8 @@ def prepare(case: Case) -> Inputs:
                  ("bfloat16" if declared and declared[1] == "BF16" else "auto"), file=case.source,
                  field="target.dtype" if case.target.dtype != "auto" else f"{tpath}/config.json {declared and declared[0]}")
     tinfo = target_info(tpath)
+    if case.placement.experts == "split":
+        require_split_target(tcfg, tinfo.quantization, file=f"{tpath}/config.json")
     check_target_files(tpath, tcfg)         # the target's own files first: a fault there is its own
     check_pair_config(tinfo, dpath)
     dckpt = inspect_drafter(dpath)

@@ -82,6 +82,20 @@ def require_gpus(gpus: int, *, field: str = "placement.gpus", file: str | None =
                             hint="lower --gpu-memory, or leave it out to plan with each GPU's free memory")
 
 
+def require_split_target(cfg: dict, quantization: str | None, *, file: str, field: str = "placement.experts") -> None:
+    """`experts = "split"` holds each layer's routed experts as INT4 shards (diag.int4.sharded):
+    the target must be a MoE whose experts are pack-quantized, checked from config.json before
+    any weight is read. Example: Llama-3.1-8B -> found "quantization none, 0 routed experts"."""
+    c = text_config(cfg)
+    experts = int(c.get("n_routed_experts") or c.get("num_experts") or c.get("num_local_experts") or 0)
+    if quantization != "pack-quantized" or experts < 2:
+        raise DiagError("experts split over the GPUs needs a MoE target with INT4 routed experts", file=file,
+                        field=field, expected="n_routed_experts >= 2 and a pack-quantized quantization_config "
+                                              "(Kimi-K2.5, DeepSeek-V3 INT4)",
+                        found=f"quantization {quantization or 'none'}, {experts} routed experts",
+                        hint='experts = "layer" (the default)')
+
+
 def require_bf16(gpus: int, dtype_name: str, *, field: str = "target.dtype", file: str | None = None) -> None:
     """bfloat16 weights on GPUs that cannot compute in it (before Ampere: V100, T4) are refused
     by name; on the CPU torch emulates bf16. dtype_name: the case's dtype, or the checkpoint's
