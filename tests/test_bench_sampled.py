@@ -28,7 +28,9 @@ def test_sampled_bench_runs_at_tiny_widths(kimi_cpu):
         assert len(row["pass_seconds_all"]) == 3 and row["pass_seconds"] == min(row["pass_seconds_all"])
         assert row["cost_in_passes"] > 0 and row["limit"] in row["phases"]
         assert sum(row["phases"].values()) <= row["profiled_seconds"] * 1.05 and row["profiled_same_decode"]
-        assert 1.0 <= row["accept_length"] <= 3.0
+        # 6 tokens a row: the prefill's, then one round per token while nothing is accepted -> 6 / 5;
+        # the drafter is random and the target's T=1 distribution near uniform: (almost) never accepted
+        assert 1.2 <= row["accept_length"] < 1.25
         rounds = round(row["emitted_tokens"] / row["accept_length"])       # every row's rounds, summed
         assert row["verified_tokens"] >= rounds * row["num_draft_tokens"]
     lines = goal_lines({"sections": {"sampled": res}})
