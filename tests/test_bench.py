@@ -1,6 +1,7 @@
 """diag.bench and the fused INT4 path: routing layout, CPU fallback, the Triton kernel when
 it can run (CUDA, or Triton's interpreter), the naive loop's cache handling, rendering."""
 
+import copy
 import json
 import os
 from types import SimpleNamespace
@@ -678,14 +679,9 @@ def test_split_experts_on_the_fused_kernels_sum_what_the_whole_layer_sums(groupe
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     m = _experts(7, E=4, H=256, I=256).to(dev)
     m.__class__ = FastPackedExperts
-    shards = []
-    for lo, n in ((0, 2), (2, 1), (3, 1)):
-        s = PackedExperts(n, 256, 256, 32, F.silu, device=dev)
-        for name, buf in s.named_buffers():
-            buf.copy_(getattr(m, name)[lo:lo + n])
-        s.__class__ = FastPackedExperts
-        shards.append(s)
-    split = ShardedExperts(shards)
+    split = ShardedExperts.of(copy.deepcopy(m), [dev] * 3)      # words of its own: each shard lays out its slice
+    shards = list(split.shards)
+    assert [s.num_experts for s in shards] == [2, 1, 1] and all(type(s) is FastPackedExperts for s in shards)
     x = torch.randn(40, 256, device=dev).to(torch.bfloat16)
     idx = torch.stack([torch.randperm(4)[:2] for _ in range(40)]).to(dev)
     w = torch.rand(40, 2, device=dev)

@@ -59,18 +59,7 @@ def _packed(E=7, H=32, I=16, group=8, seed=0) -> PackedExperts:
 
 
 def _split(module: PackedExperts, shards: int) -> ShardedExperts:
-    out = ShardedExperts.like(_Shape(module), module.group_size, ["cpu"] * shards)
-    for s in out.shards:
-        lo, n = s.first_expert, s.num_experts
-        for name, buf in s.named_buffers():
-            buf.copy_(getattr(module, name)[lo:lo + n])
-    return out
-
-
-class _Shape:
-    def __init__(self, m: PackedExperts):
-        self.gate_up_proj = torch.empty(m.num_experts, 2 * m.intermediate_dim, m.hidden_dim, device="meta")
-        self.act_fn = m.act_fn
+    return ShardedExperts.of(module, ["cpu"] * shards)
 
 
 @settings(max_examples=25, deadline=None)
@@ -102,7 +91,6 @@ def test_a_shard_names_its_experts_by_their_checkpoint_ids():
 
 
 def _split_map(model, shards: int) -> dict:
-    from diag.int4.sharded import ShardedExperts as _S  # noqa: F401
     out = {"": "cpu"}
     for name, m in model.named_modules():
         if isinstance(m, PackedExperts) and ".shards." not in name:

@@ -41,19 +41,6 @@ def _timed(fn, repeats: int = REPEATS) -> float:
     return statistics.median(times)
 
 
-def shard_view(module, start: int, count: int):
-    """Experts [start, start + count) of a (fast) PackedExperts as a module of its own class
-    over views of its buffers (no copy): what a shard holds."""
-    shard = module.__class__.__new__(module.__class__)
-    torch.nn.Module.__init__(shard)
-    for name, buf in module.named_buffers(recurse=False):
-        shard.register_buffer(name, buf[start:start + count])
-    shard.num_experts, shard.hidden_dim, shard.intermediate_dim = count, module.hidden_dim, module.intermediate_dim
-    shard.group_size, shard.act_fn = module.group_size, module.act_fn
-    shard.kernel_layout, shard.first_expert = getattr(module, "kernel_layout", 0), start
-    return shard
-
-
 @torch.no_grad()
 def probe(model, shards: int = SHARDS, tokens=TOKENS, top_k: int | None = None, seed: int = 0) -> dict:
     """The first routed-experts module of `model` (on CUDA): {"shards", "experts", "rows":
@@ -61,13 +48,12 @@ def probe(model, shards: int = SHARDS, tokens=TOKENS, top_k: int | None = None, 
     cannot run (no CUDA experts, or the forward failed: data, not a crash)."""
     from diag.int4.fast import fused_experts
     from diag.int4.packed import PackedExperts
-    from diag.int4.sharded import local_index, split_sizes
+    from diag.int4.sharded import ShardedExperts, local_index
 
     module = next((m for m in model.modules() if isinstance(m, PackedExperts)), None)
     if module is None or not module.gate_up_proj_packed.is_cuda:
         return {"error": "no routed experts on a CUDA device"}
     k = top_k or int(getattr(model.config, "num_experts_per_tok", 8))
-    count = split_sizes(module.num_experts, shards)[0]
     gen = torch.Generator(device=module.gate_up_proj_packed.device).manual_seed(seed)
     rows = []
     try:
@@ -78,14 +64,15 @@ def probe(model, shards: int = SHARDS, tokens=TOKENS, top_k: int | None = None, 
                 idx = torch.rand(t, module.num_experts, device=dev, generator=gen).topk(k, dim=-1).indices
                 w = torch.rand(t, k, device=dev, generator=gen, dtype=torch.bfloat16)
                 all_s = _timed(lambda: module(x, idx, w))
-                shard = shard_view(module, 0, count)
-                local = local_index(idx, 0, count)
+                shard = ShardedExperts.of(module, [dev] * shards).shards[0]     # views: what GPU 0 holds
+                local = local_index(idx, 0, shard.num_experts)
                 shard_s = _timed(lambda: fused_experts(shard, x, local, w, partial=True))
                 rows.append({"tokens": t, "all_s": all_s, "shard_s": shard_s, "saved_s": all_s - shard_s,
                              "shard_fraction": shard_s / all_s})
     except Exception as err:  # recorded in the JSON
         return {"error": repr(err)[-400:]}
-    return {"shards": shards, "experts": module.num_experts, "experts_per_shard": count, "top_k": k, "rows": rows}
+    return {"shards": shards, "experts": module.num_experts, "experts_per_shard": shard.num_experts, "top_k": k,
+            "rows": rows}
 
 
 def saved(split: dict, tokens: float) -> float:

@@ -19,6 +19,7 @@ from diag.run.case import (Case, DecodingSpec, EvaluateSpec, ModelSpec, PromptSp
                            read_case, with_engine)
 
 from diag.run.shipped import DEFAULT_PROMPTS, DEMO, shipped
+from diag.target.placement import EXPERTS
 
 
 def register(sub) -> None:
@@ -45,7 +46,7 @@ def register(sub) -> None:
                         "(default: the case's [serving] engine, else the newest known)")
     p.add_argument("--gpus", type=int, help="place the target across N GPUs (0: CPU)")
     p.add_argument("--gpu-memory", help="memory budget per GPU for weights, e.g. 130GiB")
-    p.add_argument("--experts", choices=("layer", "split"),
+    p.add_argument("--experts", choices=EXPERTS,
                    help="routed experts with their layer (default) or each layer's split over all the GPUs "
                         "(expert parallelism: every GPU reads its share of each layer at once)")
     p.add_argument("--temperature", action="append", type=float, default=[],

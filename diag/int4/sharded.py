@@ -94,6 +94,27 @@ class ShardedExperts(nn.Module):
         return cls([PackedExperts(n, hidden, two_i // 2, group_size, experts.act_fn, device=dev)
                     for n, dev in zip(split_sizes(num, len(devices)), devices)])
 
+    @classmethod
+    def of(cls, module: PackedExperts, devices: list) -> "ShardedExperts":
+        """A loaded PackedExperts (fast or not) split over `devices`: each shard of its class
+        holds its slice of the module's buffers moved to its device (a view where that is the
+        module's own), in the module's kernel layout if it has one. The fused path lays the
+        words out in place at a module's first forward: split a module after its own (bench/
+        expert_split.py), or one whose words nothing else reads."""
+        shards, start = [], 0
+        for n, dev in zip(split_sizes(module.num_experts, len(devices)), devices):
+            shard = module.__class__.__new__(module.__class__)
+            nn.Module.__init__(shard)
+            for name, buf in module.named_buffers(recurse=False):
+                shard.register_buffer(name, buf[start:start + n].to(dev))
+            shard.num_experts, shard.hidden_dim, shard.intermediate_dim = n, module.hidden_dim, module.intermediate_dim
+            shard.group_size, shard.act_fn = module.group_size, module.act_fn
+            if "kernel_layout" in vars(module):
+                shard.kernel_layout = module.kernel_layout
+            shards.append(shard)
+            start += n
+        return cls(shards)
+
     def devices(self) -> list[torch.device]:
         return [shard.gate_up_proj_packed.device for shard in self.shards]
 

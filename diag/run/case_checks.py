@@ -124,10 +124,10 @@ def check_placement(case) -> None:
     """[placement] sizes parse ("130GiB"), as the placement step will parse them; experts =
     "split" spreads each layer's experts over the GPUs, so it needs two or more (the CPU
     holds one copy of everything)."""
-    from diag.target.placement import check_values
+    from diag.target.placement import EXPERTS, check_values
     pl = case.placement
     check_values(pl.gpu_memory, pl.activation_budget, file=case.source)
-    if pl.experts not in ("layer", "split"):
+    if pl.experts not in EXPERTS:
         raise DiagError("unknown placement of the routed experts", file=case.source, field="placement.experts",
                         expected='"layer" (with their decoder layer) or "split" (every layer\'s experts over all '
                                  'the GPUs)', found=repr(pl.experts))

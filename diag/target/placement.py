@@ -32,6 +32,7 @@ from diag.checkpoint.config import text_config
 from diag.errors import DiagError
 
 GiB = 2 ** 30
+EXPERTS = ("layer", "split")   # [placement] experts: with their decoder layer, or split over the GPUs
 _GROWTH = 24  # bf16 copies of the hidden state alive in one decoder layer (norms, MLA q/k/v, residuals)
 
 
@@ -152,18 +153,11 @@ def place(model_or_config, gpus: int, gpu_memory: str | int | None = None,
         raise DiagError("the activation budget leaves no room for weights",
                         field="placement.activation_budget", expected=f"< {_gib(min(per_gpu))} per GPU",
                         found=_gib(act))
-    if experts == "split":
-        kept = {n: m for n, m in model.named_modules()}
-        try:
-            return split_experts(model, room, per_gpu, act)
-        finally:                               # the caller's model, if it gave one, as it was
-            for name, module in kept.items():
-                parent, _, leaf = name.rpartition(".")
-                if name and getattr(kept[parent], leaf, None) is not module:
-                    setattr(kept[parent], leaf, module)
-    if experts != "layer":
+    if experts not in EXPERTS:
         raise DiagError("unknown placement of the routed experts", field="placement.experts",
-                        expected='"layer" or "split"', found=repr(experts))
+                        expected=" or ".join(f'"{e}"' for e in EXPERTS), found=repr(experts))
+    if experts == "split":
+        return split_experts(model, room, per_gpu, act)
     return _infer(model, room, per_gpu, act)
 
 
@@ -196,12 +190,17 @@ def split_experts(model: nn.Module, room: dict[int, int], per_gpu: list[int], ac
         for j, count in enumerate(split_sizes(module.num_experts, gpus)):
             held[j] += int(per_expert * count)
             shards[f"{name}.{SHARDS}.{j}"] = j
-        parent, _, leaf = name.rpartition(".")
-        setattr(model.get_submodule(parent), leaf, nn.Module())     # sized apart: the rest placed by layers
     left = {i: room[i] - held[i] for i in range(gpus)}
     if min(left.values()) <= 0:
         _not_enough(sum(held) + sizes[""] - sum(sizes[n] for n, _ in found), gpus, per_gpu, act)
-    return {**_infer(model, left, per_gpu, act), **shards}
+    owners = [(model.get_submodule(n.rpartition(".")[0]), n.rpartition(".")[2], m) for n, m in found]
+    try:                                      # the experts sized apart: the rest placed by layers
+        for parent, leaf, _ in owners:
+            setattr(parent, leaf, nn.Module())
+        return {**_infer(model, left, per_gpu, act), **shards}
+    finally:                                  # the caller's model, if it gave one, as it was
+        for parent, leaf, module in owners:
+            setattr(parent, leaf, module)
 
 
 def _infer(model: nn.Module, room: dict[int, int], per_gpu: list[int], act: int) -> dict:
