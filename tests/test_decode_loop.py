@@ -423,3 +423,23 @@ def test_the_commit_on_fixed_shapes_moves_what_the_commit_moves():
         assert x.keys.shape == y.keys.shape == (4, 2, 11, 3)
         for r, n in enumerate(want.length.tolist()):
             assert torch.equal(x.buf_k[r, :, :n], y.buf_k[r, :, :n]) and torch.equal(x.buf_v[r, :, :n], y.buf_v[r, :, :n])
+
+
+@pytest.mark.parametrize("dense, D, done, leaves", [
+    (True, 2, 57, True),      # chain-1 at 96 rows: 57 finished rows take 114 nodes out of every verify
+    (True, 2, 24, False),     # of 39 later, 24 finished (48 nodes): they ride along
+    (True, 16, 4, False),     # s3-k8-d16, 4 of 96: under half the batch
+    (True, 16, 48, True),
+    (True, 16, 5, True),      # ... 5 of 9: half the batch, 80 nodes
+    (False, 2, 10, True),     # growing widths (the CPU's): a tenth of the batch, whatever its nodes
+    (False, 2, 9, False)])
+def test_finished_rows_leave_the_batch_when_they_repay_the_captures(dense, D, done, leaves):
+    """DecodeLoop._retiring: on fixed shapes finished rows leave once they are half the batch and
+    carry RETIRE_MIN_TOKENS_GRAPHED (64) of the verify's nodes; on growing widths once they are a
+    tenth of it. Batches of 96 rows (9 in the fifth case)."""
+    from types import SimpleNamespace
+
+    B = 9 if done == 5 else 96
+    fake = SimpleNamespace(_dense=lambda: dense, D=D)
+    mask = torch.arange(B) < done
+    assert DecodeLoop._retiring(fake, mask) is leaves

@@ -150,3 +150,28 @@ def test_the_step_cost_probe_runs_over_the_latents(kimi_cpu, monkeypatch):
     costs = measure_costs(model, drafter, model.get_input_embeddings(), [1, 4], context=16, repeats=2)
     assert model.config._attn_implementation != NAME
     assert costs.costs.t_decode > 0 and sorted(costs.costs.t_verify) == [1, 4]
+
+
+@pytest.mark.parametrize("mask_kind", ["bool", "additive", "shared", "none"])
+def test_heads_folded_into_the_queries_attend_as_each_head_does(mask_kind):
+    """fold_heads: one head of H x Q queries against the one latent key head gives each head's
+    own attention (the slots read once a row, not once a head). Worked example of the layout:
+    H 2, Q 3 -> query rows (h0 q0, h0 q1, h0 q2, h1 q0, h1 q1, h1 q2); a mask row i of head h
+    is row h * Q + i. Masks: a per-row boolean one, an additive bias, one shared by the rows
+    [1, 1, Q, L], none."""
+    from diag.target.mla_latent import fold_heads
+
+    g = torch.Generator().manual_seed(0)
+    B, H, Q, L, d, dv = 2, 3, 4, 7, 5, 6
+    q, k, v = torch.randn(B, H, Q, d, generator=g), torch.randn(B, 1, L, d, generator=g), torch.randn(B, 1, L, dv, generator=g)
+    see = torch.rand(B, 1, Q, L, generator=g) < 0.6
+    see[..., 0] = True                                              # every query sees a slot
+    mask = {"bool": see, "additive": torch.where(see, 0.0, -1e9), "shared": see[:1], "none": None}[mask_kind]
+    want = torch.nn.functional.scaled_dot_product_attention(q, k.expand(B, H, L, d), v.expand(B, H, L, dv),
+                                                            attn_mask=mask)
+    fq, fmask = fold_heads(q, mask, L)
+    assert fq.shape == (B, 1, H * Q, d) and torch.equal(fq[:, 0, 1 * Q + 2], q[:, 1, 2])
+    if mask is not None:
+        assert fmask.shape == (B, 1, H * Q, L) and torch.equal(fmask[:, 0, 2 * Q + 1], mask.expand(B, H, Q, L)[:, 2, 1])
+    got = torch.nn.functional.scaled_dot_product_attention(fq, k, v, attn_mask=fmask).view(B, H, Q, dv)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

@@ -130,3 +130,25 @@ def test_the_fused_layer_runs_with_its_own_device_current(monkeypatch):
     monkeypatch.setattr(fast, "fused_experts", lambda *a: calls.append(list(current)) or "out")
     hidden = SimpleNamespace(is_cuda=True, device="cuda:3")
     assert m.forward(hidden, None, None) == "out" and calls == [["cuda:3"]]
+
+
+def test_routing_graphs_are_off_inside_routed_eagerly_and_while_the_caller_captures(monkeypatch):
+    """graphs_allowed: on CUDA, outside routed_eagerly (nested blocks too, restored after an
+    error), not while the caller's stream is being captured; never off CUDA."""
+    from diag.int4.routing import graphs_allowed, routed_eagerly
+
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    cuda = torch.device("cuda", 0)
+    assert graphs_allowed(cuda) and not graphs_allowed(torch.device("cpu"))
+    with routed_eagerly():
+        assert not graphs_allowed(cuda)
+        with routed_eagerly():
+            assert not graphs_allowed(cuda)
+        assert not graphs_allowed(cuda)
+    assert graphs_allowed(cuda)
+    with pytest.raises(RuntimeError), routed_eagerly():
+        raise RuntimeError("a profiled loop failed")
+    assert graphs_allowed(cuda)
+    capturing[0] = True
+    assert not graphs_allowed(cuda)

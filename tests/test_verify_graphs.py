@@ -40,6 +40,21 @@ def test_graphs_are_usable_only_on_one_cuda_device_and_forget_the_buffers_they_w
     assert stamps(cache) == same
 
 
+def test_a_models_placement_is_looked_up_once_per_graphs_object(monkeypatch):
+    """usable() walks a model's parameters once per VerifyGraphs and model (a loop asks ~5 times a
+    round); each model is looked up on its own, and a failed capture still turns every model off."""
+    graphs, walks = VerifyGraphs(), []
+    a, b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    real = torch.nn.Module.parameters
+    monkeypatch.setattr(torch.nn.Module, "parameters", lambda self, *x, **k: walks.append(self) or real(self, *x, **k))
+    assert [graphs.usable(m) for m in (a, a, b, a, b)] == [False] * 5
+    assert walks == [a, b]
+    graphs.placed[id(a)] = (a, True)                              # as a model on one CUDA device is recorded
+    assert graphs.usable(a) and not graphs.usable(b)
+    graphs.failure = "RuntimeError: capture"
+    assert not graphs.usable(a)
+
+
 def test_the_verify_graphs_switch(monkeypatch):
     """DIAG_VERIFY_GRAPHS=0 turns the loop's graphs off; unset or 1 leaves them on; anything else
     is an error naming it (tests/bad_inputs: before anything loads)."""

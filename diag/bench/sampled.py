@@ -40,6 +40,7 @@ import torch
 from diag.bench.common import sync
 from diag.engines.decoding import sampled
 from diag.int4.packed import resident_bytes
+from diag.int4.routing import routed_eagerly
 from diag.layouts import CapturePoint, layout, union_points
 from diag.replay.decode_loop import GRAPHED, DecodeLoop, Lane
 from diag.replay.replay import Variant
@@ -241,7 +242,8 @@ def round_profile(model, drafter, embed, head, layouts: list[str], prompts: list
     per round: host_ms, the wall of the phase; device_ms, the kernels it launched; launches.
     Over the window: the device's busy seconds against the wall (far below 1: a loop bound by
     the host, by launches and syncs, not by the device), launches per round, and the `top` ops
-    by their own device time. On the CPU the device figures are None."""
+    by their own device time. On the CPU the device figures are None. The MoE routing runs its
+    kernels inside the profile (int4/routing.routed_eagerly): no routing graph is replayed there."""
     from torch.profiler import ProfilerActivity, profile, schedule
 
     shape = tree_shape(tree)
@@ -251,7 +253,8 @@ def round_profile(model, drafter, embed, head, layouts: list[str], prompts: list
     loop, _, rows = bench_loop(model, drafter, embed, head, layouts, shape, len(prompts), profile=True)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     marks: list[float] = []
-    with profile(activities=acts, schedule=schedule(wait=1, warmup=1, active=rounds, repeat=1)) as prof:
+    with routed_eagerly(), profile(activities=acts, schedule=schedule(wait=1, warmup=1, active=rounds,
+                                                                  repeat=1)) as prof:
         def step():
             sync()
             marks.append(time.perf_counter())
@@ -296,7 +299,8 @@ def verify_profile(model, drafter, embed, head, layouts: list[str], prompts: lis
     Per round: the verify's wall, its kernels' device time and count, and the `top` kernels by
     device time, each with its share of the verify's device time. Worked example: a verify of
     11.6 ms whose kernels take 9 ms, 4 ms of them the experts' GEMM, spends 2.6 ms between kernels
-    and 5 ms in kernels other than the experts. CUDA only (None elsewhere)."""
+    and 5 ms in kernels other than the experts. CUDA only (None elsewhere). The routing runs its
+    kernels (int4/routing.routed_eagerly), counted among the verify's."""
     from torch.profiler import ProfilerActivity, profile, schedule
 
     if next(drafter.parameters()).device.type != "cuda":
@@ -309,8 +313,8 @@ def verify_profile(model, drafter, embed, head, layouts: list[str], prompts: lis
     loop.cuda_graphs, loop.fixed_width = False, True
     kernels: dict[str, list[float]] = {}
     wall = 0.0
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
-                 schedule=schedule(wait=1, warmup=1, active=rounds, repeat=1)) as prof:
+    with routed_eagerly(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                                   schedule=schedule(wait=1, warmup=1, active=rounds, repeat=1)) as prof:
         loop.on_step = prof.step
         loop.run(prompts, rows, max_new_tokens)
     n = 0

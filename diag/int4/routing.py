@@ -25,6 +25,7 @@ This module knows index arithmetic and CUDA graphs; nothing about weights or ker
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -87,6 +88,30 @@ _GRAPHS: "OrderedDict[tuple, _Captured]" = OrderedDict()
 _SEEN: dict[tuple, bool] = {}
 
 
+_EAGERLY = [0]          # open `routed_eagerly` blocks
+
+
+@contextlib.contextmanager
+def routed_eagerly():
+    """Inside the block `replayed_routes` routes with its kernels, no graph captured or replayed.
+    For torch.profiler's windows (bench/sampled.py's profiles): a profile wants the routing's own
+    kernels, and a routing graph captured before a profile and replayed inside one crashed the
+    process (a segfault in CUDAGraph.replay under the profiler, H100, torch 2.11; reports/bench/NOTES.md,
+    twenty-second stop)."""
+    _EAGERLY[0] += 1
+    try:
+        yield
+    finally:
+        _EAGERLY[0] -= 1
+
+
+def graphs_allowed(dev: torch.device) -> bool:
+    """Whether `replayed_routes` may use its graphs on `dev`: on CUDA, outside `routed_eagerly`,
+    and not while the caller's stream is itself being captured (the routing is then part of the
+    caller's graph)."""
+    return dev.type == "cuda" and not _EAGERLY[0] and not torch.cuda.is_current_stream_capturing()
+
+
 def replayed_routes(top_k_index: torch.Tensor, num_experts: int, block_ms) -> dict[int, Routing]:
     """routes(), replayed from a CUDA graph where the same shape was routed before.
 
@@ -98,7 +123,7 @@ def replayed_routes(top_k_index: torch.Tensor, num_experts: int, block_ms) -> di
     routes() as is."""
     block_ms = tuple(dict.fromkeys(block_ms))
     dev = top_k_index.device
-    if dev.type != "cuda" or torch.cuda.is_current_stream_capturing():
+    if not graphs_allowed(dev):
         return routes(top_k_index, num_experts, block_ms)
     key = (dev.index, tuple(top_k_index.shape), top_k_index.dtype, num_experts, block_ms)
     got = _GRAPHS.get(key)

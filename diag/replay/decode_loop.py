@@ -65,6 +65,7 @@ GRAPHED = ("draft", "verify", "accept", "commit", "extend")   # a round's steps,
 RETIRE_FRACTION = 0.1                # finished rows leave the batch once they are a tenth of it
 RETIRE_FRACTION_GRAPHED = 0.5        # ... half of it on fixed shapes, where rounds replay graphs: a retire
                                      # takes the caches' rows (new buffers), so every step is captured again
+RETIRE_MIN_TOKENS_GRAPHED = 64       # ... and only when they take this many tree nodes out of every verify
 CPU_THREADS = 1                      # torch's intra-op threads while the loop runs on the CPU (`cpu_threads`)
 
 
@@ -671,9 +672,8 @@ class DecodeLoop:
         the batch once they are RETIRE_FRACTION of it (until then they ride along, committing
         nothing), so the caches are re-indexed a few times per batch, not every round; on fixed
         shapes (`_dense`: CUDA's, where rounds replay graphs, or not: the same batches either way,
-        so the same sums), once they are RETIRE_FRACTION_GRAPHED of it (a row riding along costs
-        the verify little, which reads the weights once whatever its rows; a retire costs a
-        capture of every step)."""
+        so the same sums), once they are RETIRE_FRACTION_GRAPHED of it and carry enough of the
+        verify's nodes to repay the captures a retire costs (`_retiring`)."""
         plen = torch.tensor([len(prompts[st.out[i].prompt]) for i in st.active.tolist()])
         idx = torch.arange(st.seq.shape[1])[None]
         cont = (idx >= plen[:, None]) & (idx < st.n[:, None]) & (idx < (plen + max_new_tokens)[:, None])
@@ -686,11 +686,25 @@ class DecodeLoop:
         if done.all():
             return _Rows(st.seq[:0], st.n[:0], None, None, st.lane_of[:0], st.active[:0], st.out, st.coin_row[:0],
                          done[:0])
-        if done.float().mean() < (RETIRE_FRACTION_GRAPHED if self._dense() else RETIRE_FRACTION):
+        if not self._retiring(done):
             return st
         keep = torch.nonzero(~done)[:, 0]
         select_rows(tkv, keep)
         return st.keep(keep, self.dev)
+
+    def _retiring(self, done: torch.Tensor) -> bool:
+        """Whether the finished rows `done` [B] leave the batch now (`_retire`). On fixed shapes a
+        retire costs a capture of every step (~40 ms at the 2-layer Kimi-shaped bench, H100), and a
+        row riding along costs its D nodes in every round (~0.09 ms a chain-1 row, ~0.4 ms an
+        s3-k8-d16 row there: the head and the vocabulary's work in the accept, the experts its
+        tokens reach): so the finished rows must also carry RETIRE_MIN_TOKENS_GRAPHED nodes. A rule on
+        counts, never on timings, so a run's batches, and with them its sums, are the same every
+        time. Example, chain-1 (D 2) at 96 rows: 57 finished (114 nodes) leave; of 39 later, 24
+        finished (48 nodes) ride along to the end; at s3-k8-d16 (D 16) 4 finished rows leave."""
+        if self._dense():
+            return (bool(done.float().mean() >= RETIRE_FRACTION_GRAPHED)
+                    and int(done.sum()) * self.D >= RETIRE_MIN_TOKENS_GRAPHED)
+        return bool(done.float().mean() >= RETIRE_FRACTION)
 
     def _finish(self, st, b, plen, max_new_tokens):
         o = st.out[int(st.active[b])]

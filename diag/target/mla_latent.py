@@ -76,11 +76,15 @@ def latent_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, 
                      attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
                      **kwargs) -> tuple[torch.Tensor, None]:
     """query [B, H, Q, nope + rope]; key k_rot [B, 1, L, rope] and value c [B, 1, L, lora] from
-    `_latent_kv`; attention_mask an additive bias [B, 1, Q, L] (or None: every slot, causal over
-    the last Q when Q > 1). Returns [B, Q, H, v] as transformers' attention functions do. The
-    scores and the softmax are torch's attention's (float32 inside on every backend): queries
-    [W_uk_h^T q_nope, q_rot] against the one key head [c, k_rot] shared by the H heads (a view,
-    not a copy per head), values c; then W_uv_h per head."""
+    `_latent_kv`; attention_mask an additive bias or a boolean mask broadcastable to [B, H, Q, L]
+    (or None: every slot, causal over the last Q when Q > 1). Returns [B, Q, H, v] as
+    transformers' attention functions do. The scores and the softmax are torch's attention's
+    (float32 inside on every backend): queries [W_uk_h^T q_nope, q_rot] against the one key head
+    [c, k_rot], values c; then W_uv_h per head. The H heads are folded into the query axis (one
+    attention head of H x Q queries, `fold_heads`), as the engines' MLA decode kernels do: every
+    slot's latent is read once a row, not once a head (a view expanded over the heads is read H
+    times by torch's attention kernels: at Kimi's 64 heads, 96 rows of 200 slots, 2.7 GB a layer
+    against 42 MB; reports/bench/NOTES.md, twenty-second stop)."""
     B, H, Q, _ = query.shape
     nope, lora = module.qk_nope_head_dim, value.shape[-1]
     w_uk, w_uv = _weights(module)
@@ -88,15 +92,30 @@ def latent_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, 
     q_lat = torch.matmul(q_nope.transpose(0, 1).reshape(H, B * Q, nope), w_uk.to(query.dtype))      # [H, BQ, lora]
     q = torch.cat([q_lat.view(H, B, Q, lora).transpose(0, 1), q_rot], dim=-1)                     # [B, H, Q, lora+rope]
     L = key.shape[-2]
-    k = torch.cat([value, key], dim=-1).expand(B, H, L, lora + key.shape[-1])                     # [c, k_rot]
+    k = torch.cat([value, key], dim=-1)                                                            # [B, 1, L, lora+rope]
     mask = attention_mask[..., :L] if attention_mask is not None else None
     if mask is None and Q > 1:
         see = torch.arange(L, device=query.device)[None] <= torch.arange(Q, device=query.device)[:, None] + (L - Q)
         mask = see[None, None]
-    out_lat = F.scaled_dot_product_attention(q, k, value.expand(B, H, L, lora), attn_mask=mask,
+    q, mask = fold_heads(q, mask, L)
+    out_lat = F.scaled_dot_product_attention(q, k, value, attn_mask=mask,
                                              scale=scaling if scaling is not None else module.scaling)
+    out_lat = out_lat.view(B, H, Q, lora)
     out = torch.matmul(out_lat.transpose(0, 1).reshape(H, B * Q, lora), w_uv.transpose(1, 2).to(value.dtype))
     return out.view(H, B, Q, -1).permute(1, 2, 0, 3).contiguous(), None                              # [B, Q, H, v]
+
+
+def fold_heads(q: torch.Tensor, mask: torch.Tensor | None, L: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """q [B, H, Q, d] as one head of H x Q queries [B, 1, H * Q, d] (query h * Q + i is head h's
+    query i), and the mask (broadcastable to [B, H, Q, L]) laid out the same way [B, 1, H * Q, L].
+    Example: H 2, Q 3 -> queries (h0 q0, h0 q1, h0 q2, h1 q0, ...), each head's rows of the mask
+    repeated in that order. Attention is per query row, so every row's scores, softmax and output
+    are the unfolded attention's."""
+    B, H, Q, d = q.shape
+    q = q.reshape(B, 1, H * Q, d)
+    if mask is not None:
+        mask = mask.expand(B, H, Q, L).reshape(B, 1, H * Q, L)
+    return q, mask
 
 
 def _register() -> None:

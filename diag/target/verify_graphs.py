@@ -64,13 +64,21 @@ class VerifyGraphs:
     failure: str | None = None
     counts: dict[str, float] = field(default_factory=lambda: {"captured": 0, "replayed": 0, "eager": 0,
                                                                "capture_s": 0.0})
+    placed: dict[int, tuple] = field(default_factory=dict)   # id(model) -> (model, on one CUDA device): `usable`
 
     def usable(self, model: torch.nn.Module) -> bool:
-        """Graphs on: no capture failed yet, and every parameter and buffer on one CUDA device."""
+        """Graphs on: no capture failed yet, and every parameter and buffer on one CUDA device.
+        A model's devices are looked up once per object (`placed`): a placement does not move
+        while its forwards run, and walking a model's modules each call cost a decode loop 2 ms
+        a round on the host (310 calls of the 2-layer Kimi-shaped target and its drafter, 0.13 s
+        of a 1.1 s loop; reports/bench/NOTES.md, twenty-second stop)."""
         if self.failure is not None:
             return False
-        devs = {t.device for t in model.parameters()} | {t.device for t in model.buffers()}
-        return len(devs) == 1 and next(iter(devs)).type == "cuda"
+        key = id(model)
+        if key not in self.placed:
+            devs = {t.device for t in model.parameters()} | {t.device for t in model.buffers()}
+            self.placed[key] = (model, len(devs) == 1 and next(iter(devs)).type == "cuda")
+        return self.placed[key][1]
 
     def run(self, buffers: tuple, inputs: dict[str, torch.Tensor], key: tuple,
             forward: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor] | None:
