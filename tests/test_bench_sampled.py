@@ -186,3 +186,56 @@ def test_the_verify_once_its_graphs_are_captured():
     assert "verify_replay_seconds_per_round" not in section["rows"][1]
     assert section["verify_replay_fraction_of_copy_bandwidth_min"] == good["verify_replay_fraction_of_copy_bandwidth"]
     assert section["verify_fraction_of_copy_bandwidth_min"] < section["verify_replay_fraction_of_copy_bandwidth_min"]
+
+
+def test_the_pairs_training_memory_and_the_layers_that_leave_room_for_it():
+    """bench/pair.training_bytes: 18 B a trainable parameter (fp32 weight, gradient, AdamW's two
+    moments, the bf16 copy under autocast) + 8 GiB; the Kimi-shaped drafter's 1.19 B parameters ->
+    30.0 GB. gpu.layers_for_memory leaves that on the device: an H100 (85.0e9 B) holds 5 layers
+    of the bench target (0.8 GB layer 0 + 9.9 GB a MoE layer + 4.7 GB tables), an H200 the cap 6.
+    gpu.pair_fits says what --layers leaves room when it does not fit."""
+    from diag.bench.gpu import layers_for_memory, pair_fits
+    from diag.bench.pair import TRAINING_WORK_BYTES, training_bytes
+    from diag.drafter.model import Eagle3Drafter
+    from diag.zoo.kimi_shaped import drafter_config
+
+    need = training_bytes({})
+    assert need == 1_190_948_864 * 18 + TRAINING_WORK_BYTES and round(need / 1e9, 1) == 30.0
+    small = {**SMALL, **SMALL_DRAFTER}
+    params = sum(p.numel() for p in Eagle3Drafter(drafter_config(small)).parameters())
+    assert training_bytes(small) == params * 18 + TRAINING_WORK_BYTES
+    assert layers_for_memory(85_000_000_000, need) == 5 and layers_for_memory(150_000_000_000, need) == 6
+    assert layers_for_memory(20_000_000_000, need) == 2                    # never below the bench's 2 layers
+    assert pair_fits(31_000_000_000, need, 6, 9_900_000_000) is None
+    why = pair_fits(24_600_000_000, need, 6, 9_900_000_000)
+    assert "30.0 GB needed, 24.6 GB free" in why and "--layers 5 or fewer" in why
+    assert "--layers 4 or fewer" in pair_fits(14_000_000_000, need, 6, 9_900_000_000)   # 16 GB short: 2 layers
+
+
+def test_the_sampled_section_refuses_a_target_that_leaves_no_room_to_train_its_pair(kimi_cpu, monkeypatch):
+    """On CUDA the section checks the device's free memory against the pair's training before it
+    trains (an OOM deep inside AdamW is what the H100 gave at 6 layers) and names --layers; the
+    run records the error and goes on to its other sections (bench/common.section)."""
+    from diag.bench.gpu import _sampled
+    from diag.bench.pair import PairRecipe
+    from diag.errors import DiagError
+    ks, model, _ = kimi_cpu
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (1_000_000, 80_000_000_000))
+    st = {"ks": ks, "drafter_widths": {**SMALL, **SMALL_DRAFTER}}
+    with pytest.raises(DiagError, match="--layers 2 or fewer") as err:
+        _sampled(st, model, [ks.layout, "L1+L2+final", "embed+L1+final"], 8, 8, 3, device="cuda",
+                 dtype=torch.float32, trees=("chain-3",), recipe=PairRecipe(steps=10, batch=4, seed=7))
+    assert err.value.field == "--layers" and "0.0 GB free" in str(err.value)
+
+
+def test_the_pairs_optimizer_steps_one_parameter_at_a_time():
+    """zoo.train.make_optimizer(foreach=False), which the bench pair trains with: no step-wide
+    temporaries; torch's own choice by default."""
+    from diag.zoo.recipes import TrainBudget
+    from diag.zoo.train import make_optimizer
+
+    params = [torch.nn.Parameter(torch.zeros(3, 3)), torch.nn.Parameter(torch.zeros(3))]
+    budget = TrainBudget(steps=1, batch=1, seq_len=4, lr=1e-3, seed=0)
+    assert make_optimizer(params, budget, foreach=False).defaults["foreach"] is False
+    assert make_optimizer(params, budget).defaults["foreach"] is None

@@ -86,6 +86,27 @@ def layers_for_disk(workdir: Path, cap: int = 6, margin: int = 8 * GiB) -> int:
     return max(2, min(cap, int((free - 5.5e9) // 9.9e9) + 1))
 
 
+def layers_for_memory(device_bytes: int, reserve: int, cap: int = 6) -> int:
+    """The most Kimi-shaped layers whose resident target (the byte model of layers_for_disk)
+    leaves `reserve` bytes of the device: what the sampled section trains beside it
+    (bench/pair.training_bytes, 30.0 GB). H100 (85.0e9 B): (85.0 - 30.0 - 5.5) / 9.9 -> 4 MoE layers
+    + layer 0 = 5; H200 (150e9 B): 6 (the cap)."""
+    return max(2, min(cap, int((device_bytes - reserve - 5.5e9) // 9.9e9) + 1))
+
+
+def pair_fits(free: int, need: int, layers: int, per_layer: int) -> str | None:
+    """None where the pair's training (`need` bytes) fits the device's `free` bytes beside the
+    loaded `layers`-layer target; else why, with the --layers that would leave room (each layer
+    fewer frees `per_layer`). Example: 24.6 GB free, 30.0 GB needed, 6 layers of 9.9 GB -> "... run
+    with --layers 5 or fewer"."""
+    if free >= need:
+        return None
+    fewer = -(-(need - free) // max(1, per_layer))
+    return (f"the sampled section trains the bench pair's drafter beside the {layers}-layer target: "
+            f"{need / 1e9:.1f} GB needed, {free / 1e9:.1f} GB free on the device; run with "
+            f"--layers {max(2, layers - fewer)} or fewer")
+
+
 def run(out: Path, workdir: Path, *, layers: int | None = None, max_layers: int = 61,
         tokens=(2048, 8192, 16384, 32768), seq_len: int = 512, num_seqs: int = 32, prompt_len: int = 128,
         sections=SECTIONS, e2e_prompts: int | None = None, e2e_new_tokens: int = 512,
@@ -101,7 +122,12 @@ def run(out: Path, workdir: Path, *, layers: int | None = None, max_layers: int 
 
     dev = device
     workdir.mkdir(parents=True, exist_ok=True)
-    layers = layers or layers_for_disk(workdir)
+    if not layers:
+        layers = layers_for_disk(workdir)
+        if "sampled" in sections and dev == "cuda" and torch.cuda.is_available():
+            from diag.bench.pair import training_bytes
+            pair_widths = {**(widths or {}), **(drafter_widths or {})}       # st["drafter_widths"], below
+            layers = min(layers, layers_for_memory(torch.cuda.mem_get_info()[1], training_bytes(pair_widths)))
     res = envelope("gpu", {"layers": layers, "max_layers": max_layers, "tokens": list(tokens),
                            "seq_len": seq_len, "num_seqs": num_seqs, "prompt_len": prompt_len,
                            "sections": list(sections), "e2e_prompts": e2e_prompts,
@@ -398,14 +424,24 @@ def _sampled(st, model, lays, num_prompts, prompt_len, max_new_tokens: int = 64,
     (bench/pair.py, trained here on these prompts' greedy continuations, cached; `drafter` says how
     it was made and what it accepts); device/dtype/trees/recipe let a CPU test run it. With the
     copy bandwidth, each tree's verify forward against it, and a profile of each tree's rounds (CUDA)."""
-    from diag.bench.pair import PairRecipe, trained_pair_drafter
+    from diag.bench.pair import META, PairRecipe, pair_path, trained_pair_drafter, training_bytes
+    from diag.errors import DiagError
     from diag.bench.sampled import (TREES, bench_prompts, graphs_ab, round_profile, sampled_bench, verify_bandwidth,
                                     verify_profile)
     from diag.drafter.checkpoint import load_drafter
 
     prompts = bench_prompts(num_prompts, prompt_len, model.config.vocab_size)
-    path, made = trained_pair_drafter(st["ks"].target, model, prompts, max_new_tokens, lays,
-                                      st.get("drafter_widths") or {}, recipe=recipe or PairRecipe(**GPU_PAIR))
+    widths = st.get("drafter_widths") or {}
+    recipe = recipe or PairRecipe(**GPU_PAIR)
+    cached = (pair_path(st["ks"].target, prompts, max_new_tokens, lays, widths, recipe) / META).is_file()
+    if device == "cuda" and not cached:            # its training beside the target: room, or say so before it OOMs
+        torch.cuda.empty_cache()
+        why = pair_fits(torch.cuda.mem_get_info()[0], training_bytes(widths), len(model.model.layers),
+                        resident_bytes(model.model.layers[-1]))
+        if why:
+            raise DiagError(why, field="--layers", expected=f"room for {training_bytes(widths) / 1e9:.1f} GB",
+                            found=f"{len(model.model.layers)} layers")
+    path, made = trained_pair_drafter(st["ks"].target, model, prompts, max_new_tokens, lays, widths, recipe=recipe)
     drafter, _ = load_drafter(path, dtype=dtype)
     drafter = drafter.to(device)
     embed, head = model.get_input_embeddings(), model.get_output_embeddings()

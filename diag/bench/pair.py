@@ -40,6 +40,7 @@ from diag.layouts import layout as parse_layout
 PAIR_VERSION = 1
 DIGEST_BYTES = 1 << 20
 META = "bench_pair.json"
+TRAINING_WORK_BYTES = 8 * 2 ** 30     # training_bytes' allowance beyond the parameters' state
 
 
 @dataclass(frozen=True)
@@ -62,16 +63,38 @@ def pair_key(target: Path, prompts: list[list[int]], new_tokens: int, layouts: l
     return h.hexdigest()[:24]
 
 
+def pair_path(target: Path, prompts: list[list[int]], new_tokens: int, layouts: list[str], drafter_widths: dict,
+              recipe: PairRecipe = PairRecipe(), cache: Path | None = None) -> Path:
+    """Where the pair's drafter is cached (it is built there when <path>/bench_pair.json is missing)."""
+    from diag.checkpoint.identity import cache_root
+
+    root = Path(cache) if cache is not None else cache_root() / "bench-pairs"
+    return root / pair_key(target, prompts, new_tokens, layouts, drafter_widths, recipe)
+
+
+def training_bytes(drafter_widths: dict) -> int:
+    """Device memory the pair's training needs beside its target: every trainable parameter in
+    float32 with its gradient and AdamW's two moments (16 B), its bf16 copy under autocast (2 B),
+    and TRAINING_WORK_BYTES for the activations and the capture's logits. Kimi's widths: 1.19 B
+    parameters -> 21.4 GB + 8 GiB = 30.0 GB (an H100 holding the 6-layer bench target, 55 GB, has
+    ~25 GB left: the section's OOM of the twentieth and twenty-first stops)."""
+    from diag.drafter.model import Eagle3Drafter
+    from diag.zoo.kimi_shaped import drafter_config
+
+    with torch.device("meta"):
+        d = Eagle3Drafter(drafter_config(drafter_widths))
+    params = sum(p.numel() for p in d.parameters() if p.requires_grad)
+    return params * 18 + TRAINING_WORK_BYTES
+
+
 def trained_pair_drafter(target: Path, model, prompts: list[list[int]], new_tokens: int, layouts: list[str],
                          drafter_widths: dict, *, recipe: PairRecipe = PairRecipe(),
                          cache: Path | None = None) -> tuple[Path, dict]:
     """The drafter's directory (cached) and its bench_pair.json: how it was made, what it accepts.
     model: the target as loaded (float32 on the CPU here); layouts: the bench's, layouts[0] the
     one written as trained_layout; drafter_widths: kimi_shaped.drafter_config's overrides."""
-    from diag.checkpoint.identity import cache_root
-
-    root = Path(cache) if cache is not None else cache_root() / "bench-pairs"
-    out = root / pair_key(target, prompts, new_tokens, layouts, drafter_widths, recipe)
+    out = pair_path(target, prompts, new_tokens, layouts, drafter_widths, recipe, cache)
+    root = out.parent
     if (out / META).is_file():
         return out, _summarised(json.loads((out / META).read_text()))
     root.mkdir(parents=True, exist_ok=True)
@@ -127,7 +150,7 @@ def _build(out: Path, model, prompts, new_tokens, layouts, drafter_widths, recip
             with _cuda_bf16(dev):
                 return unroll_loss(d, embed, [t[pick] for t in pools[step % len(pools)]], steps)
         d.train()
-        losses = optimize(d.parameters(), budget, loss, desc="bench pair drafter")
+        losses = optimize(d.parameters(), budget, loss, desc="bench pair drafter", foreach=False)
         d.eval()
     distinct = [len(set(r)) for r in seqs[:, ids.shape[1]:].tolist()]
     save_drafter(d.cpu(), out, aux_layer_ids=None, trained_layout=layouts[0])

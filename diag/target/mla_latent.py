@@ -92,7 +92,7 @@ def latent_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, 
     q_lat = torch.matmul(q_nope.transpose(0, 1).reshape(H, B * Q, nope), w_uk.to(query.dtype))      # [H, BQ, lora]
     q = torch.cat([q_lat.view(H, B, Q, lora).transpose(0, 1), q_rot], dim=-1)                     # [B, H, Q, lora+rope]
     L = key.shape[-2]
-    k = torch.cat([value, key], dim=-1)                                                            # [B, 1, L, lora+rope]
+    k = torch.cat([value, key], dim=-1)                                                  # [B, 1, L, lora+rope]
     mask = attention_mask[..., :L] if attention_mask is not None else None
     if mask is None and Q > 1:
         see = torch.arange(L, device=query.device)[None] <= torch.arange(Q, device=query.device)[:, None] + (L - Q)

@@ -58,23 +58,27 @@ def lr_at(step: int, budget: TrainBudget) -> float:
     return budget.lr * (m + (1 - m) * (1 + math.cos(math.pi * p)) / 2)
 
 
-def make_optimizer(params, budget: TrainBudget) -> torch.optim.Optimizer:
+def make_optimizer(params, budget: TrainBudget, *, foreach: bool | None = None) -> torch.optim.Optimizer:
+    """AdamW over the trainable params, weight decay on the matrices. foreach: torch's choice
+    (None), or False: one parameter at a time, without the step-wide temporaries the multi-tensor
+    step allocates (up to a copy of every parameter; the bench pair's 1.19 B-parameter drafter
+    trains beside its target on one GPU, bench/pair.py)."""
     params = [p for p in params if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     rest = [p for p in params if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": budget.weight_decay}, {"params": rest, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=budget.lr, betas=(0.9, 0.95), eps=1e-8)
+    return torch.optim.AdamW(groups, lr=budget.lr, betas=(0.9, 0.95), eps=1e-8, foreach=foreach)
 
 
 @torch.enable_grad()
 def optimize(params, budget: TrainBudget, loss_fn: Callable[[int], torch.Tensor], desc: str,
-             after_step: Callable[[int], None] | None = None) -> list[float]:
+             after_step: Callable[[int], None] | None = None, *, foreach: bool | None = None) -> list[float]:
     """budget.steps AdamW steps of loss_fn(step) (its forward in budget.compute_dtype),
-    grad-norm clipped at 1.0. Returns the losses.
+    grad-norm clipped at 1.0 (foreach: make_optimizer's). Returns the losses.
     Gradients are on whatever the caller's mode (a zoo entry first asked for inside a
     `torch.no_grad()` test or fixture is built there)."""
     params = [p for p in params if p.requires_grad]
-    opt = make_optimizer(params, budget)
+    opt = make_optimizer(params, budget, foreach=foreach)
     losses = []
     bar = tqdm(range(budget.steps), desc=desc, leave=False, mininterval=1.0)
     for step in bar:
