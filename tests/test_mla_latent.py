@@ -175,3 +175,34 @@ def test_heads_folded_into_the_queries_attend_as_each_head_does(mask_kind):
         assert fmask.shape == (B, 1, H * Q, L) and torch.equal(fmask[:, 0, 2 * Q + 1], mask.expand(B, H, Q, L)[:, 2, 1])
     got = torch.nn.functional.scaled_dot_product_attention(fq, k, v, attn_mask=fmask).view(B, H, Q, dv)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("Q", [1, 16, 64, 65, 200])
+def test_latent_attention_folds_the_heads_of_decode_shapes_only(Q, monkeypatch):
+    """latent_attention folds the heads into the queries up to FOLD_MAX_QUERIES (64) queries a head
+    (a decode step, a draft, a tree verify); a prefill's longer queries attend unfolded (the folded
+    mask would be an H x Q x L copy a row). Both give the expanded attention's output."""
+    import diag.target.mla_latent as ml
+
+    class Attn(torch.nn.Module):
+        num_heads, qk_nope_head_dim, v_head_dim, qk_rope_head_dim, scaling = 3, 4, 5, 2, 0.3
+
+        def __init__(self):
+            super().__init__()
+            self.kv_b_proj = torch.nn.Linear(6, 3 * (4 + 5), bias=False)
+    g = torch.Generator().manual_seed(Q)
+    m, B, L = Attn(), 2, Q + 5
+    query = torch.randn(B, 3, Q, 4 + 2, generator=g)
+    k_rot, c = torch.randn(B, 1, L, 2, generator=g), torch.randn(B, 1, L, 6, generator=g)
+    bias = torch.where(torch.rand(B, 1, Q, L, generator=g) < 0.3, -1e9, 0.0)
+    bias[..., 0] = 0.0
+    folds = []
+    real = ml.fold_heads
+    monkeypatch.setattr(ml, "fold_heads", lambda *a: folds.append(a[0].shape) or real(*a))
+    out, _ = ml.latent_attention(m, query, k_rot, c, bias)
+    assert (len(folds) == 1) == (Q <= ml.FOLD_MAX_QUERIES)
+    w = m.kv_b_proj.weight.view(3, 9, 6)
+    keys = torch.cat([torch.einsum("hnc,blc->bhln", w[:, :4], c[:, 0]), k_rot.expand(B, 3, L, 2)], -1)
+    vals = torch.einsum("hvc,blc->bhlv", w[:, 4:], c[:, 0])
+    want = torch.nn.functional.scaled_dot_product_attention(query, keys, vals, attn_mask=bias, scale=0.3)
+    torch.testing.assert_close(out, want.transpose(1, 2), rtol=1e-4, atol=1e-5)

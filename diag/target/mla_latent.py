@@ -45,6 +45,7 @@ from torch import nn
 from diag.errors import env_switch
 
 NAME = "diag_mla_latent"
+FOLD_MAX_QUERIES = 64               # queries a head up to which latent_attention folds the heads into them
 STOCK = ("sdpa", "eager", None)     # transformers' own attentions: another (an engine's, engine_numerics) is kept
 
 
@@ -84,7 +85,9 @@ def latent_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, 
     attention head of H x Q queries, `fold_heads`), as the engines' MLA decode kernels do: every
     slot's latent is read once a row, not once a head (a view expanded over the heads is read H
     times by torch's attention kernels: at Kimi's 64 heads, 96 rows of 200 slots, 2.7 GB a layer
-    against 42 MB; reports/bench/NOTES.md, twenty-second stop)."""
+    against 42 MB; reports/bench/NOTES.md, twenty-second stop). Only up to FOLD_MAX_QUERIES
+    queries a head (decode steps, drafts, verifies): the folded mask is a copy, H x Q x L a row,
+    and past a kernel's query tile the unfolded heads read the slots as seldom (a prefill)."""
     B, H, Q, _ = query.shape
     nope, lora = module.qk_nope_head_dim, value.shape[-1]
     w_uk, w_uv = _weights(module)
@@ -97,10 +100,13 @@ def latent_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, 
     if mask is None and Q > 1:
         see = torch.arange(L, device=query.device)[None] <= torch.arange(Q, device=query.device)[:, None] + (L - Q)
         mask = see[None, None]
-    q, mask = fold_heads(q, mask, L)
-    out_lat = F.scaled_dot_product_attention(q, k, value, attn_mask=mask,
-                                             scale=scaling if scaling is not None else module.scaling)
-    out_lat = out_lat.view(B, H, Q, lora)
+    scale = scaling if scaling is not None else module.scaling
+    if Q <= FOLD_MAX_QUERIES:
+        q, mask = fold_heads(q, mask, L)
+        out_lat = F.scaled_dot_product_attention(q, k, value, attn_mask=mask, scale=scale).view(B, H, Q, lora)
+    else:                                   # a prefill: the heads' queries already fill the kernel's tiles
+        out_lat = F.scaled_dot_product_attention(q, k.expand(B, H, L, k.shape[-1]), value.expand(B, H, L, lora),
+                                                 attn_mask=mask, scale=scale)
     out = torch.matmul(out_lat.transpose(0, 1).reshape(H, B * Q, lora), w_uv.transpose(1, 2).to(value.dtype))
     return out.view(H, B, Q, -1).permute(1, 2, 0, 3).contiguous(), None                              # [B, Q, H, v]
 
