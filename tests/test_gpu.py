@@ -300,3 +300,21 @@ def test_experts_split_in_shards_on_cuda_compute_what_the_whole_layer_computes(k
     got = greedy_continuations(split, prompts, 12, pad_id=0, eos_ids=set(), progress=False)
     want = greedy_continuations(whole, prompts, 12, pad_id=0, eos_ids=set(), progress=False)
     assert sum(g == w for g, w in zip(got, want)) >= 7          # a near-tie may turn one row
+
+
+def test_a_rounds_copy_to_the_host_waits_for_the_copy_not_for_the_work_queued_after_it():
+    """decode_loop._to_host: the copy into pinned memory behind an event; the host reads the
+    copied bytes after wait(), while work queued after it (the next round's draft) is still
+    free to change the source on the device."""
+    from diag.replay.decode_loop import _to_host
+
+    src = torch.arange(12, device="cuda").view(3, 4)
+    host, wait = _to_host(src)
+    big = torch.randn(4096, 4096, device="cuda")
+    for _ in range(8):                                       # work behind the copy
+        big = big @ big.T / 4096
+    src.add_(100)                                            # ... that changes the source after it
+    wait()
+    assert host.device.type == "cpu" and host.is_pinned()
+    assert torch.equal(host, torch.arange(12).view(3, 4))
+    assert torch.equal(src.cpu(), torch.arange(12).view(3, 4) + 100)

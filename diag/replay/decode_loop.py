@@ -11,7 +11,8 @@ Each round, for every row (a lane = variant x seed, times a prompt):
 On CUDA every step runs on fixed shapes (`_dense`: the whole cache buffer attended, every node
 through the head, S + 1 pairs extended a row) and is replayed from CUDA graphs (GRAPHED), so a
 round launches a handful of graphs, not ~2,000 kernels; the host reads the device once a round
-in the accept and once in the commit.
+in the accept and once in the commit, and the next round's draft is queued before the commit's
+read (`_round`), so the device drafts while the host updates its sequences.
 Indices as in verify.py: a round rooted at j has the target's state at j, root token t_{j+1}
 at position j + 1, depth d at position j + 1 + d. Worked example: prompt of 5 tokens ->
 prefill, t_5 sampled from the state at 4, first round rooted at j = 4 (tree at positions 5..);
@@ -38,6 +39,7 @@ import time
 from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 import torch
 
@@ -114,6 +116,7 @@ class _Rows:
     out: list[Decoded]
     coin_row: torch.Tensor
     done: torch.Tensor | None = None                  # [B] finished, still in the batch
+    drafted: dict | None = None                       # the next round's trees, drafted ahead (`_round`)
 
     @property
     def root(self) -> torch.Tensor:
@@ -164,6 +167,20 @@ def _queued(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
     device to finish everything queued (a sync, the host idle meanwhile); from pageable memory the
     bytes are staged at once, so the source may change after."""
     return t.to(dev, non_blocking=True)
+
+
+def _to_host(t: torch.Tensor) -> tuple[torch.Tensor, "Callable[[], None]"]:
+    """t's copy to the host queued now: (host tensor, wait), its bytes readable once wait() has
+    returned. From CUDA into pinned memory behind an event, so work queued after the copy (the
+    next round's draft) runs on while the host waits for the copy alone; a .cpu() would wait for
+    all of it. Elsewhere the copy itself."""
+    if t.device.type != "cuda":
+        return t.cpu(), lambda: None
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+    return host, done.synchronize
 
 
 def _resident_on(module, dev: torch.device) -> bool:
@@ -514,9 +531,11 @@ class DecodeLoop:
         return seeds.to(self.dev)
 
     # ---- one round -----------------------------------------------------------------------
-    def _draft(self, st):
-        root = _queued(st.root, self.dev)
-        root_tok = _queued(st.seq[torch.arange(len(st.n)), st.n - 1], self.dev)
+    def _draft(self, st, root: torch.Tensor | None = None, root_tok: torch.Tensor | None = None):
+        """The round's trees, {tokens, parents, depths, valid} [B, D], from each row's root j and
+        root token (read from the host's seq unless given, on the device: a draft queued ahead)."""
+        root = _queued(st.root, self.dev) if root is None else root
+        root_tok = _queued(st.seq[torch.arange(len(st.n)), st.n - 1], self.dev) if root_tok is None else root_tok
         B, D = len(st.n), self.D
         groups = self._groups(st.lane_of, by_tree=True)
         if len(groups) == 1 and groups[0][2].num_draft_tokens == D:      # one tree over every row: as drafted
@@ -550,8 +569,16 @@ class DecodeLoop:
                               allowed=self.tables_here) or forward(x)
 
     def _round(self, st, tkv):
-        with self._phase("draft"):
-            t = self._draft(st)
+        """draft, verify, accept, record, commit. On fixed shapes the next round's draft is queued
+        behind this round's commit, before the host reads the commit back (its inputs, the roots, root
+        tokens, the drafter's cache and step-1 outputs, are all on the device by then), so the device
+        drafts while the host updates the sequences and decides the retires; a retire drops it (its rows
+        change) and the next round drafts again (counted: drafts_discarded). The same draft either way:
+        the same inputs through the same graph, in the same order on the device."""
+        t, st.drafted = st.drafted, None
+        if t is None:
+            with self._phase("draft"):
+                t = self._draft(st)
         self.counts["kv_bytes"] += cache_bytes(tkv, self.fixed_width)   # what the verify's attention reads
         with self._phase("verify_forward"):
             scored = verify_forward(self.model, tkv, t["tokens"], t["parents"], t["valid"],
@@ -561,7 +588,12 @@ class DecodeLoop:
             res, exp = self._accept(st, t, scored)
         self._record(st, res, exp)
         with self._phase("commit"):
-            self._commit(st, tkv, t, res, scored)
+            read_back, ahead = self._commit(st, tkv, t, res, scored)
+        if self._dense():
+            with self._phase("draft"):
+                st.drafted = self._draft(st, *ahead)
+        with self._phase("commit"):
+            read_back()
 
     def _accept(self, st, t, scored) -> tuple[SampledRound, list[list[float]]]:
         """Each tree's rows accepted as that tree's own loop accepts them (its D + 1 coins, its
@@ -625,7 +657,10 @@ class DecodeLoop:
     def _commit(self, st, tkv, t, res, scored):
         """Root + accepted nodes into the target's cache; drafts then the bonus into seq;
         pairs j+1 .. j+1+a (hidden states of nodes path[0..a], tokens emitted[0..a]) into the
-        drafter's cache. Finished rows commit nothing."""
+        drafter's cache. Finished rows commit nothing. The device's part is queued here; returns
+        (read_back, ahead): read_back() the host's part (the round's one copy back, the crop, seq),
+        called after whatever the caller queues behind the commit; ahead the next round's roots and
+        root tokens on the device [B] (a finished row keeps its own)."""
         B = len(st.n)
         path, a = res.path.to(self.dev), res.accepted.to(self.dev)               # [B, S+1], [B]
         live = ~_queued(st.done, self.dev)
@@ -642,19 +677,26 @@ class DecodeLoop:
         step = torch.arange(width, device=self.dev)[None].expand(B, width)
         node = path[:, :width].clamp(min=0)
         count = torch.where(live, a + 1, torch.zeros_like(a))
+        root = _queued(st.root, self.dev)
         self._extend(st, scored.states, lambda s: _at_nodes(s, node), emitted[:, :width],
-                     _queued(st.root, self.dev)[:, None] + 1 + step, count, node=node)
+                     root[:, None] + 1 + step, count, node=node)
+        last = emitted.gather(-1, (count - 1).clamp(min=0)[:, None])[:, 0]        # the new root token
+        ahead = (root + count, torch.where(count > 0, last, _queued(st.seq[torch.arange(B), st.n - 1], self.dev)))
         parts = [count[:, None], emitted[:, :width]] + ([length[:, None].to(self.dev)] if fixed else [])
-        host = torch.cat(parts, 1).cpu()                                           # one copy to the host
-        count, emitted, step = host[:, 0], host[:, 1:width + 1], step.cpu()
-        if fixed:
-            crop_committed(tkv, length, int(host[:, -1].max()))
-        grow = int((st.n + count).max()) - st.seq.shape[1]
-        if grow > 0:
-            st.seq = torch.cat([st.seq, torch.zeros(B, grow, dtype=torch.long)], dim=1)
-        ok = step < count[:, None]                                  # the row's emitted tokens (none when done)
-        st.seq[torch.arange(B)[:, None].expand(B, width)[ok], (st.n[:, None] + step)[ok]] = emitted[ok]
-        st.n = st.n + count
+        host, copied = _to_host(torch.cat(parts, 1))                               # one copy to the host
+
+        def read_back():
+            copied()
+            n_new, got, steps = host[:, 0], host[:, 1:width + 1], torch.arange(width)[None].expand(B, width)
+            if fixed:
+                crop_committed(tkv, length, int(host[:, -1].max()))
+            grow = int((st.n + n_new).max()) - st.seq.shape[1]
+            if grow > 0:
+                st.seq = torch.cat([st.seq, torch.zeros(B, grow, dtype=torch.long)], dim=1)
+            ok = steps < n_new[:, None]                             # the row's emitted tokens (none when done)
+            st.seq[torch.arange(B)[:, None].expand(B, width)[ok], (st.n[:, None] + steps)[ok]] = got[ok]
+            st.n = st.n + n_new
+        return read_back, ahead
 
     def _commit_target(self, tkv, path) -> torch.Tensor:
         """The target's cache keeps each row's root and accepted nodes on fixed shapes
@@ -683,6 +725,8 @@ class DecodeLoop:
         for b in torch.nonzero(done & ~st.done)[:, 0].tolist():
             self._finish(st, b, int(plen[b]), max_new_tokens)
         st.done = done
+        if done.all() or self._retiring(done):
+            self.counts["drafts_discarded"] += st.drafted is not None       # drafted ahead for rows that change
         if done.all():
             return _Rows(st.seq[:0], st.n[:0], None, None, st.lane_of[:0], st.active[:0], st.out, st.coin_row[:0],
                          done[:0])
