@@ -179,7 +179,7 @@ def _to_host(t: torch.Tensor) -> tuple[torch.Tensor, "Callable[[], None]"]:
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
     host.copy_(t, non_blocking=True)
     done = torch.cuda.Event()
-    done.record()
+    done.record(torch.cuda.current_stream(t.device))           # t's device's stream: the copy's
     return host, done.synchronize
 
 
