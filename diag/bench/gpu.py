@@ -78,20 +78,24 @@ SECTIONS = ("load", "e2e", "experts", "pass", "sampled", "grown", "drafter", "na
 
 
 def layers_for_disk(workdir: Path, cap: int = 6, margin: int = 8 * GiB) -> int:
-    """The most Kimi-shaped layers whose checkpoint fits the free disk under `margin`:
-    ~0.8 GB dense layer 0 + 9.9 GB per MoE layer + 4.7 GB embeddings and head.
+    """The most Kimi-shaped layers whose checkpoint (`_layers_in`) fits the free disk under `margin`.
     64 GiB disk with ~60 GiB free -> 4 (5 would leave under 8 GiB)."""
     import shutil
-    free = shutil.disk_usage(workdir).free - margin
-    return max(2, min(cap, int((free - 5.5e9) // 9.9e9) + 1))
+    return _layers_in(shutil.disk_usage(workdir).free - margin, cap)
+
+
+def _layers_in(room: float, cap: int) -> int:
+    """The most Kimi-shaped layers (at least 2, at most cap) whose bytes fit `room`: ~0.8 GB dense
+    layer 0 + 4.7 GB embeddings and head, then 9.9 GB per MoE layer."""
+    return max(2, min(cap, int((room - 5.5e9) // 9.9e9) + 1))
 
 
 def layers_for_memory(device_bytes: int, reserve: int, cap: int = 6) -> int:
-    """The most Kimi-shaped layers whose resident target (the byte model of layers_for_disk)
+    """The most Kimi-shaped layers whose resident target (`_layers_in`)
     leaves `reserve` bytes of the device: what the sampled section trains beside it
     (bench/pair.training_bytes, 30.0 GB). H100 (85.0e9 B): (85.0 - 30.0 - 5.5) / 9.9 -> 4 MoE layers
     + layer 0 = 5; H200 (150e9 B): 6 (the cap)."""
-    return max(2, min(cap, int((device_bytes - reserve - 5.5e9) // 9.9e9) + 1))
+    return _layers_in(device_bytes - reserve, cap)
 
 
 def pair_fits(free: int, need: int, layers: int, per_layer: int) -> str | None:
@@ -436,10 +440,11 @@ def _sampled(st, model, lays, num_prompts, prompt_len, max_new_tokens: int = 64,
     cached = (pair_path(st["ks"].target, prompts, max_new_tokens, lays, widths, recipe) / META).is_file()
     if device == "cuda" and not cached:            # its training beside the target: room, or say so before it OOMs
         torch.cuda.empty_cache()
-        why = pair_fits(torch.cuda.mem_get_info()[0], training_bytes(widths), len(model.model.layers),
+        need = training_bytes(widths)
+        why = pair_fits(torch.cuda.mem_get_info()[0], need, len(model.model.layers),
                         resident_bytes(model.model.layers[-1]))
         if why:
-            raise DiagError(why, field="--layers", expected=f"room for {training_bytes(widths) / 1e9:.1f} GB",
+            raise DiagError(why, field="--layers", expected=f"room for {need / 1e9:.1f} GB",
                             found=f"{len(model.model.layers)} layers")
     path, made = trained_pair_drafter(st["ks"].target, model, prompts, max_new_tokens, lays, widths, recipe=recipe)
     drafter, _ = load_drafter(path, dtype=dtype)

@@ -535,7 +535,7 @@ class DecodeLoop:
         """The round's trees, {tokens, parents, depths, valid} [B, D], from each row's root j and
         root token (read from the host's seq unless given, on the device: a draft queued ahead)."""
         root = _queued(st.root, self.dev) if root is None else root
-        root_tok = _queued(st.seq[torch.arange(len(st.n)), st.n - 1], self.dev) if root_tok is None else root_tok
+        root_tok = self._root_tokens(st) if root_tok is None else root_tok
         B, D = len(st.n), self.D
         groups = self._groups(st.lane_of, by_tree=True)
         if len(groups) == 1 and groups[0][2].num_draft_tokens == D:      # one tree over every row: as drafted
@@ -549,6 +549,10 @@ class DecodeLoop:
             for k in full:
                 full[k][sl, :shape.num_draft_tokens] = tree[k].to(self.dev)
         return full
+
+    def _root_tokens(self, st) -> torch.Tensor:
+        """[B] each row's root token, the last id in the host's seq, on the device."""
+        return _queued(st.seq[torch.arange(len(st.n)), st.n - 1], self.dev)
 
     def _draft_group(self, st, key: tuple, head, shape, sl: slice, root, root_tok) -> dict:
         """The trees of the rows `sl` ({tokens, parents, depths, valid} [R, D]). The draft's shapes
@@ -589,7 +593,7 @@ class DecodeLoop:
         self._record(st, res, exp)
         with self._phase("commit"):
             read_back, ahead = self._commit(st, tkv, t, res, scored)
-        if self._dense():
+        if ahead is not None:
             with self._phase("draft"):
                 st.drafted = self._draft(st, *ahead)
         with self._phase("commit"):
@@ -660,7 +664,7 @@ class DecodeLoop:
         drafter's cache. Finished rows commit nothing. The device's part is queued here; returns
         (read_back, ahead): read_back() the host's part (the round's one copy back, the crop, seq),
         called after whatever the caller queues behind the commit; ahead the next round's roots and
-        root tokens on the device [B] (a finished row keeps its own)."""
+        root tokens on the device [B] (a finished row keeps its own), on fixed shapes only (else None)."""
         B = len(st.n)
         path, a = res.path.to(self.dev), res.accepted.to(self.dev)               # [B, S+1], [B]
         live = ~_queued(st.done, self.dev)
@@ -680,8 +684,10 @@ class DecodeLoop:
         root = _queued(st.root, self.dev)
         self._extend(st, scored.states, lambda s: _at_nodes(s, node), emitted[:, :width],
                      root[:, None] + 1 + step, count, node=node)
-        last = emitted.gather(-1, (count - 1).clamp(min=0)[:, None])[:, 0]        # the new root token
-        ahead = (root + count, torch.where(count > 0, last, _queued(st.seq[torch.arange(B), st.n - 1], self.dev)))
+        ahead = None
+        if self._dense():                                  # the next round's draft is queued behind (`_round`)
+            last = emitted.gather(-1, (count - 1).clamp(min=0)[:, None])[:, 0]    # the new root token
+            ahead = (root + count, torch.where(count > 0, last, self._root_tokens(st)))
         parts = [count[:, None], emitted[:, :width]] + ([length[:, None].to(self.dev)] if fixed else [])
         host, copied = _to_host(torch.cat(parts, 1))                               # one copy to the host
 
@@ -725,13 +731,12 @@ class DecodeLoop:
         for b in torch.nonzero(done & ~st.done)[:, 0].tolist():
             self._finish(st, b, int(plen[b]), max_new_tokens)
         st.done = done
-        if done.all() or self._retiring(done):
-            self.counts["drafts_discarded"] += st.drafted is not None       # drafted ahead for rows that change
+        if not (done.all() or self._retiring(done)):
+            return st
+        self.counts["drafts_discarded"] += st.drafted is not None           # drafted ahead for rows that change
         if done.all():
             return _Rows(st.seq[:0], st.n[:0], None, None, st.lane_of[:0], st.active[:0], st.out, st.coin_row[:0],
                          done[:0])
-        if not self._retiring(done):
-            return st
         keep = torch.nonzero(~done)[:, 0]
         select_rows(tkv, keep)
         return st.keep(keep, self.dev)
