@@ -7,7 +7,7 @@ import torch
 
 from diag.engines.decoding import GREEDY, sampled
 from diag.replay.decode_loop import accept_dense, accept_round, probabilities
-from diag.replay.sampling import _ascending, renorm_top_p, target_probs, target_probs_unsynced
+from diag.replay.sampling import _ascending, renorm_top_p, target_kept, target_probs
 from diag.replay.verifiers import sampled_rule
 from diag.run.sampled import _batches
 from diag.trees import tree_shape
@@ -85,7 +85,7 @@ def test_the_accept_on_fixed_shapes_decides_what_accept_round_decides(rule_name,
 
 
 def test_unsynced_probabilities_sort_a_fixed_number_of_flat_rows_and_say_when_more_were():
-    """target_probs_unsynced: where every row's top-p pivot lies among the 256 largest of 5000 ids,
+    """target_kept unsynced: where every row's top-p pivot lies among the 256 largest of 5000 ids,
     target_probs' own probabilities and ok True; flat rows (their pivot deep among the 5000) are
     sorted whole up to DEEPER_MIN of them (still target_probs' own, ok True); past that, ok False,
     and only the flat rows left over differ from target_probs' (what the caller then recomputes)."""
@@ -93,18 +93,18 @@ def test_unsynced_probabilities_sort_a_fixed_number_of_flat_rows_and_say_when_mo
     g = torch.Generator().manual_seed(2)
     peaked = torch.randn(24, 5000, generator=g) * 8
     d = sampled(1.0, 0.95)
-    p, ok = target_probs_unsynced(peaked, d)
-    assert bool(ok) and torch.equal(p, target_probs(peaked, d))
+    kept, ok = target_kept(peaked, d, unsynced=True)
+    assert bool(ok) and torch.equal(kept.whole(), target_probs(peaked, d))
     for flat in (3, DEEPER_MIN, DEEPER_MIN + 4):
         mixed = peaked.clone()
         mixed[:2 * flat:2] = torch.randn(flat, 5000, generator=g) * 0.01     # nearly flat: 95% takes ~4750 ids
-        p, ok = target_probs_unsynced(mixed, d)
-        want = target_probs(mixed, d)
+        kept, ok = target_kept(mixed, d, unsynced=True)
+        p, want = kept.whole(), target_probs(mixed, d)
         assert int((want[0] > 0).sum()) > 4000
         same = [torch.equal(p[i], want[i]) for i in range(24)]
         assert bool(ok) == (flat <= DEEPER_MIN) and sum(same) == 24 - max(0, flat - DEEPER_MIN)
-    p, ok = target_probs_unsynced(mixed, sampled(1.0, 1.0))          # no top-p: nothing to search
-    assert bool(ok) and torch.equal(p, target_probs(mixed, sampled(1.0, 1.0)))
+    kept, ok = target_kept(mixed, sampled(1.0, 1.0), unsynced=True)          # no top-p: nothing to search
+    assert bool(ok) and torch.equal(kept.whole(), target_probs(mixed, sampled(1.0, 1.0)))
 
 
 def test_accept_round_with_thresholds():
@@ -133,7 +133,8 @@ def test_numpy_sort_gives_torch_sorts_values_and_the_same_pivot():
                              right=False).clamp(max=2047)
     pivot = asc.gather(-1, cut)
     ref = torch.where(p >= pivot, p, torch.zeros_like(p))
-    assert torch.equal(kept, ref / ref.sum(-1, keepdim=True))
+    assert torch.equal(kept > 0, ref > 0)                             # the same pivot: the same ids kept
+    torch.testing.assert_close(kept, ref / ref.sum(-1, keepdim=True), rtol=1e-6, atol=0)   # mass: summed in order
 
 
 def test_batches_go_shortest_prompt_first_with_every_lane_of_a_prompt_together():

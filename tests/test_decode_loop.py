@@ -335,8 +335,8 @@ def test_the_loops_graph_bookkeeping_replays_what_the_eager_round_computes(zoo, 
     replay, the graphs dropped when rows retire (new buffers), the outputs handed out as copies.
     Every step of a round (draft, verify, accept, commit, the drafter's extend) replayed every round, and
     the loop decodes exactly what the eager round on fixed shapes decodes; so does a loop whose
-    accept graph reports every round's top-p pivot past its window (each round then accepted
-    again without the graph, and counted). Lanes of two trees in one loop: the draft and the
+    accept graph reports every round's top-p pivot past its window (each round, committed before
+    the host read that, then undone and run again with the exact accept, and counted). Lanes of two trees in one loop: the draft and the
     accept per tree (a graph each), the verify, commit and extend once over both."""
     import diag.replay.decode_loop as dl
     import diag.target.tree_forward as tf
@@ -351,8 +351,8 @@ def test_the_loops_graph_bookkeeping_replays_what_the_eager_round_computes(zoo, 
     out = {}
     for name, graphs in (("graphs", True), ("eager", False), ("deeper", True)):
         if name == "deeper":
-            real = dl.target_probs_unsynced
-            monkeypatch.setattr(dl, "target_probs_unsynced", lambda *a: (real(*a)[0], torch.tensor(False)))
+            real = dl.target_kept
+            monkeypatch.setattr(dl, "target_kept", lambda *a, **k: (real(*a, **k)[0], torch.tensor(False)))
         loop = DecodeLoop(zoo["model"], zoo["drafter"], zoo["embed"], zoo["head"], lanes, zoo["layouts"],
                           shapes[0] if len(shapes) == 1 else None, sampled(1.0, 0.95), eos_ids=zoo["eos"])
         loop.cuda_graphs, loop.fixed_width = graphs, True
@@ -373,8 +373,15 @@ def test_the_loops_graph_bookkeeping_replays_what_the_eager_round_computes(zoo, 
     assert 2 <= gc["drafts_discarded"] == gc["verify_graphs_captured"]    # the retires (new rows) and the end
     assert gc["verify_graphs_captured"] >= 2                                                  # rows retired
     assert "accept_pivots_deeper" not in gc
-    assert dc["accept_pivots_deeper"] == dc["accept_graphs_replayed"] + dc["accept_graphs_captured"]     # every call
-    assert dc["accept_graphs_eager"] == dc["accept_pivots_deeper"] + dc["accept_graphs_captured"]   # + the warm-ups
+    # every round committed on its graph's accept, read back, undone and run again exactly: the verify,
+    # the commit and the extend twice a round, each accept call again without its graph (+ the
+    # captures' warm-ups), the draft queued ahead of every first try dropped
+    assert dc["accept_pivots_deeper"] == dc["rounds"] == gc["rounds"]
+    for step in ("verify", "commit", "extend"):
+        assert dc[f"{step}_graphs_replayed"] + dc[f"{step}_graphs_captured"] == 2 * dc["rounds"]
+    calls = dc["accept_graphs_replayed"] + dc["accept_graphs_captured"]
+    assert dc["accept_graphs_eager"] == calls + dc["accept_graphs_captured"]
+    assert dc["drafts_discarded"] == dc["rounds"] + gc["drafts_discarded"]
 
 
 def test_a_draft_graph_needs_its_tables_resident_on_the_drafters_device():

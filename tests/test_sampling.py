@@ -165,7 +165,11 @@ def test_top_p_from_a_window_equals_the_full_sort(window):
     p = torch.softmax(torch.randn(200, 1024, generator=g) * 3, -1)
     p[0] = 1 / 1024                                                          # all tied: the pivot is deep
     for top_p in (0.3, 0.9, 0.95):
-        assert torch.equal(renorm_top_p(p, top_p, window=window), renorm_top_p(p, top_p, window=1024))
+        got, want = renorm_top_p(p, top_p, window=window), renorm_top_p(p, top_p, window=1024)
+        # the same pivots (the same ids kept); the kept mass summed from the window, or its 8 x wider
+        # one, against the sorted row: the same sums up to the additions' order
+        assert torch.equal(got > 0, want > 0)
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
 
 
 def test_sample_inverse_cdf_and_fallbacks():
@@ -212,3 +216,27 @@ def test_the_bonus_removes_an_excluded_token_whole_once_or_twice():
     excluded = torch.tensor([[False, True, True, False]])
     assert draw_bonus(p_last, tokens, excluded, torch.tensor([0.5])).tolist() == [2]
     assert draw_bonus(p_last, tokens, excluded, torch.tensor([0.1])).tolist() == [0]
+
+
+@pytest.mark.parametrize("temperature,top_k", [(1.0, -1), (0.7, -1), (1.0, 40)])
+def test_the_pivot_found_among_the_largest_logits_is_the_one_among_the_largest_probabilities(temperature, top_k):
+    """top_p_kept's key: the window of the 256 largest p read at the 256 largest logits (the logits'
+    top-k in their own dtype on the GPU) gives the same pivot, mass and found on every row, ties
+    included: bf16 logits on 5,000 ids repeat values, the temperature and the top-k keep the order."""
+    from diag.replay.sampling import _tempered, top_p_kept
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(64, 5000, generator=g) * 3
+    logits[:, :32] += 10                                                            # 95% among ~32 ids
+    logits[::4] = torch.randn(16, 5000, generator=g) * 0.05                         # flat rows: pivot deeper
+    logits = logits.to(torch.bfloat16)
+    d = sampled(temperature, 0.95, top_k=top_k)
+    p = _tempered(logits, d)
+    assert int((logits[0, None] == logits[0, :, None]).sum()) > 5000 * 2           # ties among the logits
+    got = top_p_kept(p, 0.95, capacity=8, key=logits)
+    want = top_p_kept(p, 0.95, capacity=8)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    if top_k == -1:                                   # 16 flat rows, 8 of them sorted; the peaked ones found
+        assert int(got[2].sum()) == 64 - 8 and bool(got[2][1::4].all())
+    else:                                             # the top-k leaves 40 ids: every pivot among them
+        assert bool(got[2].all())

@@ -10,9 +10,9 @@ Each round, for every row (a lane = variant x seed, times a prompt):
                extend the drafter's cache (`extend`); the next root is j + a + 1
 On CUDA every step runs on fixed shapes (`_dense`: the whole cache buffer attended, every node
 through the head, S + 1 pairs extended a row) and is replayed from CUDA graphs (GRAPHED), so a
-round launches a handful of graphs, not ~2,000 kernels; the host reads the device once a round
-in the accept and once in the commit, and the next round's draft is queued before the commit's
-read (`_round`), so the device drafts while the host updates its sequences.
+round launches a handful of graphs, not ~2,000 kernels; the host reads the device once a round,
+after the commit (the accept is committed before the host has read it: `_round`), and the next
+round's draft is queued before that read, so the device drafts while the host updates its sequences.
 Indices as in verify.py: a round rooted at j has the target's state at j, root token t_{j+1}
 at position j + 1, depth d at position j + 1 + d. Worked example: prompt of 5 tokens ->
 prefill, t_5 sampled from the state at 4, first round rooted at j = 4 (tree at positions 5..);
@@ -49,15 +49,14 @@ from diag.engines.decoding import Decoding
 from diag.layouts import CapturePoint, Layout, union_points
 from diag.replay.replay import Variant, _on, default_tables, draft_head
 from diag.replay.round_accounting import ACCOUNTINGS, RoundAccounting
-from diag.replay.sampling import (SampledRound, child_probs, coin_rows, coins_at, draw_bonus, sample, target_probs,
-                                  target_probs_unsynced, uniforms)
+from diag.replay.sampling import Kept, SampledRound, coin_rows, coins_at, draw_bonus, sample, target_kept, uniforms
 from diag.replay.verifiers import SampledRule, sampled_rule
 from diag.target.passes import pad_right
 from diag.target.mla_latent import latent_mla, latent_wanted
 from diag.target.sdpa import attention_without_cudnn
 from diag.target.kv_buffer import BufferLayer, stamps
 from diag.target.tree_forward import (NodeLogits, cache_bytes, cache_layers, commit, commit_fixed, crop_committed,
-                                      prefill, select_rows, verify_forward)
+                                      prefill, rewind_verify, select_rows, verify_forward)
 from diag.target.verify_graphs import VerifyGraphs, graphs_wanted
 from diag.trees import TreeShape
 
@@ -127,6 +126,16 @@ class _Rows:
                      self.lane_of[rows], self.active[rows], self.out, self.coin_row[rows.to(dev)], self.done[rows])
 
 
+@dataclass(frozen=True)
+class _ReadBack:
+    """A round's one read of the device (`DecodeLoop._commit`): each row's accepted drafts and
+    P(a >= d) [B][S], whether the accept was the rule's (ok), and apply(), the commit's host part."""
+    accepted: list[int]
+    expected: list[list[float]]
+    ok: bool
+    apply: Callable[[], None]
+
+
 @contextmanager
 def cpu_threads(dev: torch.device):
     """On the CPU the loop runs with CPU_THREADS intra-op threads, then the caller's count is
@@ -149,17 +158,20 @@ def cpu_threads(dev: torch.device):
 def probabilities(logits: torch.Tensor, decoding: Decoding) -> torch.Tensor:
     """Greedy: one-hot argmax (the walk then accepts iff the token is the argmax and the bonus is
     the argmax: SGLang's verify_tree_greedy). Sampled: SGLang's target probabilities."""
-    if decoding.greedy:
-        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    return target_probs(logits, decoding)
+    return kept_probabilities(logits, decoding)[0].whole()
 
 
-def probabilities_unsynced(logits: torch.Tensor, decoding: Decoding) -> tuple[torch.Tensor, torch.Tensor]:
-    """`probabilities` asking the host nothing: (probabilities, ok), ok False where a top-p pivot
-    lay past the window searched (replay/sampling.target_probs_unsynced)."""
+def kept_probabilities(logits: torch.Tensor, decoding: Decoding, *, unsynced: bool = False
+                       ) -> tuple[Kept, torch.Tensor]:
+    """`probabilities` as a sampling.Kept (renormalised where read), and ok: with `unsynced`
+    asking the host nothing, ok False where a top-p pivot lay deeper than the searches a graph
+    holds (replay/sampling.target_kept); else True."""
     if decoding.greedy:
-        return probabilities(logits, decoding), torch.ones((), dtype=torch.bool, device=logits.device)
-    return target_probs_unsynced(logits, decoding)
+        hot = torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+        shape = (*hot.shape[:-1], 1)
+        return (Kept(hot, torch.full(shape, float("-inf"), device=hot.device), torch.ones(shape, device=hot.device)),
+                torch.ones((), dtype=torch.bool, device=logits.device))
+    return target_kept(logits, decoding, unsynced=unsynced)
 
 
 def _queued(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
@@ -239,16 +251,17 @@ def accept_round(rule: SampledRule, t: dict, logits, decoding: Decoding, coins: 
     ids = torch.arange(D, device=dev)
     has_child = ((parents[:, None, :] == ids[None, :, None]) & node[:, None, :]).any(-1)   # [B, D]
     rows = torch.nonzero(has_child.reshape(-1))[:, 0]                    # b * D + node, in order
-    probs = probabilities(logits.rows(rows).to(dev), decoding) if rows.numel() else coins.new_zeros(1, V)
-    slot = torch.full((B * D,), -1, dtype=torch.long, device=dev)       # node -> its row of probs
+    kept = kept_probabilities(logits.rows(rows).to(dev), decoding)[0] if rows.numel() else None
+    slot = torch.full((B * D,), -1, dtype=torch.long, device=dev)       # node -> its row of kept
     slot[rows] = torch.arange(len(rows), device=dev)
     slot = slot.view(B, D)
     at_parent = slot.gather(1, parents.clamp(min=0)).clamp(min=0)
-    p_child = probs[at_parent, tokens.clamp(min=0)] * node             # p(token_i | parent_i) [B, D]
+    p_child = (kept.at(at_parent, tokens.clamp(min=0)) * node if kept is not None
+               else torch.zeros(B, D, device=dev))                      # p(token_i | parent_i) [B, D]
     walk = rule.walk(tokens, parents, valid, p_child, coins[:, :D], num_steps, threshold_single=ts,
                      threshold_acc=ta)
     last = slot.gather(1, walk.last[:, None])[:, 0]                      # -1: the walk ended on a leaf
-    p_last = probs[last.clamp(min=0)]
+    p_last = kept.whole(last.clamp(min=0)) if kept is not None else torch.zeros(B, V, device=dev)
     leaf = torch.nonzero(last < 0)[:, 0]
     if leaf.numel():
         p_last[leaf] = probabilities(logits.rows(leaf * D + walk.last[leaf]).to(dev), decoding)
@@ -273,15 +286,15 @@ def accept_dense(rule: SampledRule, t: dict, logits, decoding: Decoding, coins: 
     ts, ta = (1.0, 1.0) if decoding.greedy else (decoding.threshold_single, decoding.threshold_acc)
     tokens, parents, valid = t["tokens"], t["parents"], t["valid"]
     flat = logits.rows(torch.arange(B * D, device=logits.device)).to(dev)
-    probs, ok = probabilities_unsynced(flat, decoding) if unsynced else (probabilities(flat, decoding), None)
-    probs = probs.view(B, D, V)
-    p_child = child_probs(tokens, parents, valid, probs)
+    kept, ok = kept_probabilities(flat, decoding, unsynced=unsynced)
+    base = torch.arange(B, device=dev)[:, None] * D
+    p_child = kept.at(base + parents.clamp(min=0), tokens.clamp(min=0)) * (valid & (parents >= 0))
     walk = rule.walk(tokens, parents, valid, p_child, coins[:, :D], num_steps, threshold_single=ts,
                      threshold_acc=ta)
-    bonus = draw_bonus(probs[torch.arange(B, device=dev), walk.last], tokens, walk.excluded, coins[:, D])
+    bonus = draw_bonus(kept.whole(base[:, 0] + walk.last), tokens, walk.excluded, coins[:, D])
     exp = rule.expected_from(p_child, parents, valid, t["depths"], num_steps, threshold_single=ts,
                              threshold_acc=ta)
-    return SampledRound(walk.accepted, walk.path, bonus), exp, ok
+    return SampledRound(walk.accepted, walk.path, bonus), exp, ok if unsynced else None
 
 
 class DecodeLoop:
@@ -573,64 +586,96 @@ class DecodeLoop:
                               allowed=self.tables_here) or forward(x)
 
     def _round(self, st, tkv):
-        """draft, verify, accept, record, commit. On fixed shapes the next round's draft is queued
-        behind this round's commit, before the host reads the commit back (its inputs, the roots, root
-        tokens, the drafter's cache and step-1 outputs, are all on the device by then), so the device
-        drafts while the host updates the sequences and decides the retires; a retire drops it (its rows
-        change) and the next round drafts again (counted: drafts_discarded). The same draft either way:
-        the same inputs through the same graph, in the same order on the device."""
+        """draft, verify, accept, commit, then the round's one read of the device. On fixed shapes
+        the next round's draft is queued behind this round's commit, before the host reads the
+        commit back (its inputs, the roots, root tokens, the drafter's cache and step-1 outputs,
+        are all on the device by then), so the device drafts while the host updates the sequences
+        and decides the retires; a retire drops it (its rows change) and the next round drafts again
+        (counted: drafts_discarded). The same draft either way: the same inputs through the same
+        graph, in the same order on the device.
+        An accept replayed from a graph is committed before the host has read whether every top-p
+        pivot lay within the window it searched (`ok`, read back with the commit). Where one did
+        not, the round is undone (`_undo`) and run again with the exact accept (counted:
+        accept_pivots_deeper): the verify writes the tree's slots again from the same cache, so
+        the second commit moves what the first would have moved from a right accept."""
         t, st.drafted = st.drafted, None
         if t is None:
             with self._phase("draft"):
                 t = self._draft(st)
-        self.counts["kv_bytes"] += cache_bytes(tkv, self.fixed_width)   # what the verify's attention reads
-        with self._phase("verify_forward"):
-            scored = verify_forward(self.model, tkv, t["tokens"], t["parents"], t["valid"],
-                                    _queued(st.root + 1, tkv.length.device),
-                                    self.points, fixed=self.fixed_width, graphs=self.graphs.get("verify"))
-        with self._phase("accept"):
-            res, exp = self._accept(st, t, scored)
-        self._record(st, res, exp)
-        with self._phase("commit"):
-            read_back, ahead = self._commit(st, tkv, t, res, scored)
-        if ahead is not None:
-            with self._phase("draft"):
-                st.drafted = self._draft(st, *ahead)
-        with self._phase("commit"):
-            read_back()
+        exact = False
+        while True:
+            self.counts["kv_bytes"] += cache_bytes(tkv, self.fixed_width)   # what the verify's attention reads
+            with self._phase("verify_forward"):
+                scored = verify_forward(self.model, tkv, t["tokens"], t["parents"], t["valid"],
+                                        _queued(st.root + 1, tkv.length.device),
+                                        self.points, fixed=self.fixed_width, graphs=self.graphs.get("verify"))
+            with self._phase("accept"):
+                res, exp, ok = self._accept(st, t, scored, exact)
+            before = (st.dkv.length.clone(), st.r_root)                     # what the commit changes on the drafter's side
+            with self._phase("commit"):
+                read_back, ahead = self._commit(st, tkv, t, res, scored, exp, ok)
+            if ahead is not None:
+                with self._phase("draft"):
+                    st.drafted = self._draft(st, *ahead)
+            with self._phase("commit"):
+                back = read_back()
+            if back.ok:
+                break
+            self.counts["accept_pivots_deeper"] += 1
+            self._undo(st, tkv, before)
+            exact = True
+        self._record(st, back)
+        back.apply()
 
-    def _accept(self, st, t, scored) -> tuple[SampledRound, list[list[float]]]:
+    def _undo(self, st, tkv, before) -> None:
+        """A round committed on an accept that was not the rule's (a top-p pivot past the graph's
+        window) taken back before the host applied it: the drafter's lengths and step-1 outputs as
+        before the commit (its pairs past them are written again), the draft queued ahead dropped,
+        the target's views as before the verify (tree_forward.rewind_verify; its lengths were not
+        yet assigned: the commit's crop is the host's part)."""
+        length, r_root = before
+        st.dkv.length.copy_(length)
+        st.r_root = r_root
+        self.counts["drafts_discarded"] += st.drafted is not None
+        st.drafted = None
+        rewind_verify(tkv)
+
+    def _accept(self, st, t, scored, exact: bool = False):
         """Each tree's rows accepted as that tree's own loop accepts them (its D + 1 coins, its
-        nodes only): the round's result over all rows (path padded with -1 to S + 1) and each
-        row's P(a >= d) for its own depths."""
+        nodes only): (the round's result over all rows, path padded with -1 to S + 1; each row's
+        P(a >= d) for its own depths [B, S], zero past them; ok, a 0-dim bool on the device, False
+        where a graph's top-p pivot lay past its window, or None where every accept was exact).
+        exact: no graph (`_round`'s second try)."""
         root = _queued(st.root, self.dev)
         if len(self.trees) == 1:
-            res, e = self._accept_group(st, t, scored, self.trees[0], slice(0, len(st.n)), root)
-            return res, e.tolist()
+            return self._accept_group(st, t, scored, self.trees[0], slice(0, len(st.n)), root, exact)
         B = len(st.n)
         accepted = torch.zeros(B, dtype=torch.long, device=self.dev)
         path = torch.full((B, self.S + 1), -1, dtype=torch.long, device=self.dev)
         bonus = torch.zeros(B, dtype=torch.long, device=self.dev)
-        exp: list = [None] * B
+        exp = torch.zeros(B, self.S, device=self.dev)
+        ok = None
         for _, _, shape, sl in self._groups(st.lane_of, by_tree=True):
-            res, e = self._accept_group(st, t, scored, shape, sl, root)
+            res, e, good = self._accept_group(st, t, scored, shape, sl, root, exact)
             accepted[sl], bonus[sl] = res.accepted.to(self.dev), res.bonus.to(self.dev)
             path[sl, :shape.num_steps + 1] = res.path.to(self.dev)
-            exp[sl] = e.tolist()
-        return SampledRound(accepted, path, bonus), exp
+            exp[sl, :shape.num_steps] = e.to(self.dev)
+            if good is not None:
+                ok = good if ok is None else ok & good
+        return SampledRound(accepted, path, bonus), exp, ok
 
-    def _accept_group(self, st, t, scored, shape: TreeShape, sl: slice, root) -> tuple[SampledRound, torch.Tensor]:
-        """The rows `sl` of one tree accepted: on growing widths (the CPU's) by accept_round, the
-        head only at the nodes read; on fixed widths by accept_dense, replayed from a graph per
-        (tree, rows) where the loop has them (its shapes depend on no draft), run again without
-        the graph on a round where a top-p pivot lay past the window the graph searched (counted:
-        accept_pivots_deeper)."""
+    def _accept_group(self, st, t, scored, shape: TreeShape, sl: slice, root, exact: bool):
+        """The rows `sl` of one tree accepted: (SampledRound, P(a >= d) [R, S], ok) as `_accept`.
+        On growing widths (the CPU's) by accept_round, the head only at the nodes read; on fixed
+        widths by accept_dense, replayed from a graph per (tree, rows) where the loop has them (its
+        shapes depend on no draft; ok then says whether every top-p pivot lay within the window
+        the graph searched), else, or `exact`, run without the graph."""
         D, S = shape.num_draft_tokens, shape.num_steps
         part = {k: v[sl, :D] for k, v in t.items()}
         logits = _part(scored.logits, sl, D)
         if not self._dense() or not isinstance(logits, NodeLogits):
             coins = coins_at(st.coin_row[sl], root[sl], D + 1)
-            return accept_round(self.rule, part, logits, self.decoding, coins, S)
+            return (*accept_round(self.rule, part, logits, self.decoding, coins, S), None)
 
         def forward(x: dict, unsynced: bool = True) -> dict:
             coins = coins_at(x["coin_row"], x["root"], D + 1)
@@ -639,39 +684,42 @@ class DecodeLoop:
             out = {"accepted": res.accepted, "path": res.path, "bonus": res.bonus, "exp": exp}
             return {**out, "ok": ok} if unsynced else out
         x = {**part, "coin_row": st.coin_row[sl], "root": root[sl], "final": logits.final}
-        got = self._by_graph("accept", logits.model, st.dkv.identity(), x, (shape.name, sl.start, sl.stop), forward)
-        if got is not None and not bool(got["ok"]):           # a pivot past what the graph searched
-            self.counts["accept_pivots_deeper"] += 1
+        got = None
+        if exact and "accept" in self.graphs:
             self.graphs["accept"].counts["eager"] += 1
-            got = None
+        elif not exact:
+            got = self._by_graph("accept", logits.model, st.dkv.identity(), x, (shape.name, sl.start, sl.stop), forward)
+        ok = got["ok"] if got is not None else None
         got = got or forward(x, unsynced=False)
-        return SampledRound(got["accepted"], got["path"], got["bonus"]), got["exp"]
+        return SampledRound(got["accepted"], got["path"], got["bonus"]), got["exp"], ok
 
-    def _record(self, st, res, exp):
-        acc, e, roots = res.accepted.tolist(), exp, st.root.tolist()
-        done = st.done.tolist()
+    def _record(self, st, back: "_ReadBack"):
+        """Each unfinished row's round: its root, accepted drafts and P(a >= d) over its own tree's depths."""
+        roots, done, lanes = st.root.tolist(), st.done.tolist(), st.lane_of.tolist()
         for b, i in enumerate(st.active.tolist()):
             if done[b]:
                 continue
             o = st.out[i]
             o.roots.append(roots[b])
-            o.accepted.append(acc[b])
-            o.expected.append(e[b])
+            o.accepted.append(back.accepted[b])
+            o.expected.append(back.expected[b][:self.trees[self.lane_tree[lanes[b]]].num_steps])
 
-    def _commit(self, st, tkv, t, res, scored):
+    def _commit(self, st, tkv, t, res, scored, exp, ok):
         """Root + accepted nodes into the target's cache; drafts then the bonus into seq;
         pairs j+1 .. j+1+a (hidden states of nodes path[0..a], tokens emitted[0..a]) into the
         drafter's cache. Finished rows commit nothing. The device's part is queued here; returns
-        (read_back, ahead): read_back() the host's part (the round's one copy back, the crop, seq),
-        called after whatever the caller queues behind the commit; ahead the next round's roots and
-        root tokens on the device [B] (a finished row keeps its own), on fixed shapes only (else None)."""
+        (read_back, ahead): read_back() waits for the round's one copy to the host (what the
+        commit emitted and the new lengths, the accepted counts, exp [B, S] and ok) and returns
+        it as a `_ReadBack`, whose apply() is the host's part (the crop, seq); it is called after
+        whatever the caller queues behind the commit. ahead: the next round's roots and root
+        tokens on the device [B] (a finished row keeps its own), on fixed shapes only (else None)."""
         B = len(st.n)
         path, a = res.path.to(self.dev), res.accepted.to(self.dev)               # [B, S+1], [B]
         live = ~_queued(st.done, self.dev)
         fixed = self._dense() and all(isinstance(x, BufferLayer) for x in cache_layers(tkv.cache))
         keep = torch.where(live[:, None], path, -1)
         if fixed:
-            length = self._commit_target(tkv, keep)          # cropped below, from the round's one host copy
+            length = self._commit_target(tkv, keep)          # cropped in apply(), from the round's one host copy
         else:
             commit(tkv, keep)
         drafts = t["tokens"].gather(-1, path[:, 1:].clamp(min=0))                 # [B, S]
@@ -688,20 +736,27 @@ class DecodeLoop:
         if self._dense():                                  # the next round's draft is queued behind (`_round`)
             last = emitted.gather(-1, (count - 1).clamp(min=0)[:, None])[:, 0]    # the new root token
             ahead = (root + count, torch.where(count > 0, last, self._root_tokens(st)))
-        parts = [count[:, None], emitted[:, :width]] + ([length[:, None].to(self.dev)] if fixed else [])
+        good = torch.ones((), dtype=torch.bool, device=self.dev) if ok is None else ok.to(self.dev)
+        parts = [count[:, None], emitted[:, :width], a[:, None], good.long().expand(B)[:, None]]
+        parts += [length[:, None].to(self.dev)] if fixed else []
         host, copied = _to_host(torch.cat(parts, 1))                               # one copy to the host
+        host_exp, exp_copied = _to_host(exp.float())
 
-        def read_back():
-            copied()
+        def apply(host=host):
             n_new, got, steps = host[:, 0], host[:, 1:width + 1], torch.arange(width)[None].expand(B, width)
             if fixed:
                 crop_committed(tkv, length, int(host[:, -1].max()))
             grow = int((st.n + n_new).max()) - st.seq.shape[1]
             if grow > 0:
                 st.seq = torch.cat([st.seq, torch.zeros(B, grow, dtype=torch.long)], dim=1)
-            ok = steps < n_new[:, None]                             # the row's emitted tokens (none when done)
-            st.seq[torch.arange(B)[:, None].expand(B, width)[ok], (st.n[:, None] + steps)[ok]] = got[ok]
+            ok_ = steps < n_new[:, None]                            # the row's emitted tokens (none when done)
+            st.seq[torch.arange(B)[:, None].expand(B, width)[ok_], (st.n[:, None] + steps)[ok_]] = got[ok_]
             st.n = st.n + n_new
+
+        def read_back() -> _ReadBack:
+            copied()
+            exp_copied()
+            return _ReadBack(host[:, width + 1].tolist(), host_exp.tolist(), bool(host[:, width + 2].all()), apply)
         return read_back, ahead
 
     def _commit_target(self, tkv, path) -> torch.Tensor:

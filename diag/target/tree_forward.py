@@ -266,6 +266,16 @@ def crop_committed(kv: TargetKV, length: torch.Tensor, longest: int) -> None:
         crop_rows(layer, None, longest)
 
 
+def rewind_verify(kv: TargetKV) -> None:
+    """The cache as it was before the last verify_forward, whose commit the host has not applied
+    (a round run again, decode_loop._undo): every layer's view cropped back to where the tree
+    was appended (kv.block); the lengths are untouched (commit_fixed returns its new ones, the
+    caller assigns them). The next verify writes the tree at the same slots. Example: width 12
+    before a verify of 4 nodes -> 16 after -> 12 again."""
+    for layer in cache_layers(kv.cache):
+        crop_rows(layer, None, kv.block)
+
+
 def select_rows(kv: TargetKV, rows: torch.Tensor) -> None:
     """Keep (or repeat) cache rows: rows [B'] indices. Example: rows [0, 0, 1] doubles row 0."""
     kv.length = kv.length[rows.to(kv.length.device)]
