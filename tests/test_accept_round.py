@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from diag.engines.decoding import GREEDY, sampled
-from diag.replay.decode_loop import accept_dense, accept_round, probabilities
+from diag.replay.accept import accept_dense, accept_round, probabilities
 from diag.replay.sampling import _ascending, renorm_top_p, target_kept, target_probs
 from diag.replay.verifiers import sampled_rule
 from diag.run.sampled import _batches

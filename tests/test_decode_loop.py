@@ -338,6 +338,7 @@ def test_the_loops_graph_bookkeeping_replays_what_the_eager_round_computes(zoo, 
     accept graph reports every round's top-p pivot past its window (each round, committed before
     the host read that, then undone and run again with the exact accept, and counted). Lanes of two trees in one loop: the draft and the
     accept per tree (a graph each), the verify, commit and extend once over both."""
+    import diag.replay.accept as accept
     import diag.replay.decode_loop as dl
     import diag.target.tree_forward as tf
     from graph_standin import stand_in
@@ -351,8 +352,8 @@ def test_the_loops_graph_bookkeeping_replays_what_the_eager_round_computes(zoo, 
     out = {}
     for name, graphs in (("graphs", True), ("eager", False), ("deeper", True)):
         if name == "deeper":
-            real = dl.target_kept
-            monkeypatch.setattr(dl, "target_kept", lambda *a, **k: (real(*a, **k)[0], torch.tensor(False)))
+            real = accept.target_kept
+            monkeypatch.setattr(accept, "target_kept", lambda *a, **k: (real(*a, **k)[0], torch.tensor(False)))
         loop = DecodeLoop(zoo["model"], zoo["drafter"], zoo["embed"], zoo["head"], lanes, zoo["layouts"],
                           shapes[0] if len(shapes) == 1 else None, sampled(1.0, 0.95), eos_ids=zoo["eos"])
         loop.cuda_graphs, loop.fixed_width = graphs, True

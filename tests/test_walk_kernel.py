@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from diag.engines.decoding import sampled
-from diag.replay.decode_loop import accept_round, probabilities
+from diag.replay.accept import accept_round, probabilities
 from diag.replay.verifiers import sampled_rule
 
 

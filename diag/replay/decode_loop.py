@@ -5,7 +5,8 @@ Each round, for every row (a lane = variant x seed, times a prompt):
     draft      the drafter drafts a tree from the row's root (drafter/incremental.py)
     verify     the target scores the tree in one tree-attention forward (target/tree_forward.py)
     accept     SGLang's target-only rule with both thresholds, bonus from relu(p - excluded)
-               (replay/sampling.py); greedy = the same walk over one-hot argmax probabilities
+               (replay/accept.py, replay/sampling.py); greedy = the same walk over one-hot argmax
+               probabilities
     commit     root + accepted nodes join the target's cache; their states and the new tokens
                extend the drafter's cache (`extend`); the next root is j + a + 1
 On CUDA every step runs on fixed shapes (`_dense`: the whole cache buffer attended, every node
@@ -47,10 +48,11 @@ from diag.drafter.drafting import DraftHead
 from diag.drafter.incremental import DraftKV, cache_dims, draft_tree, extend
 from diag.engines.decoding import Decoding
 from diag.layouts import CapturePoint, Layout, union_points
+from diag.replay.accept import accept_dense, accept_round, probabilities
 from diag.replay.replay import Variant, _on, default_tables, draft_head
 from diag.replay.round_accounting import ACCOUNTINGS, RoundAccounting
-from diag.replay.sampling import Kept, SampledRound, coin_rows, coins_at, draw_bonus, sample, target_kept, uniforms
-from diag.replay.verifiers import SampledRule, sampled_rule
+from diag.replay.sampling import SampledRound, coin_rows, coins_at, sample, uniforms
+from diag.replay.verifiers import sampled_rule
 from diag.target.passes import pad_right
 from diag.target.mla_latent import latent_mla, latent_wanted
 from diag.target.sdpa import attention_without_cudnn
@@ -155,25 +157,6 @@ def cpu_threads(dev: torch.device):
         torch.set_num_threads(before)
 
 
-def probabilities(logits: torch.Tensor, decoding: Decoding) -> torch.Tensor:
-    """Greedy: one-hot argmax (the walk then accepts iff the token is the argmax and the bonus is
-    the argmax: SGLang's verify_tree_greedy). Sampled: SGLang's target probabilities."""
-    return kept_probabilities(logits, decoding)[0].whole()
-
-
-def kept_probabilities(logits: torch.Tensor, decoding: Decoding, *, unsynced: bool = False
-                       ) -> tuple[Kept, torch.Tensor]:
-    """`probabilities` as a sampling.Kept (renormalised where read), and ok: with `unsynced`
-    asking the host nothing, ok False where a top-p pivot lay deeper than the searches a graph
-    holds (replay/sampling.target_kept); else True."""
-    if decoding.greedy:
-        hot = torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-        shape = (*hot.shape[:-1], 1)
-        return (Kept(hot, torch.full(shape, float("-inf"), device=hot.device), torch.ones(shape, device=hot.device)),
-                torch.ones((), dtype=torch.bool, device=logits.device))
-    return target_kept(logits, decoding, unsynced=unsynced)
-
-
 def _queued(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
     """A host tensor's copy to `dev` queued behind the device's work: a plain .to() waits for the
     device to finish everything queued (a sync, the host idle meanwhile); from pageable memory the
@@ -207,94 +190,11 @@ def _at_nodes(t: torch.Tensor, node: torch.Tensor) -> torch.Tensor:
     return t.gather(1, node.to(t.device)[..., None].expand(*node.shape, t.shape[-1]))
 
 
-@dataclass(frozen=True)
-class _Dense:
-    """Logits given at every node, [B, D, V], read as target/tree_forward.NodeLogits is."""
-    logits: torch.Tensor
-
-    @property
-    def shape(self):
-        return self.logits.shape
-
-    @property
-    def device(self):
-        return self.logits.device
-
-    def rows(self, flat: torch.Tensor) -> torch.Tensor:
-        return self.logits.reshape(-1, self.logits.shape[-1])[flat]
-
-
 def _part(logits, rows: slice, nodes: int):
     """The logits of rows `rows`, their first `nodes` nodes (NodeLogits or a tensor)."""
     if isinstance(logits, torch.Tensor):
         return logits[rows, :nodes]
     return logits.part(rows, nodes)
-
-
-def accept_round(rule: SampledRule, t: dict, logits, decoding: Decoding, coins: torch.Tensor,
-                 num_steps: int) -> tuple[SampledRound, torch.Tensor]:
-    """The rule's walk and exact P(a >= d) for one round: t the tree (tokens, parents, valid,
-    depths [B, D]), logits [B, D, V] (a tensor, or NodeLogits: the head then runs only at the
-    nodes read, on coins' device), coins [B, D + 1] (the last one the bonus's). Probabilities
-    are computed only where they are read: at every node with a child (the walk and the
-    expectation read p(token | parent) there, `child_probs`), then at the node each walk ended
-    on when it is a leaf (its bonus, drawn with nothing excluded: a leaf has no rejected
-    children). One walk, one draw: the same result as the rule on every node's probabilities.
-    Example, chain-3 (D 4): nodes 0..2 are computed; a row that accepts 3 ends on leaf 3, whose
-    distribution is computed for its bonus alone."""
-    logits = _Dense(logits) if isinstance(logits, torch.Tensor) else logits
-    B, D, V = logits.shape
-    dev = coins.device
-    ts, ta = (1.0, 1.0) if decoding.greedy else (decoding.threshold_single, decoding.threshold_acc)
-    tokens, parents, valid = t["tokens"], t["parents"], t["valid"]
-    node = valid & (parents >= 0)
-    ids = torch.arange(D, device=dev)
-    has_child = ((parents[:, None, :] == ids[None, :, None]) & node[:, None, :]).any(-1)   # [B, D]
-    rows = torch.nonzero(has_child.reshape(-1))[:, 0]                    # b * D + node, in order
-    kept = kept_probabilities(logits.rows(rows).to(dev), decoding)[0] if rows.numel() else None
-    slot = torch.full((B * D,), -1, dtype=torch.long, device=dev)       # node -> its row of kept
-    slot[rows] = torch.arange(len(rows), device=dev)
-    slot = slot.view(B, D)
-    at_parent = slot.gather(1, parents.clamp(min=0)).clamp(min=0)
-    p_child = (kept.at(at_parent, tokens.clamp(min=0)) * node if kept is not None
-               else torch.zeros(B, D, device=dev))                      # p(token_i | parent_i) [B, D]
-    walk = rule.walk(tokens, parents, valid, p_child, coins[:, :D], num_steps, threshold_single=ts,
-                     threshold_acc=ta)
-    last = slot.gather(1, walk.last[:, None])[:, 0]                      # -1: the walk ended on a leaf
-    p_last = kept.whole(last.clamp(min=0)) if kept is not None else torch.zeros(B, V, device=dev)
-    leaf = torch.nonzero(last < 0)[:, 0]
-    if leaf.numel():
-        p_last[leaf] = probabilities(logits.rows(leaf * D + walk.last[leaf]).to(dev), decoding)
-    bonus = draw_bonus(p_last, tokens, walk.excluded, coins[:, D])
-    exp = rule.expected_from(p_child, parents, valid, t["depths"], num_steps, threshold_single=ts,
-                             threshold_acc=ta)
-    return SampledRound(walk.accepted, walk.path, bonus), exp
-
-
-def accept_dense(rule: SampledRule, t: dict, logits, decoding: Decoding, coins: torch.Tensor, num_steps: int,
-                 *, unsynced: bool = False) -> tuple[SampledRound, torch.Tensor, torch.Tensor | None]:
-    """accept_round with every node's distribution computed at once (the head over all B x D
-    nodes), so no shape depends on the trees drafted: with `unsynced` it asks the host nothing
-    and a CUDA graph captures it (ok, the third result, is then False when some row's top-p
-    pivot lay past the window searched, and the caller runs it again without `unsynced`; else
-    None). The same walk, draws and expectation as accept_round; only which nodes go through
-    the head differs. Example, chain-3 on B rows: 4B nodes through the head, where accept_round
-    takes the 3B with a child, then the leaves of the rows that accepted all 3."""
-    logits = _Dense(logits) if isinstance(logits, torch.Tensor) else logits
-    B, D, V = logits.shape
-    dev = coins.device
-    ts, ta = (1.0, 1.0) if decoding.greedy else (decoding.threshold_single, decoding.threshold_acc)
-    tokens, parents, valid = t["tokens"], t["parents"], t["valid"]
-    flat = logits.rows(torch.arange(B * D, device=logits.device)).to(dev)
-    kept, ok = kept_probabilities(flat, decoding, unsynced=unsynced)
-    base = torch.arange(B, device=dev)[:, None] * D
-    p_child = kept.at(base + parents.clamp(min=0), tokens.clamp(min=0)) * (valid & (parents >= 0))
-    walk = rule.walk(tokens, parents, valid, p_child, coins[:, :D], num_steps, threshold_single=ts,
-                     threshold_acc=ta)
-    bonus = draw_bonus(kept.whole(base[:, 0] + walk.last), tokens, walk.excluded, coins[:, D])
-    exp = rule.expected_from(p_child, parents, valid, t["depths"], num_steps, threshold_single=ts,
-                             threshold_acc=ta)
-    return SampledRound(walk.accepted, walk.path, bonus), exp, ok if unsynced else None
 
 
 class DecodeLoop:
@@ -611,7 +511,7 @@ class DecodeLoop:
                                         self.points, fixed=self.fixed_width, graphs=self.graphs.get("verify"))
             with self._phase("accept"):
                 res, exp, ok = self._accept(st, t, scored, exact)
-            before = (st.dkv.length.clone(), st.r_root)                     # what the commit changes on the drafter's side
+            before = (st.dkv.length.clone(), st.r_root)      # what the commit changes on the drafter's side
             with self._phase("commit"):
                 read_back, ahead = self._commit(st, tkv, t, res, scored, exp, ok)
             if ahead is not None:
