@@ -31,9 +31,7 @@ def kept_probabilities(logits: torch.Tensor, decoding: Decoding, *, unsynced: bo
     holds (replay/sampling.target_kept); else True."""
     if decoding.greedy:
         hot = torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-        shape = (*hot.shape[:-1], 1)
-        return (Kept(hot, torch.full(shape, float("-inf"), device=hot.device), torch.ones(shape, device=hot.device)),
-                torch.ones((), dtype=torch.bool, device=logits.device))
+        return Kept.every(hot), torch.ones((), dtype=torch.bool, device=logits.device)
     return target_kept(logits, decoding, unsynced=unsynced)
 
 

@@ -511,7 +511,8 @@ class DecodeLoop:
                                         self.points, fixed=self.fixed_width, graphs=self.graphs.get("verify"))
             with self._phase("accept"):
                 res, exp, ok = self._accept(st, t, scored, exact)
-            before = (st.dkv.length.clone(), st.r_root)      # what the commit changes on the drafter's side
+            # what the commit changes on the drafter's side, kept where the round may be undone
+            before = (st.dkv.length.clone(), st.r_root) if ok is not None else None
             with self._phase("commit"):
                 read_back, ahead = self._commit(st, tkv, t, res, scored, exp, ok)
             if ahead is not None:
@@ -642,15 +643,15 @@ class DecodeLoop:
         host, copied = _to_host(torch.cat(parts, 1))                               # one copy to the host
         host_exp, exp_copied = _to_host(exp.float())
 
-        def apply(host=host):
+        def apply():
             n_new, got, steps = host[:, 0], host[:, 1:width + 1], torch.arange(width)[None].expand(B, width)
             if fixed:
                 crop_committed(tkv, length, int(host[:, -1].max()))
             grow = int((st.n + n_new).max()) - st.seq.shape[1]
             if grow > 0:
                 st.seq = torch.cat([st.seq, torch.zeros(B, grow, dtype=torch.long)], dim=1)
-            ok_ = steps < n_new[:, None]                            # the row's emitted tokens (none when done)
-            st.seq[torch.arange(B)[:, None].expand(B, width)[ok_], (st.n[:, None] + steps)[ok_]] = got[ok_]
+            new = steps < n_new[:, None]                            # the row's emitted tokens (none when done)
+            st.seq[torch.arange(B)[:, None].expand(B, width)[new], (st.n[:, None] + steps)[new]] = got[new]
             st.n = st.n + n_new
 
         def read_back() -> _ReadBack:

@@ -61,6 +61,12 @@ class Kept:
     pivot: torch.Tensor
     mass: torch.Tensor
 
+    @classmethod
+    def every(cls, p: torch.Tensor) -> "Kept":
+        """p as it is, every id kept (no top-p; a greedy one-hot): pivot -inf, mass 1."""
+        shape = (*p.shape[:-1], 1)
+        return cls(p, torch.full(shape, float("-inf"), device=p.device), torch.ones(shape, device=p.device))
+
     def at(self, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """p(ids[i] | row rows[i]) for index tensors of one shape (rows index the flat rows)."""
         flat = self.p.reshape(-1, self.p.shape[-1])
@@ -204,10 +210,9 @@ def target_kept(logits: torch.Tensor, d: Decoding, *, unsynced: bool = False) ->
     capacity); ok False when more rows needed it, and the caller computes again without
     `unsynced`. Where ok is True, the same as without."""
     p = _tempered(logits, d)
-    shape = (*p.shape[:-1], 1)
-    ok = torch.ones((), dtype=torch.bool, device=p.device)
     if d.top_p >= 1.0:
-        return Kept(p, torch.full(shape, float("-inf"), device=p.device), torch.ones(shape, device=p.device)), ok
+        return Kept.every(p), torch.ones((), dtype=torch.bool, device=p.device)
+    shape = (*p.shape[:-1], 1)
     flat = p.reshape(-1, p.shape[-1])
     rows = len(flat)
     capacity = max(DEEPER_MIN, int(rows * DEEPER_ROWS)) if unsynced else None
