@@ -102,29 +102,36 @@ def tree_shape(text: str | TreeShape, *, field: str = "tree") -> TreeShape:
 
 # --- derivations from a parents tensor ---------------------------------------
 
+def reach(parents: torch.Tensor) -> torch.Tensor:
+    """bool [..., D, D]: reach[i, j] iff j is i or is reached from i by following parents (the
+    nodes p^k(i), k >= 0, up to a node with none). Found by squaring the one-step relation
+    ceil(log2(D - 1)) times (a handful of batched matmuls, not D rounds of gathers: inside a CUDA
+    graph each round is a few kernels), since every node reachable from i is reached within
+    D - 1 steps. Example: parents [-1, 0, 0, 1] -> row 3 = [T, T, F, T]."""
+    D = parents.shape[-1]
+    ids = torch.arange(D, device=parents.device)
+    one = ((parents[..., None] == ids) & (parents >= 0)[..., None]) | (ids[:, None] == ids)   # self or parent
+    m = one.float()
+    for _ in range(max(D - 2, 0).bit_length()):     # 2^k >= D - 1 steps
+        m = (m @ m).clamp(max=1.0)
+    return m > 0
+
+
 def depths(parents: torch.Tensor) -> torch.Tensor:
-    """Depth of every node [..., D] (root and detached nodes: 0).
+    """Depth of every node [..., D] (root and detached nodes: 0): how many parents lead from it
+    to a node without one; D where they never do (a cycle, in junk parents). From `reach`: the
+    nodes reached, less itself, when one of them has no parent.
     Example: parents [-1, 0, 0, 1] -> depths [0, 1, 1, 2]."""
-    d = torch.zeros_like(parents)
-    has_parent = parents >= 0
-    idx = parents.clamp(min=0)
-    for _ in range(parents.shape[-1]):  # D rounds reach the deepest possible node
-        d = torch.where(has_parent, d.gather(-1, idx) + 1, torch.zeros_like(d))
-    return d
+    r = reach(parents)
+    ends = (r & (parents < 0)[..., None, :]).any(-1)
+    return torch.where(ends, r.sum(-1) - 1, torch.full_like(parents, parents.shape[-1]))
 
 
 def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
     """bool [..., D, D]: mask[i, j] iff j is i or an ancestor of i (what node i
-    attends to among the tree nodes in the verify pass).
+    attends to among the tree nodes in the verify pass): `reach`.
     Example: parents [-1, 0, 0, 1] -> row 3 = [T, T, F, T]."""
-    D = parents.shape[-1]
-    eye = torch.eye(D, dtype=torch.bool, device=parents.device)
-    mask = eye.expand(*parents.shape, D).clone()  # [..., D, D]
-    has_parent = (parents >= 0)[..., None]  # [..., D, 1]
-    idx = parents.clamp(min=0)[..., None].expand(*parents.shape, D)  # [..., D, D]
-    for _ in range(D):
-        mask = eye | (has_parent & mask.gather(-2, idx))
-    return mask
+    return reach(parents)
 
 
 def positions(parents: torch.Tensor, root_position) -> torch.Tensor:

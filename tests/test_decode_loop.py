@@ -271,6 +271,26 @@ def test_a_verify_on_fixed_widths_decodes_what_the_growing_cache_did(zoo, monkey
     assert len(set(verify_grown)) > 5 and max(verify_fixed) >= max(verify_grown)
 
 
+def test_the_fixed_bias_from_tensors_is_the_bias_from_the_hosts_block():
+    """tree_forward.fixed_bias (inside the verify's graph: the block a [1] tensor) gives exactly
+    attention_bias over the committed slots up to the block, the tree, then the tail hidden.
+    Worked example: length 3, block 4, tree parents [-1, 0, 0] at slots 4..6 of 9: node 2 sees
+    slots 0..2, 4 and 6."""
+    from diag.target.tree_forward import attention_bias, fixed_bias, tree_sees
+
+    parents = torch.tensor([[-1, 0, 0], [-1, 0, 1], [-1, 0, -1]])
+    valid = torch.tensor([[True, True, True], [True, True, True], [True, True, False]])
+    length, block, width = torch.tensor([3, 4, 0]), 4, 9
+    sees = tree_sees(parents, valid)
+    got = fixed_bias(length, torch.tensor([block]), sees, width, torch.bfloat16)
+    past = torch.arange(block)[None] < length[:, None]
+    want = attention_bias(past, sees, torch.bfloat16, past.new_zeros(3, width - block - 3))
+    assert got.shape == want.shape == (3, 1, 3, 9) and torch.equal(got, want)
+    seen = (got[0, 0, 2] == 0).nonzero()[:, 0].tolist()
+    assert seen == [0, 1, 2, 4, 6]
+    assert (got[2, 0, 2] == 0).nonzero()[:, 0].tolist() == [6]          # an invalid node sees itself only
+
+
 def test_rows_kept_from_a_buffer_are_zero_past_their_length():
     """A whole-buffer attention reads the slots past each row's length with weight 0: they must
     hold numbers (uninitialised memory may hold NaN, and 0 x NaN is NaN)."""
@@ -313,7 +333,8 @@ def test_a_verify_given_graphs_it_cannot_use_runs_eagerly_and_counts_it(zoo):
         s = verify_forward(model, kv, tokens, parents, valid, torch.tensor([5, 5]), points, fixed=True, graphs=graphs)
         got.append((s.states["final"], graphs))
     (a, graphs), (b, _) = got
-    assert graphs.counts == {"captured": 0, "replayed": 0, "eager": 1, "capture_s": 0.0} and graphs.failure is None
+    assert graphs.counts == {"captured": 0, "replayed": 0, "eager": 1, "capture_s": 0.0, "warm_s": 0.0, "record_s": 0.0}
+    assert graphs.failure is None
     assert torch.equal(a, b)
 
 
@@ -357,6 +378,8 @@ def test_the_loops_graph_bookkeeping_replays_what_the_eager_round_computes(zoo, 
         loop = DecodeLoop(zoo["model"], zoo["drafter"], zoo["embed"], zoo["head"], lanes, zoo["layouts"],
                           shapes[0] if len(shapes) == 1 else None, sampled(1.0, 0.95), eos_ids=zoo["eos"])
         loop.cuda_graphs, loop.fixed_width = graphs, True
+        assert loop.verify_ahead_steps == 1 < loop.S                # by default queued for chain-1 only
+        loop.verify_ahead_steps = loop.S                            # here for these trees too
         rows = [(li, p) for li in range(len(lanes)) for p in range(len(zoo["prompts"]))]
         out[name] = ([(d.accepted, d.ids, d.expected) for d in loop.run(zoo["prompts"], rows, NEW)],
                      dict(loop.counts))
@@ -367,22 +390,26 @@ def test_the_loops_graph_bookkeeping_replays_what_the_eager_round_computes(zoo, 
     for step in dl.GRAPHED:     # one mode: per tree or once a round, captured per rows, replayed every other call
         calls = gc[f"{step}_graphs_replayed"] + gc[f"{step}_graphs_captured"]
         per_tree = step in ("draft", "accept") and len(trees) > 1    # a tree whose rows all left has no call
-        # a draft is queued ahead behind every commit: each retire, and the last round, drops one
-        rounds = gc["rounds"] + (gc["drafts_discarded"] if step == "draft" else 0)
+        # a draft and its verify are queued ahead behind every commit: each retire, and the last round,
+        # drops them
+        rounds = gc["rounds"] + {"draft": gc["drafts_discarded"], "verify": gc["verifies_discarded"]}.get(step, 0)
         assert gc["rounds"] < calls <= rounds * len(trees) if per_tree else calls == rounds
         assert 2 <= gc[f"{step}_graphs_captured"] < gc[f"{step}_graphs_replayed"]
     assert 2 <= gc["drafts_discarded"] == gc["verify_graphs_captured"]    # the retires (new rows) and the end
+    assert gc["verifies_discarded"] == gc["drafts_discarded"]
     assert gc["verify_graphs_captured"] >= 2                                                  # rows retired
     assert "accept_pivots_deeper" not in gc
     # every round committed on its graph's accept, read back, undone and run again exactly: the verify,
     # the commit and the extend twice a round, each accept call again without its graph (+ the
     # captures' warm-ups), the draft queued ahead of every first try dropped
     assert dc["accept_pivots_deeper"] == dc["rounds"] == gc["rounds"]
-    for step in ("verify", "commit", "extend"):
-        assert dc[f"{step}_graphs_replayed"] + dc[f"{step}_graphs_captured"] == 2 * dc["rounds"]
+    for step in ("verify", "commit", "extend"):      # and the verify queued ahead of every first try dropped
+        extra = dc["verifies_discarded"] if step == "verify" else 0
+        assert dc[f"{step}_graphs_replayed"] + dc[f"{step}_graphs_captured"] == 2 * dc["rounds"] + extra
     calls = dc["accept_graphs_replayed"] + dc["accept_graphs_captured"]
     assert dc["accept_graphs_eager"] == calls + dc["accept_graphs_captured"]
     assert dc["drafts_discarded"] == dc["rounds"] + gc["drafts_discarded"]
+    assert dc["verifies_discarded"] == dc["rounds"] + gc["verifies_discarded"]
 
 
 def test_a_draft_graph_needs_its_tables_resident_on_the_drafters_device():

@@ -113,12 +113,15 @@ def test_the_verify_replayed_from_cuda_graphs_decodes_what_the_eager_verify_did(
         loop, lanes, rows = bench_loop(model, drafter, embed, head, lays, tree_shape(tree), len(prompts),
                                        decoding=sampled(1.0, 0.95))
         loop.cuda_graphs, loop.fixed_width = graphs, fixed
+        loop.verify_ahead_steps = loop.S           # the next verify queued ahead on these trees too (chain-1's default)
         out[name] = (loop.run(prompts, rows, 16), dict(loop.counts), dict(loop.graph_failures))
     got = lambda o: [(d.accepted, d.ids) for d in o]                           # noqa: E731
     (g, gc, gf), (e, ec, _), (w, _, _) = out["graphs"], out["eager"], out["grown"]
     assert gf == {} and gc["verify_graphs_captured"] >= 1
-    assert gc["verify_graphs_replayed"] + gc["verify_graphs_captured"] == gc["rounds"]
+    # the verify is queued ahead behind every commit too (with the draft): each retire and the end drop one
+    assert gc["verify_graphs_replayed"] + gc["verify_graphs_captured"] == gc["rounds"] + gc["verifies_discarded"]
     assert gc["verify_graphs_replayed"] > gc["verify_graphs_captured"]
+    assert 1 <= gc["verifies_discarded"] <= gc["drafts_discarded"]
     assert "verify_graphs_captured" not in ec
     # the draft, the accept, the commit and the drafter's extend from their graphs too (one group a
     # round: one mode, one tree), the same drafts and draws; no round's top-p pivot past the window

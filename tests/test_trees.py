@@ -56,3 +56,35 @@ def test_derivations_agree_with_walk(par_list):
         assert d[i] == len(chain) - 1
         assert set(torch.nonzero(m[i]).flatten().tolist()) == chain
     assert (m.sum(-1) == d + 1).all()
+
+
+def _depths_by_rounds(parents):
+    """The definition, D rounds of a gather: d <- d[parent] + 1 where there is a parent, else 0."""
+    d = torch.zeros_like(parents)
+    for _ in range(parents.shape[-1]):
+        d = torch.where(parents >= 0, d.gather(-1, parents.clamp(min=0)) + 1, torch.zeros_like(d))
+    return d
+
+
+def _ancestors_by_rounds(parents):
+    """The definition, D rounds: row i = i, then row parent(i) where i has one."""
+    D = parents.shape[-1]
+    eye = torch.eye(D, dtype=torch.bool)
+    mask = eye.expand(*parents.shape, D).clone()
+    idx = parents.clamp(min=0)[..., None].expand(*parents.shape, D)
+    for _ in range(D):
+        mask = eye | ((parents >= 0)[..., None] & mask.gather(-2, idx))
+    return mask
+
+
+@given(st.integers(1, 40).flatmap(lambda d: st.lists(st.lists(st.integers(-1, d - 1), min_size=d, max_size=d),
+                                                     min_size=1, max_size=4)))
+def test_reach_by_squaring_is_the_rounds_definition_for_any_parents(rows):
+    """trees.reach squares the one-step relation log2(D) times (inside the verify's graph, a few
+    kernels, not D rounds of gathers); ancestor_mask and depths read it. Equal to the D-round
+    definitions on any parents: trees, forests, self-loops and cycles (junk parents: depth D).
+    Example: parents [1, 0] (a cycle) -> depths [2, 2]; [-1, 0, 0, 1] -> [0, 1, 1, 2]."""
+    parents = torch.tensor(rows)
+    assert torch.equal(ancestor_mask(parents), _ancestors_by_rounds(parents))
+    assert torch.equal(depths(parents), _depths_by_rounds(parents))
+    assert depths(torch.tensor([1, 0])).tolist() == [2, 2]

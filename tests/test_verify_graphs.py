@@ -22,7 +22,8 @@ def test_a_capture_that_fails_turns_the_graphs_off_names_why_and_leaves_the_forw
     graphs, cache, calls = VerifyGraphs(), _cache(), []
     inputs = {"ids": torch.zeros(2, 1, dtype=torch.long)}
     got = graphs.run(stamps(cache), inputs, (2, 1, 8), lambda x: calls.append(x) or {"final": torch.zeros(2, 1, 4)})
-    assert got is None and graphs.failure and graphs.counts == {"captured": 0, "replayed": 0, "eager": 0, "capture_s": 0.0}
+    assert got is None and graphs.failure and graphs.counts == {"captured": 0, "replayed": 0, "eager": 0, "capture_s": 0.0,
+                                                                 "warm_s": 0.0, "record_s": 0.0}
     assert not graphs.usable(torch.nn.Linear(2, 2)) and graphs.graphs == {}
 
 

@@ -13,7 +13,8 @@ On CUDA every step runs on fixed shapes (`_dense`: the whole cache buffer attend
 through the head, S + 1 pairs extended a row) and is replayed from CUDA graphs (GRAPHED), so a
 round launches a handful of graphs, not ~2,000 kernels; the host reads the device once a round,
 after the commit (the accept is committed before the host has read it: `_round`), and the next
-round's draft is queued before that read, so the device drafts while the host updates its sequences.
+round's draft and verify are queued before that read, so the device drafts and verifies while the
+host updates its sequences.
 Indices as in verify.py: a round rooted at j has the target's state at j, root token t_{j+1}
 at position j + 1, depth d at position j + 1 + d. Worked example: prompt of 5 tokens ->
 prefill, t_5 sampled from the state at 4, first round rooted at j = 4 (tree at positions 5..);
@@ -58,7 +59,7 @@ from diag.target.mla_latent import latent_mla, latent_wanted
 from diag.target.sdpa import attention_without_cudnn
 from diag.target.kv_buffer import BufferLayer, stamps
 from diag.target.tree_forward import (NodeLogits, cache_bytes, cache_layers, commit, commit_fixed, crop_committed,
-                                      prefill, rewind_verify, select_rows, verify_forward)
+                                      prefill, rewind_verify, select_rows, verify_forward, verify_queued)
 from diag.target.verify_graphs import VerifyGraphs, graphs_wanted
 from diag.trees import TreeShape
 
@@ -69,6 +70,8 @@ RETIRE_FRACTION = 0.1                # finished rows leave the batch once they a
 RETIRE_FRACTION_GRAPHED = 0.5        # ... half of it on fixed shapes, where rounds replay graphs: a retire
                                      # takes the caches' rows (new buffers), so every step is captured again
 RETIRE_MIN_TOKENS_GRAPHED = 64       # ... and only when they take this many tree nodes out of every verify
+VERIFY_AHEAD_MAX_STEPS = 1           # the next verify is queued ahead of the read-back only for drafts this deep
+                                     # (`_verify_ahead`; a deeper draft queued ahead already covers the read-back)
 CPU_THREADS = 1                      # torch's intra-op threads while the loop runs on the CPU (`cpu_threads`)
 
 
@@ -118,6 +121,7 @@ class _Rows:
     coin_row: torch.Tensor
     done: torch.Tensor | None = None                  # [B] finished, still in the batch
     drafted: dict | None = None                       # the next round's trees, drafted ahead (`_round`)
+    verified: tuple | None = None                     # their verify queued ahead: (Scored, placed) (`_round`)
 
     @property
     def root(self) -> torch.Tensor:
@@ -126,6 +130,16 @@ class _Rows:
     def keep(self, rows: torch.Tensor, dev) -> "_Rows":
         return _Rows(self.seq[rows], self.n[rows], self.r_root[rows.to(dev)], self.dkv.select(rows.to(dev)),
                      self.lane_of[rows], self.active[rows], self.out, self.coin_row[rows.to(dev)], self.done[rows])
+
+
+@dataclass(frozen=True)
+class _Ahead:
+    """What the next round starts from, on the device before the host has read the round back
+    (`DecodeLoop._commit`): each row's root and root token [B] (a finished row keeps its own),
+    and the target cache's new lengths [B] on fixed shapes with a cache of buffers (else None)."""
+    root: torch.Tensor
+    root_tokens: torch.Tensor
+    length: torch.Tensor | None
 
 
 @dataclass(frozen=True)
@@ -216,6 +230,7 @@ class DecodeLoop:
         self.on_step = lambda: None                # called after the prefill and after every round
         self.graph_failures: dict[str, str] = {}  # a GRAPHED step -> why its graphs were turned off
         self.cuda_graphs = graphs_wanted()  # each GRAPHED step replayed from CUDA graphs where it can
+        self.verify_ahead_steps = VERIFY_AHEAD_MAX_STEPS   # `_verify_ahead`: queued where S is at most this
         self.graphs: dict[str, VerifyGraphs] = {}  # this run's graphs by step (target/verify_graphs.py)
         self.counts = defaultdict(int)                      # rounds, verified tokens, rows, kv bytes read
         self.decoding, self.eos = decoding, sorted(eos_ids)
@@ -492,7 +507,10 @@ class DecodeLoop:
         are all on the device by then), so the device drafts while the host updates the sequences
         and decides the retires; a retire drops it (its rows change) and the next round drafts again
         (counted: drafts_discarded). The same draft either way: the same inputs through the same
-        graph, in the same order on the device.
+        graph, in the same order on the device. Behind that draft the next round's verify is queued
+        too where its graph exists (`_verify_ahead`: the tree at the longest committed row, which
+        the device finds), so the device verifies while the host reads the round back and applies
+        it; a retire, an undone round or the loop's end drops it (verifies_discarded).
         An accept replayed from a graph is committed before the host has read whether every top-p
         pivot lay within the window it searched (`ok`, read back with the commit). Where one did
         not, the round is undone (`_undo`) and run again with the exact accept (counted:
@@ -502,13 +520,17 @@ class DecodeLoop:
         if t is None:
             with self._phase("draft"):
                 t = self._draft(st)
+        queued, st.verified = st.verified, None
         exact = False
         while True:
             self.counts["kv_bytes"] += cache_bytes(tkv, self.fixed_width)   # what the verify's attention reads
-            with self._phase("verify_forward"):
-                scored = verify_forward(self.model, tkv, t["tokens"], t["parents"], t["valid"],
-                                        _queued(st.root + 1, tkv.length.device),
-                                        self.points, fixed=self.fixed_width, graphs=self.graphs.get("verify"))
+            if queued is None:
+                with self._phase("verify_forward"):
+                    scored = verify_forward(self.model, tkv, t["tokens"], t["parents"], t["valid"],
+                                            _queued(st.root + 1, tkv.length.device),
+                                            self.points, fixed=self.fixed_width, graphs=self.graphs.get("verify"))
+            else:
+                scored, queued = queued[0], None
             with self._phase("accept"):
                 res, exp, ok = self._accept(st, t, scored, exact)
             # what the commit changes on the drafter's side, kept where the round may be undone
@@ -517,7 +539,10 @@ class DecodeLoop:
                 read_back, ahead = self._commit(st, tkv, t, res, scored, exp, ok)
             if ahead is not None:
                 with self._phase("draft"):
-                    st.drafted = self._draft(st, *ahead)
+                    st.drafted = self._draft(st, ahead.root, ahead.root_tokens)
+                if ahead.length is not None:
+                    with self._phase("verify_forward"):
+                        st.verified = self._verify_ahead(st.drafted, tkv, ahead)
             with self._phase("commit"):
                 back = read_back()
             if back.ok:
@@ -527,6 +552,25 @@ class DecodeLoop:
             exact = True
         self._record(st, back)
         back.apply()
+        if st.verified is not None:
+            st.verified[1]()                       # the queued verify's host part, now the crop is known
+
+    def _verify_ahead(self, t: dict, tkv, ahead: "_Ahead"):
+        """The next round's verify queued behind this round's commit and the next draft, before the
+        host reads the round back (tree_forward.verify_queued: the tree at the longest committed
+        row, found on the device), so the device verifies while the host records the round and
+        decides the retires: (Scored, placed), or None where it cannot be (no verify graph of the
+        bucket yet) or is not worth it. A retire, an undone round or the loop's end drops it
+        (verifies_discarded): a verify's device time lost each time. So only where the draft queued
+        ahead is too short to cover the host's read-back (S <= verify_ahead_steps). Measured (H100,
+        the bench pair, one process, reports/bench/NOTES.md, twenty-fourth stop): chain-1 -3 to -6%;
+        s3-k8-d16 +2 to +4%, whose 4-step draft already kept the device busy through the read-back
+        and whose 8 dropped verifies of 1,536 nodes cost more than the queue saved."""
+        graphs = self.graphs.get("verify")
+        if graphs is None or self.S > self.verify_ahead_steps:
+            return None
+        return verify_queued(self.model, tkv, t["tokens"], t["parents"], t["valid"], ahead.root + 1, ahead.length,
+                             self.points, graphs, grow=self.S + 1)
 
     def _undo(self, st, tkv, before) -> None:
         """A round committed on an accept that was not the rule's (a top-p pivot past the graph's
@@ -538,7 +582,8 @@ class DecodeLoop:
         st.dkv.length.copy_(length)
         st.r_root = r_root
         self.counts["drafts_discarded"] += st.drafted is not None
-        st.drafted = None
+        self.counts["verifies_discarded"] += st.verified is not None
+        st.drafted = st.verified = None
         rewind_verify(tkv)
 
     def _accept(self, st, t, scored, exact: bool = False):
@@ -636,7 +681,8 @@ class DecodeLoop:
         ahead = None
         if self._dense():                                  # the next round's draft is queued behind (`_round`)
             last = emitted.gather(-1, (count - 1).clamp(min=0)[:, None])[:, 0]    # the new root token
-            ahead = (root + count, torch.where(count > 0, last, self._root_tokens(st)))
+            ahead = _Ahead(root + count, torch.where(count > 0, last, self._root_tokens(st)),
+                           length if fixed else None)
         good = torch.ones((), dtype=torch.bool, device=self.dev) if ok is None else ok.to(self.dev)
         parts = [count[:, None], emitted[:, :width], a[:, None], good.long().expand(B)[:, None]]
         parts += [length[:, None].to(self.dev)] if fixed else []
@@ -690,6 +736,7 @@ class DecodeLoop:
         if not (done.all() or self._retiring(done)):
             return st
         self.counts["drafts_discarded"] += st.drafted is not None           # drafted ahead for rows that change
+        self.counts["verifies_discarded"] += st.verified is not None
         if done.all():
             return _Rows(st.seq[:0], st.n[:0], None, None, st.lane_of[:0], st.active[:0], st.out, st.coin_row[:0],
                          done[:0])

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import nn
@@ -156,25 +157,19 @@ def verify_forward(model: nn.Module, kv: TargetKV, tokens: torch.Tensor, parents
     dev, dtype = device_and_dtype(model)
     tokens, parents, node_valid = tokens.to(dev), parents.to(dev), node_valid.to(dev)
     B, D = tokens.shape
-    eye = torch.eye(D, dtype=torch.bool, device=dev)
-    block = (ancestor_mask(parents) & node_valid[:, None, :]) | eye             # a query always sees itself
-    pos = positions(parents, root_position.to(dev))
     kv.block = _width(kv)
     need = kv.block + D
     width = reserve_whole(kv.cache, need) if _fixed(kv, fixed) else None
-    past = kv.valid(kv.block)
     if width is None:
-        bias = attention_bias(past, block, dtype)
-        sink, kv.cache = forward_points(model, tokens.clamp(min=0), pos, bias, kv.cache, points)
+        bias = attention_bias(kv.valid(kv.block), tree_sees(parents, node_valid), dtype)
+        sink, kv.cache = forward_points(model, tokens.clamp(min=0), positions(parents, root_position.to(dev)), bias,
+                                        kv.cache, points)
         return Scored(NodeLogits(model, sink[FINAL.name]), sink)
-    # fixed widths: the slots past the tree hidden, the new keys written at `slots`
-    bias = attention_bias(past, block, dtype, past.new_zeros(B, width - need))
-    inputs = {"ids": tokens.clamp(min=0), "pos": pos, "bias": bias,
-              "slots": torch.arange(kv.block, need, device=kv.length.device)}
-
-    def forward(x: dict) -> dict:                    # cuDNN's attention left out: a graph is captured
-        with fixed_width(kv.cache, need, x["slots"]), attention_without_cudnn(kv.length.device):
-            return forward_points(model, x["ids"], x["pos"], x["bias"], kv.cache, points)[0]
+    # fixed widths: the tree at slots block .. block + D of the whole buffer, the slots past it hidden;
+    # the masks, positions and slots are computed inside the forward (a graph's replay computes them)
+    inputs = {"ids": tokens, "parents": parents, "valid": node_valid, "root": root_position.to(dev),
+              "length": kv.length, "block": torch.tensor([kv.block]).to(dev, non_blocking=True)}
+    forward = _fixed_forward(model, kv, D, need, width, points, dtype)
     sink = None
     if graphs is not None and graphs.usable(model):
         sink = graphs.run(stamps(kv.cache), inputs, (B, D, width, points), forward)
@@ -186,6 +181,79 @@ def verify_forward(model: nn.Module, kv: TargetKV, tokens: torch.Tensor, parents
             graphs.counts["eager"] += 1
         sink = forward(inputs)
     return Scored(NodeLogits(model, sink[FINAL.name]), sink)
+
+
+def _fixed_forward(model, kv: TargetKV, D: int, need: int, width: int, points, dtype):
+    """verify_forward's forward on fixed widths: x (ids, parents, valid, root, length [B], block
+    [1]) -> the captured points; cuDNN's attention left out (a graph is captured). `need` only
+    sizes the host's views around an eager call (a replay runs no Python)."""
+    def forward(x: dict) -> dict:
+        slots = x["block"] + torch.arange(D, device=x["block"].device)
+        bias = fixed_bias(x["length"], x["block"], tree_sees(x["parents"], x["valid"]), width, dtype)
+        pos = positions(x["parents"], x["root"])
+        with fixed_width(kv.cache, need, slots), attention_without_cudnn(kv.length.device):
+            return forward_points(model, x["ids"].clamp(min=0), pos, bias, kv.cache, points)[0]
+    return forward
+
+
+def verify_queued(model: nn.Module, kv: TargetKV, tokens: torch.Tensor, parents: torch.Tensor,
+                  node_valid: torch.Tensor, root_position: torch.Tensor, length: torch.Tensor,
+                  points: tuple[CapturePoint, ...], graphs: VerifyGraphs, grow: int
+                  ) -> "tuple[Scored, Callable[[], None]] | None":
+    """verify_forward queued behind a commit whose new lengths `length` [B] only the device holds
+    yet (commit_fixed's): the tree at the longest of them, found on the device, replayed from
+    the graph verify_forward captured for this bucket on these buffers. Returns (scored,
+    placed): placed() is the host's part, once it has cropped the cache to the committed rows
+    (crop_committed): kv.block and the views then stand as verify_forward leaves them. None
+    where it cannot be queued: no graph of the bucket yet, or a tree that might not fit the
+    buffer (the longest row grows by at most `grow` slots a commit). The decode loop queues the
+    next round's verify so, to run while the host reads a round back (decode_loop._round). Example:
+    lengths after the commit [9, 12] on views of 14 (block 10, D 4) -> the tree at slots 12..15;
+    placed() -> block 12, views 16."""
+    B, D = tokens.shape
+    layers = cache_layers(kv.cache)
+    widths = {x.capacity for x in layers if isinstance(x, BufferLayer)}
+    if len(widths) != 1 or len(layers) != sum(isinstance(x, BufferLayer) for x in layers):
+        return None
+    width = widths.pop()
+    if kv.block + grow + D > width:
+        return None
+    dev = kv.length.device
+    inputs = {"ids": tokens.to(dev), "parents": parents.to(dev), "valid": node_valid.to(dev),
+              "root": root_position.to(dev), "length": length, "block": length.max().reshape(1)}
+    sink = graphs.replay(stamps(kv.cache), inputs, (B, D, width, points))
+    if sink is None:
+        return None
+
+    def placed() -> None:
+        kv.block = _width(kv)
+        for layer in layers:
+            layer.crop_to(kv.block + D)
+    return Scored(NodeLogits(model, sink[FINAL.name]), sink), placed
+
+
+def tree_sees(parents: torch.Tensor, node_valid: torch.Tensor) -> torch.Tensor:
+    """[B, D, D] bool: node i sees node j (an ancestor or itself; a query always sees itself)."""
+    eye = torch.eye(parents.shape[-1], dtype=torch.bool, device=parents.device)
+    return (ancestor_mask(parents) & node_valid[:, None, :]) | eye
+
+
+def fixed_bias(length: torch.Tensor, block: torch.Tensor, sees: torch.Tensor, width: int,
+               dtype: torch.dtype) -> torch.Tensor:
+    """attention_bias over a whole buffer of `width` slots, from tensors only (no host int, so a
+    graph replays it for any block): slot s is seen by row b's query i where s < length[b] (its
+    committed slots; length <= block) or block <= s < block + D and i sees node s - block.
+    length [B], block [1], sees [B, D, D] -> [B, 1, D, width], the values attention_bias gives
+    for past = slots < length up to block, the tree, then the tail hidden. Example: length [3],
+    block 4, D 2, width 8 -> row 0 sees slots 0..2, and 4, 5 as the tree allows."""
+    B, D, _ = sees.shape
+    s = torch.arange(width, device=length.device)
+    rel = s[None] - block[:, None]                                          # [1, width]
+    in_tree = (rel >= 0) & (rel < D)
+    tree = sees.gather(-1, rel.clamp(0, D - 1).expand(B, D, width)) & in_tree[:, None, :]
+    see = (s[None, None, :] < length[:, None, None]) | tree
+    bias = torch.zeros(see.shape, dtype=dtype, device=see.device)
+    return bias.masked_fill_(~see, torch.finfo(dtype).min)[:, None]
 
 
 def _fixed(kv: TargetKV, fixed: bool | None) -> bool:

@@ -57,13 +57,15 @@ class VerifyGraphs:
     """The graphs of one forward's buckets (module docstring): a decode loop's verify or draft,
     a generation batch's step. counts: captured, replayed,
     eager (verifies run without a graph, the captures' warm-ups among them), capture_s (wall
-    seconds spent capturing, warm-ups included: what a short loop pays before replays repay it)."""
+    seconds spent capturing, warm-ups included: what a short loop pays before replays repay it),
+    of it warm_s (the first calls, launched) and record_s (the captures themselves, recorded)."""
     graphs: dict[tuple, _Graph] = field(default_factory=dict)
     buffers: tuple = ()
     pool: object = None
     failure: str | None = None
     counts: dict[str, float] = field(default_factory=lambda: {"captured": 0, "replayed": 0, "eager": 0,
-                                                               "capture_s": 0.0})
+                                                               "capture_s": 0.0, "warm_s": 0.0, "record_s": 0.0})
+    side: object = None                       # the stream the first calls run on, one for every capture
     placed: dict[int, tuple] = field(default_factory=dict)   # id(model) -> (model, on one CUDA device): `usable`
 
     def usable(self, model: torch.nn.Module) -> bool:
@@ -106,6 +108,14 @@ class VerifyGraphs:
             self.counts["captured"] += 1
             self.counts["capture_s"] += time.perf_counter() - t0
             return first
+        return self.replay(buffers, inputs, key)
+
+    def replay(self, buffers: tuple, inputs: dict[str, torch.Tensor], key: tuple) -> dict[str, torch.Tensor] | None:
+        """The outputs of the graph of `key` already captured on the buffers `buffers` names, its
+        inputs copied in first; None where there is none (this captures nothing)."""
+        g = self.graphs.get(key) if buffers == self.buffers and self.failure is None else None
+        if g is None:
+            return None
         for name, t in inputs.items():
             g.inputs[name].copy_(t)
         g.graph.replay()
@@ -115,7 +125,10 @@ class VerifyGraphs:
     def _capture(self, inputs, forward) -> tuple[_Graph, dict[str, torch.Tensor]]:
         """The bucket's graph, and the outputs of its first call (run eagerly before the capture)."""
         static = {k: v.clone() for k, v in inputs.items()}
-        side = torch.cuda.Stream(device=next(iter(inputs.values())).device)
+        t0 = time.perf_counter()
+        if self.side is None:
+            self.side = torch.cuda.Stream(device=next(iter(inputs.values())).device)
+        side = self.side
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):                        # first calls, off the capture (as torch asks)
             first = {k: v.clone() for k, v in forward(static).items()}
@@ -123,8 +136,11 @@ class VerifyGraphs:
         for v in first.values():                             # read on this stream: not reused before it has
             v.record_stream(torch.cuda.current_stream())
         self.counts["eager"] += 1
+        t1 = time.perf_counter()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             sink = forward(static)
         self.pool = graph.pool()
+        self.counts["warm_s"] += t1 - t0
+        self.counts["record_s"] += time.perf_counter() - t1
         return _Graph(graph, static, sink), first
