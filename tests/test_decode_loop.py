@@ -338,6 +338,47 @@ def test_a_verify_given_graphs_it_cannot_use_runs_eagerly_and_counts_it(zoo):
     assert torch.equal(a, b)
 
 
+def test_a_verify_queued_behind_a_commit_scores_what_the_verify_after_the_read_back_scores(zoo, monkeypatch):
+    """tree_forward.verify_queued (the decode loop's next verify, queued before the host knows the
+    committed lengths) on the CPU's graph stand-in: None before its bucket's graph exists and where
+    the tree might not fit the buffer; else the tree at the longest committed row (found from the
+    lengths tensor), and placed() leaves the block and the views as verify_forward does. Worked
+    example: prompts of 6, a chain of 4 at slots 6..9, paths of 2 and 3 nodes -> lengths [8, 9];
+    the next tree at slots 9..12, block 9, views 13."""
+    from graph_standin import stand_in
+    from diag.target.tree_forward import cache_layers, commit_fixed, crop_committed, prefill, verify_forward, \
+        verify_queued
+    from diag.target.verify_graphs import VerifyGraphs
+    model, points = zoo["model"], (zoo["inp"].points[0],)
+    ids = torch.tensor([zoo["prompts"][0][:6], zoo["prompts"][1][:6]])
+    parents, valid = torch.tensor([[-1, 0, 1, 2]] * 2), torch.ones(2, 4, dtype=torch.bool)
+    first, second = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]]), torch.tensor([[13, 14, 15, 16], [17, 18, 19, 20]])
+    path = torch.tensor([[0, 1, -1, -1], [0, 1, 2, -1]])
+    held = []
+    stand_in(monkeypatch, lambda: cache_layers(held[-1].cache) if held else [])
+    states = []
+    for queue in (True, False):
+        kv, _ = prefill(model, ids, torch.ones_like(ids, dtype=torch.bool), points, capacity=16)
+        held.append(kv)
+        graphs = VerifyGraphs() if queue else None
+        if queue:
+            assert verify_queued(model, kv, first, parents, valid, kv.length, kv.length, points, graphs, grow=4) is None
+        verify_forward(model, kv, first, parents, valid, kv.length, points, fixed=True, graphs=graphs)
+        length = commit_fixed(kv, path, torch.tensor([kv.block]))
+        assert length.tolist() == [8, 9]
+        if queue:
+            assert verify_queued(model, kv, second, parents, valid, length, length, points, graphs, grow=8) is None
+            scored, placed = verify_queued(model, kv, second, parents, valid, length, length, points, graphs, grow=4)
+            crop_committed(kv, length, int(length.max()))
+            placed()
+        else:
+            crop_committed(kv, length, int(length.max()))
+            scored = verify_forward(model, kv, second, parents, valid, length, points, fixed=True)
+        assert kv.block == 9 and all(x.keys.shape[-2] == 13 for x in cache_layers(kv.cache))
+        states.append(scored.states[points[0].name])
+    assert torch.equal(*states)
+
+
 def test_the_loop_reads_the_verify_graphs_switch(zoo, monkeypatch):
     shape = tree_shape("chain-1")
     lanes = [Lane(Variant(c.label, c.mode, shape), 0) for c in zoo["inp"].candidates[:1]]
