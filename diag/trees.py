@@ -117,12 +117,13 @@ def reach(parents: torch.Tensor) -> torch.Tensor:
     return m > 0
 
 
-def depths(parents: torch.Tensor) -> torch.Tensor:
+def depths(parents: torch.Tensor, reached: torch.Tensor | None = None) -> torch.Tensor:
     """Depth of every node [..., D] (root and detached nodes: 0): how many parents lead from it
     to a node without one; D where they never do (a cycle, in junk parents). From `reach`: the
-    nodes reached, less itself, when one of them has no parent.
+    nodes reached, less itself, when one of them has no parent. reached: `reach(parents)` where
+    the caller has it already.
     Example: parents [-1, 0, 0, 1] -> depths [0, 1, 1, 2]."""
-    r = reach(parents)
+    r = reach(parents) if reached is None else reached
     ends = (r & (parents < 0)[..., None, :]).any(-1)
     return torch.where(ends, r.sum(-1) - 1, torch.full_like(parents, parents.shape[-1]))
 
@@ -134,10 +135,11 @@ def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
     return reach(parents)
 
 
-def positions(parents: torch.Tensor, root_position) -> torch.Tensor:
+def positions(parents: torch.Tensor, root_position, reached: torch.Tensor | None = None) -> torch.Tensor:
     """Absolute positions of the nodes: root_position + depth.
-    root_position is an int or a tensor broadcastable to parents[..., 0].
+    root_position is an int or a tensor broadcastable to parents[..., 0]; reached as in `depths`.
     Example: parents [-1, 0, 0, 1] (depths [0, 1, 1, 2]) with the root at 7
       -> positions [7, 8, 8, 9]."""
     root = torch.as_tensor(root_position, dtype=parents.dtype, device=parents.device)
-    return depths(parents) + root[..., None] if root.dim() else depths(parents) + root
+    d = depths(parents, reached)
+    return d + root[..., None] if root.dim() else d + root

@@ -31,7 +31,7 @@ from diag.target.capture import decoder_parts, hooks
 from diag.target.kv_buffer import BufferLayer, buffered, crop_rows, fixed_width, reserve_whole, stamps
 from diag.target.sdpa import attention_without_cudnn
 from diag.target.verify_graphs import VerifyGraphs
-from diag.trees import ancestor_mask, positions
+from diag.trees import ancestor_mask, positions, reach
 
 FINAL = CapturePoint("final")
 
@@ -161,8 +161,8 @@ def verify_forward(model: nn.Module, kv: TargetKV, tokens: torch.Tensor, parents
     need = kv.block + D
     width = reserve_whole(kv.cache, need) if _fixed(kv, fixed) else None
     if width is None:
-        bias = attention_bias(kv.valid(kv.block), tree_sees(parents, node_valid), dtype)
-        sink, kv.cache = forward_points(model, tokens.clamp(min=0), positions(parents, root_position.to(dev)), bias,
+        sees, pos = tree_sees_and_positions(parents, node_valid, root_position.to(dev))
+        sink, kv.cache = forward_points(model, tokens.clamp(min=0), pos, attention_bias(kv.valid(kv.block), sees, dtype),
                                         kv.cache, points)
         return Scored(NodeLogits(model, sink[FINAL.name]), sink)
     # fixed widths: the tree at slots block .. block + D of the whole buffer, the slots past it hidden;
@@ -189,8 +189,8 @@ def _fixed_forward(model, kv: TargetKV, D: int, need: int, width: int, points, d
     sizes the host's views around an eager call (a replay runs no Python)."""
     def forward(x: dict) -> dict:
         slots = x["block"] + torch.arange(D, device=x["block"].device)
-        bias = fixed_bias(x["length"], x["block"], tree_sees(x["parents"], x["valid"]), width, dtype)
-        pos = positions(x["parents"], x["root"])
+        sees, pos = tree_sees_and_positions(x["parents"], x["valid"], x["root"])
+        bias = fixed_bias(x["length"], x["block"], sees, width, dtype)
         with fixed_width(kv.cache, need, slots), attention_without_cudnn(kv.length.device):
             return forward_points(model, x["ids"].clamp(min=0), pos, bias, kv.cache, points)[0]
     return forward
@@ -232,10 +232,18 @@ def verify_queued(model: nn.Module, kv: TargetKV, tokens: torch.Tensor, parents:
     return Scored(NodeLogits(model, sink[FINAL.name]), sink), placed
 
 
-def tree_sees(parents: torch.Tensor, node_valid: torch.Tensor) -> torch.Tensor:
-    """[B, D, D] bool: node i sees node j (an ancestor or itself; a query always sees itself)."""
+def tree_sees(parents: torch.Tensor, node_valid: torch.Tensor, reached: torch.Tensor | None = None) -> torch.Tensor:
+    """[B, D, D] bool: node i sees node j (an ancestor or itself; a query always sees itself).
+    reached: trees.reach(parents) where the caller has it already."""
     eye = torch.eye(parents.shape[-1], dtype=torch.bool, device=parents.device)
-    return (ancestor_mask(parents) & node_valid[:, None, :]) | eye
+    return ((ancestor_mask(parents) if reached is None else reached) & node_valid[:, None, :]) | eye
+
+
+def tree_sees_and_positions(parents: torch.Tensor, node_valid: torch.Tensor, root_position: torch.Tensor
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`tree_sees` and the nodes' positions (trees.positions), both from one trees.reach."""
+    reached = reach(parents)
+    return tree_sees(parents, node_valid, reached), positions(parents, root_position, reached)
 
 
 def fixed_bias(length: torch.Tensor, block: torch.Tensor, sees: torch.Tensor, width: int,
