@@ -256,7 +256,10 @@ def test_round_slope_probe_runs_the_decode_loop_before_and_after_growing(tmp_pat
         assert (r["tree"], r["rows"]) == (tree, rows) and r["rounds"] >= 16 // 2 and r["seconds"] > 0
     assert base["small"]["verified_tokens_per_round"] <= 16 * 2 < base["large"]["verified_tokens_per_round"]
     assert grow(model, 4) == 4
-    got = fit(base, probe(model, drafter, ks.layout), 2)
+    grown = probe(model, drafter, ks.layout)
+    for name in ("small", "large"):     # silent copies: the same decode, only the layers' cost added
+        assert [grown[name][k] for k in ("rounds", "verified_tokens")] == [base[name][k] for k in ("rounds", "verified_tokens")]
+    got = fit(base, grown, 2)
     # toy widths on a shared CPU: two layers' cost can be within the noise, which the fit says
     assert got is not None and ((got["seconds_per_layer_round"] or 0) > 0) != ("<= 0" in got.get("error", ""))
     assert probe(model, None, ks.layout) == {"error": "no drafter: the costs probe could not load it"}
@@ -345,3 +348,41 @@ def test_the_probe_separates_steady_rounds_from_each_loops_own_costs():
     assert with_c["first_sampled_s"] - without["first_sampled_s"] == pytest.approx(59 * c * 2)
     assert "2 decode loop(s)" in with_c["formulas"]["first_sampled_s"] and "loop" not in without["formulas"]["first_sampled_s"]
     assert fit(base, {**grown, "small": {**grown["small"], "loop_seconds": 0.0}}, 2)["seconds_per_layer_loop"] == 0.0
+
+
+def test_grow_appends_silent_copies_that_read_every_weight_and_decode_what_the_base_decodes(kimi_small):
+    """bench/gpu.grow: each copy of the last layer keeps its weights (the same GEMMs, the same
+    routing) with its attention's o_proj, its shared experts' and its routed experts' down
+    projections zeroed (the INT4 scales), so the grown model's logits equal the base model's
+    bit for bit; silence refuses a layer it cannot silence whole."""
+    import torch
+
+    from diag.bench.gpu import grow, silence
+    from diag.int4.load import load_packed_target
+
+    model = load_packed_target(kimi_small.target, dtype=torch.float32)
+    ids = torch.randint(10, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        before = model(ids).logits
+    last = model.model.layers[-1]
+    assert grow(model, 4) == 4 and model.config.num_hidden_layers == 4
+    for new in model.model.layers[2:]:
+        assert not new.self_attn.o_proj.weight.any() and not new.mlp.experts.down_proj_scale.any()
+        assert not new.mlp.shared_experts.down_proj.weight.any()
+        assert torch.equal(new.mlp.experts.gate_up_proj_packed, last.mlp.experts.gate_up_proj_packed)
+        assert torch.equal(new.mlp.gate.weight, last.mlp.gate.weight)
+        assert new.mlp.experts.down_proj_packed.data_ptr() != last.mlp.experts.down_proj_packed.data_ptr()
+    assert last.self_attn.o_proj.weight.any() and last.mlp.experts.down_proj_scale.any()   # the base untouched
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, before)
+
+    class NoMLPOut(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.self_attn = torch.nn.Module()
+            self.self_attn.o_proj = torch.nn.Linear(2, 2)
+            self.mlp = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="no MLP output projection on Sequential"):
+        silence(NoMLPOut())
+    with pytest.raises(ValueError, match="no self_attn.o_proj"):
+        silence(torch.nn.Linear(2, 2))

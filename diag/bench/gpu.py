@@ -54,15 +54,66 @@ def load_int4(path: Path, device: str):
 
 
 def grow(model, layers: int) -> int:
-    """Append copies of the last decoder layer until the model has `layers` layers."""
+    """Append copies of the last decoder layer until the model has `layers` layers, each copy
+    silenced (`silence`): it reads every weight and runs every kernel the last layer does, its
+    experts routed alike, and adds nothing to the residual stream, so the grown model decodes
+    what the base model decodes. The grown section times layers; the acceptance and the T=1
+    distribution are the run's own (the extrapolation takes its rounds and tokens from the e2e
+    run). Copies that added to the residual flattened the bench target's T=1 distribution: at 4
+    layers every chain-1 round's top-p pivot lay past the accept graph's window, every round ran
+    twice (`accept_pivots_deeper`), and the probe's per-layer round came out at 13.4 ms, the
+    layer's own kernels ~2 (H100, reports/bench/NOTES.md, twenty-fifth stop)."""
     stack = model.model.layers
     base = stack[-1]
     while len(stack) < layers:
         new = copy.deepcopy(base)
         new.self_attn.layer_idx = len(stack)
+        silence(new)
         stack.append(new)
     model.config.num_hidden_layers = len(stack)
     return len(stack)
+
+
+@torch.no_grad()
+def silence(layer) -> list[str]:
+    """Zero what a decoder layer adds to the residual stream, in place: its attention's output
+    projection and its MLP's down projections (a dense MLP's, the shared experts', the routed
+    experts': their INT4 scales, or their dense weights). The layer still reads and multiplies
+    every weight (zeros cost a GEMM what any values do), its routing unchanged. Returns the
+    parameters zeroed; a layer with no attention output or no MLP output it knows is an error,
+    never a layer left half silent."""
+    zeroed = []
+    out = getattr(getattr(layer, "self_attn", None), "o_proj", None)
+    if out is None:
+        raise ValueError(f"silence: no self_attn.o_proj on {type(layer).__name__}")
+    out.weight.zero_()
+    zeroed.append("self_attn.o_proj.weight")
+    mlp = layer.mlp
+    for name in ("down_proj", "shared_experts.down_proj"):
+        mod = mlp.get_submodule(name) if _has(mlp, name) else None
+        if isinstance(mod, torch.nn.Linear):
+            mod.weight.zero_()
+            zeroed.append(f"mlp.{name}.weight")
+    experts = getattr(mlp, "experts", None)
+    if experts is not None:
+        buf = getattr(experts, "down_proj_scale", None)
+        if buf is None:
+            buf = getattr(experts, "down_proj", None)
+        if not isinstance(buf, torch.Tensor):
+            raise ValueError(f"silence: no down_proj_scale or down_proj tensor on {type(experts).__name__}")
+        buf.zero_()
+        zeroed.append("mlp.experts.down_proj_scale" if hasattr(experts, "down_proj_scale") else "mlp.experts.down_proj")
+    if len(zeroed) == 1:
+        raise ValueError(f"silence: no MLP output projection on {type(mlp).__name__}")
+    return zeroed
+
+
+def _has(module, name: str) -> bool:
+    try:
+        module.get_submodule(name)
+    except AttributeError:
+        return False
+    return True
 
 
 def layers_that_fit(model, reserve: int, cap: int) -> int:
