@@ -453,6 +453,47 @@ def test_the_loops_graph_bookkeeping_replays_what_the_eager_round_computes(zoo, 
     assert dc["verifies_discarded"] == dc["rounds"] + gc["verifies_discarded"]
 
 
+def test_undone_rounds_widen_the_accept_graphs_rows_sorted_whole_until_no_round_is_undone(zoo, monkeypatch):
+    """A target whose top-p pivots lie past the window on more rows than the accept graph sorts
+    whole (here: on every row, so only a graph that sorts them all finds every pivot) runs each
+    such round twice (`_round`: undone, then the exact accept). `DecodeLoop._widen` multiplies the
+    graph's share by DEEPER_WIDEN once rounds are undone often (WIDEN_UNDONE) and drops the old
+    accept graphs: 1/16 -> 1/4 (after round 2) -> 1 (after round 3), then no round undone; the
+    same decode as the eager loop."""
+    import diag.replay.accept as accept
+    import diag.target.tree_forward as tf
+    from diag.replay.decode_loop import DEEPER_WIDEN
+    from diag.replay.sampling import DEEPER_ROWS
+    from graph_standin import stand_in
+    caches, real_fixed = [], tf.fixed_width
+    monkeypatch.setattr(tf, "fixed_width", lambda cache, *a: caches.append(cache) or real_fixed(cache, *a))
+    stand_in(monkeypatch, lambda: caches[-1].layers if caches else [])
+    monkeypatch.setattr(DecodeLoop, "_graphs_possible", lambda self: True)
+    real, shares = accept.target_kept, []
+
+    def flat_everywhere(*a, deeper=DEEPER_ROWS, **k):
+        shares.append(deeper)
+        return real(*a, deeper=deeper, **k)[0], torch.tensor(deeper >= 1.0)
+    monkeypatch.setattr(accept, "target_kept", flat_everywhere)
+    shape = tree_shape("chain-3")
+    lanes = [Lane(Variant(c.label, c.mode, shape), 0) for c in zoo["inp"].candidates[:2]]
+    rows = [(li, p) for li in range(len(lanes)) for p in range(len(zoo["prompts"]))]
+    out = {}
+    for graphs in (True, False):
+        loop = DecodeLoop(zoo["model"], zoo["drafter"], zoo["embed"], zoo["head"], lanes, zoo["layouts"], shape,
+                          sampled(1.0, 0.95), eos_ids=zoo["eos"])
+        loop.cuda_graphs, loop.fixed_width = graphs, True
+        out[graphs] = ([(d.accepted, d.ids, d.expected) for d in loop.run(zoo["prompts"], rows, NEW)], loop)
+    (g, gl), (e, _) = out[True], out[False]
+    assert g == e
+    assert DEEPER_ROWS * DEEPER_WIDEN ** 2 >= 1.0 > DEEPER_ROWS * DEEPER_WIDEN
+    # rounds 1, 2, 3 undone (WIDEN_UNDONE: the first widening after the second), then none
+    assert gl.counts["accept_pivots_deeper"] == 3 and gl.counts["accept_deeper_widened"] == 2 and gl.deeper == 1.0
+    assert gl.counts["rounds"] > 2                         # rounds after the widening were not undone
+    assert gl.counts["accept_graphs_captured"] >= 3        # one per share (1/16, 1/4, 1), each after a drop
+    assert sorted(set(shares)) == [DEEPER_ROWS, DEEPER_ROWS * DEEPER_WIDEN, 1.0]
+
+
 def test_a_draft_graph_needs_its_tables_resident_on_the_drafters_device():
     """decode_loop._resident_on: an embedding or head held as a parameter on the drafter's device
     may be read by a draft's graph; a lazy table (no parameter: rows read on the host) or one on

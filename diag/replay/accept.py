@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from diag.engines.decoding import Decoding
-from diag.replay.sampling import Kept, SampledRound, draw_bonus, target_kept
+from diag.replay.sampling import DEEPER_ROWS, Kept, SampledRound, draw_bonus, target_kept
 from diag.replay.verifiers import SampledRule
 
 
@@ -24,15 +24,15 @@ def probabilities(logits: torch.Tensor, decoding: Decoding) -> torch.Tensor:
     return kept_probabilities(logits, decoding)[0].whole()
 
 
-def kept_probabilities(logits: torch.Tensor, decoding: Decoding, *, unsynced: bool = False
-                       ) -> tuple[Kept, torch.Tensor]:
+def kept_probabilities(logits: torch.Tensor, decoding: Decoding, *, unsynced: bool = False,
+                       deeper: float = DEEPER_ROWS) -> tuple[Kept, torch.Tensor]:
     """`probabilities` as a sampling.Kept (renormalised where read), and ok: with `unsynced`
     asking the host nothing, ok False where a top-p pivot lay deeper than the searches a graph
-    holds (replay/sampling.target_kept); else True."""
+    holds (the share `deeper` of the rows sorted whole: replay/sampling.target_kept); else True."""
     if decoding.greedy:
         hot = torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
         return Kept.every(hot), torch.ones((), dtype=torch.bool, device=logits.device)
-    return target_kept(logits, decoding, unsynced=unsynced)
+    return target_kept(logits, decoding, unsynced=unsynced, deeper=deeper)
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,8 @@ def accept_round(rule: SampledRule, t: dict, logits, decoding: Decoding, coins: 
 
 
 def accept_dense(rule: SampledRule, t: dict, logits, decoding: Decoding, coins: torch.Tensor, num_steps: int,
-                 *, unsynced: bool = False) -> tuple[SampledRound, torch.Tensor, torch.Tensor | None]:
+                 *, unsynced: bool = False, deeper: float = DEEPER_ROWS
+                 ) -> tuple[SampledRound, torch.Tensor, torch.Tensor | None]:
     """accept_round with every node's distribution computed at once (the head over all B x D
     nodes), so no shape depends on the trees drafted: with `unsynced` it asks the host nothing
     and a CUDA graph captures it (ok, the third result, is then False when some row's top-p
@@ -107,7 +108,7 @@ def accept_dense(rule: SampledRule, t: dict, logits, decoding: Decoding, coins: 
     ts, ta = (1.0, 1.0) if decoding.greedy else (decoding.threshold_single, decoding.threshold_acc)
     tokens, parents, valid = t["tokens"], t["parents"], t["valid"]
     flat = logits.rows(torch.arange(B * D, device=logits.device)).to(dev)
-    kept, ok = kept_probabilities(flat, decoding, unsynced=unsynced)
+    kept, ok = kept_probabilities(flat, decoding, unsynced=unsynced, deeper=deeper)
     base = torch.arange(B, device=dev)[:, None] * D
     p_child = kept.at(base + parents.clamp(min=0), tokens.clamp(min=0)) * (valid & (parents >= 0))
     walk = rule.walk(tokens, parents, valid, p_child, coins[:, :D], num_steps, threshold_single=ts,

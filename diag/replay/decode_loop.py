@@ -52,7 +52,7 @@ from diag.layouts import CapturePoint, Layout, union_points
 from diag.replay.accept import accept_dense, accept_round, probabilities
 from diag.replay.replay import Variant, _on, default_tables, draft_head
 from diag.replay.round_accounting import ACCOUNTINGS, RoundAccounting
-from diag.replay.sampling import SampledRound, coin_rows, coins_at, sample, uniforms
+from diag.replay.sampling import DEEPER_ROWS, SampledRound, coin_rows, coins_at, sample, uniforms
 from diag.replay.verifiers import sampled_rule
 from diag.target.passes import pad_right
 from diag.target.mla_latent import latent_mla, latent_wanted
@@ -71,6 +71,8 @@ RETIRE_FRACTION_GRAPHED = 0.5        # ... half of it on fixed shapes, where rou
                                      # takes the caches' rows (new buffers), so every step is captured again
 RETIRE_MIN_TOKENS_GRAPHED = 64       # ... and only when they take this many tree nodes out of every verify
 VERIFY_AHEAD_MAX_STEPS = 1           # the next verify is queued ahead of the read-back only for drafts this deep
+DEEPER_WIDEN = 4                     # an undone round widens the accept graph's rows sorted whole this many times,
+WIDEN_UNDONE = (2, 0.25)             # ... once at least 2 rounds, and a quarter of the rounds so far, were undone
                                      # (`_verify_ahead`; a deeper draft queued ahead already covers the read-back)
 CPU_THREADS = 1                      # torch's intra-op threads while the loop runs on the CPU (`cpu_threads`)
 
@@ -231,6 +233,7 @@ class DecodeLoop:
         self.graph_failures: dict[str, str] = {}  # a GRAPHED step -> why its graphs were turned off
         self.cuda_graphs = graphs_wanted()  # each GRAPHED step replayed from CUDA graphs where it can
         self.verify_ahead_steps = VERIFY_AHEAD_MAX_STEPS   # `_verify_ahead`: queued where S is at most this
+        self.deeper = DEEPER_ROWS                           # `_widen`: the accept graph's share of rows sorted whole
         self.graphs: dict[str, VerifyGraphs] = {}  # this run's graphs by step (target/verify_graphs.py)
         self.counts = defaultdict(int)                      # rounds, verified tokens, rows, kv bytes read
         self.decoding, self.eos = decoding, sorted(eos_ids)
@@ -549,6 +552,7 @@ class DecodeLoop:
                 break
             self.counts["accept_pivots_deeper"] += 1
             self._undo(st, tkv, before)
+            self._widen()
             exact = True
         self._record(st, back)
         back.apply()
@@ -585,6 +589,28 @@ class DecodeLoop:
         self.counts["verifies_discarded"] += st.verified is not None
         st.drafted = st.verified = None
         rewind_verify(tkv)
+
+    def _widen(self) -> None:
+        """After an undone round (a top-p pivot past what the accept graph searched), once rounds
+        are undone often (WIDEN_UNDONE: at least 2, and a quarter of the rounds so far), the graphs
+        captured from here on sort DEEPER_WIDEN times the share of rows whole (1/16 -> 1/4 -> all,
+        where a pivot is always found), and the old accept graphs are dropped: a target whose T=1
+        distribution is often flat past the window (more rows than the share) would otherwise run
+        every round twice, while a rare undone round costs less than sorting more rows in every
+        round. A rule on counts: the same run widens the same way every time; what a round decodes
+        is the rule's whichever share (`accept_dense`). Example, every row flat: rounds 1, 2, 3
+        undone, the share 1/16, then 1/4 after round 2, then 1 after round 3. Measured (H100, the bench's
+        2-layer Kimi-shaped target grown with layers that flattened it): every chain-1 round undone,
+        33.3 ms a round against ~12 when its distribution stayed peaked (reports/bench/NOTES.md,
+        twenty-fifth stop)."""
+        undone, least = self.counts["accept_pivots_deeper"], WIDEN_UNDONE
+        if self.deeper >= 1.0 or undone < least[0] or undone < least[1] * self.counts["rounds"]:
+            return
+        self.deeper = min(1.0, self.deeper * DEEPER_WIDEN)
+        self.counts["accept_deeper_widened"] += 1
+        graphs = self.graphs.get("accept")
+        if graphs is not None:
+            graphs.graphs.clear()
 
     def _accept(self, st, t, scored, exact: bool = False):
         """Each tree's rows accepted as that tree's own loop accepts them (its D + 1 coins, its
@@ -626,7 +652,7 @@ class DecodeLoop:
         def forward(x: dict, unsynced: bool = True) -> dict:
             coins = coins_at(x["coin_row"], x["root"], D + 1)
             res, exp, ok = accept_dense(self.rule, x, NodeLogits(logits.model, x["final"]), self.decoding, coins, S,
-                                        unsynced=unsynced)
+                                        unsynced=unsynced, deeper=self.deeper)
             out = {"accepted": res.accepted, "path": res.path, "bonus": res.bonus, "exp": exp}
             return {**out, "ok": ok} if unsynced else out
         x = {**part, "coin_row": st.coin_row[sl], "root": root[sl], "final": logits.final}
@@ -634,7 +660,8 @@ class DecodeLoop:
         if exact and "accept" in self.graphs:
             self.graphs["accept"].counts["eager"] += 1
         elif not exact:
-            got = self._by_graph("accept", logits.model, st.dkv.identity(), x, (shape.name, sl.start, sl.stop), forward)
+            key = (shape.name, sl.start, sl.stop, self.deeper)
+            got = self._by_graph("accept", logits.model, st.dkv.identity(), x, key, forward)
         ok = got["ok"] if got is not None else None
         got = got or forward(x, unsynced=False)
         return SampledRound(got["accepted"], got["path"], got["bonus"]), got["exp"], ok

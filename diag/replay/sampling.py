@@ -203,19 +203,21 @@ def _tempered(logits: torch.Tensor, d: Decoding) -> torch.Tensor:
     return renorm_top_k(p, k) if k != -1 else p
 
 
-def target_kept(logits: torch.Tensor, d: Decoding, *, unsynced: bool = False) -> tuple[Kept, torch.Tensor]:
+def target_kept(logits: torch.Tensor, d: Decoding, *, unsynced: bool = False,
+                deeper: float = DEEPER_ROWS) -> tuple[Kept, torch.Tensor]:
     """logits [..., V] -> SGLang's sampled-verification probabilities as a `Kept`, and ok (a
     0-dim bool). unsynced: asking the host nothing (a CUDA graph captures it), a fixed number of
-    rows (DEEPER_*) sorted whole where their pivot lies past the WINDOW largest (`top_p_kept`'s
-    capacity); ok False when more rows needed it, and the caller computes again without
-    `unsynced`. Where ok is True, the same as without."""
+    rows (the share `deeper` of them, at least DEEPER_MIN) sorted whole where their pivot lies
+    past the WINDOW largest (`top_p_kept`'s capacity); ok False when more rows needed it, and the
+    caller computes again without `unsynced`. Where ok is True, the same as without; at deeper 1
+    every row may be sorted, and ok is always True."""
     p = _tempered(logits, d)
     if d.top_p >= 1.0:
         return Kept.every(p), torch.ones((), dtype=torch.bool, device=p.device)
     shape = (*p.shape[:-1], 1)
     flat = p.reshape(-1, p.shape[-1])
     rows = len(flat)
-    capacity = max(DEEPER_MIN, int(rows * DEEPER_ROWS)) if unsynced else None
+    capacity = max(DEEPER_MIN, int(rows * deeper)) if unsynced else None
     # the logits rank the ids as p does: softmax and a positive temperature keep their order, and the
     # top-k's dropped ids (p 0) rank below the kept ones either way
     key = logits.reshape(-1, logits.shape[-1])
