@@ -71,9 +71,9 @@ RETIRE_FRACTION_GRAPHED = 0.5        # ... half of it on fixed shapes, where rou
                                      # takes the caches' rows (new buffers), so every step is captured again
 RETIRE_MIN_TOKENS_GRAPHED = 64       # ... and only when they take this many tree nodes out of every verify
 VERIFY_AHEAD_MAX_STEPS = 1           # the next verify is queued ahead of the read-back only for drafts this deep
+                                     # (`_verify_ahead`; a deeper draft queued ahead already covers the read-back)
 DEEPER_WIDEN = 4                     # an undone round widens the accept graph's rows sorted whole this many times,
 WIDEN_UNDONE = (2, 0.25)             # ... once at least 2 rounds, and a quarter of the rounds so far, were undone
-                                     # (`_verify_ahead`; a deeper draft queued ahead already covers the read-back)
 CPU_THREADS = 1                      # torch's intra-op threads while the loop runs on the CPU (`cpu_threads`)
 
 
