@@ -23,8 +23,15 @@ import statistics
 
 import torch
 
+from diag.bench.round_slope import LARGE, SMALL
+from diag.trees import tree_shape
+
 SHARDS = 8                # Kimi's GPUs
-TOKENS = (64, 768)        # a round's verified tokens: the further variant's few rows, a tree's many
+# a round's verified tokens: the decode-loop probe's two sizes (bench/round_slope.py: 16 rows of chain-1,
+# 32 tokens; 48 of s3-k8-d16, 768) and 64 between them. With 64 and 768 only, saved() took the 64-token
+# row for the further variant's ~45-token rounds: 2.83 ms saved a layer-round on the H100, more than the
+# decode-loop fit's whole layer-round at 32 tokens (2.78 ms; reports/bench/NOTES.md, twenty-fifth stop)
+TOKENS = (SMALL[1] * tree_shape(SMALL[0]).num_draft_tokens, 64, LARGE[1] * tree_shape(LARGE[0]).num_draft_tokens)
 REPEATS = 20
 
 
