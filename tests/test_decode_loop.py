@@ -11,7 +11,8 @@ import torch
 from diag.run.shipped import DEMO, shipped
 from diag.drafter.checkpoint import load_drafter
 from diag.engines.decoding import GREEDY, sampled
-from diag.replay.decode_loop import DecodeLoop, Lane
+from diag.replay.decode_loop import DecodeLoop
+from diag.replay.decode_rows import Lane
 from diag.replay.evaluation import trajectory_rounds
 from diag.replay.replay import Variant, replay
 from diag.replay.sampled_summary import summarize_sampled
@@ -189,7 +190,7 @@ def test_head_at_read_nodes_and_one_thread_decode_what_the_dense_head_and_two_th
     step reads, with one intra-op thread, gives the rows (drafts accepted, ids, P(a >= d)) the head
     over every node gave with the caller's 2 threads, for demo-sampled's lanes (every candidate,
     2 seeds) at its decoding; so its accept lengths are today's, within any Monte-Carlo interval."""
-    from diag.replay import decode_loop as dl
+    from diag.replay import decode_loop as dl, decode_rows
     shape = tree_shape(tree)
     variants = [Variant(c.label, c.mode, shape) for c in zoo["inp"].candidates]
     d = sampled(1.0, 0.95)
@@ -200,8 +201,8 @@ def test_head_at_read_nodes_and_one_thread_decode_what_the_dense_head_and_two_th
     torch.set_num_threads(2)
     try:
         new = decode(zoo, variants, shape, d, seeds=(0, 1))
-        assert set(seen) == {dl.CPU_THREADS} and torch.get_num_threads() == 2      # one thread inside, restored
-        monkeypatch.setattr(dl, "CPU_THREADS", 2)
+        assert set(seen) == {decode_rows.CPU_THREADS} and torch.get_num_threads() == 2      # one thread inside, restored
+        monkeypatch.setattr(decode_rows, "CPU_THREADS", 2)
         _dense_verify(monkeypatch)
         old = decode(zoo, variants, shape, d, seeds=(0, 1))
     finally:
@@ -495,15 +496,15 @@ def test_undone_rounds_widen_the_accept_graphs_rows_sorted_whole_until_no_round_
 
 
 def test_a_draft_graph_needs_its_tables_resident_on_the_drafters_device():
-    """decode_loop._resident_on: an embedding or head held as a parameter on the drafter's device
+    """decode_rows.resident_on: an embedding or head held as a parameter on the drafter's device
     may be read by a draft's graph; a lazy table (no parameter: rows read on the host) or one on
     another device may not (a copy between devices inside a capture would not be recorded)."""
-    from diag.replay.decode_loop import _resident_on
+    from diag.replay.decode_rows import resident_on
 
     cpu = torch.device("cpu")
-    assert _resident_on(torch.nn.Embedding(4, 2), cpu)
-    assert not _resident_on(torch.nn.Embedding(4, 2, device="meta"), cpu)
-    assert not _resident_on(torch.nn.Module(), cpu) and not _resident_on(lambda x: x, cpu)
+    assert resident_on(torch.nn.Embedding(4, 2), cpu)
+    assert not resident_on(torch.nn.Embedding(4, 2, device="meta"), cpu)
+    assert not resident_on(torch.nn.Module(), cpu) and not resident_on(lambda x: x, cpu)
 
 
 def test_the_commit_on_fixed_shapes_moves_what_the_commit_moves():
@@ -557,12 +558,11 @@ def test_the_commit_on_fixed_shapes_moves_what_the_commit_moves():
     (False, 2, 10, True),     # growing widths (the CPU's): a tenth of the batch, whatever its nodes
     (False, 2, 9, False)])
 def test_finished_rows_leave_the_batch_when_they_repay_the_captures(dense, D, done, leaves):
-    """DecodeLoop._retiring: on fixed shapes finished rows leave once they are half the batch and
+    """decode_rows.retiring: on fixed shapes finished rows leave once they are half the batch and
     carry RETIRE_MIN_TOKENS_GRAPHED (64) of the verify's nodes; on growing widths once they are a
     tenth of it. Batches of 96 rows (9 in the fifth case)."""
-    from types import SimpleNamespace
+    from diag.replay.decode_rows import retiring
 
     B = 9 if done == 5 else 96
-    fake = SimpleNamespace(_dense=lambda: dense, D=D)
     mask = torch.arange(B) < done
-    assert DecodeLoop._retiring(fake, mask) is leaves
+    assert retiring(mask, dense, D) is leaves

@@ -308,13 +308,13 @@ def test_experts_split_in_shards_on_cuda_compute_what_the_whole_layer_computes(k
 
 
 def test_a_rounds_copy_to_the_host_waits_for_the_copy_not_for_the_work_queued_after_it():
-    """decode_loop._to_host: the copy into pinned memory behind an event; the host reads the
+    """decode_rows.to_host: the copy into pinned memory behind an event; the host reads the
     copied bytes after wait(), while work queued after it (the next round's draft) is still
     free to change the source on the device."""
-    from diag.replay.decode_loop import _to_host
+    from diag.replay.decode_rows import to_host
 
     src = torch.arange(12, device="cuda").view(3, 4)
-    host, wait = _to_host(src)
+    host, wait = to_host(src)
     big = torch.randn(4096, 4096, device="cuda")
     for _ in range(8):                                       # work behind the copy
         big = big @ big.T / 4096

@@ -126,7 +126,7 @@ def test_a_request_ends_at_every_eos_of_the_generation_config(tmp_path):
 # ---- the engine's accounting in the sampled loop and in coverage ------------------------------
 
 def _decoded(roots, accepted, length):
-    from diag.replay.decode_loop import Decoded, Lane
+    from diag.replay.decode_rows import Decoded, Lane
     from diag.replay.replay import Variant
     from diag.trees import tree_shape
     v = Variant("embed+L2+L4", "eagle3", tree_shape("chain-3"), decoding="t1.0")

@@ -42,7 +42,8 @@ from diag.engines.decoding import sampled
 from diag.int4.packed import resident_bytes
 from diag.int4.routing import routed_eagerly
 from diag.layouts import CapturePoint, layout, union_points
-from diag.replay.decode_loop import GRAPHED, DecodeLoop, Lane
+from diag.replay.decode_loop import GRAPHED, DecodeLoop
+from diag.replay.decode_rows import Lane
 from diag.replay.replay import Variant
 from diag.target.passes import Sequence, run_capture
 from diag.trees import tree_shape

@@ -40,8 +40,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
-from typing import Callable
+from dataclasses import replace
 
 import torch
 
@@ -50,8 +49,9 @@ from diag.drafter.incremental import DraftKV, cache_dims, draft_tree, extend
 from diag.engines.decoding import Decoding
 from diag.layouts import CapturePoint, Layout, union_points
 from diag.replay.accept import accept_dense, accept_round, probabilities
-from diag.replay.replay import Variant, _on, default_tables, draft_head
-from diag.replay.round_accounting import ACCOUNTINGS, RoundAccounting
+from diag.replay.replay import default_tables, draft_head
+from diag.replay.decode_rows import (Ahead, Decoded, Lane, ReadBack, Rows, at_nodes, cpu_threads, logits_part,
+                                     resident_on, retiring, to_device, to_host)
 from diag.replay.sampling import DEEPER_ROWS, SampledRound, coin_rows, coins_at, sample, uniforms
 from diag.replay.verifiers import sampled_rule
 from diag.target.passes import pad_right
@@ -66,151 +66,13 @@ from diag.trees import TreeShape
 FIRST_TOKEN_STREAM = 0x5BD1E995      # the prefill's sample draws from its own coin stream
 DRAFT_FIELDS = ("tokens", "parents", "depths", "valid")     # what a round reads of a drafted tree
 GRAPHED = ("draft", "verify", "accept", "commit", "extend")   # a round's steps, each from CUDA graphs where it can
-RETIRE_FRACTION = 0.1                # finished rows leave the batch once they are a tenth of it
-RETIRE_FRACTION_GRAPHED = 0.5        # ... half of it on fixed shapes, where rounds replay graphs: a retire
-                                     # takes the caches' rows (new buffers), so every step is captured again
-RETIRE_MIN_TOKENS_GRAPHED = 64       # ... and only when they take this many tree nodes out of every verify
 VERIFY_AHEAD_MAX_STEPS = 1           # the next verify is queued ahead of the read-back only for drafts this deep
                                      # (`_verify_ahead`; a deeper draft queued ahead already covers the read-back)
 DEEPER_WIDEN = 4                     # an undone round widens the accept graph's rows sorted whole this many times,
 WIDEN_UNDONE = (2, 0.25)             # ... once at least 2 rounds, and a quarter of the rounds so far, were undone
-CPU_THREADS = 1                      # torch's intra-op threads while the loop runs on the CPU (`cpu_threads`)
 
 
-@dataclass(frozen=True)
-class Lane:
-    variant: Variant
-    seed: int
 
-
-@dataclass
-class Decoded:
-    """One (lane, prompt): every round's root j, accepted drafts a, exact P(a >= d) [S]; the
-    ids decoded; `length` the sequence length T a replay of them would have (prompt +
-    max_new_tokens, or up to and including the first end-of-sequence token)."""
-    lane: Lane
-    prompt: int
-    roots: list[int] = field(default_factory=list)
-    accepted: list[int] = field(default_factory=list)
-    expected: list[list[float]] = field(default_factory=list)
-    ids: list[int] = field(default_factory=list)
-    length: int = 0
-
-    def rounds_in_window(self, prompt_len: int, window_steps: int) -> list[int]:
-        """Indices of the rounds a replay scores: prompt_len - 1 <= j <= T - 2 - window_steps."""
-        return self.rounds_counted(prompt_len, window_steps, ACCOUNTINGS["window"])
-
-    def rounds_counted(self, prompt_len: int, window_steps: int, accounting: RoundAccounting) -> list[int]:
-        """Indices of the rounds the engine's accounting counts: roots in accounting.roots(prompt_len,
-        T, window_steps). Roots [4, 8], prompt 5, T 11, 3 steps: to-end -> [0, 1]; window -> [0]."""
-        counted = accounting.roots(prompt_len, self.length, window_steps)
-        return [i for i, j in enumerate(self.roots) if j in counted]
-
-
-@dataclass
-class _Rows:
-    """Loop state of the B active rows. seq [B, cap] committed ids (CPU), n [B] how many (the
-    last is the root token, not yet seen by the target), r_root [B, H] the drafter's step-1
-    output at the root pair, dkv its cache, lane_of [B], active [B] indices into `out`, coin_row
-    [B] each row's (seed, prompt) part of its coins' hash (sampling.coin_rows), on the device."""
-    seq: torch.Tensor
-    n: torch.Tensor
-    r_root: torch.Tensor | None
-    dkv: DraftKV | None
-    lane_of: torch.Tensor
-    active: torch.Tensor
-    out: list[Decoded]
-    coin_row: torch.Tensor
-    done: torch.Tensor | None = None                  # [B] finished, still in the batch
-    drafted: dict | None = None                       # the next round's trees, drafted ahead (`_round`)
-    verified: tuple | None = None                     # their verify queued ahead: (Scored, placed) (`_round`)
-
-    @property
-    def root(self) -> torch.Tensor:
-        return self.n - 2
-
-    def keep(self, rows: torch.Tensor, dev) -> "_Rows":
-        return _Rows(self.seq[rows], self.n[rows], self.r_root[rows.to(dev)], self.dkv.select(rows.to(dev)),
-                     self.lane_of[rows], self.active[rows], self.out, self.coin_row[rows.to(dev)], self.done[rows])
-
-
-@dataclass(frozen=True)
-class _Ahead:
-    """What the next round starts from, on the device before the host has read the round back
-    (`DecodeLoop._commit`): each row's root and root token [B] (a finished row keeps its own),
-    and the target cache's new lengths [B] on fixed shapes with a cache of buffers (else None)."""
-    root: torch.Tensor
-    root_tokens: torch.Tensor
-    length: torch.Tensor | None
-
-
-@dataclass(frozen=True)
-class _ReadBack:
-    """A round's one read of the device (`DecodeLoop._commit`): each row's accepted drafts and
-    P(a >= d) [B][S], whether the accept was the rule's (ok), and apply(), the commit's host part."""
-    accepted: list[int]
-    expected: list[list[float]]
-    ok: bool
-    apply: Callable[[], None]
-
-
-@contextmanager
-def cpu_threads(dev: torch.device):
-    """On the CPU the loop runs with CPU_THREADS intra-op threads, then the caller's count is
-    restored. A round is thousands of small ops (rows x D tokens at the pair's widths: a
-    [1152, 128] x [128, 384] matmul on the demo pair), too small to gain from a second thread,
-    and OpenMP's waiting threads spin: on 2 shared cores demo-sampled's loop took 173 s with 2
-    threads against 28 s with 1 (load 3, issue 36's 8.1 min with CI beside it). One thread also
-    makes a row's floats independent of the machine's core count."""
-    if dev.type != "cpu" or torch.get_num_threads() <= CPU_THREADS:
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(CPU_THREADS)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def _queued(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
-    """A host tensor's copy to `dev` queued behind the device's work: a plain .to() waits for the
-    device to finish everything queued (a sync, the host idle meanwhile); from pageable memory the
-    bytes are staged at once, so the source may change after."""
-    return t.to(dev, non_blocking=True)
-
-
-def _to_host(t: torch.Tensor) -> tuple[torch.Tensor, "Callable[[], None]"]:
-    """t's copy to the host queued now: (host tensor, wait), its bytes readable once wait() has
-    returned. From CUDA into pinned memory behind an event, so work queued after the copy (the
-    next round's draft) runs on while the host waits for the copy alone; a .cpu() would wait for
-    all of it. Elsewhere the copy itself."""
-    if t.device.type != "cuda":
-        return t.cpu(), lambda: None
-    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    host.copy_(t, non_blocking=True)
-    done = torch.cuda.Event()
-    done.record(torch.cuda.current_stream(t.device))           # t's device's stream: the copy's
-    return host, done.synchronize
-
-
-def _resident_on(module, dev: torch.device) -> bool:
-    """A table whose weight is a parameter on `dev` (an nn.Embedding or Linear there); a lazy
-    table (target/tables.py: no parameter, read on the host) or one elsewhere is not."""
-    p = next(module.parameters(), None) if isinstance(module, torch.nn.Module) else None
-    return p is not None and p.device == dev
-
-
-def _at_nodes(t: torch.Tensor, node: torch.Tensor) -> torch.Tensor:
-    """t [B, D, H], node [B, N] -> t at those nodes [B, N, H]."""
-    return t.gather(1, node.to(t.device)[..., None].expand(*node.shape, t.shape[-1]))
-
-
-def _part(logits, rows: slice, nodes: int):
-    """The logits of rows `rows`, their first `nodes` nodes (NodeLogits or a tensor)."""
-    if isinstance(logits, torch.Tensor):
-        return logits[rows, :nodes]
-    return logits.part(rows, nodes)
 
 
 class DecodeLoop:
@@ -246,7 +108,7 @@ class DecodeLoop:
         p = next(drafter.parameters())
         self.dev, self.dtype = p.device, p.dtype
         # a draft's graph reads its tables where they live: only where both are on the drafter's device
-        self.tables_here = all(_resident_on(m, self.dev) for m in (embed, head))
+        self.tables_here = all(resident_on(m, self.dev) for m in (embed, head))
         # the embedding and head each serving mode drafts with: the engine's tables (replay.draft_head)
         self.heads = {m: draft_head(drafter, embed, head, (tables or {}).get(m) or default_tables(drafter, m),
                                     self.dev, self.dtype)
@@ -370,8 +232,8 @@ class DecodeLoop:
         plan = []
         for pts in dict.fromkeys(self.lane_points[li] for li in sub):
             at = [i for i, li in enumerate(sub) if self.lane_points[li] == pts]
-            full = _queued(torch.tensor([rows.start + i for i in at], dtype=torch.long), self.dev)
-            plan.append((pts, full, None if len(at) == len(sub) else _queued(torch.tensor(at, dtype=torch.long), self.dev)))
+            full = to_device(torch.tensor([rows.start + i for i in at], dtype=torch.long), self.dev)
+            plan.append((pts, full, None if len(at) == len(sub) else to_device(torch.tensor(at, dtype=torch.long), self.dev)))
         return plan
 
     def _aux(self, picked: dict[str, torch.Tensor], plan, rows: int) -> torch.Tensor:
@@ -387,7 +249,7 @@ class DecodeLoop:
             out.index_copy_(0, at, feats)
         return out
 
-    def _extend(self, st: _Rows, states, pick, nxt, pos, count, node: torch.Tensor | None = None):
+    def _extend(self, st: Rows, states, pick, nxt, pos, count, node: torch.Tensor | None = None):
         """Append count[b] pairs to every row's drafter cache; r_root = r of each row's last pair.
         pick(t) maps a captured state to [B, N, H] rows; a commit instead gives `node` [B, N] (the
         path's nodes, whose states it reads), and its extend is then replayed from a graph per
@@ -399,7 +261,7 @@ class DecodeLoop:
             needed = list(dict.fromkeys(p for pts, _, _ in plan for p in pts))
 
             def forward(x: dict, head=head, plan=plan, sub=sub, needed=needed, rows=sl.stop - sl.start) -> dict:
-                picked = {p: _at_nodes(x[f"state:{p}"], x["node"]) if "node" in x else pick(states[p])
+                picked = {p: at_nodes(x[f"state:{p}"], x["node"]) if "node" in x else pick(states[p])
                           for p in needed}
                 plan = [(pts, x[f"full:{i}"], x.get(f"at:{i}")) for i, (pts, _, _) in enumerate(plan)]
                 kv = DraftKV(sub.k, sub.v, x["length"])
@@ -443,7 +305,7 @@ class DecodeLoop:
         cap = P + max_new_tokens + 2 * (self.S + 2)
         heads, k_dim, v_dim = cache_dims(attn)
         dkv = DraftKV.empty(B, cap, heads, k_dim, dtype=self.dtype, device=self.dev, v_dim=v_dim)
-        st = _Rows(seq, plen + 1, None, dkv, lane_of, torch.arange(B), out, coin_rows(self._seeds(lane_of), keys),
+        st = Rows(seq, plen + 1, None, dkv, lane_of, torch.arange(B), out, coin_rows(self._seeds(lane_of), keys),
                    torch.zeros(B, dtype=torch.bool))
         pos = torch.arange(P, device=self.dev).expand(B, P)
         self._extend(st, scored.states, lambda t: t[pick.to(t.device)], seq[:, 1:P + 1].to(self.dev), pos,
@@ -465,7 +327,7 @@ class DecodeLoop:
     def _draft(self, st, root: torch.Tensor | None = None, root_tok: torch.Tensor | None = None):
         """The round's trees, {tokens, parents, depths, valid} [B, D], from each row's root j and
         root token (read from the host's seq unless given, on the device: a draft queued ahead)."""
-        root = _queued(st.root, self.dev) if root is None else root
+        root = to_device(st.root, self.dev) if root is None else root
         root_tok = self._root_tokens(st) if root_tok is None else root_tok
         B, D = len(st.n), self.D
         groups = self._groups(st.lane_of, by_tree=True)
@@ -483,7 +345,7 @@ class DecodeLoop:
 
     def _root_tokens(self, st) -> torch.Tensor:
         """[B] each row's root token, the last id in the host's seq, on the device."""
-        return _queued(st.seq[torch.arange(len(st.n)), st.n - 1], self.dev)
+        return to_device(st.seq[torch.arange(len(st.n)), st.n - 1], self.dev)
 
     def _draft_group(self, st, key: tuple, head, shape, sl: slice, root, root_tok) -> dict:
         """The trees of the rows `sl` ({tokens, parents, depths, valid} [R, D]). The draft's shapes
@@ -530,7 +392,7 @@ class DecodeLoop:
             if queued is None:
                 with self._phase("verify_forward"):
                     scored = verify_forward(self.model, tkv, t["tokens"], t["parents"], t["valid"],
-                                            _queued(st.root + 1, tkv.length.device),
+                                            to_device(st.root + 1, tkv.length.device),
                                             self.points, fixed=self.fixed_width, graphs=self.graphs.get("verify"))
             else:
                 scored, queued = queued[0], None
@@ -559,7 +421,7 @@ class DecodeLoop:
         if st.verified is not None:
             st.verified[1]()                       # the queued verify's host part, now the crop is known
 
-    def _verify_ahead(self, t: dict, tkv, ahead: "_Ahead"):
+    def _verify_ahead(self, t: dict, tkv, ahead: "Ahead"):
         """The next round's verify queued behind this round's commit and the next draft, before the
         host reads the round back (tree_forward.verify_queued: the tree at the longest committed
         row, found on the device), so the device verifies while the host records the round and
@@ -599,10 +461,10 @@ class DecodeLoop:
         every round twice, while a rare undone round costs less than sorting more rows in every
         round. A rule on counts: the same run widens the same way every time; what a round decodes
         is the rule's whichever share (`accept_dense`). Example, every row flat: rounds 1, 2, 3
-        undone, the share 1/16, then 1/4 after round 2, then 1 after round 3. Measured (H100, the bench's
-        2-layer Kimi-shaped target grown with layers that flattened it): every chain-1 round undone,
-        33.3 ms a round against ~12 when its distribution stayed peaked (reports/bench/NOTES.md,
-        twenty-fifth stop)."""
+        undone, the share 1/16, then 1/4 after round 2, then 1 after round 3. Measured (H100, chain-1 on 16 rows, the bench's
+        2-layer Kimi-shaped target grown to 4 with layers that flattened it): 32.0 ms a round
+        without it (every round undone), 11.5 with it (3 rounds of 47 undone), the same decode
+        (reports/bench/NOTES.md, twenty-fifth stop)."""
         undone, least = self.counts["accept_pivots_deeper"], WIDEN_UNDONE
         if self.deeper >= 1.0 or undone < least[0] or undone < least[1] * self.counts["rounds"]:
             return
@@ -618,7 +480,7 @@ class DecodeLoop:
         P(a >= d) for its own depths [B, S], zero past them; ok, a 0-dim bool on the device, False
         where a graph's top-p pivot lay past its window, or None where every accept was exact).
         exact: no graph (`_round`'s second try)."""
-        root = _queued(st.root, self.dev)
+        root = to_device(st.root, self.dev)
         if len(self.trees) == 1:
             return self._accept_group(st, t, scored, self.trees[0], slice(0, len(st.n)), root, exact)
         B = len(st.n)
@@ -644,7 +506,7 @@ class DecodeLoop:
         the graph searched), else, or `exact`, run without the graph."""
         D, S = shape.num_draft_tokens, shape.num_steps
         part = {k: v[sl, :D] for k, v in t.items()}
-        logits = _part(scored.logits, sl, D)
+        logits = logits_part(scored.logits, sl, D)
         if not self._dense() or not isinstance(logits, NodeLogits):
             coins = coins_at(st.coin_row[sl], root[sl], D + 1)
             return (*accept_round(self.rule, part, logits, self.decoding, coins, S), None)
@@ -666,7 +528,7 @@ class DecodeLoop:
         got = got or forward(x, unsynced=False)
         return SampledRound(got["accepted"], got["path"], got["bonus"]), got["exp"], ok
 
-    def _record(self, st, back: "_ReadBack"):
+    def _record(self, st, back: "ReadBack"):
         """Each unfinished row's round: its root, accepted drafts and P(a >= d) over its own tree's depths."""
         roots, done, lanes = st.root.tolist(), st.done.tolist(), st.lane_of.tolist()
         for b, i in enumerate(st.active.tolist()):
@@ -683,12 +545,12 @@ class DecodeLoop:
         drafter's cache. Finished rows commit nothing. The device's part is queued here; returns
         (read_back, ahead): read_back() waits for the round's one copy to the host (what the
         commit emitted and the new lengths, the accepted counts, exp [B, S] and ok) and returns
-        it as a `_ReadBack`, whose apply() is the host's part (the crop, seq); it is called after
+        it as a `ReadBack`, whose apply() is the host's part (the crop, seq); it is called after
         whatever the caller queues behind the commit. ahead: the next round's roots and root
         tokens on the device [B] (a finished row keeps its own), on fixed shapes only (else None)."""
         B = len(st.n)
         path, a = res.path.to(self.dev), res.accepted.to(self.dev)               # [B, S+1], [B]
-        live = ~_queued(st.done, self.dev)
+        live = ~to_device(st.done, self.dev)
         fixed = self._dense() and all(isinstance(x, BufferLayer) for x in cache_layers(tkv.cache))
         keep = torch.where(live[:, None], path, -1)
         if fixed:
@@ -702,19 +564,19 @@ class DecodeLoop:
         step = torch.arange(width, device=self.dev)[None].expand(B, width)
         node = path[:, :width].clamp(min=0)
         count = torch.where(live, a + 1, torch.zeros_like(a))
-        root = _queued(st.root, self.dev)
-        self._extend(st, scored.states, lambda s: _at_nodes(s, node), emitted[:, :width],
+        root = to_device(st.root, self.dev)
+        self._extend(st, scored.states, lambda s: at_nodes(s, node), emitted[:, :width],
                      root[:, None] + 1 + step, count, node=node)
         ahead = None
         if self._dense():                                  # the next round's draft is queued behind (`_round`)
             last = emitted.gather(-1, (count - 1).clamp(min=0)[:, None])[:, 0]    # the new root token
-            ahead = _Ahead(root + count, torch.where(count > 0, last, self._root_tokens(st)),
+            ahead = Ahead(root + count, torch.where(count > 0, last, self._root_tokens(st)),
                            length if fixed else None)
         good = torch.ones((), dtype=torch.bool, device=self.dev) if ok is None else ok.to(self.dev)
         parts = [count[:, None], emitted[:, :width], a[:, None], good.long().expand(B)[:, None]]
         parts += [length[:, None].to(self.dev)] if fixed else []
-        host, copied = _to_host(torch.cat(parts, 1))                               # one copy to the host
-        host_exp, exp_copied = _to_host(exp.float())
+        host, copied = to_host(torch.cat(parts, 1))                               # one copy to the host
+        host_exp, exp_copied = to_host(exp.float())
 
         def apply():
             n_new, got, steps = host[:, 0], host[:, 1:width + 1], torch.arange(width)[None].expand(B, width)
@@ -727,10 +589,10 @@ class DecodeLoop:
             st.seq[torch.arange(B)[:, None].expand(B, width)[new], (st.n[:, None] + steps)[new]] = got[new]
             st.n = st.n + n_new
 
-        def read_back() -> _ReadBack:
+        def read_back() -> ReadBack:
             copied()
             exp_copied()
-            return _ReadBack(host[:, width + 1].tolist(), host_exp.tolist(), bool(host[:, width + 2].all()), apply)
+            return ReadBack(host[:, width + 1].tolist(), host_exp.tolist(), bool(host[:, width + 2].all()), apply)
         return read_back, ahead
 
     def _commit_target(self, tkv, path) -> torch.Tensor:
@@ -739,12 +601,12 @@ class DecodeLoop:
         rows' new lengths (the caller crops)."""
         def forward(x: dict) -> dict:
             return {"length": commit_fixed(replace(tkv, length=x["length"]), x["path"], x["block"])}
-        x = {"path": path, "length": tkv.length, "block": _queued(torch.tensor([tkv.block]), tkv.length.device)}
+        x = {"path": path, "length": tkv.length, "block": to_device(torch.tensor([tkv.block]), tkv.length.device)}
         return (self._by_graph("commit", self.model, stamps(tkv.cache), x, tuple(path.shape), forward)
                 or forward(x))["length"]
 
     # ---- finishing rows ------------------------------------------------------------------
-    def _retire(self, st, tkv, prompts, max_new_tokens) -> _Rows:
+    def _retire(self, st, tkv, prompts, max_new_tokens) -> Rows:
         """Rows that emitted max_new_tokens or an end-of-sequence token are finished; they leave
         the batch once they are RETIRE_FRACTION of it (until then they ride along, committing
         nothing), so the caches are re-indexed a few times per batch, not every round; on fixed
@@ -758,40 +620,15 @@ class DecodeLoop:
             else torch.zeros(len(plen), dtype=torch.bool)
         done = eos | (st.n >= plen + max_new_tokens)
         for b in torch.nonzero(done & ~st.done)[:, 0].tolist():
-            self._finish(st, b, int(plen[b]), max_new_tokens)
+            st.finish(b, int(plen[b]), max_new_tokens, self.eos)
         st.done = done
-        if not (done.all() or self._retiring(done)):
+        if not (done.all() or retiring(done, self._dense(), self.D)):
             return st
         self.counts["drafts_discarded"] += st.drafted is not None           # drafted ahead for rows that change
         self.counts["verifies_discarded"] += st.verified is not None
         if done.all():
-            return _Rows(st.seq[:0], st.n[:0], None, None, st.lane_of[:0], st.active[:0], st.out, st.coin_row[:0],
+            return Rows(st.seq[:0], st.n[:0], None, None, st.lane_of[:0], st.active[:0], st.out, st.coin_row[:0],
                          done[:0])
         keep = torch.nonzero(~done)[:, 0]
         select_rows(tkv, keep)
         return st.keep(keep, self.dev)
-
-    def _retiring(self, done: torch.Tensor) -> bool:
-        """Whether the finished rows `done` [B] leave the batch now (`_retire`). On fixed shapes a
-        retire costs a capture of every step (~40 ms at the 2-layer Kimi-shaped bench, H100), and a
-        row riding along costs its D nodes in every round (~0.09 ms a chain-1 row, ~0.4 ms an
-        s3-k8-d16 row there: the head and the vocabulary's work in the accept, the experts its
-        tokens reach): so the finished rows must also carry RETIRE_MIN_TOKENS_GRAPHED nodes. A rule on
-        counts, never on timings, so a run's batches, and with them its sums, are the same every
-        time. Example, chain-1 (D 2) at 96 rows: 57 finished (114 nodes) leave; of 39 later, 24
-        finished (48 nodes) ride along to the end; at s3-k8-d16 (D 16) 4 finished rows leave."""
-        if self._dense():
-            return (bool(done.float().mean() >= RETIRE_FRACTION_GRAPHED)
-                    and int(done.sum()) * self.D >= RETIRE_MIN_TOKENS_GRAPHED)
-        return bool(done.float().mean() >= RETIRE_FRACTION)
-
-    def _finish(self, st, b, plen, max_new_tokens):
-        o = st.out[int(st.active[b])]
-        ids = st.seq[b, :int(st.n[b])].tolist()
-        cont = ids[plen:plen + max_new_tokens]
-        for k, tok in enumerate(cont):
-            if tok in self.eos:
-                cont = cont[:k + 1]
-                break
-        o.ids = ids[:plen] + cont
-        o.length = len(o.ids)

@@ -24,7 +24,7 @@ from collections import defaultdict
 import torch
 
 from diag.metrics import AcceptCounts
-from diag.replay.decode_loop import Decoded
+from diag.replay.decode_rows import Decoded
 from diag.replay.evaluation import Evaluation, PromptRounds, _buckets
 from diag.replay.replay import Variant
 from diag.replay.round_accounting import ACCOUNTINGS, RoundAccounting

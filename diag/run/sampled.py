@@ -26,7 +26,8 @@ import torch
 
 from diag.checkpoint.identity import checkpoint_identity, is_memoised
 from diag.errors import env_switch
-from diag.replay.decode_loop import DecodeLoop, Lane
+from diag.replay.decode_loop import DecodeLoop
+from diag.replay.decode_rows import Lane
 from diag.replay.evaluation import Evaluation, best
 from diag.replay.replay import Variant
 from diag.replay.round_accounting import accounting_for

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import diag
 from diag.checkpoint.identity import cache_root
-from diag.replay.decode_loop import Decoded, Lane
+from diag.replay.decode_rows import Decoded, Lane
 
 FORMAT = "diag-sampled-v1"
 LOOP_VERSION = 1
