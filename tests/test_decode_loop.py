@@ -458,7 +458,7 @@ def test_undone_rounds_widen_the_accept_graphs_rows_sorted_whole_until_no_round_
     """A target whose top-p pivots lie past the window on more rows than the accept graph sorts
     whole (here: on every row, so only a graph that sorts them all finds every pivot) runs each
     such round twice (`_round`: undone, then the exact accept). `DecodeLoop._widen` multiplies the
-    graph's share by DEEPER_WIDEN once rounds are undone often (WIDEN_UNDONE) and drops the old
+    graph's share by DEEPER_WIDEN once rounds are undone often (WIDEN_MIN_UNDONE, WIDEN_UNDONE_SHARE) and drops the old
     accept graphs: 1/16 -> 1/4 (after round 2) -> 1 (after round 3), then no round undone; the
     same decode as the eager loop."""
     import diag.replay.accept as accept
@@ -488,7 +488,7 @@ def test_undone_rounds_widen_the_accept_graphs_rows_sorted_whole_until_no_round_
     (g, gl), (e, _) = out[True], out[False]
     assert g == e
     assert DEEPER_ROWS * DEEPER_WIDEN ** 2 >= 1.0 > DEEPER_ROWS * DEEPER_WIDEN
-    # rounds 1, 2, 3 undone (WIDEN_UNDONE: the first widening after the second), then none
+    # rounds 1, 2, 3 undone (WIDEN_MIN_UNDONE: the first widening after the second), then none
     assert gl.counts["accept_pivots_deeper"] == 3 and gl.counts["accept_deeper_widened"] == 2 and gl.deeper == 1.0
     assert gl.counts["rounds"] > 2                         # rounds after the widening were not undone
     assert gl.counts["accept_graphs_captured"] >= 3        # one per share (1/16, 1/4, 1), each after a drop

@@ -75,45 +75,32 @@ def grow(model, layers: int) -> int:
 
 
 @torch.no_grad()
-def silence(layer) -> list[str]:
+def silence(layer) -> None:
     """Zero what a decoder layer adds to the residual stream, in place: its attention's output
     projection and its MLP's down projections (a dense MLP's, the shared experts', the routed
     experts': their INT4 scales, or their dense weights). The layer still reads and multiplies
-    every weight (zeros cost a GEMM what any values do), its routing unchanged. Returns the
-    parameters zeroed; a layer with no attention output or no MLP output it knows is an error,
-    never a layer left half silent."""
-    zeroed = []
+    every weight (zeros cost a GEMM what any values do), its routing unchanged. A layer with no
+    attention output or no MLP output it knows is an error, never a layer left half silent."""
     out = getattr(getattr(layer, "self_attn", None), "o_proj", None)
     if out is None:
         raise ValueError(f"silence: no self_attn.o_proj on {type(layer).__name__}")
     out.weight.zero_()
-    zeroed.append("self_attn.o_proj.weight")
     mlp = layer.mlp
-    for name in ("down_proj", "shared_experts.down_proj"):
-        mod = mlp.get_submodule(name) if _has(mlp, name) else None
-        if isinstance(mod, torch.nn.Linear):
-            mod.weight.zero_()
-            zeroed.append(f"mlp.{name}.weight")
+    found = False
+    for proj in (getattr(mlp, "down_proj", None), getattr(getattr(mlp, "shared_experts", None), "down_proj", None)):
+        if isinstance(proj, torch.nn.Linear):
+            proj.weight.zero_()
+            found = True
     experts = getattr(mlp, "experts", None)
     if experts is not None:
         buf = getattr(experts, "down_proj_scale", None)
-        if buf is None:
-            buf = getattr(experts, "down_proj", None)
+        buf = getattr(experts, "down_proj", None) if buf is None else buf
         if not isinstance(buf, torch.Tensor):
             raise ValueError(f"silence: no down_proj_scale or down_proj tensor on {type(experts).__name__}")
         buf.zero_()
-        zeroed.append("mlp.experts.down_proj_scale" if hasattr(experts, "down_proj_scale") else "mlp.experts.down_proj")
-    if len(zeroed) == 1:
+        found = True
+    if not found:
         raise ValueError(f"silence: no MLP output projection on {type(mlp).__name__}")
-    return zeroed
-
-
-def _has(module, name: str) -> bool:
-    try:
-        module.get_submodule(name)
-    except AttributeError:
-        return False
-    return True
 
 
 def layers_that_fit(model, reserve: int, cap: int) -> int:

@@ -69,7 +69,8 @@ GRAPHED = ("draft", "verify", "accept", "commit", "extend")   # a round's steps,
 VERIFY_AHEAD_MAX_STEPS = 1           # the next verify is queued ahead of the read-back only for drafts this deep
                                      # (`_verify_ahead`; a deeper draft queued ahead already covers the read-back)
 DEEPER_WIDEN = 4                     # an undone round widens the accept graph's rows sorted whole this many times,
-WIDEN_UNDONE = (2, 0.25)             # ... once at least 2 rounds, and a quarter of the rounds so far, were undone
+WIDEN_MIN_UNDONE = 2                 # ... once at least this many rounds were undone
+WIDEN_UNDONE_SHARE = 0.25            # ... and at least this share of the rounds so far
 
 
 
@@ -454,19 +455,20 @@ class DecodeLoop:
 
     def _widen(self) -> None:
         """After an undone round (a top-p pivot past what the accept graph searched), once rounds
-        are undone often (WIDEN_UNDONE: at least 2, and a quarter of the rounds so far), the graphs
-        captured from here on sort DEEPER_WIDEN times the share of rows whole (1/16 -> 1/4 -> all,
-        where a pivot is always found), and the old accept graphs are dropped: a target whose T=1
-        distribution is often flat past the window (more rows than the share) would otherwise run
-        every round twice, while a rare undone round costs less than sorting more rows in every
-        round. A rule on counts: the same run widens the same way every time; what a round decodes
-        is the rule's whichever share (`accept_dense`). Example, every row flat: rounds 1, 2, 3
-        undone, the share 1/16, then 1/4 after round 2, then 1 after round 3. Measured (H100, chain-1 on 16 rows, the bench's
-        2-layer Kimi-shaped target grown to 4 with layers that flattened it): 32.0 ms a round
-        without it (every round undone), 11.5 with it (3 rounds of 47 undone), the same decode
-        (reports/bench/NOTES.md, twenty-fifth stop)."""
-        undone, least = self.counts["accept_pivots_deeper"], WIDEN_UNDONE
-        if self.deeper >= 1.0 or undone < least[0] or undone < least[1] * self.counts["rounds"]:
+        are undone often (at least WIDEN_MIN_UNDONE, and WIDEN_UNDONE_SHARE of the rounds so far),
+        the graphs captured from here on sort DEEPER_WIDEN times the share of rows whole (1/16 ->
+        1/4 -> all, where a pivot is always found), and the old accept graphs are dropped: a target
+        whose T=1 distribution is often flat past the window (more rows than the share) would
+        otherwise run every round twice, while a rare undone round costs less than sorting more
+        rows in every round. A rule on counts: the same run widens the same way every time; what a
+        round decodes is the rule's whichever share (`accept_dense`). Example, every row flat:
+        rounds 1, 2, 3 undone, the share 1/16, then 1/4 after round 2, then 1 after round 3.
+        Measured (H100, chain-1 on 16 rows, the bench's 2-layer Kimi-shaped target grown to 4 with
+        layers that flattened it): 32.0 ms a round without it (every round undone), 11.5 with it
+        (3 rounds of 47 undone), the same decode (reports/bench/NOTES.md, twenty-fifth stop)."""
+        undone = self.counts["accept_pivots_deeper"]
+        often = undone >= WIDEN_MIN_UNDONE and undone >= WIDEN_UNDONE_SHARE * self.counts["rounds"]
+        if self.deeper >= 1.0 or not often:
             return
         self.deeper = min(1.0, self.deeper * DEEPER_WIDEN)
         self.counts["accept_deeper_widened"] += 1
