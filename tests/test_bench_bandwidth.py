@@ -73,3 +73,22 @@ def test_transformers_generate_beside_the_graphed_step_gets_its_own_rates(tmp_pa
     assert ours["step_bytes"] == theirs["step_bytes"]
     assert ours["bytes_per_second"] == pytest.approx(2 * theirs["bytes_per_second"])
     assert got["fraction_of_copy_bandwidth_min"] == pytest.approx(ours["step_bytes"] / 0.0025 / 2e12)
+
+
+def test_the_decode_steps_bandwidth_reads_the_steady_step_where_measured():
+    """gpu._decode_bandwidth takes the grown section's steady step (the call's prefill and graph
+    capture taken out: generate_steady_seconds_per_layer_step_by_batch) where the run measured it,
+    the whole call's step before, and names which it read."""
+    from diag.bench.gpu import _decode_bandwidth
+
+    grown = {**_grown({"8": 0.0016}), "generate_steady_seconds_per_layer_step_by_batch": {"8": 0.0012},
+             "added_layer": {"routed_bytes": routed_bytes(384, 2048, 7168, 32), "experts": 384, "top_k": 8}}
+    got = _decode_bandwidth(grown, 3e12)
+    assert got["timed_by"] == "generate_steady_seconds_per_layer_step_by_batch"
+    assert got["by_batch"]["8"]["seconds_per_layer_step"] == 0.0012
+    assert got["by_batch"]["8"]["fraction_of_copy_bandwidth"] == pytest.approx(
+        got["by_batch"]["8"]["step_bytes"] / 0.0012 / 3e12)
+    del grown["generate_steady_seconds_per_layer_step_by_batch"]
+    old = _decode_bandwidth(grown, 3e12)
+    assert old["timed_by"] == "generate_seconds_per_layer_step_by_batch"
+    assert old["by_batch"]["8"]["seconds_per_layer_step"] == 0.0016

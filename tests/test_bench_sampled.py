@@ -154,15 +154,28 @@ def test_the_grown_sections_added_layer_is_its_routed_experts(kimi_cpu):
     assert got["routed_bytes"] == want > 0
 
 
-def test_the_generation_probe_takes_the_median_of_its_repeats(kimi_cpu, monkeypatch):
-    """bench.gpu._generation_probe: after a warm-up, the median of GENERATION_REPEATS timed runs."""
+def test_the_generation_probe_takes_the_median_of_its_repeats_at_two_lengths(kimi_cpu, monkeypatch):
+    """bench.gpu._generation_probe: after a warm-up, the median of GENERATION_REPEATS timed runs, at
+    new_tokens and at a quarter of them; the steady step is the difference over the steps between
+    (the call's prefill and fixed costs cancel), the whole call's step its seconds over new_tokens."""
     from diag.bench import gpu
     _, model, _ = kimi_cpu
-    calls, real = [], gpu.timed
-    monkeypatch.setattr(gpu, "timed", lambda fn, **kw: calls.append(kw) or real(fn, **kw))
-    got = gpu._generation_probe(model, SMALL["vocab_size"], prompts=2, prompt_len=4, new_tokens=3)
-    assert calls == [{"repeat": gpu.GENERATION_REPEATS, "warmup": 1}] and gpu.GENERATION_REPEATS == 3
-    assert got["repeats"] == 3 and got["seconds_per_step"] == got["seconds"] / 3 > 0
+    calls, lengths = [], []
+    clock = iter([0.40, 0.13])                         # the whole call, then the short one
+
+    def fake(fn, **kw):
+        calls.append(kw)
+        fn()
+        return next(clock)
+    monkeypatch.setattr(gpu, "timed", fake)
+    real = __import__("diag.target.generate", fromlist=["greedy_continuations"]).greedy_continuations
+    monkeypatch.setattr("diag.target.generate.greedy_continuations",
+                        lambda m, ps, n, **kw: lengths.append(n) or real(m, ps, n, **kw))
+    got = gpu._generation_probe(model, SMALL["vocab_size"], prompts=2, prompt_len=4, new_tokens=8)
+    assert calls == [{"repeat": gpu.GENERATION_REPEATS, "warmup": 1}] * 2 and gpu.GENERATION_REPEATS == 3
+    assert lengths == [8, 2] and got["short_new_tokens"] == 2 and got["repeats"] == 3
+    assert got["seconds_per_step"] == pytest.approx(0.40 / 8)
+    assert got["steady_seconds_per_step"] == pytest.approx((0.40 - 0.13) / 6)
 
 
 def test_the_verify_once_its_graphs_are_captured():

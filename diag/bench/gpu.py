@@ -274,9 +274,9 @@ def _finish(res: dict, out: Path) -> dict:
 
 
 def _decode_bandwidth(grown: dict, copy_bytes_per_s: float) -> dict:
-    """The greedy decode step's bytes/s against the copy bandwidth (bench/bandwidth.py), the
-    added layer's routed share as the grown section measured it, or Kimi's for a run before it
-    recorded one."""
+    """The greedy decode step's bytes/s against the copy bandwidth (bench/bandwidth.py), timed by
+    its steady step where the run measured it (_step_key); the added layer's routed share as the
+    grown section measured it, or Kimi's for a run before it recorded one."""
     from diag.bench.bandwidth import decode_step_bandwidth, routed_bytes
     from diag.zoo.kimi_shaped import GROUP_SIZE, KIMI_TEXT
 
@@ -287,11 +287,19 @@ def _decode_bandwidth(grown: dict, copy_bytes_per_s: float) -> dict:
               {"experts": t["n_routed_experts"], "top_k": t["num_experts_per_tok"],
                "routed": routed_bytes(t["n_routed_experts"], t["moe_intermediate_size"], t["hidden_size"], GROUP_SIZE),
                "routed_from": "Kimi's widths (the run recorded no added_layer)"})
-    out = decode_step_bandwidth(grown, copy_bytes_per_s, **widths)
-    other = "transformers_generate_seconds_per_layer_step_by_batch"
+    ours, other = _step_key(grown, "generate"), _step_key(grown, "transformers_generate")
+    out = {**decode_step_bandwidth(grown, copy_bytes_per_s, key=ours, **widths), "timed_by": ours}
     if other in grown:                      # the path before the graphed steps, measured beside them
-        out["transformers_generate"] = decode_step_bandwidth(grown, copy_bytes_per_s, key=other, **widths)
+        out["transformers_generate"] = {**decode_step_bandwidth(grown, copy_bytes_per_s, key=other, **widths),
+                                         "timed_by": other}
     return out
+
+
+def _step_key(grown: dict, path: str) -> str:
+    """The grown section's key of `path`'s per-layer decode step: the steady step (the call's
+    fixed costs taken out, _generation_probe) where the run measured it, else the whole call's."""
+    steady = f"{path}_steady_seconds_per_layer_step_by_batch"
+    return steady if steady in grown else f"{path}_seconds_per_layer_step_by_batch"
 
 
 def _release(dev: str) -> None:
@@ -339,16 +347,27 @@ def _generation_probe(model, vocab: int, *, prompts: int = 16, prompt_len: int =
     pipeline's greedy_continuations runs it (own_cache False: transformers' generate, the path
     before issue 36's graphed steps): the per-layer slope of the e2e generate phase. The
     median of GENERATION_REPEATS timed runs (one run's step at batch 16 came out 3.0 and 4.9 ms a
-    layer on two H100 calls)."""
+    layer on two H100 calls). seconds_per_step is the whole call over its steps: the prefill,
+    the step's graph capture and the read-back included, as an e2e call pays them. The call is
+    timed again at a quarter of the new tokens, and steady_seconds_per_step is the difference
+    over the steps between: the decode step alone, which bench/bandwidth.py sets against the
+    bytes a step reads. Worked example: 64 new tokens 0.420 s, 16 new 0.130 s -> 6.56 ms a
+    step whole, (0.420 - 0.130) / 48 = 6.04 ms steady."""
     from diag.target.generate import greedy_continuations
 
     gen = torch.Generator().manual_seed(5)
     ps = torch.randint(0, vocab, (prompts, prompt_len), generator=gen).tolist()
-    run = lambda: greedy_continuations(model, ps, new_tokens, pad_id=0, eos_ids=set(),  # noqa: E731
-                                       batch_size=prompts, progress=False, own_cache=own_cache)
-    seconds = timed(run, repeat=GENERATION_REPEATS, warmup=1)
+    short = max(1, new_tokens // 4)
+
+    def call(n: int) -> float:
+        return timed(lambda: greedy_continuations(model, ps, n, pad_id=0, eos_ids=set(), batch_size=prompts,
+                                                  progress=False, own_cache=own_cache),
+                     repeat=GENERATION_REPEATS, warmup=1)
+    seconds, seconds_short = call(new_tokens), call(short)
+    steady = (seconds - seconds_short) / (new_tokens - short) if new_tokens > short else None
     return {"prompts": prompts, "prompt_len": prompt_len, "new_tokens": new_tokens, "seconds": seconds,
-            "seconds_per_step": seconds / new_tokens, "repeats": GENERATION_REPEATS}
+            "seconds_per_step": seconds / new_tokens, "short_new_tokens": short, "seconds_short": seconds_short,
+            "steady_seconds_per_step": steady, "repeats": GENERATION_REPEATS}
 
 
 def _costs_probe(model, st, dev) -> dict:
@@ -416,7 +435,9 @@ def _grown(model, seqs, points, max_layers, st, dev, batch: int = 48) -> dict:
     st.pop("costs_drafter", None)
     weights = resident_bytes(model)
     added = n - base_layers
-    slope = lambda g, b: (g["seconds_per_step"] - b["seconds_per_step"]) / max(added, 1)  # noqa: E731
+    slope = lambda g, b, key="seconds_per_step": (  # noqa: E731
+        (g[key] - b[key]) / max(added, 1) if g.get(key) is not None and b.get(key) is not None else None)
+    steady = lambda g, b: slope(g, b, "steady_seconds_per_step")  # noqa: E731
     return {"layers": n, "base_layers": base_layers, "weight_bytes": weights, "planner_on_this_gpu": planned,
             "activation_estimate_16k": activation_bytes(model.config, 16384), "rows": rows,
             "base_capture": base_row, "base_generation": base_gen, "generation": gen,
@@ -429,6 +450,10 @@ def _grown(model, seqs, points, max_layers, st, dev, batch: int = 48) -> dict:
             "transformers_generation": {"base": base_tf, "grown": tf},
             "transformers_generate_seconds_per_layer_step_by_batch": {"16": slope(tf[0], base_tf[0]),
                                                                       str(batch): slope(tf[1], base_tf[1])},
+            "generate_steady_seconds_per_layer_step_by_batch": {"16": steady(gen, base_gen),
+                                                                str(batch): steady(gen_b, base_gen_b)},
+            "transformers_generate_steady_seconds_per_layer_step_by_batch": {"16": steady(tf[0], base_tf[0]),
+                                                                             str(batch): steady(tf[1], base_tf[1])},
             "costs_probe": {"base": base_costs, "grown": costs},
             "sampled_round_probe": {"base": base_rounds, "grown": rounds},
             "sampled_round_slope": fit(base_rounds, rounds, added),

@@ -32,7 +32,9 @@ rounds rooted at 4 (a = 3: emits t_6..t_9) and 8 (a = 2: emits t_10, t_11, t_12,
 t_11, t_12 lie past max_new_tokens) -> "to-end" counts both (2 rounds, Σa 5), "window" only
 the first (root 8 > 11 - 2 - 3). Coins are keyed on (seed, prompt, root position), so
 lanes that differ only in layout share their random numbers (a paired comparison), and a
-row's draws do not depend on the batch. This module knows the loop; nothing about files.
+row's draws do not depend on the batch. The drafter's side of a round (its heads, the rows'
+groups, the draft and the extend) is replay/decode_draft.py, what the loop carries between rounds
+replay/decode_rows.py. This module knows the loop; nothing about files.
 """
 
 from __future__ import annotations
@@ -44,14 +46,13 @@ from dataclasses import replace
 
 import torch
 
-from diag.drafter.drafting import DraftHead
-from diag.drafter.incremental import DraftKV, cache_dims, draft_tree, extend
+from diag.drafter.incremental import DraftKV, cache_dims
 from diag.engines.decoding import Decoding
-from diag.layouts import CapturePoint, Layout, union_points
+from diag.layouts import Layout
 from diag.replay.accept import accept_dense, accept_round, probabilities
-from diag.replay.replay import default_tables, draft_head
+from diag.replay.decode_draft import DraftSide
 from diag.replay.decode_rows import (Ahead, Decoded, Lane, ReadBack, Rows, at_nodes, cpu_threads, logits_part,
-                                     resident_on, retiring, to_device, to_host)
+                                     retiring, to_device, to_host)
 from diag.replay.sampling import DEEPER_ROWS, SampledRound, coin_rows, coins_at, sample, uniforms
 from diag.replay.verifiers import sampled_rule
 from diag.target.passes import pad_right
@@ -64,7 +65,6 @@ from diag.target.verify_graphs import VerifyGraphs, graphs_wanted
 from diag.trees import TreeShape
 
 FIRST_TOKEN_STREAM = 0x5BD1E995      # the prefill's sample draws from its own coin stream
-DRAFT_FIELDS = ("tokens", "parents", "depths", "valid")     # what a round reads of a drafted tree
 GRAPHED = ("draft", "verify", "accept", "commit", "extend")   # a round's steps, each from CUDA graphs where it can
 VERIFY_AHEAD_MAX_STEPS = 1           # the next verify is queued ahead of the read-back only for drafts this deep
                                      # (`_verify_ahead`; a deeper draft queued ahead already covers the read-back)
@@ -106,19 +106,9 @@ class DecodeLoop:
         self.lane_tree = [self.trees.index(ln.variant.tree) for ln in lanes]
         self.D = max(t.num_draft_tokens for t in self.trees)                # the verify's nodes a row
         self.S = max(t.num_steps for t in self.trees)                       # the deepest path
-        p = next(drafter.parameters())
-        self.dev, self.dtype = p.device, p.dtype
-        # a draft's graph reads its tables where they live: only where both are on the drafter's device
-        self.tables_here = all(resident_on(m, self.dev) for m in (embed, head))
-        # the embedding and head each serving mode drafts with: the engine's tables (replay.draft_head)
-        self.heads = {m: draft_head(drafter, embed, head, (tables or {}).get(m) or default_tables(drafter, m),
-                                    self.dev, self.dtype)
-                      for m in dict.fromkeys(ln.variant.mode for ln in lanes)}
-        lays = [layouts[ln.variant.layout] for ln in lanes if ln.variant.mode == "eagle3"]
-        self.points = tuple(dict.fromkeys(union_points(lays) + (CapturePoint("final"),)))
-        self.lane_points = [("final",) if ln.variant.mode == "eagle" else
-                            tuple(p.name for p in layouts[ln.variant.layout].points) for ln in lanes]
-        self.lane_mode = [ln.variant.mode for ln in lanes]
+        self.drafts = DraftSide(drafter, embed, head, lanes, layouts, self.trees, self.lane_tree, tables,
+                                self._by_graph)             # the drafter's side: heads, groups, draft, extend
+        self.dev, self.dtype, self.points = self.drafts.dev, self.drafts.dtype, self.drafts.points
 
     @contextmanager
     def _phase(self, name: str):
@@ -139,12 +129,12 @@ class DecodeLoop:
     @torch.no_grad()
     def run(self, prompts: list[list[int]], rows: list[tuple[int, int]], max_new_tokens: int) -> list[Decoded]:
         """rows: (lane index, prompt index) pairs. Returns one Decoded per row, in order. Inside,
-        rows are grouped by serving mode, then tree (one contiguous slice each, see `_groups`). On CUDA the
+        rows are grouped by serving mode, then tree (one contiguous slice each, see `DraftSide.groups`). On CUDA the
         whole loop runs without cuDNN's attention: the drafter's attention takes a new shape every
         round (its cache grows), and cuDNN would plan each one (target/sdpa.py); an MLA target
         attends over its latent cache there (target/mla_latent.py)."""
-        modes = list(self.heads)
-        order = sorted(range(len(rows)), key=lambda i: (modes.index(self.lane_mode[rows[i][0]]),
+        modes = list(self.drafts.heads)
+        order = sorted(range(len(rows)), key=lambda i: (modes.index(self.drafts.lane_mode[rows[i][0]]),
                                                         self.lane_tree[rows[i][0]]))
         with cpu_threads(self.dev), attention_without_cudnn(self.dev), \
                 latent_mla(self.model, latent_wanted(self.dev)) as switched:
@@ -208,84 +198,6 @@ class DecodeLoop:
             self.on_step()
         return st.out
 
-    # ---- the drafter's inputs ----------------------------------------------------------
-    def _groups(self, lane_of: torch.Tensor, by_tree: bool = False) -> list[tuple[str, DraftHead, TreeShape | None, slice]]:
-        """(mode, its draft head, tree, its rows) for every mode present (by_tree: every mode and
-        tree; else tree None): rows are sorted by mode, then tree, and stay so when rows leave, so
-        each group is one slice (drafter-cache views, no copies)."""
-        lanes = lane_of.tolist()
-        out = []
-        for mode, head in self.heads.items():
-            for k, tree in enumerate(self.trees if by_tree else [None]):
-                idx = [i for i, li in enumerate(lanes)
-                       if self.lane_mode[li] == mode and (tree is None or self.lane_tree[li] == k)]
-                if idx:
-                    out.append((mode, head, tree, slice(idx[0], idx[-1] + 1)))
-        return out
-
-    def _aux_plan(self, lane_of: torch.Tensor, rows: slice) -> list[tuple[tuple[str, ...], torch.Tensor, torch.Tensor | None]]:
-        """How the rows `rows` read their features: per layout among them, (its points, its rows'
-        indices in the batch, their places among `rows`; None when it is every row). Index
-        tensors on the device, built once a round on the host (a graph then reads them as inputs:
-        no boolean mask asks the device how many rows it holds). Example: rows 0..5, lanes
-        [a, a, b, b, a, b] -> (a's points, [0, 1, 4], [0, 1, 4]), (b's points, [2, 3, 5], [2, 3, 5])."""
-        sub = lane_of[rows].tolist()
-        plan = []
-        for pts in dict.fromkeys(self.lane_points[li] for li in sub):
-            at = [i for i, li in enumerate(sub) if self.lane_points[li] == pts]
-            full = to_device(torch.tensor([rows.start + i for i in at], dtype=torch.long), self.dev)
-            plan.append((pts, full, None if len(at) == len(sub) else to_device(torch.tensor(at, dtype=torch.long), self.dev)))
-        return plan
-
-    def _aux(self, picked: dict[str, torch.Tensor], plan, rows: int) -> torch.Tensor:
-        """[R, N, W] features of R rows by each row's layout (`_aux_plan`); picked: every captured
-        point's [B, N, H] rows of the batch."""
-        out = None
-        for pts, full, at in plan:
-            feats = torch.cat([picked[p][full] for p in pts], -1).to(self.dev, self.dtype)
-            if at is None:
-                return feats
-            if out is None:
-                out = feats.new_zeros(rows, *feats.shape[1:])
-            out.index_copy_(0, at, feats)
-        return out
-
-    def _extend(self, st: Rows, states, pick, nxt, pos, count, node: torch.Tensor | None = None):
-        """Append count[b] pairs to every row's drafter cache; r_root = r of each row's last pair.
-        pick(t) maps a captured state to [B, N, H] rows; a commit instead gives `node` [B, N] (the
-        path's nodes, whose states it reads), and its extend is then replayed from a graph per
-        (mode, rows, N) where the loop has them: its shapes are fixed on fixed widths (N = S + 1)."""
-        B = len(st.lane_of)
-        r_all = None
-        for mode, head, _, sl in self._groups(st.lane_of):
-            plan, sub = self._aux_plan(st.lane_of, sl), st.dkv.select(sl)
-            needed = list(dict.fromkeys(p for pts, _, _ in plan for p in pts))
-
-            def forward(x: dict, head=head, plan=plan, sub=sub, needed=needed, rows=sl.stop - sl.start) -> dict:
-                picked = {p: at_nodes(x[f"state:{p}"], x["node"]) if "node" in x else pick(states[p])
-                          for p in needed}
-                plan = [(pts, x[f"full:{i}"], x.get(f"at:{i}")) for i, (pts, _, _) in enumerate(plan)]
-                kv = DraftKV(sub.k, sub.v, x["length"])
-                r = extend(self.drafter, head, kv, x["nxt"], self._aux(picked, plan, rows), x["pos"], x["count"])
-                return {"r": r, "length": kv.length}
-            x = {"length": sub.length, "nxt": nxt[sl], "pos": pos[sl], "count": count[sl]}
-            for i, (_, full, at) in enumerate(plan):
-                x[f"full:{i}"] = full
-                if at is not None:
-                    x[f"at:{i}"] = at
-            got = None
-            if node is not None:
-                x.update({"node": node, **{f"state:{p}": states[p] for p in needed}})
-                got = self._by_graph("extend", self.drafter, st.dkv.identity(), x,
-                                     (mode, sl.start, sl.stop, nxt.shape[1]), forward, allowed=self.tables_here)
-            got = got or forward(x)
-            sub.length = got["length"]
-            st.dkv.put(sl, sub)
-            if r_all is None:
-                r_all = got["r"].new_zeros(B, *got["r"].shape[1:])
-            r_all[sl] = got["r"]
-        st.r_root = r_all[torch.arange(B, device=self.dev), (count - 1).clamp(min=0).to(self.dev)]
-
     # ---- prefill -----------------------------------------------------------------------
     def _start(self, prompts, rows, max_new_tokens):
         uniq = sorted({p for _, p in rows})
@@ -309,7 +221,7 @@ class DecodeLoop:
         st = Rows(seq, plen + 1, None, dkv, lane_of, torch.arange(B), out, coin_rows(self._seeds(lane_of), keys),
                    torch.zeros(B, dtype=torch.bool))
         pos = torch.arange(P, device=self.dev).expand(B, P)
-        self._extend(st, scored.states, lambda t: t[pick.to(t.device)], seq[:, 1:P + 1].to(self.dev), pos,
+        self.drafts.extend(st, scored.states, lambda t: t[pick.to(t.device)], seq[:, 1:P + 1].to(self.dev), pos,
                      plen.to(self.dev))
         return st, tkv
 
@@ -325,47 +237,6 @@ class DecodeLoop:
         return seeds.to(self.dev)
 
     # ---- one round -----------------------------------------------------------------------
-    def _draft(self, st, root: torch.Tensor | None = None, root_tok: torch.Tensor | None = None):
-        """The round's trees, {tokens, parents, depths, valid} [B, D], from each row's root j and
-        root token (read from the host's seq unless given, on the device: a draft queued ahead)."""
-        root = to_device(st.root, self.dev) if root is None else root
-        root_tok = self._root_tokens(st) if root_tok is None else root_tok
-        B, D = len(st.n), self.D
-        groups = self._groups(st.lane_of, by_tree=True)
-        if len(groups) == 1 and groups[0][2].num_draft_tokens == D:      # one tree over every row: as drafted
-            mode, head, shape, sl = groups[0]
-            return self._draft_group(st, (mode, shape.name, sl.start, sl.stop), head, shape, sl, root, root_tok)
-        full = {k: torch.zeros(B, D, dtype=t, device=self.dev)          # a smaller tree's tail: invalid
-                for k, t in (("tokens", torch.long), ("parents", torch.long), ("depths", torch.long),
-                             ("valid", torch.bool))}
-        for mode, head, shape, sl in groups:
-            tree = self._draft_group(st, (mode, shape.name, sl.start, sl.stop), head, shape, sl, root[sl], root_tok[sl])
-            for k in full:
-                full[k][sl, :shape.num_draft_tokens] = tree[k].to(self.dev)
-        return full
-
-    def _root_tokens(self, st) -> torch.Tensor:
-        """[B] each row's root token, the last id in the host's seq, on the device."""
-        return to_device(st.seq[torch.arange(len(st.n)), st.n - 1], self.dev)
-
-    def _draft_group(self, st, key: tuple, head, shape, sl: slice, root, root_tok) -> dict:
-        """The trees of the rows `sl` ({tokens, parents, depths, valid} [R, D]). The draft's shapes
-        are fixed while its rows stay (the drafter's cache is a buffer of fixed capacity,
-        incremental.DraftKV), so where the loop has graphs it is replayed from one per group `key`
-        on the cache's buffers (target/verify_graphs.py), its inputs the rows' lengths, roots and
-        step-1 outputs; else drafted eagerly: the same numbers. Not where the embedding or head
-        sits on another device (a multi-GPU placement's first and last stage) or reads on the
-        host (target/tables.py): a copy between devices inside a capture would not be recorded."""
-        kv = st.dkv.select(sl)
-
-        def forward(x: dict) -> dict:
-            tree = draft_tree(self.drafter, head, DraftKV(kv.k, kv.v, x["length"]), x["r_root"], x["root"],
-                              x["root_tokens"], shape)
-            return {k: getattr(tree, k) for k in DRAFT_FIELDS}
-        x = {"length": kv.length, "r_root": st.r_root[sl], "root": root, "root_tokens": root_tok}
-        return self._by_graph("draft", self.drafter, st.dkv.identity(), x, key, forward,
-                              allowed=self.tables_here) or forward(x)
-
     def _round(self, st, tkv):
         """draft, verify, accept, commit, then the round's one read of the device. On fixed shapes
         the next round's draft is queued behind this round's commit, before the host reads the
@@ -385,7 +256,7 @@ class DecodeLoop:
         t, st.drafted = st.drafted, None
         if t is None:
             with self._phase("draft"):
-                t = self._draft(st)
+                t = self.drafts.draft(st)
         queued, st.verified = st.verified, None
         exact = False
         while True:
@@ -405,7 +276,7 @@ class DecodeLoop:
                 read_back, ahead = self._commit(st, tkv, t, res, scored, exp, ok)
             if ahead is not None:
                 with self._phase("draft"):
-                    st.drafted = self._draft(st, ahead.root, ahead.root_tokens)
+                    st.drafted = self.drafts.draft(st, ahead.root, ahead.root_tokens)
                 if ahead.length is not None:
                     with self._phase("verify_forward"):
                         st.verified = self._verify_ahead(st.drafted, tkv, ahead)
@@ -491,7 +362,7 @@ class DecodeLoop:
         bonus = torch.zeros(B, dtype=torch.long, device=self.dev)
         exp = torch.zeros(B, self.S, device=self.dev)
         ok = None
-        for _, _, shape, sl in self._groups(st.lane_of, by_tree=True):
+        for _, _, shape, sl in self.drafts.groups(st.lane_of, by_tree=True):
             res, e, good = self._accept_group(st, t, scored, shape, sl, root, exact)
             accepted[sl], bonus[sl] = res.accepted.to(self.dev), res.bonus.to(self.dev)
             path[sl, :shape.num_steps + 1] = res.path.to(self.dev)
@@ -567,12 +438,12 @@ class DecodeLoop:
         node = path[:, :width].clamp(min=0)
         count = torch.where(live, a + 1, torch.zeros_like(a))
         root = to_device(st.root, self.dev)
-        self._extend(st, scored.states, lambda s: at_nodes(s, node), emitted[:, :width],
+        self.drafts.extend(st, scored.states, lambda s: at_nodes(s, node), emitted[:, :width],
                      root[:, None] + 1 + step, count, node=node)
         ahead = None
         if self._dense():                                  # the next round's draft is queued behind (`_round`)
             last = emitted.gather(-1, (count - 1).clamp(min=0)[:, None])[:, 0]    # the new root token
-            ahead = Ahead(root + count, torch.where(count > 0, last, self._root_tokens(st)),
+            ahead = Ahead(root + count, torch.where(count > 0, last, self.drafts.root_tokens(st)),
                            length if fixed else None)
         good = torch.ones((), dtype=torch.bool, device=self.dev) if ok is None else ok.to(self.dev)
         parts = [count[:, None], emitted[:, :width], a[:, None], good.long().expand(B)[:, None]]

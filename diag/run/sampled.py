@@ -67,7 +67,7 @@ def loaded_tables(model, embed, head) -> tuple:
     """The embedding and lm_head the decode loop drafts with: the loaded target's own (the
     checkpoint's tensors: no regime quantizes them), resident on its devices, instead of the run's
     lazy tables (target/tables.py), whose RowTable gathers new rows on the host at every lookup (a
-    CUDA graph of the draft cannot be captured over it: decode_loop._draft_group) and whose
+    CUDA graph of the draft cannot be captured over it: decode_draft.DraftSide._draft_group) and whose
     LazyHead would read Kimi's 2.35 GB head a second time; either lazy table stays where the model
     holds its own on the meta device (an offloading placement)."""
     def resident(own, lazy):
