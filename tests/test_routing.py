@@ -14,7 +14,7 @@ from diag.int4.routing import replayed_routes, routes
 
 def reference(idx: torch.Tensor, E: int, block_m: int) -> tuple[list[int], list[int]]:
     """Expert by expert, its pairs in their original order, padded with S to a multiple of
-    block_m; then padding blocks up to S // block_m + E blocks (sorted_ids S, expert -1)."""
+    block_m; then padding blocks up to S // block_m + min(E, S) blocks (sorted_ids S, expert -1)."""
     flat = idx.reshape(-1).tolist()
     S = len(flat)
     ids, experts = [], []
@@ -23,7 +23,7 @@ def reference(idx: torch.Tensor, E: int, block_m: int) -> tuple[list[int], list[
         n = -(-len(mine) // block_m)
         ids += mine + [S] * (n * block_m - len(mine))
         experts += [e] * n
-    total = S // block_m + E
+    total = S // block_m + min(E, S)
     return ids + [S] * ((total - len(experts)) * block_m), experts + [-1] * (total - len(experts))
 
 
@@ -37,6 +37,21 @@ def test_routes_is_the_reference(E, T, K, block_m, seed):
     ids, experts = reference(idx, E, block_m)
     assert r.sorted_ids.tolist() == ids and r.block_expert.tolist() == experts
     assert r.sorted_ids.dtype == r.block_expert.dtype == torch.int32 and r.num_pairs == T * K
+
+
+def test_a_decode_steps_few_pairs_launch_few_blocks():
+    """The module docstring's bound: Kimi's 384 experts, 8 tokens x top-8 (64 pairs), block_m 16
+    -> 64 // 16 + min(384, 64) = 68 row blocks, not 388; the worst case (64 distinct experts, one
+    pair each) uses 64 of them; 2048 tokens keep S // block_m + E."""
+    gen = torch.Generator().manual_seed(0)
+    idx = torch.stack([torch.randperm(384, generator=gen)[:8] for _ in range(8)])
+    r = routes(idx, 384, (16,))[16]
+    used = int((r.block_expert >= 0).sum())
+    assert r.block_expert.numel() == 68 and used == idx.unique().numel() <= 64
+    distinct = torch.arange(64).view(8, 8)                         # every pair its own expert
+    assert int((routes(distinct, 384, (16,))[16].block_expert >= 0).sum()) == 64
+    many = torch.randint(0, 384, (2048, 8), generator=gen)
+    assert routes(many, 384, (64,))[64].block_expert.numel() == 2048 * 8 // 64 + 384
 
 
 def test_replayed_routes_off_cuda_is_routes():
