@@ -14,16 +14,18 @@ Worked example, block_m 2, E 2, experts [2, 0, 2] (T 3, K 1): sorted [0, 2, 2], 
 blocks [1, 0]; sorted_ids = [1, S | S, S | S, S] (3 // 2 + 2 = 3 blocks), block_expert = [0, -1, -1].
 
 No host sync: the number of blocks is bounded by S // block_m + min(E, S), and the counts come
-from searchsorted over the sorted ids (torch.bincount asks the host for its maximum). The bound:
-an expert with c >= 1 pairs takes ceil(c / block_m) = floor((c - 1) / block_m) + 1 blocks, so n
-such experts take at most (S - n) // block_m + n <= S // block_m + n blocks, and n <= min(E, S).
-The GEMMs launch a row of programs per bound block and the unused ones exit at once, so at a
-decode step's few pairs the bound is the launch: Kimi, 8 tokens x 8 slots, block_m 16 -> 64 // 16
-+ 64 = 68 blocks, where S // block_m + E launched 388 (320 empty, times every N tile). So the
+from searchsorted over the sorted ids (torch.bincount asks the host for its maximum). So the
 computation can be captured. It is some 40 small kernels, whose launches took 1.3 ms of host
 time per MoE layer on an H200's host (the GPU idle meanwhile: 5% of Kimi's layer at 8k tokens,
 most of it at a decode step's few tokens). `replayed_routes` captures it once per shape and
 replays it for every later layer and step of that shape (one launch).
+
+The bound: an expert with c >= 1 pairs takes ceil(c / block_m) = floor((c - 1) / block_m) + 1
+blocks, so n such experts take at most (S - n) // block_m + n <= S // block_m + n blocks, and
+n <= min(E, S). The GEMMs launch a row of programs per bound block and the unused ones exit at
+once, so at a decode step's few pairs the bound is the launch: Kimi, 8 tokens x 8 slots,
+block_m 16 -> 64 // 16 + 64 = 68 blocks, where S // block_m + E launched 388 (320 empty, times
+every N tile).
 
 This module knows index arithmetic and CUDA graphs; nothing about weights or kernels.
 """
@@ -65,7 +67,7 @@ def routes(top_k_index: torch.Tensor, num_experts: int, block_ms) -> dict[int, R
         blocks = (counts + block_m - 1) // block_m                         # [E]
         ends = torch.cumsum(blocks, 0)                                     # [E]
         padded_start = (ends - blocks) * block_m
-        max_blocks = S // block_m + min(num_experts, S)                    # bound(): the grid's row blocks
+        max_blocks = S // block_m + min(num_experts, S)                    # the row blocks: the docstring's bound
         sorted_ids = torch.full((max_blocks * block_m + 1,), S, dtype=torch.int32, device=dev)
         at = padded_start[e_sorted.clamp(max=num_experts - 1)] + rank
         sorted_ids[torch.where(routed, at, max_blocks * block_m)] = order.to(torch.int32)   # the last: a drop
