@@ -691,3 +691,12 @@ def test_split_experts_on_the_fused_kernels_sum_what_the_whole_layer_sums(groupe
     assert float((got - whole).norm() / whole.norm()) < 4e-3
     ref = PackedExperts.forward(m, x, idx, w).float()
     assert float((got - ref).norm() / ref.norm()) < 1e-2
+
+
+def test_a_few_tokens_row_blocks_take_the_small_stages(grouped_tiles):
+    """fast.stages_of: blocks of at most SMALL_BLOCK_ROWS rows that are not the full block take
+    small_stages (a decode step's 16 rows: 3), every other num_stages (192 = 64 x 3: 2; 128: 2)."""
+    grouped_tiles["gate_up"].update(block_m=64, split=3, num_stages=2, small_stages=3)
+    assert [fast.stages_of("gate_up", r) for r in (16, 32, 64, 128, 192)] == [3, 3, 3, 2, 2]
+    grouped_tiles["gate_up"].pop("small_stages")
+    assert fast.stages_of("gate_up", 16) == 2 and fast.SMALL_BLOCK_ROWS == 64

@@ -37,6 +37,10 @@ def test_the_worst_batch_decides_and_a_step_at_the_floor_meets_the_goal():
     got = decode_step_bandwidth(grown, copy, routed=int(routed), experts=64, top_k=4, routed_from="test")
     assert got["by_batch"]["48"]["fraction_of_copy_bandwidth"] == pytest.approx(1 / 1.6)
     assert got["by_batch"]["8"]["bytes_per_second"] is None                       # a negative slope is no rate
+    assert not got["by_batch"]["48"]["host_bound"]
+    fast = decode_step_bandwidth({**grown, "generate_seconds_per_layer_step_by_batch": {"48": floor48 / 1.05}}, copy,
+                                 routed=int(routed), experts=64, top_k=4, routed_from="test")
+    assert fast["by_batch"]["48"]["host_bound"]                                   # past the copy: the host's slope
     assert got["fraction_of_copy_bandwidth_min"] == pytest.approx(0.625) and got["goal_met"]
     assert list(got["by_batch"]) == ["8", "48"]
 

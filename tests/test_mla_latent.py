@@ -206,3 +206,27 @@ def test_latent_attention_folds_the_heads_of_decode_shapes_only(Q, monkeypatch):
     vals = torch.einsum("hvc,blc->bhlv", w[:, 4:], c[:, 0])
     want = torch.nn.functional.scaled_dot_product_attention(query, keys, vals, attn_mask=bias, scale=0.3)
     torch.testing.assert_close(out, want.transpose(1, 2), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mask_kind", ["bool", "additive", "none"])
+def test_a_decode_steps_attention_as_two_matmuls_is_torchs_attention(dtype, mask_kind):
+    """one_query_attention (latent_attention's path for one query a head): fp32 scores, the mask,
+    fp32 softmax, the probabilities in v's dtype times v; against torch's attention on the same
+    folded inputs: float32 to 1e-6, bf16 to its rounding of the probabilities."""
+    from diag.target.mla_latent import one_query_attention
+
+    g = torch.Generator().manual_seed(1)
+    B, H, L, d, dv = 3, 8, 11, 20, 16
+    q = torch.randn(B, 1, H, d, generator=g).to(dtype)
+    k, v = torch.randn(B, 1, L, d, generator=g).to(dtype), torch.randn(B, 1, L, dv, generator=g).to(dtype)
+    see = torch.rand(B, 1, 1, L, generator=g) < 0.7
+    see[..., -1] = True
+    mask = {"bool": see, "additive": torch.where(see, 0.0, torch.finfo(dtype).min).to(dtype), "none": None}[mask_kind]
+    got = one_query_attention(q, k, v, mask, 0.25)
+    want = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(),
+                                                            attn_mask=mask if mask is None or mask.dtype == torch.bool
+                                                            else mask.float(), scale=0.25)
+    assert got.shape == (B, 1, H, dv) and got.dtype == dtype
+    tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    torch.testing.assert_close(got.float(), want, **tol)

@@ -9,6 +9,9 @@ the bench's random-weight gate routes close to it). So, per added layer of the g
   bytes/s     = step bytes / the grown section's seconds per layer-step at batch T
   fraction    = bytes/s / the device's measured copy bandwidth        (goal >= 0.5)
   limit       = step bytes / the copy bandwidth: the step's physical floor
+A fraction over 1 is no device rate (host_bound): a path whose host launches outlast its kernels
+(transformers' eager generate: 8.3 ms a step at 2 layers, batch 16, against 3.1 graphed) adds a
+layer's launches to the slope, its device time hidden under them.
 The layer's bytes: the grown section's (weight_bytes - base weight_bytes) / added layers, its
 routed share measured on the grown model (`added_layer`) or, for a run before it was recorded,
 Kimi's (routed_bytes(): 384 experts x 3 x 2048 x 7168 INT4 with bf16 scales per 32).
@@ -51,9 +54,11 @@ def decode_step_bandwidth(grown: dict, copy_bytes_per_s: float, *, routed: int, 
         share = expected_experts(experts, int(batch) * top_k) / experts
         step = rest + routed * share
         rate = step / seconds if seconds and seconds > 0 else None
+        fraction = rate / copy_bytes_per_s if rate else None
         rows[batch] = {"step_bytes": step, "experts_share": share, "seconds_per_layer_step": seconds,
-                       "bytes_per_second": rate, "fraction_of_copy_bandwidth": rate / copy_bytes_per_s if rate else None,
-                       "limit_seconds_per_layer_step": step / copy_bytes_per_s}
+                       "bytes_per_second": rate, "fraction_of_copy_bandwidth": fraction,
+                       "limit_seconds_per_layer_step": step / copy_bytes_per_s,
+                       "host_bound": fraction is not None and fraction > 1.0}
     fractions = [r["fraction_of_copy_bandwidth"] for r in rows.values() if r["fraction_of_copy_bandwidth"]]
     worst = min(fractions) if fractions else None
     return {"by_batch": rows, "layer_bytes": per_layer, "routed_bytes": routed, "rest_bytes": rest,

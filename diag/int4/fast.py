@@ -52,14 +52,20 @@ TILES = {"block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 4, "num_stag
 # explicit Hopper pipeline of wgmma_kernel, "drain" its variant that empties the MMA queue at
 # every K step; "wide": one dot of depth 8 * piece per
 # K step instead of 8 of depth piece, fast_kernel; gate_up's "glu": silu(gate) * up in its
-# epilogue, where the module's activation is SiLU). The piece width (the weights' layout)
+# epilogue, where the module's activation is SiLU; "small_stages": the pipeline's stages for the
+# smaller power-of-two row blocks grouped_block_m gives a few tokens, one dot each, whose
+# shared memory leaves room for a stage more: H100, a decode step's 8 tokens, both GEMMs 0.823
+# -> 0.770 ms at 3 stages, reports/bench/NOTES.md, twenty-sixth stop). The piece width (the weights' layout)
 # and the dequant variant are shared. The defaults are what diag bench measured fastest on
 # an H200 (reports/bench/NOTES.md); a bench run may set others for its own process.
 GROUPED = {"dequant": 3, "piece": 32,
            "gate_up": {"block_m": 64, "block_n": 128, "num_warps": 8, "num_stages": 2, "split": 3, "glu": False,
-                       "wgmma": True, "drain": True},
+                       "wgmma": True, "drain": True, "small_stages": 3},
            "down": {"block_m": 64, "block_n": 128, "num_warps": 8, "num_stages": 2, "split": 3,
-                    "wgmma": True, "drain": True}}
+                    "wgmma": True, "drain": True, "small_stages": 3}}
+
+
+SMALL_BLOCK_ROWS = 64     # row blocks up to this many rows take GROUPED's small_stages (`stages_of`)
 
 
 def _block_k(width: int, group: int) -> int:
@@ -108,6 +114,7 @@ def grouped_int4_gemm(a: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor
     N, K = packed.shape[1], packed.shape[2] * 8
     t = GROUPED[which]
     split = split_of(which, r.block_m)
+    stages = stages_of(which, r.block_m)
     out = torch.empty(r.num_pairs, N // 2 if glu else N, dtype=torch.bfloat16, device=a.device)
     args = (a, packed, scale, out, r.sorted_ids, r.block_expert, route_w if route_w is not None else out,
             N, K, r.num_pairs, a_div, a.stride(0), packed.stride(0), packed.stride(1), scale.stride(0),
@@ -117,7 +124,7 @@ def grouped_int4_gemm(a: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor
         grid = (triton.cdiv(N, t["block_n"]), r.block_expert.numel())
         moe_int4_gemm_wgmma[grid](*args, GROUP=group, PIECE=piece, BLOCK_N=t["block_n"],
                                   BLOCK_M=r.block_m // split, MUL_ROUTE=route_w is not None, SPLIT=split,
-                                  STAGES=t["num_stages"], DRAIN=bool(t.get("drain", True)),
+                                  STAGES=stages, DRAIN=bool(t.get("drain", True)),
                                   num_warps=t["num_warps"])
         return out
     kernel, extra = (moe_int4_gemm_split, {"SPLIT": split}) if split > 1 else \
@@ -126,8 +133,19 @@ def grouped_int4_gemm(a: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor
     kernel[grid](*args, GROUP=group, PIECE=piece, BLOCK_N=t["block_n"], BLOCK_M=r.block_m // split,
                  DEQUANT=dequant_variant(a.device), MUL_ROUTE=route_w is not None,
                  UPCAST=_interpreting(), GLU=glu, **extra,
-                 num_warps=t["num_warps"], num_stages=t["num_stages"])
+                 num_warps=t["num_warps"], num_stages=stages)
     return out
+
+
+def stages_of(which: str, rows: int) -> int:
+    """GROUPED[which]'s pipeline stages for a row block of `rows`: its small_stages (num_stages
+    where unset) for the power-of-two blocks of at most SMALL_BLOCK_ROWS rows that a few tokens
+    get (grouped_block_m), whose shared memory leaves room for a stage more; its num_stages for
+    any other. Defaults: 16 rows (a decode step's 8 tokens) -> 3; 64 x 3 -> 2; 128 -> 2 (3
+    stages of 128 rows at piece 32 would need ~245 KB of shared memory, over the 227 KB a block gets)."""
+    t = GROUPED[which]
+    small = rows <= SMALL_BLOCK_ROWS and rows != block_rows(which)
+    return t.get("small_stages", t["num_stages"]) if small else t["num_stages"]
 
 
 def wgmma_runs(dev: torch.device, scale: torch.Tensor | None = None, split: int = 1,

@@ -56,6 +56,7 @@ from diag.replay.decode_rows import (Ahead, Decoded, Lane, ReadBack, Rows, at_no
 from diag.replay.sampling import DEEPER_ROWS, SampledRound, coin_rows, coins_at, sample, uniforms
 from diag.replay.verifiers import sampled_rule
 from diag.target.passes import pad_right
+from diag.target.fused_norm import fused_norms, fused_wanted
 from diag.target.mla_latent import latent_mla, latent_wanted
 from diag.target.sdpa import attention_without_cudnn
 from diag.target.kv_buffer import BufferLayer, stamps
@@ -137,6 +138,7 @@ class DecodeLoop:
         order = sorted(range(len(rows)), key=lambda i: (modes.index(self.drafts.lane_mode[rows[i][0]]),
                                                         self.lane_tree[rows[i][0]]))
         with cpu_threads(self.dev), attention_without_cudnn(self.dev), \
+                fused_norms(self.model, fused_wanted(self.dev)), \
                 latent_mla(self.model, latent_wanted(self.dev)) as switched:
             self.counts["mla_latent_layers"] = switched
             out = self._run([rows[i] for i in order], prompts, max_new_tokens)

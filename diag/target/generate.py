@@ -26,6 +26,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from diag.target.kv_buffer import buffered, fixed_width, stamps
+from diag.target.fused_norm import fused_norms, fused_wanted
 from diag.target.mla_latent import latent_mla, latent_wanted
 from diag.target.sdpa import attention_without_cudnn
 from diag.target.stage_gates import run_in_stages, split_rows
@@ -82,7 +83,7 @@ def _greedy(model: nn.Module, prompts: list[list[int]], max_new_tokens: int, pad
     diag's own cache from CUDA graphs where the target sits on one CUDA device (module docstring)."""
     dev = next(model.parameters()).device
     graphs = VerifyGraphs()
-    with attention_without_cudnn(dev), latent_mla(model, latent_wanted(dev)):
+    with attention_without_cudnn(dev), latent_mla(model, latent_wanted(dev)), fused_norms(model, fused_wanted(dev)):
         if own_cache and graphs.usable(model):
             return on_cache(model, prompts, max_new_tokens, pad_id, graphs=graphs if graphs_wanted() else None)
         ids, mask = _left_pad(prompts, pad_id)

@@ -101,7 +101,10 @@ def latent_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, 
         see = torch.arange(L, device=query.device)[None] <= torch.arange(Q, device=query.device)[:, None] + (L - Q)
         mask = see[None, None]
     scale = scaling if scaling is not None else module.scaling
-    if Q <= FOLD_MAX_QUERIES:
+    if Q == 1:                              # a decode step: two matmuls (`one_query_attention`)
+        q, mask = fold_heads(q, mask, L)
+        out_lat = one_query_attention(q, k, value, mask, scale).view(B, H, Q, lora)
+    elif Q <= FOLD_MAX_QUERIES:
         q, mask = fold_heads(q, mask, L)
         out_lat = F.scaled_dot_product_attention(q, k, value, attn_mask=mask, scale=scale).view(B, H, Q, lora)
     else:                                   # a prefill: the heads' queries already fill the kernel's tiles
@@ -109,6 +112,23 @@ def latent_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, 
                                                  attn_mask=mask, scale=scale)
     out = torch.matmul(out_lat.transpose(0, 1).reshape(H, B * Q, lora), w_uv.transpose(1, 2).to(value.dtype))
     return out.view(H, B, Q, -1).permute(1, 2, 0, 3).contiguous(), None                              # [B, Q, H, v]
+
+
+def one_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                        scale: float) -> torch.Tensor:
+    """A decode step's folded attention (q [B, 1, H, d]: one query a head, `fold_heads`; k [B, 1, L, d],
+    v [B, 1, L, dv]; mask boolean or additive, broadcastable to [B, 1, H, L]) as two matmuls: the
+    scores in float32 (the bf16 products are exact in fp32, the sums fp32, as inside the fused
+    kernels), the mask, the softmax in float32, then the probabilities in v's dtype times v (as the
+    fused kernels' second product). torch's fused attention takes this shape (Kimi: d 576 = lora +
+    rope, one key head) to its slow variant for head widths past 128 (cutlass's "gmem" kernel: 63
+    us a layer at 8 rows of 575 slots on the H100); the matmuls take 6.5% off the greedy decode step
+    (1.116 -> 1.043 ms a layer-step, reports/bench/NOTES.md, twenty-sixth stop). The scores are
+    B x H x L floats (48 rows, 64 heads, 1,024 slots: 12.6 MB), so only for one query a head."""
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale                  # [B, 1, H, L]
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    return torch.matmul(torch.softmax(scores, dim=-1).to(v.dtype), v)                     # [B, 1, H, dv]
 
 
 def fold_heads(q: torch.Tensor, mask: torch.Tensor | None, L: int) -> tuple[torch.Tensor, torch.Tensor | None]:
