@@ -63,8 +63,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     out = torch.empty(rows.shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
     if rows.shape[0]:
         block = triton.next_power_of_2(N)
-        rms_norm_rows[(rows.shape[0],)](rows, weight, out, N, rows.stride(0), out.stride(0), 1.0 / N, eps,
-                                        BLOCK=block, num_warps=min(16, max(1, block // 512)))
+        # Triton launches on the current device, not the tensors': on N GPUs a layer on cuda:k may
+        # run while cuda:0 is current (as int4/fast.FastPackedExperts.forward), so it is made current
+        with torch.cuda.device(x.device):
+            rms_norm_rows[(rows.shape[0],)](rows, weight, out, N, rows.stride(0), out.stride(0), 1.0 / N, eps,
+                                            BLOCK=block, num_warps=min(16, max(1, block // 512)))
     return out.view(x.shape)
 
 
