@@ -457,13 +457,13 @@ def test_the_loops_graph_bookkeeping_replays_what_the_eager_round_computes(zoo, 
 def test_undone_rounds_widen_the_accept_graphs_rows_sorted_whole_until_no_round_is_undone(zoo, monkeypatch):
     """A target whose top-p pivots lie past the window on more rows than the accept graph sorts
     whole (here: on every row, so only a graph that sorts them all finds every pivot) runs each
-    such round twice (`_round`: undone, then the exact accept). `DecodeLoop._widen` multiplies the
+    such round twice (`_round`: undone, then the exact accept). `AcceptSide.widen` multiplies the
     graph's share by DEEPER_WIDEN once rounds are undone often (WIDEN_MIN_UNDONE, WIDEN_UNDONE_SHARE) and drops the old
     accept graphs: 1/16 -> 1/4 (after round 2) -> 1 (after round 3), then no round undone; the
     same decode as the eager loop."""
     import diag.replay.accept as accept
     import diag.target.tree_forward as tf
-    from diag.replay.decode_loop import DEEPER_WIDEN
+    from diag.replay.decode_accept import DEEPER_WIDEN
     from diag.replay.sampling import DEEPER_ROWS
     from graph_standin import stand_in
     caches, real_fixed = [], tf.fixed_width
@@ -489,7 +489,7 @@ def test_undone_rounds_widen_the_accept_graphs_rows_sorted_whole_until_no_round_
     assert g == e
     assert DEEPER_ROWS * DEEPER_WIDEN ** 2 >= 1.0 > DEEPER_ROWS * DEEPER_WIDEN
     # rounds 1, 2, 3 undone (WIDEN_MIN_UNDONE: the first widening after the second), then none
-    assert gl.counts["accept_pivots_deeper"] == 3 and gl.counts["accept_deeper_widened"] == 2 and gl.deeper == 1.0
+    assert gl.counts["accept_pivots_deeper"] == 3 and gl.counts["accept_deeper_widened"] == 2 and gl.accepts.deeper == 1.0
     assert gl.counts["rounds"] > 2                         # rounds after the widening were not undone
     assert gl.counts["accept_graphs_captured"] >= 3        # one per share (1/16, 1/4, 1), each after a drop
     assert sorted(set(shares)) == [DEEPER_ROWS, DEEPER_ROWS * DEEPER_WIDEN, 1.0]

@@ -33,8 +33,8 @@ t_11, t_12 lie past max_new_tokens) -> "to-end" counts both (2 rounds, Σa 5), "
 the first (root 8 > 11 - 2 - 3). Coins are keyed on (seed, prompt, root position), so
 lanes that differ only in layout share their random numbers (a paired comparison), and a
 row's draws do not depend on the batch. The drafter's side of a round (its heads, the rows'
-groups, the draft and the extend) is replay/decode_draft.py, what the loop carries between rounds
-replay/decode_rows.py. This module knows the loop; nothing about files.
+groups, the draft and the extend) is replay/decode_draft.py, its accept replay/decode_accept.py, what
+the loop carries between rounds replay/decode_rows.py. This module knows the loop; nothing about files.
 """
 
 from __future__ import annotations
@@ -49,19 +49,20 @@ import torch
 from diag.drafter.incremental import DraftKV, cache_dims
 from diag.engines.decoding import Decoding
 from diag.layouts import Layout
-from diag.replay.accept import accept_dense, accept_round, probabilities
+from diag.replay.accept import probabilities
+from diag.replay.decode_accept import AcceptSide
 from diag.replay.decode_draft import DraftSide
-from diag.replay.decode_rows import (Ahead, Decoded, Lane, ReadBack, Rows, at_nodes, cpu_threads, logits_part,
-                                     retiring, to_device, to_host)
-from diag.replay.sampling import DEEPER_ROWS, SampledRound, coin_rows, coins_at, sample, uniforms
+from diag.replay.decode_rows import (Ahead, Decoded, Lane, ReadBack, Rows, at_nodes, cpu_threads, retiring,
+                                     to_device, to_host)
+from diag.replay.sampling import coin_rows, sample, uniforms
 from diag.replay.verifiers import sampled_rule
 from diag.target.passes import pad_right
 from diag.target.fused_norm import fused_norms, fused_wanted
 from diag.target.mla_latent import latent_mla, latent_wanted
 from diag.target.sdpa import attention_without_cudnn
 from diag.target.kv_buffer import BufferLayer, stamps
-from diag.target.tree_forward import (NodeLogits, cache_bytes, cache_layers, commit, commit_fixed, crop_committed,
-                                      prefill, rewind_verify, select_rows, verify_forward, verify_queued)
+from diag.target.tree_forward import (cache_bytes, cache_layers, commit, commit_fixed, crop_committed, prefill,
+                                      rewind_verify, select_rows, verify_forward, verify_queued)
 from diag.target.verify_graphs import VerifyGraphs, graphs_wanted
 from diag.trees import TreeShape
 
@@ -69,9 +70,6 @@ FIRST_TOKEN_STREAM = 0x5BD1E995      # the prefill's sample draws from its own c
 GRAPHED = ("draft", "verify", "accept", "commit", "extend")   # a round's steps, each from CUDA graphs where it can
 VERIFY_AHEAD_MAX_STEPS = 1           # the next verify is queued ahead of the read-back only for drafts this deep
                                      # (`_verify_ahead`; a deeper draft queued ahead already covers the read-back)
-DEEPER_WIDEN = 4                     # an undone round widens the accept graph's rows sorted whole this many times,
-WIDEN_MIN_UNDONE = 2                 # ... once at least this many rounds were undone
-WIDEN_UNDONE_SHARE = 0.25            # ... and at least this share of the rounds so far
 
 
 
@@ -97,7 +95,6 @@ class DecodeLoop:
         self.graph_failures: dict[str, str] = {}  # a GRAPHED step -> why its graphs were turned off
         self.cuda_graphs = graphs_wanted()  # each GRAPHED step replayed from CUDA graphs where it can
         self.verify_ahead_steps = VERIFY_AHEAD_MAX_STEPS   # `_verify_ahead`: queued where S is at most this
-        self.deeper = DEEPER_ROWS                           # `_widen`: the accept graph's share of rows sorted whole
         self.graphs: dict[str, VerifyGraphs] = {}  # this run's graphs by step (target/verify_graphs.py)
         self.counts = defaultdict(int)                      # rounds, verified tokens, rows, kv bytes read
         self.decoding, self.eos = decoding, sorted(eos_ids)
@@ -110,6 +107,8 @@ class DecodeLoop:
         self.drafts = DraftSide(drafter, embed, head, lanes, layouts, self.trees, self.lane_tree, tables,
                                 self._by_graph)             # the drafter's side: heads, groups, draft, extend
         self.dev, self.dtype, self.points = self.drafts.dev, self.drafts.dtype, self.drafts.points
+        self.accepts = AcceptSide(self.rule, decoding, self.trees, self.S, self.dev, self.counts,     # the accept,
+                                  lambda: self.graphs, self._by_graph, self._dense, self.drafts.groups)  # widened
 
     @contextmanager
     def _phase(self, name: str):
@@ -271,7 +270,7 @@ class DecodeLoop:
             else:
                 scored, queued = queued[0], None
             with self._phase("accept"):
-                res, exp, ok = self._accept(st, t, scored, exact)
+                res, exp, ok = self.accepts.accept(st, t, scored, exact)
             # what the commit changes on the drafter's side, kept where the round may be undone
             before = (st.dkv.length.clone(), st.r_root) if ok is not None else None
             with self._phase("commit"):
@@ -288,7 +287,7 @@ class DecodeLoop:
                 break
             self.counts["accept_pivots_deeper"] += 1
             self._undo(st, tkv, before)
-            self._widen()
+            self.accepts.widen()
             exact = True
         self._record(st, back)
         back.apply()
@@ -325,83 +324,6 @@ class DecodeLoop:
         self.counts["verifies_discarded"] += st.verified is not None
         st.drafted = st.verified = None
         rewind_verify(tkv)
-
-    def _widen(self) -> None:
-        """After an undone round (a top-p pivot past what the accept graph searched), once rounds
-        are undone often (at least WIDEN_MIN_UNDONE, and WIDEN_UNDONE_SHARE of the rounds so far),
-        the graphs captured from here on sort DEEPER_WIDEN times the share of rows whole (1/16 ->
-        1/4 -> all, where a pivot is always found), and the old accept graphs are dropped: a target
-        whose T=1 distribution is often flat past the window (more rows than the share) would
-        otherwise run every round twice, while a rare undone round costs less than sorting more
-        rows in every round. A rule on counts: the same run widens the same way every time; what a
-        round decodes is the rule's whichever share (`accept_dense`). Example, every row flat:
-        rounds 1, 2, 3 undone, the share 1/16, then 1/4 after round 2, then 1 after round 3.
-        Measured (H100, chain-1 on 16 rows, the bench's 2-layer Kimi-shaped target grown to 4 with
-        layers that flattened it): 32.0 ms a round without it (every round undone), 11.5 with it
-        (3 rounds of 47 undone), the same decode (reports/bench/NOTES.md, twenty-fifth stop)."""
-        undone = self.counts["accept_pivots_deeper"]
-        often = undone >= WIDEN_MIN_UNDONE and undone >= WIDEN_UNDONE_SHARE * self.counts["rounds"]
-        if self.deeper >= 1.0 or not often:
-            return
-        self.deeper = min(1.0, self.deeper * DEEPER_WIDEN)
-        self.counts["accept_deeper_widened"] += 1
-        graphs = self.graphs.get("accept")
-        if graphs is not None:
-            graphs.graphs.clear()
-
-    def _accept(self, st, t, scored, exact: bool = False):
-        """Each tree's rows accepted as that tree's own loop accepts them (its D + 1 coins, its
-        nodes only): (the round's result over all rows, path padded with -1 to S + 1; each row's
-        P(a >= d) for its own depths [B, S], zero past them; ok, a 0-dim bool on the device, False
-        where a graph's top-p pivot lay past its window, or None where every accept was exact).
-        exact: no graph (`_round`'s second try)."""
-        root = to_device(st.root, self.dev)
-        if len(self.trees) == 1:
-            return self._accept_group(st, t, scored, self.trees[0], slice(0, len(st.n)), root, exact)
-        B = len(st.n)
-        accepted = torch.zeros(B, dtype=torch.long, device=self.dev)
-        path = torch.full((B, self.S + 1), -1, dtype=torch.long, device=self.dev)
-        bonus = torch.zeros(B, dtype=torch.long, device=self.dev)
-        exp = torch.zeros(B, self.S, device=self.dev)
-        ok = None
-        for _, _, shape, sl in self.drafts.groups(st.lane_of, by_tree=True):
-            res, e, good = self._accept_group(st, t, scored, shape, sl, root, exact)
-            accepted[sl], bonus[sl] = res.accepted.to(self.dev), res.bonus.to(self.dev)
-            path[sl, :shape.num_steps + 1] = res.path.to(self.dev)
-            exp[sl, :shape.num_steps] = e.to(self.dev)
-            if good is not None:
-                ok = good if ok is None else ok & good
-        return SampledRound(accepted, path, bonus), exp, ok
-
-    def _accept_group(self, st, t, scored, shape: TreeShape, sl: slice, root, exact: bool):
-        """The rows `sl` of one tree accepted: (SampledRound, P(a >= d) [R, S], ok) as `_accept`.
-        On growing widths (the CPU's) by accept_round, the head only at the nodes read; on fixed
-        widths by accept_dense, replayed from a graph per (tree, rows) where the loop has them (its
-        shapes depend on no draft; ok then says whether every top-p pivot lay within the window
-        the graph searched), else, or `exact`, run without the graph."""
-        D, S = shape.num_draft_tokens, shape.num_steps
-        part = {k: v[sl, :D] for k, v in t.items()}
-        logits = logits_part(scored.logits, sl, D)
-        if not self._dense() or not isinstance(logits, NodeLogits):
-            coins = coins_at(st.coin_row[sl], root[sl], D + 1)
-            return (*accept_round(self.rule, part, logits, self.decoding, coins, S), None)
-
-        def forward(x: dict, unsynced: bool = True) -> dict:
-            coins = coins_at(x["coin_row"], x["root"], D + 1)
-            res, exp, ok = accept_dense(self.rule, x, NodeLogits(logits.model, x["final"]), self.decoding, coins, S,
-                                        unsynced=unsynced, deeper=self.deeper)
-            out = {"accepted": res.accepted, "path": res.path, "bonus": res.bonus, "exp": exp}
-            return {**out, "ok": ok} if unsynced else out
-        x = {**part, "coin_row": st.coin_row[sl], "root": root[sl], "final": logits.final}
-        got = None
-        if exact and "accept" in self.graphs:
-            self.graphs["accept"].counts["eager"] += 1
-        elif not exact:
-            key = (shape.name, sl.start, sl.stop, self.deeper)
-            got = self._by_graph("accept", logits.model, st.dkv.identity(), x, key, forward)
-        ok = got["ok"] if got is not None else None
-        got = got or forward(x, unsynced=False)
-        return SampledRound(got["accepted"], got["path"], got["bonus"]), got["exp"], ok
 
     def _record(self, st, back: "ReadBack"):
         """Each unfinished row's round: its root, accepted drafts and P(a >= d) over its own tree's depths."""
