@@ -566,3 +566,24 @@ def test_finished_rows_leave_the_batch_when_they_repay_the_captures(dense, D, do
     B = 9 if done == 5 else 96
     mask = torch.arange(B) < done
     assert retiring(mask, dense, D) is leaves
+
+
+def test_a_profiled_round_on_fixed_widths_without_graphs_holds_one_verify_phase(zoo):
+    """On fixed widths the next draft is queued behind the commit; the next verify is queued too
+    only where a verify graph exists (`_verify_ahead`). Without graphs the profile's
+    "diag.verify_forward" ranges are one a round (bench/sampled.verify_profile counts rounds by
+    them: the H100 counted 6 for 3 rounds while an empty range was opened for the verify not queued)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    shape = tree_shape("chain-3")
+    lanes = [Lane(Variant(c.label, c.mode, shape), 0) for c in zoo["inp"].candidates[:1]]
+    rows = [(0, p) for p in range(len(zoo["prompts"]))]
+    loop = DecodeLoop(zoo["model"], zoo["drafter"], zoo["embed"], zoo["head"], lanes, zoo["layouts"], shape,
+                      GREEDY, eos_ids=zoo["eos"], profile=True)
+    loop.cuda_graphs, loop.fixed_width = False, True
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        loop.run(zoo["prompts"], rows, NEW)
+    verifies = [e for e in prof.events() if e.name == "diag.verify_forward"]
+    drafts = [e for e in prof.events() if e.name == "diag.draft"]
+    assert loop.counts["rounds"] > 2 and len(verifies) == loop.counts["rounds"]
+    assert len(drafts) >= loop.counts["rounds"]                    # the draft queued behind each commit

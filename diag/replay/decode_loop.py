@@ -279,8 +279,7 @@ class DecodeLoop:
                 with self._phase("draft"):
                     st.drafted = self.drafts.draft(st, ahead.root, ahead.root_tokens)
                 if ahead.length is not None:
-                    with self._phase("verify_forward"):
-                        st.verified = self._verify_ahead(st.drafted, tkv, ahead)
+                    st.verified = self._verify_ahead(st.drafted, tkv, ahead)
             with self._phase("commit"):
                 back = read_back()
             if back.ok:
@@ -304,12 +303,15 @@ class DecodeLoop:
         ahead is too short to cover the host's read-back (S <= verify_ahead_steps). Measured (H100,
         the bench pair, one process, reports/bench/NOTES.md, twenty-fourth stop): chain-1 -3 to -6%;
         s3-k8-d16 +2 to +4%, whose 4-step draft already kept the device busy through the read-back
-        and whose 8 dropped verifies of 1,536 nodes cost more than the queue saved."""
+        and whose 8 dropped verifies of 1,536 nodes cost more than the queue saved. The profile's
+        "verify_forward" phase is entered only past those checks, so a profiled round without graphs
+        holds one verify (bench/sampled.verify_profile counts them)."""
         graphs = self.graphs.get("verify")
         if graphs is None or self.S > self.verify_ahead_steps:
             return None
-        return verify_queued(self.model, tkv, t["tokens"], t["parents"], t["valid"], ahead.root + 1, ahead.length,
-                             self.points, graphs, grow=self.S + 1)
+        with self._phase("verify_forward"):
+            return verify_queued(self.model, tkv, t["tokens"], t["parents"], t["valid"], ahead.root + 1, ahead.length,
+                                 self.points, graphs, grow=self.S + 1)
 
     def _undo(self, st, tkv, before) -> None:
         """A round committed on an accept that was not the rule's (a top-p pivot past the graph's
