@@ -52,7 +52,8 @@ def _norms(model: nn.Module) -> list[nn.Module]:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x [..., N] -> [..., N] in weight's dtype, by norm_kernel.rms_norm_rows (module docstring)."""
+    """x [..., N] -> [..., N] in weight's and x's promoted dtype (transformers' weight * normed), by
+    norm_kernel.rms_norm_rows (module docstring)."""
     from diag.target.norm_kernel import rms_norm_rows
     import triton
 

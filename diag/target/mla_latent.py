@@ -101,12 +101,13 @@ def latent_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, 
         see = torch.arange(L, device=query.device)[None] <= torch.arange(Q, device=query.device)[:, None] + (L - Q)
         mask = see[None, None]
     scale = scaling if scaling is not None else module.scaling
-    if Q == 1:                              # a decode step: two matmuls (`one_query_attention`)
+    if Q <= FOLD_MAX_QUERIES:
         q, mask = fold_heads(q, mask, L)
-        out_lat = one_query_attention(q, k, value, mask, scale).view(B, H, Q, lora)
-    elif Q <= FOLD_MAX_QUERIES:
-        q, mask = fold_heads(q, mask, L)
-        out_lat = F.scaled_dot_product_attention(q, k, value, attn_mask=mask, scale=scale).view(B, H, Q, lora)
+        if Q == 1:                          # a decode step: two matmuls (`one_query_attention`)
+            out_lat = one_query_attention(q, k, value, mask, scale)
+        else:
+            out_lat = F.scaled_dot_product_attention(q, k, value, attn_mask=mask, scale=scale)
+        out_lat = out_lat.view(B, H, Q, lora)
     else:                                   # a prefill: the heads' queries already fill the kernel's tiles
         out_lat = F.scaled_dot_product_attention(q, k.expand(B, H, L, k.shape[-1]), value.expand(B, H, L, lora),
                                                  attn_mask=mask, scale=scale)
@@ -122,8 +123,8 @@ def one_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask:
     kernels), the mask, the softmax in float32, then the probabilities in v's dtype times v (as the
     fused kernels' second product). torch's fused attention takes this shape (Kimi: d 576 = lora +
     rope, one key head) to its slow variant for head widths past 128 (cutlass's "gmem" kernel: 63
-    us a layer at 8 rows of 575 slots on the H100); the matmuls take 6.5% off the greedy decode step
-    (1.116 -> 1.043 ms a layer-step, reports/bench/NOTES.md, twenty-sixth stop). The scores are
+    us a layer at 8 rows of 575 slots on the H100); the matmuls take 12% off the greedy decode step
+    (1.180 -> 1.042 ms a layer-step in one process, reports/bench/NOTES.md, twenty-sixth stop). The scores are
     B x H x L floats (48 rows, 64 heads, 1,024 slots: 12.6 MB), so only for one query a head."""
     scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale                  # [B, 1, H, L]
     if mask is not None:
