@@ -18,6 +18,7 @@ import torch
 from diag.drafter.incremental import DraftKV
 from diag.replay.replay import Variant
 from diag.replay.round_accounting import ACCOUNTINGS, RoundAccounting
+from diag.target.generate import cut_at_eos
 
 RETIRE_FRACTION = 0.1                # finished rows leave the batch once they are a tenth of it
 RETIRE_FRACTION_GRAPHED = 0.5        # ... half of it on fixed shapes, where rounds replay graphs: a retire
@@ -87,12 +88,7 @@ class Rows:
         max_new_tokens or its first end-of-sequence id (`eos`), and their length."""
         o = self.out[int(self.active[b])]
         ids = self.seq[b, :int(self.n[b])].tolist()
-        cont = ids[plen:plen + max_new_tokens]
-        for k, tok in enumerate(cont):
-            if tok in eos:
-                cont = cont[:k + 1]
-                break
-        o.ids = ids[:plen] + cont
+        o.ids = ids[:plen] + cut_at_eos(ids[plen:plen + max_new_tokens], set(eos))
         o.length = len(o.ids)
 
 
