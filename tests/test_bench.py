@@ -212,7 +212,7 @@ def test_fused_experts_routes_each_gemm_for_its_block_m(grouped_tiles, monkeypat
     """40 tokens top-2 of 4 experts (20 pairs each): gate_up capped at 16, down at 32; each GEMM
     gets the routing of its own block_m, and the layer is the gathered sum either way."""
     grouped_tiles["gate_up"].update(block_m=16, split=1, glu=True)
-    grouped_tiles["down"].update(block_m=64, split=1)
+    grouped_tiles["down"].update(block_m=32, split=1)
     seen = {}
 
     def fake_gemm(a, packed, scale, r, group, which, *, a_div, piece, route_w=None, glu=False):

@@ -107,6 +107,34 @@ def test_extrapolate_takes_the_sampled_loop_out_of_the_greedy_verdict_and_grows_
     assert y["slope"].startswith("the grown section's decode-loop fit")
 
 
+def test_the_greedy_generation_grows_by_the_steady_step_and_a_cost_per_call():
+    """generate_term's worked example: at batch 48 the probe's 64-token call read 4.50 ms a
+    layer-step and its steady step 3.09 ms -> 90.2 ms a layer a call; 59 added layers, one call of
+    512 steps: 0.8 + 59 * (0.00309 * 512 + 0.0902) = 99.5 s, where the whole call's slope gives
+    136.7 s. A grown section without the steady step keeps the whole call's slope; one whose probe
+    ran at another batch than the e2e's does too."""
+    from diag.bench.extrapolate import extrapolate, generate_term
+
+    first = {"target_generate_s": 0.8}
+    probe = {"prompts": 48, "new_tokens": 64, "steady_seconds_per_step": 0.005}
+    grown = {"generate_steady_seconds_per_layer_step_by_batch": {"48": 0.00309},
+             "generation_at_batch": {"grown": probe}, "generation": {"prompts": 16, "new_tokens": 32}}
+    gen, formula, extra = generate_term(first, grown, 59, 512, 1, 48, 0.0045)
+    assert extra["generate_per_layer_call_s"] == pytest.approx((0.0045 - 0.00309) * 64)
+    assert gen == pytest.approx(0.8 + 59 * (0.00309 * 512 + 0.09024)) and round(gen, 1) == 99.5
+    assert extra["generate_whole_call_slope_s"] == pytest.approx(0.8 + 59 * 0.0045 * 512)
+    assert "steady" in formula and "1 calls" in formula
+    assert generate_term(first, {}, 59, 512, 1, 48, 0.0045)[0] == pytest.approx(0.8 + 59 * 0.0045 * 512)
+    other = {**grown, "generation_at_batch": {"grown": {**probe, "prompts": 8}}}
+    assert generate_term(first, other, 59, 512, 1, 48, 0.0045)[2] == {}
+    # in the extrapolation: 48 prompts at batch 48, 512 steps, 57 added layers
+    _, e2e, base, shards = _example()
+    x = extrapolate(e2e, {**base, **grown}, {"diag_cold_bytes_per_s": 1e9}, shards)
+    per_call = (2e-3 - 0.00309) * 64                                   # a steady step dearer than the call: 0
+    assert per_call < 0 and x["generate_per_layer_call_s"] == 0.0
+    assert x["generate_s"] == pytest.approx(40 + 57 * 0.00309 * 512) and "steady" in x["formulas"]["generate_s"]
+
+
 def test_the_eager_generate_slope_prices_the_greedy_generation_a_multi_gpu_placement_runs():
     """A grown section that timed transformers' eager generate beside the graphed step: the
     extrapolation prices the 61-layer generation with both (graphs: one device only), the

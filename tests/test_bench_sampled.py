@@ -71,6 +71,12 @@ def test_the_gpu_benchs_sampled_section_runs_its_code_path_on_cpu(kimi_cpu):
         / row["loop_rounds"]
     assert row["verify_limit_seconds_per_round"] == max(row["verify_bytes_per_round"] / 1e10,
                                                         row["verify_flops_per_round"] / 1e11)
+    mods = row["verify_modules"]                           # [count, bytes, FLOP] a round, module kind by kind
+    assert sum(n * f for n, _, f in mods) == pytest.approx(row["verify_flops_per_round"])
+    tokens = row["verified_tokens"] / row["loop_rounds"]
+    assert [n for n, _, f in mods if f == pytest.approx(2 * routed * tokens)] == [1]     # the MoE layer's experts
+    assert sum(n * b for n, b, _ in mods) <= row["weight_bytes_per_round"]
+    assert 0 < row["verify_roofline_seconds_per_round"] and "verify_fraction_of_roofline" in row
     assert res["drafter"]["target_head"] == "random"
     assert res["round_profiles"] == []                                    # CUDA only
 
@@ -252,3 +258,25 @@ def test_the_pairs_optimizer_steps_one_parameter_at_a_time():
     budget = TrainBudget(steps=1, batch=1, seq_len=4, lr=1e-3, seed=0)
     assert make_optimizer(params, budget, foreach=False).defaults["foreach"] is False
     assert make_optimizer(params, budget).defaults["foreach"] is None
+
+
+def test_the_verify_roofline_module_by_module_worked_example():
+    """roofline's docstring: 10.8 GB a round, experts 9.51 GB / 1.082 TFLOP, a dense MLP 0.793 GB /
+    1.218 TFLOP, at 3.0 TB/s and 768 TFLOP/s -> 4.92 ms, 1.59 ms of it flops-bound; the goal
+    (half the bandwidth: 7.2 ms) is 0.68 of it; a round of 9.84 ms runs at 0.5 of its roofline."""
+    from diag.bench.sampled import roofline, verify_bandwidth
+
+    row = {"verify_bytes_per_round": 10.8e9, "verify_modules": [[1, 9.51e9, 1.082e12], [1, 0.793e9, 1.218e12]],
+           "verify_seconds_per_round": 9.84e-3, "verify_bytes_per_second": 10.8e9 / 9.84e-3,
+           "verify_flops_per_round": 2.3e12}
+    got = roofline(row, 3.0e12, 768e12)
+    assert got["verify_roofline_seconds_per_round"] == pytest.approx(9.51e9 / 3e12 + 1.218e12 / 768e12 + 0.497e9 / 3e12)
+    assert round(got["verify_roofline_seconds_per_round"] * 1e3, 2) == 4.92
+    assert got["verify_roofline_flops_bound_seconds"] == pytest.approx(1.218e12 / 768e12)
+    assert round(got["verify_bandwidth_goal_share_of_roofline"], 2) == 0.68
+    assert got["verify_fraction_of_roofline"] == pytest.approx(0.5, abs=0.001)
+    assert roofline({**row, "verify_modules": None}, 3e12, 768e12) == {} == roofline(row, 3e12, None)
+    section = {"rows": [row]}
+    verify_bandwidth(section, 3.0e12, 768e12)
+    assert section["verify_fraction_of_roofline_min"] == row["verify_fraction_of_roofline"]
+    assert row["verify_limit_seconds_per_round"] == pytest.approx(10.8e9 / 3e12)    # the one-number limit: bytes

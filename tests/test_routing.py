@@ -167,3 +167,48 @@ def test_routing_graphs_are_off_inside_routed_eagerly_and_while_the_caller_captu
     assert graphs_allowed(cuda)
     capturing[0] = True
     assert not graphs_allowed(cuda)
+
+
+# ---- the row block a GEMM is routed for (fast.grouped_block_m) ----------------------------------------
+
+def test_the_row_block_weighs_overflowing_experts_against_wider_blocks():
+    """Kimi's 384 experts, block_m 64 split 3 (192 rows), the H100's block costs (fast.BLOCK_COSTS):
+    a few tokens keep 16 rows; at 768 tokens (16 pairs an expert) 43% of the experts would take a
+    second block of 16, so 32 rows cost less; at 1536 (32 an expert) two blocks of 32 for 45% of
+    the experts still cost less than one of 64 for each; 2048 -> 64; the full block from 8192."""
+    from diag.int4 import fast
+
+    block = lambda tokens: fast.grouped_block_m(tokens * 8, 384, "gate_up")   # noqa: E731
+    assert fast.block_rows("gate_up") == 192 and fast.GROUPED["block_costs"] == fast.BLOCK_COSTS
+    assert [block(t) for t in (1, 8, 96, 192, 384, 576)] == [16] * 6
+    assert [block(t) for t in (768, 1152, 1536)] == [32] * 3
+    assert block(2048) == 64 and block(8192) == 192 and block(32768) == 192
+    assert round(fast.expected_blocks(768 * 8, 384, 16) / 384, 2) == 1.43           # the worked example
+    assert round(fast.expected_blocks(768 * 8, 384, 32) / 384, 3) == 1.0
+    assert fast.cheapest_block(768 * 8, 384, ((16, 10.8), (32, 13.5))) == 32
+    assert fast.cheapest_block(768 * 8, 384, ((16, 10.8), (32, 16.0))) == 16       # a dearer 32: 16 again
+
+
+def test_without_block_costs_the_row_block_is_the_power_of_two_over_the_mean(monkeypatch):
+    from diag.int4 import fast
+
+    monkeypatch.setitem(fast.GROUPED, "block_costs", {})
+    assert [fast.grouped_block_m(t * 8, 384, "gate_up") for t in (1, 768, 1536, 2048, 8192)] == [16, 16, 32, 64, 192]
+
+
+@settings(max_examples=40, deadline=None)
+@given(E=st.integers(8, 64), per=st.floats(0.05, 40.0), rows=st.sampled_from([16, 32, 64]), seed=st.integers(0, 999))
+def test_expected_blocks_is_what_uniform_routing_launches_on_average(E, per, rows, seed):
+    """expected_blocks (each expert's count Poisson) against the blocks that pairs drawn uniformly
+    over the experts take, averaged over 400 draws: within 3% and a block, and never fewer than
+    the experts reached."""
+    from diag.int4.fast import expected_blocks
+
+    pairs = max(1, round(per * E))
+    gen = torch.Generator().manual_seed(seed)
+    counts = torch.stack([torch.bincount(torch.randint(0, E, (pairs,), generator=gen), minlength=E)
+                          for _ in range(400)])
+    drawn = float((-(-counts // rows)).sum(1).float().mean())
+    got = expected_blocks(pairs, E, rows)
+    assert abs(got - drawn) <= 0.03 * drawn + 1.0
+    assert got >= float((counts > 0).sum(1).float().mean()) - 1.0

@@ -97,6 +97,38 @@ def kimi_generation_batch(first: dict, max_new_tokens: int, kimi_total: int, gpu
     return batch_in_room(cfg, first["sequences"], longest, max_new_tokens, *rooms(free), token_budget)
 
 
+def generate_term(first: dict, grown: dict, extra: int, steps: int, calls: int, batch: int,
+                  slope: float) -> tuple[float, str, dict]:
+    """(the greedy generation at 61 layers, its formula, what to report beside it). Where the
+    grown section timed the steady step at the batch (bench/gpu._generation_probe: the same call
+    at two lengths, differenced), each added layer costs its steady step at every step plus, at
+    every generate call, what the probe's whole call cost above its steady steps (the layer's
+    prefill of the prompts, its share of the step graph's capture and of the read-back):
+      generate_61 = generate_K + extra * (steady * steps + per_call * calls),
+      per_call    = (whole-call slope - steady) * the probe's new tokens;
+    else (an older run) the whole call's slope at every step, which charges every step with a
+    share of the probe's per-call costs as if each call were as short as the probe's.
+    Worked example: K 2, 48 prompts in one batch, 512 new tokens; at batch 48 the probe's 64-token
+    call gave 4.50 ms a layer-step, its steady step 3.09 ms -> per call (4.50 - 3.09) * 64 = 90.2 ms;
+    generate_2 0.8 s -> 0.8 + 59 * (0.00309 * 512 + 0.0902 * 1) = 99.5 s, where the whole call's
+    slope gives 0.8 + 59 * 0.0045 * 512 = 136.7 s."""
+    first_s = first.get("target_generate_s", 0.0)
+    whole = first_s + extra * slope * steps
+    whole_formula = f"{first_s:.4g} + {extra} layers * {slope:.4g} s/layer/step * {steps} steps (batch {batch})"
+    steady = grown.get("generate_steady_seconds_per_layer_step_by_batch", {}).get(str(batch))
+    probes = [grown.get("generation")] + [(grown.get("generation_at_batch") or {}).get("grown")]
+    new_tokens = next((p["new_tokens"] for p in probes if p and p.get("prompts") == batch
+                       and p.get("steady_seconds_per_step") is not None), None)
+    if steady is None or new_tokens is None:
+        return whole, whole_formula + ": the whole call's slope (the run timed no steady step)", {}
+    per_call = max(0.0, (slope - steady) * new_tokens)
+    gen = first_s + extra * (steady * steps + per_call * calls)
+    return gen, (f"{first_s:.4g} + {extra} layers * ({steady:.4g} s/layer/step steady * {steps} steps + "
+                 f"{per_call:.4g} s/layer/call * {calls} calls) (batch {batch}; per call: ({slope:.4g} - "
+                 f"{steady:.4g}) * {new_tokens} probe tokens)"), \
+        {"generate_whole_call_slope_s": whole, "generate_per_layer_call_s": per_call}
+
+
 def _eager_generate(first: dict, grown: dict, extra: int, steps: int, batch: int) -> dict:
     """The greedy generation at 61 layers with transformers' eager generate's slope, where the
     grown section measured it (what a multi-GPU placement runs: GRAPHS_NOTE); {} otherwise."""
@@ -153,10 +185,11 @@ def extrapolate(e2e: dict, grown: dict, load: dict, shard_bytes: list[int], *, b
     batch = int(first.get("target_generate_batch", batch))
     slope = grown.get("generate_seconds_per_layer_step_by_batch", {}).get(
         str(batch), grown["generate_seconds_per_layer_step"])
-    steps = math.ceil(first["sequences"] / batch) * e2e["max_new_tokens"]
+    calls = math.ceil(first["sequences"] / batch)
+    steps = calls * e2e["max_new_tokens"]
     rate, rate_name = first_run_rate(load)
     load_61 = total / rate
-    gen = first.get("target_generate_s", 0.0) + extra * slope * steps
+    gen, gen_formula, gen_terms = generate_term(first, grown, extra, steps, calls, batch, slope)
     cap_seq = first.get("target_capture_s", 0.0) + extra * grown["capture_seconds_per_layer_token"] * first["tokens"]
     pipe = pipeline_section(first, e2e.get("token_budget", 16384), cap_seq)
     cap = pipe["capture_pipelined_s"]
@@ -178,7 +211,7 @@ def extrapolate(e2e: dict, grown: dict, load: dict, shard_bytes: list[int], *, b
         "first_verdict_without_step_costs_s": verdict - costs_61,
         "first_run_total_s": load_61 + verdict, "decode_steps": steps, "generation_batch": batch,
         "cached_seconds_per_variant": e2e["cached_seconds_per_variant"],
-        "kimi_8gpu_generation_batch": kimi_batch, "pipeline": pipe, "graphs_note": GRAPHS_NOTE,
+        "kimi_8gpu_generation_batch": kimi_batch, "pipeline": pipe, "graphs_note": GRAPHS_NOTE, **gen_terms,
         **_eager_generate(first, grown, extra, steps, batch),
         **({"sampled": sampled} if sampled else {}),
         "batch_note": ("Kimi on 8 GPUs would generate at the measured batch" if kimi_batch == batch
@@ -190,8 +223,7 @@ def extrapolate(e2e: dict, grown: dict, load: dict, shard_bytes: list[int], *, b
             "kimi_bytes": f"{shard_bytes[0]} + 60 * {shard_bytes[1]} + {shard_bytes[-1]}",
             "load_s": f"{total:.4g} B / {rate:.4g} B/s ({rate_name})",
             "first_run_total_s": "load_s + generate_s + capture_s + step_costs_s + drafter_and_report_s",
-            "generate_s": f"{first.get('target_generate_s', 0.0):.4g} + {extra} layers * "
-                          f"{slope:.4g} s/layer/step * {steps} steps (batch {batch})",
+            "generate_s": gen_formula,
             "capture_s": f"({first.get('target_capture_s', 0.0):.4g} + {extra} layers * "
                          f"{grown['capture_seconds_per_layer_token']:.4g} s/layer/token * {first['tokens']} tokens)"
                          f" * ({pipe['microbatches']} + {KIMI_GPUS - 1}) / ({KIMI_GPUS} * {pipe['microbatches']}): "

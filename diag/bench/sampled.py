@@ -26,7 +26,9 @@ Per tree shape it reports
                          KV cache its attention reads (B rows x the cache's width);
                          verify_bytes_per_second = those bytes over the phase's seconds.
                          verify_bandwidth() sets them against a measured copy bandwidth: the
-                         fraction and the shape's physical limit per round.
+                         fraction and the shape's physical limit per round, one number
+                         (max(bytes / bandwidth, FLOP / peak)) and module by module
+                         (`roofline`: verify_modules, [count, bytes, FLOP] a round).
 A random-weight target accepts little, so the loop runs close to one round per token: the
 worst case for the loop's cost. This module knows the loop and timing; nothing about files.
 """
@@ -136,7 +138,8 @@ def _verify_bytes(model, head, loop: DecodeLoop, verify_s: float | None) -> dict
     kv = loop.counts["kv_bytes"] / rounds
     out = {"verify_seconds_per_round": verify_s / rounds if verify_s else None,
            "weight_bytes_per_round": weights, "kv_bytes_per_round": kv, "verify_bytes_per_round": weights + kv,
-           "verify_flops_per_round": 2 * active_params(model, without=head) * loop.counts["verified_tokens"] / rounds}
+           "verify_flops_per_round": 2 * active_params(model, without=head) * loop.counts["verified_tokens"] / rounds,
+           "verify_modules": module_costs(model, loop.counts["verified_tokens"] / rounds, without=head)}
     if verify_s:
         out["verify_bytes_per_second"] = (weights + kv) * rounds / verify_s
     return out
@@ -181,6 +184,62 @@ def active_params(model, *, without=None) -> int:
     return total
 
 
+def module_costs(model, tokens: float, *, without=None) -> list[list[float]]:
+    """[count, bytes, FLOP] a round, for each kind of module a verify of `tokens` tokens multiplies
+    by (active_params' modules, the same ones once: count): its weights' resident bytes, read
+    once, and 2 x the weights one token multiplies x tokens; a PackedExperts' bytes are every
+    expert's (each is reached at a verify's tokens), its FLOP its top-k's. Kimi's MoE layer at
+    1536 tokens: [1, 9.51e9, 1.08e12]."""
+    from collections import Counter
+
+    from torch import nn
+
+    from diag.int4.packed import PackedExperts, PackedLinear
+
+    top_k = int(getattr(model.config, "num_experts_per_tok", 1) or 1)
+    kinds: Counter = Counter()
+    for m in model.modules():
+        if m is without:
+            continue
+        if isinstance(m, nn.Linear):
+            kinds[(_bytes(m.weight), m.weight.numel())] += 1
+        elif isinstance(m, PackedLinear):
+            own = sum(_bytes(b) for b in m.buffers(recurse=False))
+            kinds[(own, m.in_features * m.out_features)] += 1
+        elif isinstance(m, PackedExperts):
+            own = sum(_bytes(b) for b in m.buffers(recurse=False))
+            kinds[(own, top_k * 3 * m.intermediate_dim * m.hidden_dim)] += 1
+    return [[n, b, 2 * w * tokens] for (b, w), n in sorted(kinds.items())]
+
+
+def roofline(row: dict, copy_bytes_per_s: float, flops_per_s: float) -> dict:
+    """The least a row's verify round can take, module by module (`verify_modules`): each module
+    the larger of its bytes over the copy bandwidth and its FLOP over the matmul peak (a verify
+    runs its modules one after another, so one's spare compute does not hide another's reads),
+    plus the round's other bytes (norms, the KV it attends over) over the bandwidth; what the
+    flops-bound modules take of it; and the share of this limit that the bandwidth goal asks
+    for: to read its bytes at half the copy bandwidth the round must take 2 x bytes / bandwidth.
+    The one-number limit (verify_limit_seconds_per_round: max(all bytes, all FLOP)) counts a
+    compute-bound module's time as hidden behind the others' reads. Worked example, a round of
+    10.8 GB at 3.0 TB/s and 768 TFLOP/s with two modules: experts of 9.51 GB and 1.082 TFLOP
+    (3.17 ms, not 1.41), a dense MLP of 0.793 GB and 1.218 TFLOP (1.59 ms, not 0.26), the other
+    0.497 GB 0.17 ms -> 4.92 ms, 1.59 of it flops-bound; half the bandwidth means 7.2 ms, so
+    the goal asks for 0.68 of the roofline."""
+    mods = row.get("verify_modules")
+    if not mods or not flops_per_s:
+        return {}
+    each = [(n, b / copy_bytes_per_s, f / flops_per_s) for n, b, f in mods]
+    covered = sum(n * b for n, b, _ in mods)
+    rest = max(row["verify_bytes_per_round"] - covered, 0) / copy_bytes_per_s
+    limit = sum(n * max(b, f) for n, b, f in each) + rest
+    out = {"verify_roofline_seconds_per_round": limit,
+           "verify_roofline_flops_bound_seconds": sum(n * f for n, b, f in each if f > b),
+           "verify_bandwidth_goal_share_of_roofline": limit / (2 * row["verify_bytes_per_round"] / copy_bytes_per_s)}
+    if row.get("verify_seconds_per_round"):
+        out["verify_fraction_of_roofline"] = limit / row["verify_seconds_per_round"]
+    return out
+
+
 def verify_bandwidth(section: dict, copy_bytes_per_s: float, flops_per_s: float | None = None) -> dict:
     """Each row's verify rate as a fraction of the device's measured copy bandwidth (goal >= 0.5)
     and the shape's physical limit per round: its bytes over the bandwidth or, where larger, its
@@ -199,6 +258,7 @@ def verify_bandwidth(section: dict, copy_bytes_per_s: float, flops_per_s: float 
             row["verify_limit_seconds_per_round"] = max(row["verify_bytes_limit_seconds_per_round"], flops_s)
             row["verify_bound_by"] = "flops" if flops_s > row["verify_bytes_limit_seconds_per_round"] else "bytes"
             row["verify_fraction_of_limit"] = row["verify_limit_seconds_per_round"] / row["verify_seconds_per_round"]
+            row.update(roofline(row, copy_bytes_per_s, flops_per_s))
             fractions.append(row["verify_fraction_of_copy_bandwidth"])
             replay = replay_seconds_per_round(row)
             if replay:
@@ -207,6 +267,9 @@ def verify_bandwidth(section: dict, copy_bytes_per_s: float, flops_per_s: float 
                 steady.append(row["verify_replay_fraction_of_copy_bandwidth"])
     if fractions:
         section["verify_fraction_of_copy_bandwidth_min"] = min(fractions)
+    roof = [r["verify_fraction_of_roofline"] for r in section["rows"] if "verify_fraction_of_roofline" in r]
+    if roof:
+        section["verify_fraction_of_roofline_min"] = min(roof)
     if steady:
         section["verify_replay_fraction_of_copy_bandwidth_min"] = min(steady)
         section["copy_bytes_per_s"] = copy_bytes_per_s

@@ -32,6 +32,7 @@ reads no files.
 from __future__ import annotations
 
 import functools
+import math
 import os
 
 import torch
@@ -182,12 +183,59 @@ def block_rows(which: str) -> int:
 
 
 def grouped_block_m(pairs: int, experts: int, which: str) -> int:
-    """One GEMM's row block (what it is routed for): block_rows(which), or the smallest power
-    of two >= the mean pairs per expert when that is smaller (16 at least). Kimi, 384
-    experts, block_m 128: 1 token (8 pairs) -> 16; 2048 tokens (43 per expert) -> 64; 8192
-    (171 per expert) -> 128; block_m 64 split 3: 8192 -> 192, 2048 -> 64."""
+    """One GEMM's row block (what it is routed for): block_rows(which) where the smallest power
+    of two >= the mean pairs per expert (16 at least) reaches it; below it, the power of two
+    of BLOCK_COSTS whose row blocks cost least in all (`cheapest_block`): a block costs more
+    the more rows it has (each of its N tiles reads its rows' activations again), and an
+    expert whose pairs overflow its block takes a second one. Kimi, 384 experts, block_m 64
+    split 3 (192 rows), the H100's costs: 1 token (8 pairs) -> 16; 96 tokens (2 per expert)
+    -> 16; 768 (16 per expert) -> 32, not 16 (43% of the experts would take two blocks of
+    16); 1536 (32) -> 32, not 64; 2048 (43) -> 64; 8192 (171) -> 192."""
+    full = block_rows(which)
     mean = -(-pairs // experts)
-    return min(block_rows(which), max(16, 1 << (mean - 1).bit_length()))
+    first = min(full, max(16, 1 << (mean - 1).bit_length()))
+    costs = GROUPED.get("block_costs")
+    if first == full or not costs:
+        return first
+    return cheapest_block(pairs, experts, tuple(sorted((int(r), float(c)) for r, c in costs.items() if r < full)))
+
+
+# The grouped kernel's device time per row block of each power-of-two size (us, both GEMMs of
+# Kimi's widths), from fused_experts timed at a row block forced at several token counts on an
+# H100 (reports/bench/NOTES.md, twenty-seventh stop); `cheapest_block` weighs them. A bench run
+# may set others for its own process (GROUPED["block_costs"]).
+BLOCK_COSTS = {16: 10.8, 32: 13.5, 64: 23.8, 128: 33.0}
+GROUPED["block_costs"] = dict(BLOCK_COSTS)
+
+
+@functools.lru_cache(maxsize=256)
+def cheapest_block(pairs: int, experts: int, costs: tuple) -> int:
+    """The block size r of `costs` ((rows, us a block), ...) with the least expected_blocks(pairs,
+    experts, r) * cost. Worked example, 768 tokens of Kimi (6144 pairs, 384 experts, 16 each):
+    16 rows -> 384 * 1.43 = 549 blocks * 10.8 = 5.93 ms; 32 -> 384.0 * 13.5 = 5.18 ms: 32
+    (measured 5.79 and 5.21 ms)."""
+    return min(costs, key=lambda rc: (expected_blocks(pairs, experts, rc[0]) * rc[1], rc[0]))[0]
+
+
+def expected_blocks(pairs: int, experts: int, rows: int) -> float:
+    """E[sum over experts of ceil(n_e / rows)] for `pairs` routed uniformly, each expert's count
+    n_e ~ Poisson(pairs / experts): experts * sum_k P(n > k * rows), k = 0, 1, ... Example:
+    16 pairs an expert, rows 16: P(n > 0) = 1.0, P(n > 16) = 0.43, P(n > 32) = 0.0001 ->
+    1.43 blocks an expert."""
+    mu = pairs / experts
+    if mu <= 0:
+        return 0.0
+    total, cdf, pmf, n, k = 0.0, 0.0, math.exp(-mu), 0, 0
+    while True:
+        while n <= k * rows:                      # cdf = P(X <= k * rows)
+            cdf += pmf
+            n += 1
+            pmf *= mu / n
+        tail = max(0.0, 1.0 - cdf)
+        total += tail
+        if tail < 1e-9:
+            return experts * total
+        k += 1
 
 
 def split_of(which: str, rows: int) -> int:
