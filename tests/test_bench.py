@@ -700,3 +700,30 @@ def test_a_few_tokens_row_blocks_take_the_small_stages(grouped_tiles):
     assert [fast.stages_of("gate_up", r) for r in (16, 32, 64, 128, 192)] == [3, 3, 3, 2, 2]
     grouped_tiles["gate_up"].pop("small_stages")
     assert fast.stages_of("gate_up", 16) == 2 and fast.SMALL_BLOCK_ROWS == 64
+
+
+def test_block_costs_time_each_small_row_block_at_half_a_block_an_expert(grouped_tiles, monkeypatch):
+    """bench/tiles.block_costs: for each row block below the full one, both GEMMs routed for it
+    (fused_experts' rows) at r * E / (2 k) tokens, the time over the blocks launched, set into
+    GROUPED["block_costs"], which grouped_block_m then weighs. 8 experts top-2, full block 64 ->
+    16 rows at 32 tokens, 32 at 64; no 64 or 128."""
+    from diag.bench import tiles
+
+    grouped_tiles["gate_up"].update(block_m=64, split=1)
+    grouped_tiles["down"].update(block_m=64, split=1)
+    seen = []
+
+    def fake_gemm(a, packed, scale, r, group, which, *, a_div, piece, route_w=None, glu=False):
+        seen.append((which, r.block_m, r.num_pairs))
+        return torch.ones(r.num_pairs, packed.shape[1] // (2 if glu else 1), dtype=torch.bfloat16)
+
+    monkeypatch.setattr(fast, "grouped_int4_gemm", fake_gemm)
+    monkeypatch.setattr(tiles, "timed", lambda fn, repeat, warmup: (fn(), 2e-3)[1])
+    m = _experts(5, E=8, H=256, I=256)
+    got = tiles.block_costs(m, top_k=2)
+    assert [(r["rows"], r["tokens"]) for r in got["rows"]] == [(16, 32), (32, 64)]
+    assert {(w, b) for w, b, _ in seen} == {("gate_up", 16), ("down", 16), ("gate_up", 32), ("down", 32)}
+    for r in got["rows"]:
+        assert 8 <= r["blocks"] <= 2 * r["tokens"] // r["rows"] + 8        # each expert's ceil(pairs / rows)
+        assert r["us_per_block"] == pytest.approx(2e-3 / r["blocks"] * 1e6)
+    assert fast.GROUPED["block_costs"] == got["costs_us"] and set(got["costs_us"]) == {16, 32}

@@ -83,6 +83,9 @@ def experts_compare(moe: nn.Module, tokens: list[int], peak: float, *, eager_tok
     from diag.bench.tiles import tune_grouped
     from diag.int4.fast import grouped_fits
     out["tiles"] = tune_grouped(moe, 8192, budget_s=tile_budget_s) if grouped_fits(packed) else tune_tiles(moe, 8192)
+    if grouped_fits(packed):                    # the row blocks' costs at the tiles just chosen
+        from diag.bench.tiles import block_costs
+        out["block_costs"] = block_costs(packed, top_k=idx.shape[1])
     out["kernel"] = "grouped" if grouped_fits(packed) else "any-width"
     dense = dense_grouped_mm(packed, cfg)
     out["bf16_bytes"] = resident_bytes(dense)

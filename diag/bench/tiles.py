@@ -8,6 +8,8 @@ variant bit for bit at Kimi's widths.
             (an H200 run chose DEQUANT 2 over 0 and 1 at every tile tried; NOTES.md)
   exact     A = identity rows routed to one expert: out^T is the dequantized weight, which
             must equal format.dequantize's bf16 bits, for every DEQUANT variant
+  blocks    the device time a row block of each small size costs (block_costs), which
+            grouped_block_m weighs against the blocks each size launches
 Stops trying after `budget_s` (every compile costs seconds); what was tried is returned.
 This module knows the kernel's knobs and clocks; nothing about files.
 """
@@ -208,3 +210,35 @@ def _choose(best: dict, experts, tokens: int) -> dict:
         fast.GROUPED[which] = _tile(best[(piece, dq, which)][1])
     return {"tokens": tokens, "chosen": copy.deepcopy(fast.GROUPED), "gemm_seconds": full[(piece, dq)],
             "by_piece_and_dequant": {f"piece{p}_dequant{d}": v for (p, d), v in full.items()}}
+
+
+BLOCK_COST_ROWS = (16, 32, 64, 128)
+
+
+@torch.no_grad()
+def block_costs(experts, rows=BLOCK_COST_ROWS, *, top_k: int = 8, seed: int = 5, repeat: int = 5) -> dict:
+    """fast.GROUPED["block_costs"] measured on the device at hand (set there, and returned with
+    what each came from): for each row block r below the full block, the layer's experts
+    (fused_experts, both GEMMs routed for r rows) at the token count that gives each expert r / 2
+    pairs on average under uniform top-k routing, so that hardly any expert overflows its block,
+    timed and divided by the row blocks launched (each expert's ceil(pairs / r)): us a block.
+    Kimi's 384 experts, top 8: 16 rows at 384 tokens, 32 at 768, 64 at 1536, 128 at 3072. On the
+    H100 these were 10.8, 13.5, 23.8 and 33.0 us (fast.BLOCK_COSTS, measured alike)."""
+    from diag.int4 import fast
+
+    dev = experts.gate_up_proj_packed.device
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    E, full = experts.num_experts, min(fast.block_rows(w) for w in ("gate_up", "down"))
+    out, costs = [], {}
+    for r in (r for r in rows if r < full):
+        tokens = max(1, r * E // (2 * top_k))
+        x = torch.randn(tokens, experts.hidden_dim, device=dev, generator=gen, dtype=torch.bfloat16)
+        idx = torch.rand(tokens, E, device=dev, generator=gen).topk(min(top_k, E), dim=-1).indices
+        w = torch.rand(idx.shape, device=dev, generator=gen, dtype=torch.bfloat16)
+        blocks = int((-(-torch.bincount(idx.reshape(-1), minlength=E) // r)).sum())
+        s = timed(lambda: fast.fused_experts(experts, x, idx, w, rows=r), repeat=repeat, warmup=1)
+        costs[r] = s / blocks * 1e6
+        out.append({"rows": r, "tokens": tokens, "blocks": blocks, "seconds": s, "us_per_block": costs[r]})
+    if costs:
+        fast.GROUPED["block_costs"] = costs
+    return {"costs_us": costs, "rows": out}

@@ -281,17 +281,19 @@ def to_kernel_layout(module: PackedExperts, piece: int | None = None) -> None:
 
 
 def fused_experts(module: PackedExperts, hidden: torch.Tensor, top_k_index: torch.Tensor,
-                  top_k_weights: torch.Tensor, *, partial: bool = False) -> torch.Tensor:
+                  top_k_weights: torch.Tensor, *, partial: bool = False, rows: int | None = None) -> torch.Tensor:
     """hidden [T, H], top_k_index / top_k_weights [T, K] -> [T, H] in hidden's dtype.
     partial: some pairs may name the sentinel expert num_experts (held by another shard,
     diag.int4.sharded): their rows, which no block writes, count as zero, and the sum over the
-    K slots comes back in fp32, for the shards' sum to round once."""
+    K slots comes back in fp32, for the shards' sum to round once. rows: both grouped GEMMs
+    routed for row blocks of `rows` instead of grouped_block_m's (bench/tiles.block_costs
+    times each size so); the same sums, so the same bits."""
     T, K = top_k_index.shape
     x = hidden.to(torch.bfloat16).contiguous()
     grouped = grouped_fits(module)
     if grouped:
         to_kernel_layout(module)
-    block_m = {w: grouped_block_m(T * K, module.num_experts, w) if grouped else TILES["block_m"]
+    block_m = {w: (rows or grouped_block_m(T * K, module.num_experts, w)) if grouped else TILES["block_m"]
                for w in ("gate_up", "down")}
     routings = replayed_routes(top_k_index, module.num_experts, block_m.values())   # consumed below
     g = module.group_size
