@@ -210,3 +210,31 @@ def test_a_split_on_a_target_without_int4_experts_is_refused_before_any_weight(t
         inputs.prepare(case)
     assert err.value.file == f"{target}/config.json" and err.value.field == "placement.experts"
     assert err.value.found == "quantization none, 0 routed experts"
+
+
+def test_a_shards_row_blocks_are_sized_for_its_share_of_the_pairs(monkeypatch):
+    """On the fused path each shard's GEMMs are routed for the pairs it holds on average
+    (shard_pairs: all pairs x its experts / all experts), not for every pair over its few
+    experts, which the host cannot tell apart without waiting for the device. shard_pairs'
+    worked example: 768 tokens of Kimi, top 8, a shard of 48 of 384 experts -> 768 (16 an expert,
+    32-row blocks), not 6144 (128 an expert, 128-row blocks)."""
+    from diag.int4 import fast
+    from diag.int4.sharded import shard_pairs
+
+    assert shard_pairs(768 * 8, 48, 384) == 768 and shard_pairs(3, 1, 5) == 1
+    assert fast.grouped_block_m(768, 48, "gate_up") == 32 and fast.grouped_block_m(6144, 48, "gate_up") == 128
+    split = _split(_packed(seed=3), 3)
+    for shard in split.shards:
+        monkeypatch.setattr(shard, "fused_runs", lambda hidden: True, raising=False)
+    seen = []
+
+    def fake(shard, x, idx, w, *, partial=False, rows=None, pairs=None):
+        seen.append((shard.num_experts, idx.numel(), partial, pairs))
+        return torch.zeros(x.shape, dtype=torch.float32)
+
+    monkeypatch.setattr(fast, "fused_experts", fake)
+    x = torch.randn(10, split.shards[0].hidden_dim)
+    idx = torch.rand(10, split.num_experts).topk(2, dim=-1).indices
+    split(x, idx, torch.rand(10, 2))
+    E = split.num_experts
+    assert seen == [(s.num_experts, 20, True, -(-20 * s.num_experts // E)) for s in split.shards]

@@ -55,7 +55,7 @@ def probe(model, shards: int = SHARDS, tokens=TOKENS, top_k: int | None = None, 
     cannot run (no CUDA experts, or the forward failed: data, not a crash)."""
     from diag.int4.fast import fused_experts
     from diag.int4.packed import PackedExperts
-    from diag.int4.sharded import ShardedExperts, local_index
+    from diag.int4.sharded import ShardedExperts, local_index, shard_pairs
 
     module = next((m for m in model.modules() if isinstance(m, PackedExperts)), None)
     if module is None or not module.gate_up_proj_packed.is_cuda:
@@ -73,7 +73,8 @@ def probe(model, shards: int = SHARDS, tokens=TOKENS, top_k: int | None = None, 
                 all_s = _timed(lambda: module(x, idx, w))
                 shard = ShardedExperts.of(module, [dev] * shards).shards[0]     # views: what GPU 0 holds
                 local = local_index(idx, 0, shard.num_experts)
-                shard_s = _timed(lambda: fused_experts(shard, x, local, w, partial=True))
+                share = shard_pairs(local.numel(), shard.num_experts, module.num_experts)
+                shard_s = _timed(lambda: fused_experts(shard, x, local, w, partial=True, pairs=share))
                 rows.append({"tokens": t, "all_s": all_s, "shard_s": shard_s, "saved_s": all_s - shard_s,
                              "shard_fraction": shard_s / all_s})
     except Exception as err:  # recorded in the JSON

@@ -194,10 +194,8 @@ def grouped_block_m(pairs: int, experts: int, which: str) -> int:
     full = block_rows(which)
     mean = -(-pairs // experts)
     first = min(full, max(16, 1 << (mean - 1).bit_length()))
-    costs = GROUPED.get("block_costs")
-    if first == full or not costs:
-        return first
-    return cheapest_block(pairs, experts, tuple(sorted((int(r), float(c)) for r, c in costs.items() if r < full)))
+    sizes = tuple(sorted((int(r), float(c)) for r, c in (GROUPED.get("block_costs") or {}).items() if int(r) < full))
+    return first if first == full or not sizes else cheapest_block(pairs, experts, sizes)
 
 
 # The grouped kernel's device time per row block of each power-of-two size (us, both GEMMs of
@@ -281,19 +279,23 @@ def to_kernel_layout(module: PackedExperts, piece: int | None = None) -> None:
 
 
 def fused_experts(module: PackedExperts, hidden: torch.Tensor, top_k_index: torch.Tensor,
-                  top_k_weights: torch.Tensor, *, partial: bool = False, rows: int | None = None) -> torch.Tensor:
+                  top_k_weights: torch.Tensor, *, partial: bool = False, rows: int | None = None,
+                  pairs: int | None = None) -> torch.Tensor:
     """hidden [T, H], top_k_index / top_k_weights [T, K] -> [T, H] in hidden's dtype.
     partial: some pairs may name the sentinel expert num_experts (held by another shard,
     diag.int4.sharded): their rows, which no block writes, count as zero, and the sum over the
-    K slots comes back in fp32, for the shards' sum to round once. rows: both grouped GEMMs
-    routed for row blocks of `rows` instead of grouped_block_m's (bench/tiles.block_costs
-    times each size so); the same sums, so the same bits."""
+    K slots comes back in fp32, for the shards' sum to round once. pairs: the pairs this
+    module's experts are expected to hold, which grouped_block_m sizes the row blocks for
+    (default T x K; a shard's share of them under partial: ShardedExperts passes it, for the
+    host cannot count them without waiting for the device). rows: both grouped GEMMs routed
+    for row blocks of `rows` instead (bench/tiles.block_costs times each size so). Neither
+    changes a sum, so neither changes a bit."""
     T, K = top_k_index.shape
     x = hidden.to(torch.bfloat16).contiguous()
     grouped = grouped_fits(module)
     if grouped:
         to_kernel_layout(module)
-    block_m = {w: (rows or grouped_block_m(T * K, module.num_experts, w)) if grouped else TILES["block_m"]
+    block_m = {w: (rows or grouped_block_m(pairs or T * K, module.num_experts, w)) if grouped else TILES["block_m"]
                for w in ("gate_up", "down")}
     routings = replayed_routes(top_k_index, module.num_experts, block_m.values())   # consumed below
     g = module.group_size

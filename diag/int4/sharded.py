@@ -50,6 +50,14 @@ def split_sizes(num_experts: int, shards: int) -> list[int]:
     return [base + (j < extra) for j in range(shards)]
 
 
+def shard_pairs(pairs: int, shard_experts: int, experts: int) -> int:
+    """The pairs a shard of `shard_experts` of `experts` holds on average of `pairs` routed
+    uniformly (what its row blocks are sized for: fast.fused_experts' pairs), at least 1:
+    768 tokens of Kimi, top 8, one shard of 48 of 384 experts -> 6144 * 48 / 384 = 768, 16 an
+    expert, not the 128 an expert that all 6144 pairs over 48 experts would size them for."""
+    return max(1, -(-pairs * shard_experts // experts))
+
+
 def local_index(top_k_index: torch.Tensor, start: int, count: int) -> torch.Tensor:
     """Global expert ids -> a shard's own ids, the sentinel `count` for the others'."""
     mine = (top_k_index >= start) & (top_k_index < start + count)
@@ -131,7 +139,8 @@ class ShardedExperts(nn.Module):
             parts = []
             for shard, dev, x, idx, w in sent:
                 with torch.cuda.device(dev) if dev.type == "cuda" else nullcontext():   # Triton launches
-                    parts.append(fused_experts(shard, x, idx, w, partial=True))         # on the current device
+                    parts.append(fused_experts(shard, x, idx, w, partial=True,          # on the current device
+                                               pairs=shard_pairs(idx.numel(), shard.num_experts, self.num_experts)))
             total = parts[0].to(home)
             for part in parts[1:]:
                 total += part.to(home)
