@@ -172,21 +172,26 @@ def test_routing_graphs_are_off_inside_routed_eagerly_and_while_the_caller_captu
 # ---- the row block a GEMM is routed for (fast.grouped_block_m) ----------------------------------------
 
 def test_the_row_block_weighs_overflowing_experts_against_wider_blocks():
-    """Kimi's 384 experts, block_m 64 split 3 (192 rows), the H100's block costs (fast.BLOCK_COSTS):
+    """Kimi's 384 experts, block_m 64 split 3 (192 rows), the default block costs (fast.BLOCK_COSTS):
     a few tokens keep 16 rows; at 768 tokens (16 pairs an expert) 43% of the experts would take a
-    second block of 16, so 32 rows cost less; at 1536 (32 an expert) two blocks of 32 for 45% of
-    the experts still cost less than one of 64 for each; 2048 -> 64; the full block from 8192."""
+    second block of 16, so 32 rows cost less; at 1152 (24) 32 still; at 1536 (32) 45% would take
+    a second block of 32, so 64; 64 up to 4096; the full block from 8192. An H100's costs with
+    64-row blocks at 3 stages (23.8 us) kept 32 at 1536."""
     from diag.int4 import fast
 
     block = lambda tokens: fast.grouped_block_m(tokens * 8, 384, "gate_up")   # noqa: E731
     assert fast.block_rows("gate_up") == 192 and fast.GROUPED["block_costs"] == fast.BLOCK_COSTS
     assert [block(t) for t in (1, 8, 96, 192, 384, 576)] == [16] * 6
-    assert [block(t) for t in (768, 1152, 1536)] == [32] * 3
-    assert block(2048) == 64 and block(8192) == 192 and block(32768) == 192
+    assert [block(t) for t in (768, 1152)] == [32] * 2
+    assert [block(t) for t in (1536, 2048, 3072)] == [64] * 3 and block(8192) == 192 and block(32768) == 192
+    h100_3_stages = ((16, 10.8), (32, 13.5), (64, 23.8), (128, 33.0))
+    assert fast.cheapest_block(1536 * 8, 384, h100_3_stages) == 32
     assert round(fast.expected_blocks(768 * 8, 384, 16) / 384, 2) == 1.43           # the worked example
     assert round(fast.expected_blocks(768 * 8, 384, 32) / 384, 3) == 1.0
-    assert fast.cheapest_block(768 * 8, 384, ((16, 10.8), (32, 13.5))) == 32
-    assert fast.cheapest_block(768 * 8, 384, ((16, 10.8), (32, 16.0))) == 16       # a dearer 32: 16 again
+    assert fast.cheapest_block(768 * 8, 384, ((16, 11.1), (32, 12.9))) == 32
+    assert fast.cheapest_block(768 * 8, 384, ((16, 11.1), (32, 16.0))) == 16       # a dearer 32: 16 again
+    assert fast.grouped_block_m(1536 * 8, 384, "gate_up") == 64                    # the mean's own size, chosen
+    assert fast.grouped_block_m(768 * 8, 384, "gate_up") == 32                     # a wider one than the mean's
 
 
 def test_without_block_costs_the_row_block_is_the_power_of_two_over_the_mean(monkeypatch):

@@ -217,12 +217,12 @@ def test_a_shards_row_blocks_are_sized_for_its_share_of_the_pairs(monkeypatch):
     (shard_pairs: all pairs x its experts / all experts), not for every pair over its few
     experts, which the host cannot tell apart without waiting for the device. shard_pairs'
     worked example: 768 tokens of Kimi, top 8, a shard of 48 of 384 experts -> 768 (16 an expert,
-    32-row blocks), not 6144 (128 an expert, 128-row blocks)."""
+    32-row blocks), not 6144 (128 an expert: two or three 64-row blocks each)."""
     from diag.int4 import fast
     from diag.int4.sharded import shard_pairs
 
     assert shard_pairs(768 * 8, 48, 384) == 768 and shard_pairs(3, 1, 5) == 1
-    assert fast.grouped_block_m(768, 48, "gate_up") == 32 and fast.grouped_block_m(6144, 48, "gate_up") == 128
+    assert fast.grouped_block_m(768, 48, "gate_up") == 32 and fast.grouped_block_m(6144, 48, "gate_up") == 64
     split = _split(_packed(seed=3), 3)
     for shard in split.shards:
         monkeypatch.setattr(shard, "fused_runs", lambda hidden: True, raising=False)

@@ -56,7 +56,7 @@ TILES = {"block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 4, "num_stag
 # epilogue, where the module's activation is SiLU; "small_stages": the pipeline's stages for the
 # smaller power-of-two row blocks grouped_block_m gives a few tokens, one dot each, whose
 # shared memory leaves room for a stage more: H100, a decode step's 8 tokens, both GEMMs 0.823
-# -> 0.770 ms at 3 stages, reports/bench/NOTES.md, twenty-sixth stop). The piece width (the weights' layout)
+# -> 0.770 ms at 3 stages, reports/bench/NOTES.md, twenty-sixth stop; up to SMALL_BLOCK_ROWS). The piece width (the weights' layout)
 # and the dequant variant are shared. The defaults are what diag bench measured fastest on
 # an H200 (reports/bench/NOTES.md); a bench run may set others for its own process.
 GROUPED = {"dequant": 3, "piece": 32,
@@ -66,7 +66,9 @@ GROUPED = {"dequant": 3, "piece": 32,
                     "wgmma": True, "drain": True, "small_stages": 3}}
 
 
-SMALL_BLOCK_ROWS = 64     # row blocks up to this many rows take GROUPED's small_stages (`stages_of`)
+SMALL_BLOCK_ROWS = 32     # row blocks up to this many rows take GROUPED's small_stages (`stages_of`): at 64
+                          # rows 3 stages cost a third more than 2 (H200, 3072 tokens: 13.6 against 9.2 ms;
+                          # reports/bench/NOTES.md, twenty-seventh stop)
 
 
 def _block_k(width: int, group: int) -> int:
@@ -142,7 +144,8 @@ def stages_of(which: str, rows: int) -> int:
     """GROUPED[which]'s pipeline stages for a row block of `rows`: its small_stages (num_stages
     where unset) for the power-of-two blocks of at most SMALL_BLOCK_ROWS rows that a few tokens
     get (grouped_block_m), whose shared memory leaves room for a stage more; its num_stages for
-    any other. Defaults: 16 rows (a decode step's 8 tokens) -> 3; 64 x 3 -> 2; 128 -> 2 (3
+    any other. Defaults: 16 and 32 rows (a decode step's 8 tokens: 16) -> 3; 64 -> 2 (at 3
+    stages its CTAs are too large to share an SM: a third slower); 64 x 3 -> 2; 128 -> 2 (3
     stages of 128 rows at piece 32 would need ~245 KB of shared memory, over the 227 KB a block gets)."""
     t = GROUPED[which]
     small = rows <= SMALL_BLOCK_ROWS and rows != block_rows(which)
@@ -188,9 +191,9 @@ def grouped_block_m(pairs: int, experts: int, which: str) -> int:
     of BLOCK_COSTS whose row blocks cost least in all (`cheapest_block`): a block costs more
     the more rows it has (each of its N tiles reads its rows' activations again), and an
     expert whose pairs overflow its block takes a second one. Kimi, 384 experts, block_m 64
-    split 3 (192 rows), the H100's costs: 1 token (8 pairs) -> 16; 96 tokens (2 per expert)
-    -> 16; 768 (16 per expert) -> 32, not 16 (43% of the experts would take two blocks of
-    16); 1536 (32) -> 32, not 64; 2048 (43) -> 64; 8192 (171) -> 192."""
+    split 3 (192 rows), BLOCK_COSTS: 1 token (8 pairs) -> 16; 96 tokens (2 per expert) -> 16;
+    768 (16 per expert) -> 32, not 16 (43% of the experts would take two blocks of 16); 1536
+    (32) -> 64, not 32 (45% would take two of 32); 3072 (64) -> 64, not 128; 8192 (171) -> 192."""
     full = block_rows(which)
     mean = -(-pairs // experts)
     first = min(full, max(16, 1 << (mean - 1).bit_length()))
@@ -199,10 +202,11 @@ def grouped_block_m(pairs: int, experts: int, which: str) -> int:
 
 
 # The grouped kernel's device time per row block of each power-of-two size (us, both GEMMs of
-# Kimi's widths), from fused_experts timed at a row block forced at several token counts on an
-# H100 (reports/bench/NOTES.md, twenty-seventh stop); `cheapest_block` weighs them. A bench run
-# may set others for its own process (GROUPED["block_costs"]).
-BLOCK_COSTS = {16: 10.8, 32: 13.5, 64: 23.8, 128: 33.0}
+# Kimi's widths): bench/tiles.block_costs on an H200 at these defaults (reports/bench/NOTES.md,
+# twenty-seventh stop; an H100 measured 10.8, 13.5 and 33.0 at 16, 32 and 128 rows alike);
+# `cheapest_block` weighs them. The experts section measures them on the device at hand
+# (GROUPED["block_costs"], for its own process).
+BLOCK_COSTS = {16: 11.1, 32: 12.9, 64: 16.5, 128: 32.9}
 GROUPED["block_costs"] = dict(BLOCK_COSTS)
 
 
@@ -210,8 +214,8 @@ GROUPED["block_costs"] = dict(BLOCK_COSTS)
 def cheapest_block(pairs: int, experts: int, costs: tuple) -> int:
     """The block size r of `costs` ((rows, us a block), ...) with the least expected_blocks(pairs,
     experts, r) * cost. Worked example, 768 tokens of Kimi (6144 pairs, 384 experts, 16 each):
-    16 rows -> 384 * 1.43 = 549 blocks * 10.8 = 5.93 ms; 32 -> 384.0 * 13.5 = 5.18 ms: 32
-    (measured 5.79 and 5.21 ms)."""
+    16 rows -> 384 * 1.43 = 549 blocks * 11.1 = 6.09 ms; 32 -> 384.0 * 12.9 = 4.95 ms: 32
+    (measured on an H100 5.79 and 5.21 ms; the H200 4.95 ms at 32)."""
     return min(costs, key=lambda rc: (expected_blocks(pairs, experts, rc[0]) * rc[1], rc[0]))[0]
 
 
