@@ -172,24 +172,24 @@ def test_routing_graphs_are_off_inside_routed_eagerly_and_while_the_caller_captu
 # ---- the row block a GEMM is routed for (fast.grouped_block_m) ----------------------------------------
 
 def test_the_row_block_weighs_overflowing_experts_against_wider_blocks():
-    """Kimi's 384 experts, block_m 64 split 3 (192 rows), the default block costs (fast.BLOCK_COSTS):
+    """Kimi's 384 experts, block_m 64 split 3 (192 rows), the default block costs (blocks.BLOCK_COSTS):
     a few tokens keep 16 rows; at 768 tokens (16 pairs an expert) 43% of the experts would take a
     second block of 16, so 32 rows cost less; at 1152 (24) 32 still; at 1536 (32) 45% would take
     a second block of 32, so 64; 64 up to 4096; the full block from 8192. An H100's costs with
     64-row blocks at 3 stages (23.8 us) kept 32 at 1536."""
-    from diag.int4 import fast
+    from diag.int4 import blocks, fast
 
     block = lambda tokens: fast.grouped_block_m(tokens * 8, 384, "gate_up")   # noqa: E731
-    assert fast.block_rows("gate_up") == 192 and fast.GROUPED["block_costs"] == fast.BLOCK_COSTS
+    assert fast.block_rows("gate_up") == 192 and fast.GROUPED["block_costs"] == blocks.BLOCK_COSTS
     assert [block(t) for t in (1, 8, 96, 192, 384, 576)] == [16] * 6
     assert [block(t) for t in (768, 1152)] == [32] * 2
     assert [block(t) for t in (1536, 2048, 3072)] == [64] * 3 and block(8192) == 192 and block(32768) == 192
     h100_3_stages = ((16, 10.8), (32, 13.5), (64, 23.8), (128, 33.0))
-    assert fast.cheapest_block(1536 * 8, 384, h100_3_stages) == 32
-    assert round(fast.expected_blocks(768 * 8, 384, 16) / 384, 2) == 1.43           # the worked example
-    assert round(fast.expected_blocks(768 * 8, 384, 32) / 384, 3) == 1.0
-    assert fast.cheapest_block(768 * 8, 384, ((16, 11.1), (32, 12.9))) == 32
-    assert fast.cheapest_block(768 * 8, 384, ((16, 11.1), (32, 16.0))) == 16       # a dearer 32: 16 again
+    assert blocks.cheapest_block(1536 * 8, 384, h100_3_stages) == 32
+    assert round(blocks.expected_blocks(768 * 8, 384, 16) / 384, 2) == 1.43           # the worked example
+    assert round(blocks.expected_blocks(768 * 8, 384, 32) / 384, 3) == 1.0
+    assert blocks.cheapest_block(768 * 8, 384, ((16, 11.1), (32, 12.9))) == 32
+    assert blocks.cheapest_block(768 * 8, 384, ((16, 11.1), (32, 16.0))) == 16       # a dearer 32: 16 again
     assert fast.grouped_block_m(1536 * 8, 384, "gate_up") == 64                    # the mean's own size, chosen
     assert fast.grouped_block_m(768 * 8, 384, "gate_up") == 32                     # a wider one than the mean's
 
@@ -207,7 +207,7 @@ def test_expected_blocks_is_what_uniform_routing_launches_on_average(E, per, row
     """expected_blocks (each expert's count Poisson) against the blocks that pairs drawn uniformly
     over the experts take, averaged over 400 draws: within 3% and a block, and never fewer than
     the experts reached."""
-    from diag.int4.fast import expected_blocks
+    from diag.int4.blocks import expected_blocks
 
     pairs = max(1, round(per * E))
     gen = torch.Generator().manual_seed(seed)
@@ -217,3 +217,12 @@ def test_expected_blocks_is_what_uniform_routing_launches_on_average(E, per, row
     got = expected_blocks(pairs, E, rows)
     assert abs(got - drawn) <= 0.03 * drawn + 1.0
     assert got >= float((counts > 0).sum(1).float().mean()) - 1.0
+
+
+def test_expected_blocks_holds_a_mean_in_the_thousands():
+    """The Poisson pmf in logs: at 5,000 pairs an expert exp(-5000) underflows, the sum does not;
+    about 5000 / 128 + 1/2 blocks an expert."""
+    from diag.int4.blocks import expected_blocks
+
+    got = expected_blocks(5000 * 8, 8, 128) / 8
+    assert abs(got - (5000 / 128 + 0.5)) < 0.1

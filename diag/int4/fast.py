@@ -32,13 +32,13 @@ reads no files.
 from __future__ import annotations
 
 import functools
-import math
 import os
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from diag.int4.blocks import BLOCK_COSTS, cheapest_block
 from diag.int4.format import dequantize
 from diag.int4.kernel_layout import fits, relayout_, scales_group_major, to_checkpoint
 from diag.int4.packed import PackedExperts
@@ -188,7 +188,7 @@ def block_rows(which: str) -> int:
 def grouped_block_m(pairs: int, experts: int, which: str) -> int:
     """One GEMM's row block (what it is routed for): block_rows(which) where the smallest power
     of two >= the mean pairs per expert (16 at least) reaches it; below it, the power of two
-    of BLOCK_COSTS whose row blocks cost least in all (`cheapest_block`): a block costs more
+    of GROUPED["block_costs"] whose row blocks cost least in all (blocks.cheapest_block): a block costs more
     the more rows it has (each of its N tiles reads its rows' activations again), and an
     expert whose pairs overflow its block takes a second one. Kimi, 384 experts, block_m 64
     split 3 (192 rows), BLOCK_COSTS: 1 token (8 pairs) -> 16; 96 tokens (2 per expert) -> 16;
@@ -201,43 +201,7 @@ def grouped_block_m(pairs: int, experts: int, which: str) -> int:
     return first if first == full or not sizes else cheapest_block(pairs, experts, sizes)
 
 
-# The grouped kernel's device time per row block of each power-of-two size (us, both GEMMs of
-# Kimi's widths): bench/tiles.block_costs on an H200 at these defaults (reports/bench/NOTES.md,
-# twenty-seventh stop; an H100 measured 10.8, 13.5 and 33.0 at 16, 32 and 128 rows alike);
-# `cheapest_block` weighs them. The experts section measures them on the device at hand
-# (GROUPED["block_costs"], for its own process).
-BLOCK_COSTS = {16: 11.1, 32: 12.9, 64: 16.5, 128: 32.9}
-GROUPED["block_costs"] = dict(BLOCK_COSTS)
-
-
-@functools.lru_cache(maxsize=256)
-def cheapest_block(pairs: int, experts: int, costs: tuple) -> int:
-    """The block size r of `costs` ((rows, us a block), ...) with the least expected_blocks(pairs,
-    experts, r) * cost. Worked example, 768 tokens of Kimi (6144 pairs, 384 experts, 16 each):
-    16 rows -> 384 * 1.43 = 549 blocks * 11.1 = 6.09 ms; 32 -> 384.0 * 12.9 = 4.95 ms: 32
-    (measured on an H100 5.79 and 5.21 ms; the H200 4.95 ms at 32)."""
-    return min(costs, key=lambda rc: (expected_blocks(pairs, experts, rc[0]) * rc[1], rc[0]))[0]
-
-
-def expected_blocks(pairs: int, experts: int, rows: int) -> float:
-    """E[sum over experts of ceil(n_e / rows)] for `pairs` routed uniformly, each expert's count
-    n_e ~ Poisson(pairs / experts): experts * sum_k P(n > k * rows), k = 0, 1, ... Example:
-    16 pairs an expert, rows 16: P(n > 0) = 1.0, P(n > 16) = 0.43, P(n > 32) = 0.0001 ->
-    1.43 blocks an expert."""
-    mu = pairs / experts
-    if mu <= 0:
-        return 0.0
-    total, cdf, pmf, n, k = 0.0, 0.0, math.exp(-mu), 0, 0
-    while True:
-        while n <= k * rows:                      # cdf = P(X <= k * rows)
-            cdf += pmf
-            n += 1
-            pmf *= mu / n
-        tail = max(0.0, 1.0 - cdf)
-        total += tail
-        if tail < 1e-9:
-            return experts * total
-        k += 1
+GROUPED["block_costs"] = dict(BLOCK_COSTS)     # blocks.py's defaults; the bench's experts section measures its own
 
 
 def split_of(which: str, rows: int) -> int:
