@@ -223,7 +223,7 @@ def block_costs(experts, rows=BLOCK_COST_ROWS, *, top_k: int = 8, seed: int = 5,
     pairs on average under uniform top-k routing, so that hardly any expert overflows its block,
     timed and divided by the row blocks launched (each expert's ceil(pairs / r)): us a block.
     Kimi's 384 experts, top 8: 16 rows at 384 tokens, 32 at 768, 64 at 1536, 128 at 3072. On the
-    H200 these were 11.1, 12.9, 16.5 and 32.9 us (fast.BLOCK_COSTS)."""
+    H200 these were 11.1, 12.9, 16.5 and 32.9 us (int4/blocks.BLOCK_COSTS)."""
     from diag.int4 import fast
 
     dev = experts.gate_up_proj_packed.device

@@ -39,12 +39,12 @@ def expected_blocks(pairs: int, experts: int, rows: int) -> float:
     mu = pairs / experts
     if mu <= 0:
         return 0.0
-    total, cdf, log_pmf, n, k = 0.0, 0.0, -mu, 0, 0
+    total, cdf, log_pmf, log_mu, n, k = 0.0, 0.0, -mu, math.log(mu), 0, 0
     while True:
         while n <= k * rows:                      # cdf = P(X <= k * rows)
             cdf += math.exp(log_pmf)
             n += 1
-            log_pmf += math.log(mu) - math.log(n)
+            log_pmf += log_mu - math.log(n)
         tail = max(0.0, 1.0 - cdf)
         total += tail
         if tail < 1e-9:

@@ -197,8 +197,10 @@ def grouped_block_m(pairs: int, experts: int, which: str) -> int:
     full = block_rows(which)
     mean = -(-pairs // experts)
     first = min(full, max(16, 1 << (mean - 1).bit_length()))
+    if first == full:
+        return full
     sizes = tuple(sorted((int(r), float(c)) for r, c in (GROUPED.get("block_costs") or {}).items() if int(r) < full))
-    return first if first == full or not sizes else cheapest_block(pairs, experts, sizes)
+    return cheapest_block(pairs, experts, sizes) if sizes else first
 
 
 GROUPED["block_costs"] = dict(BLOCK_COSTS)     # blocks.py's defaults; the bench's experts section measures its own
