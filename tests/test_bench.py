@@ -703,6 +703,78 @@ def test_a_few_tokens_row_blocks_take_the_small_stages(grouped_tiles):
     assert fast.stages_of("gate_up", 16) == 2 and fast.SMALL_BLOCK_ROWS == 32
 
 
+def test_a_row_size_runs_its_own_tile_below_the_full_block(grouped_tiles):
+    """fast.tile_of: a row block below the full one takes what its GEMM's by_rows holds for that
+    size (block_n, num_warps), on top of the GEMM's tile and its stages; the full block and the
+    sizes by_rows does not name take the GEMM's own; other keys are not taken. The docstring's
+    example: block_n 128 / 8 warps, by_rows {64: {block_n 256}, 128: {block_n 256, 16 warps}}."""
+    grouped_tiles["gate_up"].update(block_m=64, block_n=128, num_warps=8, split=3, num_stages=2, small_stages=3,
+                                    by_rows={64: {"block_n": 256}, 128: {"block_n": 256, "num_warps": 16},
+                                             16: {"split": 2, "block_m": 8}, 192: {"block_n": 256}})
+    got = {r: fast.tile_of("gate_up", r) for r in (16, 32, 64, 128, 192)}
+    assert {r: (t["block_n"], t["num_warps"], t["num_stages"]) for r, t in got.items()} == \
+        {16: (128, 8, 3), 32: (128, 8, 3), 64: (256, 8, 2), 128: (256, 16, 2), 192: (128, 8, 2)}
+    assert got[16]["split"] == 3 and got[16]["block_m"] == 64           # by_rows sets block_n and warps only
+    assert fast.tile_of("down", 64)["block_n"] == grouped_tiles["down"]["block_n"]
+
+
+@pytest.mark.skipif(not kernel_runs, reason="needs Triton with CUDA or TRITON_INTERPRET=1")
+def test_a_row_sizes_own_tile_gives_the_same_bits(grouped_tiles):
+    """A 16-row block run with a by_rows tile twice as wide (and with 4 warps more) computes the
+    same bf16 bits as with its GEMM's own tile: each output element is one dot over K either way."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    m = _experts(11, E=4, H=256, I=256).to(dev)
+    m.__class__ = FastPackedExperts
+    grouped_tiles.update(dequant=2, piece=32)
+    to_kernel_layout(m, 32)
+    x = torch.randn(24, 256, device=dev).to(torch.bfloat16)
+    idx = torch.stack([torch.randperm(4)[:2] for _ in range(24)]).to(dev)
+    w = torch.rand(24, 2, device=dev)
+    for which in ("gate_up", "down"):
+        grouped_tiles[which].update(block_m=16, block_n=64, num_warps=4, split=1, wgmma=False, wide=False)
+    own = fused_experts(m, x, idx, w, rows=16)
+    for which in ("gate_up", "down"):
+        grouped_tiles[which]["by_rows"] = {16: {"block_n": 128, "num_warps": 8}}
+    assert fast.tile_of("down", 16)["block_n"] == 128
+    assert torch.equal(fused_experts(m, x, idx, w, rows=16), own)
+
+
+def test_block_costs_keep_each_sizes_fastest_tile(grouped_tiles, monkeypatch):
+    """bench/tiles.block_costs times each row size under every variant and keeps the fastest in
+    both GEMMs' by_rows (none where the GEMM's own tile wins; a by_rows left from before is
+    dropped), its cost from that time; a variant that raises is recorded with its error and never
+    chosen. Fake clocks: 16 rows, own tile 2 ms, block_n 256 3 ms; 32 rows, own 4 ms, 256 1 ms;
+    the 16-warp variant raises."""
+    from diag.bench import tiles
+
+    for which in ("gate_up", "down"):
+        grouped_tiles[which].update(block_m=64, split=1, block_n=128, num_warps=8)
+    grouped_tiles["gate_up"]["by_rows"] = {16: {"block_n": 512}}
+    clock = {(16, 128): 2e-3, (16, 256): 3e-3, (32, 128): 4e-3, (32, 256): 1e-3}
+    now = {}
+
+    def fake_timed(fn, repeat, warmup):
+        fn()
+        t, d = fast.tile_of("gate_up", now["rows"]), fast.tile_of("down", now["rows"])
+        assert (t["block_n"], t["num_warps"]) == (d["block_n"], d["num_warps"])
+        if t["num_warps"] == 16:
+            raise RuntimeError("out of shared memory")
+        return clock[(now["rows"], t["block_n"])]
+
+    monkeypatch.setattr(fast, "fused_experts", lambda *a, rows=None, **kw: now.update(rows=rows))
+    monkeypatch.setattr(tiles, "timed", fake_timed)
+    got = tiles.block_costs(_experts(5, E=8, H=256, I=256), top_k=2)
+    assert [r["rows"] for r in got["rows"]] == [16, 32]
+    assert [r["variant"] for r in got["rows"]] == [{}, {"block_n": 256}]
+    assert got["by_rows"] == {32: {"block_n": 256}}
+    assert fast.GROUPED["gate_up"]["by_rows"] == fast.GROUPED["down"]["by_rows"] == {32: {"block_n": 256}}
+    tried = got["rows"][1]["tried"]
+    assert [t["seconds"] for t in tried[:2]] == [4e-3, 1e-3] and "shared memory" in tried[2]["error"]
+    assert got["costs_us"] == {16: pytest.approx(2e-3 / got["rows"][0]["blocks"] * 1e6),
+                               32: pytest.approx(1e-3 / got["rows"][1]["blocks"] * 1e6)}
+    assert fast.GROUPED["block_costs"] == got["costs_us"]
+
+
 def test_block_costs_time_each_small_row_block_at_half_a_block_an_expert(grouped_tiles, monkeypatch):
     """bench/tiles.block_costs: for each row block below the full one, both GEMMs routed for it
     (fused_experts' rows) at r * E / (2 k) tokens, the time over the blocks launched, set into

@@ -9,7 +9,8 @@ variant bit for bit at Kimi's widths.
   exact     A = identity rows routed to one expert: out^T is the dequantized weight, which
             must equal format.dequantize's bf16 bits, for every DEQUANT variant
   blocks    the device time a row block of each small size costs (block_costs), which
-            grouped_block_m weighs against the blocks each size launches
+            grouped_block_m weighs against the blocks each size launches, under the tile
+            variant per size that runs it fastest (fast.tile_of's "by_rows")
 Stops trying after `budget_s` (every compile costs seconds); what was tried is returned.
 This module knows the kernel's knobs and clocks; nothing about files.
 """
@@ -213,32 +214,71 @@ def _choose(best: dict, experts, tokens: int) -> dict:
 
 
 BLOCK_COST_ROWS = (16, 32, 64, 128)
+# The tile variants block_costs times at each row size (fast.tile_of's "by_rows"): the GEMM's own
+# tile, then wider weight slabs, which re-read each block's activations half as often. An H200 at
+# 3072 tokens (NOTES.md, twenty-seventh stop): 64 rows 9.20 / 8.79 / 9.16 ms, 128 rows 12.78 /
+# 10.57 / 10.37; 16 and 32 rows lost with either (4.09 -> 4.93 ms at 192 tokens).
+BLOCK_VARIANTS = ({}, {"block_n": 256}, {"block_n": 256, "num_warps": 16})
 
 
 @torch.no_grad()
-def block_costs(experts, rows=BLOCK_COST_ROWS, *, top_k: int = 8, seed: int = 5, repeat: int = 5) -> dict:
+def block_costs(experts, rows=BLOCK_COST_ROWS, *, top_k: int = 8, seed: int = 5, repeat: int = 5,
+                variants=BLOCK_VARIANTS) -> dict:
     """fast.GROUPED["block_costs"] measured on the device at hand (set there, and returned with
     what each came from): for each row block r below the full block, the layer's experts
     (fused_experts, both GEMMs routed for r rows) at the token count that gives each expert r / 2
     pairs on average under uniform top-k routing, so that hardly any expert overflows its block,
-    timed and divided by the row blocks launched (each expert's ceil(pairs / r)): us a block.
-    Kimi's 384 experts, top 8: 16 rows at 384 tokens, 32 at 768, 64 at 1536, 128 at 3072. On the
-    H200 these were 11.1, 12.9, 16.5 and 32.9 us (int4/blocks.BLOCK_COSTS)."""
+    timed under each of `variants` (both GEMMs' tile for r rows, fast.tile_of), the fastest kept
+    into each GEMM's "by_rows" (none where the GEMM's own tile wins; a variant that does not
+    compile or run is recorded with its error), its time divided by the row blocks launched (each
+    expert's ceil(pairs / r)): us a block. Kimi's 384 experts, top 8: 16 rows at 384 tokens, 32
+    at 768, 64 at 1536, 128 at 3072. On the H200 these were 11.1, 12.9, 16.5 and 32.9 us with
+    the GEMMs' own tile (int4/blocks.BLOCK_COSTS)."""
     from diag.int4 import fast
 
     dev = experts.gate_up_proj_packed.device
     gen = torch.Generator(device=dev).manual_seed(seed)
     E, full = experts.num_experts, min(fast.block_rows(w) for w in ("gate_up", "down"))
-    out, costs = [], {}
+    out, costs, chosen = [], {}, {}
+    for w in ("gate_up", "down"):
+        fast.GROUPED[w]["by_rows"] = {}                 # each size timed from the GEMM's own tile
     for r in (r for r in rows if r < full):
         tokens = max(1, r * E // (2 * top_k))
         x = torch.randn(tokens, experts.hidden_dim, device=dev, generator=gen, dtype=torch.bfloat16)
         idx = torch.rand(tokens, E, device=dev, generator=gen).topk(min(top_k, E), dim=-1).indices
         w = torch.rand(idx.shape, device=dev, generator=gen, dtype=torch.bfloat16)
         blocks = int((-(-torch.bincount(idx.reshape(-1), minlength=E) // r)).sum())
-        s = timed(lambda: fast.fused_experts(experts, x, idx, w, rows=r), repeat=repeat, warmup=1)
+        tried = [_time_variant(lambda: fast.fused_experts(experts, x, idx, w, rows=r), r, v, repeat)
+                 for v in variants]
+        best = min(tried, key=lambda t: t["seconds"])
+        _set_by_rows(r, best["variant"])
+        if best["variant"]:
+            chosen[r] = best["variant"]
+        s = best["seconds"]
         costs[r] = s / blocks * 1e6
-        out.append({"rows": r, "tokens": tokens, "blocks": blocks, "seconds": s, "us_per_block": costs[r]})
+        out.append({"rows": r, "tokens": tokens, "blocks": blocks, "seconds": s, "us_per_block": costs[r],
+                    "variant": best["variant"], "tried": tried})
     if costs:
         fast.GROUPED["block_costs"] = costs
-    return {"costs_us": costs, "rows": out}
+    return {"costs_us": costs, "by_rows": chosen, "rows": out}
+
+
+def _time_variant(fn, rows: int, variant: dict, repeat: int) -> dict:
+    """fn's seconds with both GEMMs' row blocks of `rows` on `variant`; inf and the error's text
+    where it does not compile or run (e.g. a tile wider than this GPU's shared memory)."""
+    _set_by_rows(rows, variant)
+    try:
+        return {"variant": dict(variant), "seconds": timed(fn, repeat=repeat, warmup=1)}
+    except Exception as err:  # a variant this GPU cannot run is data, not a crash
+        return {"variant": dict(variant), "seconds": float("inf"), "error": repr(err)[:300]}
+
+
+def _set_by_rows(rows: int, variant: dict) -> None:
+    """Both GEMMs' tile variant for row blocks of `rows` ({}: their own tile)."""
+    from diag.int4 import fast
+    for w in ("gate_up", "down"):
+        by = dict(fast.GROUPED[w].get("by_rows") or {})
+        by.pop(rows, None)
+        if variant:
+            by[rows] = dict(variant)
+        fast.GROUPED[w]["by_rows"] = by

@@ -56,7 +56,9 @@ TILES = {"block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 4, "num_stag
 # epilogue, where the module's activation is SiLU; "small_stages": the pipeline's stages for the
 # smaller power-of-two row blocks grouped_block_m gives a few tokens, one dot each, whose
 # shared memory leaves room for a stage more: H100, a decode step's 8 tokens, both GEMMs 0.823
-# -> 0.770 ms at 3 stages, reports/bench/NOTES.md, twenty-sixth stop; up to SMALL_BLOCK_ROWS). The piece width (the weights' layout)
+# -> 0.770 ms at 3 stages, reports/bench/NOTES.md, twenty-sixth stop; up to SMALL_BLOCK_ROWS; "by_rows":
+# {rows: {block_n, num_warps}}, what a row block of that size below the full one runs with instead,
+# tile_of). The piece width (the weights' layout)
 # and the dequant variant are shared. The defaults are what diag bench measured fastest on
 # an H200 (reports/bench/NOTES.md); a bench run may set others for its own process.
 GROUPED = {"dequant": 3, "piece": 32,
@@ -115,9 +117,9 @@ def grouped_int4_gemm(a: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor
     import triton
 
     N, K = packed.shape[1], packed.shape[2] * 8
-    t = GROUPED[which]
+    t = tile_of(which, r.block_m)
     split = split_of(which, r.block_m)
-    stages = stages_of(which, r.block_m)
+    stages = t["num_stages"]
     out = torch.empty(r.num_pairs, N // 2 if glu else N, dtype=torch.bfloat16, device=a.device)
     args = (a, packed, scale, out, r.sorted_ids, r.block_expert, route_w if route_w is not None else out,
             N, K, r.num_pairs, a_div, a.stride(0), packed.stride(0), packed.stride(1), scale.stride(0),
@@ -138,6 +140,24 @@ def grouped_int4_gemm(a: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor
                  UPCAST=_interpreting(), GLU=glu, **extra,
                  num_warps=t["num_warps"], num_stages=stages)
     return out
+
+
+def tile_of(which: str, rows: int) -> dict:
+    """The tile GROUPED[which] runs a row block of `rows` with: its own entry, num_stages as
+    stages_of gives it, and for a block below the full one what its "by_rows" holds for that
+    size (block_n and num_warps; bench/tiles.block_costs times each variant per size and keeps
+    the fastest). Worked example: gate_up block_n 128 / 8 warps, by_rows {64: {"block_n": 256}}
+    -> 64 rows: block_n 256, 8 warps, 2 stages; 16 rows: block_n 128, 3 stages; the full block
+    (192) never takes by_rows. An H200 at 3072 tokens: 64-row blocks 9.20 -> 8.79 ms with
+    block_n 256, 128-row blocks 12.78 -> 10.37 ms with block_n 256 at 16 warps (NOTES.md)."""
+    t = GROUPED[which]
+    tile = {**t, "num_stages": stages_of(which, rows)}
+    if rows != block_rows(which):
+        tile.update((k, v) for k, v in (t.get("by_rows") or {}).get(rows, {}).items() if k in BY_ROWS_KEYS)
+    return tile
+
+
+BY_ROWS_KEYS = ("block_n", "num_warps")      # what a row size may set apart from its GEMM's tile
 
 
 def stages_of(which: str, rows: int) -> int:
