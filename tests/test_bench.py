@@ -730,8 +730,8 @@ def test_a_row_sizes_own_tile_gives_the_same_bits(grouped_tiles):
     x = torch.randn(24, 256, device=dev).to(torch.bfloat16)
     idx = torch.stack([torch.randperm(4)[:2] for _ in range(24)]).to(dev)
     w = torch.rand(24, 2, device=dev)
-    for which in ("gate_up", "down"):
-        grouped_tiles[which].update(block_m=16, block_n=64, num_warps=4, split=1, wgmma=False, wide=False)
+    for which in ("gate_up", "down"):           # full blocks of 32 rows: 16 lies below, where by_rows applies
+        grouped_tiles[which].update(block_m=32, block_n=64, num_warps=4, split=1, wgmma=False, wide=False)
     own = fused_experts(m, x, idx, w, rows=16)
     for which in ("gate_up", "down"):
         grouped_tiles[which]["by_rows"] = {16: {"block_n": 128, "num_warps": 8}}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 import pytest
+import torch
 
 from diag.bench.render import goal_lines
 from diag.errors import DiagError
@@ -414,3 +415,63 @@ def test_grow_appends_silent_copies_that_read_every_weight_and_decode_what_the_b
         silence(NoMLPOut())
     with pytest.raises(ValueError, match="no self_attn.o_proj"):
         silence(torch.nn.Linear(2, 2))
+
+
+def test_the_split_saving_comes_from_the_models_routing_where_the_probe_has_it():
+    """expert_split.saved reads the probe's model_rows (the model's own router: the decode-loop fit
+    was measured on it) by default, the uniform rows where asked or where there are none; the
+    extrapolation names the routing and gives the uniform figure beside it. 59 layers x 121 rounds
+    of 45 tokens: 42.3 - 7139 x 1.0e-3 = 35.16 s (model), 42.3 - 7139 x 2.45e-3 = 24.81 s (uniform)."""
+    from diag.bench.expert_split import routing_of, saved
+    from diag.bench.extrapolate import sampled_extrapolation
+
+    uniform = [{"tokens": 64, "all_s": 2.9e-3, "shard_s": 0.45e-3, "saved_s": 2.45e-3}]
+    model = [{"tokens": 64, "all_s": 1.6e-3, "shard_s": 0.6e-3, "saved_s": 1.0e-3}]
+    split = {"shards": 8, "rows": uniform, "model_rows": model}
+    assert saved(split, 45) == pytest.approx(1.0e-3) and routing_of(split) == "model"
+    assert saved(split, 45, "uniform") == pytest.approx(2.45e-3)
+    assert routing_of({"rows": uniform}) == "uniform" and saved({"rows": uniform}, 45) == pytest.approx(2.45e-3)
+    kept_run = {"wall_s": 3.9, "sampled_s": 1.5, "sampled_rounds": 121, "sampled_verified_tokens": 45 * 121,
+                "target_kept": 1}
+    a = (42.3 - 1.5) / (59 * 121)
+    e2e = {"layers": 2, "first": {"sampled_s": 6.0, "sampled_rounds": 100}, "one_more_layout": MORE,
+           "one_more_layout_kept": kept_run}
+    x = sampled_extrapolation(e2e, (a, 0.0, "fit"), 100.0, 599.5e9, 15.5e9, split=split)
+    assert x["further_kept_split_decode_s"] == pytest.approx(42.3 - 59 * 121 * 1.0e-3) == pytest.approx(35.16, abs=0.01)
+    assert x["further_kept_split_routing"] == "model"
+    assert x["further_sampled_variant_kept_split_uniform_routing_s"] == pytest.approx(2.4 + 24.81, abs=0.01)
+    assert x["formulas"]["further_kept_split_decode_s"].endswith("(model routing)")
+    y = sampled_extrapolation(e2e, (a, 0.0, "fit"), 100.0, 599.5e9, 15.5e9, split={"shards": 8, "rows": uniform})
+    assert y["further_kept_split_routing"] == "uniform"
+    assert "further_sampled_variant_kept_split_uniform_routing_s" not in y
+
+
+def test_the_models_routing_is_read_at_its_experts_and_taken_across_rows():
+    """expert_split.model_routed: the experts module's inputs as the model's forward hands them
+    (the forward stopped there: the layer after it never runs), tokens taken position by position
+    across the rows: ids [2, 3], 4 tokens -> (row 0, pos 0), (1, 0), (0, 1), (1, 1)."""
+    from diag.bench.expert_split import model_routed
+    from test_sharded_experts import _packed
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(50, 32)
+            self.router = torch.nn.Linear(32, 7, bias=False)
+            self.experts = _packed(E=7, H=32, I=16)
+            self.after = 0
+
+        def forward(self, input_ids):
+            x = self.embed(input_ids).reshape(-1, 32)
+            w, idx = self.router(x).softmax(-1).topk(2, dim=-1)
+            self.experts(x, idx, w)
+            self.after += 1
+
+    torch.manual_seed(0)
+    m = Tiny()
+    ids = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    x, idx, w = model_routed(m, m.experts, ids, 4)
+    assert m.after == 0
+    assert torch.equal(x, m.embed(torch.tensor([1, 4, 2, 5])))
+    want_w, want_idx = m.router(x).softmax(-1).topk(2, dim=-1)
+    assert torch.equal(idx, want_idx) and torch.allclose(w, want_w)

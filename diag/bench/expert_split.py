@@ -11,6 +11,13 @@ between the measured token counts linearly, outside them the nearest.
 Worked example: at 64 tokens all 2.9 ms, one shard of 8 0.45 ms -> 2.45 ms a layer-round
 saved; over 59 added layers and 121 rounds, 17.5 s.
 
+Two routings: uniform (each token's top-k drawn at random: a trained Kimi's balanced router
+reaches nearly every expert) and, given token ids, the model's own router on them (`model_routed`:
+the bench's target routes as the decode-loop fit's rounds were routed, so the saving that comes
+off that fit is the one measured on it; there the slowest shard sets the pace). The twenty-eighth
+stop's H100 had all 384 experts at 64 uniform tokens cost 3.15 ms, more than the fit's whole
+layer-round at those tokens (2.88 ms): the bench target's rounds reach fewer experts than uniform.
+
 Not measured here (one GPU): the hand-off of the hidden states to the N - 1 other GPUs and
 their partial sums back (a round of 64 tokens: 64 x 7168 x (2 + 4) B = 2.8 MB a GPU, some
 10 us at NVLink's bandwidth), and the launches of N devices' kernels from one host thread.
@@ -49,10 +56,14 @@ def _timed(fn, repeats: int = REPEATS) -> float:
 
 
 @torch.no_grad()
-def probe(model, shards: int = SHARDS, tokens=TOKENS, top_k: int | None = None, seed: int = 0) -> dict:
+def probe(model, shards: int = SHARDS, tokens=TOKENS, top_k: int | None = None, seed: int = 0,
+          ids: torch.Tensor | None = None) -> dict:
     """The first routed-experts module of `model` (on CUDA): {"shards", "experts", "rows":
-    [{"tokens", "all_s", "shard_s", "saved_s", "shard_fraction"}]}; {"error": why} when it
-    cannot run (no CUDA experts, or the forward failed: data, not a crash)."""
+    [{"tokens", "all_s", "shard_s", "saved_s", "shard_fraction"}]} under uniform routing, and
+    with `ids` ([B, L] token ids) "model_rows" likewise under the routing the model's own router
+    gives those tokens (`model_routed`), whose shard_s is the slowest shard's (the GPUs wait for
+    it); {"error": why} when it cannot run (no CUDA experts, or the forward failed: data, not a
+    crash)."""
     from diag.int4.fast import fused_experts
     from diag.int4.packed import PackedExperts
     from diag.int4.sharded import ShardedExperts, local_index, shard_pairs
@@ -77,15 +88,68 @@ def probe(model, shards: int = SHARDS, tokens=TOKENS, top_k: int | None = None, 
                 shard_s = _timed(lambda: fused_experts(shard, x, local, w, partial=True, pairs=share))
                 rows.append({"tokens": t, "all_s": all_s, "shard_s": shard_s, "saved_s": all_s - shard_s,
                              "shard_fraction": shard_s / all_s})
+        model_rows = _model_rows(model, module, ids, shards, tokens) if ids is not None else None
     except Exception as err:  # recorded in the JSON
         return {"error": repr(err)[-400:]}
     return {"shards": shards, "experts": module.num_experts, "experts_per_shard": shard.num_experts, "top_k": k,
-            "rows": rows}
+            "rows": rows, **({"model_rows": model_rows} if model_rows is not None else {})}
 
 
-def saved(split: dict, tokens: float) -> float:
-    """saved_s per layer-round at `tokens` verified tokens (module docstring)."""
-    rows = sorted(split.get("rows", []), key=lambda r: r["tokens"])
+class _Reached(Exception):
+    """Raised by model_routed's hook: the experts' inputs are in hand, the forward need go no further."""
+
+
+def model_routed(model, module, ids: torch.Tensor, tokens: int) -> tuple:
+    """(x, top_k_index, top_k_weights) the model's own router hands `module` for `ids` [B, L]
+    (the forward stopped there), `tokens` of them taken position by position across the rows,
+    as a round's verified tokens come from many rows. Example: ids [2, 3], tokens 4 -> the
+    tokens of (row 0, pos 0), (1, 0), (0, 1), (1, 1)."""
+    got = {}
+
+    def grab(_module, args):
+        got["args"] = args
+        raise _Reached
+
+    hook = module.register_forward_pre_hook(grab)
+    try:
+        model(input_ids=ids.to(module.gate_up_proj_packed.device))
+    except _Reached:
+        pass
+    finally:
+        hook.remove()
+    x, idx, w = got["args"][:3]
+    B, L = ids.shape
+    order = torch.arange(B * L, device=x.device).view(B, L).T.reshape(-1)[:tokens]
+    return x[order], idx[order], w[order]
+
+
+def _model_rows(model, module, ids, shards: int, tokens) -> list[dict]:
+    """probe's rows under the model's routing: all experts, then every shard (its pairs only),
+    the slowest shard's time kept, with each shard's pairs."""
+    from diag.int4.fast import fused_experts
+    from diag.int4.sharded import ShardedExperts, local_index, shard_pairs
+
+    rows = []
+    for t in (t for t in tokens if t <= ids.numel()):
+        x, idx, w = model_routed(model, module, ids, t)
+        all_s = _timed(lambda: module(x, idx, w))
+        times, pairs = [], []
+        for shard in ShardedExperts.of(module, [x.device] * shards).shards:
+            local = local_index(idx, shard.first_expert, shard.num_experts)
+            share = shard_pairs(local.numel(), shard.num_experts, module.num_experts)
+            times.append(_timed(lambda: fused_experts(shard, x, local, w, partial=True, pairs=share)))
+            pairs.append(int((local < shard.num_experts).sum()))
+        rows.append({"tokens": t, "all_s": all_s, "shard_s": max(times), "saved_s": all_s - max(times),
+                     "shard_fraction": max(times) / all_s, "shard_seconds": times, "shard_pairs": pairs,
+                     "experts_reached": int(idx.unique().numel())})
+    return rows
+
+
+def saved(split: dict, tokens: float, routing: str | None = None) -> float:
+    """saved_s per layer-round at `tokens` verified tokens (module docstring), from the rows of
+    `routing` ("model": the model's own router, "uniform"; default: the model's where the probe
+    has them, as the decode-loop fit the saving comes off was measured on that routing)."""
+    rows = sorted(split.get(_rows_key(split, routing), []), key=lambda r: r["tokens"])
     if not rows:
         return 0.0
     if tokens <= rows[0]["tokens"]:
@@ -95,3 +159,14 @@ def saved(split: dict, tokens: float) -> float:
             f = (tokens - lo["tokens"]) / (hi["tokens"] - lo["tokens"])
             return lo["saved_s"] + f * (hi["saved_s"] - lo["saved_s"])
     return rows[-1]["saved_s"]
+
+
+def routing_of(split: dict, routing: str | None = None) -> str:
+    """Which routing saved() reads: "model" where asked or, by default, where the probe has it."""
+    return "model" if _rows_key(split, routing) == "model_rows" else "uniform"
+
+
+def _rows_key(split: dict, routing: str | None) -> str:
+    if routing == "model" or (routing is None and split.get("model_rows")):
+        return "model_rows"
+    return "rows"

@@ -363,7 +363,7 @@ def _split_variant(kept: dict | None, split: dict | None, extra: int, out: dict)
       further_kept_split_decode_s = further_kept_decode_s - extra * rounds * saved(tokens / rounds)
     Worked example: decode 42.3 s over 121 rounds of 45 tokens, 59 added layers, 2.45 ms saved a
     layer-round -> 42.3 - 59 * 121 * 0.00245 = 24.8 s."""
-    from diag.bench.expert_split import saved
+    from diag.bench.expert_split import routing_of, saved
 
     if not kept or not split or not split.get("rows") or "further_kept_decode_s" not in out:
         return {"further_kept_split_note": (split or {}).get("error", "no split probe in the grown section")} \
@@ -379,7 +379,12 @@ def _split_variant(kept: dict | None, split: dict | None, extra: int, out: dict)
     out["formulas"]["further_kept_split_decode_s"] = (
         f"{out['further_kept_decode_s']:.4g} - {extra} layers * {rounds} rounds * {saved(split, per_round):.4g} s "
         f"saved a layer-round at {per_round:.0f} tokens")
+    routing = routing_of(split)
+    out["formulas"]["further_kept_split_decode_s"] += f" ({routing} routing)"
+    uniform = max(out["further_kept_decode_s"] - extra * rounds * saved(split, per_round, "uniform"), 0.0)
     return {"further_kept_split_decode_s": decode, "further_sampled_variant_kept_split_s": rest + decode,
+            "further_kept_split_routing": routing,
+            **({"further_sampled_variant_kept_split_uniform_routing_s": rest + uniform} if routing == "model" else {}),
             "further_kept_split_not_measured": "the hand-off between GPUs and the other devices' launches "
                                                "(one GPU measured: bench/expert_split.py)"}
 

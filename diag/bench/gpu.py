@@ -431,7 +431,7 @@ def _grown(model, seqs, points, max_layers, st, dev, batch: int = 48) -> dict:
           _generation_probe(model, model.config.vocab_size, prompts=batch, own_cache=False, **BATCH_PROBE)]
     costs = _costs_probe(model, st, dev)
     rounds = probe(model, st.get("costs_drafter"), st["ks"].layout)
-    split = expert_split.probe(model)
+    split = expert_split.probe(model, ids=torch.stack([s.ids[:64] for s in seqs[:16]]))   # + the model's routing
     st.pop("costs_drafter", None)
     weights = resident_bytes(model)
     added = n - base_layers
