@@ -475,3 +475,32 @@ def test_the_models_routing_is_read_at_its_experts_and_taken_across_rows():
     assert torch.equal(x, m.embed(torch.tensor([1, 4, 2, 5])))
     want_w, want_idx = m.router(x).softmax(-1).topk(2, dim=-1)
     assert torch.equal(idx, want_idx) and torch.allclose(w, want_w)
+
+
+def test_the_split_saving_is_capped_at_the_layer_round_less_the_shards_own_time():
+    """_split_variant's H100 example: 64 tokens a round, the fit's layer-round 2.557 ms + 5.01 us a
+    token = 2.878 ms; all 384 experts (uniform) 3.15 ms, a shard 0.708 ms: the probe's 2.44 ms saved
+    is more than the round could lose; capped at 2.878 - 0.708 = 2.170 ms. 59 x 121 rounds (no
+    per-loop term here): 21.71 - 7139 x 2.170e-3 = 6.22 s, not 21.71 - 7139 x 2.44e-3 = 4.29 s."""
+    from diag.bench.extrapolate import sampled_extrapolation
+
+    split = {"shards": 8, "rows": [{"tokens": 64, "all_s": 3.149e-3, "shard_s": 0.708e-3, "saved_s": 2.441e-3}]}
+    a, b = 2.557e-3, 5.01e-6
+    kept_run = {"wall_s": 4.37, "sampled_s": 1.17, "sampled_rounds": 121, "sampled_verified_tokens": 64 * 121,
+                "target_kept": 1}
+    e2e = {"layers": 2, "first": {"sampled_s": 6.0, "sampled_rounds": 100}, "one_more_layout": MORE,
+           "one_more_layout_kept": kept_run}
+    x = sampled_extrapolation(e2e, (a, b, "fit"), 100.0, 599.5e9, 15.5e9, split=split)
+    decode = 1.17 + 59 * (a * 121 + b * 64 * 121)
+    assert x["further_kept_decode_s"] == pytest.approx(decode) == pytest.approx(21.71, abs=0.01)
+    cap = a + b * 64 - 0.708e-3
+    assert cap == pytest.approx(2.170e-3, abs=1e-6) and x["further_kept_split_saving_capped"] is True
+    assert x["further_kept_split_decode_s"] == pytest.approx(decode - 59 * 121 * cap) == pytest.approx(6.22, abs=0.01)
+    assert "capped at the fit's layer-round less the shard's time" in x["formulas"]["further_kept_split_decode_s"]
+    goal = x["goals"]["further_sampled_variant_kept_split_s"]
+    assert goal["met"] is None and goal["value"] < goal["limit"]          # an optimistic estimate decides nothing
+    res = {"kind": "gpu", "sections": {"extrapolation": {"sampled": x}}}
+    row = [r for r in goal_lines(res) if "split" in r]
+    assert len(row) == 1 and row[0].endswith("| undecided (a term capped: optimistic) |")
+    x["further_kept_split_saving_capped"] = False
+    assert [r for r in goal_lines(res) if "split" in r][0].endswith("| met |")

@@ -149,16 +149,22 @@ def saved(split: dict, tokens: float, routing: str | None = None) -> float:
     """saved_s per layer-round at `tokens` verified tokens (module docstring), from the rows of
     `routing` ("model": the model's own router, "uniform"; default: the model's where the probe
     has them, as the decode-loop fit the saving comes off was measured on that routing)."""
+    return at(split, tokens, "saved_s", routing)
+
+
+def at(split: dict, tokens: float, key: str, routing: str | None = None) -> float:
+    """A probe row's `key` at `tokens`: linear between the measured token counts, the nearest
+    outside them, 0 without rows."""
     rows = sorted(split.get(_rows_key(split, routing), []), key=lambda r: r["tokens"])
     if not rows:
         return 0.0
     if tokens <= rows[0]["tokens"]:
-        return rows[0]["saved_s"]
+        return rows[0][key]
     for lo, hi in zip(rows, rows[1:]):
         if tokens <= hi["tokens"]:
             f = (tokens - lo["tokens"]) / (hi["tokens"] - lo["tokens"])
-            return lo["saved_s"] + f * (hi["saved_s"] - lo["saved_s"])
-    return rows[-1]["saved_s"]
+            return lo[key] + f * (hi[key] - lo[key])
+    return rows[-1][key]
 
 
 def routing_of(split: dict, routing: str | None = None) -> str:

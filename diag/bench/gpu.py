@@ -268,7 +268,7 @@ def _finish(res: dict, out: Path) -> dict:
         x = secs.get("extrapolation", {}).get("sampled")
         for key, goal in (x or {}).get("goals", {}).items():      # each term, the goal, met or not
             print(f"[bench] extrapolation.sampled.{key}: {x['terms'][key]} (goal <= {goal['limit']:g} s: "
-                  f"{'met' if goal['met'] else 'NOT met'})")
+                  f"{'undecided' if goal['met'] is None else 'met' if goal['met'] else 'NOT met'})")
     save(res, out)
     return res
 
