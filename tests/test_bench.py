@@ -134,8 +134,8 @@ def _fused_vs_eager(m, dev) -> float:
 def grouped_tiles():
     saved = {k: (dict(v) if isinstance(v, dict) else v) for k, v in fast.GROUPED.items()}
     # the Triton kernels' small tiles (tests/test_wgmma_kernel.py has wgmma_kernel's)
-    fast.GROUPED["gate_up"].update(block_m=16, block_n=32, split=1, wgmma=False)
-    fast.GROUPED["down"].update(block_m=32, block_n=64, split=3, wgmma=False)
+    fast.GROUPED["gate_up"].update(block_m=16, block_n=32, split=1, wgmma=False, by_rows={})
+    fast.GROUPED["down"].update(block_m=32, block_n=64, split=3, wgmma=False, by_rows={})
     yield fast.GROUPED
     fast.GROUPED.clear()
     fast.GROUPED.update(saved)
@@ -367,13 +367,14 @@ def test_tuner_chooses_each_gemms_fastest_tile_at_the_best_shared_layout(grouped
             (32, 2, "down"): (0.0089, (128, 128, 8, 3, False, 1, "")),
             (16, 2, "gate_up"): (0.0150, (128, 128, 8, 3, False, 1, ""))}           # no down: not a pair
     m = _experts(5, E=4, H=256, I=256)
+    grouped_tiles["gate_up"]["by_rows"] = {64: {"block_n": 256}}
     got = _choose(best, m, 8192)
     assert got["by_piece_and_dequant"] == {"piece32_dequant3": pytest.approx(0.02029),
                                            "piece32_dequant2": pytest.approx(0.0219)}
     assert got["gemm_seconds"] == pytest.approx(0.02029)
     assert fast.GROUPED["dequant"] == 3 and fast.GROUPED["piece"] == 32 and m.kernel_layout == 32
     assert fast.GROUPED["gate_up"] == {"block_m": 64, "block_n": 128, "num_warps": 8, "num_stages": 2,
-                                       "wide": False, "glu": True}
+                                       "wide": False, "glu": True, "by_rows": {64: {"block_n": 256}}}   # kept
     assert "glu" not in fast.GROUPED["down"]
     assert fast.GROUPED["down"]["block_m"] == 128 and got["chosen"]["down"]["num_stages"] == 3
 
@@ -701,6 +702,16 @@ def test_a_few_tokens_row_blocks_take_the_small_stages(grouped_tiles):
     assert [fast.stages_of("gate_up", r) for r in (16, 32, 64, 128, 192)] == [3, 3, 2, 2, 2]
     grouped_tiles["gate_up"].pop("small_stages")
     assert fast.stages_of("gate_up", 16) == 2 and fast.SMALL_BLOCK_ROWS == 32
+
+
+def test_the_shipped_tiles_widen_64_and_128_row_blocks_only():
+    """GROUPED's defaults: 64- and 128-row blocks at block_n 256 and 16 warps (BY_ROWS, faster on
+    the H100 and the H200 measured), 16 and 32 rows and the full block (192) on the GEMMs' own."""
+    want = {16: (128, 8), 32: (128, 8), 64: (256, 16), 128: (256, 16), 192: (128, 8)}
+    for w in ("gate_up", "down"):
+        assert {r: (fast.tile_of(w, r)["block_n"], fast.tile_of(w, r)["num_warps"]) for r in want} == want
+    wide = fast.tile_of("down", 64)
+    assert not wide["block_n"] % (16 * wide["num_warps"])        # whole 64-row slabs a warpgroup: wgmma_runs' rule
 
 
 def test_a_row_size_runs_its_own_tile_below_the_full_block(grouped_tiles):

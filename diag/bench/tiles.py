@@ -141,9 +141,15 @@ def _tile(cand: tuple) -> dict:
             **({"wgmma": True, "drain": pipe == "wgmma"} if pipe else {})}
 
 
-def _try(g: _Gemms, which: str, cand: tuple, rows: list, tag: dict) -> float:
+def _set_tile(which: str, cand: tuple) -> None:
+    """fast.GROUPED[which] = the candidate's tile, its row sizes' own tiles (by_rows) kept."""
     from diag.int4 import fast
-    fast.GROUPED[which] = _tile(cand)
+    by = fast.GROUPED[which].get("by_rows")
+    fast.GROUPED[which] = {**_tile(cand), **({"by_rows": by} if by is not None else {})}
+
+
+def _try(g: _Gemms, which: str, cand: tuple, rows: list, tag: dict) -> float:
+    _set_tile(which, cand)
     row = {**tag, "gemm": which, **_tile(cand)}
     try:
         row["seconds"] = g.time(which, glu=row.get("glu", False))
@@ -208,7 +214,7 @@ def _choose(best: dict, experts, tokens: int) -> dict:
     fast.to_kernel_layout(experts, piece)
     fast.GROUPED.update(piece=piece, dequant=dq)
     for which in ("gate_up", "down"):
-        fast.GROUPED[which] = _tile(best[(piece, dq, which)][1])
+        _set_tile(which, best[(piece, dq, which)][1])
     return {"tokens": tokens, "chosen": copy.deepcopy(fast.GROUPED), "gemm_seconds": full[(piece, dq)],
             "by_piece_and_dequant": {f"piece{p}_dequant{d}": v for (p, d), v in full.items()}}
 

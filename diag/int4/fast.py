@@ -66,6 +66,13 @@ GROUPED = {"dequant": 3, "piece": 32,
                        "wgmma": True, "drain": True, "small_stages": 3},
            "down": {"block_m": 64, "block_n": 128, "num_warps": 8, "num_stages": 2, "split": 3,
                     "wgmma": True, "drain": True, "small_stages": 3}}
+# 64- and 128-row blocks: weight slabs of 256 rows at 16 warps, faster than the GEMMs' own tile on
+# both devices measured (H100, both GEMMs at half a block an expert: 6.76 -> 6.16 ms at 64 rows,
+# 12.79 -> 10.38 at 128; H200 at 3072 tokens: 9.20 -> 9.16 and 12.78 -> 10.37; the same bits);
+# 16 and 32 rows keep their own (256 lost there on both). reports/bench/NOTES.md, twenty-eighth stop.
+BY_ROWS = {64: {"block_n": 256, "num_warps": 16}, 128: {"block_n": 256, "num_warps": 16}}
+for _gemm in ("gate_up", "down"):
+    GROUPED[_gemm]["by_rows"] = {r: dict(v) for r, v in BY_ROWS.items()}
 
 
 SMALL_BLOCK_ROWS = 32     # row blocks up to this many rows take GROUPED's small_stages (`stages_of`): at 64
@@ -152,7 +159,7 @@ def tile_of(which: str, rows: int) -> dict:
     block_n 256, 128-row blocks 12.78 -> 10.37 ms with block_n 256 at 16 warps (NOTES.md)."""
     t = GROUPED[which]
     tile = {**t, "num_stages": stages_of(which, rows)}
-    if rows != block_rows(which):
+    if rows < block_rows(which):
         tile.update((k, v) for k, v in (t.get("by_rows") or {}).get(rows, {}).items() if k in BY_ROWS_KEYS)
     return tile
 
