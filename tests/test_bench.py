@@ -712,6 +712,18 @@ def test_the_shipped_tiles_widen_64_and_128_row_blocks_only():
         assert {r: (fast.tile_of(w, r)["block_n"], fast.tile_of(w, r)["num_warps"]) for r in want} == want
     wide = fast.tile_of("down", 64)
     assert not wide["block_n"] % (16 * wide["num_warps"])        # whole 64-row slabs a warpgroup: wgmma_runs' rule
+    assert "only" not in wide                                     # a marker, not a tile key
+    for r in (64, 128):                                           # measured on wgmma_kernel alone: the Triton
+        assert fast.tile_of("gate_up", r, wgmma=False)["block_n"] == 128      # kernel keeps its own tile
+
+
+def test_a_tuned_row_tile_serves_the_triton_kernel_too(grouped_tiles):
+    """A by_rows entry without "only" (what bench/tiles.block_costs sets: timed on the kernel that ran)
+    applies on either kernel; one marked "only": "wgmma" on wgmma_kernel's alone."""
+    grouped_tiles["down"].update(block_m=64, split=3, block_n=128, num_warps=8,
+                                 by_rows={64: {"block_n": 256}, 32: {"block_n": 64, "only": "wgmma"}})
+    assert fast.tile_of("down", 64, wgmma=False)["block_n"] == 256
+    assert fast.tile_of("down", 32, wgmma=False)["block_n"] == 128 and fast.tile_of("down", 32)["block_n"] == 64
 
 
 def test_a_row_size_runs_its_own_tile_below_the_full_block(grouped_tiles):

@@ -70,7 +70,10 @@ GROUPED = {"dequant": 3, "piece": 32,
 # both devices measured (H100, both GEMMs at half a block an expert: 6.76 -> 6.16 ms at 64 rows,
 # 12.79 -> 10.38 at 128; H200 at 3072 tokens: 9.20 -> 9.16 and 12.78 -> 10.37; the same bits);
 # 16 and 32 rows keep their own (256 lost there on both). reports/bench/NOTES.md, twenty-eighth stop.
-BY_ROWS = {64: {"block_n": 256, "num_warps": 16}, 128: {"block_n": 256, "num_warps": 16}}
+# "only": "wgmma": measured on wgmma_kernel alone; the Triton kernel (other GPUs: their shared memory
+# may not hold 128 rows x 256) keeps the GEMM's own tile unless a bench tuned it there (no "only").
+BY_ROWS = {64: {"block_n": 256, "num_warps": 16, "only": "wgmma"},
+           128: {"block_n": 256, "num_warps": 16, "only": "wgmma"}}
 for _gemm in ("gate_up", "down"):
     GROUPED[_gemm]["by_rows"] = {r: dict(v) for r, v in BY_ROWS.items()}
 
@@ -139,6 +142,7 @@ def grouped_int4_gemm(a: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor
                                   STAGES=stages, DRAIN=bool(t.get("drain", True)),
                                   num_warps=t["num_warps"])
         return out
+    t = tile_of(which, r.block_m, wgmma=False)             # the Triton kernel: no wgmma-only row tiles
     kernel, extra = (moe_int4_gemm_split, {"SPLIT": split}) if split > 1 else \
         (moe_int4_gemm_grouped, {"WIDE": bool(t.get("wide", False))})
     grid = (triton.cdiv(N // 2 if glu else N, t["block_n"] // 2 if glu else t["block_n"]), r.block_expert.numel())
@@ -149,18 +153,20 @@ def grouped_int4_gemm(a: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor
     return out
 
 
-def tile_of(which: str, rows: int) -> dict:
+def tile_of(which: str, rows: int, wgmma: bool = True) -> dict:
     """The tile GROUPED[which] runs a row block of `rows` with: its own entry, num_stages as
     stages_of gives it, and for a block below the full one what its "by_rows" holds for that
     size (block_n and num_warps; bench/tiles.block_costs times each variant per size and keeps
-    the fastest). Worked example: gate_up block_n 128 / 8 warps, by_rows {64: {"block_n": 256}}
+    the fastest), an entry marked "only": "wgmma" only where `wgmma` (wgmma_kernel runs it, not
+    the Triton kernel). Worked example: gate_up block_n 128 / 8 warps, by_rows {64: {"block_n": 256}}
     -> 64 rows: block_n 256, 8 warps, 2 stages; 16 rows: block_n 128, 3 stages; the full block
     (192) never takes by_rows. An H200 at 3072 tokens: 64-row blocks 9.20 -> 8.79 ms with
     block_n 256, 128-row blocks 12.78 -> 10.37 ms with block_n 256 at 16 warps (NOTES.md)."""
     t = GROUPED[which]
     tile = {**t, "num_stages": stages_of(which, rows)}
-    if rows < block_rows(which):
-        tile.update((k, v) for k, v in (t.get("by_rows") or {}).get(rows, {}).items() if k in BY_ROWS_KEYS)
+    own = (t.get("by_rows") or {}).get(rows, {})
+    if rows < block_rows(which) and (wgmma or own.get("only") != "wgmma"):
+        tile.update((k, v) for k, v in own.items() if k in BY_ROWS_KEYS)
     return tile
 
 
