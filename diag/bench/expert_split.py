@@ -64,9 +64,8 @@ def probe(model, shards: int = SHARDS, tokens=TOKENS, top_k: int | None = None, 
     gives those tokens (`model_routed`), whose shard_s is the slowest shard's (the GPUs wait for
     it); {"error": why} when it cannot run (no CUDA experts, or the forward failed: data, not a
     crash)."""
-    from diag.int4.fast import fused_experts
     from diag.int4.packed import PackedExperts
-    from diag.int4.sharded import ShardedExperts, local_index, shard_pairs
+    from diag.int4.sharded import ShardedExperts
 
     module = next((m for m in model.modules() if isinstance(m, PackedExperts)), None)
     if module is None or not module.gate_up_proj_packed.is_cuda:
@@ -83,9 +82,7 @@ def probe(model, shards: int = SHARDS, tokens=TOKENS, top_k: int | None = None, 
                 w = torch.rand(t, k, device=dev, generator=gen, dtype=torch.bfloat16)
                 all_s = _timed(lambda: module(x, idx, w))
                 shard = ShardedExperts.of(module, [dev] * shards).shards[0]     # views: what GPU 0 holds
-                local = local_index(idx, 0, shard.num_experts)
-                share = shard_pairs(local.numel(), shard.num_experts, module.num_experts)
-                shard_s = _timed(lambda: fused_experts(shard, x, local, w, partial=True, pairs=share))
+                shard_s, _ = _shard_timed(shard, module.num_experts, x, idx, w)
                 rows.append({"tokens": t, "all_s": all_s, "shard_s": shard_s, "saved_s": all_s - shard_s,
                              "shard_fraction": shard_s / all_s})
         model_rows = _model_rows(model, module, ids, shards, tokens) if ids is not None else None
@@ -123,22 +120,30 @@ def model_routed(model, module, ids: torch.Tensor, tokens: int) -> tuple:
     return x[order], idx[order], w[order]
 
 
+def _shard_timed(shard, experts: int, x, idx, w) -> tuple[float, int]:
+    """One shard's experts on the pairs routed to it (the others' the sentinel), its row blocks
+    sized for its share as ShardedExperts sizes them: (seconds, its pairs)."""
+    from diag.int4.fast import fused_experts
+    from diag.int4.sharded import local_index, shard_pairs
+
+    local = local_index(idx, shard.first_expert, shard.num_experts)
+    share = shard_pairs(local.numel(), shard.num_experts, experts)
+    seconds = _timed(lambda: fused_experts(shard, x, local, w, partial=True, pairs=share))
+    return seconds, int((local < shard.num_experts).sum())
+
+
 def _model_rows(model, module, ids, shards: int, tokens) -> list[dict]:
     """probe's rows under the model's routing: all experts, then every shard (its pairs only),
     the slowest shard's time kept, with each shard's pairs."""
-    from diag.int4.fast import fused_experts
-    from diag.int4.sharded import ShardedExperts, local_index, shard_pairs
+    from diag.int4.sharded import ShardedExperts
 
     rows = []
     for t in (t for t in tokens if t <= ids.numel()):
         x, idx, w = model_routed(model, module, ids, t)
         all_s = _timed(lambda: module(x, idx, w))
-        times, pairs = [], []
-        for shard in ShardedExperts.of(module, [x.device] * shards).shards:
-            local = local_index(idx, shard.first_expert, shard.num_experts)
-            share = shard_pairs(local.numel(), shard.num_experts, module.num_experts)
-            times.append(_timed(lambda: fused_experts(shard, x, local, w, partial=True, pairs=share)))
-            pairs.append(int((local < shard.num_experts).sum()))
+        times, pairs = zip(*(_shard_timed(shard, module.num_experts, x, idx, w)
+                             for shard in ShardedExperts.of(module, [x.device] * shards).shards))
+        times, pairs = list(times), list(pairs)
         rows.append({"tokens": t, "all_s": all_s, "shard_s": max(times), "saved_s": all_s - max(times),
                      "shard_fraction": max(times) / all_s, "shard_seconds": times, "shard_pairs": pairs,
                      "experts_reached": int(idx.unique().numel())})
