@@ -18,10 +18,10 @@ def test_sampled_extrapolation_worked_example():
     """The docstring's example: K 2, 3.49 ms per layer-round; 60 s over 1,200 rounds -> 307.1 s,
     after a 216 s greedy verdict 523.1 s; one more layout 9 s over 180 rounds -> 46.1 s, its 4 s
     load of 15.5 GB -> 154.7 s for 599.5 GB, 1.5 s else -> 202.3 s."""
-    from diag.bench.extrapolate import sampled_extrapolation
+    from diag.bench.extrapolate import RoundCost, sampled_extrapolation
 
     e2e = {"layers": 2, "first": {"sampled_s": 60.0, "sampled_rounds": 1200}, "one_more_layout": MORE}
-    x = sampled_extrapolation(e2e, (3.49e-3, 0.0, "decode slope"), 216.0, 599.5e9, 15.5e9)
+    x = sampled_extrapolation(e2e, RoundCost(3.49e-3, 0.0, "decode slope"), 216.0, 599.5e9, 15.5e9)
     assert x["first_sampled_s"] == pytest.approx(60 + 59 * 3.49e-3 * 1200) == pytest.approx(307.092)
     assert x["first_sampled_verdict_after_load_s"] == pytest.approx(523.092)
     assert x["further_decode_s"] == pytest.approx(9 + 59 * 3.49e-3 * 180) == pytest.approx(46.0638)
@@ -37,14 +37,14 @@ def test_sampled_extrapolation_worked_example():
     assert "1200 rounds" in x["formulas"]["first_sampled_s"]
     fast = sampled_extrapolation({**e2e, "first": {"sampled_s": 6.0, "sampled_rounds": 100},
                                   "one_more_layout": {"sampled_s": 0.5, "sampled_rounds": 10, "wall_s": 1.0}},
-                                 (1e-3, 0.0, "decode slope"), 100.0, 599.5e9, 15.5e9)
+                                 RoundCost(1e-3, 0.0, "decode slope"), 100.0, 599.5e9, 15.5e9)
     assert fast["further_reload_s"] == 0 and fast["further_sampled_variant_s"] == pytest.approx(0.5 + 0.5 + 0.59)
     assert fast["goals"]["first_sampled_verdict_after_load_s"]["met"]      # 100 + 6 + 5.9
     assert fast["goals"]["further_sampled_variant_s"]["met"]
     assert "further_sampled_variant_kept_s" not in x and "further_sampled_variant_kept_s" not in x["goals"]
     kept = sampled_extrapolation({**e2e, "one_more_layout_kept": {"wall_s": 3.1, "sampled_s": 2.0,
                                                                   "sampled_rounds": 180, "target_kept": 1}},
-                                 (3.49e-3, 0.0, "decode slope"), 216.0, 599.5e9, 15.5e9)
+                                 RoundCost(3.49e-3, 0.0, "decode slope"), 216.0, 599.5e9, 15.5e9)
     assert kept["further_sampled_variant_kept_s"] == pytest.approx(1.1 + 2.0 + 59 * 3.49e-3 * 180)
     assert kept["further_sampled_variant_kept_s"] == pytest.approx(40.17, abs=0.01)     # the docstring's 40.2
     assert kept["further_kept_rest_s"] == pytest.approx(1.1) and kept["further_kept_targets"] == 1
@@ -53,7 +53,7 @@ def test_sampled_extrapolation_worked_example():
     assert kept["terms"]["further_sampled_variant_kept_s"].endswith("= 40.2 s (the target kept loaded)")
     assert kept["further_sampled_variant_s"] == x["further_sampled_variant_s"]      # the new process's, unchanged
     tokens = {**e2e, "first": {"sampled_s": 60.0, "sampled_rounds": 1200, "sampled_verified_tokens": 96000}}
-    with_b = sampled_extrapolation(tokens, (3.49e-3, 20e-6, "fit"), 216.0, 599.5e9, 15.5e9)
+    with_b = sampled_extrapolation(tokens, RoundCost(3.49e-3, 20e-6, "fit"), 216.0, 599.5e9, 15.5e9)
     gained = with_b["first_sampled_s"] - x["first_sampled_s"]
     assert gained == pytest.approx(59 * 20e-6 * 96000) == pytest.approx(113.28)
     assert "floors" not in x                                          # no copy bandwidth given
@@ -62,13 +62,13 @@ def test_sampled_extrapolation_worked_example():
 def test_round_floors_worked_example():
     """round_floors' docstring: 120 rounds of 594 GB at 3.0 TB/s -> 23.8 s stage after stage,
     2.97 s on all 8 GPUs; sampled_extrapolation gives them for the first run and the further one."""
-    from diag.bench.extrapolate import round_floors, sampled_extrapolation
+    from diag.bench.extrapolate import RoundCost, round_floors, sampled_extrapolation
 
     f = round_floors(120, 594e9, 3.0e12)
     assert f["stage_after_stage_s"] == pytest.approx(23.76) and f["all_gpus_s"] == pytest.approx(2.97)
     assert f["seconds_per_round_stage_after_stage"] == pytest.approx(0.198)
     e2e = {"layers": 2, "first": {"sampled_s": 60.0, "sampled_rounds": 1200}, "one_more_layout": MORE}
-    x = sampled_extrapolation(e2e, (3.49e-3, 0.0, "decode slope"), 216.0, 594e9, 15.5e9, 3.0e12)
+    x = sampled_extrapolation(e2e, RoundCost(3.49e-3, 0.0, "decode slope"), 216.0, 594e9, 15.5e9, 3.0e12)
     assert x["floors"]["first"]["stage_after_stage_s"] == pytest.approx(1200 * 0.198)
     assert x["floors"]["further"]["rounds"] == 180 and x["floors"]["further"]["all_gpus_s"] == pytest.approx(180 * 0.198 / 8)
 
@@ -259,8 +259,9 @@ def test_round_slope_fit_worked_example():
     assert warm["seconds_per_layer_round"] is None and "<= 0" in warm["error"]
     assert warm["per_layer_round_small"] == pytest.approx(-0.066)
     from diag.bench.extrapolate import round_cost
-    a, b, why = round_cost({"sampled_round_slope": warm}, 0.0044, 8)
-    assert (a, b) == (0.0044, 0.0) and "greedy decode slope at batch 8: no decode-loop fit" in why and "<= 0" in why
+    got = round_cost({"sampled_round_slope": warm}, 0.0044, 8)
+    assert (got.a, got.b) == (0.0044, 0.0) and "greedy decode slope at batch 8: no decode-loop fit" in got.source
+    assert "<= 0" in got.source
 
 
 def test_round_slope_probe_runs_the_decode_loop_before_and_after_growing(tmp_path):
@@ -270,7 +271,7 @@ def test_round_slope_probe_runs_the_decode_loop_before_and_after_growing(tmp_pat
 
     from diag.bench.cpu import SMALL, SMALL_DRAFTER
     from diag.bench.gpu import grow
-    from diag.bench.round_slope import LARGE, SMALL as SMALL_PROBE, fit, probe
+    from diag.bench.round_slope import LARGE, MIDDLE, SMALL as SMALL_PROBE, fit, probe
     from diag.drafter.checkpoint import load_drafter
     from diag.int4.load import load_packed_target
     from diag.zoo.kimi_shaped import kimi_shaped
@@ -278,19 +279,21 @@ def test_round_slope_probe_runs_the_decode_loop_before_and_after_growing(tmp_pat
     ks = kimi_shaped(tmp_path / "k", layers=2, seed=5, widths=SMALL, drafter_widths=SMALL_DRAFTER)
     model = load_packed_target(ks.target, dtype=torch.float32)
     drafter, _ = load_drafter(ks.drafter)
-    base = probe(model, drafter, ks.layout)
+    base = probe(model, drafter, ks.layout, new_tokens=(8, 24))
     assert "error" not in base, base
-    for name, (tree, rows) in (("small", SMALL_PROBE), ("large", LARGE)):
+    for name, (tree, rows) in (("small", SMALL_PROBE), ("middle", MIDDLE), ("large", LARGE)):
         r = base[name]
-        assert (r["tree"], r["rows"]) == (tree, rows) and r["rounds"] >= 16 // 2 and r["seconds"] > 0
-    assert base["small"]["verified_tokens_per_round"] <= 16 * 2 < base["large"]["verified_tokens_per_round"]
+        assert (r["tree"], r["rows"]) == (tree, rows) and r["rounds"] >= 8 // 2 and r["seconds"] > 0
+    assert base["small"]["verified_tokens_per_round"] <= 16 * 2 < base["middle"]["verified_tokens_per_round"] <= 32 * 2
+    assert base["middle"]["verified_tokens_per_round"] < base["large"]["verified_tokens_per_round"]
     assert grow(model, 4) == 4
-    grown = probe(model, drafter, ks.layout)
-    for name in ("small", "large"):     # silent copies: the same decode, only the layers' cost added
+    grown = probe(model, drafter, ks.layout, new_tokens=(8, 24))
+    for name in ("small", "middle", "large"):     # silent copies: the same decode, only the layers' cost added
         assert [grown[name][k] for k in ("rounds", "verified_tokens")] == [base[name][k] for k in ("rounds", "verified_tokens")]
     got = fit(base, grown, 2)
     # toy widths on a shared CPU: two layers' cost can be within the noise, which the fit says
     assert got is not None and ((got["seconds_per_layer_round"] or 0) > 0) != ("<= 0" in got.get("error", ""))
+    assert "error" in got or [p[0] for p in got["points"]] == sorted(base[k]["verified_tokens_per_round"] for k in base)
     assert probe(model, None, ks.layout) == {"error": "no drafter: the costs probe could not load it"}
 
 
@@ -329,7 +332,7 @@ def test_the_kept_variant_with_experts_split_takes_the_shards_saving_off_each_ad
     layers, 2.45 ms saved a layer-round -> 24.8 s; saved() interpolates between the probe's token
     counts and keeps the nearest outside them."""
     from diag.bench.expert_split import saved
-    from diag.bench.extrapolate import sampled_extrapolation
+    from diag.bench.extrapolate import RoundCost, sampled_extrapolation
 
     split = {"shards": 8, "rows": [{"tokens": 64, "all_s": 2.9e-3, "shard_s": 0.45e-3, "saved_s": 2.45e-3},
                                    {"tokens": 768, "all_s": 9.0e-3, "shard_s": 1.5e-3, "saved_s": 7.5e-3}]}
@@ -341,13 +344,13 @@ def test_the_kept_variant_with_experts_split_takes_the_shards_saving_off_each_ad
     a = (42.3 - 1.5) / (59 * 121)                                   # so that the kept decode is 42.3 s
     e2e = {"layers": 2, "first": {"sampled_s": 6.0, "sampled_rounds": 100}, "one_more_layout": MORE,
            "one_more_layout_kept": kept_run}
-    x = sampled_extrapolation(e2e, (a, 0.0, "fit"), 100.0, 599.5e9, 15.5e9, split=split)
+    x = sampled_extrapolation(e2e, RoundCost(a, 0.0, "fit"), 100.0, 599.5e9, 15.5e9, split=split)
     assert x["further_kept_decode_s"] == pytest.approx(42.3)
     assert x["further_kept_split_decode_s"] == pytest.approx(42.3 - 59 * 121 * 2.45e-3) == pytest.approx(24.81, abs=0.01)
     assert x["further_sampled_variant_kept_split_s"] == pytest.approx(2.4 + 24.81, abs=0.01)
     assert x["goals"]["further_sampled_variant_kept_split_s"]["limit"] == 10.0
     assert "experts split over 8 GPUs" in x["terms"]["further_sampled_variant_kept_split_s"]
-    none = sampled_extrapolation(e2e, (a, 0.0, "fit"), 100.0, 599.5e9, 15.5e9, split={"error": "no CUDA"})
+    none = sampled_extrapolation(e2e, RoundCost(a, 0.0, "fit"), 100.0, 599.5e9, 15.5e9, split={"error": "no CUDA"})
     assert "further_sampled_variant_kept_split_s" not in none and none["further_kept_split_note"] == "no CUDA"
 
 
@@ -355,7 +358,7 @@ def test_the_probe_separates_steady_rounds_from_each_loops_own_costs():
     """round_slope's worked example: 16 rows, 15 rounds in 0.2176 s and 47 in 0.5 s -> 8.82 ms a
     round and 0.085 s a loop; the fit's c from the small size's loop costs; the extrapolation
     adds (61 - K) * c per decode loop of the run."""
-    from diag.bench.extrapolate import round_cost, sampled_extrapolation
+    from diag.bench.extrapolate import RoundCost, round_cost, sampled_extrapolation
     from diag.bench.round_slope import fit, steady
 
     loop = lambda s, r, t: {"seconds": s, "rounds": r, "verified_tokens": t, "seconds_per_round": s / r}  # noqa: E731
@@ -368,12 +371,13 @@ def test_the_probe_separates_steady_rounds_from_each_loops_own_costs():
              "large": steady(loop(1.10, 15, 11520), loop(3.2, 47, 36096))}
     got = fit(base, grown, 2)
     assert got["seconds_per_layer_loop"] == pytest.approx((grown["small"]["loop_seconds"] - small["loop_seconds"]) / 2)
-    a, b, why, c = round_cost({"sampled_round_slope": got}, 0.0044, 8)
+    cost = round_cost({"sampled_round_slope": got}, 0.0044, 8)
+    a, b, why, c = cost.a, cost.b, cost.source, cost.loop
     assert c == got["seconds_per_layer_loop"] and "each loop's own costs" in why
     run = {"sampled_s": 1.5, "sampled_rounds": 121, "sampled_verified_tokens": 5496, "sampled_decode_loops": 2}
     e2e = {"layers": 2, "first": run, "one_more_layout": MORE}
-    with_c = sampled_extrapolation(e2e, (a, b, why, c), 100.0, 599.5e9, 15.5e9)
-    without = sampled_extrapolation(e2e, (a, b, why), 100.0, 599.5e9, 15.5e9)
+    with_c = sampled_extrapolation(e2e, RoundCost(a, b, why, c), 100.0, 599.5e9, 15.5e9)
+    without = sampled_extrapolation(e2e, RoundCost(a, b, why), 100.0, 599.5e9, 15.5e9)
     assert with_c["first_sampled_s"] - without["first_sampled_s"] == pytest.approx(59 * c * 2)
     assert "2 decode loop(s)" in with_c["formulas"]["first_sampled_s"] and "loop" not in without["formulas"]["first_sampled_s"]
     assert fit(base, {**grown, "small": {**grown["small"], "loop_seconds": 0.0}}, 2)["seconds_per_layer_loop"] == 0.0
@@ -423,7 +427,7 @@ def test_the_split_saving_comes_from_the_models_routing_where_the_probe_has_it()
     extrapolation names the routing and gives the uniform figure beside it. 59 layers x 121 rounds
     of 45 tokens: 42.3 - 7139 x 1.0e-3 = 35.16 s (model), 42.3 - 7139 x 2.45e-3 = 24.81 s (uniform)."""
     from diag.bench.expert_split import routing_of, saved
-    from diag.bench.extrapolate import sampled_extrapolation
+    from diag.bench.extrapolate import RoundCost, sampled_extrapolation
 
     uniform = [{"tokens": 64, "all_s": 2.9e-3, "shard_s": 0.45e-3, "saved_s": 2.45e-3}]
     model = [{"tokens": 64, "all_s": 1.6e-3, "shard_s": 0.6e-3, "saved_s": 1.0e-3}]
@@ -436,12 +440,12 @@ def test_the_split_saving_comes_from_the_models_routing_where_the_probe_has_it()
     a = (42.3 - 1.5) / (59 * 121)
     e2e = {"layers": 2, "first": {"sampled_s": 6.0, "sampled_rounds": 100}, "one_more_layout": MORE,
            "one_more_layout_kept": kept_run}
-    x = sampled_extrapolation(e2e, (a, 0.0, "fit"), 100.0, 599.5e9, 15.5e9, split=split)
+    x = sampled_extrapolation(e2e, RoundCost(a, 0.0, "fit"), 100.0, 599.5e9, 15.5e9, split=split)
     assert x["further_kept_split_decode_s"] == pytest.approx(42.3 - 59 * 121 * 1.0e-3) == pytest.approx(35.16, abs=0.01)
     assert x["further_kept_split_routing"] == "model"
     assert x["further_sampled_variant_kept_split_uniform_routing_s"] == pytest.approx(2.4 + 24.81, abs=0.01)
     assert x["formulas"]["further_kept_split_decode_s"].endswith("(model routing)")
-    y = sampled_extrapolation(e2e, (a, 0.0, "fit"), 100.0, 599.5e9, 15.5e9, split={"shards": 8, "rows": uniform})
+    y = sampled_extrapolation(e2e, RoundCost(a, 0.0, "fit"), 100.0, 599.5e9, 15.5e9, split={"shards": 8, "rows": uniform})
     assert y["further_kept_split_routing"] == "uniform"
     assert "further_sampled_variant_kept_split_uniform_routing_s" not in y
 
@@ -482,7 +486,7 @@ def test_the_split_saving_is_capped_at_the_layer_round_less_the_shards_own_time(
     token = 2.878 ms; all 384 experts (uniform) 3.15 ms, a shard 0.708 ms: the probe's 2.44 ms saved
     is more than the round could lose; capped at 2.878 - 0.708 = 2.170 ms. 59 x 121 rounds (no
     per-loop term here): 21.71 - 7139 x 2.170e-3 = 6.22 s, not 21.71 - 7139 x 2.44e-3 = 4.29 s."""
-    from diag.bench.extrapolate import sampled_extrapolation
+    from diag.bench.extrapolate import RoundCost, sampled_extrapolation
 
     split = {"shards": 8, "rows": [{"tokens": 64, "all_s": 3.149e-3, "shard_s": 0.708e-3, "saved_s": 2.441e-3}]}
     a, b = 2.557e-3, 5.01e-6
@@ -490,7 +494,7 @@ def test_the_split_saving_is_capped_at_the_layer_round_less_the_shards_own_time(
                 "target_kept": 1}
     e2e = {"layers": 2, "first": {"sampled_s": 6.0, "sampled_rounds": 100}, "one_more_layout": MORE,
            "one_more_layout_kept": kept_run}
-    x = sampled_extrapolation(e2e, (a, b, "fit"), 100.0, 599.5e9, 15.5e9, split=split)
+    x = sampled_extrapolation(e2e, RoundCost(a, b, "fit"), 100.0, 599.5e9, 15.5e9, split=split)
     decode = 1.17 + 59 * (a * 121 + b * 64 * 121)
     assert x["further_kept_decode_s"] == pytest.approx(decode) == pytest.approx(21.71, abs=0.01)
     cap = a + b * 64 - 0.708e-3
@@ -504,3 +508,63 @@ def test_the_split_saving_is_capped_at_the_layer_round_less_the_shards_own_time(
     assert len(row) == 1 and row[0].endswith("| undecided (a term capped: optimistic) |")
     goal["met"] = True                                        # the same figure, decided
     assert [r for r in goal_lines(res) if "split" in r][0].endswith("| met |")
+
+
+def test_the_round_fit_follows_three_sizes_where_the_line_through_two_misses_the_middle():
+    """round_slope.layer_round's worked example: points (32, 2.53 ms), (64, 3.76), (768, 6.45) ->
+    48 tokens 3.145 ms, 16 tokens 2.53 (the first point), 1000 tokens 7.336 (the last segment's
+    line); fit makes the points from the three probe sizes, a dip raised to its neighbour; the
+    extrapolation grows a run by rounds x L(its mean round) where the line through the small and
+    large sizes alone would have put the 64-token round at 2.70 ms."""
+    from diag.bench.extrapolate import round_cost, sampled_extrapolation
+    from diag.bench.round_slope import MIDDLE, SIZES, fit, layer_round
+
+    pts = [[32, 2.53e-3], [64, 3.76e-3], [768, 6.45e-3]]
+    assert layer_round(pts, 48) == pytest.approx(3.145e-3)
+    assert layer_round(pts, 16) == pytest.approx(2.53e-3) and layer_round(pts, 64) == pytest.approx(3.76e-3)
+    assert layer_round(pts, 1000) == pytest.approx(6.45e-3 + 232 * 2.69e-3 / 704) == pytest.approx(7.336e-3, abs=1e-6)
+    assert MIDDLE == ("chain-1", 32) and list(SIZES) == ["small", "middle", "large"]
+    row = lambda s, t: {"seconds_per_round": s, "verified_tokens_per_round": t}  # noqa: E731
+    base = {"small": row(0.020, 32), "middle": row(0.024, 64), "large": row(0.060, 768)}
+    grown = {"small": row(0.02506, 32), "middle": row(0.03152, 64), "large": row(0.0729, 768)}
+    got = fit(base, grown, 2)
+    assert [p[0] for p in got["points"]] == [32, 64, 768]
+    assert [p[1] for p in got["points"]] == pytest.approx([2.53e-3, 3.76e-3, 6.45e-3])
+    assert got["per_layer_round_middle"] == pytest.approx(3.76e-3)
+    line = got["seconds_per_layer_round"] + 64 * got["seconds_per_layer_verified_token"]
+    assert line == pytest.approx(2.53e-3 + 32 * 3.92e-3 / 736) == pytest.approx(2.700e-3, abs=1e-6)
+    dip = fit(base, {**grown, "middle": row(0.024 + 2 * 2.0e-3, 64)}, 2)      # 2.0 ms at 64 < 2.53 at 32: noise
+    assert dip["points"][1][1] == pytest.approx(2.53e-3)
+    cost = round_cost({"sampled_round_slope": got}, 0.0044, 8)
+    assert "piecewise over 3 sizes" in cost.source and cost.per_layer_round(64) == pytest.approx(3.76e-3)
+    two = round_cost({"sampled_round_slope": {k: v for k, v in got.items() if k != "points"}}, 0.0044, 8)
+    assert two.per_layer_round(64) == pytest.approx(line)                  # no points: the line, as before
+    kept_run = {"wall_s": 3.4, "sampled_s": 1.1, "sampled_rounds": 121, "sampled_verified_tokens": 64 * 121,
+                "target_kept": 1}
+    e2e = {"layers": 2, "first": {"sampled_s": 6.0, "sampled_rounds": 100, "sampled_verified_tokens": 26000},
+           "one_more_layout": MORE, "one_more_layout_kept": kept_run}
+    x = sampled_extrapolation(e2e, cost, 100.0, 599.5e9, 15.5e9)
+    assert x["further_kept_decode_s"] == pytest.approx(1.1 + 59 * 121 * 3.76e-3) == pytest.approx(27.94, abs=0.01)
+    assert x["first_sampled_s"] == pytest.approx(6.0 + 59 * 100 * layer_round(pts, 260))
+    assert "at 64 verified tokens a round * 121 rounds" in x["formulas"]["further_kept_decode_s"]
+
+
+def test_the_split_on_the_three_size_fit_is_decided_where_the_round_holds_its_experts():
+    """The H100's probe at 64 tokens (the model's routing): all 384 experts 3.50 ms, the slowest
+    shard 0.646 ms; with the fit's 64-token round measured at 3.76 ms the saving 2.85 ms fits in it,
+    nothing is capped, and the goal is decided: 27.94 - 59 x 121 x 2.85e-3 = 7.59 s of decode."""
+    from diag.bench.extrapolate import RoundCost, sampled_extrapolation
+
+    split = {"shards": 8, "rows": [{"tokens": 64, "all_s": 3.21e-3, "shard_s": 0.647e-3, "saved_s": 2.563e-3}],
+             "model_rows": [{"tokens": 64, "all_s": 3.497e-3, "shard_s": 0.646e-3, "saved_s": 2.851e-3}]}
+    cost = RoundCost(2.443e-3, 4.12e-6, "fit", 0.0, ((32, 2.53e-3), (64, 3.76e-3), (768, 6.45e-3)))
+    kept_run = {"wall_s": 3.4, "sampled_s": 1.1, "sampled_rounds": 121, "sampled_verified_tokens": 64 * 121,
+                "target_kept": 1}
+    e2e = {"layers": 2, "first": {"sampled_s": 6.0, "sampled_rounds": 100}, "one_more_layout": MORE,
+           "one_more_layout_kept": kept_run}
+    x = sampled_extrapolation(e2e, cost, 100.0, 599.5e9, 15.5e9, split=split)
+    assert x["further_kept_split_saving_capped"] is False
+    assert x["further_kept_split_decode_s"] == pytest.approx(27.94 - 59 * 121 * 2.851e-3, abs=0.01)
+    assert x["further_kept_split_decode_s"] == pytest.approx(7.59, abs=0.01)
+    goal = x["goals"]["further_sampled_variant_kept_split_s"]
+    assert goal["met"] is True and goal["value"] == pytest.approx(2.3 + 7.59, abs=0.01)

@@ -44,6 +44,7 @@ This module knows arithmetic; it reads no files.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 from diag.target.schedule import bubble_fraction, pipelined_seconds
@@ -241,35 +242,57 @@ SAMPLED_GOALS = {"first_sampled_verdict_after_load_s": 300.0, "further_sampled_v
                  "further_sampled_variant_kept_split_s": 10.0}   # and experts split over the 8 GPUs
 
 
-def round_cost(grown: dict, decode_slope: float, batch: int) -> tuple:
-    """(a s per layer per round, b s per layer per verified token, where from[, c s per layer per
-    loop]): the grown section's fit of the decode loop (bench/round_slope.py) when it made one
-    (c where it timed two lengths), else the greedy
-    decode step's slope at the e2e's batch as a per round cost (b = 0: both read each layer's
-    weights once per forward; the verify's rows x num_draft_tokens tokens exceed the step's batch,
-    so where its kernels are not bound by weight reads this under-counts)."""
+@dataclass(frozen=True)
+class RoundCost:
+    """What each added layer costs the decode loop: `a` s per round and `b` s per verified token
+    (the line), `loop` s per decode loop (its prefill and captures; 0 when not measured), and,
+    where the grown section measured the round at more than two sizes, `points` [[tokens, s], ...]
+    that `per_layer_round` follows instead of the line (bench/round_slope.layer_round)."""
+    a: float
+    b: float
+    source: str
+    loop: float = 0.0
+    points: tuple = ()
+
+    def per_layer_round(self, tokens: float) -> float:
+        from diag.bench.round_slope import layer_round
+
+        return layer_round(list(self.points), tokens) if len(self.points) > 2 else self.a + self.b * tokens
+
+
+def round_cost(grown: dict, decode_slope: float, batch: int) -> RoundCost:
+    """The grown section's fit of the decode loop (bench/round_slope.py) when it made one (`loop`
+    where it timed two lengths, `points` where it timed three sizes), else the greedy decode step's
+    slope at the e2e's batch as a per round cost (b = 0: both read each layer's weights once per
+    forward; the verify's rows x num_draft_tokens tokens exceed the step's batch, so where its
+    kernels are not bound by weight reads this under-counts)."""
     fit = grown.get("sampled_round_slope") or {}
     if fit.get("seconds_per_layer_round") is not None:
         name = "the grown section's decode-loop fit (bench/round_slope.py)"
+        points = tuple(tuple(p) for p in fit.get("points") or ())
+        if len(points) > 2:
+            name += f", piecewise over {len(points)} sizes"
         if fit.get("seconds_per_layer_loop") is not None:
-            return (fit["seconds_per_layer_round"], fit["seconds_per_layer_verified_token"],
-                    name + ", steady rounds and each loop's own costs", fit["seconds_per_layer_loop"])
-        return fit["seconds_per_layer_round"], fit["seconds_per_layer_verified_token"], name
+            name += ", steady rounds and each loop's own costs"
+        return RoundCost(fit["seconds_per_layer_round"], fit["seconds_per_layer_verified_token"], name,
+                         fit.get("seconds_per_layer_loop") or 0.0, points)
     why = f": no decode-loop fit ({fit['error']})" if fit.get("error") else " (no decode-loop fit in grown)"
-    return decode_slope, 0.0, f"the greedy decode slope at batch {batch}{why}"
+    return RoundCost(decode_slope, 0.0, f"the greedy decode slope at batch {batch}{why}")
 
 
-def sampled_extrapolation(e2e: dict, cost: tuple[float, float, str], greedy_verdict: float, kimi_total: float,
+def sampled_extrapolation(e2e: dict, cost: RoundCost, greedy_verdict: float, kimi_total: float,
                           measured_bytes: float, copy_bytes_per_s: float | None = None, *,
                           split: dict | None = None) -> dict:
     """The e2e run's sampled decoding (e2e.sampled_figures) at 61 layers on 8 GPUs.
     Layers: a round of the decode loop is one verify forward of its batch through every layer,
     stage after stage (no pipelining: a round waits for the last one's accept), plus the
-    drafter's steps and the host's accept, which do not grow with depth. cost = (a, b, name[, c])
-    (round_cost): each added layer costs a per round, b per verified token and c per decode loop
-    (its prefill and graph captures; 0 when the fit has none); *_if_all_per_layer_s
-    (every second of the loop grown by 61 / K) bracket it.
-      sampled_61         = sampled_s + (61 - K) * (a * rounds + b * verified tokens + c * decode loop(s))
+    drafter's steps and the host's accept, which do not grow with depth. cost (round_cost): each
+    added layer costs L(t) a round of t verified tokens (a + b t on the line; the fit's points
+    where it measured three sizes) and c per decode loop (its prefill and graph captures; 0 when
+    the fit has none); *_if_all_per_layer_s (every second of the loop grown by 61 / K) bracket it.
+      sampled_61         = sampled_s + (61 - K) * (rounds * L(verified tokens / rounds) + c * decode loop(s))
+    (on the line, rounds * L(tokens / rounds) = a * rounds + b * tokens; on the points, a run's mean
+    round stands for its rounds, which over-counts a little where L bends down: L is concave)
       first verdict      = greedy verdict after the load (sampled_s excluded) + first run's sampled_61
       further variant    = the one-more-layout run as measured, less its load and decode,
                            + its decode at 61 layers + its load at 61 layers (the repeat run loads
@@ -290,16 +313,18 @@ def sampled_extrapolation(e2e: dict, cost: tuple[float, float, str], greedy_verd
     least the rounds could cost (round_floors)."""
     k, extra = e2e["layers"], KIMI_LAYERS - e2e["layers"]
     first, more = e2e["first"], e2e.get("one_more_layout", {})
-    a, b, slope_name, *loop = cost
-    c = loop[0] if loop else 0.0
+    c = cost.loop
 
     def grown(run: dict) -> tuple[float, str]:
         rounds, tokens = run.get("sampled_rounds", 0), run.get("sampled_verified_tokens", 0)
         runs = run.get("sampled_decode_loops", 1) if rounds else 0        # the run's decode loops
-        per_loop = f" + {c:.4g} s/layer/loop * {runs} decode loop(s)" if loop else ""
-        return (run.get("sampled_s", 0.0) + extra * (a * rounds + b * tokens + c * runs),
-                f"{run.get('sampled_s', 0.0):.4g} + {extra} layers * ({a:.4g} s/layer/round * {rounds} rounds + "
-                f"{b:.4g} s/layer/token * {tokens} verified tokens{per_loop})")
+        per_loop = f" + {c:.4g} s/layer/loop * {runs} decode loop(s)" if c else ""
+        mean = tokens / max(rounds, 1)
+        term = (f"{cost.per_layer_round(mean):.4g} s/layer/round at {mean:.0f} verified tokens a round * {rounds} rounds"
+                if cost.points and len(cost.points) > 2 else
+                f"{cost.a:.4g} s/layer/round * {rounds} rounds + {cost.b:.4g} s/layer/token * {tokens} verified tokens")
+        return (run.get("sampled_s", 0.0) + extra * (rounds * cost.per_layer_round(mean) + c * runs),
+                f"{run.get('sampled_s', 0.0):.4g} + {extra} layers * ({term}{per_loop})")
 
     first_61, first_formula = grown(first)
     more_61, more_formula = grown(more)
@@ -317,7 +342,7 @@ def sampled_extrapolation(e2e: dict, cost: tuple[float, float, str], greedy_verd
            "further_reload_s": reload_61, "further_rest_s": rest,
            "further_sampled_variant_s": rest + reload_61 + more_61,
            "further_decode_if_all_per_layer_s": more.get("sampled_s", 0.0) * KIMI_LAYERS / k,
-           "slope": slope_name}
+           "slope": cost.source}
     out["terms"] = {"first_sampled_verdict_after_load_s": f"greedy verdict {greedy_verdict:.1f} + sampled "
                                                           f"{first_61:.1f} = {greedy_verdict + first_61:.1f} s",
                     "further_sampled_variant_s": f"checks, replay and report {rest:.1f} + reload {reload_61:.1f} "
@@ -327,7 +352,7 @@ def sampled_extrapolation(e2e: dict, cost: tuple[float, float, str], greedy_verd
                        "further_rest_s": "the one-more-layout run's wall_s - sampled_s - target_load_s, as measured",
                        "first_sampled_if_all_per_layer_s": f"{first.get('sampled_s', 0.0):.4g} * 61 / {k}"}
     out.update(_kept_variant(e2e.get("one_more_layout_kept"), grown, out))
-    out.update(_split_variant(e2e.get("one_more_layout_kept"), split, extra, out, lambda t: a + b * t))
+    out.update(_split_variant(e2e.get("one_more_layout_kept"), split, extra, out, cost.per_layer_round))
     out["goals"] = {key: {"value": out[key], "limit": limit, "met": out[key] <= limit}
                     for key, limit in SAMPLED_GOALS.items() if key in out}
     if out.get("further_kept_split_saving_capped"):      # an optimistic estimate decides nothing

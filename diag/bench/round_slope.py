@@ -8,7 +8,14 @@ rows: 16 a row), at base depth K and grown depth N:
       c_i = (seconds per round at N - at K) / (N - K)      for i in small, large
       b   = (c_large - c_small) / (tokens_large - tokens_small),  a = c_small - b * tokens_small
 (b < 0, noise at equal cost: b = 0 and a the larger c; a c <= 0: no fit, an "error" saying so,
-and the extrapolation falls back to the greedy decode slope). The extrapolation then grows a run's
+and the extrapolation falls back to the greedy decode slope).
+A round's cost is not linear in its tokens: its routed experts are most of a layer's round, and
+the experts a round reaches grow as 1 - (1 - k/E)^tokens, fast at first, then not at all (384
+experts, top 8: 192 reached at 32 tokens, 288 at 64, all at 768). So a third size, MIDDLE (chain-1
+at 32 rows, 64 tokens), is measured, and the fit's `points` [[tokens, c], ...] give each layer's
+round piecewise linearly between the sizes (`layer_round`): the line through small and large alone
+put the H100's layer-round at 64 tokens at 2.70 ms, where its experts alone took 3.50 ms
+(reports/bench/NOTES.md, twenty-ninth stop). The extrapolation then grows a run's
 loop by (61 - K) * (a * rounds + b * verified tokens), its own counts (timings.sampled_rounds,
 sampled_verified_tokens).
 Worked example: K 2, N 12; small 16 rows x 2 = 32 tokens a round, 20 ms at K, 70 ms at N ->
@@ -38,7 +45,8 @@ import time
 
 import torch
 
-SMALL, LARGE = ("chain-1", 16), ("s3-k8-d16", 48)     # (tree, rows)
+SMALL, MIDDLE, LARGE = ("chain-1", 16), ("chain-1", 32), ("s3-k8-d16", 48)     # (tree, rows)
+SIZES = {"small": SMALL, "middle": MIDDLE, "large": LARGE}
 PROMPT_LEN, NEW_TOKENS, LONG_TOKENS = 64, 16, 48
 REPEATS = 2                                            # timed loops after the warm-up; the fastest is kept
 
@@ -92,26 +100,28 @@ def steady(short: dict, long: dict) -> dict:
 
 
 def probe(model, drafter, layout: str, *, new_tokens: tuple[int, int] = (NEW_TOKENS, LONG_TOKENS)) -> dict:
-    """Both sizes at the model's current depth, each at both lengths: {"small": steady(...),
-    "large": ...}; a probe's failure (or no drafter) is data: {"error": why}, and the grown
-    section's other rows stay."""
+    """Every size at the model's current depth, each at both lengths: {"small": steady(...),
+    "middle": ..., "large": ...}; a probe's failure (or no drafter) is data: {"error": why}, and
+    the grown section's other rows stay."""
     if drafter is None:
         return {"error": "no drafter: the costs probe could not load it"}
     try:
         return {name: steady(*(round_seconds(model, drafter, layout, tree, rows, new_tokens=n) for n in new_tokens))
-                for name, (tree, rows) in (("small", SMALL), ("large", LARGE))}
+                for name, (tree, rows) in SIZES.items()}
     except Exception as err:  # recorded in the JSON, not hidden
         return {"error": repr(err)[-400:]}
 
 
 def fit(base: dict, grown: dict, added: int) -> dict | None:
     """The per-layer round cost (module docstring) from `probe` before and after adding `added`
-    layers: {"seconds_per_layer_round": a, "seconds_per_layer_verified_token": b}; None when a
-    probe failed."""
+    layers: {"seconds_per_layer_round": a, "seconds_per_layer_verified_token": b, "points":
+    [[tokens, c], ...] every size's, by tokens}; None when a probe failed. A probe made before
+    MIDDLE has two points, on the line."""
     if "error" in base or "error" in grown:
         return None
-    c = {k: (grown[k]["seconds_per_round"] - base[k]["seconds_per_round"]) / max(added, 1) for k in ("small", "large")}
-    t = {k: base[k]["verified_tokens_per_round"] for k in ("small", "large")}
+    sizes = [k for k in SIZES if k in base and k in grown]
+    c = {k: (grown[k]["seconds_per_round"] - base[k]["seconds_per_round"]) / max(added, 1) for k in sizes}
+    t = {k: base[k]["verified_tokens_per_round"] for k in sizes}
     if min(c.values()) <= 0:            # more layers never cost less: the timings are noise, not a cost
         return {"error": f"a layer's round cost came out <= 0 (small {c['small']:.4g} s, large {c['large']:.4g} s "
                          f"over {added} added layers): the probes are noise, no fit",
@@ -125,5 +135,29 @@ def fit(base: dict, grown: dict, added: int) -> dict | None:
     if "loop_seconds" in base["small"] and "loop_seconds" in grown["small"]:
         loop = max((grown["small"]["loop_seconds"] - base["small"]["loop_seconds"]) / max(added, 1), 0.0)
     return {"seconds_per_layer_round": a, "seconds_per_layer_verified_token": b, "seconds_per_layer_loop": loop,
-            "per_layer_round_small": c["small"],
-            "per_layer_round_large": c["large"], "tokens_per_round": t}
+            **{f"per_layer_round_{k}": c[k] for k in sizes}, "tokens_per_round": t, "points": _points(t, c)}
+
+
+def _points(tokens: dict, cost: dict) -> list[list[float]]:
+    """[[tokens, c], ...] by tokens, each c at least the one before it: more verified tokens never
+    cost a layer less, so a dip is the timings' noise and is raised to its neighbour's cost."""
+    out, most = [], 0.0
+    for t, c in sorted((tokens[k], cost[k]) for k in tokens):
+        most = max(most, c)
+        out.append([t, most])
+    return out
+
+
+def layer_round(points: list, tokens: float) -> float:
+    """One layer's round at `tokens` verified tokens from a fit's points: linear between the two
+    points around it, the first point's cost below them, the last segment's line above them
+    (its experts all reached, each token adds its share). Worked example: points (32, 2.53 ms),
+    (64, 3.76 ms), (768, 6.45 ms): 48 tokens -> 3.145 ms, 16 -> 2.53 ms, 1000 -> 6.45 + 232 *
+    2.69 / 704 = 7.336 ms."""
+    if tokens <= points[0][0] or len(points) == 1:
+        return points[0][1]
+    for (t0, c0), (t1, c1) in zip(points, points[1:]):
+        if tokens <= t1:
+            return c0 + (tokens - t0) * (c1 - c0) / (t1 - t0)
+    (t0, c0), (t1, c1) = points[-2], points[-1]
+    return c1 + (tokens - t1) * (c1 - c0) / (t1 - t0)
