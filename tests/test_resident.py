@@ -117,3 +117,42 @@ def test_a_rewritten_shard_or_another_regime_loads_again(tmp_path, target_loads)
         again = run_case(both, progress=False, use_cache=False)
         assert len(loads) == 5 and held.taken == 2 and again.timings["target_kept"] == 2
     assert resident.current() is None and not held.models
+
+
+def test_the_drafter_and_the_tokenizer_are_read_once_while_their_files_stand(tmp_path, target_loads, monkeypatch):
+    """Inside kept() the second run takes the drafter and the tokenizer the first read (timings:
+    drafter_kept 1), the same objects; a drafter file touched, or a tokenizer file, reads that
+    one again; outside a block every run reads its own; the block's end drops them."""
+    import diag.run.inputs as inputs
+    import diag.run.pipeline as pipeline
+
+    reads = {"drafter": [], "tokenizer": []}
+    real_drafter, real_tok = pipeline.load_drafter, inputs.load_tokenizer
+
+    def drafter(*a, **k):
+        reads["drafter"].append(got := real_drafter(*a, **k))
+        return got
+
+    def tokenizer(*a, **k):
+        reads["tokenizer"].append(got := real_tok(*a, **k))
+        return got
+    monkeypatch.setattr(pipeline, "load_drafter", drafter)
+    monkeypatch.setattr(inputs, "load_tokenizer", tokenizer)
+    one = _case(tmp_path, "one", ["embed+L2+L3"])
+    with resident.kept() as held:
+        first = run_case(one, progress=False)
+        second = run_case(one, progress=False)
+        assert [len(v) for v in reads.values()] == [1, 1]
+        assert (first.timings["drafter_kept"], second.timings["drafter_kept"]) == (0, 1)
+        assert {k.kind for k in held.parts} == {"drafter", "tokenizer"}
+        for f in (tmp_path / "d" / "model.safetensors", tmp_path / "t" / "tokenizer.json"):
+            st = f.stat()
+            os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+            run_case(one, progress=False)
+        assert [len(v) for v in reads.values()] == [2, 2] and len(held.parts) == 2     # one of each kind held
+    assert not held.parts
+    run_case(one, progress=False)
+    run_case(one, progress=False)
+    assert [len(v) for v in reads.values()] == [4, 4]
+    key = resident.PartKey.tokenizer(tmp_path / "t", trust_remote_code=False)
+    assert all("safetensors" not in f for f in key.files) and any("tokenizer.json" in f for f in key.files)

@@ -29,6 +29,7 @@ from diag.run.checkpoints import locate
 from diag.run.decodings import DecodingPlan, plan as decoding_plan
 from diag.run.prompts import PromptSet, read_prompt_set, read_recorded
 from diag.run.rendered import RenderedPrompts, render_prompts
+from diag.target import resident
 from diag.target.placement import require_bf16, require_gpus, require_split_target
 from diag.target.load import TargetInfo, plain_config, target_info
 from diag.target.tokenizer import TRUST_FLAG, load_tokenizer
@@ -386,7 +387,9 @@ def prepare(case: Case) -> Inputs:
     dckpt = inspect_drafter(dpath)
     dcfg = dckpt.flat
     check_pair(tinfo, dckpt)
-    tok = load_tokenizer(tpath, trust_remote_code=trusts_remote_code(case))
+    trust = trusts_remote_code(case)
+    tok, _ = resident.part(lambda: resident.PartKey.tokenizer(tpath, trust_remote_code=trust),
+                           lambda: load_tokenizer(tpath, trust_remote_code=trust))   # kept under `diag run --watch`
     check_tokenizer(tok, tinfo)
     case, served_shapes, notes = with_launch(case, tcfg)
     notes = [loc.note for loc in located if loc.note] + notes

@@ -40,6 +40,7 @@ from diag.run.inputs import Inputs, engine_numerics, prepare, served_dtypes
 from diag.run.sampled import SampledEvaluations
 from diag.run.target_passes import target_passes
 from diag.run.verdicts import Verdict, verdicts
+from diag.target import resident
 from diag.target.load import TargetInfo
 from diag.target.tables import target_tables
 
@@ -115,8 +116,10 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True, shard
     inp, prepared = prepare_all(inp)                                # the diagnoses' own, before any weight
     part = _stopwatch(timings, "checks_prepare_s", part)            # checks_s in parts: where a repeat run's go
     case = inp.case
-    drafter, dckpt = load_drafter(inp.drafter_path, dtype=served_dtypes(case, inp.target_config)[1],
-                                  device=_main_device(case))        # a GPU's weights read straight there
+    ddtype, ddev = served_dtypes(case, inp.target_config)[1], _main_device(case)
+    (drafter, dckpt), kept = resident.part(lambda: resident.PartKey.drafter(inp.drafter_path, ddtype, ddev),
+                                           lambda: load_drafter(inp.drafter_path, dtype=ddtype, device=ddev))
+    timings["drafter_kept"] = int(kept)                             # under `diag run --watch`: read once
     drafter.set_numerics(engine_numerics(inp))          # the served engine's rounding (bf16/fp16 only)
     _sync(_main_device(case))
     part = _stopwatch(timings, "checks_drafter_s", part)
