@@ -6,8 +6,10 @@ a loop misses the caches (Kimi: 550 GB). Watching, the first run goes as any run
 report; then every change to the case file or to the prompt files it reads runs the edited case
 (read again, with the command line's overrides) inside one target/resident.kept() block: what
 the caches hold is reused as in any repeat run, and what they miss (a new layout's sampled
-loop, a pass under another token count) runs on the model already loaded. resident.Key says
-when a model loads again instead (its files rewritten, another regime, dtype or placement).
+loop, a pass under another token count) runs on the model already loaded, with the drafter and the
+tokenizer the first run read. resident.Key says when a model loads again instead (its files
+rewritten, another regime, dtype or placement), resident.PartKey when the drafter or the
+tokenizer is read again (one of its files changed).
 Each run rewrites the report directory whole. An edit diag refuses prints its error, keeps the
 last good report, and the watch goes on; Ctrl-C ends it (the exit code of the last run that
 wrote a report: 1 under --strict with an error verdict).
