@@ -549,10 +549,12 @@ def test_the_round_fit_follows_three_sizes_where_the_line_through_two_misses_the
     assert "at 64 verified tokens a round * 121 rounds" in x["formulas"]["further_kept_decode_s"]
 
 
-def test_the_split_on_the_three_size_fit_is_decided_where_the_round_holds_its_experts():
+def test_the_split_on_the_three_size_fit_is_a_lower_bound_that_decides_only_a_miss():
     """The H100's probe at 64 tokens (the model's routing): all 384 experts 3.50 ms, the slowest
     shard 0.646 ms; with the fit's 64-token round measured at 3.76 ms the saving 2.85 ms fits in it,
-    nothing is capped, and the goal is decided: 27.94 - 59 x 121 x 2.85e-3 = 7.59 s of decode."""
+    nothing is capped: 27.94 - 59 x 121 x 2.85e-3 = 7.59 s of decode, 9.89 s in all. Measured on
+    one GPU, the figure leaves out the GPUs' hand-off and launches: under the limit it is
+    undecided (a lower bound), over it NOT met."""
     from diag.bench.extrapolate import RoundCost, sampled_extrapolation
 
     split = {"shards": 8, "rows": [{"tokens": 64, "all_s": 3.21e-3, "shard_s": 0.647e-3, "saved_s": 2.563e-3}],
@@ -567,4 +569,11 @@ def test_the_split_on_the_three_size_fit_is_decided_where_the_round_holds_its_ex
     assert x["further_kept_split_decode_s"] == pytest.approx(27.94 - 59 * 121 * 2.851e-3, abs=0.01)
     assert x["further_kept_split_decode_s"] == pytest.approx(7.59, abs=0.01)
     goal = x["goals"]["further_sampled_variant_kept_split_s"]
-    assert goal["met"] is True and goal["value"] == pytest.approx(2.3 + 7.59, abs=0.01)
+    assert goal["met"] is None and goal["value"] == pytest.approx(2.3 + 7.59, abs=0.01) and goal["value"] < goal["limit"]
+    res = {"kind": "gpu", "sections": {"extrapolation": {"sampled": x}}}
+    row = [r for r in goal_lines(res) if "split" in r]
+    assert row[0].endswith("| undecided (a lower bound: the GPUs' hand-off and launches not measured) |")
+    slow = sampled_extrapolation(e2e, RoundCost(2.443e-3, 4.12e-6, "fit", 0.0, ((32, 2.53e-3), (64, 4.76e-3),
+                                                                                   (768, 6.45e-3))), 100.0, 599.5e9,
+                                 15.5e9, split=split)
+    assert slow["further_sampled_variant_kept_split_s"] > 10 and slow["goals"]["further_sampled_variant_kept_split_s"]["met"] is False

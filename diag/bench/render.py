@@ -87,16 +87,20 @@ def goal_lines(res: dict) -> list[str]:
                 out.append(f"| {text} | not measured | {cmp} {limit} | - |")
             continue
         ok = v >= limit if cmp == ">=" else v <= limit
-        verdict = "undecided (a term capped: optimistic)" if _undecided(sec, path) else ("met" if ok else "NOT met")
+        why = _undecided(sec, path)
+        verdict = f"undecided ({why})" if why else ("met" if ok else "NOT met")
         out.append(f"| {text} | {v:.3g} | {cmp} {limit} | {verdict} |")
     return out
 
 
-def _undecided(sec: dict, path: tuple) -> bool:
-    """Whether the section's own goal entry beside the figure (path[:-1] + ("goals", path[-1]))
-    says neither met nor not (`met: null`: bench/extrapolate's split figure with its saving capped)."""
+def _undecided(sec: dict, path: tuple) -> str | None:
+    """Why the section's own goal entry beside the figure (path[:-1] + ("goals", path[-1])) says
+    neither met nor not (`met: null`, its `undecided`: bench/extrapolate's split figure with its
+    saving capped, or a lower bound under the limit); None where it decides."""
     goal = _value(sec, (*path[:-1], "goals", path[-1])) if len(path) > 1 else None
-    return isinstance(goal, dict) and "met" in goal and goal["met"] is None
+    if isinstance(goal, dict) and "met" in goal and goal["met"] is None:
+        return goal.get("undecided", "a term capped: optimistic")     # files written before the key
+    return None
 
 
 def _flat(d: dict) -> str:
