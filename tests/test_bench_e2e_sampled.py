@@ -573,6 +573,17 @@ def test_the_split_on_the_three_size_fit_is_a_lower_bound_that_decides_only_a_mi
     res = {"kind": "gpu", "sections": {"extrapolation": {"sampled": x}}}
     row = [r for r in goal_lines(res) if "split" in r]
     assert row[0].endswith("| undecided (a lower bound: the GPUs' hand-off and launches not measured) |")
+    assert "further_sampled_variant_kept_split_eager_s" not in x                # no eager slope given
+    eager = sampled_extrapolation(e2e, cost, 100.0, 599.5e9, 15.5e9, split=split, eager_layer=2.40e-3)
+    split_round = 3.76e-3 - 2.851e-3                                              # 0.909 ms a layer-round
+    assert eager["further_sampled_variant_kept_split_eager_s"] == pytest.approx(
+        2.3 + 7.59 + 59 * 121 * (2.40e-3 - split_round), abs=0.01) == pytest.approx(20.53, abs=0.01)
+    assert "max(0.0024 s eager a layer" in eager["formulas"]["further_sampled_variant_kept_split_eager_s"]
+    from diag.bench.extrapolate import _eager_layer
+    assert _eager_layer({"transformers_generate_steady_seconds_per_layer_step_by_batch": {"8": 2.4e-3, "16": 2.45e-3}},
+                        8) == 2.4e-3
+    assert _eager_layer({"transformers_generate_steady_seconds_per_layer_step_by_batch": {"16": 2.45e-3}}, 48) == 2.45e-3
+    assert _eager_layer({}, 8) is None
     slow = sampled_extrapolation(e2e, RoundCost(2.443e-3, 4.12e-6, "fit", 0.0, ((32, 2.53e-3), (64, 4.76e-3),
                                                                                    (768, 6.45e-3))), 100.0, 599.5e9,
                                  15.5e9, split=split)

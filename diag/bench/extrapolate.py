@@ -141,6 +141,14 @@ def _eager_generate(first: dict, grown: dict, extra: int, steps: int, batch: int
                                       f"s/layer/step * {steps} steps (batch {batch}, transformers' generate)"}
 
 
+def _eager_layer(grown: dict, batch: int) -> float | None:
+    """s a layer a forward when the forward runs eagerly (a multi-GPU placement: GRAPHS_NOTE): the
+    grown section's transformers-generate steady slope at `batch`, else its largest, else None."""
+    by = grown.get("transformers_generate_steady_seconds_per_layer_step_by_batch") or {}
+    got = by.get(str(batch))
+    return got if got is not None else max((v for v in by.values() if v is not None), default=None)
+
+
 def first_run_rate(load: dict) -> tuple[float, str]:
     """(bytes/s, which row) of the load a first run does: cold with the digest, else (a run
     from before that row existed) the load measured with the digest, else the plain one.
@@ -200,7 +208,8 @@ def extrapolate(e2e: dict, grown: dict, load: dict, shard_bytes: list[int], *, b
     kimi_batch = kimi_generation_batch(first, e2e["max_new_tokens"], total, gpu_memory,
                                        e2e.get("token_budget", 16384))
     sampled = (sampled_extrapolation(e2e, round_cost(grown, slope, batch), verdict, total, sum(shard_bytes),
-                                     copy_bytes_per_s, split=grown.get("expert_split"))
+                                     copy_bytes_per_s, split=grown.get("expert_split"),
+                                     eager_layer=_eager_layer(grown, batch))
                if "sampled_s" in first else None)
     terms = {"load_s": load_61, "generate_s": gen, "capture_s": cap, "step_costs_s": costs_61,
              "drafter_and_report_s": rest}
@@ -282,7 +291,7 @@ def round_cost(grown: dict, decode_slope: float, batch: int) -> RoundCost:
 
 def sampled_extrapolation(e2e: dict, cost: RoundCost, greedy_verdict: float, kimi_total: float,
                           measured_bytes: float, copy_bytes_per_s: float | None = None, *,
-                          split: dict | None = None) -> dict:
+                          split: dict | None = None, eager_layer: float | None = None) -> dict:
     """The e2e run's sampled decoding (e2e.sampled_figures) at 61 layers on 8 GPUs.
     Layers: a round of the decode loop is one verify forward of its batch through every layer,
     stage after stage (no pipelining: a round waits for the last one's accept), plus the
@@ -352,7 +361,7 @@ def sampled_extrapolation(e2e: dict, cost: RoundCost, greedy_verdict: float, kim
                        "further_rest_s": "the one-more-layout run's wall_s - sampled_s - target_load_s, as measured",
                        "first_sampled_if_all_per_layer_s": f"{first.get('sampled_s', 0.0):.4g} * 61 / {k}"}
     out.update(_kept_variant(e2e.get("one_more_layout_kept"), grown, out))
-    out.update(_split_variant(e2e.get("one_more_layout_kept"), split, extra, out, cost.per_layer_round))
+    out.update(_split_variant(e2e.get("one_more_layout_kept"), split, extra, out, cost.per_layer_round, eager_layer))
     out["goals"] = {key: {"value": out[key], "limit": limit, "met": out[key] <= limit}
                     for key, limit in SAMPLED_GOALS.items() if key in out}
     split_goal = out["goals"].get("further_sampled_variant_kept_split_s")
@@ -364,7 +373,8 @@ def sampled_extrapolation(e2e: dict, cost: RoundCost, greedy_verdict: float, kim
         split_goal.update(met=None, undecided="a lower bound: the GPUs' hand-off and launches not measured",
                           note="measured on one GPU: the hand-off between the GPUs and the other GPUs' launches "
                                "(a target over several GPUs runs eagerly, GRAPHS_NOTE) are not in the figure, "
-                               "which can show the goal missed but not met")
+                               "which can show the goal missed but not met; with each layer's round at least an "
+                               "eager forward's: further_sampled_variant_kept_split_eager_s")
     if copy_bytes_per_s:
         out["floors"] = {"first": round_floors(out["first_rounds"], kimi_total, copy_bytes_per_s),
                          "further": round_floors(out["further_rounds"], kimi_total, copy_bytes_per_s)}
@@ -391,7 +401,8 @@ def _kept_variant(kept: dict | None, grown, out: dict) -> dict:
             "further_sampled_variant_kept_s": rest + decode}
 
 
-def _split_variant(kept: dict | None, split: dict | None, extra: int, out: dict, layer_round=None) -> dict:
+def _split_variant(kept: dict | None, split: dict | None, extra: int, out: dict, layer_round=None,
+                   eager_layer: float | None = None) -> dict:
     """The kept variant with every layer's experts split over the GPUs: its decode less, for
     each added layer and round, what the shard saves at the round's verified tokens
     (expert_split.saved), at most the fit's layer-round there (`layer_round(tokens)`) less the
@@ -401,7 +412,12 @@ def _split_variant(kept: dict | None, split: dict | None, extra: int, out: dict,
     Worked example: decode 42.3 s over 121 rounds of 45 tokens, 59 added layers, 2.45 ms saved a
     layer-round -> 42.3 - 59 * 121 * 0.00245 = 24.8 s. The twenty-eighth stop's H100: 64 tokens a
     round, the fit's layer-round 2.88 ms, all 384 experts under uniform routing 3.15 ms, a shard
-    0.71 ms: saved 2.44 ms capped at 2.88 - 0.71 = 2.17 ms."""
+    0.71 ms: saved 2.44 ms capped at 2.88 - 0.71 = 2.17 ms.
+    `eager_layer` (s a layer a forward, the grown section's transformers-generate steady slope: an
+    eager forward's launches, host-bound): a target over several GPUs runs eagerly (GRAPHS_NOTE), so
+    beside the figure, each added layer's split round at least that:
+      further_sampled_variant_kept_split_eager_s = the figure + extra * rounds * max(eager - split round, 0)
+    Worked example: split round 0.91 ms, eager 2.40 ms, 59 x 121 -> + 10.6 s."""
     from diag.bench.expert_split import at, routing_of, saved
 
     if not kept or not split or not split.get("rows") or "further_kept_decode_s" not in out:
@@ -427,7 +443,16 @@ def _split_variant(kept: dict | None, split: dict | None, extra: int, out: dict,
         + (f"; the probe's {saved(split, per_round):.4g} s capped at the fit's layer-round less the shard's time)"
            if capped else ")"))
     uniform = max(out["further_kept_decode_s"] - cut("uniform")[0], 0.0)
-    return {"further_kept_split_decode_s": decode, "further_sampled_variant_kept_split_s": rest + decode,
+    eager = {}
+    if eager_layer and layer_round:
+        split_round = layer_round(per_round) - taken / extra / rounds
+        more = extra * rounds * max(eager_layer - split_round, 0.0)
+        eager = {"further_sampled_variant_kept_split_eager_s": rest + decode + more,
+                 "further_kept_split_eager_layer_s": eager_layer}
+        out["formulas"]["further_sampled_variant_kept_split_eager_s"] = (
+            f"{rest + decode:.4g} + {extra} layers * {rounds} rounds * max({eager_layer:.4g} s eager a layer "
+            f"(transformers' generate, steady) - {split_round:.4g} s split round, 0)")
+    return {"further_kept_split_decode_s": decode, "further_sampled_variant_kept_split_s": rest + decode, **eager,
             "further_kept_split_routing": routing, "further_kept_split_saving_capped": capped,
             **({"further_sampled_variant_kept_split_uniform_routing_s": rest + uniform} if routing == "model" else {}),
             "further_kept_split_not_measured": "the hand-off between GPUs and the other devices' launches "
