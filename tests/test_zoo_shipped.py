@@ -72,10 +72,13 @@ def test_the_shipped_pair_is_what_a_fresh_build_makes(tmp_path, monkeypatch):
     for name in shipped.NAMES:
         made, ship = entry_dir(name), shipped.shipped_dir(name)
         meta = json.loads((ship / "zoo_meta.json").read_text())
-        # the platform: the libraries, Python, and whether oneDNN's bf16 matmuls take AMX tiles (the
-        # recipes train under bf16 autocast: an AMX machine makes other bytes, build.amx_cpu)
-        same_platform = (meta["torch"], meta["transformers"], meta["python"], meta.get("amx", False)) == (
-            torch.__version__, transformers.__version__, platform.python_version(), build.amx_cpu())
+        # the platform: the libraries, Python, whether oneDNN's bf16 matmuls take AMX tiles (the
+        # recipes train under bf16 autocast: an AMX machine makes other bytes, build.amx_cpu) and
+        # whether the CPU has AVX-512 (an AVX2-only one makes other bytes too, build.avx512_cpu; the
+        # shipped pair's meta predates the key: its bytes were remade on AVX-512 machines, not on AVX2)
+        same_platform = (meta["torch"], meta["transformers"], meta["python"], meta.get("amx", False),
+                         meta.get("avx512", True)) == (torch.__version__, transformers.__version__,
+                                                       platform.python_version(), build.amx_cpu(), build.avx512_cpu())
         if same_platform:
             mine, theirs = shipped.digests(made), shipped.digests(ship)
             mine.pop("zoo_meta.json"), theirs.pop("zoo_meta.json")    # build seconds differ

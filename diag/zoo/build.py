@@ -3,7 +3,8 @@ atomic publication (cache.py) and a zoo_meta.json per entry.
 
 zoo_meta.json holds what was built and how well it came out:
   {"name", "builder_version", "fingerprint", "recipe" (the frozen recipe as a dict), "seconds",
-   "torch", "transformers", "python", "amx" (amx_cpu), "threads", "metrics": {... builder-specific ...}}
+   "torch", "transformers", "python", "amx" (amx_cpu), "avx512" (avx512_cpu), "threads",
+   "metrics": {... builder-specific ...}}
 
 An entry is served from the cache only while it is what its recipe would build now: its
 `fingerprint` (BUILDER_VERSION, its recipe, its dependencies' fingerprints, hashed) equals
@@ -183,7 +184,8 @@ def _meta(name: str, seconds: float, metrics: dict) -> dict:
     return {"name": name, "builder_version": BUILDER_VERSION, "fingerprint": fingerprint(name),
             "recipe": _plain(entry(name).recipe), "seconds": round(seconds, 2),
             "torch": torch.__version__, "transformers": transformers.__version__,
-            "python": platform.python_version(), "amx": amx_cpu(), "threads": BUILD_THREADS, "metrics": metrics}
+            "python": platform.python_version(), "amx": amx_cpu(), "avx512": avx512_cpu(), "threads": BUILD_THREADS,
+            "metrics": metrics}
 
 
 def amx_cpu() -> bool:
@@ -191,6 +193,14 @@ def amx_cpu() -> bool:
     bf16 autocast rounds otherwise there, so the same torch, transformers and Python make other
     bytes (the shipped pair, built without AMX: tests/test_zoo_shipped.py)."""
     probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return bool(probe()) if probe is not None else False
+
+
+def avx512_cpu() -> bool:
+    """Whether this CPU has AVX-512: without it torch's and oneDNN's float kernels take 8-wide
+    vectors and their sums another order, so a recipe's bytes differ again (an AMD EPYC with AVX2
+    only made other bytes than the shipped pair's, twenty-ninth stop: tests/test_zoo_shipped.py)."""
+    probe = getattr(torch.cpu, "_is_avx512_supported", None)
     return bool(probe()) if probe is not None else False
 
 
