@@ -28,11 +28,11 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
 
 import vllm_cells as vc
 from diag.errors import DiagError
 from diag.layouts import layout
+from diag.zoo.build import amx_cpu, avx512_cpu
 from vllm_server import vllm_server, vllm_venv  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.vllm
@@ -119,8 +119,7 @@ ENGINE_SPREAD = 0.0043
 # included) and its sums run in another order than on the AVX-512 machine diag's numerics were
 # matched on: on the twenty-ninth stop's AMD EPYC (AVX2 only) its tokens parted from diag's at the
 # fifth, at this commit and at debd926 alike.
-AMX = bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
-AVX512 = bool(getattr(torch.cpu, "_is_avx512_supported", lambda: False)())
+AMX, AVX512 = amx_cpu(), avx512_cpu()
 
 
 @pytest.mark.skipif(AMX or not AVX512,

@@ -44,7 +44,7 @@ This module knows arithmetic; it reads no files.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
 from diag.target.schedule import bubble_fraction, pipelined_seconds
@@ -263,10 +263,15 @@ class RoundCost:
     loop: float = 0.0
     points: tuple = ()
 
+    @property
+    def piecewise(self) -> bool:
+        """Whether the points say more than the line (three sizes or more)."""
+        return len(self.points) > 2
+
     def per_layer_round(self, tokens: float) -> float:
         from diag.bench.round_slope import layer_round
 
-        return layer_round(list(self.points), tokens) if len(self.points) > 2 else self.a + self.b * tokens
+        return layer_round(self.points, tokens) if self.piecewise else self.a + self.b * tokens
 
 
 def round_cost(grown: dict, decode_slope: float, batch: int) -> RoundCost:
@@ -278,13 +283,13 @@ def round_cost(grown: dict, decode_slope: float, batch: int) -> RoundCost:
     fit = grown.get("sampled_round_slope") or {}
     if fit.get("seconds_per_layer_round") is not None:
         name = "the grown section's decode-loop fit (bench/round_slope.py)"
-        points = tuple(tuple(p) for p in fit.get("points") or ())
-        if len(points) > 2:
-            name += f", piecewise over {len(points)} sizes"
+        cost = RoundCost(fit["seconds_per_layer_round"], fit["seconds_per_layer_verified_token"], name,
+                         fit.get("seconds_per_layer_loop") or 0.0, tuple(tuple(p) for p in fit.get("points") or ()))
+        if cost.piecewise:
+            name += f", piecewise over {len(cost.points)} sizes"
         if fit.get("seconds_per_layer_loop") is not None:
             name += ", steady rounds and each loop's own costs"
-        return RoundCost(fit["seconds_per_layer_round"], fit["seconds_per_layer_verified_token"], name,
-                         fit.get("seconds_per_layer_loop") or 0.0, points)
+        return replace(cost, source=name)
     why = f": no decode-loop fit ({fit['error']})" if fit.get("error") else " (no decode-loop fit in grown)"
     return RoundCost(decode_slope, 0.0, f"the greedy decode slope at batch {batch}{why}")
 
@@ -330,7 +335,7 @@ def sampled_extrapolation(e2e: dict, cost: RoundCost, greedy_verdict: float, kim
         per_loop = f" + {c:.4g} s/layer/loop * {runs} decode loop(s)" if c else ""
         mean = tokens / max(rounds, 1)
         term = (f"{cost.per_layer_round(mean):.4g} s/layer/round at {mean:.0f} verified tokens a round * {rounds} rounds"
-                if cost.points and len(cost.points) > 2 else
+                if cost.piecewise else
                 f"{cost.a:.4g} s/layer/round * {rounds} rounds + {cost.b:.4g} s/layer/token * {tokens} verified tokens")
         return (run.get("sampled_s", 0.0) + extra * (rounds * cost.per_layer_round(mean) + c * runs),
                 f"{run.get('sampled_s', 0.0):.4g} + {extra} layers * ({term}{per_loop})")

@@ -16,8 +16,8 @@ at 32 rows, 64 tokens), is measured, and the fit's `points` [[tokens, c], ...] g
 round piecewise linearly between the sizes (`layer_round`): the line through small and large alone
 put the H100's layer-round at 64 tokens at 2.70 ms, where its experts alone took 3.50 ms
 (reports/bench/NOTES.md, twenty-ninth stop). The extrapolation then grows a run's
-loop by (61 - K) * (a * rounds + b * verified tokens), its own counts (timings.sampled_rounds,
-sampled_verified_tokens).
+loop by (61 - K) * rounds * layer_round(verified tokens / rounds), its own counts
+(timings.sampled_rounds, sampled_verified_tokens); on the line that is a * rounds + b * tokens.
 Worked example: K 2, N 12; small 16 rows x 2 = 32 tokens a round, 20 ms at K, 70 ms at N ->
 c 5 ms; large 48 x 16 = 768 tokens, 60 ms at K, 260 ms at N -> c 20 ms; b = 15 ms / 736 =
 20.4 us a token, a = 5 ms - 32 * 20.4 us = 4.35 ms a round.

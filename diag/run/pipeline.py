@@ -121,7 +121,7 @@ def run_case(case: Case, *, progress: bool = True, use_cache: bool = True, shard
                                            lambda: load_drafter(inp.drafter_path, dtype=ddtype, device=ddev))
     timings["drafter_kept"] = int(kept)                             # under `diag run --watch`: read once
     drafter.set_numerics(engine_numerics(inp))          # the served engine's rounding (bf16/fp16 only)
-    _sync(_main_device(case))
+    _sync(ddev)
     part = _stopwatch(timings, "checks_drafter_s", part)
     embed, head = target_tables(inp.target_path, inp.target_config)   # rows read as used, head when needed
     if drafter.cfg.lm_head_from_target:            # no draft_vocab_size: the target's lm_head

@@ -52,12 +52,15 @@ class Key:
 
     @classmethod
     def make(cls, checkpoint: Path, dtype, regime: str, placement, numerics: str) -> "Key":
-        names = sorted({p for g in WEIGHT_GLOBS for p in Path(checkpoint).glob(g)})
-        files = tuple(repr(sorted(stat_key(p).items())) for p in names)
-        return cls(files, str(dtype), regime, repr(placement), numerics)
+        return cls(_stats(_weight_files(checkpoint)), str(dtype), regime, repr(placement), numerics)
+
+
+def _weight_files(folder: Path) -> set[Path]:
+    return {p for g in WEIGHT_GLOBS for p in Path(folder).glob(g)}
 
 
 def _stats(paths) -> tuple[str, ...]:
+    """repr(stat_key) of each path, sorted."""
     return tuple(repr(sorted(stat_key(p).items())) for p in sorted(paths))
 
 
@@ -71,8 +74,7 @@ class PartKey:
 
     @classmethod
     def drafter(cls, folder: Path, dtype, device) -> "PartKey":
-        files = [p for g in WEIGHT_GLOBS for p in Path(folder).glob(g)]
-        return cls("drafter", _stats(set(files)), f"{dtype} {device}")
+        return cls("drafter", _stats(_weight_files(folder)), f"{dtype} {device}")
 
     @classmethod
     def tokenizer(cls, folder: Path, **how) -> "PartKey":
