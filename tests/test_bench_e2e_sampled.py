@@ -588,3 +588,110 @@ def test_the_split_on_the_three_size_fit_is_a_lower_bound_that_decides_only_a_mi
                                                                                    (768, 6.45e-3))), 100.0, 599.5e9,
                                  15.5e9, split=split)
     assert slow["further_sampled_variant_kept_split_s"] > 10 and slow["goals"]["further_sampled_variant_kept_split_s"]["met"] is False
+
+
+def test_one_gpu_of_n_issues_every_shard_but_computes_only_its_own():
+    """expert_split.OneGpuOfN's worked example generalised: E 7 over 3 shards (3, 2, 2), busy 1 ->
+    the output is the unsplit module's with every slot outside experts 3..4 weighted 0; one_gpu_of
+    swaps each layer's experts and puts the very modules back."""
+    from diag.bench.expert_split import OneGpuOfN, one_gpu_of, slowest_shard
+    from test_sharded_experts import _packed
+
+    module = _packed(E=7, H=32, I=16, seed=3)
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(9, 32, generator=gen)
+    idx = torch.rand(9, 7, generator=gen).topk(3, dim=-1).indices
+    w = torch.rand(9, 3, generator=gen)
+    one = OneGpuOfN(module, 3, busy=1)
+    assert [s.num_experts for s in one.shards] == [3, 2, 2]
+    mine = (idx >= 3) & (idx < 5)
+    assert mine.any() and (~mine).any()
+    want = module(x, idx, torch.where(mine, w, torch.zeros_like(w)))
+    assert torch.allclose(one(x, idx, w), want, atol=1e-6)
+    assert torch.equal(OneGpuOfN(module, 3, busy=2)(x, torch.zeros_like(idx), w), torch.zeros_like(x))  # none its own
+
+    class Layer(torch.nn.Module):
+        def __init__(self, experts):
+            super().__init__()
+            self.mlp = torch.nn.Module()
+            self.mlp.experts = experts
+    model = torch.nn.Module()
+    model.model = torch.nn.Module()
+    dense = torch.nn.Module()
+    model.model.layers = torch.nn.ModuleList([Layer(module), Layer(dense)])
+    with one_gpu_of(model, 3, busy=2) as n:
+        assert n == 1 and isinstance(model.model.layers[0].mlp.experts, OneGpuOfN)
+        assert model.model.layers[0].mlp.experts.busy == 2 and model.model.layers[1].mlp.experts is dense
+    assert model.model.layers[0].mlp.experts is module
+    split = {"model_rows": [{"tokens": 32, "shard_seconds": [1, 5, 2]}, {"tokens": 64, "shard_seconds": [1, 2, 3]}]}
+    assert slowest_shard(split, 60) == 2 and slowest_shard(split, 40) == 1 and slowest_shard({}, 64) == 0
+
+
+def test_the_split_figure_comes_from_the_loop_timed_as_one_gpu_of_the_split_where_measured():
+    """extrapolate._split_measured's worked example: rest 2.3 s, the kept run's loop 1.1 s, 59
+    added layers x 121 rounds at 2.1 ms eager -> 18.4 s, the goal decided (NOT met), the
+    subtraction estimate kept beside it; 0.9 ms graphed -> 9.8 s. round_slope.split_fit: 40 ms a
+    round at 2 layers, 52 ms at 4 -> 6 ms a layer-round."""
+    from diag.bench.extrapolate import RoundCost, sampled_extrapolation
+    from diag.bench.round_slope import split_fit
+
+    row = lambda s: {"seconds_per_round": s, "verified_tokens_per_round": 64.0}   # noqa: E731
+    base = {"graphs": row(0.020), "eager": row(0.040), "shards": 8, "busy": 3, "layers_split": 1}
+    grown = {"graphs": row(0.021), "eager": row(0.052), "shards": 8, "busy": 3, "layers_split": 3}
+    got = split_fit(base, grown, 2)
+    assert got == {"tokens": 64.0, "shards": 8, "busy": 3, "graphs": pytest.approx(0.0005), "eager": pytest.approx(0.006)}
+    assert split_fit(base, {"error": "x"}, 2) is None and split_fit(None, grown, 2) is None
+    assert split_fit(base, {**grown, "graphs": row(0.019)}, 2)["graphs"] is None           # noise: no cost
+
+    split = {"shards": 8, "rows": [{"tokens": 64, "all_s": 3.21e-3, "shard_s": 0.647e-3, "saved_s": 2.563e-3}]}
+    cost = RoundCost(2.443e-3, 4.12e-6, "fit", 0.0, ((32, 2.53e-3), (64, 3.76e-3), (768, 6.45e-3)))
+    kept_run = {"wall_s": 3.4, "sampled_s": 1.1, "sampled_rounds": 121, "sampled_verified_tokens": 64 * 121,
+                "target_kept": 1}
+    e2e = {"layers": 2, "first": {"sampled_s": 6.0, "sampled_rounds": 100}, "one_more_layout": MORE,
+           "one_more_layout_kept": kept_run}
+    loop = {"tokens": 64.0, "shards": 8, "busy": 3, "graphs": 0.9e-3, "eager": 2.1e-3}
+    before = sampled_extrapolation(e2e, cost, 100.0, 599.5e9, 15.5e9, split=split)
+    x = sampled_extrapolation(e2e, cost, 100.0, 599.5e9, 15.5e9, split=split, split_loop=loop)
+    assert x["further_sampled_variant_kept_split_s"] == pytest.approx(2.3 + 1.1 + 59 * 121 * 2.1e-3) \
+        == pytest.approx(18.39, abs=0.01)
+    assert x["further_sampled_variant_kept_split_graphs_s"] == pytest.approx(2.3 + 1.1 + 59 * 121 * 0.9e-3) \
+        == pytest.approx(9.83, abs=0.01)
+    assert x["further_sampled_variant_kept_split_subtracted_s"] == before["further_sampled_variant_kept_split_s"]
+    goal = x["goals"]["further_sampled_variant_kept_split_s"]
+    assert goal["met"] is False and "undecided" not in goal and "slowest shard" in goal["note"]
+    assert "121 rounds * 0.0021 s a layer-round (eager, one GPU of 8" in x["formulas"]["further_sampled_variant_kept_split_s"]
+    res = {"kind": "gpu", "sections": {"extrapolation": {"sampled": x}}}
+    assert [r for r in goal_lines(res) if "split" in r][0].endswith("| 18.4 | <= 10 | NOT met |")
+    fast = sampled_extrapolation(e2e, cost, 100.0, 599.5e9, 15.5e9, split=split, split_loop={**loop, "eager": 0.8e-3})
+    assert fast["goals"]["further_sampled_variant_kept_split_s"]["met"] is True          # measured: decided
+    no_eager = sampled_extrapolation(e2e, cost, 100.0, 599.5e9, 15.5e9, split=split, split_loop={**loop, "eager": None})
+    assert no_eager["further_sampled_variant_kept_split_s"] == before["further_sampled_variant_kept_split_s"]
+
+
+def test_split_probe_times_the_loop_graphed_and_with_the_target_eager(tmp_path):
+    """round_slope.split_probe on a 2-layer Kimi-shaped INT4 target at toy widths (CPU: no graphs,
+    both modes run the same eager loop): MIDDLE's rows at both lengths in each mode, the experts put
+    back after; VerifyGraphs.eager_for turns a model's graphs off as a placement over devices does."""
+    from diag.bench.cpu import SMALL, SMALL_DRAFTER
+    from diag.bench.round_slope import MIDDLE, split_probe
+    from diag.drafter.checkpoint import load_drafter
+    from diag.int4.load import load_packed_target
+    from diag.int4.packed import PackedExperts
+    from diag.target.verify_graphs import VerifyGraphs
+    from diag.zoo.kimi_shaped import kimi_shaped
+
+    ks = kimi_shaped(tmp_path / "k", layers=2, seed=5, widths=SMALL, drafter_widths=SMALL_DRAFTER)
+    model = load_packed_target(ks.target, dtype=torch.float32)
+    drafter, _ = load_drafter(ks.drafter)
+    experts = [m for m in model.modules() if isinstance(m, PackedExperts)]
+    got = split_probe(model, drafter, ks.layout, 4, busy=1, new_tokens=(4, 8))
+    assert "error" not in got, got
+    assert got["shards"] == 4 and got["busy"] == 1 and got["layers_split"] == len(experts) >= 1
+    for mode in ("graphs", "eager"):
+        assert (got[mode]["tree"], got[mode]["rows"]) == MIDDLE and got[mode]["long"]["rounds"] > got[mode]["rounds"]
+    assert [m for m in model.modules() if isinstance(m, PackedExperts)] == experts
+    assert split_probe(model, None, ks.layout, 4) == {"error": "no drafter: the costs probe could not load it"}
+    graphs = VerifyGraphs()
+    graphs.placed[id(model)] = (model, True)
+    graphs.eager_for(model)
+    assert graphs.usable(model) is False

@@ -323,3 +323,44 @@ def test_a_rounds_copy_to_the_host_waits_for_the_copy_not_for_the_work_queued_af
     assert host.device.type == "cpu" and host.is_pinned()
     assert torch.equal(host, torch.arange(12).view(3, 4))
     assert torch.equal(src.cpu(), torch.arange(12).view(3, 4) + 100)
+
+
+@torch.no_grad()
+def test_one_gpu_of_the_split_on_the_fused_kernels_computes_its_own_shard_and_loops_eagerly(kimi_small):
+    """bench/expert_split.OneGpuOfN on the fast kernels (16 experts over 3 shards, busy 1): the
+    busy shard's partial sum, the unsplit layer's with the other shards' slots weighted 0 (to bf16
+    rounding); the loop with every layer so, graphed and with the target eager
+    (round_slope.split_probe): the eager one replays no target graph, the drafter's still."""
+    from diag.bench.expert_split import OneGpuOfN
+    from diag.bench.round_slope import split_probe
+    from diag.bench.sampled import bench_loop
+    from diag.engines.decoding import sampled
+    from diag.int4.packed import PackedExperts
+    from diag.trees import tree_shape
+
+    model, drafter = _kimi_on_cuda(kimi_small)
+    module = next(m for m in model.modules() if isinstance(m, PackedExperts))
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(64, module.hidden_dim, device="cuda", generator=gen, dtype=torch.bfloat16)
+    idx = torch.rand(64, module.num_experts, device="cuda", generator=gen).topk(2, dim=-1).indices
+    w = torch.rand(64, 2, device="cuda", generator=gen, dtype=torch.bfloat16)
+    module(x, idx, w)                                           # its first forward lays the words out
+    one = OneGpuOfN(module, 3, busy=1)
+    first, count = one.shards[1].first_expert, one.shards[1].num_experts       # 16 experts -> 6, 5, 5: 6..10
+    mine = (idx >= first) & (idx < first + count)
+    assert mine.any() and (~mine).any()
+    want = module(x, idx, torch.where(mine, w, torch.zeros_like(w))).float()
+    got = one(x, idx, w).float()
+    assert (got - want).abs().max() <= 0.02 * want.abs().max()
+    got = split_probe(model, drafter, kimi_small.layout, 3, busy=1, new_tokens=(4, 8))
+    assert "error" not in got, got
+    assert got["graphs"]["seconds_per_round"] > 0 and got["eager"]["seconds_per_round"] > 0
+    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+    prompts = torch.randint(10, model.config.vocab_size, (8, 16), generator=torch.Generator().manual_seed(0)).tolist()
+    for eager in (False, True):
+        loop, _, rows = bench_loop(model, drafter, embed, head, [kimi_small.layout], tree_shape("chain-1"), 8,
+                                   decoding=sampled(1.0, 0.95))
+        loop.target_eager = eager
+        loop.run(prompts, rows, 6)
+        target = [loop.counts[f"{step}_graphs_replayed"] for step in ("verify", "accept", "commit")]
+        assert (sum(target) == 0) == eager and loop.counts["draft_graphs_replayed"] > 0, (eager, dict(loop.counts))

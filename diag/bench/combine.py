@@ -67,12 +67,15 @@ def combine(paths: list[Path]) -> dict:
             sections[name] = sec
             taken.setdefault(str(path), []).append(name)
     if "grown" in sections and "sampled_round_probe" in sections["grown"]:
-        from diag.bench.round_slope import fit
+        from diag.bench.round_slope import fit, split_fit
         g = dict(sections["grown"])
         probe = g["sampled_round_probe"]
         g["sampled_round_slope"] = fit(probe.get("base", {"error": "no base probe"}),
                                        probe.get("grown", {"error": "no grown probe"}),
                                        g["layers"] - g["base_layers"])
+        if "split_round_probe" in g:
+            g["split_round_slope"] = split_fit(g["split_round_probe"].get("base"), g["split_round_probe"].get("grown"),
+                                               g["layers"] - g["base_layers"])
         sections["grown"] = g
     return {**{k: v for k, v in first.items() if k != "sections"}, "sections": sections,
             "combined": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "combined_git": git_hash(),

@@ -18,19 +18,25 @@ off that fit is the one measured on it; there the slowest shard sets the pace). 
 stop's H100 had all 384 experts at 64 uniform tokens cost 3.15 ms, more than the fit's whole
 layer-round at those tokens (2.88 ms): the bench target's rounds reach fewer experts than uniform.
 
-Not measured here (one GPU): the hand-off of the hidden states to the N - 1 other GPUs and
-their partial sums back (a round of 64 tokens: 64 x 7168 x (2 + 4) B = 2.8 MB a GPU, some
+Not measured by `probe` (one GPU): the hand-off of the hidden states to the N - 1 other GPUs
+and their partial sums back (a round of 64 tokens: 64 x 7168 x (2 + 4) B = 2.8 MB a GPU, some
 10 us at NVLink's bandwidth), and the launches of N devices' kernels from one host thread.
+`OneGpuOfN` puts those in: a layer's experts as one GPU of N runs them, on one GPU (the host
+issues every shard's launches and hand-off copies, the device runs one shard's pairs), which
+round_slope.split_probe times inside the decode loop, graphed and eager.
 This module knows the experts' forward and CUDA timing; nothing about runs or reports.
 """
 
 from __future__ import annotations
 
 import statistics
+from contextlib import contextmanager
 
 import torch
+from torch import nn
 
 from diag.bench.round_slope import LARGE, SMALL
+from diag.int4.sharded import ShardedExperts, local_index, shard_pairs
 from diag.trees import tree_shape
 
 SHARDS = 8                # Kimi's GPUs
@@ -65,7 +71,6 @@ def probe(model, shards: int = SHARDS, tokens=TOKENS, top_k: int | None = None, 
     it); {"error": why} when it cannot run (no CUDA experts, or the forward failed: data, not a
     crash)."""
     from diag.int4.packed import PackedExperts
-    from diag.int4.sharded import ShardedExperts
 
     module = next((m for m in model.modules() if isinstance(m, PackedExperts)), None)
     if module is None or not module.gate_up_proj_packed.is_cuda:
@@ -124,7 +129,6 @@ def _shard_timed(shard, experts: int, x, idx, w) -> tuple[float, int]:
     """One shard's experts on the pairs routed to it (the others' the sentinel), its row blocks
     sized for its share as ShardedExperts sizes them: (seconds, its pairs)."""
     from diag.int4.fast import fused_experts
-    from diag.int4.sharded import local_index, shard_pairs
 
     local = local_index(idx, shard.first_expert, shard.num_experts)
     share = shard_pairs(local.numel(), shard.num_experts, experts)
@@ -135,8 +139,6 @@ def _shard_timed(shard, experts: int, x, idx, w) -> tuple[float, int]:
 def _model_rows(model, module, ids, shards: int, tokens) -> list[dict]:
     """probe's rows under the model's routing: all experts, then every shard (its pairs only),
     the slowest shard's time kept, with each shard's pairs."""
-    from diag.int4.sharded import ShardedExperts
-
     rows = []
     for t in (t for t in tokens if t <= ids.numel()):
         x, idx, w = model_routed(model, module, ids, t)
@@ -181,3 +183,73 @@ def _rows_key(split: dict, routing: str | None) -> str:
     if routing == "model" or (routing is None and split.get("model_rows")):
         return "model_rows"
     return "rows"
+
+
+class OneGpuOfN(ShardedExperts):
+    """A layer's routed experts split over N GPUs as one of them sees a forward, on one GPU: the
+    host issues what ShardedExperts issues on N devices, every shard's kernels and the hand-off
+    copies (shards 1.. N-1 are elsewhere: their inputs in and their partial sums back, as clones,
+    the device's copy of the same bytes), while the device runs shard `busy`'s pairs only; the
+    others' index is all sentinel (their kernels launch over no pairs), as the other GPUs run
+    their own shares meanwhile. The output is shard busy's partial sum: a timing's module, not
+    the model's numbers. Worked example, E 4 over N 2, busy 1: top_k_index [[3, 0]] -> shard 1
+    adds expert 3's output alone, expert 0's slot skipped (the sentinel)."""
+
+    def __init__(self, module: nn.Module, shards: int, busy: int = 0):
+        dev = module.gate_up_proj_packed.device
+        super().__init__(list(ShardedExperts.of(module, [dev] * shards).shards))
+        self.busy = busy
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        from diag.int4.fast import fused_experts
+
+        sent = []
+        for j, shard in enumerate(self.shards):
+            start = shard.first_expert if j == self.busy else self.num_experts      # past them all: sentinel
+            local = local_index(top_k_index, start, shard.num_experts)
+            hand = (lambda t: t) if j == 0 else torch.clone                         # shard 0 on the layer's GPU
+            sent.append((shard, hand(hidden_states), hand(local), hand(top_k_weights)))
+        if all(getattr(shard, "fused_runs", lambda _: False)(x) for shard, x, _, _ in sent):
+            parts = [fused_experts(shard, x, idx, w, partial=True,
+                                   pairs=shard_pairs(idx.numel(), shard.num_experts, self.num_experts))
+                     for shard, x, idx, w in sent]
+            total = parts[0]
+            for part in parts[1:]:
+                total = total + part.clone()                                        # the partial sums back
+            return total.to(hidden_states.dtype)
+        final = torch.zeros_like(hidden_states)
+        for j, (shard, x, idx, w) in enumerate(sent):
+            final = shard.add_into(final if j == 0 else final.clone(), x, idx, w)
+        return final
+
+
+@contextmanager
+def one_gpu_of(model, shards: int = SHARDS, busy: int = 0):
+    """Every layer's routed experts module (PackedExperts) of `model` replaced by OneGpuOfN for
+    the block, the modules put back after it (their buffers shared, nothing copied). Yields the
+    number of layers replaced. Split a fused module after its first forward (ShardedExperts.of)."""
+    from diag.int4.packed import PackedExperts
+
+    swapped = []
+    for layer in model.model.layers:
+        experts = getattr(getattr(layer, "mlp", None), "experts", None)
+        if isinstance(experts, PackedExperts):
+            swapped.append((layer.mlp, experts))
+            layer.mlp.experts = OneGpuOfN(experts, shards, busy)
+    try:
+        yield len(swapped)
+    finally:
+        for mlp, experts in swapped:
+            mlp.experts = experts
+
+
+def slowest_shard(split: dict, tokens: float) -> int:
+    """The shard the probe's model-routed row nearest `tokens` found slowest (the GPUs wait for
+    it), 0 without model rows."""
+    rows = split.get("model_rows") or []
+    if not rows:
+        return 0
+    row = min(rows, key=lambda r: abs(r["tokens"] - tokens))
+    times = row.get("shard_seconds") or [0.0]
+    return max(range(len(times)), key=times.__getitem__)

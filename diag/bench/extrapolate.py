@@ -30,7 +30,8 @@ Assumptions (reports/bench/NOTES.md says why each holds or might not):
             over several GPUs runs both eagerly (a graph is captured on one device), so on 8 GPUs a
             layer costs the larger of its device time and its launches' host time: the grown
             section's transformers_generate_* slope (eager) beside the graphed one brackets it
-            (GRAPHS_NOTE, in the result)
+            (GRAPHS_NOTE, in the result); the split figure is timed eager where the grown
+            section ran the loop as one GPU of the split runs it (_split_measured)
   batch     the decode slope is measured at the e2e run's generation batch; the batch Kimi
             itself would get on 8 GPUs of the same memory is computed by gen_batch's rule
             (each GPU holding 1/8 of the bytes; per GPU half the rest for caches, half for
@@ -209,7 +210,7 @@ def extrapolate(e2e: dict, grown: dict, load: dict, shard_bytes: list[int], *, b
                                        e2e.get("token_budget", 16384))
     sampled = (sampled_extrapolation(e2e, round_cost(grown, slope, batch), verdict, total, sum(shard_bytes),
                                      copy_bytes_per_s, split=grown.get("expert_split"),
-                                     eager_layer=_eager_layer(grown, batch))
+                                     eager_layer=_eager_layer(grown, batch), split_loop=grown.get("split_round_slope"))
                if "sampled_s" in first else None)
     terms = {"load_s": load_61, "generate_s": gen, "capture_s": cap, "step_costs_s": costs_61,
              "drafter_and_report_s": rest}
@@ -296,7 +297,8 @@ def round_cost(grown: dict, decode_slope: float, batch: int) -> RoundCost:
 
 def sampled_extrapolation(e2e: dict, cost: RoundCost, greedy_verdict: float, kimi_total: float,
                           measured_bytes: float, copy_bytes_per_s: float | None = None, *,
-                          split: dict | None = None, eager_layer: float | None = None) -> dict:
+                          split: dict | None = None, eager_layer: float | None = None,
+                          split_loop: dict | None = None) -> dict:
     """The e2e run's sampled decoding (e2e.sampled_figures) at 61 layers on 8 GPUs.
     Layers: a round of the decode loop is one verify forward of its batch through every layer,
     stage after stage (no pipelining: a round waits for the last one's accept), plus the
@@ -317,7 +319,10 @@ def sampled_extrapolation(e2e: dict, cost: RoundCost, greedy_verdict: float, kim
       ... and split    = the kept variant with each layer's experts split over the 8 GPUs
                            (`[placement] experts = "split"`): each added layer's round cost
                            less what one GPU's share saves (bench/expert_split.py, `split`,
-                           the grown section's probe), _split_variant
+                           the grown section's probe), _split_variant; where the grown section
+                           timed the loop as one GPU of the split runs it (`split_loop`,
+                           round_slope.split_fit), its eager per-layer round instead, as diag
+                           runs a target over several GPUs (_split_measured)
     Worked example, K 2, a 3.49 ms, b 0: first run sampled_s 60 s over 1,200 rounds ->
     60 + 59 * 0.00349 * 1200 = 307.1 s; greedy verdict 216 s -> first sampled verdict 523.1 s
     (goal 300: not met). One more layout: 9 s over 180 rounds -> 9 + 59 * 0.00349 * 180 = 46.1 s;
@@ -367,10 +372,14 @@ def sampled_extrapolation(e2e: dict, cost: RoundCost, greedy_verdict: float, kim
                        "first_sampled_if_all_per_layer_s": f"{first.get('sampled_s', 0.0):.4g} * 61 / {k}"}
     out.update(_kept_variant(e2e.get("one_more_layout_kept"), grown, out))
     out.update(_split_variant(e2e.get("one_more_layout_kept"), split, extra, out, cost.per_layer_round, eager_layer))
+    measured = _split_measured(e2e.get("one_more_layout_kept"), split_loop, extra, out)
+    out.update(measured)
     out["goals"] = {key: {"value": out[key], "limit": limit, "met": out[key] <= limit}
                     for key, limit in SAMPLED_GOALS.items() if key in out}
     split_goal = out["goals"].get("further_sampled_variant_kept_split_s")
-    if out.get("further_kept_split_saving_capped"):      # an optimistic estimate decides nothing
+    if measured:                                         # the loop timed as one GPU of the split runs it
+        split_goal["note"] = measured["further_kept_split_not_measured"]
+    elif out.get("further_kept_split_saving_capped"):    # an optimistic estimate decides nothing
         split_goal.update(met=None, undecided="a term capped: optimistic",
                           note="the split's saving was capped at the fit's layer-round less the shard's time: the "
                                "figure assumes the layer's other work gone, an optimistic estimate")
@@ -462,6 +471,44 @@ def _split_variant(kept: dict | None, split: dict | None, extra: int, out: dict,
             **({"further_sampled_variant_kept_split_uniform_routing_s": rest + uniform} if routing == "model" else {}),
             "further_kept_split_not_measured": "the hand-off between GPUs and the other devices' launches "
                                                "(one GPU measured: bench/expert_split.py)"}
+
+
+def _split_measured(kept: dict | None, loop: dict | None, extra: int, out: dict) -> dict:
+    """The kept variant with every layer's experts split, from the decode loop timed as one GPU of
+    the split runs it (round_slope.split_probe / split_fit: `loop`, per-layer rounds at its
+    tokens): each added layer's round at the eager one, the target's steps eager as diag runs a
+    target over several GPUs (GRAPHS_NOTE), which becomes the split goal's figure (the estimate
+    from the experts' saving stays as ..._subtracted_s); the graphed one beside it, what a split
+    verify replayed from graphs on every GPU would take (diag does not build that). {} without a
+    kept run or an eager slope.
+      further_sampled_variant_kept_split_s = rest + sampled_s (as measured, K layers) + extra * rounds * eager
+    Worked example: rest 2.3 s, the kept run's loop 1.1 s, 59 added layers x 121 rounds at 2.1 ms
+    eager -> 2.3 + 1.1 + 15.0 = 18.4 s; at 0.9 ms graphed -> 9.8 s."""
+    if not kept or not loop or not loop.get("eager") or "further_kept_rest_s" not in out:
+        return {}
+    rounds, rest, own = kept.get("sampled_rounds", 0), out["further_kept_rest_s"], kept.get("sampled_s", 0.0)
+    tokens = kept.get("sampled_verified_tokens", 0) / max(rounds, 1)
+    got = {"further_sampled_variant_kept_split_subtracted_s": out.get("further_sampled_variant_kept_split_s"),
+           "further_kept_split_from": (f"the decode loop with each layer as one GPU of {loop['shards']} runs it "
+                                       f"(bench/round_slope.split_probe), the target eager"),
+           "further_kept_split_loop_tokens": loop["tokens"]}
+    for mode in ("eager", "graphs"):
+        if loop.get(mode):
+            key = "further_sampled_variant_kept_split_s" if mode == "eager" else "further_sampled_variant_kept_split_graphs_s"
+            got[key] = rest + own + extra * rounds * loop[mode]
+            got[f"further_kept_split_{mode}_layer_round_s"] = loop[mode]
+            out["formulas"][key] = (f"{rest:.4g} rest + {own:.4g} s the kept run's loop + {extra} layers * {rounds} "
+                                    f"rounds * {loop[mode]:.4g} s a layer-round ({mode}, one GPU of {loop['shards']}, "
+                                    f"measured at {loop['tokens']:.0f} tokens a round; the run's {tokens:.0f})")
+    out["terms"]["further_sampled_variant_kept_split_s"] = (
+        f"checks, replay and report {rest:.1f} + decode {got['further_sampled_variant_kept_split_s'] - rest:.1f} = "
+        f"{got['further_sampled_variant_kept_split_s']:.1f} s (kept, experts split over {loop['shards']} GPUs, "
+        f"the target eager: the loop measured as one GPU of them runs it)")
+    got["further_kept_split_not_measured"] = (
+        "one GPU of the split measured: its host issues every shard's launches and hand-off copies, its device runs "
+        "the slowest shard's pairs; the copies' NVLink time (some 10 us a layer-round) and the devices' waits on "
+        "each other are not in it")
+    return got
 
 
 def round_floors(rounds: int, kimi_total: float, copy_bytes_per_s: float, gpus: int = KIMI_GPUS) -> dict:

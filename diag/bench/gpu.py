@@ -400,7 +400,8 @@ GENERATION_REPEATS = 3
 def _grown(model, seqs, points, max_layers, st, dev, batch: int = 48) -> dict:
     """batch: the e2e run's generation batch (a second generation probe at it, BATCH_PROBE)."""
     from diag.bench import expert_split
-    from diag.bench.round_slope import fit, probe
+    from diag.bench.round_slope import MIDDLE, fit, probe, split_fit, split_probe
+    from diag.trees import tree_shape
     from diag.zoo.kimi_shaped import kimi_config
     from diag.target.placement import activation_bytes, place
 
@@ -413,6 +414,11 @@ def _grown(model, seqs, points, max_layers, st, dev, batch: int = 48) -> dict:
     _costs_probe(model, st, dev)                         # warm-up: first calls compile and allocate
     base_costs = _costs_probe(model, st, dev)
     base_rounds = probe(model, st.get("costs_drafter"), st["ks"].layout)   # the sampled loop's rounds
+    # the experts' split, measured on the first routed layer (the same before and after growing), and
+    # the loop with every layer as one GPU of the split runs it, on its slowest shard
+    split = expert_split.probe(model, ids=torch.stack([s.ids[:64] for s in seqs[:16]]))   # + the model's routing
+    busy = expert_split.slowest_shard(split, MIDDLE[1] * tree_shape(MIDDLE[0]).num_draft_tokens)
+    base_split = split_probe(model, st.get("costs_drafter"), st["ks"].layout, expert_split.SHARDS, busy)
     reserve = activation_bytes(model.config, 16384) + 24 * GiB  # + drafter and its beam replay
     n = grow(model, layers_that_fit(model, reserve, max_layers))
     total = torch.cuda.get_device_properties(0).total_memory if dev != "cpu" else 64 * GiB
@@ -431,7 +437,7 @@ def _grown(model, seqs, points, max_layers, st, dev, batch: int = 48) -> dict:
           _generation_probe(model, model.config.vocab_size, prompts=batch, own_cache=False, **BATCH_PROBE)]
     costs = _costs_probe(model, st, dev)
     rounds = probe(model, st.get("costs_drafter"), st["ks"].layout)
-    split = expert_split.probe(model, ids=torch.stack([s.ids[:64] for s in seqs[:16]]))   # + the model's routing
+    split_rounds = split_probe(model, st.get("costs_drafter"), st["ks"].layout, expert_split.SHARDS, busy)
     st.pop("costs_drafter", None)
     weights = resident_bytes(model)
     added = n - base_layers
@@ -458,6 +464,8 @@ def _grown(model, seqs, points, max_layers, st, dev, batch: int = 48) -> dict:
             "sampled_round_probe": {"base": base_rounds, "grown": rounds},
             "sampled_round_slope": fit(base_rounds, rounds, added),
             "expert_split": split,
+            "split_round_probe": {"base": base_split, "grown": split_rounds},
+            "split_round_slope": split_fit(base_split, split_rounds, added),
             "costs_seconds_per_layer": (costs["seconds"] - base_costs["seconds"]) / max(added, 1)
             if costs["seconds"] is not None and base_costs["seconds"] is not None else None,
             "added_layer": added_layer(model)}

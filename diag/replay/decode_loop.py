@@ -96,6 +96,8 @@ class DecodeLoop:
         self.cuda_graphs = graphs_wanted()  # each GRAPHED step replayed from CUDA graphs where it can
         self.verify_ahead_steps = VERIFY_AHEAD_MAX_STEPS   # `_verify_ahead`: queued where S is at most this
         self.graphs: dict[str, VerifyGraphs] = {}  # this run's graphs by step (target/verify_graphs.py)
+        self.target_eager = False  # the target's steps (verify, accept, commit) eager, the drafter's graphed, as
+                                   # for a target over several devices, on one (bench/round_slope.split_probe)
         self.counts = defaultdict(int)                      # rounds, verified tokens, rows, kv bytes read
         self.decoding, self.eos = decoding, sorted(eos_ids)
         self.trees = list(dict.fromkeys(ln.variant.tree for ln in lanes))     # the loop's tree shapes
@@ -149,6 +151,8 @@ class DecodeLoop:
     def _run(self, rows, prompts, max_new_tokens) -> list[Decoded]:
         on = self.cuda_graphs and self._graphs_possible()
         self.graphs = {name: VerifyGraphs() for name in GRAPHED} if on else {}
+        for graphs in self.graphs.values() if self.target_eager else ():
+            graphs.eager_for(self.model)
         try:
             return self._rounds(rows, prompts, max_new_tokens)
         finally:

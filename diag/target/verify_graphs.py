@@ -82,6 +82,11 @@ class VerifyGraphs:
             self.placed[key] = (model, len(devs) == 1 and next(iter(devs)).type == "cuda")
         return self.placed[key][1]
 
+    def eager_for(self, model: torch.nn.Module) -> None:
+        """`model`'s steps run eagerly from now on, as a model over several devices runs (`usable`
+        False for it): bench/round_slope.split_probe times one GPU of a split target so."""
+        self.placed[id(model)] = (model, False)
+
     def run(self, buffers: tuple, inputs: dict[str, torch.Tensor], key: tuple,
             forward: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor] | None:
         """forward(inputs)'s outputs, by a graph of `key` on the buffers `buffers` names (their
