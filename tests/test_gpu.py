@@ -344,8 +344,7 @@ def test_one_gpu_of_the_split_on_the_fused_kernels_computes_its_own_shard_and_lo
     x = torch.randn(64, module.hidden_dim, device="cuda", generator=gen, dtype=torch.bfloat16)
     idx = torch.rand(64, module.num_experts, device="cuda", generator=gen).topk(2, dim=-1).indices
     w = torch.rand(64, 2, device="cuda", generator=gen, dtype=torch.bfloat16)
-    module(x, idx, w)                                           # its first forward lays the words out
-    one = OneGpuOfN(module, 3, busy=1)
+    one = OneGpuOfN(module, 3, busy=1)                          # before the module's first forward: laid out first
     first, count = one.shards[1].first_expert, one.shards[1].num_experts       # 16 experts -> 6, 5, 5: 6..10
     mine = (idx >= first) & (idx < first + count)
     assert mine.any() and (~mine).any()

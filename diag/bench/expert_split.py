@@ -197,6 +197,10 @@ class OneGpuOfN(ShardedExperts):
 
     def __init__(self, module: nn.Module, shards: int, busy: int = 0):
         dev = module.gate_up_proj_packed.device
+        if dev.type == "cuda" and hasattr(module, "fused_runs"):     # the shards are views of the module's
+            from diag.int4.fast import grouped_fits, to_kernel_layout  # words: laid out first, as its first
+            if grouped_fits(module):                                  # forward lays them (ShardedExperts.of)
+                to_kernel_layout(module)
         super().__init__(list(ShardedExperts.of(module, [dev] * shards).shards))
         self.busy = busy
 
