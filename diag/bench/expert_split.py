@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from diag.bench.round_slope import LARGE, SMALL
-from diag.int4.sharded import ShardedExperts, local_index, shard_pairs
+from diag.int4.sharded import ShardedExperts, local_index, runs_fused, shard_pairs
 from diag.trees import tree_shape
 
 SHARDS = 8                # Kimi's GPUs
@@ -214,7 +214,7 @@ class OneGpuOfN(ShardedExperts):
             local = local_index(top_k_index, start, shard.num_experts)
             hand = (lambda t: t) if j == 0 else torch.clone                         # shard 0 on the layer's GPU
             sent.append((shard, hand(hidden_states), hand(local), hand(top_k_weights)))
-        if all(getattr(shard, "fused_runs", lambda _: False)(x) for shard, x, _, _ in sent):
+        if all(runs_fused(shard, x) for shard, x, _, _ in sent):
             parts = [fused_experts(shard, x, idx, w, partial=True,
                                    pairs=shard_pairs(idx.numel(), shard.num_experts, self.num_experts))
                      for shard, x, idx, w in sent]

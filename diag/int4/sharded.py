@@ -133,7 +133,7 @@ class ShardedExperts(nn.Module):
                  local_index(top_k_index, shard.first_expert, shard.num_experts).to(dev, non_blocking=True),
                  top_k_weights.to(dev, non_blocking=True))
                 for shard, dev in zip(self.shards, self.devices())]
-        if all(_fused(shard, x) for shard, _, x, _, _ in sent):
+        if all(runs_fused(shard, x) for shard, _, x, _, _ in sent):
             from diag.int4.fast import fused_experts
 
             parts = []
@@ -154,6 +154,7 @@ class ShardedExperts(nn.Module):
         return f"experts={self.num_experts}, shards={[s.num_experts for s in self.shards]}"
 
 
-def _fused(shard: nn.Module, hidden: torch.Tensor) -> bool:
+def runs_fused(shard: nn.Module, hidden: torch.Tensor) -> bool:
+    """Whether `shard`'s forward on `hidden` runs the fused kernels (a fast module's fused_runs)."""
     runs = getattr(shard, "fused_runs", None)
     return bool(runs and runs(hidden))

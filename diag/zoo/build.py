@@ -37,7 +37,7 @@ from diag.zoo.recipes import (BUILDER_VERSION, ZOO, CorpusRecipe, DerivedDrafter
                               TargetRecipe)
 from diag.zoo.recipes_prompt_side import PromptDrafterRecipe, ThinkingRecipe
 from diag.zoo.shipped import copy_shipped
-from diag.zoo.train import BUILD_THREADS
+from diag.zoo.train import BUILD_THREADS, cpu_has
 
 META_FILE = "zoo_meta.json"
 
@@ -188,24 +188,18 @@ def _meta(name: str, seconds: float, metrics: dict) -> dict:
             "metrics": metrics}
 
 
-def _cpu_has(probe_name: str) -> bool:
-    """torch.cpu's probe `probe_name` (a private one), False where this torch lacks it."""
-    probe = getattr(torch.cpu, probe_name, None)
-    return bool(probe()) if probe is not None else False
-
-
 def amx_cpu() -> bool:
     """Whether this CPU has AMX tiles, which oneDNN's bf16 matmuls then take: a recipe trained under
     bf16 autocast rounds otherwise there, so the same torch, transformers and Python make other
     bytes (the shipped pair, built without AMX: tests/test_zoo_shipped.py)."""
-    return _cpu_has("_is_amx_tile_supported")
+    return cpu_has("_is_amx_tile_supported")
 
 
 def avx512_cpu() -> bool:
     """Whether this CPU has AVX-512: without it torch's and oneDNN's float kernels take 8-wide
     vectors and their sums another order, so a recipe's bytes differ again (an AMD EPYC with AVX2
     only made other bytes than the shipped pair's, twenty-ninth stop: tests/test_zoo_shipped.py)."""
-    return _cpu_has("_is_avx512_supported")
+    return cpu_has("_is_avx512_supported")
 
 
 def build_one(name: str, deps: dict[str, Path], rebuilt: set[str] = frozenset()) -> tuple[Path, bool]:

@@ -111,8 +111,13 @@ def compute(budget: TrainBudget):
 
 def native_bf16() -> bool:
     """Whether this CPU multiplies bf16 in hardware (AVX-512 BF16 or AMX), as torch reports it."""
-    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return any(getattr(torch.cpu, p, lambda: False)() for p in probes)
+    return cpu_has("_is_avx512_bf16_supported") or cpu_has("_is_amx_tile_supported")
+
+
+def cpu_has(probe_name: str) -> bool:
+    """torch.cpu's probe `probe_name` (a private one), False where this torch lacks it."""
+    probe = getattr(torch.cpu, probe_name, None)
+    return bool(probe()) if probe is not None else False
 
 
 def lm_loss(model: torch.nn.Module, windows: torch.Tensor) -> torch.Tensor:
