@@ -666,6 +666,17 @@ def test_the_split_figure_comes_from_the_loop_timed_as_one_gpu_of_the_split_wher
     assert fast["goals"]["further_sampled_variant_kept_split_s"]["met"] is True          # measured: decided
     no_eager = sampled_extrapolation(e2e, cost, 100.0, 599.5e9, 15.5e9, split=split, split_loop={**loop, "eager": None})
     assert no_eager["further_sampled_variant_kept_split_s"] == before["further_sampled_variant_kept_split_s"]
+    # a probe that ran the programs (as diag runs a target over several GPUs now): their figure decides,
+    # 59 x 121 at 1.3 ms -> 12.68 s, the eager one beside it
+    prog = sampled_extrapolation(e2e, cost, 100.0, 599.5e9, 15.5e9, split=split, split_loop={**loop, "program": 1.3e-3})
+    assert prog["further_sampled_variant_kept_split_s"] == pytest.approx(2.3 + 1.1 + 59 * 121 * 1.3e-3) \
+        == pytest.approx(12.68, abs=0.01)
+    assert prog["further_sampled_variant_kept_split_eager_s"] == pytest.approx(18.39, abs=0.01)
+    assert prog["further_kept_split_mode"] == "program" and x["further_kept_split_mode"] == "eager"
+    assert "replayed as programs" in prog["terms"]["further_sampled_variant_kept_split_s"]
+    assert prog["goals"]["further_sampled_variant_kept_split_s"]["met"] is False
+    both = {**base, "program": row(0.030)}, {**grown, "program": row(0.033)}
+    assert split_fit(*both, 2)["program"] == pytest.approx(0.0015)
 
 
 def test_split_probe_times_the_loop_graphed_and_with_the_target_eager(tmp_path):
@@ -673,7 +684,7 @@ def test_split_probe_times_the_loop_graphed_and_with_the_target_eager(tmp_path):
     both modes run the same eager loop): MIDDLE's rows at both lengths in each mode, the experts put
     back after; VerifyGraphs.eager_for turns a model's graphs off as a placement over devices does."""
     from diag.bench.cpu import SMALL, SMALL_DRAFTER
-    from diag.bench.round_slope import MIDDLE, split_probe
+    from diag.bench.round_slope import MIDDLE, SPLIT_MODES, split_probe
     from diag.drafter.checkpoint import load_drafter
     from diag.int4.load import load_packed_target
     from diag.int4.packed import PackedExperts
@@ -687,11 +698,13 @@ def test_split_probe_times_the_loop_graphed_and_with_the_target_eager(tmp_path):
     got = split_probe(model, drafter, ks.layout, 4, busy=1, new_tokens=(4, 8))
     assert "error" not in got, got
     assert got["shards"] == 4 and got["busy"] == 1 and got["layers_split"] == len(experts) >= 1
-    for mode in ("graphs", "eager"):
+    for mode in SPLIT_MODES:
         assert (got[mode]["tree"], got[mode]["rows"]) == MIDDLE and got[mode]["long"]["rounds"] > got[mode]["rounds"]
     assert [m for m in model.modules() if isinstance(m, PackedExperts)] == experts
     assert split_probe(model, None, ks.layout, 4) == {"error": "no drafter: the costs probe could not load it"}
     graphs = VerifyGraphs()
-    graphs.placed[id(model)] = (model, True)
+    assert graphs.how(model) is None                       # on the CPU: eager
+    graphs.programmed_for(model)
+    assert graphs.how(model) == "program" and graphs.usable(model)
     graphs.eager_for(model)
-    assert graphs.usable(model) is False
+    assert graphs.how(model) is None and graphs.usable(model) is False

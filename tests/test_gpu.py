@@ -326,13 +326,16 @@ def test_a_rounds_copy_to_the_host_waits_for_the_copy_not_for_the_work_queued_af
 
 
 @torch.no_grad()
-def test_one_gpu_of_the_split_on_the_fused_kernels_computes_its_own_shard_and_loops_eagerly(kimi_small):
+def test_one_gpu_of_the_split_on_the_fused_kernels_computes_its_own_shard_and_loops_as_programs(kimi_small):
     """bench/expert_split.OneGpuOfN on the fast kernels (16 experts over 3 shards, busy 1): the
     busy shard's partial sum, the unsplit layer's with the other shards' slots weighted 0 (to bf16
-    rounding); the loop with every layer so, graphed and with the target eager
-    (round_slope.split_probe): the eager one replays no target graph, the drafter's still."""
-    from diag.bench.expert_split import OneGpuOfN
-    from diag.bench.round_slope import split_probe
+    rounding). The loop with every layer so (round_slope.split_probe's three modes) decodes the
+    same draws whether the target's steps replay from one graph each, from programs cut where the
+    GPUs hand off (target/device_program.py), or run eagerly; the programs were recorded and
+    replayed, with copies between their graphs; the eager one replays no target graph; the
+    drafter's steps replay in all three."""
+    from diag.bench.expert_split import OneGpuOfN, one_gpu_of
+    from diag.bench.round_slope import SPLIT_MODES, TARGET_STEPS, split_probe
     from diag.bench.sampled import bench_loop
     from diag.engines.decoding import sampled
     from diag.int4.packed import PackedExperts
@@ -353,13 +356,72 @@ def test_one_gpu_of_the_split_on_the_fused_kernels_computes_its_own_shard_and_lo
     assert (got - want).abs().max() <= 0.02 * want.abs().max()
     got = split_probe(model, drafter, kimi_small.layout, 3, busy=1, new_tokens=(4, 8))
     assert "error" not in got, got
-    assert got["graphs"]["seconds_per_round"] > 0 and got["eager"]["seconds_per_round"] > 0
+    assert all(got[mode]["seconds_per_round"] > 0 for mode in SPLIT_MODES)
+    assert got["program"]["program_steps"]["verify_graphs_program_copies"] > 0
     embed, head = model.get_input_embeddings(), model.get_output_embeddings()
     prompts = torch.randint(10, model.config.vocab_size, (8, 16), generator=torch.Generator().manual_seed(0)).tolist()
-    for eager in (False, True):
-        loop, _, rows = bench_loop(model, drafter, embed, head, [kimi_small.layout], tree_shape("chain-1"), 8,
-                                   decoding=sampled(1.0, 0.95))
-        loop.target_eager = eager
-        loop.run(prompts, rows, 6)
-        target = [loop.counts[f"{step}_graphs_replayed"] for step in ("verify", "accept", "commit")]
-        assert (sum(target) == 0) == eager and loop.counts["draft_graphs_replayed"] > 0, (eager, dict(loop.counts))
+    decoded = {}
+    with one_gpu_of(model, 3, busy=1):
+        for mode in SPLIT_MODES:
+            loop, _, rows = bench_loop(model, drafter, embed, head, [kimi_small.layout], tree_shape("chain-1"), 8,
+                                       decoding=sampled(1.0, 0.95))
+            loop.target_steps = TARGET_STEPS[mode]
+            decoded[mode] = [(d.accepted, d.ids) for d in loop.run(prompts, rows, 6)]
+            c = loop.counts
+            target = [c[f"{step}_graphs_replayed"] for step in ("verify", "accept", "commit")]
+            assert (sum(target) == 0) == (mode == "eager") and c["draft_graphs_replayed"] > 0, (mode, dict(c))
+            assert loop.graph_failures == {}, loop.graph_failures
+            # each MoE layer's experts cut the verify's program: one packed buffer to each of the 2 other shards,
+            # their 2 partial sums back
+            assert (c["verify_graphs_program_copies"] >= 4) == (mode == "program"), (mode, dict(c))
+    assert decoded["program"] == decoded["graphs"] == decoded["eager"]
+
+
+@torch.no_grad()
+def test_a_program_replays_a_forward_cut_where_it_hands_off():
+    """target/device_program on one GPU: a forward with two forced hand-offs records as three
+    graphs and the two copies between them, and a replay on new inputs computes what the eager
+    forward computes on them. With a second GPU, a Tensor.to across the devices cuts it too."""
+    from diag.target.device_program import hand_off, record
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    w = torch.randn(64, 64, device="cuda", generator=gen)
+
+    def forward(x):
+        y = torch.relu(x["a"] @ w)
+        z = hand_off(y, force=True) * 2
+        return {"out": z + hand_off(x["a"], force=True).sum(-1, keepdim=True)}
+
+    inputs = {"a": torch.randn(8, 64, device="cuda", generator=gen)}
+    forward(inputs)                                                     # the first call, eager
+    program, out = record(forward, inputs, {})
+    assert program.counts() == {"graphs": 3, "copies": 2}
+    new = torch.randn(8, 64, device="cuda", generator=gen)
+    inputs["a"].copy_(new)
+    program.replay()
+    torch.testing.assert_close(out["out"], forward({"a": new})["out"])
+    program, out = record(lambda x: {"out": _cut_between(x["a"])}, inputs, {})     # a boundary, no copy
+    assert program.counts() == {"graphs": 2, "copies": 0}
+    inputs["a"].copy_(new * 3)
+    program.replay()
+    torch.testing.assert_close(out["out"], new * 6 + 1)
+    if torch.cuda.device_count() < 2:
+        return
+
+    def across(x):
+        y = (x["a"] @ w).to("cuda:1") * 3                               # a cut: GPU 0's graph, a copy, GPU 1's
+        return {"out": y.to("cuda:0") + 1}
+    across(inputs)
+    program, out = record(across, inputs, {}, devices=[0, 1])
+    assert program.counts()["copies"] == 2 and program.counts()["graphs"] >= 3
+    inputs["a"].copy_(torch.randn(8, 64, device="cuda", generator=gen))
+    program.replay()
+    torch.testing.assert_close(out["out"], across({"a": inputs["a"].clone()})["out"])
+
+
+def _cut_between(a):
+    from diag.target.device_program import cut
+
+    y = a * 2
+    cut()
+    return y + 1

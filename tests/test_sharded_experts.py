@@ -13,7 +13,8 @@ from torch.nn import functional as F
 from diag.errors import DiagError
 from diag.int4.packed import PackedExperts
 from diag.int4.routing import routes
-from diag.int4.sharded import ShardedExperts, checkpoint_owner, local_index, shard_of, split_sizes
+from diag.int4.sharded import (ShardedExperts, checkpoint_owner, local_index, packed, shard_of, split_sizes,
+                               unpacked)
 from test_routing import reference
 
 
@@ -27,6 +28,23 @@ def test_split_sizes_and_local_ids_worked_examples():
         split_sizes(3, 4)
     assert shard_of("model.layers.3.mlp.experts.shards.1") == ("model.layers.3.mlp.experts", 1)
     assert shard_of("model.layers.3.mlp.experts") is None
+
+
+@pytest.mark.parametrize("H, wdtype", [(4, torch.bfloat16), (3, torch.float32), (7168, torch.float32)])
+def test_a_shards_inputs_travel_in_one_buffer_and_come_back_as_they_were(H, wdtype):
+    """sharded.packed / unpacked: the worked example (T 2, K 2, H 4 in bf16: 56 bytes, the hidden
+    states at byte 32), and widths whose parts end off a 16-byte boundary (H 3: padded)."""
+    gen = torch.Generator().manual_seed(H)
+    hidden = torch.randn(2, H, generator=gen).to(torch.bfloat16)
+    index = torch.randint(0, 9, (2, 2), generator=gen)
+    weights = torch.rand(2, 2, generator=gen).to(wdtype)
+    buf = packed(hidden, index, weights)
+    if H == 4:
+        assert buf.dtype == torch.uint8 and buf.numel() == 56
+        assert torch.equal(buf[32:48].view(torch.bfloat16).view(2, 4), hidden)
+    x, i, w = unpacked(buf.clone(), (hidden, index, weights))
+    assert torch.equal(x, hidden) and torch.equal(i, index) and torch.equal(w, weights)
+    assert (x.dtype, i.dtype, w.dtype) == (hidden.dtype, index.dtype, weights.dtype)
 
 
 def test_routing_skips_the_sentinel_worked_example():

@@ -36,7 +36,8 @@ import torch
 from torch import nn
 
 from diag.bench.round_slope import LARGE, SMALL
-from diag.int4.sharded import ShardedExperts, local_index, runs_fused, shard_pairs
+from diag.int4.sharded import ShardedExperts, local_index, packed, runs_fused, shard_pairs, unpacked
+from diag.target.device_program import cut, hand_off
 from diag.trees import tree_shape
 
 SHARDS = 8                # Kimi's GPUs
@@ -188,11 +189,15 @@ def _rows_key(split: dict, routing: str | None) -> str:
 class OneGpuOfN(ShardedExperts):
     """A layer's routed experts split over N GPUs as one of them sees a forward, on one GPU: the
     host issues what ShardedExperts issues on N devices, every shard's kernels and the hand-off
-    copies (shards 1.. N-1 are elsewhere: their inputs in and their partial sums back, as clones,
-    the device's copy of the same bytes), while the device runs shard `busy`'s pairs only; the
-    others' index is all sentinel (their kernels launch over no pairs), as the other GPUs run
-    their own shares meanwhile. The output is shard busy's partial sum: a timing's module, not
-    the model's numbers. Worked example, E 4 over N 2, busy 1: top_k_index [[3, 0]] -> shard 1
+    copies (shards 1.. N-1 are elsewhere: their inputs in, one packed buffer each, and their
+    partial sums back, as clones, the device's copy of the same bytes, and in a program's
+    recording the cuts a hand-off makes: `handed`), while the device runs shard `busy`'s pairs
+    only; the others' index is all sentinel (their kernels launch over no pairs), as the other
+    GPUs run their own shares meanwhile. In a captured forward (a graph, a program) the other
+    shards' kernels are left to their GPUs (`elsewhere`: one kernel and, in a program, a graph
+    boundary stand in for each: a graph holds one device's work); eager they are launched here,
+    as the host issues them. The output is shard busy's partial sum: a timing's module, not the
+    model's numbers. Worked example, E 4 over N 2, busy 1: top_k_index [[3, 0]] -> shard 1
     adds expert 3's output alone, expert 0's slot skipped (the sentinel)."""
 
     def __init__(self, module: nn.Module, shards: int, busy: int = 0):
@@ -208,24 +213,45 @@ class OneGpuOfN(ShardedExperts):
                 top_k_weights: torch.Tensor) -> torch.Tensor:
         from diag.int4.fast import fused_experts
 
-        sent = []
+        inputs, buf, sent = (hidden_states, top_k_index, top_k_weights), None, []
         for j, shard in enumerate(self.shards):
             start = shard.first_expert if j == self.busy else self.num_experts      # past them all: sentinel
-            local = local_index(top_k_index, start, shard.num_experts)
-            hand = (lambda t: t) if j == 0 else torch.clone                         # shard 0 on the layer's GPU
-            sent.append((shard, hand(hidden_states), hand(local), hand(top_k_weights)))
+            x, idx, w = inputs                                                      # shard 0 on the layer's GPU
+            if j:                                                                   # the others: one buffer in
+                buf = packed(*inputs) if buf is None else buf
+                x, idx, w = unpacked(handed(buf), inputs)
+            sent.append((shard, x, local_index(idx, start, shard.num_experts), w))
         if all(runs_fused(shard, x) for shard, x, _, _ in sent):
-            parts = [fused_experts(shard, x, idx, w, partial=True,
+            captured = hidden_states.is_cuda and torch.cuda.is_current_stream_capturing()
+            parts = [elsewhere(x) if captured and j != self.busy else
+                     fused_experts(shard, x, idx, w, partial=True,
                                    pairs=shard_pairs(idx.numel(), shard.num_experts, self.num_experts))
-                     for shard, x, idx, w in sent]
+                     for j, (shard, x, idx, w) in enumerate(sent)]
             total = parts[0]
             for part in parts[1:]:
-                total = total + part.clone()                                        # the partial sums back
+                total = total + handed(part)                                        # the partial sums back
             return total.to(hidden_states.dtype)
         final = torch.zeros_like(hidden_states)
         for j, (shard, x, idx, w) in enumerate(sent):
-            final = shard.add_into(final if j == 0 else final.clone(), x, idx, w)
+            final = shard.add_into(final if j == 0 else handed(final), x, idx, w)
         return final
+
+
+def elsewhere(x: torch.Tensor) -> torch.Tensor:
+    """Another GPU's shard in a captured forward: its graph replays on that GPU, not on this one's
+    stream, so here a graph of one kernel stands in for it (device_program.cut: the host's replay of
+    it, in a program), and its partial sum is zeros, what its all-sentinel pairs add. Eager, the
+    host issues that shard's kernels itself (OneGpuOfN launches them)."""
+    cut()
+    zeros = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    cut()
+    return zeros
+
+
+def handed(t: torch.Tensor) -> torch.Tensor:
+    """t as another GPU would receive it: a clone, and, inside a program's recording, a cut of the
+    program where the GPUs hand off (target/device_program.hand_off, forced on the one device)."""
+    return hand_off(t, force=True)
 
 
 @contextmanager

@@ -53,8 +53,10 @@ from diag.target.schedule import bubble_fraction, pipelined_seconds
 KIMI_LAYERS = 61
 KIMI_GPUS = 8
 GRAPHS_NOTE = ("per-layer slopes measured on one GPU with the greedy step and the verify replayed from CUDA "
-               "graphs; diag runs a target placed over several GPUs eagerly (graphs on one device only), so "
-               "on 8 GPUs these are a lower bound where a layer's launches outlast its device time")
+               "graphs; over several GPUs diag replays the decode loop's target steps as programs (one graph per "
+               "run of one GPU's work, the hand-off copies between them: target/device_program.py) and runs the "
+               "greedy generation eagerly (transformers' generate), so on 8 GPUs these are a lower bound where "
+               "a layer's launches outlast its device time")
 
 
 def kimi_bytes(shard_bytes: list[int]) -> int:
@@ -476,25 +478,27 @@ def _split_variant(kept: dict | None, split: dict | None, extra: int, out: dict,
 def _split_measured(kept: dict | None, loop: dict | None, extra: int, out: dict) -> dict:
     """The kept variant with every layer's experts split, from the decode loop timed as one GPU of
     the split runs it (round_slope.split_probe / split_fit: `loop`, per-layer rounds at its
-    tokens): each added layer's round at the eager one, the target's steps eager as diag runs a
-    target over several GPUs (GRAPHS_NOTE), which becomes the split goal's figure (the estimate
-    from the experts' saving stays as ..._subtracted_s); the graphed one beside it, what a split
-    verify replayed from graphs on every GPU would take (diag does not build that). {} without a
-    kept run or an eager slope.
-      further_sampled_variant_kept_split_s = rest + sampled_s (as measured, K layers) + extra * rounds * eager
+    tokens): each added layer's round as diag runs a target over several GPUs, which becomes the
+    split goal's figure: "program" (each GPU's graphs and the hand-off copies between them,
+    target/device_program.py) where the probe ran it, else "eager" (a probe from before programs:
+    GRAPHS_NOTE); the other modes beside it (..._eager_s, ..._graphs_s: one graph a step, a bound),
+    and the estimate from the experts' saving as ..._subtracted_s. {} without a kept run or a slope.
+      further_sampled_variant_kept_split_s = rest + sampled_s (as measured, K layers) + extra * rounds * c
     Worked example: rest 2.3 s, the kept run's loop 1.1 s, 59 added layers x 121 rounds at 2.1 ms
-    eager -> 2.3 + 1.1 + 15.0 = 18.4 s; at 0.9 ms graphed -> 9.8 s."""
-    if not kept or not loop or not loop.get("eager") or "further_kept_rest_s" not in out:
+    a program's layer-round -> 2.3 + 1.1 + 15.0 = 18.4 s; at 0.9 ms graphed -> 9.8 s."""
+    main = "program" if loop and loop.get("program") else "eager"
+    if not kept or not loop or not loop.get(main) or "further_kept_rest_s" not in out:
         return {}
     rounds, rest, own = kept.get("sampled_rounds", 0), out["further_kept_rest_s"], kept.get("sampled_s", 0.0)
     tokens = kept.get("sampled_verified_tokens", 0) / max(rounds, 1)
+    how = SPLIT_HOW[main]
     got = {"further_sampled_variant_kept_split_subtracted_s": out.get("further_sampled_variant_kept_split_s"),
            "further_kept_split_from": (f"the decode loop with each layer as one GPU of {loop['shards']} runs it "
-                                       f"(bench/round_slope.split_probe), the target eager"),
-           "further_kept_split_loop_tokens": loop["tokens"]}
-    for mode in ("eager", "graphs"):
+                                       f"(bench/round_slope.split_probe), {how}"),
+           "further_kept_split_mode": main, "further_kept_split_loop_tokens": loop["tokens"]}
+    for mode in ("program", "eager", "graphs"):
         if loop.get(mode):
-            key = "further_sampled_variant_kept_split_s" if mode == "eager" else "further_sampled_variant_kept_split_graphs_s"
+            key = "further_sampled_variant_kept_split" + ("" if mode == main else f"_{mode}") + "_s"
             got[key] = rest + own + extra * rounds * loop[mode]
             got[f"further_kept_split_{mode}_layer_round_s"] = loop[mode]
             out["formulas"][key] = (f"{rest:.4g} rest + {own:.4g} s the kept run's loop + {extra} layers * {rounds} "
@@ -503,12 +507,16 @@ def _split_measured(kept: dict | None, loop: dict | None, extra: int, out: dict)
     out["terms"]["further_sampled_variant_kept_split_s"] = (
         f"checks, replay and report {rest:.1f} + decode {got['further_sampled_variant_kept_split_s'] - rest:.1f} = "
         f"{got['further_sampled_variant_kept_split_s']:.1f} s (kept, experts split over {loop['shards']} GPUs, "
-        f"the target eager: the loop measured as one GPU of them runs it)")
+        f"{how}: the loop measured as one GPU of them runs it)")
     got["further_kept_split_not_measured"] = (
-        "one GPU of the split measured: its host issues every shard's launches and hand-off copies, its device runs "
-        "the slowest shard's pairs; the copies' NVLink time (some 10 us a layer-round) and the devices' waits on "
-        "each other are not in it")
+        "one GPU of the split measured: its host issues every shard's launches and hand-off copies (as graph "
+        "replays and copies in a program), its device runs the slowest shard's pairs; the copies' NVLink time "
+        "(some 10 us a layer-round) and the devices' waits on each other are not in it")
     return got
+
+
+SPLIT_HOW = {"program": "the target's steps replayed as programs (each GPU's graphs, the hand-offs between them)",
+             "eager": "the target eager (as diag ran a target over several GPUs before programs)"}
 
 
 def round_floors(rounds: int, kimi_total: float, copy_bytes_per_s: float, gpus: int = KIMI_GPUS) -> dict:

@@ -46,6 +46,8 @@ import time
 import torch
 
 SMALL, MIDDLE, LARGE = ("chain-1", 16), ("chain-1", 32), ("s3-k8-d16", 48)     # (tree, rows)
+SPLIT_MODES = ("graphs", "program", "eager")            # split_probe's ways to run the target's steps
+TARGET_STEPS = {"graphs": None, "program": "program", "eager": "eager"}        # -> DecodeLoop.target_steps
 SIZES = {"small": SMALL, "middle": MIDDLE, "large": LARGE}
 PROMPT_LEN, NEW_TOKENS, LONG_TOKENS = 64, 16, 48
 REPEATS = 2                                            # timed loops after the warm-up; the fastest is kept
@@ -58,13 +60,14 @@ def _sync(dev) -> None:
 
 @torch.no_grad()
 def round_seconds(model, drafter, layout: str, tree: str, rows: int, *, new_tokens: int = NEW_TOKENS,
-                  prompt_len: int = PROMPT_LEN, seed: int = 7, target_eager: bool = False) -> dict:
+                  prompt_len: int = PROMPT_LEN, seed: int = 7, target_steps: str | None = None) -> dict:
     """The decode loop at T=1.0 top-p 0.95, one lane of `layout` over `rows` random prompts, run
     REPEATS + 1 times at full length, the first untimed (a first loop of a shape pays the
     allocator's and the kernels' first calls: on an H100 the base probe's first chain-1 loop took
     0.167 s a round, the grown model's 0.035, a negative per-layer cost), the fastest kept:
     {"seconds", "rounds", "verified_tokens", "seconds_per_round", "verified_tokens_per_round",
-    "repeats"}. target_eager: the target's steps run eagerly (DecodeLoop.target_eager)."""
+    "repeats", "program_steps"}. target_steps: "eager" or "program", the target's steps so
+    (DecodeLoop.target_steps); program_steps: the host calls of the last programs' replays, by step."""
     from diag.bench.sampled import bench_loop
     from diag.engines.decoding import sampled
     from diag.trees import tree_shape
@@ -77,7 +80,7 @@ def round_seconds(model, drafter, layout: str, tree: str, rows: int, *, new_toke
     for _ in range(REPEATS + 1):
         loop, _, lanes_rows = bench_loop(model, drafter, embed, head, [layout], tree_shape(tree), rows,
                                          decoding=sampled(1.0, 0.95))
-        loop.target_eager = target_eager
+        loop.target_steps = target_steps
         _sync(dev)
         t0 = time.perf_counter()
         loop.run(prompts, lanes_rows, new_tokens)
@@ -86,7 +89,7 @@ def round_seconds(model, drafter, layout: str, tree: str, rows: int, *, new_toke
     seconds, rounds, tokens = min(times[1:]), loop.counts["rounds"], loop.counts["verified_tokens"]
     return {"tree": tree, "rows": rows, "seconds": seconds, "rounds": rounds, "verified_tokens": tokens,
             "seconds_per_round": seconds / max(rounds, 1), "verified_tokens_per_round": tokens / max(rounds, 1),
-            "repeats": REPEATS}
+            "repeats": REPEATS, "program_steps": {k: v for k, v in loop.counts.items() if "_program_" in k}}
 
 
 def steady(short: dict, long: dict) -> dict:
@@ -117,12 +120,14 @@ def split_probe(model, drafter, layout: str, shards: int, busy: int = 0, *,
                 new_tokens: tuple[int, int] = (NEW_TOKENS, LONG_TOKENS)) -> dict:
     """MIDDLE at the model's current depth with every layer's routed experts as one GPU of
     `shards` runs them (expert_split.OneGpuOfN: the host issues all shards' launches and hand-off
-    copies, this GPU runs shard `busy`'s pairs), at both lengths, twice: "graphs", the target's
-    steps replayed from CUDA graphs (what a split verify graphed on every GPU would take: diag
-    does not build that), and "eager", the target's steps run eagerly as diag runs a target over
-    several GPUs (the drafter's still graphed: it sits on one); each a `steady` row, with
-    "shards", "busy" and "layers_split". {"error": why} where it cannot run. `split_fit` takes
-    each mode's per-layer round from two depths."""
+    copies, this GPU runs shard `busy`'s pairs), at both lengths, three times (SPLIT_MODES):
+    "graphs", the target's steps replayed from one CUDA graph each (a bound: a graph holds one
+    device's work); "program", from programs cut where the GPUs hand off, as diag runs a target
+    over several GPUs (target/device_program.py: each GPU's graphs and the copies between them);
+    "eager", the target's steps run eagerly, as diag ran one before programs; the drafter's steps
+    graphed in all three (it sits on one GPU). Each a `steady` row, with "shards", "busy" and
+    "layers_split". {"error": why} where it cannot run. `split_fit` takes each mode's per-layer
+    round from two depths."""
     from diag.bench.expert_split import one_gpu_of
 
     if drafter is None:
@@ -131,8 +136,8 @@ def split_probe(model, drafter, layout: str, shards: int, busy: int = 0, *,
     try:
         with one_gpu_of(model, shards, busy) as layers:
             out = {mode: steady(*(round_seconds(model, drafter, layout, tree, rows, new_tokens=n,
-                                                target_eager=mode == "eager") for n in new_tokens))
-                   for mode in ("graphs", "eager")}
+                                                target_steps=TARGET_STEPS[mode]) for n in new_tokens))
+                   for mode in SPLIT_MODES}
     except Exception as err:  # recorded in the JSON, not hidden
         return {"error": repr(err)[-400:]}
     return {**out, "shards": shards, "busy": busy, "layers_split": layers}
@@ -140,12 +145,14 @@ def split_probe(model, drafter, layout: str, shards: int, busy: int = 0, *,
 
 def split_fit(base: dict, grown: dict, added: int) -> dict | None:
     """Each mode's per-layer round at MIDDLE's verified tokens a round, from split_probe before and
-    after adding `added` layers: {"tokens": t, "graphs": c, "eager": c, "shards", "busy"}; None
-    where a probe failed or is missing, a mode's c None where it came out <= 0 (noise).
+    after adding `added` layers: {"tokens": t, "graphs": c, "program": c, "eager": c, "shards",
+    "busy"} (the modes both probes ran); None where a probe failed or is missing, a mode's c None
+    where it came out <= 0 (noise).
     Worked example: eager 40 ms a round at 2 layers, 52 ms at 4 -> 6 ms a layer-round."""
     if not base or not grown or "error" in base or "error" in grown:
         return None
-    c = {m: (grown[m]["seconds_per_round"] - base[m]["seconds_per_round"]) / max(added, 1) for m in ("graphs", "eager")}
+    modes = [m for m in SPLIT_MODES if m in base and m in grown]
+    c = {m: (grown[m]["seconds_per_round"] - base[m]["seconds_per_round"]) / max(added, 1) for m in modes}
     return {"tokens": base["graphs"]["verified_tokens_per_round"], "shards": grown["shards"], "busy": grown["busy"],
             **{m: (v if v > 0 else None) for m, v in c.items()}}
 

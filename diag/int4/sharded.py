@@ -21,8 +21,9 @@ The fused path (CUDA) gives each shard's sum in fp32, and the shards' sum is rou
 the hidden dtype: the unsplit fused path sums the K slots in fp32 in slot order, so the two
 differ by fp32 reassociation below bf16's rounding, not bit for bit.
 
-Inputs are sent to every device before any shard runs and the partial sums gathered after
-all were issued, so the devices' kernels overlap (the copies between devices are queued, not
+Inputs are sent to every device before any shard runs, in one buffer a device (`packed`: the
+index, the hidden states and the weights; each shard takes its local index on its own device),
+and the partial sums gathered after all were issued, so the devices' kernels overlap (the copies between devices are queued, not
 waited for by the host). The placement (diag.target.placement, `experts = "split"`) puts
 shard j on GPU j; the loader (diag.int4.load) reads each expert into its shard. This module
 knows tensors and modules; it reads no files.
@@ -56,6 +57,33 @@ def shard_pairs(pairs: int, shard_experts: int, experts: int) -> int:
     768 tokens of Kimi, top 8, one shard of 48 of 384 experts -> 6144 * 48 / 384 = 768, 16 an
     expert, not the 128 an expert that all 6144 pairs over 48 experts would size them for."""
     return max(1, -(-pairs * shard_experts // experts))
+
+
+def packed(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+    """A shard's three inputs as one byte buffer, so another device receives them in one copy
+    (a cross-device copy is a barrier between the two devices' streams, and a step of a program:
+    target/device_program.py): [index | hidden | weights], each part's bytes at a multiple of 16.
+    Worked example: T 2, K 2, H 4 in bf16, int64 index, bf16 weights -> index bytes 0..32,
+    hidden 32..48, weights 48..56: 56 bytes."""
+    parts = []
+    for t in (top_k_index, hidden, top_k_weights):
+        if parts and parts[-1].numel() % 16:
+            parts.append(parts[-1].new_zeros(16 - parts[-1].numel() % 16))
+        parts.append(t.contiguous().reshape(-1).view(torch.uint8))
+    return torch.cat(parts)
+
+
+def unpacked(buf: torch.Tensor, like: tuple) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`packed`'s inverse on buf's device: (hidden, top_k_index, top_k_weights) as views of it,
+    shaped and typed like `like` = (hidden, top_k_index, top_k_weights)."""
+    hidden, index, weights = like
+    out, at = [], 0
+    for t in (index, hidden, weights):
+        at += -at % 16
+        size = t.numel() * t.element_size()
+        out.append(buf[at:at + size].view(t.dtype).view(t.shape))
+        at += size
+    return out[1], out[0], out[2]
 
 
 def local_index(top_k_index: torch.Tensor, start: int, count: int) -> torch.Tensor:
@@ -128,11 +156,15 @@ class ShardedExperts(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
-        home = hidden_states.device
-        sent = [(shard, dev, hidden_states.to(dev, non_blocking=True),
-                 local_index(top_k_index, shard.first_expert, shard.num_experts).to(dev, non_blocking=True),
-                 top_k_weights.to(dev, non_blocking=True))
-                for shard, dev in zip(self.shards, self.devices())]
+        home, inputs, buf = hidden_states.device, (hidden_states, top_k_index, top_k_weights), None
+        sent = []
+        for shard, dev in zip(self.shards, self.devices()):
+            if dev == home:
+                x, idx, w = inputs
+            else:                                  # one copy a device: the three inputs in one buffer
+                buf = packed(*inputs) if buf is None else buf
+                x, idx, w = unpacked(buf.to(dev, non_blocking=True), inputs)
+            sent.append((shard, dev, x, local_index(idx, shard.first_expert, shard.num_experts), w))
         if all(runs_fused(shard, x) for shard, _, x, _, _ in sent):
             from diag.int4.fast import fused_experts
 

@@ -96,8 +96,10 @@ class DecodeLoop:
         self.cuda_graphs = graphs_wanted()  # each GRAPHED step replayed from CUDA graphs where it can
         self.verify_ahead_steps = VERIFY_AHEAD_MAX_STEPS   # `_verify_ahead`: queued where S is at most this
         self.graphs: dict[str, VerifyGraphs] = {}  # this run's graphs by step (target/verify_graphs.py)
-        self.target_eager = False  # the target's steps (verify, accept, commit) eager, the drafter's graphed, as
-                                   # for a target over several devices, on one (bench/round_slope.split_probe)
+        self.target_steps: str | None = None   # the target's steps (verify, accept, commit) as placed (None:
+                                   # VerifyGraphs.how), or forced on one device: "eager" (as diag ran a target over
+                                   # several devices before programs), "program" (as it runs one now), the
+                                   # drafter's steps graphed either way (bench/round_slope.split_probe)
         self.counts = defaultdict(int)                      # rounds, verified tokens, rows, kv bytes read
         self.decoding, self.eos = decoding, sorted(eos_ids)
         self.trees = list(dict.fromkeys(ln.variant.tree for ln in lanes))     # the loop's tree shapes
@@ -151,8 +153,8 @@ class DecodeLoop:
     def _run(self, rows, prompts, max_new_tokens) -> list[Decoded]:
         on = self.cuda_graphs and self._graphs_possible()
         self.graphs = {name: VerifyGraphs() for name in GRAPHED} if on else {}
-        for graphs in self.graphs.values() if self.target_eager else ():
-            graphs.eager_for(self.model)
+        for graphs in self.graphs.values() if self.target_steps else ():
+            (graphs.eager_for if self.target_steps == "eager" else graphs.programmed_for)(self.model)
         try:
             return self._rounds(rows, prompts, max_new_tokens)
         finally:
@@ -173,14 +175,14 @@ class DecodeLoop:
                   allowed: bool = True) -> dict | None:
         """forward(x) replayed from the run's graphs of step `name` (VerifyGraphs.run, on the
         buffers `buffers` name), or None where the caller must run it eagerly (counted so): no
-        graphs this run, `allowed` False, `model` not on the loop's one device (a graph is one
-        device's), or a capture that failed."""
+        graphs this run, `allowed` False, `model` off CUDA or its first parameter not on the loop's
+        device, or a capture that failed (VerifyGraphs.how: a graph, or a program over devices)."""
         graphs = self.graphs.get(name)
         if graphs is None:
             return None
         got = None
         if allowed and graphs.usable(model) and next(model.parameters()).device == self.dev:
-            got = graphs.run(buffers, x, key, forward)
+            got = graphs.run(buffers, x, key, forward, model=model)
         if got is None:
             graphs.counts["eager"] += 1
         return got

@@ -84,7 +84,7 @@ def _greedy(model: nn.Module, prompts: list[list[int]], max_new_tokens: int, pad
     dev = next(model.parameters()).device
     graphs = VerifyGraphs()
     with attention_without_cudnn(dev), latent_mla(model, latent_wanted(dev)), fused_norms(model, fused_wanted(dev)):
-        if own_cache and graphs.usable(model):
+        if own_cache and graphs.how(model) == "graph":   # one device (over several: transformers' generate)
             return on_cache(model, prompts, max_new_tokens, pad_id, graphs=graphs if graphs_wanted() else None)
         ids, mask = _left_pad(prompts, pad_id)
         gen = model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev), do_sample=False,
@@ -143,5 +143,5 @@ def _steps(model, cache, out: torch.Tensor, seen: torch.Tensor, start: torch.Ten
     for t in range(1, out.shape[1]):
         at = P + t - 1
         x = {"ids": out[:, t - 1:t], "slot": slots[t - 1:t]}
-        got = graphs.run(stamps(cache), x, ("greedy", B, width), step) if use else None
+        got = graphs.run(stamps(cache), x, ("greedy", B, width), step, model=model) if use else None
         out[:, t] = (got or step(x))["next"]

@@ -60,8 +60,9 @@ class BufferLayer(DynamicLayer):
         end = start + key_states.shape[-2]
         self.reserve(end)
         if self.whole and self.slots is not None:
-            self.buf_k.index_copy_(2, self.slots, key_states.to(self.buf_k.dtype))
-            self.buf_v.index_copy_(2, self.slots, value_states.to(self.buf_v.dtype))
+            slots = self.slots.to(self.buf_k.device)    # a layer on another GPU than the slots' (a no-op on one)
+            self.buf_k.index_copy_(2, slots, key_states.to(self.buf_k.dtype))
+            self.buf_v.index_copy_(2, slots, value_states.to(self.buf_v.dtype))
         else:
             self.buf_k[:, :, start:end], self.buf_v[:, :, start:end] = key_states, value_states
         self.keys, self.values = self.buf_k[:, :, :end], self.buf_v[:, :, :end]

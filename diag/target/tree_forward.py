@@ -152,8 +152,9 @@ def verify_forward(model: nn.Module, kv: TargetKV, tokens: torch.Tensor, parents
     `commit` keeps the accepted ones. fixed (default: on CUDA): the attention reads the cache's
     whole buffer, the slots past the tree masked (kv_buffer.fixed_width), so its shape is the
     same every round of a batch; the same scores up to the sums' rounding. graphs (with fixed
-    widths, a model on one CUDA device): the forward replayed from a CUDA graph per bucket
-    (target/verify_graphs.py), the same numbers as the eager forward on the same shapes."""
+    widths, a model on CUDA): the forward replayed from a CUDA graph per bucket, or a program of
+    graphs over several devices (target/verify_graphs.py), the same numbers as the eager forward
+    on the same shapes."""
     dev, dtype = device_and_dtype(model)
     tokens, parents, node_valid = tokens.to(dev), parents.to(dev), node_valid.to(dev)
     B, D = tokens.shape
@@ -172,7 +173,7 @@ def verify_forward(model: nn.Module, kv: TargetKV, tokens: torch.Tensor, parents
     forward = _fixed_forward(model, kv, D, need, width, points, dtype)
     sink = None
     if graphs is not None and graphs.usable(model):
-        sink = graphs.run(stamps(kv.cache), inputs, (B, D, width, points), forward)
+        sink = graphs.run(stamps(kv.cache), inputs, (B, D, width, points), forward, model=model)
         if sink is not None:
             for layer in cache_layers(kv.cache):            # as an update leaves it: the view ends after the tree
                 layer.crop_to(need)

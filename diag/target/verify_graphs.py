@@ -22,8 +22,10 @@ A graph is kept only while the buffers it reads are the ones it was captured on 
 caller's identity of them, kv_buffer.stamps for a target cache); a capture that fails (an op that
 asks the host, a backend that cannot be captured) turns the graphs off for this object, names why
 in `failure`, and the forward runs eagerly from then on: the same numbers either way, only
-slower. On one CUDA device only (a model placed over several runs eagerly: `usable`). This
-module knows CUDA graphs; the forwards are their callers'.
+slower. A model on one CUDA device replays one graph a bucket; a model over several CUDA
+devices replays a program of one graph per run of one device's work and the hand-off copies
+between them (target/device_program.py; `how`). This module knows CUDA graphs; the forwards are
+their callers'.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ import time
 import torch
 
 from diag.errors import env_switch
+from diag.target import device_program
+from diag.target.device_program import Program
 
 
 def graphs_wanted() -> bool:
@@ -47,7 +51,7 @@ def graphs_wanted() -> bool:
 
 @dataclass
 class _Graph:
-    graph: "torch.cuda.CUDAGraph"
+    graph: "torch.cuda.CUDAGraph | Program"  # either replays the bucket's forward (replay())
     inputs: dict[str, torch.Tensor]          # the graph's own copies of ids, pos, bias, slots
     sink: dict[str, torch.Tensor]            # the captured points it writes
 
@@ -66,32 +70,51 @@ class VerifyGraphs:
     counts: dict[str, float] = field(default_factory=lambda: {"captured": 0, "replayed": 0, "eager": 0,
                                                                "capture_s": 0.0, "warm_s": 0.0, "record_s": 0.0})
     side: object = None                       # the stream the first calls run on, one for every capture
-    placed: dict[int, tuple] = field(default_factory=dict)   # id(model) -> (model, on one CUDA device): `usable`
+    placed: dict[int, tuple] = field(default_factory=dict)   # id(model) -> (model, how, its devices): `how`
+    pools: dict[int, object] = field(default_factory=dict)   # a program's graph pool on each device
 
-    def usable(self, model: torch.nn.Module) -> bool:
-        """Graphs on: no capture failed yet, and every parameter and buffer on one CUDA device.
-        A model's devices are looked up once per object (`placed`): a placement does not move
-        while its forwards run, and walking a model's modules each call cost a decode loop 2 ms
-        a round on the host (310 calls of the 2-layer Kimi-shaped target and its drafter, 0.13 s
-        of a 1.1 s loop; reports/bench/NOTES.md, twenty-second stop)."""
+    def how(self, model: torch.nn.Module) -> str | None:
+        """How `model`'s forwards replay: "graph" (every parameter and buffer on one CUDA device),
+        "program" (all on CUDA, over several devices: target/device_program.py), None (eager: a
+        capture failed, a model off CUDA, or one `eager_for` named). A model's devices are looked
+        up once per object (`placed`): a placement does not move while its forwards run, and
+        walking a model's modules each call cost a decode loop 2 ms a round on the host (310
+        calls of the 2-layer Kimi-shaped target and its drafter, 0.13 s of a 1.1 s loop;
+        reports/bench/NOTES.md, twenty-second stop)."""
         if self.failure is not None:
-            return False
+            return None
         key = id(model)
         if key not in self.placed:
             devs = {t.device for t in model.parameters()} | {t.device for t in model.buffers()}
-            self.placed[key] = (model, len(devs) == 1 and next(iter(devs)).type == "cuda")
+            on_cuda = all(d.type == "cuda" for d in devs)
+            how = None if not on_cuda else "graph" if len(devs) == 1 else "program"
+            self.placed[key] = (model, how, sorted(d.index for d in devs) if on_cuda else [])
         return self.placed[key][1]
 
+    def usable(self, model: torch.nn.Module) -> bool:
+        """Graphs on for `model` (`how`)."""
+        return self.how(model) is not None
+
     def eager_for(self, model: torch.nn.Module) -> None:
-        """`model`'s steps run eagerly from now on, as a model over several devices runs (`usable`
-        False for it): bench/round_slope.split_probe times one GPU of a split target so."""
-        self.placed[id(model)] = (model, False)
+        """`model`'s steps run eagerly from now on (`how` None): bench/round_slope.split_probe
+        times one GPU of a split target so, as diag ran a target over several devices before
+        programs."""
+        self.placed[id(model)] = (model, None, [])
+
+    def programmed_for(self, model: torch.nn.Module) -> None:
+        """`model`'s steps replay as programs (`how` "program") though it sits on one device:
+        bench/round_slope.split_probe times one GPU of a split target so (expert_split.OneGpuOfN
+        cuts its graphs where the GPUs hand off)."""
+        devs = sorted({t.device.index for t in model.parameters()})
+        self.placed[id(model)] = (model, "program", devs)
 
     def run(self, buffers: tuple, inputs: dict[str, torch.Tensor], key: tuple,
-            forward: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor] | None:
+            forward: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]],
+            model: torch.nn.Module | None = None) -> dict[str, torch.Tensor] | None:
         """forward(inputs)'s outputs, by a graph of `key` on the buffers `buffers` names (their
-        identity: kv_buffer.stamps of a cache); None when the capture failed (the caller runs the
-        forward eagerly)."""
+        identity: kv_buffer.stamps of a cache), or by a program where `model` (the forward's,
+        `how`) spans several devices; None when the capture failed (the caller runs the forward
+        eagerly)."""
         now = buffers
         if now != self.buffers:                 # new buffers: the old graphs point at freed memory
             self.graphs.clear()
@@ -100,7 +123,11 @@ class VerifyGraphs:
         if g is None:
             t0 = time.perf_counter()
             try:
-                g, first = self._capture(inputs, forward)
+                placed = self.placed.get(id(model)) if model is not None else None
+                if placed is not None and placed[1] == "program":
+                    g, first = self._record(inputs, forward, placed[2])
+                else:
+                    g, first = self._capture(inputs, forward)
             except Exception as e:                          # noqa: BLE001 (any failure: eager from now on)
                 self.failure = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                 self.graphs.clear()
@@ -126,6 +153,21 @@ class VerifyGraphs:
         g.graph.replay()
         self.counts["replayed"] += 1
         return {k: v.clone() for k, v in g.sink.items()}
+
+    def _record(self, inputs, forward, devices) -> tuple[_Graph, dict[str, torch.Tensor]]:
+        """The bucket's program over `devices` (device_program.record), and the outputs of its
+        first call, run eagerly before on the devices' current streams."""
+        static = {k: v.clone() for k, v in inputs.items()}
+        t0 = time.perf_counter()
+        first = {k: v.clone() for k, v in forward(static).items()}
+        self.counts["eager"] += 1
+        t1 = time.perf_counter()
+        program, sink = device_program.record(forward, static, self.pools, devices)
+        for k, v in program.counts().items():
+            self.counts[f"program_{k}"] = v                   # the last program's host calls a replay
+        self.counts["warm_s"] += t1 - t0
+        self.counts["record_s"] += time.perf_counter() - t1
+        return _Graph(program, static, sink), first
 
     def _capture(self, inputs, forward) -> tuple[_Graph, dict[str, torch.Tensor]]:
         """The bucket's graph, and the outputs of its first call (run eagerly before the capture)."""
