@@ -510,8 +510,9 @@ def _split_measured(kept: dict | None, loop: dict | None, extra: int, out: dict)
         f"{how}: the loop measured as one GPU of them runs it)")
     got["further_kept_split_not_measured"] = (
         "one GPU of the split measured: its host issues every shard's launches and hand-off copies (as graph "
-        "replays and copies in a program), its device runs the slowest shard's pairs; the copies' NVLink time "
-        "(some 10 us a layer-round) and the devices' waits on each other are not in it")
+        "replays and copies in a program), its device runs the slowest shard's pairs (captured, the other shards' "
+        "kernels are one stand-in kernel each: they run on their own GPUs); the copies' NVLink time (some 10 us a "
+        "layer-round) and the devices' waits on each other are not in it")
     return got
 
 
