@@ -23,8 +23,8 @@ differ by fp32 reassociation below bf16's rounding, not bit for bit.
 
 Inputs are sent to every device before any shard runs, in one buffer a device (`packed`: the
 index, the hidden states and the weights; each shard takes its local index on its own device),
-and the partial sums gathered after all were issued, so the devices' kernels overlap (the copies between devices are queued, not
-waited for by the host). The placement (diag.target.placement, `experts = "split"`) puts
+and the partial sums gathered after all were issued, so the devices' kernels overlap (the
+copies between devices are queued, not waited for by the host). The placement (diag.target.placement, `experts = "split"`) puts
 shard j on GPU j; the loader (diag.int4.load) reads each expert into its shard. This module
 knows tensors and modules; it reads no files.
 """

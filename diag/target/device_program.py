@@ -30,6 +30,7 @@ models, caches or the decode loop (target/verify_graphs.py calls it).
 from __future__ import annotations
 
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -125,19 +126,25 @@ class _Recorder:
         key = (id(src), _version(src), d)
         if not force and key[1] is not None and key in self.handed:
             return self.handed[key]
-        s = _index(src.device)
-        for x in dict.fromkeys((s, d)):
-            if x in self.open:
-                self._close(x)
-        with torch.cuda.device(d):
+        with self.cut(_index(src.device), d), torch.cuda.device(d):
             dst = torch.empty_like(src, device=torch.device("cuda", d))   # outside every pool: the program keeps it
-        self.program.steps.append(("copy", (src, dst)))
-        self.program.keep.extend((src, dst))
-        for x in dict.fromkeys((s, d)):
-            self._open(x)
+            self.program.steps.append(("copy", (src, dst)))
+            self.program.keep.extend((src, dst))
         if not force:
             self.handed[key] = dst
         return dst
+
+    @contextmanager
+    def cut(self, *devices: int):
+        """The captures of `devices` ended (each a graph step) for the block, open again after it:
+        what the block adds to the program falls between their graphs."""
+        devices = tuple(dict.fromkeys(devices))
+        for d in devices:
+            if d in self.open:
+                self._close(d)
+        yield
+        for d in devices:
+            self._open(d)
 
 
 def _version(t: torch.Tensor) -> int | None:
@@ -210,11 +217,8 @@ def cut(device: torch.device | None = None) -> None:
     a graph boundary of the program, where a step of another device would be replayed (bench/
     expert_split.OneGpuOfN stands in for another GPU's graph so). Outside a recording, nothing."""
     if _RECORDING:
-        rec = _RECORDING[-1]
-        d = _index(torch.device("cuda") if device is None else device)
-        if d in rec.open:
-            rec._close(d)
-        rec._open(d)
+        with _RECORDING[-1].cut(_index(torch.device("cuda") if device is None else device)):
+            pass
 
 
 def record(forward, inputs: dict[str, torch.Tensor], pools: dict[int, object],

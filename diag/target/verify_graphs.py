@@ -39,7 +39,6 @@ import torch
 
 from diag.errors import env_switch
 from diag.target import device_program
-from diag.target.device_program import Program
 
 
 def graphs_wanted() -> bool:
@@ -49,9 +48,14 @@ def graphs_wanted() -> bool:
     return env_switch("DIAG_VERIFY_GRAPHS") is not False
 
 
+def _devices(model: torch.nn.Module) -> set[torch.device]:
+    """Every device a parameter or buffer of `model` sits on."""
+    return {t.device for t in model.parameters()} | {t.device for t in model.buffers()}
+
+
 @dataclass
 class _Graph:
-    graph: "torch.cuda.CUDAGraph | Program"  # either replays the bucket's forward (replay())
+    graph: "torch.cuda.CUDAGraph | device_program.Program"  # either replays the bucket's forward (replay())
     inputs: dict[str, torch.Tensor]          # the graph's own copies of ids, pos, bias, slots
     sink: dict[str, torch.Tensor]            # the captured points it writes
 
@@ -85,7 +89,7 @@ class VerifyGraphs:
             return None
         key = id(model)
         if key not in self.placed:
-            devs = {t.device for t in model.parameters()} | {t.device for t in model.buffers()}
+            devs = _devices(model)
             on_cuda = all(d.type == "cuda" for d in devs)
             how = None if not on_cuda else "graph" if len(devs) == 1 else "program"
             self.placed[key] = (model, how, sorted(d.index for d in devs) if on_cuda else [])
@@ -105,8 +109,7 @@ class VerifyGraphs:
         """`model`'s steps replay as programs (`how` "program") though it sits on one device:
         bench/round_slope.split_probe times one GPU of a split target so (expert_split.OneGpuOfN
         cuts its graphs where the GPUs hand off)."""
-        devs = sorted({t.device.index for t in model.parameters()})
-        self.placed[id(model)] = (model, "program", devs)
+        self.placed[id(model)] = (model, "program", sorted(d.index for d in _devices(model)))
 
     def run(self, buffers: tuple, inputs: dict[str, torch.Tensor], key: tuple,
             forward: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]],
