@@ -410,6 +410,14 @@ def test_goal_lines_read_the_json(tmp_path):
     assert "| resident / checkpoint bytes | 1.3 | <= 1.15 | NOT met |" in lines
     assert "| MoE layer fraction of bf16 peak (8k tokens, dequant included) | 0.2 | >= 0.4 | NOT met |" in lines
     assert "| drafter replay fraction of peak | not measured |" in lines
+    # a value that rounds onto its limit gets the digits that put it on its side: 1.1504 > 1.15 reads
+    # 1.1504, not 1.15 beside NOT met; 0.39996 < 0.4 reads 0.39996; 1.1496 <= 1.15 keeps 3 digits
+    near = lambda ratio, frac: "\n".join(goal_lines(_result(  # noqa: E731
+        checkpoint_load={"resident_over_checkpoint": ratio}, experts={"rows": [{"tokens": 8192,
+        "int4_fraction_of_peak": frac}], "weight_memory_ratio": 0.28})))
+    assert "| resident / checkpoint bytes | 1.1504 | <= 1.15 | NOT met |" in near(1.1504, 0.39996)
+    assert "| 0.39996 | >= 0.4 | NOT met |" in near(1.1504, 0.39996)
+    assert "| resident / checkpoint bytes | 1.15 | <= 1.15 | met |" in near(1.1496, 0.5)
     path = tmp_path / "gpu.json"
     path.write_text(json.dumps(res))
     assert "speedup_over_naive=45" in render([path])

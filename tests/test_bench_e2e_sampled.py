@@ -639,7 +639,8 @@ def test_the_split_figure_comes_from_the_loop_timed_as_one_gpu_of_the_split_wher
     base = {"graphs": row(0.020), "eager": row(0.040), "shards": 8, "busy": 3, "layers_split": 1}
     grown = {"graphs": row(0.021), "eager": row(0.052), "shards": 8, "busy": 3, "layers_split": 3}
     got = split_fit(base, grown, 2)
-    assert got == {"tokens": 64.0, "shards": 8, "busy": 3, "graphs": pytest.approx(0.0005), "eager": pytest.approx(0.006)}
+    assert got == {"tokens": 64.0, "shards": 8, "busy": 3, "base_layers_split": 1, "graphs": pytest.approx(0.0005),
+                   "eager": pytest.approx(0.006)}
     assert split_fit(base, {"error": "x"}, 2) is None and split_fit(None, grown, 2) is None
     assert split_fit(base, {**grown, "graphs": row(0.019)}, 2)["graphs"] is None           # noise: no cost
 
@@ -677,6 +678,20 @@ def test_the_split_figure_comes_from_the_loop_timed_as_one_gpu_of_the_split_wher
     assert prog["goals"]["further_sampled_variant_kept_split_s"]["met"] is False
     both = {**base, "program": row(0.030)}, {**grown, "program": row(0.033)}
     assert split_fit(*both, 2)["program"] == pytest.approx(0.0015)
+    # the kept run's own MoE layer split as well (_split_measured's worked example): its 121 rounds at the
+    # fit's 3.76 ms unsplit at 64 tokens become 0.9 ms ones -> 9.83 - 121 * 2.86 ms = 9.49 s, the goal met
+    own = sampled_extrapolation(e2e, cost, 100.0, 599.5e9, 15.5e9, split=split,
+                                split_loop={**loop, "eager": None, "program": 0.9e-3, "base_layers_split": 1})
+    assert own["further_sampled_variant_kept_split_s"] == pytest.approx(9.83 - 121 * (3.76e-3 - 0.9e-3), abs=0.01) \
+        == pytest.approx(9.49, abs=0.01)
+    assert own["further_kept_split_own_layers"] == 1 and own["goals"]["further_sampled_variant_kept_split_s"]["met"]
+    assert "- 1 own MoE layer(s) * 121 rounds * (0.00376 unsplit - 0.0009 split) s" \
+        in own["formulas"]["further_sampled_variant_kept_split_s"]
+    # extrapolate keeps them only where the probe's base is the kept run's target: as deep
+    from diag.bench.extrapolate import _split_loop
+    fitted = {"split_round_slope": split_fit(base, grown, 2), "base_layers": 2}
+    assert _split_loop(fitted, 2)["base_layers_split"] == 1
+    assert _split_loop({**fitted, "base_layers": 3}, 2)["base_layers_split"] is None
 
 
 def test_split_probe_times_the_loop_graphed_and_with_the_target_eager(tmp_path):

@@ -47,6 +47,33 @@ def test_a_shards_inputs_travel_in_one_buffer_and_come_back_as_they_were(H, wdty
     assert (x.dtype, i.dtype, w.dtype) == (hidden.dtype, index.dtype, weights.dtype)
 
 
+def test_partial_sums_are_handed_together_where_they_fit_and_add_to_the_same_bits(monkeypatch):
+    """sharded.summed's worked example: 3 parts of [64, 7168] fp32 -> the 2 others handed before
+    the first add (a program's copies back to back, the adds one graph); past GATHERED_BYTES each
+    handed just before its add. The same bits either way, in first's storage."""
+    import diag.int4.sharded as sharded
+
+    gen = torch.Generator().manual_seed(0)
+    parts = [torch.randn(64, 7168, generator=gen) for _ in range(3)]
+    want = (parts[0] + parts[1]) + parts[2]
+    for limit, order in ((sharded.GATHERED_BYTES, ["hand", "hand", "add", "add"]),
+                         (64 * 7168 * 4, ["hand", "add", "hand", "add"])):
+        monkeypatch.setattr(sharded, "GATHERED_BYTES", limit)
+        seen = []
+
+        def hand(t):
+            seen.append("hand")
+            return t.clone()
+
+        first = parts[0].clone()
+        others = [p.clone() for p in parts[1:]]
+        real_add = torch.Tensor.__iadd__
+        monkeypatch.setattr(torch.Tensor, "__iadd__", lambda a, b: seen.append("add") or real_add(a, b))
+        got = sharded.summed(first, others, hand)
+        monkeypatch.setattr(torch.Tensor, "__iadd__", real_add)
+        assert seen == order and got is first and torch.equal(got, want)
+
+
 def test_routing_skips_the_sentinel_worked_example():
     r = routes(torch.tensor([[2], [0], [2]]), 2, (2,))[2]
     assert r.sorted_ids.tolist() == [1, 3, 3, 3, 3, 3] and r.block_expert.tolist() == [0, -1, -1]

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from diag.bench.round_slope import LARGE, SMALL
-from diag.int4.sharded import ShardedExperts, local_index, packed, runs_fused, shard_pairs, unpacked
+from diag.int4.sharded import ShardedExperts, local_index, packed, runs_fused, shard_pairs, summed, unpacked
 from diag.target.device_program import cut, hand_off
 from diag.trees import tree_shape
 
@@ -194,9 +194,10 @@ class OneGpuOfN(ShardedExperts):
     recording the cuts a hand-off makes: `handed`), while the device runs shard `busy`'s pairs
     only; the others' index is all sentinel (their kernels launch over no pairs), as the other
     GPUs run their own shares meanwhile. In a captured forward (a graph, a program) the other
-    shards' kernels are left to their GPUs (`elsewhere`: one kernel and, in a program, a graph
-    boundary stand in for each: a graph holds one device's work); eager they are launched here,
-    as the host issues them. The output is shard busy's partial sum: a timing's module, not the
+    shards' kernels, their local index's among them (ShardedExperts takes it on the shard's own
+    device), are left to their GPUs (`elsewhere`: one kernel and, in a program, a graph boundary
+    stand in for each: a graph holds one device's work); eager they are launched here, as the
+    host issues them. The output is shard busy's partial sum: a timing's module, not the
     model's numbers. Worked example, E 4 over N 2, busy 1: top_k_index [[3, 0]] -> shard 1
     adds expert 3's output alone, expert 0's slot skipped (the sentinel)."""
 
@@ -214,23 +215,22 @@ class OneGpuOfN(ShardedExperts):
         from diag.int4.fast import fused_experts
 
         inputs, buf, sent = (hidden_states, top_k_index, top_k_weights), None, []
+        fused = all(runs_fused(shard, hidden_states) for shard in self.shards)
+        captured = fused and hidden_states.is_cuda and torch.cuda.is_current_stream_capturing()
         for j, shard in enumerate(self.shards):
             start = shard.first_expert if j == self.busy else self.num_experts      # past them all: sentinel
             x, idx, w = inputs                                                      # shard 0 on the layer's GPU
             if j:                                                                   # the others: one buffer in
                 buf = packed(*inputs) if buf is None else buf
                 x, idx, w = unpacked(handed(buf), inputs)
-            sent.append((shard, x, local_index(idx, start, shard.num_experts), w))
-        if all(runs_fused(shard, x) for shard, x, _, _ in sent):
-            captured = hidden_states.is_cuda and torch.cuda.is_current_stream_capturing()
-            parts = [elsewhere(x) if captured and j != self.busy else
+            elsewhere_j = captured and j != self.busy       # its local index is its own GPU's kernels too
+            sent.append((shard, x, None if elsewhere_j else local_index(idx, start, shard.num_experts), w))
+        if fused:
+            parts = [elsewhere(x) if idx is None else
                      fused_experts(shard, x, idx, w, partial=True,
                                    pairs=shard_pairs(idx.numel(), shard.num_experts, self.num_experts))
-                     for j, (shard, x, idx, w) in enumerate(sent)]
-            total = parts[0]
-            for part in parts[1:]:
-                total = total + handed(part)                                        # the partial sums back
-            return total.to(hidden_states.dtype)
+                     for shard, x, idx, w in sent]
+            return summed(parts[0], parts[1:], handed).to(hidden_states.dtype)     # the partial sums back
         final = torch.zeros_like(hidden_states)
         for j, (shard, x, idx, w) in enumerate(sent):
             final = shard.add_into(final if j == 0 else handed(final), x, idx, w)

@@ -212,7 +212,7 @@ def extrapolate(e2e: dict, grown: dict, load: dict, shard_bytes: list[int], *, b
                                        e2e.get("token_budget", 16384))
     sampled = (sampled_extrapolation(e2e, round_cost(grown, slope, batch), verdict, total, sum(shard_bytes),
                                      copy_bytes_per_s, split=grown.get("expert_split"),
-                                     eager_layer=_eager_layer(grown, batch), split_loop=grown.get("split_round_slope"))
+                                     eager_layer=_eager_layer(grown, batch), split_loop=_split_loop(grown, k))
                if "sampled_s" in first else None)
     terms = {"load_s": load_61, "generate_s": gen, "capture_s": cap, "step_costs_s": costs_61,
              "drafter_and_report_s": rest}
@@ -247,6 +247,15 @@ def extrapolate(e2e: dict, grown: dict, load: dict, shard_bytes: list[int], *, b
                                     "phase: pass-cache writes, keys; not sampled_s, which `sampled` grows), "
                                     "as measured",
             "first_verdict_without_step_costs_s": "[speedup] measure = false, or the server's costs given"}}
+
+
+def _split_loop(grown: dict, k: int) -> dict | None:
+    """The grown section's split slope (round_slope.split_fit), its base's split MoE layers kept only
+    where that base is as deep as the e2e run's target (the kept run's: _split_measured)."""
+    loop = grown.get("split_round_slope")
+    if loop and grown.get("base_layers") != k:
+        return {**loop, "base_layers_split": None}
+    return loop
 
 
 SAMPLED_GOALS = {"first_sampled_verdict_after_load_s": 300.0, "further_sampled_variant_s": 10.0,
@@ -374,7 +383,7 @@ def sampled_extrapolation(e2e: dict, cost: RoundCost, greedy_verdict: float, kim
                        "first_sampled_if_all_per_layer_s": f"{first.get('sampled_s', 0.0):.4g} * 61 / {k}"}
     out.update(_kept_variant(e2e.get("one_more_layout_kept"), grown, out))
     out.update(_split_variant(e2e.get("one_more_layout_kept"), split, extra, out, cost.per_layer_round, eager_layer))
-    measured = _split_measured(e2e.get("one_more_layout_kept"), split_loop, extra, out)
+    measured = _split_measured(e2e.get("one_more_layout_kept"), split_loop, extra, out, cost.per_layer_round)
     out.update(measured)
     out["goals"] = {key: {"value": out[key], "limit": limit, "met": out[key] <= limit}
                     for key, limit in SAMPLED_GOALS.items() if key in out}
@@ -475,7 +484,7 @@ def _split_variant(kept: dict | None, split: dict | None, extra: int, out: dict,
                                                "(one GPU measured: bench/expert_split.py)"}
 
 
-def _split_measured(kept: dict | None, loop: dict | None, extra: int, out: dict) -> dict:
+def _split_measured(kept: dict | None, loop: dict | None, extra: int, out: dict, layer_round=None) -> dict:
     """The kept variant with every layer's experts split, from the decode loop timed as one GPU of
     the split runs it (round_slope.split_probe / split_fit: `loop`, per-layer rounds at its
     tokens): each added layer's round as diag runs a target over several GPUs, which becomes the
@@ -483,27 +492,39 @@ def _split_measured(kept: dict | None, loop: dict | None, extra: int, out: dict)
     target/device_program.py) where the probe ran it, else "eager" (a probe from before programs:
     GRAPHS_NOTE); the other modes beside it (..._eager_s, ..._graphs_s: one graph a step, a bound),
     and the estimate from the experts' saving as ..._subtracted_s. {} without a kept run or a slope.
-      further_sampled_variant_kept_split_s = rest + sampled_s (as measured, K layers) + extra * rounds * c
+    The kept run's own MoE layers are split too (Kimi's 60 all are): where the probe's base is the
+    kept run's target (`loop["base_layers_split"]`, m of its K layers; extrapolate checks the
+    depth), each of them costs the split round c instead of the unsplit one L(t) that its loop
+    paid (`layer_round`, the decode-loop fit's at the run's verified tokens a round):
+      further_sampled_variant_kept_split_s = rest + sampled_s (as measured, K layers)
+                                             - m * rounds * (L(t) - c) + extra * rounds * c
     Worked example: rest 2.3 s, the kept run's loop 1.1 s, 59 added layers x 121 rounds at 2.1 ms
-    a program's layer-round -> 2.3 + 1.1 + 15.0 = 18.4 s; at 0.9 ms graphed -> 9.8 s."""
+    a program's layer-round -> 2.3 + 1.1 + 15.0 = 18.4 s; at 0.9 ms graphed -> 9.8 s; with its one
+    MoE layer at L 3.76 ms split as well -> 9.8 - 121 * (3.76 - 0.9) ms = 9.49 s."""
     main = "program" if loop and loop.get("program") else "eager"
     if not kept or not loop or not loop.get(main) or "further_kept_rest_s" not in out:
         return {}
     rounds, rest, own = kept.get("sampled_rounds", 0), out["further_kept_rest_s"], kept.get("sampled_s", 0.0)
     tokens = kept.get("sampled_verified_tokens", 0) / max(rounds, 1)
+    m = int(loop.get("base_layers_split") or 0) if layer_round else 0
+    unsplit = layer_round(tokens) if m else 0.0
     how = SPLIT_HOW[main]
     got = {"further_sampled_variant_kept_split_subtracted_s": out.get("further_sampled_variant_kept_split_s"),
            "further_kept_split_from": (f"the decode loop with each layer as one GPU of {loop['shards']} runs it "
                                        f"(bench/round_slope.split_probe), {how}"),
-           "further_kept_split_mode": main, "further_kept_split_loop_tokens": loop["tokens"]}
+           "further_kept_split_mode": main, "further_kept_split_loop_tokens": loop["tokens"],
+           "further_kept_split_own_layers": m}
     for mode in ("program", "eager", "graphs"):
         if loop.get(mode):
             key = "further_sampled_variant_kept_split" + ("" if mode == main else f"_{mode}") + "_s"
-            got[key] = rest + own + extra * rounds * loop[mode]
+            got[key] = rest + own - m * rounds * (unsplit - loop[mode]) + extra * rounds * loop[mode]
             got[f"further_kept_split_{mode}_layer_round_s"] = loop[mode]
-            out["formulas"][key] = (f"{rest:.4g} rest + {own:.4g} s the kept run's loop + {extra} layers * {rounds} "
-                                    f"rounds * {loop[mode]:.4g} s a layer-round ({mode}, one GPU of {loop['shards']}, "
-                                    f"measured at {loop['tokens']:.0f} tokens a round; the run's {tokens:.0f})")
+            own_split = (f" - {m} own MoE layer(s) * {rounds} rounds * ({unsplit:.4g} unsplit - {loop[mode]:.4g} "
+                         f"split) s" if m else "")
+            out["formulas"][key] = (f"{rest:.4g} rest + {own:.4g} s the kept run's loop{own_split} + {extra} layers * "
+                                    f"{rounds} rounds * {loop[mode]:.4g} s a layer-round ({mode}, one GPU of "
+                                    f"{loop['shards']}, measured at {loop['tokens']:.0f} tokens a round; the run's "
+                                    f"{tokens:.0f})")
     out["terms"]["further_sampled_variant_kept_split_s"] = (
         f"checks, replay and report {rest:.1f} + decode {got['further_sampled_variant_kept_split_s'] - rest:.1f} = "
         f"{got['further_sampled_variant_kept_split_s']:.1f} s (kept, experts split over {loop['shards']} GPUs, "

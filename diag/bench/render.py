@@ -89,8 +89,20 @@ def goal_lines(res: dict) -> list[str]:
         ok = v >= limit if cmp == ">=" else v <= limit
         why = _undecided(sec, path)
         verdict = f"undecided ({why})" if why else ("met" if ok else "NOT met")
-        out.append(f"| {text} | {v:.3g} | {cmp} {limit} | {verdict} |")
+        out.append(f"| {text} | {_shown(v, cmp, limit)} | {cmp} {limit} | {verdict} |")
     return out
+
+
+def _shown(v: float, cmp: str, limit: float) -> str:
+    """v to 3 significant digits, or as many more (up to 6) as it takes for the printed number to
+    sit on the same side of the limit as v: 10.015 against <= 10 reads "10.02", not "10" beside
+    "NOT met"."""
+    holds = (lambda x: x >= limit) if cmp == ">=" else (lambda x: x <= limit)
+    for digits in range(3, 7):
+        text = f"{v:.{digits}g}"
+        if holds(float(text)) == holds(v):
+            return text
+    return text
 
 
 def _undecided(sec: dict, path: tuple) -> str | None:

@@ -146,15 +146,15 @@ def split_probe(model, drafter, layout: str, shards: int, busy: int = 0, *,
 def split_fit(base: dict, grown: dict, added: int) -> dict | None:
     """Each mode's per-layer round at MIDDLE's verified tokens a round, from split_probe before and
     after adding `added` layers: {"tokens": t, "graphs": c, "program": c, "eager": c, "shards",
-    "busy"} (the modes both probes ran); None where a probe failed or is missing, a mode's c None
-    where it came out <= 0 (noise).
+    "busy", "base_layers_split": the base's layers split} (the modes both probes ran); None where
+    a probe failed or is missing, a mode's c None where it came out <= 0 (noise).
     Worked example: eager 40 ms a round at 2 layers, 52 ms at 4 -> 6 ms a layer-round."""
     if not base or not grown or "error" in base or "error" in grown:
         return None
     modes = [m for m in SPLIT_MODES if m in base and m in grown]
     c = {m: (grown[m]["seconds_per_round"] - base[m]["seconds_per_round"]) / max(added, 1) for m in modes}
     return {"tokens": base["graphs"]["verified_tokens_per_round"], "shards": grown["shards"], "busy": grown["busy"],
-            **{m: (v if v > 0 else None) for m, v in c.items()}}
+            "base_layers_split": base.get("layers_split"), **{m: (v if v > 0 else None) for m, v in c.items()}}
 
 
 def fit(base: dict, grown: dict, added: int) -> dict | None:

@@ -24,7 +24,8 @@ differ by fp32 reassociation below bf16's rounding, not bit for bit.
 Inputs are sent to every device before any shard runs, in one buffer a device (`packed`: the
 index, the hidden states and the weights; each shard takes its local index on its own device),
 and the partial sums gathered after all were issued, so the devices' kernels overlap (the
-copies between devices are queued, not waited for by the host). The placement (diag.target.placement, `experts = "split"`) puts
+copies between devices are queued, not waited for by the host), all of them before the first
+add where they fit (`summed`). The placement (diag.target.placement, `experts = "split"`) puts
 shard j on GPU j; the loader (diag.int4.load) reads each expert into its shard. This module
 knows tensors and modules; it reads no files.
 """
@@ -40,6 +41,7 @@ from torch import nn
 from diag.int4.packed import PackedExperts
 
 SHARDS = "shards"                     # the child list's name: layer.mlp.experts.shards.{j}
+GATHERED_BYTES = 256 * 2**20         # the shards' partial sums handed home together up to this (`summed`)
 _SHARD_NAME = re.compile(rf"^(?P<owner>.*)\.{SHARDS}\.(?P<j>\d+)$")
 
 
@@ -173,10 +175,7 @@ class ShardedExperts(nn.Module):
                 with torch.cuda.device(dev) if dev.type == "cuda" else nullcontext():   # Triton launches
                     parts.append(fused_experts(shard, x, idx, w, partial=True,          # on the current device
                                                pairs=shard_pairs(idx.numel(), shard.num_experts, self.num_experts)))
-            total = parts[0].to(home)
-            for part in parts[1:]:
-                total += part.to(home)
-            return total.to(hidden_states.dtype)
+            return summed(parts[0].to(home), parts[1:], lambda part: part.to(home)).to(hidden_states.dtype)
         final = torch.zeros_like(hidden_states)
         for shard, dev, x, idx, w in sent:
             final = shard.add_into(final.to(dev), x, idx, w).to(home)
@@ -184,6 +183,22 @@ class ShardedExperts(nn.Module):
 
     def extra_repr(self) -> str:
         return f"experts={self.num_experts}, shards={[s.num_experts for s in self.shards]}"
+
+
+def summed(first: torch.Tensor, others: list[torch.Tensor], hand) -> torch.Tensor:
+    """first + others[0] + others[1] + ..., in that order, added in place into `first` (on the
+    home device), each of `others` brought there by hand(t). Where the others fit in
+    GATHERED_BYTES (a decode round's tokens) all are handed before the first add, so a program
+    replays their copies one after another and the adds as one graph (target/device_program.py:
+    7 one-add graphs fewer a layer on 8 GPUs); past it (a capture pass's thousands of tokens:
+    7 x 16,384 x 7168 x 4 B = 3.3 GB on Kimi) one at a time, one part's bytes held. The same
+    sums either way. Worked example: 3 parts of [64, 7168] fp32 -> 2 x 1.8 MB handed, then 2 adds."""
+    together = sum(t.numel() * t.element_size() for t in others) <= GATHERED_BYTES
+    if together:
+        others = [hand(t) for t in others]
+    for t in others:
+        first += t if together else hand(t)
+    return first
 
 
 def runs_fused(shard: nn.Module, hidden: torch.Tensor) -> bool:
