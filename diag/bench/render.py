@@ -95,7 +95,7 @@ def goal_lines(res: dict) -> list[str]:
 
 def _shown(v: float, cmp: str, limit: float) -> str:
     """v to 3 significant digits, or as many more (up to 6) as it takes for the printed number to
-    sit on the same side of the limit as v: 10.015 against <= 10 reads "10.02", not "10" beside
+    sit on the same side of the limit as v: 10.016 against <= 10 reads "10.02", not "10" beside
     "NOT met"."""
     holds = (lambda x: x >= limit) if cmp == ">=" else (lambda x: x <= limit)
     for digits in range(3, 7):
