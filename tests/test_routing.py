@@ -39,6 +39,41 @@ def test_routes_is_the_reference(E, T, K, block_m, seed):
     assert r.sorted_ids.dtype == r.block_expert.dtype == torch.int32 and r.num_pairs == T * K
 
 
+def test_the_routing_kernel_routes_what_the_torch_ops_route():
+    """routing_kernel.route_pairs (routes() on CUDA up to KERNEL_PAIRS pairs) under Triton's
+    interpreter, in a subprocess (TRITON_INTERPRET is read at Triton's import): the same
+    sorted_ids and block_expert as torch_routes on 16 cases, the edges among them (one pair, every
+    pair the sentinel, Kimi's 384 experts at 64 tokens, a shard's 48 with the sentinel, 192-row
+    blocks)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton")
+    script = Path(__file__).with_name("routing_interpreted.py")
+    done = subprocess.run([sys.executable, str(script), "16", "3"], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout)
+    assert got == {"cases": 16, "mismatches": []}
+
+
+def test_routes_takes_the_kernel_on_cuda_for_few_pairs_only(monkeypatch):
+    """routing.in_kernel: CUDA, KERNEL on, 1..KERNEL_PAIRS pairs, fewer than KERNEL_EXPERTS experts."""
+    from diag.int4 import fast
+
+    monkeypatch.setattr(fast, "triton_available", lambda: True)
+    cuda = lambda n: type("T", (), {"is_cuda": True, "numel": lambda self: n})()   # noqa: E731
+    assert routing.in_kernel(cuda(512), 48) and routing.in_kernel(cuda(routing.KERNEL_PAIRS), 384)
+    assert not routing.in_kernel(cuda(routing.KERNEL_PAIRS + 1), 384)
+    assert not routing.in_kernel(cuda(0), 48) and not routing.in_kernel(cuda(64), routing.KERNEL_EXPERTS)
+    assert not routing.in_kernel(torch.zeros(8, 2, dtype=torch.long), 4)          # the CPU: torch ops
+    monkeypatch.setattr(routing, "KERNEL", False)
+    assert not routing.in_kernel(cuda(512), 48)
+
+
 def test_a_decode_steps_few_pairs_launch_few_blocks():
     """The module docstring's bound: Kimi's 384 experts, 8 tokens x top-8 (64 pairs), block_m 16
     -> 64 // 16 + min(384, 64) = 68 row blocks, not 388; the worst case (64 distinct experts, one
@@ -66,6 +101,7 @@ def test_replayed_routes_off_cuda_is_routes():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 def test_replayed_routes_capture_once_per_shape_and_equal_routes(monkeypatch):
+    monkeypatch.setattr(routing, "KERNEL", False)           # the torch ops' graphs (past KERNEL_PAIRS)
     monkeypatch.setattr(routing, "_GRAPHS", routing.OrderedDict())
     monkeypatch.setattr(routing, "_SEEN", {})
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -87,15 +123,33 @@ def test_replayed_routes_capture_once_per_shape_and_equal_routes(monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the routing kernel on a CUDA device")
+def test_the_routing_kernel_on_cuda_routes_what_the_torch_ops_route():
+    """On the GPU, every size up to KERNEL_PAIRS (decode rounds to a 512-token prefill chunk),
+    Kimi's 384 experts and a shard's 48 with the sentinel, the block sizes the GEMMs take."""
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    for E, T, K, sentinel in ((384, 1, 8, False), (384, 64, 8, False), (48, 64, 8, True), (384, 512, 8, False),
+                              (48, 512, 8, True), (7, 33, 3, True)):
+        idx = torch.randint(0, E + sentinel, (T, K), device="cuda", generator=gen)
+        assert routing.in_kernel(idx, E)
+        for bm in (16, 32, 64, 192):
+            want, got = routing.torch_routes(idx, E, (bm,))[bm], routing.kernel_route(idx, E, bm)
+            assert torch.equal(got.sorted_ids, want.sorted_ids), (E, T, K, bm)
+            assert torch.equal(got.block_expert, want.block_expert), (E, T, K, bm)
+
+
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 def test_fused_experts_with_replayed_routing_is_the_eager_routings_bits(monkeypatch):
     """Layer after layer of one shape (the graph's static routing reused, its inputs new each
-    time), fused_experts gives the bits it gives with routes() computed afresh."""
+    time), fused_experts gives the bits it gives with routes() computed afresh, and with the
+    routing kernel's."""
     from torch.nn import functional as F
 
     from diag.int4 import fast
     from diag.int4.packed import PackedExperts
 
+    monkeypatch.setattr(routing, "KERNEL", False)           # the torch ops' graphs (past KERNEL_PAIRS)
     monkeypatch.setattr(routing, "_GRAPHS", routing.OrderedDict())
     monkeypatch.setattr(routing, "_SEEN", {})
     gen = torch.Generator(device="cuda").manual_seed(1)
@@ -116,6 +170,9 @@ def test_fused_experts_with_replayed_routing_is_the_eager_routings_bits(monkeypa
     monkeypatch.setattr(fast, "replayed_routes", routes)
     for x, idx, w, got in layers:
         assert torch.equal(got, fast.fused_experts(m, x, idx, w))
+    monkeypatch.setattr(routing, "KERNEL", True)            # and routed by the one kernel: the same bits
+    for x, idx, w, got in layers:
+        assert routing.in_kernel(idx, E) and torch.equal(got, fast.fused_experts(m, x, idx, w))
 
 
 def test_the_fused_layer_runs_with_its_own_device_current(monkeypatch):
@@ -226,3 +283,17 @@ def test_expected_blocks_holds_a_mean_in_the_thousands():
 
     got = expected_blocks(5000 * 8, 8, 128) / 8
     assert abs(got - (5000 / 128 + 0.5)) < 0.1
+
+
+def test_the_bench_picks_the_routing_kernel_only_where_it_won():
+    """bench/routing_ab.kernel_pairs: the most pairs up to which the kernel won at every size and
+    expert count (its docstring's example), 0 where it lost at the fewest or routed otherwise."""
+    from diag.bench.routing_ab import kernel_pairs
+
+    row = lambda pairs, kernel, torch_, equal=True: {"pairs": pairs, "kernel_us": kernel,   # noqa: E731
+                                                     "torch_us": torch_, "equal": equal}
+    rows = [row(8, 5, 50), row(8, 6, 40), row(2048, 6, 60), row(4096, 70, 65), row(4096, 6, 65)]
+    assert kernel_pairs(rows) == 2048
+    assert kernel_pairs([row(8, 60, 50), row(64, 5, 50)]) == 0
+    assert kernel_pairs([row(8, 5, 50), row(64, 5, 50, equal=False)]) == 8
+    assert kernel_pairs([row(8, 5, 50), row(64, 5, 50)]) == 64

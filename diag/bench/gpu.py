@@ -184,6 +184,9 @@ def run(out: Path, workdir: Path, *, layers: int | None = None, max_layers: int 
             save(res, out)
         return keep
     ceil = section(res, "ceilings", lambda: _ceilings(dev))
+    if dev == "cuda":                    # the routing's way picked on this device for every section after
+        from diag.bench import routing_ab
+        section(res, "routing", lambda: routing_ab.measure(dev))
     peak = ceil["bf16_matmul_flops"] if ceil else 7.9e14
 
     def checkpoint():

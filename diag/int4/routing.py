@@ -18,7 +18,10 @@ from searchsorted over the sorted ids (torch.bincount asks the host for its maxi
 computation can be captured. It is some 40 small kernels, whose launches took 1.3 ms of host
 time per MoE layer on an H200's host (the GPU idle meanwhile: 5% of Kimi's layer at 8k tokens,
 most of it at a decode step's few tokens). `replayed_routes` captures it once per shape and
-replays it for every later layer and step of that shape (one launch).
+replays it for every later layer and step of that shape (one launch). Inside a captured forward
+(the verify's graph, a program's) the ~30 kernels are the graph's own, and their device time is
+paid at every MoE layer: on CUDA, up to KERNEL_PAIRS pairs, routes() is one Triton kernel
+instead (routing_kernel.py; the same values, tests/test_routing.py holds them equal).
 
 The bound: an expert with c >= 1 pairs takes ceil(c / block_m) = floor((c - 1) / block_m) + 1
 blocks, so n such experts take at most (S - n) // block_m + n <= S // block_m + n blocks, and
@@ -27,7 +30,7 @@ once, so at a decode step's few pairs the bound is the launch: Kimi, 8 tokens x 
 block_m 16 -> 64 // 16 + 64 = 68 blocks, where S // block_m + E launched 388 (320 empty, times
 every N tile).
 
-This module knows index arithmetic and CUDA graphs; nothing about weights or kernels.
+This module knows index arithmetic and CUDA graphs; nothing about weights or the GEMMs' kernels.
 """
 
 from __future__ import annotations
@@ -52,8 +55,23 @@ def route(top_k_index: torch.Tensor, num_experts: int, block_m: int) -> Routing:
     return routes(top_k_index, num_experts, (block_m,))[block_m]
 
 
+# routes() in one kernel (routing_kernel.py) on CUDA up to this many pairs, and experts below
+# KERNEL_EXPERTS (its program holds the pairs and the experts' bins in registers); past them, the
+# torch ops below. KERNEL: False turns it off (bench/routing_ab.py times both ways).
+KERNEL = True
+KERNEL_PAIRS = 4096
+KERNEL_EXPERTS = 1024
+
+
 def routes(top_k_index: torch.Tensor, num_experts: int, block_ms) -> dict[int, Routing]:
     """route() for each block_m, the pairs sorted by expert once."""
+    if in_kernel(top_k_index, num_experts):
+        return {bm: kernel_route(top_k_index, num_experts, bm) for bm in dict.fromkeys(block_ms)}
+    return torch_routes(top_k_index, num_experts, block_ms)
+
+
+def torch_routes(top_k_index: torch.Tensor, num_experts: int, block_ms) -> dict[int, Routing]:
+    """routes() in torch ops (~30 small kernels on CUDA; any device)."""
     flat = top_k_index.reshape(-1).to(torch.int64)                         # [S]
     S, dev = flat.numel(), flat.device
     order = torch.argsort(flat, stable=True)                               # [S]
@@ -76,6 +94,35 @@ def routes(top_k_index: torch.Tensor, num_experts: int, block_ms) -> dict[int, R
         block_expert = torch.where(expert < num_experts, expert, -1).to(torch.int32)
         out[block_m] = Routing(sorted_ids, block_expert, S, block_m)
     return out
+
+
+def in_kernel(top_k_index: torch.Tensor, num_experts: int) -> bool:
+    """Whether routes() takes the one kernel: on CUDA, KERNEL on, at most KERNEL_PAIRS pairs
+    and KERNEL_EXPERTS experts, Triton importable."""
+    if not (KERNEL and top_k_index.is_cuda and 0 < top_k_index.numel() <= KERNEL_PAIRS
+            and num_experts < KERNEL_EXPERTS):
+        return False
+    from diag.int4.fast import triton_available
+    return triton_available()
+
+
+def kernel_route(top_k_index: torch.Tensor, num_experts: int, block_m: int) -> Routing:
+    """route() from routing_kernel.route_pairs, one launch: the same sorted_ids and block_expert
+    (on any device Triton runs on: the CPU under TRITON_INTERPRET)."""
+    from diag.int4.routing_kernel import route_pairs
+
+    flat = top_k_index.reshape(-1).contiguous()
+    S, dev = flat.numel(), flat.device
+    sp, ep = max(16, 1 << (S - 1).bit_length()), max(16, 1 << num_experts.bit_length())   # > num_experts
+    max_blocks = S // block_m + min(num_experts, S)
+    sorted_ids = torch.empty(max_blocks * block_m, dtype=torch.int32, device=dev)
+    block_expert = torch.empty(max_blocks, dtype=torch.int32, device=dev)
+    rows, mbp = max_blocks * block_m, max(16, 1 << max_blocks.bit_length())   # > max_blocks: ends reach it
+    scratch = torch.empty(2 * ep + mbp, dtype=torch.int32, device=dev)
+    route_pairs[(1,)](flat, sorted_ids, block_expert, scratch, S, num_experts, max_blocks, rows,
+                      BM=block_m, SP=sp, EP=ep, ROWSP=max(16, 1 << (rows - 1).bit_length()), MBP=mbp,
+                      num_warps=4 if sp <= 1024 else 8)
+    return Routing(sorted_ids, block_expert, S, block_m)
 
 
 @dataclass
@@ -126,11 +173,11 @@ def replayed_routes(top_k_index: torch.Tensor, num_experts: int, block_ms) -> di
     routing until the next replayed_routes() of the same shape on the same device, which
     overwrites them in stream order. A caller that consumes them in the same stream before
     routing again (fused_experts: one layer's GEMMs) reads them safely; one that keeps them
-    must call routes(). Off CUDA, or while the caller's stream is itself being captured,
-    routes() as is."""
+    must call routes(). Off CUDA, while the caller's stream is itself being captured, or where
+    routes() is one kernel (in_kernel), routes() as is."""
     block_ms = tuple(dict.fromkeys(block_ms))
     dev = top_k_index.device
-    if not graphs_allowed(dev):
+    if not graphs_allowed(dev) or in_kernel(top_k_index, num_experts):     # the kernel: one launch as is
         return routes(top_k_index, num_experts, block_ms)
     key = (dev.index, tuple(top_k_index.shape), top_k_index.dtype, num_experts, block_ms)
     got = _GRAPHS.get(key)
