@@ -115,9 +115,9 @@ def kernel_route(top_k_index: torch.Tensor, num_experts: int, block_m: int) -> R
     S, dev = flat.numel(), flat.device
     sp, ep = max(16, 1 << (S - 1).bit_length()), max(16, 1 << num_experts.bit_length())   # > num_experts
     max_blocks = S // block_m + min(num_experts, S)
-    sorted_ids = torch.empty(max_blocks * block_m, dtype=torch.int32, device=dev)
-    block_expert = torch.empty(max_blocks, dtype=torch.int32, device=dev)
     rows, mbp = max_blocks * block_m, max(16, 1 << max_blocks.bit_length())   # > max_blocks: ends reach it
+    sorted_ids = torch.empty(rows, dtype=torch.int32, device=dev)
+    block_expert = torch.empty(max_blocks, dtype=torch.int32, device=dev)
     scratch = torch.empty(2 * ep + mbp, dtype=torch.int32, device=dev)
     route_pairs[(1,)](flat, sorted_ids, block_expert, scratch, S, num_experts, max_blocks, rows,
                       BM=block_m, SP=sp, EP=ep, ROWSP=max(16, 1 << (rows - 1).bit_length()), MBP=mbp,
