@@ -1,6 +1,7 @@
 """The vLLM harness's own behaviour, without vLLM: a server that dies names its error and log
 tail; a half-built venv is rebuilt; $DIAG_VLLM_PYTHON must exist; the command it launches."""
 
+import contextlib
 import json
 import os
 import signal
@@ -85,16 +86,20 @@ http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
 
 @pytest.fixture
 def own_pool(monkeypatch):
-    """A pool and plan of this test's own (a session's planned servers are left alone); every
-    server started here is stopped after."""
-    pool = {}
-    monkeypatch.setattr(vs, "_POOL", pool)
-    monkeypatch.setattr(vs, "_PLAN", None)
-    yield pool
-    if vs._PLAN is not None:
-        vs._PLAN.shutdown()
-    for server in pool.values():
-        server.stop()
+    """A pool and plan of this test's own (a session's planned servers are left alone: its
+    thread starts nothing while the test runs, Plan.held); every server started here is stopped
+    after."""
+    session = vs._PLAN
+    with session.held() if session is not None else contextlib.nullcontext():
+        pool = {}
+        monkeypatch.setattr(vs, "_POOL", pool)
+        monkeypatch.setattr(vs, "_PLAN", None)
+        yield pool
+        if vs._PLAN is not None:
+            vs._PLAN.shutdown()
+        for server in pool.values():
+            server.stop()
+        monkeypatch.undo()                  # the session's globals back before its thread goes on
 
 
 def _fake_server_python(tmp_path):
@@ -149,6 +154,50 @@ def test_the_plan_starts_servers_ahead_in_order_and_stops_each_after_its_last_te
             if e.server is not None:
                 e.server.stop()
     assert all(e.server is None or e.server.proc.poll() is not None for e in plan.entries)
+
+
+def test_a_held_plan_starts_nothing_until_released_and_a_hold_waits_for_a_start_under_way(tmp_path, monkeypatch,
+                                                                                        own_pool):
+    """Plan.held (own_pool holds the session's plan so): a hold taken before the thread runs
+    keeps its start from beginning; released, the start goes on; a hold taken while a start is
+    under way returns only once that start is done (the thread's server is in its pool first)."""
+    import threading
+    exe = _fake_server_python(tmp_path)
+    monkeypatch.setitem(vs.SESSION_ENV, "DIAG_VLLM_PYTHON", str(exe))
+    started, gate = [], threading.Event()
+    real_start = vs.start
+
+    def gated_start(*a, **k):
+        started.append(a[1].name)
+        gate.wait(30)                                  # a start under way until the test opens it
+        return real_start(*a, **k)
+    monkeypatch.setattr(vs, "start", gated_start)
+    kw = {"num_speculative_tokens": 3, "dtype": "float32", "extra_args": ()}
+    plan = vp.Plan([vp._Planned(n, lambda n=n: (tmp_path / n, None, kw), 1) for n in "ab"], ahead=2)
+    monkeypatch.setattr(vs, "_PLAN", plan)            # own_pool shuts it down after
+    with plan.held():
+        plan.thread.start()
+        plan.resolved.wait(30)
+        time.sleep(0.3)
+        assert started == [] and plan.by_label["a"].state == "queued"
+    for _ in range(300):                               # released: a's start begins
+        if started:
+            break
+        time.sleep(0.01)
+    assert started == ["a"]
+    hold = plan.held()
+    holder = threading.Thread(target=hold.__enter__)
+    holder.start()
+    holder.join(0.3)
+    assert holder.is_alive()                           # waits for a's start, under way
+    gate.set()
+    holder.join(30)
+    assert not holder.is_alive() and plan.by_label["a"].state == "up" and started == ["a"]
+    time.sleep(0.3)
+    assert started == ["a"]                            # held: b waits
+    hold.__exit__(None, None, None)
+    plan.by_label["b"].done.wait(30)
+    assert started == ["a", "b"] and all(plan.by_label[n].state == "up" for n in "ab")
 
 
 def test_a_planned_server_that_fails_fails_its_test_with_the_cause(tmp_path, monkeypatch, own_pool):
@@ -240,10 +289,13 @@ def test_the_venv_is_installed_without_bytecode(tmp_path, monkeypatch):
     assert len(pips) == 2 and all("--no-compile" in c and how == "background" for c, how in pips)
 
 
-def test_a_background_child_runs_niced_and_ends_with_the_session():
+def test_a_background_child_runs_niced_and_ends_with_the_session(monkeypatch):
     """run_background: the child at nice BACKGROUND_NICE, its output returned; end_helpers (from
-    shutdown) ends one still running (a session stopped early leaves no build behind)."""
+    shutdown) ends one still running (a session stopped early leaves no build behind). The
+    session's own children (the zoo child, test_zoo_shipped's rebuild) are not this test's to end:
+    it counts and ends its own set."""
     import threading
+    monkeypatch.setattr(vs, "_HELPERS", set())
     got = vs.run_background([sys.executable, "-c", "import os; print(os.nice(0))"])
     assert (got.returncode, got.stdout.strip()) == (0, str(os.nice(0) + vs.BACKGROUND_NICE))
     box = {}

@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import vllm_server as vs
@@ -109,6 +110,8 @@ class Plan:
         self.cond = threading.Condition()
         self.resolved = threading.Event()
         self.quit = False
+        self.holders = 0                      # held(): no start begins while a test holds the plan
+        self.in_start = False                 # a start under way in the thread
         self.python: Path | None = None
         self.by_key: dict[tuple, _Planned] = {}
         self.by_label = {e.label: e for e in entries}
@@ -150,14 +153,35 @@ class Plan:
             return
         for e in self.entries:
             with self.cond:
-                self.cond.wait_for(lambda: self.quit or self._alive() < self.ahead)
+                self.cond.wait_for(lambda: self.quit or (not self.holders and self._alive() < self.ahead))
                 if self.quit:
                     return
                 if e.state != "queued" or e.uses <= 0:
                     continue
-                e.state = "starting"
+                e.state, self.in_start = "starting", True
             target, drafter, kw = e.args
-            e._started(lambda: vs.start(self.python, target, drafter, **kw, background=True))
+            try:
+                e._started(lambda: vs.start(self.python, target, drafter, **kw, background=True))
+            finally:
+                with self.cond:
+                    self.in_start = False
+                    self.cond.notify_all()
+
+    @contextmanager
+    def held(self):
+        """No start begins while held, and one under way is finished first: a test that swaps
+        vllm_server's globals for its own (test_vllm_server's own_pool: the pool, `start`, the
+        session's environment) would otherwise get this thread's next start, a real server, in
+        its pool and stop it at its end."""
+        with self.cond:
+            self.holders += 1
+            self.cond.wait_for(lambda: not self.in_start)
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.holders -= 1
+                self.cond.notify_all()
 
     def claim(self, key: tuple) -> _Planned | None:
         """The entry for this server key, once the thread has resolved the plan's keys."""
