@@ -69,12 +69,7 @@ def _vllm_cells(item):
 
 def pytest_collection_modifyitems(config, items):
     """The tests that need a vLLM server run last (vllm_prestart.last), so their servers start
-    beside the rest of the suite; the harness's own tests that swap its globals (test_vllm_server's
-    own_pool) run first, while the plan is still building what its servers need, so they do not
-    wait for a start under way (Plan.held: 53 + 30 + 23 + 16 s of setup in one CI run where they
-    ran in file order)."""
-    items[:] = [i for i in items if "own_pool" in i.fixturenames] + \
-               [i for i in items if "own_pool" not in i.fixturenames]
+    beside the rest of the suite."""
     named = lambda item: item.get_closest_marker("vllm") is not None  # noqa: E731
     if any(named(item) for item in items):      # the harness imported only when a test needs it
         import vllm_prestart

@@ -1,12 +1,12 @@
 """The vLLM harness's own behaviour, without vLLM: a server that dies names its error and log
 tail; a half-built venv is rebuilt; $DIAG_VLLM_PYTHON must exist; the command it launches."""
 
-import contextlib
 import json
 import os
 import signal
 import stat
 import sys
+import threading
 import time
 
 import pytest
@@ -86,20 +86,17 @@ http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
 
 @pytest.fixture
 def own_pool(monkeypatch):
-    """A pool and plan of this test's own (a session's planned servers are left alone: its
-    thread starts nothing while the test runs, Plan.held); every server started here is stopped
-    after."""
-    session = vs._PLAN
-    with session.held() if session is not None else contextlib.nullcontext():
-        pool = {}
-        monkeypatch.setattr(vs, "_POOL", pool)
-        monkeypatch.setattr(vs, "_PLAN", None)
-        yield pool
-        if vs._PLAN is not None:
-            vs._PLAN.shutdown()
-        for server in pool.values():
-            server.stop()
-        monkeypatch.undo()                  # the session's globals back before its thread goes on
+    """A pool and plan of this test's own (a session's planned servers are left alone: its plan
+    works from the pool, `start` and environment it was made with); every server started here is
+    stopped after."""
+    pool = {}
+    monkeypatch.setattr(vs, "_POOL", pool)
+    monkeypatch.setattr(vs, "_PLAN", None)
+    yield pool
+    if vs._PLAN is not None:
+        vs._PLAN.shutdown()
+    for server in pool.values():
+        server.stop()
 
 
 def _fake_server_python(tmp_path):
@@ -156,48 +153,36 @@ def test_the_plan_starts_servers_ahead_in_order_and_stops_each_after_its_last_te
     assert all(e.server is None or e.server.proc.poll() is not None for e in plan.entries)
 
 
-def test_a_held_plan_starts_nothing_until_released_and_a_hold_waits_for_a_start_under_way(tmp_path, monkeypatch,
-                                                                                        own_pool):
-    """Plan.held (own_pool holds the session's plan so): a hold taken before the thread runs
-    keeps its start from beginning; released, the start goes on; a hold taken while a start is
-    under way returns only once that start is done (the thread's server is in its pool first)."""
-    import threading
+def test_a_plan_works_from_what_it_was_made_with_not_what_a_test_swaps_in_later(tmp_path, monkeypatch, own_pool):
+    """The session's plan runs beside tests that swap vllm_server's globals for their own (own_pool,
+    the fake servers here): once made, a plan's venv, zoo child and starts read the environment it
+    was made with (session_env in its thread), start through the `start` it was made with and
+    pool into the pool it was made with. One CI run failed every vLLM test when the session's plan
+    read a test's fake python and pooled its server into that test's pool, which stopped it."""
     exe = _fake_server_python(tmp_path)
     monkeypatch.setitem(vs.SESSION_ENV, "DIAG_VLLM_PYTHON", str(exe))
-    started, gate = [], threading.Event()
+    seen, gate = {}, threading.Event()
     real_start = vs.start
 
-    def gated_start(*a, **k):
-        started.append(a[1].name)
-        gate.wait(30)                                  # a start under way until the test opens it
+    def start_seen(*a, **k):
+        seen["python"], seen["env"] = a[0], vs.session_env().get("DIAG_VLLM_PYTHON")
         return real_start(*a, **k)
-    monkeypatch.setattr(vs, "start", gated_start)
+    monkeypatch.setattr(vs, "start", start_seen)
     kw = {"num_speculative_tokens": 3, "dtype": "float32", "extra_args": ()}
-    plan = vp.Plan([vp._Planned(n, lambda n=n: (tmp_path / n, None, kw), 1) for n in "ab"], ahead=2)
-    monkeypatch.setattr(vs, "_PLAN", plan)            # own_pool shuts it down after
-    with plan.held():
-        plan.thread.start()
-        plan.resolved.wait(30)
-        time.sleep(0.3)
-        assert started == [] and plan.by_label["a"].state == "queued"
-    for _ in range(300):                               # released: a's start begins
-        if started:
-            break
-        time.sleep(0.01)
-    assert started == ["a"]
-    hold = plan.held()
-    holder = threading.Thread(target=hold.__enter__)
-    holder.start()
-    holder.join(0.3)
-    assert holder.is_alive()                           # waits for a's start, under way
+    plan = vp.Plan([vp._Planned("a", lambda locate: (locate("a"), None, kw), 1)], ahead=1,
+                   build=lambda: (gate.wait(30), lambda name: tmp_path / name)[1])
+    monkeypatch.setattr(vs, "_PLAN", plan)             # own_pool shuts it down after
+    made_pool = vs._POOL
+    plan.thread.start()
+    # what a later test swaps in while the plan's thread is still building
+    monkeypatch.setitem(vs.SESSION_ENV, "DIAG_VLLM_PYTHON", str(tmp_path / "not-a-python"))
+    monkeypatch.setattr(vs, "_POOL", {})
+    monkeypatch.setattr(vs, "start", lambda *a, **k: pytest.fail("the plan started through a swapped start"))
     gate.set()
-    holder.join(30)
-    assert not holder.is_alive() and plan.by_label["a"].state == "up" and started == ["a"]
-    time.sleep(0.3)
-    assert started == ["a"]                            # held: b waits
-    hold.__exit__(None, None, None)
-    plan.by_label["b"].done.wait(30)
-    assert started == ["a", "b"] and all(plan.by_label[n].state == "up" for n in "ab")
+    assert plan.by_label["a"].done.wait(30) and plan.by_label["a"].error is None
+    assert seen == {"python": exe, "env": str(exe)}
+    assert plan.by_label["a"].key in made_pool and not vs._POOL
+    assert vs.session_env() is vs.SESSION_ENV          # the test's own thread reads the live one
 
 
 def test_a_planned_server_that_fails_fails_its_test_with_the_cause(tmp_path, monkeypatch, own_pool):

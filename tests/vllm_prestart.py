@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import vllm_server as vs
@@ -65,11 +64,12 @@ class _Planned:
         self.error: str | None = None
         self.seconds_waited = 0.0             # how long tests waited for it (the report's figure)
         self.done = threading.Event()
+        self.plan: Plan | None = None           # set by the Plan that holds it
 
     def wait(self, start_here) -> Server:
         """The healthy server: started here if the thread has not reached it, waited for if it is
         starting, restarted if it died."""
-        with vs._PLAN.cond:
+        with self.plan.cond:
             mine = self.state == "queued"
             if mine:
                 self.state = "starting"
@@ -91,13 +91,13 @@ class _Planned:
     def _started(self, start_fn) -> None:
         try:
             self.server = start_fn()
-            vs._POOL[self.key] = self.server
+            self.plan.pool[self.key] = self.server
             self.state = "up"
         except Exception as e:                            # the test that uses it fails with it
             self.error, self.state = str(e), "failed"
         self.done.set()
         if self.server is not None and self.uses <= 0:    # its tests ended while it started
-            vs._POOL.pop(self.key, None)
+            self.plan.pool.pop(self.key, None)
             self.server.stop()
 
 
@@ -110,8 +110,12 @@ class Plan:
         self.cond = threading.Condition()
         self.resolved = threading.Event()
         self.quit = False
-        self.holders = 0                      # held(): no start begins while a test holds the plan
-        self.in_start = False                 # a start under way in the thread
+        # what the plan works from, as it was when the plan was made: a test that swaps
+        # vllm_server's pool, its `start` or the session's environment for its own (own_pool)
+        # never gets this plan's servers, nor steers its venv, zoo child or starts
+        self.pool, self.start, self.env = vs._POOL, vs.start, dict(vs.session_env())
+        for e in entries:
+            e.plan = self
         self.python: Path | None = None
         self.by_key: dict[tuple, _Planned] = {}
         self.by_label = {e.label: e for e in entries}
@@ -140,6 +144,7 @@ class Plan:
             e.done.set()
 
     def _run(self) -> None:
+        vs._THREAD_ENV.set(self.env)                      # this thread's session_env()
         try:
             self.resolve()
         finally:
@@ -153,35 +158,14 @@ class Plan:
             return
         for e in self.entries:
             with self.cond:
-                self.cond.wait_for(lambda: self.quit or (not self.holders and self._alive() < self.ahead))
+                self.cond.wait_for(lambda: self.quit or self._alive() < self.ahead)
                 if self.quit:
                     return
                 if e.state != "queued" or e.uses <= 0:
                     continue
-                e.state, self.in_start = "starting", True
+                e.state = "starting"
             target, drafter, kw = e.args
-            try:
-                e._started(lambda: vs.start(self.python, target, drafter, **kw, background=True))
-            finally:
-                with self.cond:
-                    self.in_start = False
-                    self.cond.notify_all()
-
-    @contextmanager
-    def held(self):
-        """No start begins while held, and one under way is finished first: a test that swaps
-        vllm_server's globals for its own (test_vllm_server's own_pool: the pool, `start`, the
-        session's environment) would otherwise get this thread's next start, a real server, in
-        its pool and stop it at its end."""
-        with self.cond:
-            self.holders += 1
-            self.cond.wait_for(lambda: not self.in_start)
-        try:
-            yield
-        finally:
-            with self.cond:
-                self.holders -= 1
-                self.cond.notify_all()
+            e._started(lambda: self.start(self.python, target, drafter, **kw, background=True))
 
     def claim(self, key: tuple) -> _Planned | None:
         """The entry for this server key, once the thread has resolved the plan's keys."""
@@ -201,7 +185,7 @@ class Plan:
             e.uses -= 1
             last = e.uses <= 0
         if last and e.done.is_set() and e.server is not None:
-            vs._POOL.pop(e.key, None)
+            self.pool.pop(e.key, None)
             e.server.stop()
         with self.cond:
             self.cond.notify_all()

@@ -48,6 +48,7 @@ import sys
 import tempfile
 import threading
 import time
+from contextvars import ContextVar
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -70,10 +71,20 @@ LOG_PREFIX = re.compile(r"^\(\w+ pid=\d+\) [A-Z]+ [\d-]+ [\d:]+ \[[^\]]+\] ")   
 # and starts servers while other tests run, and those set DIAG_CACHE_DIR, HOME and HF_* for
 # themselves (monkeypatch); the thread must not read their values.
 SESSION_ENV = dict(os.environ)
+# A plan's thread reads its own copy, taken when the plan was made (vllm_prestart.Plan), so a test
+# that patches SESSION_ENV for itself (test_vllm_server's fake servers) never steers the session's
+# plan: its venv, its zoo child or its next start.
+_THREAD_ENV: ContextVar[dict | None] = ContextVar("vllm_session_env", default=None)
+
+
+def session_env() -> dict:
+    """The session's environment as this thread sees it: a plan thread's copy, else SESSION_ENV."""
+    env = _THREAD_ENV.get()
+    return SESSION_ENV if env is None else env
 
 
 def _cache_root() -> Path:
-    base = SESSION_ENV.get("DIAG_CACHE_DIR")
+    base = session_env().get("DIAG_CACHE_DIR")
     return Path(base).expanduser() if base else Path.home() / ".cache" / "diag"
 
 
@@ -142,7 +153,7 @@ def end_helpers(grace: float = 5.0) -> None:
 
 
 def _pip(python: Path, *args: str) -> None:
-    extra = shlex.split(SESSION_ENV.get("DIAG_VLLM_PIP_ARGS", ""))
+    extra = shlex.split(session_env().get("DIAG_VLLM_PIP_ARGS", ""))
     cmd = [str(python), "-m", "pip", *args, *(extra if args[0] == "install" else [])]
     done = run_background(cmd)
     if done.returncode:
@@ -171,7 +182,7 @@ _BUILD = threading.Lock()             # the prestart thread and a test never bui
 
 def vllm_python() -> Path:
     """$DIAG_VLLM_PYTHON, else the cached venv (built on first use)."""
-    given = SESSION_ENV.get("DIAG_VLLM_PYTHON")
+    given = session_env().get("DIAG_VLLM_PYTHON")
     if given:
         path = Path(given)
         if not path.is_file():
@@ -261,7 +272,8 @@ def start(python: Path, target_dir, drafter_dir=None, *, num_speculative_tokens:
     port = free_port()
     key = server_key(target_dir, drafter_dir, num_speculative_tokens, dtype, extra_args)
     log = Path(tempfile.mkstemp(prefix=f"vllm-{port}-", suffix=".log")[1])
-    env = {**SESSION_ENV, "VLLM_LOGGING_LEVEL": SESSION_ENV.get(
+    session = session_env()
+    env = {**session, "VLLM_LOGGING_LEVEL": session.get(
         "VLLM_LOGGING_LEVEL", "INFO"), "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
     env.pop("PYTHONPATH", None)       # diag's tree must not shadow the venv's packages
     env.pop("VLLM_CPU_KVCACHE_SPACE", None)      # it would override --kv-cache-memory-bytes
