@@ -297,3 +297,36 @@ def test_the_bench_picks_the_routing_kernel_only_where_it_won():
     assert kernel_pairs([row(8, 60, 50), row(64, 5, 50)]) == 0
     assert kernel_pairs([row(8, 5, 50), row(64, 5, 50, equal=False)]) == 8
     assert kernel_pairs([row(8, 5, 50), row(64, 5, 50)]) == 64
+
+
+def test_bench_gpu_routing_torch_reaches_the_routing_section(monkeypatch, tmp_path):
+    """`diag bench gpu --routing torch` (the A/B's other arm) is passed to the bench, "auto" by
+    default; an unknown way is refused before anything is timed."""
+    from diag.bench import gpu, routing_ab
+    from diag.cli.main import main
+
+    seen = []
+    monkeypatch.setattr(gpu, "run", lambda out, work, **kw: seen.append(kw["routing"]))
+    for extra, want in (([], "auto"), (["--routing", "torch"], "torch")):
+        assert main(["bench", "gpu", "--out", str(tmp_path / "x.json"), *extra]) == 0
+        assert seen[-1] == want
+    with pytest.raises(ValueError, match="routing way 'fast'"):
+        routing_ab.measure("cpu", way="fast")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the routing kernel on a CUDA device")
+def test_the_routing_section_times_both_ways_and_uses_the_kernel_only_where_asked(monkeypatch):
+    """routing_ab.measure: both ways timed whatever the way; "auto" turns the kernel on up to its
+    pick, "torch" leaves it off (the pick still recorded)."""
+    from diag.bench import routing_ab
+
+    monkeypatch.setattr(routing, "KERNEL", routing.KERNEL)
+    monkeypatch.setattr(routing, "KERNEL_PAIRS", routing.KERNEL_PAIRS)
+    monkeypatch.setattr(routing_ab, "TOKENS", (1, 64))
+    monkeypatch.setattr(routing_ab, "REPEATS", 5)
+    off = routing_ab.measure("cuda", way="torch")
+    assert routing.KERNEL is False and off["kernel_used_up_to"] == 0 and off["way"] == "torch"
+    assert all(r["torch_us"] > 0 and r["kernel_us"] > 0 and r["equal"] for r in off["rows"])
+    auto = routing_ab.measure("cuda")
+    assert auto["kernel_used_up_to"] == auto["kernel_pairs"] and routing.KERNEL is (auto["kernel_pairs"] > 0)

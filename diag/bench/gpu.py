@@ -153,9 +153,11 @@ def run(out: Path, workdir: Path, *, layers: int | None = None, max_layers: int 
         tokens=(2048, 8192, 16384, 32768), seq_len: int = 512, num_seqs: int = 32, prompt_len: int = 128,
         sections=SECTIONS, e2e_prompts: int | None = None, e2e_new_tokens: int = 512,
         e2e_evaluate: dict | None = None, e2e_decoding: dict | None = None, tile_budget_s: float = 120.0,
-        device: str = "cuda",
+        device: str = "cuda", routing: str = "auto",
         widths: dict | None = None, drafter_widths: dict | None = None) -> dict:
-    """device/widths: "cpu" and shrunk widths run the same code paths as a smoke test."""
+    """device/widths: "cpu" and shrunk widths run the same code paths as a smoke test. routing:
+    "auto" (the routing kernel where the routing section measured it faster) or "torch" (the
+    torch ops everywhere: an A/B's other arm on the same machine; bench/routing_ab.py)."""
     unknown = sorted(set(sections) - set(SECTIONS))
     if unknown:
         raise ValueError(f"unknown bench sections {unknown}: expected some of {list(SECTIONS)}")
@@ -174,7 +176,7 @@ def run(out: Path, workdir: Path, *, layers: int | None = None, max_layers: int 
                            "seq_len": seq_len, "num_seqs": num_seqs, "prompt_len": prompt_len,
                            "sections": list(sections), "e2e_prompts": e2e_prompts,
                            "e2e_new_tokens": e2e_new_tokens, "e2e_evaluate": e2e_evaluate,
-                           "e2e_decoding": e2e_decoding})
+                           "e2e_decoding": e2e_decoding, "routing": routing})
     st: dict = {}
 
     def keeper(name: str):
@@ -186,7 +188,7 @@ def run(out: Path, workdir: Path, *, layers: int | None = None, max_layers: int 
     ceil = section(res, "ceilings", lambda: _ceilings(dev))
     if dev == "cuda":                    # the routing's way picked on this device for every section after
         from diag.bench import routing_ab
-        section(res, "routing", lambda: routing_ab.measure(dev))
+        section(res, "routing", lambda: routing_ab.measure(dev, way=routing))
     peak = ceil["bf16_matmul_flops"] if ceil else 7.9e14
 
     def checkpoint():

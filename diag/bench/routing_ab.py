@@ -46,11 +46,18 @@ def device_us(fn) -> float:
     return best
 
 
-def measure(device: str = "cuda", top_k: int = 8, block_m: int = 16, seed: int = 0) -> dict:
-    """{"rows": [{experts, tokens, pairs, torch_us, kernel_us, equal}], "kernel_pairs"}; sets
-    routing.KERNEL_PAIRS (and KERNEL) to the pick. `equal`: the kernel's routing is the torch
-    ops' (a row where it is not makes the pick 0)."""
+WAYS = ("auto", "torch")     # bench gpu --routing: the pick, or the torch ops everywhere (an A/B's other arm)
+
+
+def measure(device: str = "cuda", top_k: int = 8, block_m: int = 16, seed: int = 0, way: str = "auto") -> dict:
+    """{"rows": [{experts, tokens, pairs, torch_us, kernel_us, equal}], "kernel_pairs", "way",
+    "kernel_used_up_to"}; sets routing.KERNEL_PAIRS (and KERNEL) to the pick, or the kernel off
+    where `way` is "torch" (both ways timed all the same). `equal`: the kernel's routing is the
+    torch ops' (a row where it is not makes the pick 0)."""
     from diag.int4 import routing
+
+    if way not in WAYS:
+        raise ValueError(f"routing way {way!r}: expected one of {list(WAYS)}")
 
     gen = torch.Generator(device=device).manual_seed(seed)
     rows = []
@@ -64,8 +71,9 @@ def measure(device: str = "cuda", top_k: int = 8, block_m: int = 16, seed: int =
                          "equal": torch.equal(want.sorted_ids, got.sorted_ids)
                          and torch.equal(want.block_expert, got.block_expert)})
     pick = kernel_pairs(rows)
-    routing.KERNEL, routing.KERNEL_PAIRS = pick > 0, pick or routing.KERNEL_PAIRS
-    return {"rows": rows, "kernel_pairs": pick, "block_m": block_m}
+    used = pick if way == "auto" else 0
+    routing.KERNEL, routing.KERNEL_PAIRS = used > 0, used or routing.KERNEL_PAIRS
+    return {"rows": rows, "kernel_pairs": pick, "block_m": block_m, "way": way, "kernel_used_up_to": used}
 
 
 def kernel_pairs(rows: list[dict]) -> int:

@@ -34,6 +34,10 @@ def register(sub) -> None:
                    help="e2e: evaluate T=1.0 top-p 0.95 beside greedy (Kimi's served decoding; "
                         "= --e2e-decoding temperature=[1.0] --e2e-decoding top_p=[0.95])")
     p.add_argument("--tile-budget", type=float, default=120.0, help="gpu: seconds spent trying kernel tiles")
+    p.add_argument("--routing", choices=["auto", "torch"], default="auto",
+                   help="gpu: a MoE layer's routing: auto (the Triton kernel where the routing section timed it "
+                        "faster on this device) or torch (the torch ops everywhere, the other arm of an A/B on the "
+                        "same machine; both ways are timed either way)")
     p.add_argument("inputs", nargs="*", help="render, combine: JSON files")
     p.set_defaults(func=run)
 
@@ -109,7 +113,8 @@ def _measure(a, out: Path, work: Path) -> None:
         sections = tuple(a.sections.split(",")) if a.sections else SECTIONS
         gpu_run(out, work, max_layers=a.max_layers, layers=a.layers, sections=sections,
                 e2e_prompts=a.e2e_prompts, e2e_new_tokens=a.e2e_new_tokens,
-                e2e_evaluate=_overrides(a.e2e_evaluate), e2e_decoding=_decoding(a), tile_budget_s=a.tile_budget)
+                e2e_evaluate=_overrides(a.e2e_evaluate), e2e_decoding=_decoding(a), tile_budget_s=a.tile_budget,
+                routing=a.routing)
     else:
         from diag.bench.cpu import SECTIONS as CPU_SECTIONS, run as cpu_run
         cpu_run(out, work, sections=tuple(a.sections.split(",")) if a.sections else CPU_SECTIONS,
