@@ -1,6 +1,7 @@
 """The vLLM harness's own behaviour, without vLLM: a server that dies names its error and log
 tail; a half-built venv is rebuilt; $DIAG_VLLM_PYTHON must exist; the command it launches."""
 
+import contextlib
 import json
 import os
 import signal
@@ -82,6 +83,16 @@ class H(http.server.BaseHTTPRequestHandler):
     def log_message(self, *a): pass
 http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
 '''
+
+
+@pytest.fixture(scope="module", autouse=True)
+def session_plan_held():
+    """These tests patch vllm_server's internals (its pip, its children, its pool, its `start`, the
+    session's environment), which the session's plan thread calls while the suite runs: it begins
+    nothing while they run, and its phase under way finishes first (Plan.held)."""
+    plan = vs._PLAN
+    with plan.held() if plan is not None else contextlib.nullcontext():
+        yield
 
 
 @pytest.fixture
@@ -183,6 +194,47 @@ def test_a_plan_works_from_what_it_was_made_with_not_what_a_test_swaps_in_later(
     assert seen == {"python": exe, "env": str(exe)}
     assert plan.by_label["a"].key in made_pool and not vs._POOL
     assert vs.session_env() is vs.SESSION_ENV          # the test's own thread reads the live one
+
+
+def test_a_held_plan_begins_no_phase_until_released_and_a_hold_waits_for_the_phase_under_way(tmp_path, monkeypatch,
+                                                                                            own_pool):
+    """Plan.held (this module holds the session's plan so): a hold taken before the thread runs
+    keeps it from resolving or starting anything; released, it goes on; a hold taken while a
+    start is under way returns only once that start is done."""
+    exe = _fake_server_python(tmp_path)
+    monkeypatch.setitem(vs.SESSION_ENV, "DIAG_VLLM_PYTHON", str(exe))
+    started, gate = [], threading.Event()
+    real_start = vs.start
+
+    def gated_start(*a, **k):
+        started.append(a[1].name)
+        gate.wait(30)                                  # a start under way until the test opens it
+        return real_start(*a, **k)
+    monkeypatch.setattr(vs, "start", gated_start)
+    kw = {"num_speculative_tokens": 3, "dtype": "float32", "extra_args": ()}
+    plan = vp.Plan([vp._Planned(n, lambda n=n: (tmp_path / n, None, kw), 1) for n in "ab"], ahead=2)
+    monkeypatch.setattr(vs, "_PLAN", plan)            # own_pool shuts it down after
+    with plan.held():
+        plan.thread.start()
+        assert not plan.resolved.wait(0.3) and started == []
+    for _ in range(300):                               # released: resolved, and a's start begins
+        if started:
+            break
+        time.sleep(0.01)
+    assert plan.resolved.is_set() and started == ["a"]
+    hold = plan.held()
+    holder = threading.Thread(target=hold.__enter__)
+    holder.start()
+    holder.join(0.3)
+    assert holder.is_alive()                           # waits for a's start, under way
+    gate.set()
+    holder.join(30)
+    assert not holder.is_alive() and plan.by_label["a"].state == "up"
+    time.sleep(0.3)
+    assert started == ["a"]                            # held: b waits
+    hold.__exit__(None, None, None)
+    plan.by_label["b"].done.wait(30)
+    assert started == ["a", "b"] and all(plan.by_label[n].state == "up" for n in "ab")
 
 
 def test_a_planned_server_that_fails_fails_its_test_with_the_cause(tmp_path, monkeypatch, own_pool):

@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import vllm_server as vs
@@ -116,6 +117,8 @@ class Plan:
         self.pool, self.start, self.env = vs._POOL, vs.start, dict(vs.session_env())
         for e in entries:
             e.plan = self
+        self.holders = 0                      # held(): the thread begins no phase while held
+        self.busy = False                     # a phase under way: the zoo child, the venv, a start
         self.python: Path | None = None
         self.by_key: dict[tuple, _Planned] = {}
         self.by_label = {e.label: e for e in entries}
@@ -143,29 +146,66 @@ class Plan:
             e.error, e.state = f"the vLLM prestart failed: {err}", "failed"
             e.done.set()
 
+    @contextmanager
+    def held(self):
+        """The thread begins no phase (the zoo child, the venv, a start) while held, and the one
+        under way finishes first. For tests that patch vllm_server's internals (its pip, its
+        children, its globals: test_vllm_server): the plan's thread calls them too, and one run
+        built the session's venv through a test's no-op pip (a venv without vllm, every vLLM
+        test failed)."""
+        with self.cond:
+            self.holders += 1
+            self.cond.wait_for(lambda: not self.busy)
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.holders -= 1
+                self.cond.notify_all()
+
+    @contextmanager
+    def _phase(self, ready=lambda: True):
+        """One phase of the thread, begun once nobody holds the plan and ready() (under cond):
+        yields False where the plan was shut down instead."""
+        with self.cond:
+            self.cond.wait_for(lambda: self.quit or (not self.holders and ready()))
+            if not self.quit:
+                self.busy = True
+        try:
+            yield not self.quit
+        finally:
+            with self.cond:
+                self.busy = False
+                self.cond.notify_all()
+
     def _run(self) -> None:
         vs._THREAD_ENV.set(self.env)                      # this thread's session_env()
         try:
-            self.resolve()
+            with self._phase() as go:
+                if go:
+                    self.resolve()
         finally:
             self.resolved.set()                           # claim() may read the keys now
         try:
-            if any(e.state == "failed" for e in self.entries):
+            if self.quit or any(e.state == "failed" for e in self.entries):
                 return
-            self.python = vs.vllm_python()                # vllm_server reads the session's environment
+            with self._phase() as go:
+                if not go:
+                    return
+                self.python = vs.vllm_python()            # vllm_server reads the session's environment
         except Exception as err:
             self._fail(err)
             return
         for e in self.entries:
-            with self.cond:
-                self.cond.wait_for(lambda: self.quit or self._alive() < self.ahead)
-                if self.quit:
+            with self._phase(lambda: self._alive() < self.ahead) as go:
+                if not go:
                     return
-                if e.state != "queued" or e.uses <= 0:
-                    continue
-                e.state = "starting"
-            target, drafter, kw = e.args
-            e._started(lambda: self.start(self.python, target, drafter, **kw, background=True))
+                with self.cond:
+                    if e.state != "queued" or e.uses <= 0:
+                        continue
+                    e.state = "starting"
+                target, drafter, kw = e.args
+                e._started(lambda: self.start(self.python, target, drafter, **kw, background=True))
 
     def claim(self, key: tuple) -> _Planned | None:
         """The entry for this server key, once the thread has resolved the plan's keys."""
