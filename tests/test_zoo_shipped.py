@@ -5,7 +5,7 @@ a fresh build makes (issue 35, "the first impression").
 That last test rebuilds the pair from scratch: ~200 CPU-s of training (the corpus, llama-tiny,
 its drafter), which CI paid on the suite's clock (324-356 s of a 1,377-1,783 s suite). Where
 collection selects it, the rebuild starts at the end of collection in a child at nice 19
-(`start_in_background`, called by tests/conftest.py; vllm_server.run_background), on the cores
+(`start_in_background`, called by tests/conftest.py; vllm_cells.built_aside), on the cores
 the suite leaves idle, into a cache of its own; the test waits for what is left of it. The bytes
 are the same: the build fixes its threads (zoo/train.deterministic) and niceness only decides
 when the child computes.
@@ -14,7 +14,6 @@ when the child computes.
 import json
 import platform
 import shutil
-import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -23,38 +22,27 @@ import pytest
 import torch
 import transformers
 
-import vllm_server as vs
+import vllm_cells
 from diag.errors import DiagError
 from diag.zoo import build, shipped
 
 DEMO_DRAFTER = "llama-tiny-eagle3-embed-vllm-ids"
 REBUILD = "test_the_shipped_pair_is_what_a_fresh_build_makes"
-ROOT = Path(__file__).resolve().parents[1]
-# the child: the demo pair and its dependencies built with the shipped copy refused, as the test
-# did in-process; its last line the entries' directories
-_BUILD = ("import json, sys; from diag.zoo import build; build.copy_shipped = lambda *a: False; "
-          "paths = build.ensure(sys.argv[1:], progress=False); "
-          "print(json.dumps({n: str(p) for n, p in paths.items()}))")
 
 
 class _Aside:
-    """The fresh build in a niced child, from a thread (so the suite's thread never waits on it
-    until the test does); `get()` -> {entry: directory}, or the child's failure raised."""
+    """The fresh build (vllm_cells.built_aside: a niced child, the shipped copy refused, into
+    `cache`) from a thread, so the suite's thread never waits on it until the test does;
+    `get()` -> {entry: directory}, or the child's failure raised."""
 
     def __init__(self, cache: Path):
-        env = {k: v for k, v in vs.SESSION_ENV.items() if k != "PYTHONPATH"}
-        self.env = {**env, "DIAG_CACHE_DIR": str(cache), "PYTHONPATH": str(ROOT)}
         self.result, self.error = None, None
-        self.thread = threading.Thread(target=self._run, name="shipped-rebuild", daemon=True)
+        self.thread = threading.Thread(target=self._run, args=(cache,), name="shipped-rebuild", daemon=True)
         self.thread.start()
 
-    def _run(self):
+    def _run(self, cache: Path):
         try:
-            done = vs.run_background([sys.executable, "-c", _BUILD, DEMO_DRAFTER], cwd=ROOT, env=self.env)
-            if done.returncode:
-                raise RuntimeError(f"rebuilding {DEMO_DRAFTER} aside failed ({done.returncode}):\n"
-                                   f"{done.stderr[-vs.LOG_TAIL:]}")
-            self.result = {n: Path(d) for n, d in json.loads(done.stdout.strip().splitlines()[-1]).items()}
+            self.result = vllm_cells.built_aside(shipped.NAMES, cache=cache, fresh=True)
         except BaseException as e:                 # the test re-raises it
             self.error = e
 

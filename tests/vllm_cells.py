@@ -87,18 +87,24 @@ def vllm_ids_copy(target_dir: Path, drafter_dir: Path) -> Path:
     return out
 
 
-def built_aside(names) -> dict[str, Path]:
+def built_aside(names, cache: Path | None = None, fresh: bool = False) -> dict[str, Path]:
     """The zoo entries `names`, built (where missing) by one `python` child at nice 19 in the
     session's environment (vllm_server.session_env: the cache a test may have re-pointed since
     is not read), for the prestart thread: the Qwen3 pair, built for these tests alone, is
-    ~100 CPU-s of training that the suite's own thread then never waits for.
+    ~100 CPU-s of training that the suite's own thread then never waits for. `cache`: the zoo
+    under that $DIAG_CACHE_DIR instead; `fresh`: trained, the shipped copy refused
+    (test_zoo_shipped's rebuild).
     Example: ["llama-tiny", "qwen3-tiny"] -> {"llama-tiny": ~/.cache/diag/zoo/v2/llama-tiny, ...}."""
     import sys
     names = list(dict.fromkeys(names))
-    code = ("import json, sys; from diag.zoo import zoo_path; "
-            "print(json.dumps({n: str(zoo_path(n, progress=False)) for n in sys.argv[1:]}))")
+    code = ("import json, sys; from diag.zoo import build, zoo_path; "
+            + ("build.copy_shipped = lambda *a: False; " if fresh else "")
+            + "print(json.dumps({n: str(zoo_path(n, progress=False)) for n in sys.argv[1:]}))")
     env = {k: v for k, v in vs.session_env().items() if k != "PYTHONPATH"}
-    done = vs.run_background([sys.executable, "-c", code, *names], cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)})
+    env["PYTHONPATH"] = str(ROOT)
+    if cache is not None:
+        env["DIAG_CACHE_DIR"] = str(cache)
+    done = vs.run_background([sys.executable, "-c", code, *names], cwd=ROOT, env=env)
     if done.returncode:
         raise RuntimeError(f"building the zoo entries {names} failed ({done.returncode}):\n"
                            f"{done.stderr[-vs.LOG_TAIL:]}")

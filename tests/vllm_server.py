@@ -48,9 +48,9 @@ import sys
 import tempfile
 import threading
 import time
-from contextvars import ContextVar
 import urllib.error
 import urllib.request
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
