@@ -280,3 +280,31 @@ def test_the_verify_roofline_module_by_module_worked_example():
     verify_bandwidth(section, 3.0e12, 768e12)
     assert section["verify_fraction_of_roofline_min"] == row["verify_fraction_of_roofline"]
     assert row["verify_limit_seconds_per_round"] == pytest.approx(10.8e9 / 3e12)    # the one-number limit: bytes
+
+
+def test_the_loop_on_an_int4_target_dequantizes_each_expert_once_and_decodes_what_the_per_call_path_did(
+        kimi_cpu, monkeypatch):
+    """The decode loop on the CPU keeps the INT4 target's dequantized experts for its rounds
+    (int4/packed.dense_held): each hit expert's two projections dequantized once a loop, not once a
+    forward; the same drafts accepted and the same ids as with nothing held (HELD_BYTES 0)."""
+    from diag.bench.sampled import bench_loop
+    from diag.engines.decoding import sampled
+    from diag.int4 import packed as pk
+    from diag.trees import tree_shape
+    ks, model, drafter = kimi_cpu
+    prompts = bench_prompts(6, 10, SMALL["vocab_size"])
+    calls, real = [], pk.dequantize
+    monkeypatch.setattr(pk, "dequantize", lambda *a, **k: calls.append(1) or real(*a, **k))
+    out = {}
+    for name, budget in (("held", pk.HELD_BYTES), ("none", 0)):
+        monkeypatch.setattr(pk, "HELD_BYTES", budget)
+        loop, _, rows = bench_loop(model, drafter, model.get_input_embeddings(), model.get_output_embeddings(),
+                                   [ks.layout, "L1+L2+final"], tree_shape("chain-3"), len(prompts),
+                                   decoding=sampled(1.0, 0.95))
+        calls.clear()
+        got = loop.run(prompts, rows, 10)
+        out[name] = ([(d.accepted, d.ids) for d in got], len(calls), loop.counts["rounds"])
+    held, none = out["held"], out["none"]
+    projections = 2 * sum(m.num_experts for m in model.modules() if isinstance(m, pk.PackedExperts))
+    assert held[0] == none[0] and held[2] == none[2] >= 3
+    assert held[1] <= projections < none[1]

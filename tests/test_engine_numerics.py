@@ -216,13 +216,13 @@ def test_the_decode_loops_drafter_drafts_what_the_replays_drafts(numerics):
         nh, kd, vd = cache_dims(d.midlayer.self_attn)
         kv = DraftKV.empty(1, 32, nh, kd, dtype=torch.bfloat16, device="cpu", v_dim=vd)
         r = extend(d, dh, kv, toks[:, :13], aux[:, :13], torch.arange(13)[None], torch.tensor([13]))
-        tree = draft_tree(d, dh, kv, r[:, 12], torch.tensor([12]), toks[:, 12], TreeShape(4, 1, 5))
+        tree = draft_tree(d, dh, kv, r, torch.tensor([12]), toks[:, 12], TreeShape(4, 1, 5))   # r: pair 12's
         ref, cache = d.prefix_step(emb(toks), d.project(aux), torch.ones(1, 20, dtype=torch.bool))
-        e, h = emb(toks[:, 3:4]), d.carry(r[:, 12:13])                     # a step-2 input at root 12
+        e, h = emb(toks[:, 3:4]), d.carry(r[:, None])                      # a step-2 input at root 12
         deep, _ = _deep(d, e, h, 2, kv, [], torch.tensor([12]))              # [1, 1, H]
         deep_ref, _ = d.deep_step(e[:, None], h[:, None], 2, cache, [], torch.tensor([[12]]))
     assert tree.tokens[0, 1:].tolist() == want[0, 0].tolist()
-    assert torch.equal(r, ref[:, :13])                 # step 1: the same sums, element for element
+    assert torch.equal(r, ref[:, 12])                  # step 1: the same sums, element for element
     assert torch.equal(deep[:, 0], deep_ref[0, 0])     # a deep step too
 
 
@@ -377,3 +377,26 @@ def test_bf16_model_under_fp32_kernels_equals_the_loop():
         finally:
             en.kernel_attention = orig
     assert torch.equal(fast_logits, slow_logits) and fast == slow
+
+
+def test_the_drafters_extend_returns_each_rows_last_pairs_step_one_output():
+    """drafter/incremental.extend runs the o_proj and MLP on each row's last pair only (count[b] - 1),
+    the one the next draft reads: rows of 13 and 7 pairs (the second right padded) give the prefix
+    pass's step-1 outputs at pairs 12 and 6, and a row of 0 pairs its first pair's (junk, unread)."""
+    from diag.drafter.drafting import DraftHead
+    from diag.drafter.incremental import DraftKV, cache_dims, extend
+    from diag.drafter.model import DrafterConfig, Eagle3Drafter
+    cfg = DrafterConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                        vocab_size=97, draft_vocab_size=97, target_hidden_size=32)
+    torch.manual_seed(4)
+    d = Eagle3Drafter(cfg).eval()
+    emb = torch.nn.Embedding(97, 32)
+    aux, toks = torch.randn(3, 13, 96), torch.randint(0, 97, (3, 13))
+    with torch.no_grad():
+        nh, kd, vd = cache_dims(d.midlayer.self_attn)
+        kv = DraftKV.empty(3, 32, nh, kd, dtype=torch.float32, device="cpu", v_dim=vd)
+        r = extend(d, DraftHead(emb), kv, toks, aux, torch.arange(13)[None].expand(3, 13), torch.tensor([13, 7, 0]))
+        ref, _ = d.prefix_step(emb(toks), d.project(aux), torch.ones(3, 13, dtype=torch.bool))
+    assert r.shape == (3, 32) and kv.length.tolist() == [13, 7, 0]
+    assert torch.allclose(r[0], ref[0, 12], atol=1e-6) and torch.allclose(r[1], ref[1, 6], atol=1e-6)
+    assert torch.allclose(r[2], ref[2, 0], atol=1e-6)

@@ -72,3 +72,39 @@ def test_packed_linear_matches_dense():
     expect = F.linear(x, fake_quantize(lin.weight.detach(), 32), lin.bias.detach())
     assert torch.equal(packed(x), expect)
     assert "int4 packed" in repr(packed)
+
+
+def test_dense_held_dequantizes_each_expert_once_in_a_block_and_gives_the_same_bits(monkeypatch):
+    """int4/packed.dense_held: a decode loop's many small forwards on the CPU dequantize each hit
+    expert once for the block, not once a forward; the outputs bit for bit those of the per-call
+    path; nothing is held after the block; a model whose dense copies pass the budget is left as is."""
+    from diag.int4 import format as fmt
+    from diag.int4.packed import dense_held
+
+    packed = PackedExperts.from_dense(_dense_experts(), 32)
+    lin = PackedLinear(64, 48, 32, dtype=torch.bfloat16)
+    model = torch.nn.ModuleDict({"experts": packed, "lin": lin})
+    with torch.no_grad():
+        lin.weight_packed.random_(-2**31, 2**31 - 1)
+        lin.weight_scale.uniform_(0.01, 0.02)
+    calls = []
+    real = fmt.dequantize
+    monkeypatch.setattr("diag.int4.packed.dequantize", lambda *a, **k: calls.append(1) or real(*a, **k))
+    xs = [torch.randn(10, 64).to(torch.bfloat16) for _ in range(3)]
+    idx, w = _routing()
+    want = [(packed(x, idx, w), lin(x)) for x in xs]
+    per_call = len(calls)
+    calls.clear()
+    before = resident_bytes(model)
+    with dense_held(model, torch.bfloat16) as held:
+        assert held == packed.dense_bytes(torch.bfloat16) + lin.dense_bytes(torch.bfloat16) == 8 * 3 * 32 * 64 * 2 + 48 * 64 * 2   # E x (gate, up, down) x I x H, bf16
+        got = [(packed(x, idx, w), lin(x)) for x in xs]
+    hit = len(set(idx.flatten().tolist()))
+    assert per_call == 3 * (2 * hit + 1) and len(calls) == 2 * hit + 1     # once each in the block
+    assert all(torch.equal(a, b) and torch.equal(c, d) for (a, c), (b, d) in zip(want, got))
+    assert packed._held is None and lin._held is None and resident_bytes(model) == before
+    calls.clear()
+    with dense_held(model, torch.bfloat16, budget=held - 1) as none:        # over the budget: per call, as before
+        for x in xs:
+            packed(x, idx, w)
+    assert none == 0 and len(calls) == 3 * 2 * hit

@@ -86,7 +86,9 @@ def extend(drafter: Eagle3Drafter, dh: DraftHead, kv: DraftKV, tokens: torch.Ten
            pos: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
     """Append count[b] pairs to row b: tokens [B, N] (x_{i+1}), aux [B, N, W] (h_i's features),
     pos [B, N] (= i), right padded past count. Pair k lands in slot length + k and sees the
-    row's slots before it. Returns r [B, N, H], the step-1 output of every pair (padding: junk).
+    row's slots before it. Returns r [B, H], the step-1 output of each row's last pair (count[b] - 1;
+    a row of count 0: its first, junk), the one the next draft reads: the o_proj and MLP run on
+    B rows, not B x N (a prefill of 96 rows x 32 prompt ids ran them on 3,072).
     All N pairs are written, the padding too (past the row's new length: no read sees them, the
     next extend overwrites them), so no mask picks rows on the host: the cache must hold
     length + N slots (the decode loop's capacity keeps 2 (S + 2) spare past the longest row)."""
@@ -108,7 +110,8 @@ def extend(drafter: Eagle3Drafter, dh: DraftHead, kv: DraftKV, tokens: torch.Ten
     else:
         out = F.scaled_dot_product_attention(q.transpose(1, 2), kv.k, kv.v, attn_mask=see[:, None], scale=attn.scale)
     kv.length = kv.length + count
-    return drafter.midlayer.finish(out.transpose(1, 2), h)
+    last = (torch.arange(B, device=e.device), (count - 1).clamp(min=0).to(e.device))
+    return drafter.midlayer.finish(out.transpose(1, 2)[last], h[last])
 
 
 def _deep(drafter: Eagle3Drafter, e, h, step: int, kv: DraftKV, history: list, root: torch.Tensor):

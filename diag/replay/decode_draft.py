@@ -121,7 +121,7 @@ class DraftSide:
             if r_all is None:
                 r_all = got["r"].new_zeros(B, *got["r"].shape[1:])
             r_all[sl] = got["r"]
-        st.r_root = r_all[torch.arange(B, device=self.dev), (count - 1).clamp(min=0).to(self.dev)]
+        st.r_root = r_all                                    # each row's last pair's step-1 output
 
     def draft(self, st, root: torch.Tensor | None = None, root_tok: torch.Tensor | None = None):
         """The round's trees, {tokens, parents, depths, valid} [B, D], from each row's root j and

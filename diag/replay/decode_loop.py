@@ -48,6 +48,7 @@ import torch
 
 from diag.drafter.incremental import DraftKV, cache_dims
 from diag.engines.decoding import Decoding
+from diag.int4.packed import dense_held
 from diag.layouts import Layout
 from diag.replay.accept import probabilities
 from diag.replay.decode_accept import AcceptSide
@@ -133,14 +134,15 @@ class DecodeLoop:
     @torch.no_grad()
     def run(self, prompts: list[list[int]], rows: list[tuple[int, int]], max_new_tokens: int) -> list[Decoded]:
         """rows: (lane index, prompt index) pairs. Returns one Decoded per row, in order. Inside,
-        rows are grouped by serving mode, then tree (one contiguous slice each, see `DraftSide.groups`). On CUDA the
+        rows are grouped by serving mode, then tree (one contiguous slice each, see `DraftSide.groups`). On the
+        CPU an INT4 target's dequantized weights are kept for the loop (int4/packed.dense_held). On CUDA the
         whole loop runs without cuDNN's attention: the drafter's attention takes a new shape every
         round (its cache grows), and cuDNN would plan each one (target/sdpa.py); an MLA target
         attends over its latent cache there (target/mla_latent.py)."""
         modes = list(self.drafts.heads)
         order = sorted(range(len(rows)), key=lambda i: (modes.index(self.drafts.lane_mode[rows[i][0]]),
                                                         self.lane_tree[rows[i][0]]))
-        with cpu_threads(self.dev), attention_without_cudnn(self.dev), \
+        with cpu_threads(self.dev), attention_without_cudnn(self.dev), dense_held(self.model), \
                 fused_norms(self.model, fused_wanted(self.dev)), \
                 latent_mla(self.model, latent_wanted(self.dev)) as switched:
             self.counts["mla_latent_layers"] = switched

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from diag.int4.packed import dense_held
 from diag.target.kv_buffer import buffered, fixed_width, stamps
 from diag.target.fused_norm import fused_norms, fused_wanted
 from diag.target.mla_latent import latent_mla, latent_wanted
@@ -83,7 +84,8 @@ def _greedy(model: nn.Module, prompts: list[list[int]], max_new_tokens: int, pad
     diag's own cache from CUDA graphs where the target sits on one CUDA device (module docstring)."""
     dev = next(model.parameters()).device
     graphs = VerifyGraphs()
-    with attention_without_cudnn(dev), latent_mla(model, latent_wanted(dev)), fused_norms(model, fused_wanted(dev)):
+    with attention_without_cudnn(dev), latent_mla(model, latent_wanted(dev)), fused_norms(model, fused_wanted(dev)), \
+            dense_held(model):                     # the CPU's dequantized experts kept for the call's steps
         if own_cache and graphs.how(model) == "graph":   # one device (over several: transformers' generate)
             return on_cache(model, prompts, max_new_tokens, pad_id, graphs=graphs if graphs_wanted() else None)
         ids, mask = _left_pad(prompts, pad_id)
