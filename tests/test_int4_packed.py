@@ -108,3 +108,30 @@ def test_dense_held_dequantizes_each_expert_once_in_a_block_and_gives_the_same_b
         for x in xs:
             packed(x, idx, w)
     assert none == 0 and len(calls) == 3 * 2 * hit
+
+
+def test_dense_held_blocks_nest_and_overlap_across_threads():
+    """A staged generation's microbatch threads each enter dense_held on the same model: the first
+    block opens the held weights, the last one out drops them, in any order of exits."""
+    import threading
+
+    from diag.int4.packed import dense_held
+
+    packed = PackedExperts.from_dense(_dense_experts(), 32)
+    outer = dense_held(packed, torch.bfloat16)
+    outer.__enter__()
+    inner_open, outer_closed, seen = threading.Event(), threading.Event(), []
+
+    def inner():
+        with dense_held(packed, torch.bfloat16):
+            inner_open.set()
+            outer_closed.wait(5)
+            seen.append(packed._held is not None)   # the outer block left first; this one still holds
+    t = threading.Thread(target=inner)
+    t.start()
+    inner_open.wait(5)
+    outer.__exit__(None, None, None)
+    assert packed._held is not None
+    outer_closed.set()
+    t.join(5)
+    assert seen == [True] and packed._held is None and packed._holders == 0

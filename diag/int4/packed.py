@@ -26,6 +26,7 @@ This module knows modules and tensors; it reads no files.
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import torch
 from torch import nn
@@ -35,12 +36,14 @@ from diag.int4.format import check_group, dequantize, pack_int4, packed_width, q
 
 
 HELD_BYTES = 1 << 30          # dense copies `dense_held` keeps for a block, at most (over the whole model)
+_HOLDERS_LOCK = threading.Lock()
 
 
 class PackedExperts(nn.Module):
     """Routed experts held as INT4 packed buffers."""
 
     _held: dict | None = None     # (proj, expert, dtype) -> dense weight, inside `dense_held`
+    _holders = 0                  # the `dense_held` blocks open on this module
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int, group_size: int,
                  act_fn, *, scale_dtype=torch.bfloat16, device=None):
@@ -126,6 +129,7 @@ class PackedLinear(nn.Module):
     """An nn.Linear whose weight stays INT4 packed; dequantized per call."""
 
     _held: dict | None = None     # dtype -> dense weight, inside `dense_held`
+    _holders = 0
 
     def __init__(self, in_features: int, out_features: int, group_size: int, *, bias: bool = False,
                  scale_dtype=torch.bfloat16, device=None, dtype=None):
@@ -179,13 +183,19 @@ def dense_held(model: nn.Module, dtype: torch.dtype | None = None, *, budget: in
     if not mods or need > (HELD_BYTES if budget is None else budget):
         yield 0
         return
-    for m in mods:
-        m._held = {}
+    with _HOLDERS_LOCK:                  # blocks nest and overlap (a staged generation's microbatch
+        for m in mods:                   # threads each hold the same model): the first opens, the last drops
+            if not m._holders:
+                m._held = {}
+            m._holders += 1
     try:
         yield need
     finally:
-        for m in mods:
-            del m._held
+        with _HOLDERS_LOCK:
+            for m in mods:
+                m._holders -= 1
+                if not m._holders:
+                    del m._held, m._holders
 
 
 def resident_bytes(module: nn.Module) -> int:
