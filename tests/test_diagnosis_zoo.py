@@ -1,40 +1,15 @@
 """Diagnoses on the zoo's trained pairs (DESIGN.md §1): a drafter whose ids are written in
-another convention is caught, EAGLE mode collapses, and the INT4 story shows drift.
-
-The entries these tests train on first use (the L1 drafter, the INT4 story's pair, the MLA drafter:
-65-85 s a test on CI's clock, thirty-fourth stop) start building at the end of collection in a child
-at nice 19 (`start_in_background`, called by tests/conftest.py; vllm_cells.built_aside), into the
-session's zoo cache, on the cores the suite leaves idle. A test that gets there first waits on the
-entry's lock (zoo/build.build_one), and builds what the child has not built itself (zoo_path). The
-bytes are the same either way: the builds fix their threads.
-"""
+another convention is caught, EAGLE mode collapses, and the INT4 story shows drift."""
 
 import json
 import shutil
-import threading
 
 import pytest
 
-import vllm_cells
 from diag.cli.main import main
 from diag.zoo import zoo_path
 
 pytestmark = pytest.mark.slow
-ASIDE = ("llama-tiny-eagle3-l1", "deepseek-tiny-int4", "deepseek-tiny-eagle3", "deepseek-tiny-eagle3-mla")
-_ASIDE: list[threading.Thread] = []
-
-
-def start_in_background(session) -> None:
-    """Build ASIDE in a niced child now (tests/conftest.py calls this for every module with a
-    selected test). A failed child costs nothing but its time: each test builds what is missing."""
-    def build():
-        try:
-            vllm_cells.built_aside(ASIDE)
-        except RuntimeError:
-            pass
-    if not _ASIDE:
-        _ASIDE.append(threading.Thread(target=build, name="diagnosis-zoo-aside", daemon=True))
-        _ASIDE[0].start()
 
 
 def _drafter_with_ids(tmp_path, name: str, ids: list[int]):
