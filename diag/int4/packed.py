@@ -84,15 +84,10 @@ class PackedExperts(nn.Module):
     def expert_weight(self, proj: str, e: int, dtype: torch.dtype) -> torch.Tensor:
         """Dense weight of one expert's projection: gate_up_proj -> [2I, H],
         down_proj -> [H, I], in `dtype`."""
-        held = self._held
-        if held is not None and (proj, e, dtype) in held:
-            return held[proj, e, dtype]
-        packed, scale = getattr(self, f"{proj}_packed")[e], getattr(self, f"{proj}_scale")[e]
-        shape = (packed.shape[0], packed.shape[1] * 8)
-        w = dequantize(packed, scale, shape, self.group_size, dtype)
-        if held is not None:
-            held[proj, e, dtype] = w
-        return w
+        def make() -> torch.Tensor:
+            packed, scale = getattr(self, f"{proj}_packed")[e], getattr(self, f"{proj}_scale")[e]
+            return dequantize(packed, scale, (packed.shape[0], packed.shape[1] * 8), self.group_size, dtype)
+        return _kept(self, (proj, e, dtype), make)
 
     def dense_bytes(self, dtype: torch.dtype) -> int:
         """Bytes of every expert's dense weights in `dtype`."""
@@ -149,14 +144,9 @@ class PackedLinear(nn.Module):
                    bias=linear.bias is not None, device=device, dtype=dtype)
 
     def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
-        held = self._held
-        if held is not None and dtype in held:
-            return held[dtype]
         shape = (self.out_features, self.in_features)
-        w = dequantize(self.weight_packed, self.weight_scale, shape, self.group_size, dtype)
-        if held is not None:
-            held[dtype] = w
-        return w
+        return _kept(self, dtype, lambda: dequantize(self.weight_packed, self.weight_scale, shape, self.group_size,
+                                                     dtype))
 
     def dense_bytes(self, dtype: torch.dtype) -> int:
         return self.out_features * self.in_features * torch.finfo(dtype).bits // 8
@@ -169,13 +159,26 @@ class PackedLinear(nn.Module):
                 f"group_size={self.group_size}, int4 packed")
 
 
+def _kept(module: nn.Module, key, make):
+    """make(), or the weight `dense_held` keeps under `key` on `module` (kept there when made inside
+    a block)."""
+    held = module._held
+    if held is not None and key in held:
+        return held[key]
+    w = make()
+    if held is not None:
+        held[key] = w
+    return w
+
+
 @contextlib.contextmanager
 def dense_held(model: nn.Module, dtype: torch.dtype | None = None, *, budget: int | None = None):
     """Inside the block, each PackedExperts / PackedLinear of `model` on the CPU keeps the dense
     weights it dequantizes (module docstring), where all of them in `dtype` (None: the model's
-    first floating parameter's) fit in `budget` bytes (None: HELD_BYTES); else nothing changes. Yields the bytes that may be held (0: none). Example: the CPU bench's
-    4-layer target, 3 MoE layers of 16 experts at 256 x 64 -> 3 x 16 x 3 x 64 x 256 x 4 B = 2.4 MB,
-    held; Kimi's 60 MoE layers in float32 (about 4 TB) are not."""
+    first floating parameter's) fit in `budget` bytes (None: HELD_BYTES); else nothing changes.
+    Yields the bytes that may be held (0: none). Example: the CPU bench's 4-layer target, 3 MoE
+    layers of 16 experts at 256 x 64 -> 3 x 16 x 3 x 64 x 256 x 4 B = 2.4 MB, held; Kimi's 60 MoE
+    layers in float32 (about 4 TB) are not."""
     mods = [m for m in model.modules() if isinstance(m, (PackedExperts, PackedLinear))
             and next(iter(m.buffers())).device.type == "cpu"]
     dtype = dtype or next((t.dtype for t in model.parameters() if t.is_floating_point()), torch.float32)
