@@ -11,6 +11,7 @@ import jsonschema
 import pytest
 
 import tiny
+from types import SimpleNamespace as NS
 from diag.assertions import (assert_accept_length_at_least, assert_serving_layout_is_trained,
                              find_evaluation)
 from diag.diagnoses.hooks import report_schema
@@ -233,3 +234,71 @@ def test_the_decode_loop_drafts_with_the_loaded_targets_tables_and_decodes_what_
         run = run_case(case, progress=False)
         got[lazy] = sorted((e.key, e.accept_length, e.expected_accept_length) for e in run.evaluations if e.sampled)
     assert got[False] == got[True] and got[False]
+
+
+def _stand_in(name: str, rows: list[list[float]], sampled: bool = True):
+    flat = [x for r in rows for x in r]
+    return NS(layout=name, sampled=sampled, judged_rounds=rows, judged_accept_length=1 + sum(flat) / len(flat))
+
+
+def _rows(base: float, swing: float = 0.0, prompts: int = 40) -> list[list[float]]:
+    """Per prompt 4 rounds' expectations around `base`, spread +-0.6 across prompts; prompt i
+    moved by swing * (-1)**i (an even count: the mean stays `base`, a paired difference varies)."""
+    return [[base + swing * (-1) ** i + 0.3 * ((7 * i + j) % 5 - 2) for j in range(4)] for i in range(prompts)]
+
+
+def test_the_lead_of_near_tied_sampled_layouts_is_one_no_batch_can_swap():
+    """replay/evaluation.lead, its docstring's example: A 3.101 and B 3.104 are tied (the paired
+    interval reaches zero), C 2.0 is lower. A batch's noise that moves B below A does not move the
+    lead; the drafter's config's layout wins a tie; a lower layout wins nothing; greedy is best()."""
+    from diag.replay.evaluation import best, lead
+    a, b, c = _stand_in("A", _rows(2.101)), _stand_in("B", _rows(2.104, 0.2)), _stand_in("C", _rows(1.0, 0.2))
+    b_moved = _stand_in("B", _rows(2.099, 0.2))
+    assert best([a, b, c]) is b and best([a, b_moved, c]) is a           # the plain best flips
+    assert lead([a, b, c], seed=0, n_boot=500) is a
+    assert lead([a, b_moved, c], seed=0, n_boot=500) is a
+    assert lead([a, b, c], seed=0, n_boot=500, prefer={"B"}) is b
+    assert lead([a, b_moved, c], seed=0, n_boot=500, prefer={"B"}) is b_moved
+    assert lead([a, b, c], seed=0, n_boot=500, prefer={"C"}) is a           # C is not tied with the best
+    assert lead([c, b, a], seed=0, n_boot=500) is b                         # order: the case's candidates'
+    g = [_stand_in("A", _rows(2.101), False), _stand_in("B", _rows(2.104, 0.2), False)]
+    assert lead(g, seed=0, n_boot=500) is g[1]
+    assert lead([], seed=0, n_boot=500) is None
+
+
+def _moved(e, name: str, by: list[float], net: float):
+    """e's rounds as layout `name`'s, prompt i's expectations moved by by[i] plus a constant that
+    moves the pooled expectation by `net`: paired with e, a difference no interval can separate."""
+    from dataclasses import replace
+    n = [len(p.expected) for p in e.per_prompt]
+    c = net - sum(d * k for d, k in zip(by, n)) / sum(n)
+    per = tuple(replace(p, expected=tuple(x + d + c for x in p.expected)) for p, d in zip(e.per_prompt, by))
+    flat = [x for p in per for x in p.expected]
+    return replace(e, axes=e.axes.but(layout=name), per_prompt=per, expected_accept_length=1 + sum(flat) / len(flat))
+
+
+def test_the_trained_verdict_and_the_sampled_trees_read_the_same_layout_whichever_twin_is_higher(sampled_run):
+    """Two layouts 0.001 apart with per-prompt differences of +-0.2 (tied): whichever reads higher
+    (a batch's noise), the trained-layout verdict, best_layout (the layout the sampled trees are
+    decoded on) name the first of them in the case's candidates (the drafter's config reads both),
+    and the verdict says the other is higher by a tie."""
+    from dataclasses import replace
+    from diag.run.candidates import config_reads
+    from diag.run.verdicts.layout import layout_verdicts
+    run = sampled_run["run"]
+    at_ref = select(run.evaluations, run.reference)
+    plain = [c for c in run.candidates if c.mode == "eagle3"]
+    assert len(plain) >= 2 and config_reads(plain[0].roles) == config_reads(plain[1].roles)   # neither wins by it
+    first, second = plain[0].label, plain[1].label
+    plain = [c.label for c in plain]
+    e = next(x for x in at_ref if x.layout == first)
+    rest = [x for x in run.evaluations if x not in at_ref]
+    by = [0.2 * (-1) ** i for i in range(len(e.per_prompt))]
+    for higher, lower in ((second, first), (first, second)):
+        pair = [_moved(e, lower, [0.0] * len(by), 0.0), _moved(e, higher, by, 0.001)]
+        twin = replace(run, evaluations=rest + sorted(pair, key=lambda x: plain.index(x.layout)))
+        assert twin.best_layout() == first
+        trained = next(v for v in layout_verdicts(twin) if v.kind == "trained-layout")
+        assert trained.evidence["best"] == first and trained.evidence["highest"] == higher
+        assert trained.text.startswith(f"The drafter was trained on layout {first}:")
+        assert (f"tied with the highest, {second}" in trained.text) == (higher == second)

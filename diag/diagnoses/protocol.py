@@ -117,10 +117,10 @@ class Context:
     def trained(self) -> tuple[str | None, list[Evaluation]]:
         """The trained (best eagle3) layout at the run's own reference axes (decoding included:
         RunResult.best_layout) and its evaluations there on every tree; (None, []) when none."""
-        from diag.replay.evaluation import ANY, best, select
-        from diag.run.evaluate import reference_axes
+        from diag.replay.evaluation import ANY, select
+        from diag.run.evaluate import reference_axes, trained_lead
         ref = reference_axes(self.inp)
-        top = best(select(self.evaluations, ref))
+        top = trained_lead(self.evaluations, ref, self.inp.case, self.inp.candidates)
         return (None, []) if top is None else (top.layout, select(self.evaluations, ref, layout=top.layout, tree=ANY))
 
     def served_eagle3(self) -> Evaluation | None:

@@ -31,7 +31,7 @@ from diag.engines import report_rates
 from diag.metrics import AcceptCounts, bucketed, summary
 from diag.replay.categories import CategoryAcceptance, by_category
 from diag.replay.verify import trajectory
-from diag.stats import accept_length_ci
+from diag.stats import accept_length_ci, paired_bootstrap_diff
 from diag.trees import TreeShape, tree_shape
 
 
@@ -244,6 +244,24 @@ def best(evaluations) -> Evaluation | None:
     """The highest judged accept length (ties: the first), ignoring variants without rounds."""
     pool = [e for e in evaluations if e.judged_accept_length is not None]
     return max(pool, key=lambda e: e.judged_accept_length) if pool else None
+
+
+def lead(evaluations, *, seed: int, n_boot: int, prefer=frozenset()) -> Evaluation | None:
+    """The evaluation a run reads as its best layout: best(), except under a sampled decoding.
+    There a best by a hair is noise: on CUDA a lane's floats move with its batch's width, so
+    adding a layout re-decodes the others and can swap two near-tied ones. Under sampling it is,
+    among the evaluations whose paired bootstrap difference to the best has a 95% interval
+    reaching zero (the layout verdict's "indistinguishable"), the first whose layout is in
+    `prefer` (those the drafter's config reads), else the first in the given order (the case's
+    candidates'), which no batch moves.
+    Example, sampled, order A, B, C: A 3.101, B 3.104 tied, C 2.0 lower -> A; a run where the
+    batch made B 3.099 -> A again; with prefer {"B"} -> B both times."""
+    top = best(evaluations)
+    if top is None or not top.sampled:
+        return top
+    tied = [e for e in evaluations if e.judged_accept_length is not None and (e is top or paired_bootstrap_diff(
+        top.judged_rounds, e.judged_rounds, seed=seed, n=n_boot)[1] <= 0.0)]
+    return next((e for e in tied if e.layout in prefer), tied[0])
 
 
 # ---- the producer ---------------------------------------------------------------------

@@ -43,6 +43,17 @@ class Candidate:
                 "roles": list(self.roles), "rules": list(self.rules)}
 
 
+def config_reads(roles) -> bool:
+    """Whether the drafter's config names a candidate with these roles: declared, or its ids
+    read by a convention (DESIGN.md §10: adjacent layers can tie, and the config breaks the tie)."""
+    return any(r.startswith(("declared", "reading")) for r in roles)
+
+
+def read_by_config(candidates) -> frozenset[str]:
+    """The labels of the candidates the drafter's config names (config_reads)."""
+    return frozenset(c.label for c in candidates if config_reads(c.roles))
+
+
 class _Book:
     def __init__(self, k: int, n: int):
         self.items: dict[str, Candidate] = {}

@@ -15,9 +15,10 @@ This module connects replay and evaluation; it knows nothing about files or repo
 
 from __future__ import annotations
 
-from diag.replay.evaluation import ANY, LEGACY_AXES, Axes, Evaluation, best, select, summarize
+from diag.replay.evaluation import ANY, LEGACY_AXES, Axes, Evaluation, best, lead, select, summarize
 from diag.replay.replay import Variant, replay
 from diag.replay.round_accounting import accounting_for
+from diag.run.candidates import read_by_config
 from diag.run.inputs import Inputs, draft_tables_by_mode, round_accounting
 from diag.trees import TreeShape
 
@@ -56,6 +57,15 @@ def cross_variants(inp: Inputs, layout_label: str | None, shape: TreeShape) -> l
 def _summaries(results, inp: Inputs) -> list[Evaluation]:
     ev = inp.case.evaluate
     return [summarize(r, buckets=ev.position_buckets, seed=ev.seed, n_boot=ev.bootstrap) for r in results]
+
+
+def trained_lead(evaluations, where: Axes | None, case, candidates) -> Evaluation | None:
+    """The evaluation a run names as its best layout at `where` (replay/evaluation.lead: under a
+    sampled decoding, a tie broken by the drafter's config, then by the case's candidates' order,
+    never by a batch's noise), with the case's bootstrap; `case`, `candidates`: a run's or an
+    Inputs'. The sampled trees, the layout verdicts and the diagnoses all read this one."""
+    return lead(select(evaluations, where), seed=case.evaluate.seed, n_boot=case.evaluate.bootstrap,
+                prefer=read_by_config(candidates))
 
 
 def cached_replay(cache, ids: dict[str, str], *args, **kw):

@@ -35,7 +35,7 @@ from diag.run.candidates import Candidate
 from diag.run.case import Case, check_case
 from diag.run.engines_section import EnginesSection, engines_section
 from diag.run.eval_cache import EvalCache, cached_output_health
-from diag.run.evaluate import evaluate, reference_axes
+from diag.run.evaluate import evaluate, reference_axes, trained_lead
 from diag.run.inputs import Inputs, engine_numerics, prepare, served_dtypes
 from diag.run.sampled import SampledEvaluations
 from diag.run.target_passes import target_passes
@@ -67,8 +67,9 @@ class RunResult:
     target_output: object = None         # target/output_health.OutputHealth of the reference pass
 
     def best_layout(self) -> str | None:
-        """The eagle3 layout with the highest accept length at the reference axes."""
-        top = best(select(self.evaluations, self.reference))
+        """The eagle3 layout with the highest accept length at the reference axes (of near-tied
+        ones under sampling, the one no batch's noise moves: run/evaluate.trained_lead)."""
+        top = trained_lead(self.evaluations, self.reference, self.case, self.candidates)
         return top.layout if top else None
 
 

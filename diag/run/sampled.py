@@ -3,8 +3,9 @@ pass has it loaded (target_passes' `with_model`), so a run never loads the targe
 
 Which variants (the case's decoding.scope):
   "verdicts"  every candidate (eagle3 layouts and EAGLE mode) on the primary tree, then the
-              best of them (by the exact expectation) on every other tree: what the layout,
-              EAGLE-mode and tree verdicts read at the served decoding;
+              best of them (by the exact expectation; of near-tied ones, the one no batch's noise
+              moves: run/evaluate.trained_lead) on every other tree: what the layout, EAGLE-mode
+              and tree verdicts read at the served decoding;
   "all"       every candidate on every tree.
 Each variant runs once per seed over every prompt. Lanes share each verify forward (rows = lanes
 x prompts, in batches of at most `token_budget` verified tokens); the prompts' prefill is shared by
@@ -28,13 +29,13 @@ from diag.checkpoint.identity import checkpoint_identity, is_memoised
 from diag.errors import env_switch
 from diag.replay.decode_loop import DecodeLoop
 from diag.replay.decode_rows import Lane
-from diag.replay.evaluation import Evaluation, best
+from diag.replay.evaluation import Evaluation
 from diag.replay.replay import Variant
 from diag.replay.round_accounting import accounting_for
 from diag.replay.sampled_summary import summarize_sampled
 from diag.run import sampled_cache
 from diag.run.eval_cache import _device_name
-from diag.run.evaluate import serving_rendering
+from diag.run.evaluate import serving_rendering, trained_lead
 from diag.run.inputs import Inputs, draft_tables_by_mode, dtype_of, round_accounting, sampled_verification
 from diag.run.target_passes import _checkpoint, pass_key, special_ids
 from diag.target.pass_cache import token_digest
@@ -152,7 +153,7 @@ class SampledEvaluations:
         if inp.decoding.scope == "all":
             return self._run(model, dec, self._variants(dec, shapes, cands))
         first = self._run(model, dec, self._variants(dec, shapes[:1], cands))
-        top = best([e for e in first if e.mode == "eagle3"])
+        top = trained_lead([e for e in first if e.mode == "eagle3"], None, inp.case, inp.candidates)
         if top is None or len(shapes) == 1:
             return first
         lead = [c for c in cands if c.label == top.layout]

@@ -7,7 +7,8 @@ their greedy twins; knows nothing about models or files.
 
 from __future__ import annotations
 
-from diag.replay.evaluation import best, one, select
+from diag.replay.evaluation import one
+from diag.run.evaluate import trained_lead
 from diag.run.verdicts.record import Verdict, fmt
 
 
@@ -31,7 +32,7 @@ def decoding_verdicts(run) -> list[Verdict]:
     if plan is None or plan.served.greedy:
         return []
     out = []
-    top = best(select(run.evaluations, run.reference))
+    top = trained_lead(run.evaluations, run.reference, run.case, run.candidates)
     if top is not None:
         out.append(_gap(run, top))
     d = plan.served

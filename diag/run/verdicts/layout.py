@@ -4,8 +4,11 @@ server feeds it.
 The trained layout is the best eagle3 candidate by trajectory accept length at the run's
 reference axes (under a sampled decoding: by the exact per-round expectation, pooled over
 seeds, DESIGN.md §11); candidates whose paired bootstrap difference to the best has a 95%
-interval reaching zero are "indistinguishable from the best". The serving layout is a mismatch when
-it is not in that set: it is lower and the interval of (best - serving) excludes zero.
+interval reaching zero are "indistinguishable from the best". Under sampling the verdict names,
+of those, the one run/evaluate.trained_lead reads (the drafter's config's, else the first
+candidate), so a batch's noise cannot swap two near-tied layouts between runs. The serving layout
+is a mismatch when it is not in that set: it is lower and the interval of (best - serving)
+excludes zero.
 Reads Evaluation records and the run's candidates; knows nothing about models or files.
 """
 
@@ -13,7 +16,9 @@ from __future__ import annotations
 
 from diag.engines import engine, rules
 from diag.layouts import layout
-from diag.replay.evaluation import best, select
+from diag.replay.evaluation import select
+from diag.run.candidates import config_reads
+from diag.run.evaluate import trained_lead
 from diag.run.verdicts.record import Verdict, fmt
 from diag.stats import paired_bootstrap_diff
 
@@ -46,10 +51,20 @@ def under(e) -> str:
 
 
 def _trained(top, ties: list[dict], order: list, run) -> Verdict:
+    """top: the layout named (trained_lead); order[0]: the highest, another one only under sampling."""
     prompts = run.prompts["count"]
     lo, hi = top.judged_ci95
     measured = f"{fmt(top.judged_accept_length)} (95% CI {fmt(lo)}-{fmt(hi)}) on {top.tree}{under(top)}"
     others = [t["layout"] for t in ties if t["layout"] != top.layout]
+    highest = order[0]
+    if highest is top:
+        claim = f"it gives the highest accept length, {measured}, among {len(order)} candidate layouts."
+    else:
+        why = ("the drafter's config reads it" if config_reads(roles_of(run, top.layout)) else
+               "it comes first of them in the case's candidates")
+        claim = (f"accept length {measured}, tied with the highest, {highest.layout} at "
+                 f"{fmt(highest.judged_accept_length)}, among {len(order)} candidate layouts. Named rather than "
+                 f"{highest.layout} because {why}: under sampling a best by a hair is noise a batch can move.")
     if len(order) == 1:
         text = (f"Only layout {top.layout} was evaluated: accept length {measured}. Add layouts or "
                 f"scan = true to test which layout the drafter was trained on.")
@@ -58,10 +73,10 @@ def _trained(top, ties: list[dict], order: list, run) -> Verdict:
                     f"{', seeds pooled: the interval cannot separate them' if top.sampled else ''}): "
                     f"{', '.join(others)}." if others else
                     f" Every other candidate is lower, with 95% intervals over {prompts} prompts excluding zero.")
-        text = (f"The drafter was trained on layout {top.layout}: it gives the highest accept length, "
-                f"{measured}, among {len(order)} candidate layouts.{tie_text}")
+        text = f"The drafter was trained on layout {top.layout}: {claim}{tie_text}"
     return Verdict("trained-layout", "info", text,
-                   {"best": top.layout, "accept_length": top.judged_accept_length, "ci95": list(top.judged_ci95),
+                   {"best": top.layout, "highest": highest.layout, "accept_length": top.judged_accept_length,
+                    "ci95": list(top.judged_ci95),
                     "decoding": top.decoding, "indistinguishable": ties,
                     "ranking": [(e.layout, e.judged_accept_length) for e in order]})
 
@@ -87,7 +102,7 @@ def named(order: list, ties: list[dict]):
 
 def _config_reads(tie: dict) -> bool:
     """Whether the drafter's config names this layout: declared, or its ids read by a convention."""
-    return any(r.startswith(("declared", "reading")) for r in tie["roles"])
+    return config_reads(tie["roles"])
 
 
 def _serving(top, serving, ties: list[dict], run, target_config: dict | None = None, best=None) -> Verdict:
@@ -124,10 +139,12 @@ def layout_verdicts(run, target_config: dict | None = None) -> list[Verdict]:
     if not order:
         return []
     ties = indistinguishable(run, order)
-    out = [_trained(order[0], ties, order, run)]
+    top = trained_lead(run.evaluations, run.reference, run.case, run.candidates) if order[0].sampled else order[0]
+    out = [_trained(top, ties, order, run)]
     serving = [e for e in order if "serving" in roles_of(run, e.layout)]
     if serving:
-        out.append(_serving(named(order, ties), serving[0], ties, run, target_config, best=order[0]))
+        out.append(_serving(top if top.sampled else named(order, ties), serving[0], ties, run, target_config,
+                            best=order[0]))
     return out
 
 
@@ -140,5 +157,5 @@ def likely_trained(run, found: list[Verdict]) -> str | None:
     trained = next((v for v in found if v.kind == "trained-layout"), None)
     read = next((t["layout"] for t in trained.evidence["indistinguishable"] if _config_reads(t)), None) \
         if trained is not None else None
-    top = best(select(run.evaluations, run.reference))
+    top = trained_lead(run.evaluations, run.reference, run.case, run.candidates)
     return read or (top.layout if top else None)
