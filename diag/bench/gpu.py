@@ -494,6 +494,8 @@ def sampled_layouts(claimed: str) -> list[str]:
 
 
 GRAPHS_AB = ("chain-3", "s3-k8-d16")      # the sampled section's verify graphs against eager, on these trees
+GAP_TREES = ("chain-1", "s3-k8-d16")      # its unsynchronised rounds' device gaps (bench/round_gaps.py): the
+                                          # worst cost in passes and the worst verify bandwidth
 GPU_PAIR = {"steps": 300, "batch": 16, "lr": 1.5e-4}   # bench/pair.py's recipe at Kimi's widths (1e-3 diverged there)
 
 
@@ -503,8 +505,10 @@ def _sampled(st, model, lays, num_prompts, prompt_len, max_new_tokens: int = 64,
     """The sampled section on `model` (on `device`) with the bench pair's trained drafter
     (bench/pair.py, trained here on these prompts' greedy continuations, cached; `drafter` says how
     it was made and what it accepts); device/dtype/trees/recipe let a CPU test run it. With the
-    copy bandwidth, each tree's verify forward against it, and a profile of each tree's rounds (CUDA)."""
+    copy bandwidth, each tree's verify forward against it, and a profile of each tree's rounds (CUDA),
+    synchronised by phase (round_profiles) and as a run goes (round_gaps, GAP_TREES)."""
     from diag.bench.pair import META, PairRecipe, pair_path, trained_pair_drafter, training_bytes
+    from diag.bench.round_gaps import round_gaps
     from diag.errors import DiagError
     from diag.bench.sampled import (TREES, bench_prompts, graphs_ab, round_profile, sampled_bench, verify_bandwidth,
                                     verify_profile)
@@ -540,6 +544,8 @@ def _sampled(st, model, lays, num_prompts, prompt_len, max_new_tokens: int = 64,
                               for r in out["rows"]] if device == "cuda" else []
     out["graphs_ab"] = [graphs_ab(model, drafter, embed, head, lays, prompts, t)
                         for t in GRAPHS_AB if t in {r["tree"] for r in out["rows"]}]
+    out["round_gaps"] = [round_gaps(model, drafter, embed, head, lays, prompts, t)
+                         for t in GAP_TREES if t in {r["tree"] for r in out["rows"]}] if device == "cuda" else []
     del drafter
     if device == "cuda":
         torch.cuda.empty_cache()

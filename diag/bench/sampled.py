@@ -58,7 +58,7 @@ RANGES = ("diag.", "ProfilerStep")   # the profiler's ranges (the loop's phases,
 
 
 def bench_loop(model, drafter, embed, head, layouts: list[str], shape, num_prompts: int, *,
-               decoding=DECODING, profile: bool = False):
+               decoding=DECODING, profile: bool | str = False):
     """A fresh decode loop over one lane per layout (seed 0) and its rows, every lane on every
     prompt: (loop, lanes, rows). 3 layouts x 32 prompts -> 96 rows."""
     lanes = [Lane(Variant(name, "eagle3", shape, decoding=decoding.name), 0) for name in layouts]

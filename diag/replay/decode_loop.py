@@ -86,7 +86,7 @@ class DecodeLoop:
     2..15 are padding. `shape`, where given, is the one tree every lane must carry."""
 
     def __init__(self, model, drafter, embed, head, lanes: list[Lane], layouts: dict[str, Layout],
-                 shape: TreeShape | None, decoding: Decoding, *, eos_ids: set[int], profile: bool = False,
+                 shape: TreeShape | None, decoding: Decoding, *, eos_ids: set[int], profile: bool | str = False,
                  tables: dict | None = None, verification: str = "tree-target-only"):
         self.model, self.drafter, self.lanes, self.layouts = model, drafter, lanes, layouts
         self.rule = sampled_rule(verification)     # the engine's sampled rule (replay/verifiers.py)
@@ -118,9 +118,14 @@ class DecodeLoop:
     @contextmanager
     def _phase(self, name: str):
         """With profile=True, wall seconds of a phase (CUDA synchronised around it), and the
-        phase named "diag.<name>" to torch.profiler (bench/sampled.round_profile reads it)."""
+        phase named "diag.<name>" to torch.profiler (bench/sampled.round_profile reads it);
+        with profile="ranges", only the name, nothing synchronised (bench/round_gaps.py)."""
         if not self.profile:
             yield
+            return
+        if self.profile == "ranges":
+            with torch.profiler.record_function(f"diag.{name}"):
+                yield
             return
         if self.dev.type == "cuda":
             torch.cuda.synchronize()
