@@ -19,7 +19,8 @@ def _x(cat, name, ts, dur, corr=None, tid=1):
 def worked_example() -> dict:
     """One 1,000 us round: verify_forward's linear launches a kernel at 90-95 us that runs
     100-300 us; accept sorts on the host 610-900 us, then launches a kernel (900-905 us) that
-    runs 910-990 us. A second stream's copy inside the first kernel changes nothing."""
+    runs 910-990 us. A second stream's copy inside the first kernel changes nothing, nor do the
+    ranges' echoes on the GPU's timeline."""
     return {"traceEvents": [
         _x("user_annotation", "ProfilerStep#8", 0, 1000),
         _x("user_annotation", "diag.verify_forward", 0, 600),
@@ -31,6 +32,8 @@ def worked_example() -> dict:
         _x("kernel", "gemm", 100, 200, corr=1, tid=7),
         _x("gpu_memcpy", "Memcpy DtoD", 150, 20, corr=3, tid=8),
         _x("kernel", "accept_walk", 910, 80, corr=2, tid=7),
+        _x("gpu_user_annotation", "ProfilerStep#8", 100, 890, tid=7),         # the ranges' echo on the GPU
+        _x("gpu_user_annotation", "diag.accept", 910, 80, tid=7),
         {"ph": "M", "name": "process_name", "pid": 1},
     ]}
 

@@ -94,7 +94,8 @@ def gaps(trace: dict, *, top: int = 12) -> dict:
     to the phase and call of the launch that ended each gap, the host's own time during the idle
     per (phase, op), and the `top` largest gaps. Milliseconds a round."""
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
-    steps = sorted((e for e in events if e.get("name", "").startswith("ProfilerStep")), key=lambda e: e["ts"])
+    steps = sorted((e for e in events if e.get("name", "").startswith("ProfilerStep")        # the host's, not
+                    and e.get("cat") in ("user_annotation", "cpu_op")), key=lambda e: e["ts"])  # their GPU echo
     if not steps:
         raise ValueError("round_gaps: the trace holds no ProfilerStep ranges (no active profiler step)")
     t0, t1 = steps[0]["ts"], steps[-1]["ts"] + steps[-1]["dur"]
