@@ -36,6 +36,7 @@ LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
 HOST_CATS = ("cpu_op", "user_annotation", "python_function") + LAUNCH_CATS
 WINDOW_END = "(the window's end)"
 OUTSIDE = "(outside the phases)"
+UNTRACED = "(launch not traced)"
 
 
 class _Idle:
@@ -115,30 +116,26 @@ def gaps(trace: dict, *, top: int = 12) -> dict:
                 "host_ms_during_idle_per_round": None, "device_ms_per_round_by_phase": None, "largest_gaps": []}
     launches = {e["args"]["correlation"]: e for e in events
                 if e.get("cat") in LAUNCH_CATS and "correlation" in e.get("args", {})}
-    idle, ended, end, busy = [], [], t0, 0.0
+    on_device = defaultdict(float)                    # device time of the kernels each phase launched
+    idle, ended, end, busy = [], [], t0, 0.0          # ended: (phase, call, kernel) of the launch after a gap
     for e in device:
+        r = launches.get(e.get("args", {}).get("correlation"))
+        phase, call = (_phase_at(phases, r["ts"]), r["name"]) if r is not None else (UNTRACED, UNTRACED)
+        on_device[phase] += e["dur"]
         s, f = e["ts"], e["ts"] + e["dur"]
         if s > end:
             idle.append((end, s))
-            ended.append(e)
+            ended.append((phase, call, e["name"][:80]))
         busy += max(0.0, min(f, t1) - max(s, end))
         end = max(end, f)
     if end < t1:
         idle.append((end, t1))
-        ended.append(None)
+        ended.append((WINDOW_END, WINDOW_END, None))
     by_phase, by_call, largest = defaultdict(float), defaultdict(float), []
-    for (a, b), e in zip(idle, ended):
-        r = launches.get(e.get("args", {}).get("correlation")) if e is not None else None
-        phase = WINDOW_END if e is None else (_phase_at(phases, r["ts"]) if r is not None else "(launch not traced)")
-        call = WINDOW_END if e is None else (r["name"] if r is not None else "(launch not traced)")
+    for (a, b), (phase, call, kernel) in zip(idle, ended):
         by_phase[phase] += b - a
         by_call[call] += b - a
-        largest.append({"gap_us": round(b - a, 1), "phase": phase, "call": call,
-                        "kernel": e["name"][:80] if e is not None else None})
-    on_device = defaultdict(float)                    # device time of the kernels each phase launched
-    for e in device:
-        r = launches.get(e.get("args", {}).get("correlation"))
-        on_device[_phase_at(phases, r["ts"]) if r is not None else "(launch not traced)"] += e["dur"]
+        largest.append({"gap_us": round(b - a, 1), "phase": phase, "call": call, "kernel": kernel})
     span = _Idle(idle)
     kids = _nest(host)
     ranges = {id(p) for p in phases}
@@ -160,11 +157,10 @@ def gaps(trace: dict, *, top: int = 12) -> dict:
 
 
 def round_gaps(model, drafter, embed, head, layouts: list[str], prompts: list[list[int]], tree: str, *,
-               max_new_tokens: int = 128, skip: int = 6, rounds: int = 6, top: int = 12,
-               keep: Path | None = None) -> dict:
+               max_new_tokens: int = 128, skip: int = 6, rounds: int = 6, top: int = 12) -> dict:
     """`gaps` of `rounds` rounds of the tree's loop (one lane per layout, every prompt), after the
     prefill and `skip` - 1 rounds, unsynchronised; beside it, the same loop's wall a round
-    unprofiled (what the profiler adds). keep: a path the trace is also written to (gzip)."""
+    unprofiled (what the profiler adds)."""
     from torch.profiler import ProfilerActivity, profile, schedule
 
     from diag.bench.sampled import bench_loop, sync
@@ -193,8 +189,4 @@ def round_gaps(model, drafter, embed, head, layouts: list[str], prompts: list[li
         path = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(path))
         trace = json.loads(path.read_text())
-    if keep is not None:
-        import gzip
-        with gzip.open(keep, "wt") as f:
-            json.dump(trace, f)
     return {"tree": tree, "rows": len(rows), "unprofiled_wall_ms_per_round": unprofiled * 1e3, **gaps(trace, top=top)}

@@ -246,6 +246,13 @@ def best(evaluations) -> Evaluation | None:
     return max(pool, key=lambda e: e.judged_accept_length) if pool else None
 
 
+def tie_interval(top: Evaluation, e: Evaluation, *, seed: int, n_boot: int) -> tuple[float, float, float] | None:
+    """(top - e, lo, hi), the paired bootstrap difference of judged rounds, where its 95% interval
+    reaches zero (e is indistinguishable from top, DESIGN.md §10); None where e is lower beyond it."""
+    d, lo, hi = paired_bootstrap_diff(top.judged_rounds, e.judged_rounds, seed=seed, n=n_boot)
+    return (d, lo, hi) if lo <= 0.0 else None
+
+
 def lead(evaluations, *, seed: int, n_boot: int, prefer=frozenset()) -> Evaluation | None:
     """The evaluation a run reads as its best layout: best(), except under a sampled decoding.
     There a best by a hair is noise: on CUDA a lane's floats move with its batch's width, so
@@ -259,8 +266,8 @@ def lead(evaluations, *, seed: int, n_boot: int, prefer=frozenset()) -> Evaluati
     top = best(evaluations)
     if top is None or not top.sampled:
         return top
-    tied = [e for e in evaluations if e.judged_accept_length is not None and (e is top or paired_bootstrap_diff(
-        top.judged_rounds, e.judged_rounds, seed=seed, n=n_boot)[1] <= 0.0)]
+    tied = [e for e in evaluations if e.judged_accept_length is not None
+            and (e is top or tie_interval(top, e, seed=seed, n_boot=n_boot) is not None)]
     return next((e for e in tied if e.layout in prefer), tied[0])
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from diag.engines import engine, rules
 from diag.layouts import layout
-from diag.replay.evaluation import select
+from diag.replay.evaluation import select, tie_interval
 from diag.run.candidates import config_reads
 from diag.run.evaluate import trained_lead
 from diag.run.verdicts.record import Verdict, fmt
@@ -38,8 +38,9 @@ def indistinguishable(run, order: list) -> list[dict]:
     seed, n = run.case.evaluate.seed, run.case.evaluate.bootstrap
     top, ties = order[0], []
     for e in order:
-        d, lo, hi = paired_bootstrap_diff(top.judged_rounds, e.judged_rounds, seed=seed, n=n)
-        if lo <= 0.0:
+        tied = tie_interval(top, e, seed=seed, n_boot=n)
+        if tied is not None:
+            d, lo, hi = tied
             ties.append({"layout": e.layout, "accept_length": e.judged_accept_length, "diff_to_best": d,
                          "ci95": [lo, hi], "roles": roles_of(run, e.layout)})
     return ties
@@ -96,13 +97,8 @@ def named(order: list, ties: list[dict]):
     reads (DESIGN.md §10: adjacent layers tie, and the config breaks the tie); else the best.
     A scan of the demo's vLLM-id drafter (an earlier zoo): embed+L3+L4 2.83, embed+L2+L4 2.82
     (read by vllm's rule), tied -> embed+L2+L4."""
-    read = next((t["layout"] for t in ties if _config_reads(t)), None)
+    read = next((t["layout"] for t in ties if config_reads(t["roles"])), None)
     return next((e for e in order if e.layout == read), order[0])
-
-
-def _config_reads(tie: dict) -> bool:
-    """Whether the drafter's config names this layout: declared, or its ids read by a convention."""
-    return config_reads(tie["roles"])
 
 
 def _serving(top, serving, ties: list[dict], run, target_config: dict | None = None, best=None) -> Verdict:
@@ -155,7 +151,7 @@ def likely_trained(run, found: list[Verdict]) -> str | None:
     if any(v.kind == "drafter-predicts-nothing" for v in found):
         return None                      # a tie of zeros recommends nothing
     trained = next((v for v in found if v.kind == "trained-layout"), None)
-    read = next((t["layout"] for t in trained.evidence["indistinguishable"] if _config_reads(t)), None) \
+    read = next((t["layout"] for t in trained.evidence["indistinguishable"] if config_reads(t["roles"])), None) \
         if trained is not None else None
     top = trained_lead(run.evaluations, run.reference, run.case, run.candidates)
     return read or (top.layout if top else None)
