@@ -84,6 +84,39 @@ def test_the_accept_on_fixed_shapes_decides_what_accept_round_decides(rule_name,
     assert 0 < int(want.accepted.sum()) < S * len(want.accepted)
 
 
+@pytest.mark.parametrize("decoding", DECODINGS + [THRESHOLDS])
+def test_the_accept_on_fixed_shapes_reads_a_bf16_heads_logits_as_their_float32_widening(decoding):
+    """accept_dense keeps a bf16 head's logits in bf16 (NodeLogits.rows(native=True)): the
+    softmax widens them exactly and the top-p window ranks the ids by them, so every decision is
+    the float32 logits' (logits rounded to bf16 first, so both hold the same numbers; on 5000 ids
+    the window's top-k runs, on bf16 keys)."""
+    g = torch.Generator().manual_seed(5)
+    rule = sampled_rule("tree-target-only")
+    t, logits, coins = _round(*TREE, B=48, V=5000, g=g, invalid_tail=True)
+    half = logits.to(torch.bfloat16)
+    S = max(TREE[1])
+    for unsynced in (False, True):
+        want, want_exp, want_ok = accept_dense(rule, t, half.float(), decoding, coins, S, unsynced=unsynced)
+        res, exp, ok = accept_dense(rule, t, half, decoding, coins, S, unsynced=unsynced)
+        assert torch.equal(res.accepted, want.accepted) and torch.equal(res.path, want.path)
+        assert torch.equal(res.bonus, want.bonus) and torch.equal(exp, want_exp)
+        assert (ok is None) == (want_ok is None) and (ok is None or bool(ok) == bool(want_ok))
+    assert 0 < int(want.accepted.sum()) < S * len(want.accepted)
+
+
+def test_node_logits_native_rows_are_the_heads_dtype_and_widen_to_the_float32_rows():
+    from diag.target.tree_forward import NodeLogits
+
+    head = torch.nn.Linear(16, 300, bias=False).to(torch.bfloat16)
+    model = type("M", (torch.nn.Module,), {"get_output_embeddings": lambda self: head})()
+    final = torch.randn(3, 4, 16).to(torch.bfloat16)
+    nodes = NodeLogits(model, final)
+    flat = torch.tensor([0, 5, 11])
+    native, wide = nodes.rows(flat, native=True), nodes.rows(flat)
+    assert native.dtype == torch.bfloat16 and wide.dtype == torch.float32
+    assert torch.equal(native.float(), wide)
+
+
 def test_unsynced_probabilities_sort_a_fixed_number_of_flat_rows_and_say_when_more_were():
     """target_kept unsynced: where every row's top-p pivot lies among the 256 largest of 5000 ids,
     target_probs' own probabilities and ok True; flat rows (their pivot deep among the 5000) are

@@ -9,7 +9,9 @@ Per tree shape it reports
                          is <= num_draft_tokens (one verify of D tokens per emitted token at worst)
   cost_in_passes_cpu     the same ratio of this process's CPU seconds (steadier on a shared machine)
   seconds                the loop's wall, timed without a profile (the host prepares a step while
-                         the device runs the last, as in a run)
+                         the device runs the last, as in a run), after the same loop run once
+                         whole (first_loop_seconds; first_loop_compiles: the Triton compiles a
+                         process pays once; timed_compiles: none, else the timing is not steady)
   phases                 where the loop's time goes: prefill, draft, verify_forward, accept
                          (probabilities, the tree walk, the exact expectation), commit, retire; from
                          the same loop run again with CUDA synchronised around each phase, which
@@ -40,6 +42,7 @@ import time
 import torch
 
 from diag.bench.common import sync
+from diag.bench.compiles import compiles
 from diag.engines.decoding import sampled
 from diag.int4.packed import resident_bytes
 from diag.int4.routing import routed_eagerly
@@ -69,18 +72,30 @@ def bench_loop(model, drafter, embed, head, layouts: list[str], shape, num_promp
 
 def _one_tree(model, drafter, embed, head, lays, shape, prompts, max_new, token_budget) -> dict:
     """One tree's loop against the teacher-forced pass over the tokens it decoded, each after a
-    warm-up (the loop's: a few rounds of the same rows, whose first calls compile what the timed
-    loop would otherwise compile, e.g. a Triton kernel's specialisation for a new token count;
-    its graphs' captures are the timed loop's own, counted in verify_graphs.capture_s). The pass,
-    a tenth of a second on the H100, is timed PASS_REPEATS times and the fastest kept: one timing
-    of it moved chain-3's cost by a third between two runs of the same code (0.100 s, 0.150 s)."""
+    warm-up. On CUDA the loop's warm-up is the same loop run whole first (first_loop_seconds): its
+    first calls compile what the timed loop would otherwise compile (first_loop_compiles: Triton's
+    kernels for each specialisation met, e.g. a token count first met as rows retire, which a
+    warm-up of a few rounds never reached: the H100 timed chain-1's loop at 1.91 s and the same
+    loop again at 0.97 s); timed_compiles says whether the timed loop compiled anything. A process
+    pays those compiles once, not each variant. Elsewhere (nothing is compiled) a few rounds of the
+    same rows, first_loop_seconds then None. The timed loop's graphs' captures are its
+    own, counted in verify_graphs.capture_s. The pass, a tenth of a second on the H100, is timed
+    PASS_REPEATS times and the fastest kept: one timing of it moved chain-3's cost by a third
+    between two runs of the same code (0.100 s, 0.150 s)."""
     warm, _, rows = bench_loop(model, drafter, embed, head, lays, shape, len(prompts))
-    warm.run(prompts, rows, min(max_new, 2 * shape.num_steps + 2))
+    whole = warm.dev.type == "cuda"
+    sync()
+    t0 = time.perf_counter()
+    with compiles() as first:
+        warm.run(prompts, rows, max_new if whole else min(max_new, 2 * shape.num_steps + 2))
+        sync()
+    first_s = time.perf_counter() - t0 if whole else None
     timed, lanes, rows = bench_loop(model, drafter, embed, head, lays, shape, len(prompts))
     sync()
     t0, c0 = time.perf_counter(), time.process_time()
-    out = timed.run(prompts, rows, max_new)
-    sync()
+    with compiles() as again:
+        out = timed.run(prompts, rows, max_new)
+        sync()
     seconds, cpu_s = time.perf_counter() - t0, time.process_time() - c0
     loop, _, _ = bench_loop(model, drafter, embed, head, lays, shape, len(prompts), profile=True)
     t2 = time.perf_counter()
@@ -105,6 +120,8 @@ def _one_tree(model, drafter, embed, head, lays, shape, prompts, max_new, token_
     verify = _verify_bytes(model, head, loop, phases.get("verify_forward"))
     return {"tree": shape.name, "num_draft_tokens": shape.num_draft_tokens, "lanes": len(lanes),
             "rows": len(rows), "seconds": seconds, "profiled_seconds": profiled_s,
+            "first_loop_seconds": first_s, "first_loop_compiles": first.to_dict(),
+            "timed_compiles": again.to_dict(),
             "profiled_same_decode": [(o.accepted, o.ids) for o in profiled] == [(o.accepted, o.ids) for o in out],
             "emitted_tokens": emitted,
             "tokens_per_second": emitted / seconds, "loop_rounds": loop.counts["rounds"],

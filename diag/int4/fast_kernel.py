@@ -14,7 +14,10 @@ unpacked in registers to [BLOCK_N, BLOCK_K] and fed transposed to the dot.
 Rows are laid out by diag.int4.fast.route: `sorted_ids` [num_blocks * BLOCK_M] lists pair
 indices grouped by expert, each expert's run padded to a multiple of BLOCK_M with the
 sentinel S (= number of pairs); `block_expert` [num_blocks] names each block's expert, -1
-for unused blocks. Importing this module needs Triton; nothing else in diag does.
+for unused blocks. The pair count (and glu_rows' row count) is not specialised on: it only
+bounds masks, and Triton would otherwise compile each kernel again for each count's
+divisibility by 16 met as a loop's rows retire (bench/compiles.py counts compiles in a timed
+loop). Importing this module needs Triton; nothing else in diag does.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ def _block_rows(sorted_ids_ptr, pid_m, num_pairs, a_div, BLOCK_M: tl.constexpr):
     return pair, row_ok, tl.where(row_ok, pair // a_div, 0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs"])
 def moe_int4_gemm(a_ptr, w_ptr, s_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr, route_w_ptr,
                   N, K, num_pairs, a_div,
                   stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_om,
@@ -277,7 +280,7 @@ def _epilogue(acc, out_ptr, route_w_ptr, pair, row_ok, offs_n, n_ok, pid_n, N, s
         tl.store(out_ptrs, _to_bf16(acc, UPCAST), mask=n_ok[:, None] & row_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs"])
 def moe_int4_gemm_grouped(a_ptr, w_ptr, s_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr, route_w_ptr,
                           N, K, num_pairs, a_div,
                           stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_sg, stride_om,
@@ -337,7 +340,7 @@ def moe_int4_gemm_grouped(a_ptr, w_ptr, s_ptr, out_ptr, sorted_ids_ptr, block_ex
               BLOCK_N, BLOCK_M, MUL_ROUTE, GLU, UPCAST)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs"])
 def moe_int4_gemm_split(a_ptr, w_ptr, s_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr, route_w_ptr,
                         N, K, num_pairs, a_div,
                         stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_sg, stride_om,
@@ -417,7 +420,7 @@ def _silu_mul(gate, up, UPCAST: tl.constexpr):
     return _to_bf16(act * up.to(tl.float32), UPCAST)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["S"])
 def glu_rows(gu_ptr, out_ptr, S, I, stride_g, stride_o, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
              UPCAST: tl.constexpr):
     """h [S, I] = silu(gu[:, :I]) * gu[:, I:] for gate_up's unfused product gu [S, 2I] bf16,

@@ -22,7 +22,9 @@ program gathers from global memory, not from its registers; the barriers order t
 the reads (one program, so one block: __syncthreads makes its global writes visible to all its
 threads), as they order the fill of sorted_ids with S before the placing. Every size is a
 power-of-two block of the one program (no loop: the sizes' few powers of two are the kernel's
-few compilations), and the interpreter runs it as the GPU does.
+few compilations; S, max_blocks and rows are not specialised on, which would compile it again for
+each count's divisibility by 16 met as a loop's rows retire), and the interpreter runs it as the
+GPU does.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["S", "max_blocks", "rows"])
 def route_pairs(flat_ptr, sorted_ids_ptr, block_expert_ptr, scratch_ptr, S, E, max_blocks, rows,
                 BM: tl.constexpr, SP: tl.constexpr, EP: tl.constexpr, ROWSP: tl.constexpr, MBP: tl.constexpr):
     p = tl.arange(0, SP)                                                          # a pair; below, a place

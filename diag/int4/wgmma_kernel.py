@@ -155,7 +155,7 @@ def _store(acc, out_ptr, route_w_ptr, sorted_ids_ptr, block, num_pairs, offs_n, 
     gl.store(ptrs, y, mask=(pair < num_pairs)[None, :] & (offs_n < N)[:, None])
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize=["num_pairs"])
 def moe_int4_gemm_wgmma(a_ptr, w_ptr, s_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr, route_w_ptr,
                         N, K, num_pairs, a_div,
                         stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_sg, stride_om,

@@ -48,7 +48,7 @@ class _Dense:
     def device(self):
         return self.logits.device
 
-    def rows(self, flat: torch.Tensor) -> torch.Tensor:
+    def rows(self, flat: torch.Tensor, *, native: bool = False) -> torch.Tensor:
         return self.logits.reshape(-1, self.logits.shape[-1])[flat]
 
 
@@ -100,14 +100,17 @@ def accept_dense(rule: SampledRule, t: dict, logits, decoding: Decoding, coins: 
     and a CUDA graph captures it (ok, the third result, is then False when some row's top-p
     pivot lay past the window searched, and the caller runs it again without `unsynced`; else
     None). The same walk, draws and expectation as accept_round; only which nodes go through
-    the head differs. Example, chain-3 on B rows: 4B nodes through the head, where accept_round
+    the head differs, and the logits stay in the head's dtype (the probabilities, float32, are
+    the same: `_tempered` widens them exactly; the top-p window's top-k reads half the bytes:
+    on the H200 at 1,536 nodes of 163,840 ids, 6.4 ms against 7.0 for the step, and the 1 GB
+    float32 copy of the logits is not written). Example, chain-3 on B rows: 4B nodes through the head, where accept_round
     takes the 3B with a child, then the leaves of the rows that accepted all 3."""
     logits = _Dense(logits) if isinstance(logits, torch.Tensor) else logits
     B, D, V = logits.shape
     dev = coins.device
     ts, ta = (1.0, 1.0) if decoding.greedy else (decoding.threshold_single, decoding.threshold_acc)
     tokens, parents, valid = t["tokens"], t["parents"], t["valid"]
-    flat = logits.rows(torch.arange(B * D, device=logits.device)).to(dev)
+    flat = logits.rows(torch.arange(B * D, device=logits.device), native=True).to(dev)     # bf16 on a bf16 head
     kept, ok = kept_probabilities(flat, decoding, unsynced=unsynced, deeper=deeper)
     base = torch.arange(B, device=dev)[:, None] * D
     p_child = kept.at(base + parents.clamp(min=0), tokens.clamp(min=0)) * (valid & (parents >= 0))
