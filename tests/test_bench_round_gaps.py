@@ -55,6 +55,8 @@ def test_the_worked_example_charges_each_gap_to_the_launch_that_ended_it():
     assert own["verify_forward: (own Python)"] == pytest.approx(0.31)
     assert sum(own.values()) == pytest.approx(g["device_idle_ms_per_round"])       # every idle us, once
     assert g["device_ms_per_round_by_phase"] == {"verify_forward": 0.2, "accept": 0.08, "(launch not traced)": 0.02}
+    assert g["device_kernels_by_phase"] == {"verify_forward": [["gemm", 0.2, 1]], "accept": [["accept_walk", 0.08, 1]],
+                                            "(launch not traced)": [["Memcpy DtoD", 0.02, 1]]}
     assert [x["gap_us"] for x in g["largest_gaps"]] == [610.0, 100.0, 10.0]
     assert g["largest_gaps"][0]["kernel"] == "accept_walk" and g["gaps_over_20us_per_round"] == 2
 

@@ -12,7 +12,8 @@ it (`gaps`, a pure function of the trace):
     the profiler's correlation id: a gap ended by a launch from "accept" is host time in accept
     that the device waited for;
   - the host's own time during the idle, per (phase, op): each host event's overlap with the
-    idle, less its children's (an aten op's own time, a phase's own Python between its ops).
+    idle, less its children's (an aten op's own time, a phase's own Python between its ops);
+  - each phase's device time, and its largest kernels (device_kernels_by_phase).
 Worked example (tests/test_bench_round_gaps.py): one 1,000 us round; verify_forward's linear
 launches a kernel at 95 us that runs 100-300 us; accept sorts on the host 610-900 us, then
 launches a kernel that runs 910-990 us -> busy 280 us, idle 720 us: 610 charged to accept
@@ -113,15 +114,20 @@ def gaps(trace: dict, *, top: int = 12) -> dict:
     if not device:
         return {**out, "device_busy_ms_per_round": None, "device_idle_ms_per_round": None,
                 "idle_ms_per_round_by_phase": None, "idle_ms_per_round_by_call": None,
-                "host_ms_during_idle_per_round": None, "device_ms_per_round_by_phase": None, "largest_gaps": []}
+                "host_ms_during_idle_per_round": None, "device_ms_per_round_by_phase": None,
+                "device_kernels_by_phase": None, "largest_gaps": []}
     launches = {e["args"]["correlation"]: e for e in events
                 if e.get("cat") in LAUNCH_CATS and "correlation" in e.get("args", {})}
     on_device = defaultdict(float)                    # device time of the kernels each phase launched
+    kernels = defaultdict(lambda: defaultdict(lambda: [0.0, 0]))    # phase -> kernel -> [us, count]
     idle, ended, end, busy = [], [], t0, 0.0          # ended: (phase, call, kernel) of the launch after a gap
     for e in device:
         r = launches.get(e.get("args", {}).get("correlation"))
         phase, call = (_phase_at(phases, r["ts"]), r["name"]) if r is not None else (UNTRACED, UNTRACED)
         on_device[phase] += e["dur"]
+        k = kernels[phase][e["name"][:80]]
+        k[0] += e["dur"]
+        k[1] += 1
         s, f = e["ts"], e["ts"] + e["dur"]
         if s > end:
             idle.append((end, s))
@@ -153,6 +159,10 @@ def gaps(trace: dict, *, top: int = 12) -> dict:
             "idle_ms_per_round_by_phase": ms(by_phase), "idle_ms_per_round_by_call": ms(by_call),
             "host_ms_during_idle_per_round": dict(list(ms(own).items())[:3 * top]),
             "device_ms_per_round_by_phase": ms(on_device),
+            "device_kernels_by_phase": {                  # each phase's `top` kernels: [name, ms, calls] a round
+                phase: [[name, round(us / 1e3 / n, 3), round(c / n, 2)]
+                        for name, (us, c) in sorted(ks.items(), key=lambda kv: -kv[1][0])[:top]]
+                for phase, ks in sorted(kernels.items(), key=lambda kv: -on_device[kv[0]])},
             "largest_gaps": sorted(largest, key=lambda g: -g["gap_us"])[:top]}
 
 
