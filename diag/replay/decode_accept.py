@@ -14,7 +14,7 @@ import torch
 
 from diag.engines.decoding import Decoding
 from diag.replay.accept import accept_dense, accept_round
-from diag.replay.decode_rows import logits_part, to_device
+from diag.replay.decode_rows import logits_part
 from diag.replay.sampling import DEEPER_ROWS, SampledRound, coins_at
 from diag.target.tree_forward import NodeLogits
 from diag.trees import TreeShape
@@ -66,7 +66,7 @@ class AcceptSide:
         P(a >= d) for its own depths [B, S], zero past them; ok, a 0-dim bool on the device, False
         where a graph's top-p pivot lay past its window, or None where every accept was exact).
         exact: no graph (DecodeLoop._round's second try)."""
-        root = to_device(st.root, self.dev)
+        root = st.root_on(self.dev)
         if len(self.trees) == 1:
             return self._group(st, t, scored, self.trees[0], slice(0, len(st.n)), root, exact)
         B = len(st.n)

@@ -45,6 +45,7 @@ class DraftSide:
         self.lane_points = [("final",) if ln.variant.mode == "eagle" else
                             tuple(p.name for p in layouts[ln.variant.layout].points) for ln in lanes]
         self.lane_mode = [ln.variant.mode for ln in lanes]
+        self._plans: dict[tuple[int, int], tuple] = {}    # (rows) -> (the lane_of it was built for, plan)
 
     def groups(self, lane_of: torch.Tensor, by_tree: bool = False) -> list[tuple[str, DraftHead, TreeShape | None, slice]]:
         """(mode, its draft head, tree, its rows) for every mode present (by_tree: every mode and
@@ -63,15 +64,20 @@ class DraftSide:
     def _aux_plan(self, lane_of: torch.Tensor, rows: slice) -> list[tuple[tuple[str, ...], torch.Tensor, torch.Tensor | None]]:
         """How the rows `rows` read their features: per layout among them, (its points, its rows'
         indices in the batch, their places among `rows`; None when it is every row). Index
-        tensors on the device, built once a round on the host (a graph then reads them as inputs:
-        no boolean mask asks the device how many rows it holds). Example: rows 0..5, lanes
+        tensors on the device, built on the host once for each batch of rows (lane_of changes only
+        where rows retire; a graph then reads them as inputs: no boolean mask asks the device how
+        many rows it holds, and no round copies them again). Example: rows 0..5, lanes
         [a, a, b, b, a, b] -> (a's points, [0, 1, 4], [0, 1, 4]), (b's points, [2, 3, 5], [2, 3, 5])."""
+        got = self._plans.get((rows.start, rows.stop))
+        if got is not None and got[0] is lane_of:
+            return got[1]
         sub = lane_of[rows].tolist()
         plan = []
         for pts in dict.fromkeys(self.lane_points[li] for li in sub):
             at = [i for i, li in enumerate(sub) if self.lane_points[li] == pts]
             full = to_device(torch.tensor([rows.start + i for i in at], dtype=torch.long), self.dev)
             plan.append((pts, full, None if len(at) == len(sub) else to_device(torch.tensor(at, dtype=torch.long), self.dev)))
+        self._plans[(rows.start, rows.stop)] = (lane_of, plan)
         return plan
 
     def _aux(self, picked: dict[str, torch.Tensor], plan, rows: int) -> torch.Tensor:
@@ -126,7 +132,7 @@ class DraftSide:
     def draft(self, st, root: torch.Tensor | None = None, root_tok: torch.Tensor | None = None):
         """The round's trees, {tokens, parents, depths, valid} [B, D], from each row's root j and
         root token (read from the host's seq unless given, on the device: a draft queued ahead)."""
-        root = to_device(st.root, self.dev) if root is None else root
+        root = st.root_on(self.dev) if root is None else root
         root_tok = self.root_tokens(st) if root_tok is None else root_tok
         B, D = len(st.n), self.D
         groups = self.groups(st.lane_of, by_tree=True)

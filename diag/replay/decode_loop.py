@@ -102,6 +102,7 @@ class DecodeLoop:
                                    # several devices before programs), "program" (as it runs one now), the
                                    # drafter's steps graphed either way (bench/round_slope.split_probe)
         self.counts = defaultdict(int)                      # rounds, verified tokens, rows, kv bytes read
+        self._blocks: dict[tuple, torch.Tensor] = {}        # the commit's block size on the device (`_commit_target`)
         self.decoding, self.eos = decoding, sorted(eos_ids)
         self.trees = list(dict.fromkeys(ln.variant.tree for ln in lanes))     # the loop's tree shapes
         if shape is not None and self.trees != [shape]:
@@ -278,7 +279,7 @@ class DecodeLoop:
             if queued is None:
                 with self._phase("verify_forward"):
                     scored = verify_forward(self.model, tkv, t["tokens"], t["parents"], t["valid"],
-                                            to_device(st.root + 1, tkv.length.device),
+                                            st.root_on(tkv.length.device) + 1,
                                             self.points, fixed=self.fixed_width, graphs=self.graphs.get("verify"))
             else:
                 scored, queued = queued[0], None
@@ -362,7 +363,7 @@ class DecodeLoop:
         tokens on the device [B] (a finished row keeps its own), on fixed shapes only (else None)."""
         B = len(st.n)
         path, a = res.path.to(self.dev), res.accepted.to(self.dev)               # [B, S+1], [B]
-        live = ~to_device(st.done, self.dev)
+        live = ~st.done_on(self.dev)
         fixed = self._dense() and all(isinstance(x, BufferLayer) for x in cache_layers(tkv.cache))
         keep = torch.where(live[:, None], path, -1)
         if fixed:
@@ -376,7 +377,7 @@ class DecodeLoop:
         step = torch.arange(width, device=self.dev)[None].expand(B, width)
         node = path[:, :width].clamp(min=0)
         count = torch.where(live, a + 1, torch.zeros_like(a))
-        root = to_device(st.root, self.dev)
+        root = st.root_on(self.dev)
         self.drafts.extend(st, scored.states, lambda s: at_nodes(s, node), emitted[:, :width],
                      root[:, None] + 1 + step, count, node=node)
         ahead = None
@@ -400,6 +401,8 @@ class DecodeLoop:
             new = steps < n_new[:, None]                            # the row's emitted tokens (none when done)
             st.seq[torch.arange(B)[:, None].expand(B, width)[new], (st.n[:, None] + steps)[new]] = got[new]
             st.n = st.n + n_new
+            if ahead is not None:
+                st.roots_known(ahead.root)                          # root + count: the new n - 2, on the device
 
         def read_back() -> ReadBack:
             copied()
@@ -413,7 +416,10 @@ class DecodeLoop:
         rows' new lengths (the caller crops)."""
         def forward(x: dict) -> dict:
             return {"length": commit_fixed(replace(tkv, length=x["length"]), x["path"], x["block"])}
-        x = {"path": path, "length": tkv.length, "block": to_device(torch.tensor([tkv.block]), tkv.length.device)}
+        key = (tkv.block, str(tkv.length.device))            # one copy for each block size, not one a round
+        if key not in self._blocks:
+            self._blocks[key] = to_device(torch.tensor([tkv.block]), tkv.length.device)
+        x = {"path": path, "length": tkv.length, "block": self._blocks[key]}
         return (self._by_graph("commit", self.model, stamps(tkv.cache), x, tuple(path.shape), forward)
                 or forward(x))["length"]
 

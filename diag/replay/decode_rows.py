@@ -74,10 +74,33 @@ class Rows:
     done: torch.Tensor | None = None                  # [B] finished, still in the batch
     drafted: dict | None = None                       # the next round's trees, drafted ahead (`_round`)
     verified: tuple | None = None                     # their verify queued ahead: (Scored, placed) (`_round`)
+    on_dev: dict = field(default_factory=dict)        # name -> (the host tensor, its copy on the device)
 
     @property
     def root(self) -> torch.Tensor:
         return self.n - 2
+
+    def root_on(self, dev) -> torch.Tensor:
+        """`root` on the device: copied once for each n (a round's draft, verify, accept and
+        commit all read it), or the commit's own sums (`roots_known`), with no copy at all."""
+        return self._mirror("root", self.n, lambda: self.root, dev)
+
+    def done_on(self, dev) -> torch.Tensor:
+        """`done` on the device, copied once for each done (it changes only at a retire check)."""
+        return self._mirror("done", self.done, lambda: self.done, dev)
+
+    def roots_known(self, root: torch.Tensor) -> None:
+        """The device's own roots for the current n (the commit's root + count, which the host's
+        apply() also adds): the next round reads them instead of copying n - 2 over again."""
+        self.on_dev["root"] = (self.n, root)
+
+    def _mirror(self, name: str, host: torch.Tensor, value, dev) -> torch.Tensor:
+        got, dev = self.on_dev.get(name), torch.device(dev)
+        if got is None or got[0] is not host or got[1].device.type != dev.type or \
+                (dev.index is not None and got[1].device.index != dev.index):
+            got = (host, to_device(value(), dev))
+            self.on_dev[name] = got
+        return got[1]
 
     def keep(self, rows: torch.Tensor, dev) -> "Rows":
         return Rows(self.seq[rows], self.n[rows], self.r_root[rows.to(dev)], self.dkv.select(rows.to(dev)),
