@@ -266,6 +266,28 @@ def test_the_lead_of_near_tied_sampled_layouts_is_one_no_batch_can_swap():
     assert lead([], seed=0, n_boot=500) is None
 
 
+def test_the_lead_is_remembered_for_the_same_evaluations_and_asked_again_for_others(monkeypatch):
+    """lead() answers a question it was asked (the same objects, seed, draws, preference) without a
+    bootstrap; other objects, even equal ones, or another preference are asked again."""
+    import diag.replay.evaluation as ev
+    calls = []
+    real = ev.tie_interval
+    monkeypatch.setattr(ev, "tie_interval", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(ev, "_leads", [])
+    a, b, c = _stand_in("A", _rows(2.101)), _stand_in("B", _rows(2.104, 0.2)), _stand_in("C", _rows(1.0, 0.2))
+    assert ev.lead([a, b, c], seed=0, n_boot=300) is a and len(calls) == 2
+    assert ev.lead((x for x in [a, b, c]), seed=0, n_boot=300) is a and len(calls) == 2    # remembered
+    assert ev.lead([a, b, c], seed=0, n_boot=300, prefer={"B"}) is b and len(calls) == 4   # another question
+    a2 = _stand_in("A", _rows(2.101))
+    assert ev.lead([a2, b, c], seed=0, n_boot=300) is a2 and len(calls) == 6              # other objects
+    assert ev.lead([a, b, c], seed=1, n_boot=300) is a and len(calls) == 8                 # another seed
+    for i in range(ev.LEAD_MEMO):                                                          # pushed out
+        ev.lead([a, b, c], seed=10 + i, n_boot=300)
+    n = len(calls)
+    ev.lead([a, b, c], seed=0, n_boot=300)
+    assert len(calls) == n + 2
+
+
 def _moved(e, name: str, by: list[float], net: float):
     """e's rounds as layout `name`'s, prompt i's expectations moved by by[i] plus a constant that
     moves the pooled expectation by `net`: paired with e, a difference no interval can separate."""
