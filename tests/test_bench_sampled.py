@@ -99,6 +99,22 @@ def test_bench_gpu_refuses_an_unknown_section(tmp_path):
         run(tmp_path / "g.json", tmp_path, sections=("sampling",))
 
 
+def test_sampled_trees_flag_picks_the_shapes_and_names_a_wrong_one_before_any_work(tmp_path, monkeypatch):
+    """`diag bench gpu --sections sampled --sampled-trees chain-1,s3-k4-d5` hands the two shapes to
+    the run; a misspelt one stops before the run starts, naming the flag."""
+    import diag.bench.gpu as gpu
+    from diag.cli.main import main
+    seen = {}
+    monkeypatch.setattr(gpu, "run", lambda out, work, **kw: seen.update(kw))
+    rc = main(["bench", "gpu", "--sections", "sampled", "--sampled-trees", "chain-1, s3-k4-d5",
+               "--out", str(tmp_path / "g.json"), "--workdir", str(tmp_path / "w")])
+    assert rc == 0 and seen["sampled_trees"] == ("chain-1", "s3-k4-d5") and seen["sections"] == ("sampled",)
+    seen.clear()
+    rc = main(["bench", "gpu", "--sections", "sampled", "--sampled-trees", "chain-1,s3-k4-d9x",
+               "--out", str(tmp_path / "g.json"), "--workdir", str(tmp_path / "w")])
+    assert rc != 0 and not seen
+
+
 def test_the_trained_pairs_goals_are_the_cpus():
     sec = {"worst_cost_over_draft_tokens": 0.8, "demo_sampled_minus_demo_seconds": 31.5}
     lines = "\n".join(goal_lines({"kind": "cpu", "sections": {"sampled_trained": sec}}))

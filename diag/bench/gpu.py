@@ -153,11 +153,12 @@ def run(out: Path, workdir: Path, *, layers: int | None = None, max_layers: int 
         tokens=(2048, 8192, 16384, 32768), seq_len: int = 512, num_seqs: int = 32, prompt_len: int = 128,
         sections=SECTIONS, e2e_prompts: int | None = None, e2e_new_tokens: int = 512,
         e2e_evaluate: dict | None = None, e2e_decoding: dict | None = None, tile_budget_s: float = 120.0,
-        device: str = "cuda", routing: str = "auto",
+        device: str = "cuda", routing: str = "auto", sampled_trees: tuple[str, ...] | None = None,
         widths: dict | None = None, drafter_widths: dict | None = None) -> dict:
     """device/widths: "cpu" and shrunk widths run the same code paths as a smoke test. routing:
     "auto" (the routing kernel where the routing section measured it faster) or "torch" (the
-    torch ops everywhere: an A/B's other arm on the same machine; bench/routing_ab.py)."""
+    torch ops everywhere: an A/B's other arm on the same machine; bench/routing_ab.py).
+    sampled_trees: the sampled section's tree shapes (None: all of bench/sampled.TREES)."""
     unknown = sorted(set(sections) - set(SECTIONS))
     if unknown:
         raise ValueError(f"unknown bench sections {unknown}: expected some of {list(SECTIONS)}")
@@ -241,7 +242,7 @@ def run(out: Path, workdir: Path, *, layers: int | None = None, max_layers: int 
                                                  dtype=torch.float32 if dev == "cpu" else torch.bfloat16,
                                                  copy_bytes_per_s=(ceil or {}).get("copy_bytes_per_s"),
                                                  flops_per_s=(ceil or {}).get("bf16_matmul_flops"),
-                                                 partial=keeper("sampled")))
+                                                 trees=sampled_trees, partial=keeper("sampled")))
         save(res, out)
     e2e_first = res["sections"].get("e2e", {}).get("first") or {}
     batch = int(e2e_first.get("target_generate_batch", 48))

@@ -38,8 +38,22 @@ def register(sub) -> None:
                    help="gpu: a MoE layer's routing: auto (the Triton kernel where the routing section timed it "
                         "faster on this device) or torch (the torch ops everywhere, the other arm of an A/B on the "
                         "same machine; both ways are timed either way)")
+    p.add_argument("--sampled-trees", help="gpu sampled: comma-separated tree shapes to run (default all six, "
+                                           "chain-1 .. s3-k8-d16): a short device call checks one or two")
     p.add_argument("inputs", nargs="*", help="render, combine: JSON files")
     p.set_defaults(func=run)
+
+
+def _trees(given: str | None) -> tuple[str, ...] | None:
+    """--sampled-trees "chain-1,s3-k4-d5" -> the shapes, each checked before any device work (a
+    wrong one is named with the flag)."""
+    if not given:
+        return None
+    from diag.trees import tree_shape
+    names = tuple(t.strip() for t in given.split(",") if t.strip())
+    for t in names:
+        tree_shape(t, field="--sampled-trees")
+    return names
 
 
 def _overrides(items: list[str]) -> dict:
@@ -114,7 +128,7 @@ def _measure(a, out: Path, work: Path) -> None:
         gpu_run(out, work, max_layers=a.max_layers, layers=a.layers, sections=sections,
                 e2e_prompts=a.e2e_prompts, e2e_new_tokens=a.e2e_new_tokens,
                 e2e_evaluate=_overrides(a.e2e_evaluate), e2e_decoding=_decoding(a), tile_budget_s=a.tile_budget,
-                routing=a.routing)
+                routing=a.routing, sampled_trees=_trees(a.sampled_trees))
     else:
         from diag.bench.cpu import SECTIONS as CPU_SECTIONS, run as cpu_run
         cpu_run(out, work, sections=tuple(a.sections.split(",")) if a.sections else CPU_SECTIONS,
