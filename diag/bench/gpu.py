@@ -112,7 +112,7 @@ def layers_that_fit(model, reserve: int, cap: int) -> int:
     return min(cap, len(model.model.layers) + max(0, int((free - reserve) // per_layer)))
 
 
-SECTIONS = ("load", "e2e", "experts", "pass", "sampled", "grown", "drafter", "naive")
+SECTIONS = ("load", "e2e", "experts", "pass", "sampled", "grown", "drafter", "naive", "accept")
 
 
 def layers_for_disk(workdir: Path, cap: int = 6, margin: int = 8 * GiB) -> int:
@@ -187,6 +187,12 @@ def run(out: Path, workdir: Path, *, layers: int | None = None, max_layers: int 
             save(res, out)
         return keep
     ceil = section(res, "ceilings", lambda: _ceilings(dev))
+    if "accept" in sections:             # synthetic logits: no checkpoint, so first, and alone where asked alone
+        from diag.bench.accept_parts import accept_parts
+        section(res, "accept", lambda: accept_parts(device=dev))
+        save(res, out)
+        if set(sections) == {"accept"}:
+            return _finish(res, out)
     if dev == "cuda":                    # the routing's way picked on this device for every section after
         from diag.bench import routing_ab
         section(res, "routing", lambda: routing_ab.measure(dev, way=routing))

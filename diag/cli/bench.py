@@ -19,7 +19,7 @@ def register(sub) -> None:
     p.add_argument("--workdir", help="where the Kimi-shaped checkpoint is written (default: a temp dir)")
     p.add_argument("--max-layers", type=int, default=61, help="gpu: grow the target to at most this many layers")
     p.add_argument("--layers", type=int, help="gpu: layers of the Kimi-shaped checkpoint on disk (default: what the disk holds)")
-    p.add_argument("--sections", help="gpu: comma-separated subset of load,e2e,experts,pass,sampled,grown,drafter,naive; "
+    p.add_argument("--sections", help="gpu: comma-separated subset of load,e2e,experts,pass,sampled,grown,drafter,naive,accept; "
                    "cpu: of target,drafter,naive,sampled,load,e2e,zoo (e2e: first, cached and one-more-layout runs; "
                    "zoo: the whole zoo built into an empty cache, "
                    "about 5 minutes; not in the default set)")
