@@ -7,8 +7,8 @@ pivot among the first few ids to one near the window's edge), 1/32 of the nodes 
 past the top-p window: sorted whole, or more than the capacity and `ok` False), and each node's
 token its parent's spike (walks go deep).
 
-Parts (milliseconds; on CUDA the median of `reps` timings between events, eagerly: a graph
-replays the same kernels without their launches; on the CPU the mean of 3):
+Parts (milliseconds, bench/common.timed: the median of `reps` runs on CUDA, 3 on the CPU, each
+synchronised, eagerly: a graph replays the same kernels without their launches):
   accept_dense      the whole step, unsynced (the graphs' way)
   tempered          softmax(logits / T) in float32 (`_tempered`), widening bf16 logits first
   top_p_kept        the top-p pivot: the window over the key's top 256, then the capacity rows
@@ -23,11 +23,9 @@ This module knows the accept step and clocks; nothing about models or files.
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import torch
 
+from diag.bench.common import timed
 from diag.engines.decoding import sampled
 from diag.replay.accept import accept_dense
 from diag.replay.sampling import (DEEPER_MIN, DEEPER_ROWS, _tempered, coins_at, draw_bonus, target_kept,
@@ -73,25 +71,6 @@ def synthetic_round(tree: str, rows: int, vocab: int, dtype: torch.dtype, device
     return t, logits.to(device, dtype), coins, S
 
 
-def _ms(fn, reps: int, cuda: bool) -> float:
-    fn()
-    if not cuda:
-        t0 = time.perf_counter()
-        for _ in range(3):
-            fn()
-        return (time.perf_counter() - t0) / 3 * 1e3
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
-
-
 @torch.no_grad()
 def accept_parts(*, device: str = "cuda", trees=TREES, rows: int = 96, vocab: int = 163840,
                  dtypes=("float32", "bfloat16"), reps: int = 20) -> dict:
@@ -118,8 +97,8 @@ def accept_parts(*, device: str = "cuda", trees=TREES, rows: int = 96, vocab: in
                 "capacity_sort": lambda: torch.sort(p[:cap], dim=-1),
                 "bonus": lambda: draw_bonus(kept.whole(last), t["tokens"], none, coins[:, D]),
             }
-            ms = {k: round(_ms(fn, reps, cuda), 4) for k, fn in parts.items()}
+            ms = {k: round(timed(fn, repeat=reps if cuda else 3) * 1e3, 4) for k, fn in parts.items()}
             out.append({"tree": tree, "logits": name, "rows": B, "nodes": D, "vocab": V, "capacity_rows": cap,
                         "ok": bool(ok), "ms": ms})
-    return {"decoding": DECODING.name, "flat_share": FLAT_SHARE, "timing": "cuda events, median" if cuda
-            else "perf_counter, mean of 3", "rows": out}
+    return {"decoding": DECODING.name, "flat_share": FLAT_SHARE,
+            "timing": f"bench.common.timed: median of {reps if cuda else 3}, synchronised", "rows": out}
