@@ -95,9 +95,8 @@ class Rows:
         self.on_dev["root"] = (self.n, root)
 
     def _mirror(self, name: str, host: torch.Tensor, value, dev) -> torch.Tensor:
-        got, dev = self.on_dev.get(name), torch.device(dev)
-        if got is None or got[0] is not host or got[1].device.type != dev.type or \
-                (dev.index is not None and got[1].device.index != dev.index):
+        got = self.on_dev.get(name)
+        if got is None or got[0] is not host or got[1].device != torch.device(dev):
             got = (host, to_device(value(), dev))
             self.on_dev[name] = got
         return got[1]
